@@ -1,0 +1,112 @@
+/*
+ * fs.h - the FUSE side of tierfs: inodes, the backing directory, options.
+ *
+ * Each inode the kernel knows is a struct fs_inode, its FUSE ino the
+ * pointer.  It holds an O_PATH fd on the backing object; regular files also
+ * embed their tiering state (struct tfile).  Inodes are found by the backing
+ * (st_dev, st_ino); a flush that replaces a backing file rekeys its inode.
+ *
+ * Locks: fs.lock protects the inode table, every inode's name/parent, the
+ * O_PATH fds and reference counts, and serialises namespace changes in the
+ * backing directory (rename, unlink, link, version commits).  Order:
+ * tfile.lock -> fs.lock -> engine.lock is never needed; fs.lock is taken
+ * without holding the others except from version_commit (engine lock not
+ * held there).
+ */
+#ifndef TIERFS_FS_H
+#define TIERFS_FS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "../tiers/engine.h"
+
+#define FS_HIDDEN_PREFIX ".tierfs"	/* backing-dir names tierfs keeps to itself */
+
+struct fs_inode {
+	struct tfile tf;		/* tiering state (regular files) */
+	struct fs_inode *hnext;		/* hash chain */
+	dev_t dev;			/* backing st_dev */
+	ino_t ino;			/* backing st_ino (key) */
+	mode_t type;			/* S_IFMT bits */
+	int fd;				/* O_PATH fd on the backing object */
+	pthread_rwlock_t fdlock;	/* read: using fd; write: replacing it */
+	uint64_t nlookup;		/* kernel references */
+	int refs;			/* internal references */
+	int nopen;			/* open handles */
+	struct fs_inode *parent;	/* directory of `name` (referenced) */
+	char *name;			/* a name of it, NULL if unknown */
+	bool unlinked;			/* its last name is gone */
+	int data_fd;			/* read/write fd on the backing file, -1 */
+	int data_users;			/* borrowers of data_fd */
+};
+
+struct fs_opts {
+	char *backing;			/* BACKING_DIR (absolute) */
+	char *mountpoint;
+	uint64_t host_cache;		/* bytes; 0 = default */
+	char *evict;			/* policy name */
+	char *gpu;			/* "none" or a device number */
+	uint64_t gpu_cache;		/* bytes; 0 = default */
+	char *log;			/* level name */
+	int foreground;
+	int debug;
+	int writeback;			/* kernel writeback cache */
+	int allow_other;
+	int default_permissions;
+	int flush_threads;
+	int queue_depth;
+	int show_help, show_version;
+};
+
+struct fs {
+	struct fs_opts opts;
+	int root_fd;			/* O_PATH fd of BACKING_DIR */
+	struct fs_inode root;		/* FUSE_ROOT_ID */
+	pthread_mutex_t lock;		/* see file comment */
+	struct fs_inode **htab;		/* inode table */
+	size_t hsize, count;
+	struct engine *eng;
+	struct fuse_session *se;
+	bool atime;			/* backing mount updates atime */
+};
+
+extern struct fs fs;
+extern const struct fuse_lowlevel_ops fs_ll_ops;
+extern const struct tfile_ops fs_tfile_ops;
+
+/* fs_ops.c */
+struct fs_inode *fs_inode_of(fuse_ino_t ino);
+void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
+void fs_inode_put(struct fs_inode *in);
+int fs_proc_path(int fd, char *buf, size_t len);
+/* The file `name` in dir, referenced, or NULL if there is none yet;
+ * -EINVAL if it is not a regular file. */
+int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
+/* Flush every dirty file (unmount, SIGTERM). */
+int fs_sync_all(void);
+
+/* Hold in->fd steady (a flush may replace it) while using it. */
+static inline void fs_fd_hold(struct fs_inode *in)
+{
+	pthread_rwlock_rdlock(&in->fdlock);
+}
+
+static inline void fs_fd_release(struct fs_inode *in)
+{
+	pthread_rwlock_unlock(&in->fdlock);
+}
+
+/* fs_xattr.c */
+void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+		    const char *value, size_t size, int flags);
+void fs_ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
+void fs_ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+#endif /* TIERFS_FS_H */

@@ -1,0 +1,233 @@
+/*
+ * fs_hints.c - the restore-hint side of the xattr protocol (tierfs-hints(7)):
+ * user.tierfs.restore_order and user.tierfs.prefetch on directories,
+ * user.tierfs.restore_next on files.
+ *
+ * Values are checked completely before anything changes: a malformed list
+ * appends nothing.  Names of files that do not exist yet are accepted and
+ * bound to the file when it appears (engine_hint_bind, from lookup and
+ * create).  The queue itself lives in the engine.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fs_hints.h"
+#include "tierfs.h"
+
+uint64_t fs_dir_key(const struct fs_inode *dir)
+{
+	return (uint64_t)dir->ino ^ ((uint64_t)dir->dev << 44) ^ ((uint64_t)dir->dev >> 20);
+}
+
+/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
+static bool utf8_ok(const unsigned char *s, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		unsigned c = s[i], need, min, cp;
+
+		if (c < 0x80) {
+			i++;
+			continue;
+		}
+		if ((c & 0xe0) == 0xc0) {
+			need = 1; min = 0x80; cp = c & 0x1f;
+		} else if ((c & 0xf0) == 0xe0) {
+			need = 2; min = 0x800; cp = c & 0x0f;
+		} else if ((c & 0xf8) == 0xf0) {
+			need = 3; min = 0x10000; cp = c & 0x07;
+		} else {
+			return false;
+		}
+		for (unsigned k = 1; k <= need; k++) {
+			if (i + k >= n || (s[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (s[i + k] & 0x3f);
+		}
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += need + 1;
+	}
+	return true;
+}
+
+static int check_name(const char *name, size_t len)
+{
+	if (len == 0)
+		return 1;		/* empty line: skipped */
+	if (len > 255 || memchr(name, '/', len) || memchr(name, 0, len))
+		return -EINVAL;
+	if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+		return -EINVAL;
+	if (len >= sizeof(FS_HIDDEN_PREFIX) - 1 &&
+	    !memcmp(name, FS_HIDDEN_PREFIX, sizeof(FS_HIDDEN_PREFIX) - 1))
+		return -EINVAL;
+	if (!utf8_ok((const unsigned char *)name, len))
+		return -EINVAL;
+	return 0;
+}
+
+/* Drop the references of files[0..n). */
+static void put_files(struct tfile **files, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (files[i])
+			files[i]->ops->put(files[i]);
+}
+
+static int set_restore_order(struct fs_inode *dir, const char *value, size_t size)
+{
+	const char **names = NULL;
+	struct tfile **files = NULL;
+	char *copy = NULL;
+	size_t n = 0, cap = 0, i;
+	int ret = 0;
+
+	if (!S_ISDIR(dir->type))
+		return -EINVAL;
+	if (size == 0 || memchr(value, 0, size))
+		return -EINVAL;
+	copy = malloc(size + 1);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, value, size);
+	copy[size] = 0;
+	for (char *p = copy; p < copy + size;) {
+		char *nl = memchr(p, '\n', (size_t)(copy + size - p));
+		size_t len = nl ? (size_t)(nl - p) : strlen(p);
+
+		if (nl)
+			*nl = 0;
+		ret = check_name(p, len);
+		if (ret < 0)
+			goto out;
+		if (ret == 0) {
+			if (n == cap) {
+				cap = cap ? 2 * cap : 16;
+				const char **nn = realloc(names, cap * sizeof(*nn));
+				if (!nn) {
+					ret = -ENOMEM;
+					goto out;
+				}
+				names = nn;
+			}
+			names[n++] = p;
+		}
+		ret = 0;
+		p += len + 1;
+	}
+	if (n == 0) {
+		ret = -EINVAL;
+		goto out;
+	}
+	files = calloc(n, sizeof(*files));
+	if (!files) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		ret = fs_child_tfile(dir, names[i], &files[i]);
+		if (ret) {
+			put_files(files, i);
+			goto out;
+		}
+	}
+	ret = engine_hint_append(fs.eng, fs_dir_key(dir), names, files, n);
+	if (ret)
+		put_files(files, n);
+out:
+	free(files);
+	free(names);
+	free(copy);
+	return ret;
+}
+
+static int set_restore_next(struct fs_inode *in)
+{
+	const char *name;
+	struct tfile *f = &in->tf;
+	uint64_t key;
+	char *n;
+	int ret;
+
+	if (!S_ISREG(in->type))
+		return -EINVAL;
+	pthread_mutex_lock(&fs.lock);
+	if (!in->name || !in->parent) {
+		pthread_mutex_unlock(&fs.lock);
+		return in->unlinked ? -ENOENT : -EINVAL;
+	}
+	n = strdup(in->name);
+	key = fs_dir_key(in->parent);
+	pthread_mutex_unlock(&fs.lock);
+	if (!n)
+		return -ENOMEM;
+	name = n;
+	f->ops->get(f);
+	ret = engine_hint_append(fs.eng, key, &name, &f, 1);
+	if (ret)
+		f->ops->put(f);
+	free(n);
+	return ret;
+}
+
+static int set_prefetch(struct fs_inode *dir, const char *value, size_t size)
+{
+	if (!S_ISDIR(dir->type))
+		return -EINVAL;
+	if (size && value[size - 1] == '\n')
+		size--;
+	if (size == 5 && !memcmp(value, "start", 5))
+		engine_prefetch_set(fs.eng, true);
+	else if (size == 4 && !memcmp(value, "stop", 4))
+		engine_prefetch_set(fs.eng, false);
+	else
+		return -EINVAL;
+	return 0;
+}
+
+int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
+		 size_t size, int flags)
+{
+	(void)flags;
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER))
+		return set_restore_order(in, value, size);
+	if (!strcmp(name, TIERFS_XATTR_PREFETCH))
+		return set_prefetch(in, value, size);
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_NEXT))
+		return set_restore_next(in);
+	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||
+	    !strcmp(name, TIERFS_XATTR_STATS))
+		return -EPERM;
+	return -EINVAL;
+}
+
+int fs_hints_get(struct fs_inode *in, const char *name, char *buf, size_t len)
+{
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER)) {
+		if (!S_ISDIR(in->type))
+			return -ENODATA;
+		return engine_hint_list(fs.eng, fs_dir_key(in), buf, len);
+	}
+	if (!strcmp(name, TIERFS_XATTR_PREFETCH)) {
+		if (!S_ISDIR(in->type))
+			return -ENODATA;
+		return snprintf(buf, len, "%s", engine_prefetch_get(fs.eng) ? "start" : "stop");
+	}
+	return -ENODATA;
+}
+
+int fs_hints_remove(struct fs_inode *in, const char *name)
+{
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER) && S_ISDIR(in->type)) {
+		engine_hint_drop_dir(fs.eng, fs_dir_key(in));
+		return 0;
+	}
+	return -EPERM;
+}

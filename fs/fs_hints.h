@@ -1,0 +1,20 @@
+/*
+ * fs_hints.h - the restore-hint side of the xattr protocol.
+ */
+#ifndef TIERFS_FS_HINTS_H
+#define TIERFS_FS_HINTS_H
+
+#include "fs.h"
+
+/* Set a user.tierfs.* attribute.  Returns 0 or -errno. */
+int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
+		 size_t size, int flags);
+/* Read a user.tierfs.* attribute not handled elsewhere: length or -errno. */
+int fs_hints_get(struct fs_inode *in, const char *name, char *buf, size_t len);
+
+/* Remove a user.tierfs.* attribute (restore_order: drop the entries). */
+int fs_hints_remove(struct fs_inode *in, const char *name);
+/* The key that names directory `dir` in the restore queue. */
+uint64_t fs_dir_key(const struct fs_inode *dir);
+
+#endif

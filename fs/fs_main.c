@@ -1,0 +1,374 @@
+/*
+ * fs_main.c - the tierfs daemon: options, start-up checks, the mount and
+ * the multithreaded FUSE loop, and the orderly shutdown that flushes every
+ * cached file to the backing directory.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "fs.h"
+#include "../gpu/gpu.h"
+
+extern int tierfs_log_syslog;
+
+#define OPT(t, p, v) { t, offsetof(struct fs_opts, p), v }
+
+static char *host_cache_str, *gpu_cache_str;
+
+static const struct fuse_opt opt_spec[] = {
+	OPT("evict=%s", evict, 0),
+	OPT("gpu=%s", gpu, 0),
+	OPT("log=%s", log, 0),
+	OPT("flush_threads=%d", flush_threads, 0),
+	OPT("queue_depth=%d", queue_depth, 0),
+	OPT("writeback", writeback, 1),
+	OPT("no_writeback", writeback, 0),
+	OPT("-h", show_help, 1),
+	OPT("--help", show_help, 1),
+	OPT("-V", show_version, 1),
+	OPT("--version", show_version, 1),
+	FUSE_OPT_KEY("host_cache=", 1),
+	FUSE_OPT_KEY("gpu_cache=", 2),
+	FUSE_OPT_KEY("-f", 3),
+	FUSE_OPT_KEY("-d", 4),
+	FUSE_OPT_KEY("debug", 4),
+	FUSE_OPT_KEY("allow_other", 5),
+	FUSE_OPT_END
+};
+
+static int nonopts;
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
+{
+	struct fs_opts *o = data;
+
+	(void)out;
+	switch (key) {
+	case 1:
+		host_cache_str = strdup(arg + strlen("host_cache="));
+		return 0;
+	case 2:
+		gpu_cache_str = strdup(arg + strlen("gpu_cache="));
+		return 0;
+	case 3:
+		o->foreground = 1;
+		return 0;
+	case 4:
+		o->debug = 1;
+		o->foreground = 1;
+		return 1;		/* libfuse prints requests too */
+	case 5:
+		o->allow_other = 1;
+		return 1;
+	case FUSE_OPT_KEY_NONOPT:
+		if (nonopts == 0) {
+			char *r = realpath(arg, NULL);
+
+			o->backing = r ? r : strdup(arg);
+		}
+		else if (nonopts == 1)
+			o->mountpoint = strdup(arg);
+		else {
+			fprintf(stderr, "tierfs: unexpected argument '%s'\n", arg);
+			exit(2);
+		}
+		nonopts++;
+		return 0;
+	}
+	return 1;
+}
+
+/* "64M", "4G", "1048576", "25%" (of total RAM) -> bytes; -EINVAL if bad. */
+static int parse_size(const char *s, uint64_t ram, uint64_t *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v < 0)
+		return -EINVAL;
+	switch (*end) {
+	case 0:	break;
+	case 'k': case 'K': v *= 1024; end++; break;
+	case 'm': case 'M': v *= 1024.0 * 1024; end++; break;
+	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+	case 't': case 'T': v *= 1024.0 * 1024 * 1024 * 1024; end++; break;
+	case '%': v = v / 100.0 * (double)ram; end++; break;
+	default: return -EINVAL;
+	}
+	if (*end == 'i' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end)
+		return -EINVAL;
+	*out = (uint64_t)v;
+	return 0;
+}
+
+static int parse_level(const char *s)
+{
+	static const char *const names[] = {
+		"emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
+	};
+	int i;
+
+	if (!strcmp(s, "error"))
+		return LOG_ERR;
+	if (!strcmp(s, "warn"))
+		return LOG_WARNING;
+	for (i = 0; i < 8; i++)
+		if (!strcmp(s, names[i]))
+			return i;
+	return -1;
+}
+
+static void usage(const char *prog)
+{
+	printf(
+"usage: %s BACKING_DIR MOUNTPOINT [-f] [-o OPTION[,OPTION...]]\n"
+"\n"
+"tierfs presents BACKING_DIR at MOUNTPOINT with a GPU / host-memory cache in\n"
+"front of it: writes land in the cache and are flushed to BACKING_DIR in the\n"
+"background; restore hints (user.tierfs.* xattrs) prefetch files back.\n"
+"\n"
+"tierfs options:\n"
+"    -o host_cache=SIZE     host cache size (K/M/G/T suffix or N%% of RAM;\n"
+"                           default 25%% of RAM)\n"
+"    -o evict=POLICY        eviction policy: score (default), fifo, lru\n"
+"    -o gpu=N|none          GPU for the GPU cache tier (default: 0 when a GPU\n"
+"                           is present)\n"
+"    -o gpu_cache=SIZE      GPU cache size (default 50%% of free GPU memory)\n"
+"    -o log=LEVEL           err, warning, notice (default), info, debug\n"
+"    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
+"    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
+"    -o no_writeback        disable the kernel writeback cache (default: on)\n"
+"    -o allow_other         let other users access the mount\n"
+"    -f                     stay in the foreground, log to stderr\n"
+"    -d, -o debug           foreground, print every FUSE request\n"
+"    -h, --help             this text;  -V, --version  the version\n"
+"\n"
+"Permissions are checked by the kernel (default_permissions is always on).\n"
+"Unmount with umount(8) or fusermount3 -u; the daemon then writes every\n"
+"cached file to BACKING_DIR and exits.\n"
+"\n"
+"FUSE options:\n", prog);
+	fuse_lowlevel_help();
+}
+
+static void fuse_log_to_tierfs(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+	char line[1024];
+
+	if ((int)level > tierfs_log_level)
+		return;
+	vsnprintf(line, sizeof(line), fmt, ap);
+	line[strcspn(line, "\n")] = 0;
+	tierfs_log((int)level, "fuse: %s", line);
+}
+
+static uint64_t total_ram(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 4ull << 30;
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+/* One-line error and exit 1 (before mounting). */
+static void die(const char *fmt, const char *a, const char *b)
+{
+	fprintf(stderr, "tierfs: ");
+	fprintf(stderr, fmt, a, b);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+int main(int argc, char *argv[])
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_loop_config *lcfg;
+	struct engine_config ecfg = { 0 };
+	struct stat st;
+	char sz[32], gmsg[256];
+	uint64_t ram = total_ram();
+	int ret = 1, level;
+
+	fs.opts.writeback = 1;
+	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
+		return 2;
+	if (fs.opts.show_help) {
+		usage(argv[0]);
+		return 0;
+	}
+	if (fs.opts.show_version) {
+		printf("tierfs %s (FUSE %s, GPU tier %s)\n", PACKAGE_VERSION,
+		       fuse_pkgversion(), gpu_built() ? "built" : "not built");
+		return 0;
+	}
+	if (!fs.opts.backing || !fs.opts.mountpoint) {
+		fprintf(stderr, "usage: %s BACKING_DIR MOUNTPOINT [-f] [-o OPTIONS]  (see --help)\n",
+			argv[0]);
+		return 2;
+	}
+	if (fs.opts.log) {
+		level = parse_level(fs.opts.log);
+		if (level < 0)
+			die("bad log level '%s' (err, warning, notice, info, debug)%s", fs.opts.log, "");
+		tierfs_log_level = level;
+	} else if (getenv("TIERFS_DEBUG")) {
+		tierfs_log_level = LOG_DEBUG;
+	}
+	if (fs.opts.debug)
+		tierfs_log_level = LOG_DEBUG;
+	fuse_set_log_func(fuse_log_to_tierfs);
+
+	ecfg.host_cache = ram / 4;
+	if (host_cache_str && (parse_size(host_cache_str, ram, &ecfg.host_cache) ||
+			       ecfg.host_cache < TIER_ALIGN))
+		die("bad host_cache '%s': give a size like 512M, 8G or 25%%%s", host_cache_str, "");
+	if (ecfg.host_cache > ram)
+		die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
+	ecfg.policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
+	if (!ecfg.policy)
+		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
+	if (fs.opts.flush_threads < 0 || fs.opts.flush_threads > 64)
+		die("flush_threads must be 1..64%s%s", "", "");
+	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
+		die("queue_depth must be 1..256%s%s", "", "");
+	ecfg.flush_threads = fs.opts.flush_threads;
+	ecfg.queue_depth = (unsigned)fs.opts.queue_depth;
+	ecfg.hugepages = true;
+	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
+		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
+	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") != 0) {
+		char *end;
+		long dev = strtol(fs.opts.gpu, &end, 10);
+
+		if (*end || dev < 0)
+			die("bad gpu '%s': a device number or none%s", fs.opts.gpu, "");
+	}
+
+	if (stat(fs.opts.backing, &st) < 0)
+		die("cannot use backing directory %s: %s", fs.opts.backing, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		die("backing directory %s is not a directory%s", fs.opts.backing, "");
+	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
+		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
+	if (stat(fs.opts.mountpoint, &st) < 0 || !S_ISDIR(st.st_mode))
+		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
+
+	umask(0);
+	raise_nofile();
+	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fs.root_fd < 0)
+		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	fstat(fs.root_fd, &st);
+	fs.root.fd = fs.root_fd;
+	pthread_rwlock_init(&fs.root.fdlock, NULL);
+	fs.root.dev = st.st_dev;
+	fs.root.ino = st.st_ino;
+	fs.root.type = S_IFDIR;
+	fs.root.data_fd = -1;
+	fs.root.nlookup = 2;
+	pthread_mutex_init(&fs.lock, NULL);
+	fs.hsize = 1024;
+	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
+	if (!fs.htab)
+		die("out of memory%s%s", "", "");
+
+	/* GPU tier: report what we found; the host tier always runs */
+	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
+		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none)");
+	} else if (!gpu_built()) {
+		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
+	} else if (gpu_init(fs.opts.gpu ? atoi(fs.opts.gpu) : 0, gmsg, sizeof(gmsg)) < 0) {
+		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", gmsg);
+	} else {
+		tlog(LOG_NOTICE, "GPU tier: GPU %s present; GPU caching not enabled in this "
+		     "version, using host + SSD", fs.opts.gpu ? fs.opts.gpu : "0");
+	}
+
+	ret = engine_create(&fs.eng, &ecfg);
+	if (ret) {
+		fprintf(stderr, "tierfs: cannot create the cache: %s\n", strerror(-ret));
+		return 1;
+	}
+	uint64_t hc = engine_host_cache_size(fs.eng);
+	if (hc >= (1ull << 30))
+		snprintf(sz, sizeof(sz), "%.1f GiB", (double)hc / (1 << 30));
+	else
+		snprintf(sz, sizeof(sz), "%.0f MiB", (double)hc / (1 << 20));
+	tlog(LOG_NOTICE, "host cache: %s%s, eviction %s, backing %s", sz,
+	     host_cache_str ? "" : " (default: 25% of RAM)", ecfg.policy->name,
+	     fs.opts.backing);
+
+	fuse_opt_add_arg(&args, "-odefault_permissions");
+	fuse_opt_add_arg(&args, "-ofsname=tierfs");
+	fuse_opt_add_arg(&args, "-osubtype=tierfs");
+	fs.se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), NULL);
+	if (!fs.se) {
+		fprintf(stderr, "tierfs: bad FUSE options (see --help)\n");
+		ret = 1;
+		goto out_engine;
+	}
+	if (fuse_set_signal_handlers(fs.se) != 0) {
+		ret = 1;
+		goto out_session;
+	}
+	if (fuse_session_mount(fs.se, fs.opts.mountpoint) != 0) {
+		fprintf(stderr, "tierfs: cannot mount on %s\n", fs.opts.mountpoint);
+		ret = 1;
+		goto out_signals;
+	}
+	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
+	if (!fs.opts.foreground) {
+		tierfs_log_syslog = 1;
+		openlog("tierfs", LOG_PID, LOG_DAEMON);
+	}
+	fuse_daemonize(fs.opts.foreground);
+
+	lcfg = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_clone_fd(lcfg, 0);
+	fuse_loop_cfg_set_idle_threads(lcfg, 16);
+	fuse_loop_cfg_set_max_threads(lcfg, 64);
+	ret = fuse_session_loop_mt(fs.se, lcfg);
+	if (ret > 0)
+		tlog(LOG_NOTICE, "signal %d: unmounting", ret);
+	ret = ret < 0 ? 1 : 0;		/* a signal is an orderly stop */
+	fuse_loop_cfg_destroy(lcfg);
+
+	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
+	fuse_session_unmount(fs.se);
+out_signals:
+	fuse_remove_signal_handlers(fs.se);
+out_session:
+	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
+out_engine:
+	if (fs_sync_all())
+		ret = 1;
+	engine_destroy(fs.eng);
+	tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
+	fuse_opt_free_args(&args);
+	return ret;
+}

@@ -1,0 +1,1326 @@
+/*
+ * fs_ops.c - FUSE low-level operations over the backing directory.
+ *
+ * The namespace (names, modes, owners, times, special files, xattrs) is the
+ * backing directory's: every operation is done on it through the inodes'
+ * O_PATH fds.  File content goes through the engine (tiers/engine.c), which
+ * caches it and writes new versions back; the version callbacks at the end
+ * of this file create and atomically commit those versions.
+ *
+ * st_ino as seen through the mount is the inode's FUSE node id: it stays
+ * the same when a flush replaces the backing file.
+ *
+ * Locking: see fs.h.  Handlers take fs.lock only around table and name
+ * updates; data transfers never hold it.
+ */
+#include <dirent.h>
+#include <linux/falloc.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_hints.h"
+
+struct fs fs;
+
+/* ---- helpers ---------------------------------------------------------- */
+
+int fs_proc_path(int fd, char *buf, size_t len)
+{
+	return snprintf(buf, len, "/proc/self/fd/%d", fd) >= (int)len ? -ENAMETOOLONG : 0;
+}
+
+static bool hidden_name(const char *name)
+{
+	return strncmp(name, FS_HIDDEN_PREFIX, sizeof(FS_HIDDEN_PREFIX) - 1) == 0;
+}
+
+struct fs_inode *fs_inode_of(fuse_ino_t ino)
+{
+	return ino == FUSE_ROOT_ID ? &fs.root : (struct fs_inode *)(uintptr_t)ino;
+}
+
+static fuse_ino_t ino_of(struct fs_inode *in)
+{
+	return in == &fs.root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+}
+
+static size_t hslot(dev_t dev, ino_t ino)
+{
+	uint64_t h = (uint64_t)ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)dev;
+
+	return (size_t)(h >> 17) & (fs.hsize - 1);
+}
+
+/* fs.lock held */
+static struct fs_inode *table_find(dev_t dev, ino_t ino)
+{
+	struct fs_inode *in;
+
+	if (fs.root.dev == dev && fs.root.ino == ino)
+		return &fs.root;
+	for (in = fs.htab[hslot(dev, ino)]; in; in = in->hnext)
+		if (in->dev == dev && in->ino == ino)
+			return in;
+	return NULL;
+}
+
+static void table_grow(void)
+{
+	size_t nsize = fs.hsize * 2, i;
+	struct fs_inode **nt = calloc(nsize, sizeof(*nt));
+
+	if (!nt)
+		return;
+	for (i = 0; i < fs.hsize; i++) {
+		struct fs_inode *in = fs.htab[i], *next;
+
+		for (; in; in = next) {
+			next = in->hnext;
+			uint64_t h = (uint64_t)in->ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)in->dev;
+			size_t s = (size_t)(h >> 17) & (nsize - 1);
+			in->hnext = nt[s];
+			nt[s] = in;
+		}
+	}
+	free(fs.htab);
+	fs.htab = nt;
+	fs.hsize = nsize;
+}
+
+static void table_insert(struct fs_inode *in)
+{
+	size_t s;
+
+	if (fs.count + 1 > fs.hsize)
+		table_grow();
+	s = hslot(in->dev, in->ino);
+	in->hnext = fs.htab[s];
+	fs.htab[s] = in;
+	fs.count++;
+}
+
+static void table_remove(struct fs_inode *in)
+{
+	struct fs_inode **pp = &fs.htab[hslot(in->dev, in->ino)];
+
+	for (; *pp; pp = &(*pp)->hnext)
+		if (*pp == in) {
+			*pp = in->hnext;
+			fs.count--;
+			return;
+		}
+}
+
+static void maybe_free(struct fs_inode *in);
+
+/* Record `name` in `parent` as in's name (NULL: unknown).  fs.lock held. */
+static void set_name(struct fs_inode *in, struct fs_inode *parent, const char *name)
+{
+	struct fs_inode *old = in->parent;
+
+	if (name && parent != &fs.root)
+		__atomic_add_fetch(&parent->refs, 1, __ATOMIC_ACQ_REL);
+	free(in->name);
+	in->name = name ? strdup(name) : NULL;
+	in->parent = in->name ? parent : NULL;
+	if (name && !in->name && parent != &fs.root)
+		__atomic_sub_fetch(&parent->refs, 1, __ATOMIC_ACQ_REL);
+	if (old && old != &fs.root) {
+		__atomic_sub_fetch(&old->refs, 1, __ATOMIC_ACQ_REL);
+		maybe_free(old);
+	}
+}
+
+static void inode_free(struct fs_inode *in);
+
+/* fs.lock held: drop in if nothing references it any more. */
+static void maybe_free(struct fs_inode *in)
+{
+	if (in == &fs.root || in->nlookup || __atomic_load_n(&in->refs, __ATOMIC_ACQUIRE) > 0 ||
+	    in->nopen)
+		return;
+	table_remove(in);
+	inode_free(in);
+}
+
+static void inode_free(struct fs_inode *in)
+{
+	struct fs_inode *parent = in->parent;
+
+	if (S_ISREG(in->type))
+		tfile_destroy(&in->tf);
+	if (in->data_fd >= 0)
+		close(in->data_fd);
+	close(in->fd);
+	free(in->name);
+	free(in);
+	if (parent && parent != &fs.root) {
+		__atomic_sub_fetch(&parent->refs, 1, __ATOMIC_ACQ_REL);
+		maybe_free(parent);
+	}
+}
+
+/*
+ * Take a reference.  The caller already keeps `in` alive (a kernel
+ * reference, an open handle or another reference), so no lock is needed:
+ * the engine calls this with its own lock held, and fs.lock may not be
+ * taken under it.
+ */
+void fs_inode_get(struct fs_inode *in)
+{
+	__atomic_add_fetch(&in->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+void fs_inode_put(struct fs_inode *in)
+{
+	pthread_mutex_lock(&fs.lock);
+	__atomic_sub_fetch(&in->refs, 1, __ATOMIC_ACQ_REL);
+	maybe_free(in);
+	pthread_mutex_unlock(&fs.lock);
+}
+
+static int stat_inode(struct fs_inode *in, struct stat *st)
+{
+	int ret;
+
+	fs_fd_hold(in);
+	ret = fstatat(in->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	fs_fd_release(in);
+	if (ret)
+		return ret;
+	st->st_ino = ino_of(in);
+	if (S_ISREG(in->type)) {
+		uint64_t size;
+		struct timespec mt;
+
+		if (tfile_attr(&in->tf, &size, &mt)) {
+			st->st_size = (off_t)size;
+			st->st_mtim = mt;
+			if (mt.tv_sec > st->st_ctim.tv_sec)
+				st->st_ctim = mt;
+			st->st_blocks = (blkcnt_t)((size + 511) / 512);
+		} else {
+			st->st_size = (off_t)size;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Find or make the inode for `name` in `parent` and take a kernel
+ * reference on it.  Fills e.  Returns 0 or -errno.
+ */
+static int do_lookup(struct fs_inode *parent, const char *name,
+		     struct fuse_entry_param *e)
+{
+	struct fs_inode *in;
+	struct stat st;
+	int fd, ret;
+
+	memset(e, 0, sizeof(*e));
+	if (hidden_name(name) && parent == &fs.root)
+		return -ENOENT;
+	if (hidden_name(name) && strncmp(name, FS_HIDDEN_PREFIX ".", 8) == 0)
+		return -ENOENT;
+	fd = openat(parent->fd, name, O_PATH | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	pthread_mutex_lock(&fs.lock);
+	in = table_find(st.st_dev, st.st_ino);
+	if (in) {
+		close(fd);
+		in->nlookup++;
+		if (S_ISREG(in->type) && st.st_nlink == 1 && !in->unlinked &&
+		    (!in->name || in->parent != parent || strcmp(in->name, name)))
+			set_name(in, parent, name);
+	} else {
+		in = calloc(1, sizeof(*in));
+		if (!in) {
+			pthread_mutex_unlock(&fs.lock);
+			close(fd);
+			return -ENOMEM;
+		}
+		in->fd = fd;
+		pthread_rwlock_init(&in->fdlock, NULL);
+		in->dev = st.st_dev;
+		in->ino = st.st_ino;
+		in->type = st.st_mode & S_IFMT;
+		in->nlookup = 1;
+		in->data_fd = -1;
+		if (S_ISREG(in->type)) {
+			tfile_init(&in->tf, fs.eng, &fs_tfile_ops, (uint64_t)st.st_size);
+			in->tf.mtime = st.st_mtim;
+			set_name(in, parent, name);
+		}
+		table_insert(in);
+		if (S_ISREG(in->type)) {
+			/* the kernel's reference keeps it alive across the bind */
+			pthread_mutex_unlock(&fs.lock);
+			engine_hint_bind(fs.eng, fs_dir_key(parent), name, &in->tf);
+			pthread_mutex_lock(&fs.lock);
+		}
+	}
+	pthread_mutex_unlock(&fs.lock);
+	ret = stat_inode(in, &e->attr);
+	if (ret)
+		e->attr = st;
+	e->attr.st_ino = ino_of(in);
+	e->ino = ino_of(in);
+	e->attr_timeout = 1.0;
+	e->entry_timeout = 1.0;
+	return 0;
+}
+
+static void forget_one(fuse_ino_t ino, uint64_t n);
+
+int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out)
+{
+	struct fuse_entry_param e;
+	struct fs_inode *in;
+	int ret;
+
+	*out = NULL;
+	ret = do_lookup(dir, name, &e);
+	if (ret == -ENOENT)
+		return 0;	/* not written yet: bound when it appears */
+	if (ret)
+		return ret;
+	in = fs_inode_of(e.ino);
+	if (!S_ISREG(in->type)) {
+		forget_one(e.ino, 1);
+		return -EINVAL;
+	}
+	fs_inode_get(in);	/* trade the lookup reference for ours */
+	forget_one(e.ino, 1);
+	*out = &in->tf;
+	return 0;
+}
+
+static void reply_entry_or_err(fuse_req_t req, struct fs_inode *parent,
+			       const char *name)
+{
+	struct fuse_entry_param e;
+	int ret = do_lookup(parent, name, &e);
+
+	if (ret)
+		fuse_reply_err(req, -ret);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+/* Give a freshly created backing object to the caller. */
+static void own_new(struct fs_inode *parent, const char *name, fuse_req_t req)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct stat pst;
+	gid_t gid = ctx->gid;
+
+	if (fstatat(parent->fd, "", &pst, AT_EMPTY_PATH) == 0 && (pst.st_mode & S_ISGID))
+		gid = (gid_t)-1;	/* setgid directory: keep its group */
+	if (fchownat(parent->fd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+		tlog(LOG_WARNING, "chown of new %s: %s", name, strerror(errno));
+}
+
+/* ---- operations ------------------------------------------------------- */
+
+static void fs_ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	if (fs.opts.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+	conn->want &= ~(unsigned)FUSE_CAP_HANDLE_KILLPRIV;
+	conn->max_write = 1u << 20;
+	conn->max_readahead = 1u << 20;
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+}
+
+static void fs_ll_destroy(void *userdata)
+{
+	(void)userdata;
+	fs_sync_all();
+}
+
+static void fs_ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	reply_entry_or_err(req, fs_inode_of(parent), name);
+}
+
+static void forget_one(fuse_ino_t ino, uint64_t n)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+
+	if (in == &fs.root)
+		return;
+	pthread_mutex_lock(&fs.lock);
+	in->nlookup -= n <= in->nlookup ? n : in->nlookup;
+	maybe_free(in);
+	pthread_mutex_unlock(&fs.lock);
+}
+
+static void fs_ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	forget_one(ino, nlookup);
+	fuse_reply_none(req);
+}
+
+static void fs_ll_forget_multi(fuse_req_t req, size_t count,
+			       struct fuse_forget_data *forgets)
+{
+	size_t i;
+
+	for (i = 0; i < count; i++)
+		forget_one(forgets[i].ino, forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct stat st;
+	int ret = stat_inode(fs_inode_of(ino), &st);
+
+	(void)fi;
+	if (ret)
+		fuse_reply_err(req, -ret);
+	else
+		fuse_reply_attr(req, &st, 1.0);
+}
+
+static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+			  int valid, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char path[64];
+	struct stat st;
+	int ret = 0;
+
+	(void)fi;
+	fs_fd_hold(in);
+	fs_proc_path(in->fd, path, sizeof(path));
+	if (valid & FUSE_SET_ATTR_MODE) {
+		if (S_ISLNK(in->type))
+			ret = -EOPNOTSUPP;
+		else if (chmod(path, attr->st_mode & 07777) < 0)
+			ret = -errno;
+	}
+	if (!ret && (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
+		uid_t u = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;
+		gid_t g = (valid & FUSE_SET_ATTR_GID) ? attr->st_gid : (gid_t)-1;
+
+		if (fchownat(in->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+			ret = -errno;
+	}
+	fs_fd_release(in);
+	if (ret)
+		goto out;
+	if (valid & FUSE_SET_ATTR_SIZE) {
+		if (!S_ISREG(in->type)) {
+			ret = S_ISDIR(in->type) ? -EISDIR : -EINVAL;
+			goto out;
+		}
+		ret = tfile_truncate(&in->tf, (uint64_t)attr->st_size);
+		if (ret)
+			goto out;
+	}
+	if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
+		struct timespec tv[2];
+
+		tv[0].tv_nsec = tv[1].tv_nsec = UTIME_OMIT;
+		if (valid & FUSE_SET_ATTR_ATIME_NOW)
+			tv[0].tv_nsec = UTIME_NOW;
+		else if (valid & FUSE_SET_ATTR_ATIME)
+			tv[0] = attr->st_atim;
+		if (valid & FUSE_SET_ATTR_MTIME_NOW)
+			clock_gettime(CLOCK_REALTIME, &tv[1]);
+		else if (valid & FUSE_SET_ATTR_MTIME)
+			tv[1] = attr->st_mtim;
+		if (!S_ISLNK(in->type)) {	/* symlinks: not through /proc */
+			fs_fd_hold(in);
+			fs_proc_path(in->fd, path, sizeof(path));
+			if (utimensat(AT_FDCWD, path, tv, 0) < 0)
+				ret = -errno;
+			fs_fd_release(in);
+			if (ret)
+				goto out;
+		}
+		if (S_ISREG(in->type) && (valid & FUSE_SET_ATTR_MTIME))
+			tfile_set_mtime(&in->tf, &tv[1]);
+	}
+out:
+	if (ret) {
+		tlog(LOG_DEBUG, "setattr 0x%x: %s", valid, strerror(-ret));
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	ret = stat_inode(in, &st);
+	if (ret)
+		fuse_reply_err(req, -ret);
+	else
+		fuse_reply_attr(req, &st, 1.0);
+}
+
+static void fs_ll_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char buf[PATH_MAX + 1];
+	ssize_t n = readlinkat(in->fd, "", buf, sizeof(buf));
+
+	if (n < 0)
+		fuse_reply_err(req, errno);
+	else if (n >= (ssize_t)sizeof(buf))
+		fuse_reply_err(req, ENAMETOOLONG);
+	else {
+		buf[n] = 0;
+		fuse_reply_readlink(req, buf);
+	}
+}
+
+static int check_new_name(const char *name)
+{
+	return hidden_name(name) ? -EPERM : 0;
+}
+
+static void fs_ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+			mode_t mode, dev_t rdev)
+{
+	struct fs_inode *p = fs_inode_of(parent);
+	int ret = check_new_name(name);
+
+	if (!ret && mknodat(p->fd, name, mode, rdev) < 0)
+		ret = -errno;
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	own_new(p, name, req);
+	reply_entry_or_err(req, p, name);
+}
+
+static void fs_ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+			mode_t mode)
+{
+	struct fs_inode *p = fs_inode_of(parent);
+	int ret = check_new_name(name);
+
+	if (!ret && mkdirat(p->fd, name, mode) < 0)
+		ret = -errno;
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	own_new(p, name, req);
+	reply_entry_or_err(req, p, name);
+}
+
+static void fs_ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
+			  const char *name)
+{
+	struct fs_inode *p = fs_inode_of(parent);
+	int ret = check_new_name(name);
+
+	if (!ret && symlinkat(link, p->fd, name) < 0)
+		ret = -errno;
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	own_new(p, name, req);
+	reply_entry_or_err(req, p, name);
+}
+
+static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
+		       const char *newname)
+{
+	struct fs_inode *in = fs_inode_of(ino), *p = fs_inode_of(newparent);
+	struct fuse_entry_param e;
+	int ret = check_new_name(newname);
+
+	pthread_mutex_lock(&fs.lock);
+	if (!ret && linkat(in->fd, "", p->fd, newname, AT_EMPTY_PATH) < 0)
+		ret = -errno;
+	pthread_mutex_unlock(&fs.lock);
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	ret = do_lookup(p, newname, &e);
+	if (ret)
+		fuse_reply_err(req, -ret);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+/*
+ * After a name of `in` went away: if it has no name left, the file is gone
+ * (its pending flush is cancelled).  fs.lock held.
+ */
+static void name_removed(struct fs_inode *in, struct fs_inode *parent,
+			 const char *name)
+{
+	struct stat st;
+
+	if (in->name && in->parent == parent && strcmp(in->name, name) == 0)
+		set_name(in, NULL, NULL);
+	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_nlink == 0) {
+		in->unlinked = true;
+		if (S_ISREG(in->type))
+			tfile_unlinked(&in->tf);
+	}
+}
+
+/* The known inode of name in parent, or NULL.  fs.lock held. */
+static struct fs_inode *find_child(struct fs_inode *parent, const char *name)
+{
+	struct stat st;
+
+	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return NULL;
+	return table_find(st.st_dev, st.st_ino);
+}
+
+static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs_inode *p = fs_inode_of(parent), *in;
+	int ret = 0;
+
+	pthread_mutex_lock(&fs.lock);
+	in = find_child(p, name);
+	if (unlinkat(p->fd, name, 0) < 0)
+		ret = -errno;
+	else if (in)
+		name_removed(in, p, name);
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, -ret);
+}
+
+static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs_inode *p = fs_inode_of(parent);
+	int ret = 0;
+
+	pthread_mutex_lock(&fs.lock);
+	if (unlinkat(p->fd, name, AT_REMOVEDIR) < 0)
+		ret = -errno;
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, -ret);
+}
+
+static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+			 fuse_ino_t newparent, const char *newname,
+			 unsigned int flags)
+{
+	struct fs_inode *p = fs_inode_of(parent), *np = fs_inode_of(newparent);
+	struct fs_inode *src, *dst;
+	int ret = check_new_name(newname);
+
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	pthread_mutex_lock(&fs.lock);
+	src = find_child(p, name);
+	dst = find_child(np, newname);
+	if (renameat2(p->fd, name, np->fd, newname, flags) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if (flags & RENAME_EXCHANGE) {
+		if (src && src->name)
+			set_name(src, np, newname);
+		if (dst && dst->name)
+			set_name(dst, p, name);
+		goto out;
+	}
+	if (dst && dst != src)
+		name_removed(dst, np, newname);
+	if (src && S_ISREG(src->type))
+		set_name(src, np, newname);
+out:
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, -ret);
+}
+
+static bool writable(int flags)
+{
+	return (flags & O_ACCMODE) != O_RDONLY;
+}
+
+static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
+{
+	pthread_mutex_lock(&fs.lock);
+	in->nopen++;
+	pthread_mutex_unlock(&fs.lock);
+	if (writable(fi->flags))
+		tfile_open_writer(&in->tf);
+	fi->keep_cache = 1;
+}
+
+static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	int ret;
+
+	if (!S_ISREG(in->type)) {
+		fuse_reply_err(req, S_ISDIR(in->type) ? EISDIR : ENXIO);
+		return;
+	}
+	open_common(in, fi);
+	if (fi->flags & O_TRUNC) {
+		ret = tfile_truncate(&in->tf, 0);
+		if (ret) {
+			if (writable(fi->flags))
+				tfile_close_writer(&in->tf);
+			pthread_mutex_lock(&fs.lock);
+			in->nopen--;
+			pthread_mutex_unlock(&fs.lock);
+			fuse_reply_err(req, -ret);
+			return;
+		}
+		fi->keep_cache = 0;
+	}
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		if (writable(fi->flags))
+			tfile_close_writer(&in->tf);
+		pthread_mutex_lock(&fs.lock);
+		in->nopen--;
+		maybe_free(in);
+		pthread_mutex_unlock(&fs.lock);
+	}
+}
+
+static void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+			 mode_t mode, struct fuse_file_info *fi)
+{
+	struct fs_inode *p = fs_inode_of(parent), *in;
+	struct fuse_entry_param e;
+	int fd, ret = check_new_name(name);
+
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	fd = openat(p->fd, name, (fi->flags & (O_EXCL | O_TRUNC | O_NOFOLLOW)) |
+		    O_CREAT | O_RDWR | O_CLOEXEC, mode);
+	if (fd < 0 && errno == EACCES)
+		fd = openat(p->fd, name, (fi->flags & (O_EXCL | O_NOFOLLOW)) |
+			    O_CREAT | O_RDONLY | O_CLOEXEC, mode);
+	if (fd < 0) {
+		fuse_reply_err(req, errno);
+		return;
+	}
+	close(fd);
+	own_new(p, name, req);
+	ret = do_lookup(p, name, &e);
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	in = fs_inode_of(e.ino);
+	if (!S_ISREG(in->type)) {
+		forget_one(e.ino, 1);
+		fuse_reply_err(req, EISDIR);
+		return;
+	}
+	open_common(in, fi);
+	if (fi->flags & O_TRUNC)
+		tfile_truncate(&in->tf, 0);
+	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		if (writable(fi->flags))
+			tfile_close_writer(&in->tf);
+		pthread_mutex_lock(&fs.lock);
+		in->nopen--;
+		pthread_mutex_unlock(&fs.lock);
+		forget_one(e.ino, 1);
+	}
+}
+
+static void fs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	const void *p;
+	struct copy *pin;
+	size_t n;
+	ssize_t ret;
+
+	(void)fi;
+	if (tfile_read_begin(&in->tf, size, off, &p, &n, &pin)) {
+		fuse_reply_buf(req, p, n);
+		tfile_read_end(&in->tf, pin, off + (off_t)n);
+		return;
+	}
+	void *buf = malloc(size ? size : 1);
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	ret = tfile_read(&in->tf, buf, size, off);
+	if (ret < 0)
+		fuse_reply_err(req, (int)-ret);
+	else
+		fuse_reply_buf(req, buf, (size_t)ret);
+	free(buf);
+}
+
+static void fs_ll_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
+			size_t size, off_t off, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	ssize_t ret;
+
+	(void)fi;
+	ret = tfile_write(&in->tf, buf, size, off);
+	if (ret < 0)
+		fuse_reply_err(req, (int)-ret);
+	else
+		fuse_reply_write(req, (size_t)ret);
+}
+
+static void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+
+	(void)fi;
+	fuse_reply_err(req, S_ISREG(in->type) ? -tfile_pending_error(&in->tf) : 0);
+}
+
+static void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+
+	if (writable(fi->flags))
+		tfile_close_writer(&in->tf);
+	pthread_mutex_lock(&fs.lock);
+	in->nopen--;
+	if (!in->nopen && in->data_fd >= 0 && !in->data_users) {
+		close(in->data_fd);
+		in->data_fd = -1;
+	}
+	maybe_free(in);
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, 0);
+}
+
+static void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+			struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+
+	(void)datasync;
+	(void)fi;
+	fuse_reply_err(req, -tfile_fsync(&in->tf));
+}
+
+struct fs_dir {
+	DIR *dp;			/* open directory stream */
+	off_t off;			/* position of the next entry */
+	struct dirent *ent;		/* entry read but not yet returned */
+};
+
+static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	struct fs_dir *d = calloc(1, sizeof(*d));
+	int fd;
+
+	if (!d) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	fd = openat(in->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(d->dp = fdopendir(fd))) {
+		int err = errno;
+
+		if (fd >= 0)
+			close(fd);
+		free(d);
+		fuse_reply_err(req, err);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)d;
+	fi->cache_readdir = 0;
+	fuse_reply_open(req, fi);
+}
+
+static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			  struct fuse_file_info *fi)
+{
+	struct fs_dir *d = (struct fs_dir *)(uintptr_t)fi->fh;
+	char *buf = malloc(size), *p = buf;
+	size_t rem = size;
+
+	(void)ino;
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (off != d->off) {
+		seekdir(d->dp, off);
+		d->ent = NULL;
+		d->off = off;
+	}
+	for (;;) {
+		if (!d->ent) {
+			errno = 0;
+			d->ent = readdir(d->dp);
+			if (!d->ent)
+				break;
+		}
+		if (hidden_name(d->ent->d_name) &&
+		    (d->ent->d_name[7] == '.' || ino == FUSE_ROOT_ID)) {
+			d->off = d->ent->d_off;
+			d->ent = NULL;
+			continue;
+		}
+		struct stat st = { .st_ino = d->ent->d_ino,
+				   .st_mode = (mode_t)d->ent->d_type << 12 };
+		size_t n = fuse_add_direntry(req, p, rem, d->ent->d_name, &st,
+					     d->ent->d_off);
+		if (n > rem)
+			break;
+		p += n;
+		rem -= n;
+		d->off = d->ent->d_off;
+		d->ent = NULL;
+	}
+	fuse_reply_buf(req, buf, size - rem);
+	free(buf);
+}
+
+static void fs_ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct fs_dir *d = (struct fs_dir *)(uintptr_t)fi->fh;
+
+	(void)ino;
+	closedir(d->dp);
+	free(d);
+	fuse_reply_err(req, 0);
+}
+
+static void fs_ll_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+			   struct fuse_file_info *fi)
+{
+	struct fs_dir *d = (struct fs_dir *)(uintptr_t)fi->fh;
+	int fd = dirfd(d->dp);
+
+	(void)ino;
+	fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+}
+
+static void fs_ll_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct statvfs sv;
+
+	(void)ino;
+	if (fstatvfs(fs.root_fd, &sv) < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_statfs(req, &sv);
+}
+
+static void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
+			    off_t len, struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	uint64_t size, end = (uint64_t)off + (uint64_t)len;
+	struct timespec mt;
+	int ret = 0;
+
+	(void)fi;
+	if (off < 0 || len <= 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	tfile_attr(&in->tf, &size, &mt);
+	if (mode == 0) {
+		if (end > size)
+			ret = tfile_truncate(&in->tf, end);
+	} else if (mode == FALLOC_FL_KEEP_SIZE) {
+		ret = 0;		/* space is the cache's business */
+	} else if (mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) ||
+		   mode == FALLOC_FL_ZERO_RANGE ||
+		   mode == (FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)) {
+		static const char zeros[65536];
+		uint64_t pos = (uint64_t)off, stop = end;
+
+		if ((mode & FALLOC_FL_KEEP_SIZE) && stop > size)
+			stop = size;
+		while (pos < stop && !ret) {
+			size_t n = stop - pos < sizeof(zeros) ? (size_t)(stop - pos) : sizeof(zeros);
+			ssize_t w = tfile_write(&in->tf, zeros, n, (off_t)pos);
+			ret = w < 0 ? (int)w : 0;
+			pos += n;
+		}
+	} else {
+		ret = -EOPNOTSUPP;
+	}
+	fuse_reply_err(req, -ret);
+}
+
+const struct fuse_lowlevel_ops fs_ll_ops = {
+	.init		= fs_ll_init,
+	.destroy	= fs_ll_destroy,
+	.lookup		= fs_ll_lookup,
+	.forget		= fs_ll_forget,
+	.forget_multi	= fs_ll_forget_multi,
+	.getattr	= fs_ll_getattr,
+	.setattr	= fs_ll_setattr,
+	.readlink	= fs_ll_readlink,
+	.mknod		= fs_ll_mknod,
+	.mkdir		= fs_ll_mkdir,
+	.symlink	= fs_ll_symlink,
+	.link		= fs_ll_link,
+	.unlink		= fs_ll_unlink,
+	.rmdir		= fs_ll_rmdir,
+	.rename		= fs_ll_rename,
+	.open		= fs_ll_open,
+	.create		= fs_ll_create,
+	.read		= fs_ll_read,
+	.write		= fs_ll_write,
+	.flush		= fs_ll_flush,
+	.release	= fs_ll_release,
+	.fsync		= fs_ll_fsync,
+	.opendir	= fs_ll_opendir,
+	.readdir	= fs_ll_readdir,
+	.releasedir	= fs_ll_releasedir,
+	.fsyncdir	= fs_ll_fsyncdir,
+	.statfs		= fs_ll_statfs,
+	.setxattr	= fs_ll_setxattr,
+	.getxattr	= fs_ll_getxattr,
+	.listxattr	= fs_ll_listxattr,
+	.removexattr	= fs_ll_removexattr,
+	.fallocate	= fs_ll_fallocate,
+};
+
+int fs_sync_all(void)
+{
+	struct fs_inode **list = NULL;
+	size_t n = 0, cap = 0, i;
+	int ret = 0, failed = 0;
+
+	pthread_mutex_lock(&fs.lock);
+	for (i = 0; i < fs.hsize; i++) {
+		struct fs_inode *in;
+
+		for (in = fs.htab[i]; in; in = in->hnext) {
+			if (!S_ISREG(in->type) || in->unlinked)
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				struct fs_inode **nl = realloc(list, cap * sizeof(*nl));
+				if (!nl)
+					break;
+				list = nl;
+			}
+			__atomic_add_fetch(&in->refs, 1, __ATOMIC_ACQ_REL);
+			list[n++] = in;
+		}
+	}
+	pthread_mutex_unlock(&fs.lock);
+	for (i = 0; i < n; i++) {
+		int r = tfile_fsync(&list[i]->tf);
+
+		if (r) {
+			char nb[256];
+
+			failed++;
+			if (!ret)
+				ret = r;
+			tlog(LOG_ERR, "%s: could not be flushed: %s",
+			     fs_tfile_ops.name(&list[i]->tf, nb, sizeof(nb)), strerror(-r));
+		}
+		fs_inode_put(list[i]);
+	}
+	free(list);
+	if (failed)
+		tlog(LOG_ERR, "%d file(s) could not be written to the backing directory", failed);
+	return ret;
+}
+
+/* ---- backing versions (struct tfile_ops) ------------------------------ */
+
+static struct fs_inode *in_of(struct tfile *f)
+{
+	return (struct fs_inode *)((char *)f - offsetof(struct fs_inode, tf));
+}
+
+static int open_direct(const char *path, int flags, bool want_direct, bool *direct)
+{
+	int fd = -1;
+
+	*direct = false;
+	if (want_direct) {
+		fd = open(path, flags | O_DIRECT | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			*direct = true;
+			return fd;
+		}
+		if (errno != EINVAL)
+			return -errno;
+	}
+	fd = open(path, flags | O_CLOEXEC, 0600);
+	return fd < 0 ? -errno : fd;
+}
+
+static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace)
+{
+	struct fs_inode *in = in_of(f);
+	char path[64];
+	struct stat st;
+	int ret;
+
+	*inplace = false;
+	pthread_mutex_lock(&fs.lock);
+	if (in->unlinked) {
+		/* anonymous storage for a file that has no name any more */
+		fs_proc_path(fs.root_fd, path, sizeof(path));
+		ret = open_direct(path, O_TMPFILE | O_RDWR, want_direct, direct);
+		goto out;
+	}
+	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if (st.st_nlink == 1 && in->name && in->parent) {
+		fs_proc_path(in->parent->fd, path, sizeof(path));
+		ret = open_direct(path, O_TMPFILE | O_RDWR, want_direct, direct);
+		if (ret >= 0 || (ret != -EOPNOTSUPP && ret != -EISDIR))
+			goto out;
+	}
+	/* hard links, or no O_TMPFILE: the file itself, in place */
+	*inplace = true;
+	fs_proc_path(in->fd, path, sizeof(path));
+	ret = open_direct(path, O_RDWR, want_direct, direct);
+out:
+	pthread_mutex_unlock(&fs.lock);
+	return ret;
+}
+
+/* Copy the user-visible attributes of the current version to fd. */
+static void copy_attrs(struct fs_inode *in, int fd, const struct stat *old)
+{
+	char path[64], names[4096], val[65536];
+	struct timespec tv[2];
+	ssize_t nl, vl;
+	char *n;
+
+	if (fchown(fd, old->st_uid, old->st_gid) < 0)
+		tlog(LOG_WARNING, "chown of new version: %s", strerror(errno));
+	if (fchmod(fd, old->st_mode & 07777) < 0)
+		tlog(LOG_WARNING, "chmod of new version: %s", strerror(errno));
+	fs_proc_path(in->fd, path, sizeof(path));
+	nl = listxattr(path, names, sizeof(names));
+	for (n = names; nl > 0 && n < names + nl; n += strlen(n) + 1) {
+		vl = getxattr(path, n, val, sizeof(val));
+		if (vl >= 0 && fsetxattr(fd, n, val, (size_t)vl, 0) < 0)
+			tlog(LOG_WARNING, "xattr %s of new version: %s", n, strerror(errno));
+	}
+	tv[0] = old->st_atim;
+	tv[1] = in->tf.mtime;
+	if (!tv[1].tv_sec && !tv[1].tv_nsec)
+		tv[1] = old->st_mtim;
+	futimens(fd, tv);
+}
+
+/* Copy version fd's content over the file itself (hard-linked files). */
+static int copy_in_place(struct fs_inode *in, int fd)
+{
+	char path[64];
+	struct stat st;
+	int dst, ret = 0;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	fs_proc_path(in->fd, path, sizeof(path));
+	dst = open(path, O_WRONLY | O_CLOEXEC);
+	if (dst < 0)
+		return -errno;
+	loff_t i = 0, o = 0;
+	while (i < st.st_size) {
+		ssize_t n = copy_file_range(fd, &i, dst, &o, (size_t)(st.st_size - i), 0);
+		if (n <= 0) {
+			ret = n < 0 ? -errno : -EIO;
+			break;
+		}
+	}
+	if (!ret && ftruncate(dst, st.st_size) < 0)
+		ret = -errno;
+	close(dst);
+	return ret;
+}
+
+static void swap_fd(struct fs_inode *in, int fd)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == 0) {
+		table_remove(in);
+		in->dev = st.st_dev;
+		in->ino = st.st_ino;
+		table_insert(in);
+	}
+	pthread_rwlock_wrlock(&in->fdlock);
+	close(in->fd);
+	in->fd = fd;
+	pthread_rwlock_unlock(&in->fdlock);
+	if (in->data_fd >= 0 && !in->data_users) {
+		close(in->data_fd);
+		in->data_fd = -1;
+	}
+}
+
+static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
+{
+	struct fs_inode *in = in_of(f);
+	char path[64], tmp[64];
+	static unsigned long counter;
+	struct stat old;
+	int ret = 0;
+
+	if (inplace) {
+		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
+
+		if (tv[1].tv_sec || tv[1].tv_nsec)
+			futimens(fd, tv);
+		if (durable && fsync(fd) < 0)
+			ret = -errno;
+		close(fd);
+		return ret;
+	}
+	pthread_mutex_lock(&fs.lock);
+	if (in->unlinked) {
+		swap_fd(in, fd);	/* adopt: the data lives on, nameless */
+		goto out;
+	}
+	if (fstatat(in->fd, "", &old, AT_EMPTY_PATH) < 0) {
+		ret = -errno;
+		close(fd);
+		goto out;
+	}
+	if (old.st_nlink > 1 || !in->name) {
+		/* hard-linked since the version was started: copy it in place */
+		ret = copy_in_place(in, fd);
+		close(fd);
+		goto out;
+	}
+	copy_attrs(in, fd, &old);
+	fs_proc_path(fd, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
+		 (unsigned long)getpid(), ++counter);
+	if (linkat(AT_FDCWD, path, in->parent->fd, tmp, AT_SYMLINK_FOLLOW) < 0 ||
+	    renameat(in->parent->fd, tmp, in->parent->fd, in->name) < 0) {
+		ret = -errno;
+		unlinkat(in->parent->fd, tmp, 0);
+		close(fd);
+		goto out;
+	}
+	if (durable) {
+		int dfd;
+
+		fs_proc_path(in->parent->fd, path, sizeof(path));
+		dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd >= 0) {
+			if (fsync(dfd) < 0)
+				ret = -errno;
+			close(dfd);
+		}
+	}
+	/* reopen by name: the tmpfile's own dentry stays an unnamed one */
+	int pfd = openat(in->parent->fd, in->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (pfd >= 0) {
+		close(fd);
+		fd = pfd;
+	}
+	swap_fd(in, fd);
+out:
+	pthread_mutex_unlock(&fs.lock);
+	return ret;
+}
+
+static int v_data_fd(struct tfile *f, bool direct)
+{
+	struct fs_inode *in = in_of(f);
+	char path[64];
+	bool d;
+	int fd;
+
+	pthread_mutex_lock(&fs.lock);
+	fs_proc_path(in->fd, path, sizeof(path));
+	if (direct) {
+		fd = open_direct(path, O_RDONLY, true, &d);
+		goto out;
+	}
+	if (in->data_fd < 0) {
+		in->data_fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (in->data_fd < 0) {
+			fd = -errno;
+			goto out;
+		}
+	}
+	in->data_users++;
+	fd = in->data_fd;
+out:
+	pthread_mutex_unlock(&fs.lock);
+	return fd;
+}
+
+static void v_release_data_fd(struct tfile *f, int fd)
+{
+	struct fs_inode *in = in_of(f);
+
+	pthread_mutex_lock(&fs.lock);
+	if (fd == in->data_fd && in->data_users > 0)
+		in->data_users--;
+	else
+		close(fd);
+	pthread_mutex_unlock(&fs.lock);
+}
+
+static void v_get(struct tfile *f)
+{
+	fs_inode_get(in_of(f));
+}
+
+static void v_put(struct tfile *f)
+{
+	fs_inode_put(in_of(f));
+}
+
+static const char *v_name(struct tfile *f, char *buf, size_t len)
+{
+	struct fs_inode *in = in_of(f);
+
+	pthread_mutex_lock(&fs.lock);
+	snprintf(buf, len, "%s", in->name ? in->name : "(unlinked file)");
+	pthread_mutex_unlock(&fs.lock);
+	return buf;
+}
+
+const struct tfile_ops fs_tfile_ops = {
+	.version_open	= v_open,
+	.version_commit	= v_commit,
+	.data_fd	= v_data_fd,
+	.release_data_fd = v_release_data_fd,
+	.get		= v_get,
+	.put		= v_put,
+	.name		= v_name,
+};

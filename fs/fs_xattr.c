@@ -1,0 +1,197 @@
+/*
+ * fs_xattr.c - extended attributes: user.* attributes pass through to the
+ * backing directory; user.tierfs.* is tierfs's own protocol (fs/tierfs.h):
+ * read-only reports (tier, state, stats) and the restore hints.
+ *
+ * tierfs attributes are never listed, so tools that copy every attribute
+ * (cp -a, rsync -X) don't try to set them elsewhere.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_hints.h"
+#include "tierfs.h"
+
+static bool tierfs_name(const char *name)
+{
+	return strncmp(name, TIERFS_XATTR_PREFIX, sizeof(TIERFS_XATTR_PREFIX) - 1) == 0;
+}
+
+static void reply_value(fuse_req_t req, const char *val, size_t len, size_t size)
+{
+	if (size == 0)
+		fuse_reply_xattr(req, len);
+	else if (len > size)
+		fuse_reply_err(req, ERANGE);
+	else
+		fuse_reply_buf(req, val, len);
+}
+
+/* Value of a read-only tierfs attribute into buf; length or -errno. */
+static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t len)
+{
+	char tier[256], state[512];
+	int ret;
+
+	if (strcmp(name, TIERFS_XATTR_STATS) == 0) {
+		if (in != &fs.root)
+			return -ENODATA;
+		return engine_stats_json(fs.eng, buf, len);
+	}
+	if (strcmp(name, TIERFS_XATTR_TIER) == 0 || strcmp(name, TIERFS_XATTR_STATE) == 0) {
+		if (!S_ISREG(in->type))
+			return -ENODATA;
+		ret = tfile_describe(&in->tf, tier, sizeof(tier), state, sizeof(state));
+		if (ret)
+			return ret;
+		ret = snprintf(buf, len, "%s", name[12] == 't' ? tier : state);
+		return ret >= (int)len ? -ERANGE : ret;
+	}
+	return fs_hints_get(in, name, buf, len);
+}
+
+void fs_ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char path[64];
+	ssize_t n;
+
+	if (tierfs_name(name)) {
+		char *buf = malloc(1 << 20);
+		int ret;
+
+		if (!buf) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		ret = tierfs_get(in, name, buf, 1 << 20);
+		if (ret < 0)
+			fuse_reply_err(req, -ret);
+		else
+			reply_value(req, buf, (size_t)ret, size);
+		free(buf);
+		return;
+	}
+	if (S_ISLNK(in->type)) {
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
+	fs_fd_hold(in);
+	fs_proc_path(in->fd, path, sizeof(path));
+	if (size == 0) {
+		n = getxattr(path, name, NULL, 0);
+		fs_fd_release(in);
+		if (n < 0)
+			fuse_reply_err(req, errno);
+		else
+			fuse_reply_xattr(req, (size_t)n);
+		return;
+	}
+	char *val = malloc(size);
+	if (!val) {
+		fs_fd_release(in);
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	n = getxattr(path, name, val, size);
+	fs_fd_release(in);
+	if (n < 0)
+		fuse_reply_err(req, errno);
+	else
+		fuse_reply_buf(req, val, (size_t)n);
+	free(val);
+}
+
+void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+		    const char *value, size_t size, int flags)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char path[64];
+	int ret = 0;
+
+	if (tierfs_name(name)) {
+		fuse_reply_err(req, -fs_hints_set(in, name, value, size, flags));
+		return;
+	}
+	if (S_ISLNK(in->type)) {
+		fuse_reply_err(req, EPERM);
+		return;
+	}
+	pthread_mutex_lock(&fs.lock);	/* not while a new version is committed */
+	fs_proc_path(in->fd, path, sizeof(path));
+	if (setxattr(path, name, value, size, flags) < 0)
+		ret = -errno;
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, -ret);
+}
+
+void fs_ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char path[64];
+	ssize_t n;
+	char *buf, *p, *q;
+
+	if (S_ISLNK(in->type)) {
+		reply_value(req, "", 0, size);
+		return;
+	}
+	fs_fd_hold(in);
+	fs_proc_path(in->fd, path, sizeof(path));
+	n = listxattr(path, NULL, 0);
+	buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+	if (n < 0 || !buf) {
+		int err = n < 0 ? errno : ENOMEM;
+
+		fs_fd_release(in);
+		fuse_reply_err(req, err);
+		return;
+	}
+	n = listxattr(path, buf, (size_t)n);
+	fs_fd_release(in);
+	if (n < 0) {
+		fuse_reply_err(req, errno);
+		free(buf);
+		return;
+	}
+	/* drop tierfs names in place */
+	for (p = q = buf; p < buf + n; p += strlen(p) + 1) {
+		size_t l = strlen(p) + 1;
+
+		if (tierfs_name(p))
+			continue;
+		memmove(q, p, l);
+		q += l;
+	}
+	reply_value(req, buf, (size_t)(q - buf), size);
+	free(buf);
+}
+
+void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	char path[64];
+	int ret = 0;
+
+	if (tierfs_name(name)) {
+		fuse_reply_err(req, -fs_hints_remove(in, name));
+		return;
+	}
+	if (S_ISLNK(in->type)) {
+		fuse_reply_err(req, ENODATA);
+		return;
+	}
+	pthread_mutex_lock(&fs.lock);
+	fs_proc_path(in->fd, path, sizeof(path));
+	if (removexattr(path, name) < 0)
+		ret = -errno;
+	pthread_mutex_unlock(&fs.lock);
+	fuse_reply_err(req, -ret);
+}

@@ -1,0 +1,90 @@
+/*
+ * gpu.h - the plain-C face of everything CUDA in tierfs.
+ *
+ * No CUDA type leaks out of gpu/: device addresses are uint64_t, IPC
+ * handles are opaque 64-byte blobs.  A build without CUDA links gpu_stub.c,
+ * whose gpu_available() says no and whose other calls return -EOPNOTSUPP.
+ * Every call returns 0 (or a count) or -errno; CUDA errors are logged once
+ * with the failing call's text.
+ *
+ * Threads: any thread may call any function; each function makes the
+ * device's primary context current itself.
+ */
+#ifndef TIERFS_GPU_H
+#define TIERFS_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPU_IPC_HANDLE_SIZE 64
+
+/* Was tierfs built with CUDA? */
+bool gpu_built(void);
+/*
+ * Initialise the driver and pick device `dev`.  Returns 0, or -ENODEV (no
+ * driver/device; why is written to msg).  Idempotent.
+ */
+int gpu_init(int dev, char *msg, size_t msglen);
+/* After gpu_init: is a device usable? */
+bool gpu_available(void);
+/* Free and total device memory in bytes, name of the device. */
+int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name, size_t namelen);
+
+/* ---- VMM cache buffer (gpu_vmm.c) ---------------------------------- */
+
+struct gpu_vmm;
+/*
+ * Reserve `size` bytes of device address space (cuMemAddressReserve) and
+ * start a background thread that maps physical memory chunk by chunk
+ * (cuMemCreate, cuMemMap, cuMemSetAccess).  Returns at once: bytes become
+ * usable from the start of the range as gpu_vmm_mapped() grows.
+ */
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size);
+uint64_t gpu_vmm_base(const struct gpu_vmm *v);	/* device address */
+uint64_t gpu_vmm_size(const struct gpu_vmm *v);	/* reserved bytes */
+uint64_t gpu_vmm_mapped(const struct gpu_vmm *v);	/* mapped so far */
+/* Wait until fully mapped; returns 0 or the mapping thread's error. */
+int gpu_vmm_wait(struct gpu_vmm *v);
+/* Stop mapping, unmap, release, free. */
+void gpu_vmm_destroy(struct gpu_vmm *v);
+
+/* ---- copies (gpu_copy.c) -------------------------------------------- */
+
+/* Directions, each with its own stream(s) (hpdc23 §4.3). */
+enum gpu_dir { GPU_H2D = 0, GPU_D2H, GPU_D2D, GPU_NDIRS };
+
+/* Synchronous copies on the direction's stream.  Host memory may be
+ * pinned or not. */
+int gpu_copy_htod(uint64_t dst, const void *src, size_t len);
+int gpu_copy_dtoh(void *dst, uint64_t src, size_t len);
+int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len);
+
+/* ---- host memory pinning (gpu_pin.c) -------------------------------- */
+
+/* cudaHostRegister / unregister of an existing host range. */
+int gpu_host_register(void *p, size_t len);
+int gpu_host_unregister(void *p);
+/*
+ * Serialise pinning across tierfs instances on one node: take/release an
+ * exclusive lock on `path` (flock).  Blocks.  Returns an fd or -errno.
+ */
+int gpu_pin_lock(const char *path);
+void gpu_pin_unlock(int fd);
+
+/* ---- IPC memory handles (gpu_ipc.c) --------------------------------- */
+
+/*
+ * Open a client's cudaIpcMemHandle (64 bytes) in this process.  Returns the
+ * device address of the allocation's base in *dptr and its size in *size.
+ * -EINVAL: garbage handle; -ENODEV: no GPU tier; -EXDEV: other device.
+ */
+int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size);
+int gpu_ipc_close(uint64_t dptr);
+
+/* Client side (libtierfs): find the allocation holding dptr and export
+ * its handle.  *base and *size describe the allocation. */
+int gpu_ipc_export(uint64_t dptr, void *handle, uint64_t *base,
+		   uint64_t *size, int *device);
+
+#endif /* TIERFS_GPU_H */

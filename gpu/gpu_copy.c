@@ -1,0 +1,154 @@
+/*
+ * gpu_copy.c - synchronous copies, one stream per direction (hpdc23 §4.3).
+ *
+ * Flushes (device to host), prefetches (host to device) and zero-copy
+ * ioctls (device to device) each get their own CUstream, so a long flush
+ * never queues a prefetch or a client's copy behind it.  Streams are
+ * created non-blocking (they never wait on the legacy default stream, which
+ * an application's CUDA runtime in the same context might use) and lazily,
+ * on the first copy of their direction, in the primary context.
+ *
+ * A copy is queued with cuMemcpy*Async on its direction's stream and waited
+ * for with cuStreamSynchronize.  Host memory may be pinned or pageable: for
+ * pageable memory the driver stages the copy through its own pinned
+ * buffers, so any size works, only slower.  Device-to-device moves may
+ * overlap (the cache compacts fragments in place): they are split into
+ * pieces that do not.
+ *
+ * Locking: one mutex per direction, held for the whole copy (queue and
+ * wait), so copies of one direction run one at a time in submission order,
+ * and the stream is created under it.  No lock is held across directions.
+ */
+#include <errno.h>
+#include <pthread.h>
+
+#include "gpu_internal.h"
+
+static struct gpu_lane {
+	pthread_mutex_t lock;	/* serialises copies of this direction */
+	CUstream stream;	/* created on first use, never destroyed */
+} gpu_lanes[GPU_NDIRS] = {
+	[GPU_H2D] = { .lock = PTHREAD_MUTEX_INITIALIZER },
+	[GPU_D2H] = { .lock = PTHREAD_MUTEX_INITIALIZER },
+	[GPU_D2D] = { .lock = PTHREAD_MUTEX_INITIALIZER },
+};
+
+/*
+ * Take direction dir's lane: lock it, make the context current, create its
+ * stream if needed.  Returns the locked lane, or NULL with *err set (the
+ * lane then unlocked).
+ */
+static struct gpu_lane *lane_get(enum gpu_dir dir, int *err)
+{
+	struct gpu_lane *l = &gpu_lanes[dir];
+	int ret;
+
+	pthread_mutex_lock(&l->lock);
+	ret = gpu_ctx_enter();
+	if (ret)
+		goto out_unlock;
+	if (!l->stream)
+		GPU_CU(cuStreamCreate(&l->stream, CU_STREAM_NON_BLOCKING),
+		       out_unlock);
+	return l;
+
+out_unlock:
+	pthread_mutex_unlock(&l->lock);
+	*err = ret;
+	return NULL;
+}
+
+/*
+ * gpu_copy_htod - copy len bytes from host src (pinned or pageable) to
+ * device dst on the host-to-device stream; returns once they have landed.
+ * Returns 0, -ENODEV before gpu_init(), -EINVAL for a bad address, or -EIO.
+ */
+int gpu_copy_htod(uint64_t dst, const void *src, size_t len)
+{
+	struct gpu_lane *l;
+	int ret = 0;
+
+	if (!len)
+		return 0;
+	l = lane_get(GPU_H2D, &ret);
+	if (!l)
+		return ret;
+	GPU_CU(cuMemcpyHtoDAsync(dst, src, len, l->stream), out);
+	GPU_CU(cuStreamSynchronize(l->stream), out);
+out:
+	pthread_mutex_unlock(&l->lock);
+	return ret;
+}
+
+/*
+ * gpu_copy_dtoh - copy len bytes from device src to host dst (pinned or
+ * pageable) on the device-to-host stream; returns once dst holds them.
+ * Returns as gpu_copy_htod().
+ */
+int gpu_copy_dtoh(void *dst, uint64_t src, size_t len)
+{
+	struct gpu_lane *l;
+	int ret = 0;
+
+	if (!len)
+		return 0;
+	l = lane_get(GPU_D2H, &ret);
+	if (!l)
+		return ret;
+	GPU_CU(cuMemcpyDtoHAsync(dst, src, len, l->stream), out);
+	GPU_CU(cuStreamSynchronize(l->stream), out);
+out:
+	pthread_mutex_unlock(&l->lock);
+	return ret;
+}
+
+/*
+ * Queue an overlapping move as pieces no longer than the distance between
+ * the ranges, front first when moving down and back first when moving up,
+ * so that no piece reads bytes an earlier piece has overwritten.  The
+ * stream runs the pieces in order.
+ */
+static CUresult dtod_overlap(uint64_t dst, uint64_t src, size_t len,
+			     CUstream s)
+{
+	size_t step = dst < src ? src - dst : dst - src, done = 0, n;
+	CUresult r = CUDA_SUCCESS;
+
+	while (r == CUDA_SUCCESS && done < len) {
+		n = len - done < step ? len - done : step;
+		if (dst < src)
+			r = cuMemcpyDtoDAsync(dst + done, src + done, n, s);
+		else
+			r = cuMemcpyDtoDAsync(dst + len - done - n,
+					      src + len - done - n, n, s);
+		done += n;
+	}
+	return r;
+}
+
+/*
+ * gpu_copy_dtod - copy len bytes between device addresses (the cache, an
+ * IPC-opened client buffer, a peer device) on the device-to-device stream.
+ * Overlapping ranges are moved as memmove() would (in pieces no longer
+ * than their distance: fast for moves of at least a few MiB).  Returns as
+ * gpu_copy_htod().
+ */
+int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len)
+{
+	struct gpu_lane *l;
+	int ret = 0;
+
+	if (!len || dst == src)
+		return 0;
+	l = lane_get(GPU_D2D, &ret);
+	if (!l)
+		return ret;
+	if (dst < src + len && src < dst + len)
+		GPU_CU(dtod_overlap(dst, src, len, l->stream), out);
+	else
+		GPU_CU(cuMemcpyDtoDAsync(dst, src, len, l->stream), out);
+	GPU_CU(cuStreamSynchronize(l->stream), out);
+out:
+	pthread_mutex_unlock(&l->lock);
+	return ret;
+}

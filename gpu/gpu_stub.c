@@ -1,0 +1,167 @@
+/*
+ * gpu_stub.c - gpu.h for a tierfs built without CUDA.
+ *
+ * Linked instead of the other gpu/ files when configure found no CUDA.
+ * gpu_init() fails with -ENODEV ("built without CUDA"), gpu_available()
+ * says no, and every other call returns -EOPNOTSUPP (or nothing), so the
+ * daemon runs with the host and SSD tiers only.  tiers/ never reaches the
+ * VMM calls here, because it creates no GPU tier when gpu_available() is
+ * false; they still behave sanely if it did.
+ *
+ * Includes nothing from CUDA.
+ */
+#include <errno.h>
+#include <stdio.h>
+
+#include "gpu.h"
+
+/* gpu_built - false: no CUDA in this build. */
+bool gpu_built(void)
+{
+	return false;
+}
+
+/* gpu_init - always -ENODEV, with "built without CUDA" in msg. */
+int gpu_init(int dev, char *msg, size_t msglen)
+{
+	(void)dev;
+	if (msg && msglen)
+		snprintf(msg, msglen, "built without CUDA");
+	return -ENODEV;
+}
+
+/* gpu_available - always false. */
+bool gpu_available(void)
+{
+	return false;
+}
+
+/* gpu_mem_info - -EOPNOTSUPP; outputs untouched. */
+int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name,
+		 size_t namelen)
+{
+	(void)free_b;
+	(void)total_b;
+	(void)name;
+	(void)namelen;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_create - -EOPNOTSUPP; *out is NULL. */
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size)
+{
+	(void)size;
+	if (out)
+		*out = NULL;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_base/size/mapped - 0: no cache exists in this build. */
+uint64_t gpu_vmm_base(const struct gpu_vmm *v)
+{
+	(void)v;
+	return 0;
+}
+
+uint64_t gpu_vmm_size(const struct gpu_vmm *v)
+{
+	(void)v;
+	return 0;
+}
+
+uint64_t gpu_vmm_mapped(const struct gpu_vmm *v)
+{
+	(void)v;
+	return 0;
+}
+
+/* gpu_vmm_wait - -EOPNOTSUPP. */
+int gpu_vmm_wait(struct gpu_vmm *v)
+{
+	(void)v;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_destroy - nothing to free. */
+void gpu_vmm_destroy(struct gpu_vmm *v)
+{
+	(void)v;
+}
+
+/* gpu_copy_* - -EOPNOTSUPP. */
+int gpu_copy_htod(uint64_t dst, const void *src, size_t len)
+{
+	(void)dst;
+	(void)src;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+int gpu_copy_dtoh(void *dst, uint64_t src, size_t len)
+{
+	(void)dst;
+	(void)src;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len)
+{
+	(void)dst;
+	(void)src;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_host_register/unregister - -EOPNOTSUPP: nothing to pin for. */
+int gpu_host_register(void *p, size_t len)
+{
+	(void)p;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+int gpu_host_unregister(void *p)
+{
+	(void)p;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_pin_lock - -EOPNOTSUPP: without CUDA nothing gets pinned. */
+int gpu_pin_lock(const char *path)
+{
+	(void)path;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_pin_unlock - nothing was locked. */
+void gpu_pin_unlock(int fd)
+{
+	(void)fd;
+}
+
+/* gpu_ipc_* - -EOPNOTSUPP. */
+int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
+{
+	(void)handle;
+	(void)dptr;
+	(void)size;
+	return -EOPNOTSUPP;
+}
+
+int gpu_ipc_close(uint64_t dptr)
+{
+	(void)dptr;
+	return -EOPNOTSUPP;
+}
+
+int gpu_ipc_export(uint64_t dptr, void *handle, uint64_t *base,
+		   uint64_t *size, int *device)
+{
+	(void)dptr;
+	(void)handle;
+	(void)base;
+	(void)size;
+	(void)device;
+	return -EOPNOTSUPP;
+}

@@ -1,0 +1,316 @@
+/*
+ * gpu_vmm.c - the GPU cache buffer: one address reservation, mapped in the
+ * background (hipc22 §IV-A, §IV-C).
+ *
+ * A mount's GPU cache is one contiguous range of device addresses.  Asking
+ * the driver for all of its memory at once is slow, and slower still when
+ * several tierfs instances on a node start together, so gpu_vmm_create()
+ * only reserves the addresses (cuMemAddressReserve, which is cheap) and
+ * hands the physical side to a mapper thread: chunk by chunk, from the
+ * start of the range, it creates physical memory (cuMemCreate), maps it
+ * (cuMemMap) and grants the device read/write access (cuMemSetAccess), then
+ * publishes the new end in `mapped`.  Callers may use [base, base + mapped)
+ * at once; tiers/ holds back eviction until mapped == size.
+ *
+ * If the device runs out of memory midway, the mapper stops there, records
+ * the error for gpu_vmm_wait() and logs it once: the cache is then simply
+ * smaller (mapped stays what was mapped).
+ *
+ * Chunks: 64 MiB rounded up to the recommended granularity; the last one
+ * may be shorter (the size is rounded up to the minimum granularity only).
+ * One physical handle per chunk, kept until gpu_vmm_destroy().
+ *
+ * Threads and memory order: the mapper alone writes handles[] and nmapped
+ * and then stores `mapped` with release order; gpu_vmm_mapped() loads it
+ * with acquire order.  lock/cond only carry the end of the mapper (done,
+ * err) to gpu_vmm_wait().  gpu_vmm_destroy() joins the mapper before it
+ * touches handles[].
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_internal.h"
+
+#define VMM_CHUNK	(64ULL << 20)	/* step, before rounding */
+#define MiB(x)		((unsigned long long)((x) >> 20))
+
+struct gpu_vmm {
+	CUdeviceptr base;	/* start of the reservation */
+	uint64_t size;		/* reserved bytes, granularity multiple */
+	uint64_t chunk;		/* bytes per mapping step, ditto */
+	uint64_t nchunks;	/* ceil(size / chunk) */
+	CUmemAllocationProp prop;	/* pinned memory on our device */
+	CUmemAccessDesc access;	/* read/write for our device */
+	CUmemGenericAllocationHandle *handles;	/* one per mapped chunk */
+	uint64_t nmapped;	/* chunks mapped; the mapper's until joined */
+	_Atomic uint64_t mapped;	/* bytes usable from base; only grows */
+	atomic_bool stop;	/* gpu_vmm_destroy() asks the mapper to quit */
+	pthread_t mapper;	/* the mapping thread */
+	pthread_mutex_t lock;	/* guards done and err */
+	pthread_cond_t cond;	/* signalled when done turns true */
+	bool done;		/* the mapper has finished (or given up) */
+	int err;		/* 0, or why the mapper stopped early */
+};
+
+static uint64_t round_up(uint64_t x, uint64_t to)
+{
+	return (x + to - 1) / to * to;
+}
+
+/* Create, map and open chunk i.  Returns 0 or -errno, leaving it unmapped. */
+static int vmm_map_chunk(struct gpu_vmm *v, uint64_t i)
+{
+	uint64_t off = i * v->chunk;
+	size_t len = v->size - off < v->chunk ? v->size - off : v->chunk;
+	CUdeviceptr at = v->base + off;
+	CUmemGenericAllocationHandle h;
+	CUresult r;
+	int ret = 0;
+
+	r = cuMemCreate(&h, len, &v->prop, 0);
+	if (r != CUDA_SUCCESS) {
+		/* Running out of memory is an outcome here, not a bug:
+		 * the caller logs it with the sizes. */
+		if (r != CUDA_ERROR_OUT_OF_MEMORY)
+			return gpu_cu_err("cuMemCreate(&h, len, &v->prop, 0)",
+					  r);
+		return -ENOMEM;
+	}
+	GPU_CU(cuMemMap(at, len, 0, h, 0), out_release);
+	GPU_CU(cuMemSetAccess(at, len, &v->access, 1), out_unmap);
+	v->handles[i] = h;
+	return 0;
+
+out_unmap:
+	cuMemUnmap(at, len);
+out_release:
+	cuMemRelease(h);
+	return ret;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void *vmm_mapper(void *arg)
+{
+	struct gpu_vmm *v = arg;
+	double t0 = now_ms();
+	uint64_t i, end;
+	int ret;
+
+	ret = gpu_ctx_enter();
+	for (i = 0; !ret && i < v->nchunks; i++) {
+		if (atomic_load_explicit(&v->stop, memory_order_relaxed))
+			break;
+		ret = vmm_map_chunk(v, i);
+		if (ret)
+			break;
+		v->nmapped = i + 1;
+		end = (i + 1) * v->chunk;
+		if (end > v->size)
+			end = v->size;
+		atomic_store_explicit(&v->mapped, end, memory_order_release);
+	}
+	if (ret)
+		gpu_log(LOG_WARNING,
+			"gpu: cache mapping stopped at %llu of %llu MiB after %.0f ms: %s",
+			MiB(atomic_load(&v->mapped)), MiB(v->size),
+			now_ms() - t0, strerror(-ret));
+	else if (i == v->nchunks)
+		gpu_log(LOG_INFO, "gpu: cache fully mapped (%llu MiB) in %.0f ms",
+			MiB(v->size), now_ms() - t0);
+
+	pthread_mutex_lock(&v->lock);
+	v->err = ret;
+	v->done = true;
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+	return NULL;
+}
+
+/*
+ * gpu_vmm_create - reserve `size` bytes (rounded up to the allocation
+ * granularity) of device addresses and start the mapper thread.  Returns 0
+ * with *out set, -EINVAL for size 0, -ENODEV before gpu_init(), -EOPNOTSUPP
+ * when the device lacks VMM, or the mapped driver / pthread error; on error
+ * *out is NULL and nothing is left reserved.
+ */
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size)
+{
+	struct gpu_vmm *v;
+	size_t gmin = 0, grec = 0;
+	sigset_t all, old;
+	int vmm_ok = 0, ret;
+
+	*out = NULL;
+	if (!size)
+		return -EINVAL;
+	ret = gpu_ctx_enter();
+	if (ret)
+		return ret;
+	GPU_CU(cuDeviceGetAttribute(&vmm_ok,
+			CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+			gpu_cu_device()), out);
+	if (!vmm_ok) {
+		gpu_log(LOG_ERR, "gpu: device %d has no virtual memory management",
+			gpu_cu_ordinal());
+		return -EOPNOTSUPP;
+	}
+
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	v->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	v->prop.location.id = gpu_cu_ordinal();
+	v->access.location = v->prop.location;
+	v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+	GPU_CU(cuMemGetAllocationGranularity(&gmin, &v->prop,
+			CU_MEM_ALLOC_GRANULARITY_MINIMUM), out_free);
+	GPU_CU(cuMemGetAllocationGranularity(&grec, &v->prop,
+			CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), out_free);
+	if (!gmin)
+		gmin = 2ULL << 20;
+	if (grec < gmin)
+		grec = gmin;
+	if (size > UINT64_MAX - grec) {
+		ret = -EINVAL;
+		goto out_free;
+	}
+	v->size = round_up(size, gmin);
+	v->chunk = round_up(round_up(VMM_CHUNK, grec), gmin);
+	v->nchunks = (v->size + v->chunk - 1) / v->chunk;
+	v->handles = calloc(v->nchunks, sizeof(*v->handles));
+	if (!v->handles) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+
+	GPU_CU(cuMemAddressReserve(&v->base, v->size, grec, 0, 0),
+	       out_free_handles);
+
+	atomic_init(&v->mapped, 0);
+	atomic_init(&v->stop, false);
+	pthread_mutex_init(&v->lock, NULL);
+	pthread_cond_init(&v->cond, NULL);
+
+	gpu_log(LOG_INFO,
+		"gpu: cache of %llu MiB reserved at 0x%llx, mapping %llu MiB chunks",
+		MiB(v->size), (unsigned long long)v->base, MiB(v->chunk));
+
+	/* The mapper takes no signals: they belong to the daemon's loop. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	ret = -pthread_create(&v->mapper, NULL, vmm_mapper, v);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (ret) {
+		gpu_log(LOG_ERR, "gpu: cannot start the cache mapper: %s",
+			strerror(-ret));
+		goto out_addr_free;
+	}
+	*out = v;
+	return 0;
+
+out_addr_free:
+	pthread_cond_destroy(&v->cond);
+	pthread_mutex_destroy(&v->lock);
+	cuMemAddressFree(v->base, v->size);
+out_free_handles:
+	free(v->handles);
+out_free:
+	free(v);
+out:
+	return ret;
+}
+
+/* gpu_vmm_base - device address of the start of the reservation. */
+uint64_t gpu_vmm_base(const struct gpu_vmm *v)
+{
+	return v->base;
+}
+
+/* gpu_vmm_size - reserved bytes (the requested size rounded up to the
+ * allocation granularity); gpu_vmm_mapped() reaches it when all is well. */
+uint64_t gpu_vmm_size(const struct gpu_vmm *v)
+{
+	return v->size;
+}
+
+/*
+ * gpu_vmm_mapped - bytes usable from the base right now.  Only grows;
+ * stays short of gpu_vmm_size() if the mapper failed or was stopped.
+ */
+uint64_t gpu_vmm_mapped(const struct gpu_vmm *v)
+{
+	return atomic_load_explicit(&v->mapped, memory_order_acquire);
+}
+
+/*
+ * gpu_vmm_wait - block until the mapper has finished.  Returns 0 when the
+ * whole range is mapped, or the error that stopped the mapper (-ENOMEM when
+ * the device ran out of memory); -ECANCELED if destroy stopped it.
+ */
+int gpu_vmm_wait(struct gpu_vmm *v)
+{
+	int ret;
+
+	pthread_mutex_lock(&v->lock);
+	while (!v->done)
+		pthread_cond_wait(&v->cond, &v->lock);
+	ret = v->err;
+	pthread_mutex_unlock(&v->lock);
+	if (!ret && gpu_vmm_mapped(v) != v->size)
+		ret = -ECANCELED;
+	return ret;
+}
+
+/*
+ * gpu_vmm_destroy - stop the mapper (it finishes the chunk in hand), unmap
+ * and release every chunk, free the reservation and v.  The caller must
+ * have stopped every copy into the range.  NULL is a no-op.
+ */
+void gpu_vmm_destroy(struct gpu_vmm *v)
+{
+	uint64_t i, off;
+	size_t len;
+	int ret;
+
+	if (!v)
+		return;
+	atomic_store(&v->stop, true);
+	pthread_join(v->mapper, NULL);
+
+	ret = gpu_ctx_enter();
+	if (ret) {
+		/* Cannot happen after gpu_init(); leak, don't crash. */
+		gpu_log(LOG_ERR, "gpu: cache not released: %s", strerror(-ret));
+		goto out_free;
+	}
+	for (i = 0; i < v->nmapped; i++) {
+		off = i * v->chunk;
+		len = v->size - off < v->chunk ? v->size - off : v->chunk;
+		GPU_CU(cuMemUnmap(v->base + off, len), next);
+		GPU_CU(cuMemRelease(v->handles[i]), next);
+next:
+		continue;
+	}
+	GPU_CU(cuMemAddressFree(v->base, v->size), out_free);
+out_free:
+	pthread_cond_destroy(&v->cond);
+	pthread_mutex_destroy(&v->lock);
+	free(v->handles);
+	free(v);
+}

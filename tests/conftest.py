@@ -1,0 +1,102 @@
+"""pytest glue for the tierfs suites.
+
+Fixtures
+  mount   factory: mount(**options, backing=None, expect_errors=False) -> util.Mount,
+          started and mounted.  All mounts of a test are unmounted right after the
+          test body; a daemon that crashed, exited non-zero or printed an
+          unexpected "ERROR"/sanitizer line fails the test itself.
+  tfs     one default mount (host_cache=64M, gpu=$TIERFS_GPU or none).
+
+Markers
+  gpu     skip unless TIERFS_GPU names a device number.
+  daemon  skip under TIERFS_TEST_PLAIN=1 (no daemon started there).
+
+Environment
+  TIERFS_BIN         daemon binary (default: <repo>/tierfs)
+  TIERFS_GPU         GPU device for gpu=N (default: gpu=none, gpu tests skipped)
+  TIERFS_TEST_PLAIN  1: no daemon, the "mount" is a plain directory
+  TIERFS_OPTIONS     extra -o options for every mount, e.g. log=debug
+  TIERFS_TEST_TIMEOUT  seconds before a hung test aborts the run (default 900)
+"""
+
+import faulthandler
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import util  # noqa: E402
+
+MOUNTS = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a GPU (TIERFS_GPU=N)")
+    config.addinivalue_line("markers", "daemon: needs the tierfs daemon (skipped in plain mode)")
+
+
+def pytest_report_header(config):
+    if util.PLAIN:
+        return "tierfs: PLAIN mode (no daemon; mount == backing directory)"
+    return f"tierfs: {util.tierfs_bin()} gpu={util.GPU or 'none'}"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu") and not util.GPU.isdigit():
+            item.add_marker(pytest.mark.skip(reason="no GPU (set TIERFS_GPU=N)"))
+        if item.get_closest_marker("daemon") and util.PLAIN:
+            item.add_marker(pytest.mark.skip(reason="needs the daemon (TIERFS_TEST_PLAIN)"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Unmount this test's mounts right after its body, so that a daemon failure
+    (crash, bad exit, error in its log) fails the test and not only its teardown."""
+    outcome = yield
+    mounts = item.stash.get(MOUNTS, [])
+    problems = []
+    for m in reversed(mounts):
+        problems += m.finish()
+    for m in mounts:
+        if m.runs:
+            item.add_report_section("call", f"tierfs log {m.base}", m.log(tail=300))
+    if problems and outcome.excinfo is None:
+        # pluggy 1.0: an exception raised here becomes the call's outcome.
+        raise util.DaemonError("\n\n".join(problems))
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    """A hung FUSE call cannot be interrupted: dump stacks and abort the run."""
+    timeout = float(os.environ.get("TIERFS_TEST_TIMEOUT", "900"))
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def mount(request, tmp_path):
+    mounts = []
+    request.node.stash[MOUNTS] = mounts
+
+    def factory(backing=None, expect_errors=False, **options):
+        base = tmp_path / f"tierfs{len(mounts)}"
+        m = util.Mount(base, options, backing=backing, expect_errors=expect_errors)
+        mounts.append(m)
+        m.start()
+        return m
+
+    yield factory
+    # Normally done by pytest_runtest_call; here for setup failures and the like.
+    problems = []
+    for m in reversed(mounts):
+        problems += m.finish()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def tfs(mount):
+    return mount()

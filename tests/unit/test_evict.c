@@ -1,0 +1,592 @@
+/*
+ * test_evict.c - eviction policies of tiers/evict.c against brute force.
+ *
+ * Random allocation tables (built with cache.c: variable sizes, gaps,
+ * copies whose wait is 0, some seconds, or TIER_INF, and whose distance is
+ * small, large or TIER_FAR; sometimes with usable < size) are handed to
+ * each policy with a random need:
+ *
+ *  - score: the brute force tries every window [i, j] of consecutive
+ *    fragments (no barrier, >= need, and minimal: dropping either end
+ *    fragment leaves < need) and keeps the least summed wait, then the
+ *    largest summed distance.  The policy must find a window exactly when
+ *    the brute force does, its window must itself qualify, and its sums
+ *    must equal the optimum (wait within 1e-9, distance exactly).
+ *  - fifo/lru: a plain linear re-statement of the rule (copies by seq or
+ *    last_use, grow right then left over ready fragments) must give the
+ *    same window; the window holds only gaps and ready copies, and
+ *    -ENOSPC comes exactly when no such window exists.
+ *  - every policy calls cost() at most once per fragment, never for a gap,
+ *    and leaves the table as it was.
+ *
+ * Usage: test_evict [seed].  The seed is printed; exit 0 pass, 1 fail.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tier.h"
+
+#define TABLES		20000
+#define MAXCOPY		400
+#define MAXFRAG		(2 * MAXCOPY + 2)
+
+typedef unsigned __int128 u128;
+
+struct tcopy {
+	struct copy cp;
+	double wait;
+	uint64_t dist;
+	int calls;		/* cost() calls in the current decision */
+};
+
+static uint64_t rng_state, seed;
+static long table_no;
+static struct cache c;
+static struct tcopy copies[MAXCOPY];
+static int gap_calls;
+
+/* the table as arrays, for the reference searches */
+static struct frag *fr[MAXFRAG];
+static uint64_t fsz[MAXFRAG];		/* clipped to usable */
+static bool fbar[MAXFRAG];
+static long double fw[MAXFRAG];
+static uint64_t fd[MAXFRAG];
+static int nf;
+
+static long n_found[3], n_nospc[3];
+
+static uint64_t rnd(void)
+{
+	uint64_t x = rng_state;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	rng_state = x;
+	return x * 0x2545f4914f6cdd1dULL;
+}
+
+static uint64_t rnd_below(uint64_t n)
+{
+	return n ? rnd() % n : 0;
+}
+
+static void dump_table(void)
+{
+	int i;
+
+	fprintf(stderr, "table (size %" PRIu64 ", usable %" PRIu64 "):\n",
+		c.size, c.usable);
+	for (i = 0; i < nf; i++) {
+		fprintf(stderr, "  [%d] off %" PRIu64 " size %" PRIu64, i,
+			fr[i]->off / TIER_ALIGN, fr[i]->size / TIER_ALIGN);
+		if (!fr[i]->copy) {
+			fprintf(stderr, " gap\n");
+			continue;
+		}
+		fprintf(stderr, " wait %g dist %" PRIu64 " seq %" PRIu64
+			" last_use %" PRIu64 "%s\n", (double)fw[i], fd[i],
+			fr[i]->copy->seq, fr[i]->copy->last_use,
+			fbar[i] ? " BARRIER" : "");
+	}
+}
+
+static void fail(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2), noreturn));
+
+static void fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "test_evict: FAIL (seed %" PRIu64 ", table %ld): ",
+		seed, table_no);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	dump_table();
+	exit(1);
+}
+
+#define ENSURE(cond, ...) do { if (!(cond)) fail(__VA_ARGS__); } while (0)
+
+static struct tcopy *tc_of(struct copy *cp)
+{
+	return (struct tcopy *)((char *)cp - offsetof(struct tcopy, cp));
+}
+
+static struct evict_cost test_cost(struct cache *cc, struct frag *f)
+{
+	struct evict_cost k = { 0, 0 };
+	struct tcopy *t;
+
+	ENSURE(cc == &c, "cost() for another cache");
+	if (!f->copy) {
+		gap_calls++;
+		return k;
+	}
+	t = tc_of(f->copy);
+	t->calls++;
+	k.wait = t->wait;
+	k.dist = t->dist;
+	return k;
+}
+
+static double pick_wait(int mix)
+{
+	static const double waits[] = { 0.25, 0.5, 1, 1.5, 2, 3.75, 10 };
+	uint64_t r = rnd_below(100);
+
+	switch (mix) {
+	case 0:		/* mostly ready */
+		return r < 70 ? 0 : r < 95 ? waits[rnd_below(7)] : TIER_INF;
+	case 1:		/* flush-heavy, few ties */
+		return r < 20 ? 0 : r < 85 ?
+		       (double)(1 + rnd_below(1000000)) / 1024.0 : TIER_INF;
+	case 2:		/* barrier-heavy */
+		return r < 40 ? 0 : r < 60 ? waits[rnd_below(7)] : TIER_INF;
+	default:	/* all ready */
+		return 0;
+	}
+}
+
+static uint64_t pick_dist(void)
+{
+	uint64_t r = rnd_below(100);
+
+	if (r < 20)
+		return TIER_FAR;
+	if (r < 30)
+		return UINT64_MAX - 1 - rnd_below(1000);
+	if (r < 40)
+		return 0;
+	return rnd_below(50);
+}
+
+/*
+ * A random table: fill with copies of random sizes, then release some to
+ * make gaps.  Costs, last_use and usable are drawn too.
+ */
+static void build_table(void)
+{
+	uint64_t nblk = 1 + rnd_below(rnd_below(4) ? 300 : 3000);
+	uint64_t maxsz = 1 + rnd_below(rnd_below(2) ? 8 : 64);
+	int i, mix = (int)rnd_below(4);
+	struct frag *f;
+
+	ENSURE(cache_init(&c, "t", 0, NULL, nblk * TIER_ALIGN, &tier_host_ops,
+			  &evict_score) == 0, "init");
+	for (i = 0; i < MAXCOPY; i++) {
+		struct tcopy *t = &copies[i];
+		uint64_t sz = (1 + rnd_below(maxsz)) * TIER_ALIGN;
+
+		memset(t, 0, sizeof(*t));
+		if (sz > TIER_ALIGN && rnd_below(2))
+			sz -= rnd_below(TIER_ALIGN);
+		if (cache_place(&c, &t->cp, sz))
+			t->cp.cache = NULL;
+	}
+	for (i = 0; i < MAXCOPY; i++) {
+		struct tcopy *t = &copies[i];
+
+		if (t->cp.frag && rnd_below(100) < 35) {
+			cache_release(&c, &t->cp);
+			t->cp.cache = NULL;
+		}
+		t->wait = pick_wait(mix);
+		t->dist = pick_dist();
+		t->cp.last_use = rnd_below(rnd_below(2) ? 10 : 100000);
+	}
+	if (rnd_below(5) == 0)
+		c.usable = rnd_below(c.size / TIER_ALIGN + 1) * TIER_ALIGN;
+	ENSURE(cache_check(&c) == 0, "built table");
+
+	nf = 0;
+	for (f = c.head; f; f = f->next, nf++) {
+		fr[nf] = f;
+		fbar[nf] = f->off >= c.usable;
+		fsz[nf] = fbar[nf] ? 0 :
+			  (f->off + f->size > c.usable ? c.usable - f->off
+						       : f->size);
+		fw[nf] = 0;
+		fd[nf] = 0;
+		if (f->copy && !fbar[nf]) {
+			struct tcopy *t = tc_of(f->copy);
+
+			fbar[nf] = t->wait >= TIER_INF;
+			fw[nf] = fbar[nf] ? 0 : t->wait;
+			fd[nf] = t->dist;
+		}
+	}
+}
+
+static void destroy_table(void)
+{
+	int i;
+
+	for (i = 0; i < MAXCOPY; i++)
+		if (copies[i].cp.frag)
+			cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
+static int index_of(const struct frag *f)
+{
+	int i;
+
+	for (i = 0; i < nf; i++)
+		if (fr[i] == f)
+			return i;
+	return -1;
+}
+
+static bool wait_less(long double a, long double b)
+{
+	long double m = a > b ? a : b;	/* sums are >= 0 */
+
+	return a < b - 1e-9L * (m > 1 ? m : 1);
+}
+
+/* Sums over [i, j]; false if it holds a barrier. */
+static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d)
+{
+	int k;
+
+	*sz = 0;
+	*w = 0;
+	*d = 0;
+	for (k = i; k <= j; k++) {
+		if (fbar[k])
+			return false;
+		*sz += fsz[k];
+		*w += fw[k];
+		*d += fd[k];
+	}
+	return true;
+}
+
+static bool window_qualifies(int i, int j, uint64_t need)
+{
+	uint64_t sz;
+	long double w;
+	u128 d;
+
+	if (i < 0 || j < i || !window_sums(i, j, &sz, &w, &d))
+		return false;
+	return sz >= need && sz - fsz[i] < need && sz - fsz[j] < need;
+}
+
+static void before_decision(uint64_t *nfr, uint64_t *ngp, uint64_t *used)
+{
+	int i;
+
+	for (i = 0; i < MAXCOPY; i++)
+		copies[i].calls = 0;
+	gap_calls = 0;
+	*nfr = c.nfrags;
+	*ngp = c.ngaps;
+	*used = c.used;
+}
+
+static void after_decision(const char *pol, uint64_t nfr, uint64_t ngp,
+			   uint64_t used)
+{
+	int i;
+
+	ENSURE(gap_calls == 0, "%s: cost() asked about %d gaps", pol,
+	       gap_calls);
+	for (i = 0; i < MAXCOPY; i++)
+		ENSURE(copies[i].calls <= 1, "%s: cost() called %d times for "
+		       "one copy", pol, copies[i].calls);
+	ENSURE(nfr == c.nfrags && ngp == c.ngaps && used == c.used &&
+	       cache_check(&c) == 0, "%s changed the table", pol);
+}
+
+static void check_score(uint64_t need)
+{
+	struct frag *first = NULL, *last = NULL;
+	long double best_w = 0, w;
+	u128 best_d = 0, d;
+	uint64_t nfr, ngp, used, sz;
+	bool found = false;
+	double ws = -1;
+	int i, j, ret, fi, li;
+
+	/* brute force: every window [i, j], sums grown with j */
+	for (i = 0; i < nf; i++) {
+		sz = 0;
+		w = 0;
+		d = 0;
+		for (j = i; j < nf && !fbar[j]; j++) {
+			sz += fsz[j];
+			w += fw[j];
+			d += fd[j];
+			if (sz < need || sz - fsz[i] >= need ||
+			    sz - fsz[j] >= need)
+				continue;
+			if (!found || wait_less(w, best_w) ||
+			    (!wait_less(best_w, w) && d > best_d)) {
+				best_w = w;
+				best_d = d;
+				found = true;
+			}
+		}
+	}
+
+	before_decision(&nfr, &ngp, &used);
+	ret = evict_score.choose(&c, need, test_cost, &first, &last, &ws);
+	after_decision("score", nfr, ngp, used);
+	if (!found) {
+		ENSURE(ret == -ENOSPC, "score: need %" PRIu64 ": got %d, brute "
+		       "force found nothing", need, ret);
+		n_nospc[0]++;
+		return;
+	}
+	ENSURE(ret == 0, "score: need %" PRIu64 ": got %d, brute force found "
+	       "wait %Lg", need, ret, best_w);
+	fi = index_of(first);
+	li = index_of(last);
+	ENSURE(window_qualifies(fi, li, need), "score: window [%d, %d] does "
+	       "not qualify for need %" PRIu64, fi, li, need);
+	window_sums(fi, li, &sz, &w, &d);
+	ENSURE(!wait_less(w, best_w) && !wait_less(best_w, w),
+	       "score: window [%d, %d] waits %Lg, optimum %Lg", fi, li, w,
+	       best_w);
+	ENSURE(d == best_d, "score: window [%d, %d] distance %.6Le, optimum "
+	       "%.6Le", fi, li, (long double)d, (long double)best_d);
+	ENSURE((long double)ws - w <= 1e-6L * (1 + w) &&
+	       w - (long double)ws <= 1e-6L * (1 + w),
+	       "score: reported wait %g, window sums %Lg", ws, w);
+	n_found[0]++;
+}
+
+static bool ready(int k)
+{
+	return !fbar[k] && fw[k] == 0;
+}
+
+/* The fifo/lru rule, stated plainly (linear scans, no prefix sums). */
+static bool ref_order(bool lru, uint64_t need, int *fi, int *li)
+{
+	int order[MAXFRAG], m = 0, a, b, k, x;
+
+	for (k = 0; k < nf; k++)
+		if (fr[k]->copy && ready(k))
+			order[m++] = k;
+	/* insertion sort by key, offset order among equals */
+	for (a = 1; a < m; a++) {
+		int v = order[a];
+		uint64_t kv = lru ? fr[v]->copy->last_use : fr[v]->copy->seq;
+
+		for (b = a; b > 0; b--) {
+			int u = order[b - 1];
+			uint64_t ku = lru ? fr[u]->copy->last_use
+					  : fr[u]->copy->seq;
+
+			if (ku < kv || (ku == kv && u < v))
+				break;
+			order[b] = u;
+		}
+		order[b] = v;
+	}
+	for (x = 0; x < m; x++) {
+		uint64_t sz = 0;
+		int r, l;
+
+		k = order[x];
+		for (r = k; r < nf && ready(r); r++) {
+			sz += fsz[r];
+			if (sz >= need)
+				break;
+		}
+		if (sz >= need) {
+			*fi = k;
+			*li = r;
+			return true;
+		}
+		r--;		/* last ready fragment on the right */
+		for (l = k - 1; l >= 0 && ready(l); l--) {
+			sz += fsz[l];
+			if (sz >= need)
+				break;
+		}
+		if (sz >= need) {
+			*fi = l;
+			*li = r;
+			return true;
+		}
+	}
+	for (k = 0; k < nf; k++) {
+		if (!fr[k]->copy && !fbar[k] && fsz[k] >= need) {
+			*fi = *li = k;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void check_order(const struct evict_policy *p, bool lru,
+			uint64_t need)
+{
+	struct frag *first = NULL, *last = NULL;
+	uint64_t nfr, ngp, used, sz = 0;
+	int ret, fi, li, wi = -1, wl = -1, k;
+	int slot = lru ? 2 : 1;
+	bool want;
+	double ws = -1;
+
+	want = ref_order(lru, need, &wi, &wl);
+	before_decision(&nfr, &ngp, &used);
+	ret = p->choose(&c, need, test_cost, &first, &last, &ws);
+	after_decision(p->name, nfr, ngp, used);
+	if (!want) {
+		ENSURE(ret == -ENOSPC, "%s: need %" PRIu64 ": got %d, want "
+		       "-ENOSPC", p->name, need, ret);
+		n_nospc[slot]++;
+		return;
+	}
+	ENSURE(ret == 0, "%s: need %" PRIu64 ": got %d, want [%d, %d]",
+	       p->name, need, ret, wi, wl);
+	fi = index_of(first);
+	li = index_of(last);
+	ENSURE(fi >= 0 && li >= fi, "%s: bad window", p->name);
+	for (k = fi; k <= li; k++) {
+		ENSURE(ready(k), "%s: window [%d, %d] holds fragment %d that "
+		       "is not ready", p->name, fi, li, k);
+		sz += fsz[k];
+	}
+	ENSURE(sz >= need, "%s: window holds %" PRIu64 " < %" PRIu64,
+	       p->name, sz, need);
+	ENSURE(ws == 0, "%s: wait %g", p->name, ws);
+	ENSURE(fi == wi && li == wl, "%s: need %" PRIu64 ": window [%d, %d], "
+	       "want [%d, %d]", p->name, need, fi, li, wi, wl);
+	n_found[slot]++;
+}
+
+static uint64_t pick_need(void)
+{
+	uint64_t top = c.usable ? c.usable : TIER_ALIGN;
+
+	switch (rnd_below(5)) {
+	case 0:
+		return 1 + rnd_below(top + top / 8);
+	case 1:
+		return (1 + rnd_below(4)) * TIER_ALIGN;
+	case 2:
+		return 1 + rnd_below(32 * TIER_ALIGN);
+	default:
+		return 1 + rnd_below(top / 4 + 1);
+	}
+}
+
+/* Hand-made cases with a known answer. */
+static void fixed_cases(void)
+{
+	struct frag *first, *last;
+	double ws;
+	int i, ret;
+
+	table_no = -1;
+	ENSURE(evict_policy_find("score") == &evict_score, "find score");
+	ENSURE(evict_policy_find("fifo") == &evict_fifo, "find fifo");
+	ENSURE(evict_policy_find("lru") == &evict_lru, "find lru");
+	ENSURE(evict_policy_find("LRU") == NULL, "find LRU");
+	ENSURE(evict_policy_find("") == NULL, "find empty");
+	ENSURE(evict_policy_find(NULL) == NULL, "find NULL");
+
+	/* 8 one-block copies, all flushing: fifo and lru never wait */
+	ENSURE(cache_init(&c, "f", 0, NULL, 8 * TIER_ALIGN, &tier_host_ops,
+			  &evict_fifo) == 0, "init");
+	for (i = 0; i < 8; i++) {
+		memset(&copies[i], 0, sizeof(copies[i]));
+		ENSURE(cache_place(&c, &copies[i].cp, TIER_ALIGN) == 0, "place");
+		copies[i].wait = 2.0;
+		copies[i].dist = (uint64_t)i;
+	}
+	nf = 0;
+	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == -ENOSPC, "fifo with nothing ready: %d", ret);
+	ret = evict_lru.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == -ENOSPC, "lru with nothing ready: %d", ret);
+	/* score waits: the two copies with the least wait */
+	copies[5].wait = 0.5;
+	copies[6].wait = 0.25;
+	copies[2].wait = 0.25;
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == copies[5].cp.frag &&
+	       last == copies[6].cp.frag && ws > 0.75 - 1e-12 &&
+	       ws < 0.75 + 1e-12,
+	       "score picks [5, 6]: %d", ret);
+	/* equal wait: the larger distance sum wins (TIER_FAR is largest) */
+	for (i = 0; i < 8; i++)
+		copies[i].wait = 0;
+	copies[3].dist = TIER_FAR;
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
+	       ws == 0, "score picks the copy without a hint");
+	/* a barrier in the middle: nothing spans it */
+	copies[3].wait = TIER_INF;
+	ret = evict_score.choose(&c, 5 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == -ENOSPC, "score across a barrier: %d", ret);
+	ret = evict_score.choose(&c, 4 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == copies[4].cp.frag &&
+	       last == copies[7].cp.frag, "score beside a barrier");
+	ret = evict_fifo.choose(&c, 4 * TIER_ALIGN, test_cost, &first, &last,
+				&ws);
+	ENSURE(ret == 0 && first == copies[4].cp.frag &&
+	       last == copies[7].cp.frag, "fifo grows right past its run");
+	ret = evict_fifo.choose(&c, 3 * TIER_ALIGN, test_cost, &first, &last,
+				&ws);
+	ENSURE(ret == 0 && first == copies[0].cp.frag &&
+	       last == copies[2].cp.frag, "fifo from the oldest");
+	/* oldest's run too short on the right: grow left */
+	copies[1].wait = 1;
+	for (i = 0; i < 8; i++)
+		copies[i].cp.last_use = i == 6 ? 0 : 10 + (uint64_t)i;
+	ret = evict_lru.choose(&c, 3 * TIER_ALIGN, test_cost, &first, &last,
+			       &ws);
+	ENSURE(ret == 0 && first == copies[5].cp.frag &&
+	       last == copies[7].cp.frag, "lru grows left");
+	for (i = 0; i < 8; i++)
+		cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
+int main(int argc, char **argv)
+{
+	long t;
+
+	seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x5c0eULL;
+	printf("test_evict: seed %" PRIu64 "\n", seed);
+	rng_state = seed * 0x9e3779b97f4a7c15ULL + 1;
+	if (!rng_state)
+		rng_state = 1;
+	fixed_cases();
+	for (t = 0; t < TABLES; t++) {
+		int q;
+
+		table_no = t;
+		build_table();
+		for (q = 0; q < 4; q++) {
+			uint64_t need = pick_need();
+
+			check_score(need);
+			check_order(&evict_fifo, false, need);
+			check_order(&evict_lru, true, need);
+		}
+		destroy_table();
+	}
+	printf("test_evict: ok (%d tables; windows found/-ENOSPC: score "
+	       "%ld/%ld, fifo %ld/%ld, lru %ld/%ld)\n", TABLES,
+	       n_found[0], n_nospc[0], n_found[1], n_nospc[1], n_found[2],
+	       n_nospc[2]);
+	return 0;
+}

@@ -1,0 +1,564 @@
+"""Helpers for the tierfs pytest suites: running the daemon, data, processes.
+
+The central piece is `Mount`: it starts `$TIERFS_BIN BACKING MNT -f -o OPTIONS`
+over a fresh backing directory, waits for the mount, and on unmount checks that
+the daemon exited 0 and printed no error (see `BAD_LOG`).  With
+TIERFS_TEST_PLAIN=1 no daemon is started: the "mount" is a plain directory and
+mnt == backing, which lets the test logic be checked against an ordinary
+filesystem.  Tests that need a real daemon call `require_daemon()`.
+"""
+
+import ctypes
+import errno
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+import traceback
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(TESTS_DIR)
+
+PLAIN = os.environ.get("TIERFS_TEST_PLAIN", "") not in ("", "0")
+GPU = os.environ.get("TIERFS_GPU", "").strip()
+if GPU.lower() in ("none", "no", "off"):
+    GPU = ""
+
+MOUNT_TIMEOUT = 10.0                     # seconds for the mount to appear
+EXIT_TIMEOUT = float(os.environ.get("TIERFS_EXIT_TIMEOUT", "120"))  # flush on unmount
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+# Daemon output lines that fail a test.  Sanitizer reports can never be
+# declared expected; "ERROR" lines can (Mount(expect_errors=...)).
+SANITIZER_LOG = re.compile(r"AddressSanitizer|LeakSanitizer|ThreadSanitizer|"
+                           r"MemorySanitizer|UndefinedBehaviorSanitizer|runtime error")
+ERROR_LOG = re.compile(r"ERROR")
+
+
+def tierfs_bin():
+    return os.environ.get("TIERFS_BIN") or os.path.join(REPO_DIR, "tierfs")
+
+
+def require_daemon(why="needs the tierfs daemon"):
+    if PLAIN:
+        pytest.skip(f"{why} (TIERFS_TEST_PLAIN)")
+
+
+# ---------------------------------------------------------------- mounts
+
+def is_mounted(path):
+    """True if `path` is a mount point in /proc/self/mountinfo.
+
+    Unlike os.path.ismount this also sees a FUSE mount whose daemon is dead
+    (stat on it fails with ENOTCONN)."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4]
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mp)
+            if mp == path:
+                return True
+    return False
+
+
+def _umount_cmd(path, lazy=False):
+    if shutil.which("fusermount3"):
+        cmd = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [path]
+    elif shutil.which("fusermount"):
+        cmd = ["fusermount", "-u"] + (["-z"] if lazy else []) + [path]
+    else:
+        cmd = ["umount"] + (["-l"] if lazy else []) + [path]
+    return cmd
+
+
+def lazy_umount(path):
+    """Detach `path` whatever state its daemon is in (no error if not mounted)."""
+    if not is_mounted(path):
+        return
+    r = subprocess.run(["umount", "-l", path], capture_output=True, text=True)
+    if r.returncode != 0 and is_mounted(path):
+        subprocess.run(_umount_cmd(path, lazy=True), capture_output=True, text=True)
+
+
+def format_options(opts):
+    out = []
+    for k, v in opts.items():
+        if v is None or v is False:
+            continue
+        out.append(k if v is True else f"{k}={v}")
+    return ",".join(out)
+
+
+def default_options():
+    opts = {"host_cache": "64M", "gpu": GPU or "none"}
+    extra = os.environ.get("TIERFS_OPTIONS", "")       # e.g. "log=debug"
+    for item in filter(None, extra.split(",")):
+        k, _, v = item.partition("=")
+        opts[k] = v if v else True
+    if os.environ.get("TIERFS_LOG"):
+        opts["log"] = os.environ["TIERFS_LOG"]
+    return opts
+
+
+class DaemonError(AssertionError):
+    pass
+
+
+class Mount:
+    """One tierfs instance over one backing directory (possibly restarted).
+
+    Attributes: mnt, backing, proc (the current daemon's Popen, or None),
+    options (dict), plain (bool)."""
+
+    def __init__(self, base, options=None, backing=None, expect_errors=False):
+        self.base = str(base)
+        os.makedirs(self.base, exist_ok=True)
+        self.plain = PLAIN
+        if self.plain:
+            self.backing = backing or os.path.join(self.base, "plain")
+            self.mnt = self.backing
+        else:
+            self.backing = backing or os.path.join(self.base, "backing")
+            self.mnt = os.path.join(self.base, "mnt")
+            os.makedirs(self.mnt, exist_ok=True)
+        os.makedirs(self.backing, exist_ok=True)
+        self.options = default_options()
+        self.options.update(options or {})
+        self.proc = None
+        self.runs = []          # [(cmd, logpath, Popen, how_it_ended)]
+        self.expected = []      # regexes of "ERROR" lines that are fine
+        self.any_error_ok = False
+        self.finished = False
+        if expect_errors is True:
+            self.any_error_ok = True
+        elif expect_errors:
+            self.expect_errors(*expect_errors)
+
+    # -- declarations
+    def expect_errors(self, *patterns):
+        """Declare daemon "ERROR" lines as expected; without patterns: any."""
+        if not patterns:
+            self.any_error_ok = True
+        self.expected += [re.compile(p) for p in patterns]
+
+    # -- life cycle
+    def start(self, **options):
+        """Start the daemon (again) and wait until the mount is up."""
+        self.options.update(options)
+        self.finished = False
+        if self.plain:
+            return self
+        assert self.proc is None, "daemon already running"
+        binary = tierfs_bin()
+        if not os.access(binary, os.X_OK):
+            pytest.fail(f"tierfs binary {binary!r} not found or not executable "
+                        f"(set TIERFS_BIN, or TIERFS_TEST_PLAIN=1)")
+        cmd = [binary, self.backing, self.mnt, "-f"]
+        opts = format_options(self.options)
+        if opts:
+            cmd += ["-o", opts]
+        logpath = os.path.join(self.base, f"daemon.{len(self.runs)}.log")
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1")
+        env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")
+        with open(logpath, "wb") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                    stderr=subprocess.STDOUT, env=env)
+        self.proc = proc
+        run = [cmd, logpath, proc, None]
+        self.runs.append(run)
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                run[3] = "start failed"
+                self.proc = None
+                raise DaemonError(f"tierfs exited with {proc.returncode} before the "
+                                  f"mount appeared: {' '.join(cmd)}\n{self.log()}")
+            if os.path.ismount(self.mnt):
+                return self
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                lazy_umount(self.mnt)
+                run[3] = "start failed"
+                self.proc = None
+                raise DaemonError(f"mount did not appear within {MOUNT_TIMEOUT}s: "
+                                  f"{' '.join(cmd)}\n{self.log()}")
+            time.sleep(0.02)
+
+    def log(self, tail=None):
+        """The daemon output of every run of this mount, oldest first."""
+        parts = []
+        for i, (cmd, logpath, proc, _) in enumerate(self.runs):
+            try:
+                with open(logpath, "rb") as f:
+                    text = f.read().decode(errors="replace")
+            except FileNotFoundError:
+                text = ""
+            if tail:
+                text = "\n".join(text.splitlines()[-tail:])
+            parts.append(f"--- run {i}: {' '.join(cmd)} (rc {proc.returncode})\n{text}")
+        return "\n".join(parts)
+
+    def umount(self, timeout=EXIT_TIMEOUT):
+        """Unmount cleanly, wait for the daemon to exit; raise if it failed."""
+        if self.plain or self.proc is None:
+            return
+        proc = self.proc
+        deadline = time.monotonic() + 5
+        busy = None
+        while True:
+            r = subprocess.run(_umount_cmd(self.mnt), capture_output=True, text=True)
+            if r.returncode == 0 or not is_mounted(self.mnt):
+                break
+            if time.monotonic() > deadline:
+                busy = r.stderr.strip() or "busy"
+                break
+            time.sleep(0.1)          # busy: the kernel may still be releasing files
+        if busy:
+            # Something (a file left open by the test) keeps it busy.  Detach
+            # it, and since the daemon would only see the last release when
+            # that file is closed, ask it to flush and exit with SIGTERM.
+            lazy_umount(self.mnt)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)
+            self._wait_exit(proc, timeout, "lazy unmount (busy)")
+            raise DaemonError(f"unmount failed: {busy} (files left open?)\n"
+                              f"{self.log(tail=200)}")
+        self._wait_exit(proc, timeout, "unmount")
+        self._check_run(self.runs[-1])
+
+    def _wait_exit(self, proc, timeout, what):
+        try:
+            proc.wait(timeout=timeout)
+            self.runs[-1][3] = what
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            lazy_umount(self.mnt)
+            self.runs[-1][3] = f"hung after {what}"
+            self.proc = None
+            raise DaemonError(f"tierfs did not exit within {timeout}s after {what}\n"
+                              f"{self.log(tail=200)}")
+        finally:
+            if self.proc is proc and proc.poll() is not None:
+                self.proc = None
+
+    def remount(self, **options):
+        """Unmount (checking the daemon) and mount again over the same backing dir."""
+        self.umount()
+        return self.start(**options)
+
+    def kill(self, sig=signal.SIGKILL, timeout=EXIT_TIMEOUT):
+        """Signal the daemon and wait for it.  SIGKILL: the mount is detached
+        (umount -l) and the death is not held against the daemon.  Other
+        signals: the daemon must flush, unmount and exit 0."""
+        require_daemon("kills the daemon")
+        proc = self.proc
+        assert proc is not None, "daemon not running"
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait()
+            self.runs[-1][3] = "SIGKILL"
+            self.proc = None
+            lazy_umount(self.mnt)
+            return
+        self._wait_exit(proc, timeout, f"signal {signal.Signals(sig).name}")
+        problems = self._run_problems(self.runs[-1])
+        if is_mounted(self.mnt):
+            lazy_umount(self.mnt)
+            problems.append(f"mount still present after the daemon exited on "
+                            f"{signal.Signals(sig).name}")
+        if problems:
+            raise DaemonError("\n".join(problems) + "\n" + self.log(tail=200))
+
+    # -- checks
+    def _run_problems(self, run):
+        cmd, logpath, proc, how = run
+        problems = []
+        rc = proc.returncode
+        if how == "start failed":
+            return []                    # already raised by start()
+        if how == "SIGKILL":
+            pass
+        elif rc is None:
+            problems.append("daemon still running")
+        elif rc < 0:
+            problems.append(f"daemon died of signal {signal.Signals(-rc).name} ({how})")
+        elif rc != 0:
+            problems.append(f"daemon exited with status {rc} ({how})")
+        try:
+            with open(logpath, "rb") as f:
+                lines = f.read().decode(errors="replace").splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            if SANITIZER_LOG.search(line):
+                problems.append(f"sanitizer report in daemon log: {line}")
+            elif ERROR_LOG.search(line) and not self.any_error_ok and \
+                    not any(p.search(line) for p in self.expected):
+                problems.append(f"unexpected error in daemon log: {line}")
+        return problems
+
+    def _check_run(self, run):
+        problems = self._run_problems(run)
+        if problems:
+            raise DaemonError("\n".join(problems[:20]) + "\n" + self.log(tail=200))
+
+    def finish(self):
+        """Teardown: unmount if still mounted, return a list of problems."""
+        if self.finished or self.plain:
+            self.finished = True
+            return []
+        self.finished = True
+        problems = []
+        if self.proc is not None:
+            try:
+                self.umount()
+            except DaemonError as e:
+                return [str(e)]
+        elif is_mounted(self.mnt):
+            lazy_umount(self.mnt)
+        for run in self.runs:
+            problems += self._run_problems(run)
+        if problems:
+            return ["\n".join(problems[:20]) + "\n" + self.log(tail=200)]
+        return []
+
+    def __repr__(self):
+        return f"<Mount {self.mnt} backing={self.backing} opts={format_options(self.options)}>"
+
+
+# ---------------------------------------------------------------- data
+
+def rng_for(seed):
+    return random.Random(seed)
+
+
+def randbytes(n, rng=None):
+    if n == 0:
+        return b""
+    if rng is None:
+        return os.urandom(n)
+    return rng.randbytes(n)
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(4 * MiB)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def write_file(path, data, chunk=None, rng=None, mode=0o644):
+    """Write `data` with os.write in chunks (random sizes when rng is given)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        pos = 0
+        mv = memoryview(data)
+        while pos < len(data):
+            if rng is not None:
+                n = rng.choice([1, 7, 512, 4096, 4097, 65536, 131072, 1 << 20])
+            else:
+                n = chunk or (1 << 20)
+            pos += os.write(fd, mv[pos:pos + n])
+    finally:
+        os.close(fd)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def pread_all(fd, size):
+    """Read exactly `size` bytes from offset 0 (short reads retried)."""
+    out = bytearray()
+    while len(out) < size:
+        b = os.pread(fd, size - len(out), len(out))
+        if not b:
+            break
+        out += b
+    return bytes(out)
+
+
+def assert_same(got, want, what="data"):
+    """Compare two byte strings; report the first difference, not the bytes."""
+    if got == want:
+        return
+    n = min(len(got), len(want))
+    first = next((i for i in range(n) if got[i] != want[i]), n)
+    raise AssertionError(f"{what}: length {len(got)} vs expected {len(want)}, first "
+                         f"difference at offset {first} (sha {sha(got)[:12]} vs "
+                         f"{sha(want)[:12]})")
+
+
+def tree_snapshot(root, with_data=True):
+    """{relpath: info} of a tree, skipping tierfs internals (.tierfs*)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".tierfs"))
+        for name in sorted(dirnames + filenames):
+            if name.startswith(".tierfs"):
+                continue
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            st = os.lstat(p)
+            info = {"mode": st.st_mode, "uid": st.st_uid, "gid": st.st_gid}
+            if stat.S_ISREG(st.st_mode):
+                info["size"] = st.st_size
+                if with_data:
+                    info["sha"] = file_sha(p)
+            elif stat.S_ISLNK(st.st_mode):
+                info["target"] = os.readlink(p)
+            out[rel] = info
+    return out
+
+
+def tierfs_internals(root):
+    """Paths under root whose name starts with .tierfs."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            if name.startswith(".tierfs"):
+                found.append(os.path.join(dirpath, name))
+    return found
+
+
+# ---------------------------------------------------------------- syscalls
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_libc.fallocate.restype = ctypes.c_int
+
+FALLOC_FL_KEEP_SIZE = 0x01
+
+
+def fallocate(fd, offset, length, mode=0):
+    """fallocate(2) itself (os.posix_fallocate would hide EOPNOTSUPP)."""
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+# ---------------------------------------------------------------- processes
+
+def in_child(fn, *args, uid=None, gid=None, cwd_fd=None):
+    """Run fn(*args) in a forked child; return (ok, traceback text).
+
+    cwd_fd: fchdir there first (before dropping privileges, so that the
+    child can reach a mount under a directory it could not traverse)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(r)
+            if cwd_fd is not None:
+                os.fchdir(cwd_fd)
+            if gid is not None:
+                os.setgroups([])
+                os.setgid(gid)
+            if uid is not None:
+                os.setuid(uid)
+            fn(*args)
+            status = 0
+        except BaseException:
+            try:
+                os.write(w, traceback.format_exc().encode())
+            except BaseException:
+                pass
+        finally:
+            os._exit(status)
+    os.close(w)
+    return _collect(pid, r)
+
+
+def _collect(pid, r):
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    if not ok and not text:
+        text = f"child status {status:#x}"
+    return ok, text
+
+
+def in_children(calls):
+    """Run [(fn, args), ...] each in its own forked child, concurrently.
+
+    Returns [(ok, text)] in order."""
+    started = []
+    for fn, args in calls:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                os.close(r)
+                fn(*args)
+                status = 0
+            except BaseException:
+                try:
+                    os.write(w, traceback.format_exc().encode())
+                except BaseException:
+                    pass
+            finally:
+                os._exit(status)
+        os.close(w)
+        started.append((pid, r))
+    return [_collect(pid, r) for pid, r in started]
+
+
+def raise_nofile(n):
+    """Raise RLIMIT_NOFILE to at least n; return the old limits."""
+    import resource
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = old
+    if soft != resource.RLIM_INFINITY and soft < n:
+        if hard != resource.RLIM_INFINITY and hard < n:
+            hard = n          # root may raise the hard limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+    return old
+
+
+def restore_nofile(old):
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+def expect_errno(code, fn, *args, **kw):
+    """Call fn and require an OSError with errno `code`."""
+    try:
+        fn(*args, **kw)
+    except OSError as e:
+        assert e.errno == code, f"{fn.__name__}: expected {errno.errorcode[code]}, " \
+                                f"got {errno.errorcode.get(e.errno, e.errno)} ({e})"
+        return e
+    raise AssertionError(f"{fn.__name__}{args}: expected {errno.errorcode[code]}, "
+                         f"but it succeeded")

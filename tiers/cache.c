@@ -1,0 +1,451 @@
+/*
+ * cache.c - the allocation table of a cache tier.
+ *
+ * A tier's buffer [0, size) is tiled by fragments kept in a doubly linked
+ * list in offset order (struct frag, one malloc each).  A fragment is
+ * either a gap (copy == NULL) or the whole reservation of one cached copy.
+ * Invariants, all checked by cache_check():
+ *
+ *   - the fragments tile [0, size): the first starts at 0, each starts
+ *     where the previous one ends, the last ends at size;
+ *   - every fragment is non-empty and TIER_ALIGN-aligned in offset and size;
+ *   - no two gaps are adjacent (a gap is always coalesced with gap
+ *     neighbours), so the table never holds more than about twice as many
+ *     fragments as copies;
+ *   - a copy's fragment points at the copy and the copy points back at it
+ *     and at this cache;
+ *   - nfrags, ngaps and used (bytes in copies' fragments) are exact.
+ *
+ * Only [0, usable) may receive new copies: a GPU cache is mapped bit by
+ * bit and its owner raises usable as it goes; usable starts at size.
+ *
+ * Callers hold the engine lock for every call here; nothing here blocks or
+ * moves bytes (tier_host_ops, at the end, is the host tier's byte mover and
+ * runs without the lock, under a pin).  Placement is first fit; choosing
+ * what to evict is evict.c's job, cache_evict_window() carries it out.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tier.h"
+
+static struct frag *frag_new(uint64_t off, uint64_t size, struct copy *cp)
+{
+	struct frag *f = malloc(sizeof(*f));
+
+	if (!f)
+		return NULL;
+	f->prev = f->next = NULL;
+	f->off = off;
+	f->size = size;
+	f->copy = cp;
+	return f;
+}
+
+/* Put n into the list right after f. */
+static void frag_link_after(struct frag *f, struct frag *n)
+{
+	n->prev = f;
+	n->next = f->next;
+	if (f->next)
+		f->next->prev = n;
+	f->next = n;
+}
+
+/* Take f out of c's list and free it. */
+static void frag_unlink(struct cache *c, struct frag *f)
+{
+	if (f->prev)
+		f->prev->next = f->next;
+	else
+		c->head = f->next;
+	if (f->next)
+		f->next->prev = f->prev;
+	c->nfrags--;
+	free(f);
+}
+
+/*
+ * Turn f (a copy's fragment, already detached from its copy by the caller)
+ * into a gap and coalesce it with gap neighbours.  Returns the gap that
+ * now covers f's bytes (f itself or its left neighbour).
+ */
+static struct frag *frag_make_gap(struct cache *c, struct frag *f)
+{
+	struct frag *n;
+
+	assert(f->copy == NULL);
+	c->ngaps++;
+	n = f->next;
+	if (n && !n->copy) {
+		f->size += n->size;
+		frag_unlink(c, n);
+		c->ngaps--;
+	}
+	if (f->prev && !f->prev->copy) {
+		struct frag *p = f->prev;
+
+		p->size += f->size;
+		frag_unlink(c, f);
+		c->ngaps--;
+		f = p;
+	}
+	return f;
+}
+
+/*
+ * Smallest reservation for a copy of `size` bytes: rounded up to
+ * TIER_ALIGN, at least one block (every copy owns a non-empty fragment),
+ * 0 when size cannot be rounded without overflow.
+ */
+static uint64_t resv_size(uint64_t size)
+{
+	if (size > UINT64_MAX - TIER_ALIGN)
+		return 0;
+	if (size == 0)
+		return TIER_ALIGN;
+	return tier_round(size);
+}
+
+/*
+ * Set up c as an allocation table over [base, base+size): size is rounded
+ * down to TIER_ALIGN, the table is one gap, usable = size, statistics are
+ * zero and priv is NULL (every field of c is set).  Returns 0, -EINVAL when
+ * less than one block remains, or -ENOMEM (c is then unusable but needs no
+ * cache_destroy).
+ */
+int cache_init(struct cache *c, const char *name, int level, void *base,
+	       uint64_t size, const struct tier_ops *ops,
+	       const struct evict_policy *pol)
+{
+	struct frag *f;
+
+	memset(c, 0, sizeof(*c));
+	size &= ~(uint64_t)(TIER_ALIGN - 1);
+	if (size == 0)
+		return -EINVAL;
+	f = frag_new(0, size, NULL);
+	if (!f)
+		return -ENOMEM;
+	c->name = name;
+	c->level = level;
+	c->base = base;
+	c->size = size;
+	c->usable = size;
+	c->ops = ops;
+	c->policy = pol;
+	c->head = f;
+	c->nfrags = 1;
+	c->ngaps = 1;
+	return 0;
+}
+
+/*
+ * Free the fragment list (not the buffer, which belongs to the tier's
+ * owner).  Every copy must have been released or evicted first (asserted).
+ * c is left empty (head NULL); cache_init may set it up again.
+ */
+void cache_destroy(struct cache *c)
+{
+	struct frag *f = c->head, *n;
+
+	assert(c->used == 0);
+	while (f) {
+		n = f->next;
+		assert(!f->copy);
+		free(f);
+		f = n;
+	}
+	c->head = NULL;
+	c->nfrags = c->ngaps = 0;
+}
+
+/*
+ * Place cp in the first gap (in offset order) that can hold `size` bytes
+ * (rounded up to TIER_ALIGN, at least one block) below c->usable.  The
+ * copy's fragment is split off the front of the gap.  Sets cp->frag,
+ * cp->cache and cp->seq (next insertion number) and adds to c->used; the
+ * copy's other fields are the caller's.  Returns 0, -ENOSPC when no single
+ * gap fits, or -ENOMEM; on error nothing changes.
+ */
+int cache_place(struct cache *c, struct copy *cp, uint64_t size)
+{
+	struct frag *g, *f;
+
+	size = resv_size(size);
+	if (size == 0 || size > c->usable)
+		return -ENOSPC;
+	for (g = c->head; g && g->off < c->usable; g = g->next) {
+		if (g->copy || g->size < size)
+			continue;
+		if (g->off + size > c->usable)
+			break;		/* later gaps start even further up */
+		if (g->size == size) {
+			f = g;
+			c->ngaps--;
+		} else {
+			f = frag_new(g->off, size, cp);
+			if (!f)
+				return -ENOMEM;
+			if (g->prev) {
+				frag_link_after(g->prev, f);
+			} else {
+				f->next = g;
+				g->prev = f;
+				c->head = f;
+			}
+			c->nfrags++;
+			g->off += size;
+			g->size -= size;
+		}
+		f->copy = cp;
+		cp->frag = f;
+		cp->cache = c;
+		cp->seq = ++c->seq;
+		c->used += size;
+		return 0;
+	}
+	return -ENOSPC;
+}
+
+/*
+ * Give cp's fragment back as a gap, coalesced with gap neighbours.  cp must
+ * be placed in c; afterwards cp->frag is NULL (cp->cache is left as it
+ * was, for the caller's bookkeeping).  The copy's state and pins are the
+ * caller's business: nothing here looks at them.
+ */
+void cache_release(struct cache *c, struct copy *cp)
+{
+	struct frag *f = cp->frag;
+
+	assert(f && f->copy == cp && cp->cache == c);
+	f->copy = NULL;
+	cp->frag = NULL;
+	c->used -= f->size;
+	frag_make_gap(c, f);
+}
+
+/*
+ * Evict every copy of the consecutive fragments [first, last] of c and
+ * turn the window into one gap (coalesced with gap neighbours outside the
+ * window too).  Every copy in it must be evictable and unpinned
+ * (asserted).  Each copy is taken out of the table before evicted(cp) is
+ * called for it, so evicted() sees cp->frag == NULL and a consistent
+ * table, and may free cp.  Statistics (c->evictions, c->evicted_bytes)
+ * are the caller's to count.  Returns the gap covering the window: it
+ * starts at or before first's offset and ends at or after last's end.
+ */
+struct frag *cache_evict_window(struct cache *c, struct frag *first,
+				struct frag *last,
+				void (*evicted)(struct copy *cp))
+{
+	uint64_t end = last->off + last->size;
+	struct frag *f = first, *g;
+
+	assert(first->off <= last->off);
+	for (;;) {
+		struct copy *cp = f->copy;
+
+		if (cp) {
+			assert(cp->frag == f && cp->cache == c);
+			assert(tier_state_evictable(cp->state) && cp->pins == 0);
+			f->copy = NULL;
+			cp->frag = NULL;
+			c->used -= f->size;
+			g = frag_make_gap(c, f);
+			if (evicted)
+				evicted(cp);
+		} else {
+			g = f;
+		}
+		/* g is a coalesced gap: its successor, if any, is a copy */
+		if (g->off + g->size >= end)
+			return g;
+		f = g->next;
+		assert(f);
+	}
+}
+
+/*
+ * Shrink cp's reservation to `size` bytes (rounded up to TIER_ALIGN, at
+ * least one block; must be >= cp->len and not more than the current
+ * reservation, asserted).  The freed tail becomes a gap, or joins the gap
+ * that follows.  Should the new gap's fragment not be allocatable, the
+ * reservation stays as it was: harmless, only less compact.
+ */
+void cache_shrink(struct cache *c, struct copy *cp, uint64_t size)
+{
+	struct frag *f = cp->frag, *n, *g;
+	uint64_t cut;
+
+	assert(f && f->copy == cp && cp->cache == c);
+	size = resv_size(size);
+	assert(size != 0 && size >= cp->len && size <= f->size);
+	if (size >= f->size)
+		return;
+	cut = f->size - size;
+	n = f->next;
+	if (n && !n->copy) {
+		n->off -= cut;
+		n->size += cut;
+	} else {
+		g = frag_new(f->off + size, cut, NULL);
+		if (!g)
+			return;
+		frag_link_after(f, g);
+		c->nfrags++;
+		c->ngaps++;
+	}
+	f->size = size;
+	c->used -= cut;
+}
+
+/*
+ * Grow cp's reservation in place to `size` bytes (rounded up to
+ * TIER_ALIGN) by taking the front of the gap that follows it; the grown
+ * fragment must end at or below c->usable.  Returns 0 (also when the
+ * reservation is already that large: it is never shrunk here) or -ENOSPC,
+ * nothing changed, when the next fragment is not a gap big enough.
+ */
+int cache_grow_inplace(struct cache *c, struct copy *cp, uint64_t size)
+{
+	struct frag *f = cp->frag, *n;
+	uint64_t more;
+
+	assert(f && f->copy == cp && cp->cache == c);
+	size = resv_size(size);
+	if (size == 0)
+		return -ENOSPC;
+	if (size <= f->size)
+		return 0;
+	more = size - f->size;
+	n = f->next;
+	if (!n || n->copy || n->size < more || f->off + size > c->usable)
+		return -ENOSPC;
+	if (n->size == more) {
+		frag_unlink(c, n);
+		c->ngaps--;
+	} else {
+		n->off += more;
+		n->size -= more;
+	}
+	f->size = size;
+	c->used += more;
+	return 0;
+}
+
+#define BROKEN(...) do {						\
+	fprintf(stderr, "tierfs: cache %s: ", c->name ? c->name : "?");	\
+	fprintf(stderr, __VA_ARGS__);					\
+	fputc('\n', stderr);						\
+	return -EUCLEAN;						\
+} while (0)
+
+/*
+ * Check every invariant of c's table (see the top of this file).  Returns
+ * 0, or -EUCLEAN after printing the first broken invariant to stderr.
+ * Reads only; O(nfrags).
+ */
+int cache_check(const struct cache *c)
+{
+	const struct frag *f, *prev = NULL;
+	uint64_t off = 0, nfrags = 0, ngaps = 0, used = 0;
+
+	if (c->size == 0 || c->size % TIER_ALIGN)
+		BROKEN("size %" PRIu64 " not a positive multiple of %u",
+		       c->size, TIER_ALIGN);
+	if (c->usable > c->size)
+		BROKEN("usable %" PRIu64 " > size %" PRIu64, c->usable, c->size);
+	if (!c->head)
+		BROKEN("no fragments");
+	for (f = c->head; f; prev = f, f = f->next) {
+		if (f->prev != prev)
+			BROKEN("fragment at %" PRIu64 ": bad prev link", f->off);
+		if (f->off != off)
+			BROKEN("fragment at %" PRIu64 " should start at %" PRIu64,
+			       f->off, off);
+		if (f->size == 0 || f->size % TIER_ALIGN)
+			BROKEN("fragment at %" PRIu64 ": bad size %" PRIu64,
+			       f->off, f->size);
+		if (f->size > c->size - off)
+			BROKEN("fragment at %" PRIu64 " (%" PRIu64
+			       " bytes) runs past the end %" PRIu64,
+			       f->off, f->size, c->size);
+		off += f->size;
+		nfrags++;
+		if (!f->copy) {
+			ngaps++;
+			if (prev && !prev->copy)
+				BROKEN("adjacent gaps at %" PRIu64 " and %" PRIu64,
+				       prev->off, f->off);
+			continue;
+		}
+		used += f->size;
+		if (f->copy->frag != f)
+			BROKEN("copy at %" PRIu64 " does not point back", f->off);
+		if (f->copy->cache != c)
+			BROKEN("copy at %" PRIu64 " names another cache", f->off);
+		if (f->copy->len > f->size)
+			BROKEN("copy at %" PRIu64 ": len %" PRIu64
+			       " > reservation %" PRIu64,
+			       f->off, f->copy->len, f->size);
+	}
+	if (off != c->size)
+		BROKEN("fragments end at %" PRIu64 ", size %" PRIu64,
+		       off, c->size);
+	if (nfrags != c->nfrags)
+		BROKEN("nfrags %" PRIu64 ", counted %" PRIu64, c->nfrags, nfrags);
+	if (ngaps != c->ngaps)
+		BROKEN("ngaps %" PRIu64 ", counted %" PRIu64, c->ngaps, ngaps);
+	if (used != c->used)
+		BROKEN("used %" PRIu64 ", counted %" PRIu64, c->used, used);
+	return 0;
+}
+
+#undef BROKEN
+
+/* ---- host-memory byte mover ------------------------------------------ */
+
+static bool host_range_ok(const struct cache *c, uint64_t off, size_t len)
+{
+	return off <= c->size && len <= c->size - off;
+}
+
+static int host_write(struct cache *c, uint64_t off, const void *src,
+		      size_t len)
+{
+	if (!host_range_ok(c, off, len))
+		return -EINVAL;
+	memcpy(c->base + off, src, len);
+	return 0;
+}
+
+static int host_read(struct cache *c, uint64_t off, void *dst, size_t len)
+{
+	if (!host_range_ok(c, off, len))
+		return -EINVAL;
+	memcpy(dst, c->base + off, len);
+	return 0;
+}
+
+static int host_move(struct cache *c, uint64_t dst, uint64_t src, size_t len)
+{
+	if (!host_range_ok(c, dst, len) || !host_range_ok(c, src, len))
+		return -EINVAL;
+	memmove(c->base + dst, c->base + src, len);
+	return 0;
+}
+
+/*
+ * Copy functions of a host-memory tier: plain memcpy/memmove on c->base.
+ * Each returns 0, or -EINVAL for a range outside [0, c->size).
+ */
+const struct tier_ops tier_host_ops = {
+	.write	= host_write,
+	.read	= host_read,
+	.move	= host_move,
+};

@@ -1,0 +1,1755 @@
+/*
+ * engine.c - files, their cached copies, and the flush engine.
+ *
+ * Owns the host cache (one mmap'ed buffer, huge pages advised), the flush
+ * queue and the flusher threads that write cached copies to the SSD
+ * through io_uring.  The fs side calls the tfile_* functions from FUSE
+ * worker threads with the file's lock held by us (each entry point takes
+ * f->lock itself).
+ *
+ * Write path: a write lands in the file's host copy, created (and filled
+ * with the file's current content) on first write; the copy grows by
+ * reallocation.  When no room can be made, the file goes write-through: a
+ * new version of the backing file (the "shadow") receives the content and
+ * the writes, and is committed on the last close or on fsync.  Either way
+ * a backing file is only ever replaced by a complete new version.
+ *
+ * Flush path: the last writer's close (or an fsync) moves the copy to
+ * WRITE_COMPLETE and queues the file; a flusher writes the copy into a new
+ * version with O_DIRECT, fdatasyncs it and asks the fs side to commit it
+ * (atomic rename).  Writers wait while their copy is being flushed.
+ *
+ * Lock order: tfile.lock -> engine.lock.  The flushers never take a
+ * tfile.lock.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "ssd.h"
+
+#define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
+
+struct engine {
+	pthread_mutex_t lock;		/* see file comment */
+	pthread_cond_t cond;		/* any state change */
+	struct engine_config cfg;
+	struct cache host;		/* host cache tier */
+	void *host_buf;			/* its mmap'ed buffer */
+	int ntiers;			/* caches in tiers[] */
+	struct cache *tiers[TIER_MAX];	/* fastest first */
+	struct tfile *q_head, *q_tail;	/* flush queue */
+	pthread_t *flushers;		/* flusher threads */
+	int nflushers;
+	bool stop;			/* threads must exit */
+	int busy;			/* flushes running */
+	double flush_bw;		/* measured bytes/s, for eviction */
+	uint64_t tick;			/* access counter (lru) */
+	/* statistics */
+	uint64_t bytes_flushed, files_flushed, flush_errors;
+	uint64_t bytes_written_through, files_written_through;
+	uint64_t backlog;		/* bytes queued or being flushed */
+	uint64_t hint_head;		/* restore-queue ticket of the next read */
+	struct hint *hq_head, *hq_tail;	/* the restore queue */
+	uint64_t hint_next;		/* next ticket */
+	uint64_t hq_len, hq_unbound;	/* entries, entries without a file */
+	bool prefetch_on;		/* start / stop */
+	pthread_t prefetcher;
+	bool prefetcher_started;
+	uint64_t files_prefetched, bytes_prefetched, files_consumed;
+	struct tfile **reap;		/* files whose copy went: put() them */
+	size_t nreap, reapcap;
+	pthread_t toucher;		/* pre-faults the host buffer */
+	bool toucher_started;
+	uint64_t touched;		/* host bytes touched so far */
+};
+
+/* One entry of the restore queue. */
+struct hint {
+	struct hint *next;
+	uint64_t seq;			/* ticket: position in the queue */
+	uint64_t dir;			/* directory key */
+	struct tfile *file;		/* the file (referenced), NULL if unborn */
+	char name[];			/* name in dir */
+};
+
+static void consume(struct engine *e, struct tfile *f);
+static void hint_free(struct engine *e, struct hint *h);
+static uint64_t prefetch_distance(struct engine *e);
+static void *prefetcher_main(void *arg);
+
+/* Set by the prefetcher around its allocations: copies whose prefetch
+ * distance is below this are needed sooner and must not be evicted. */
+static __thread uint64_t protect_below;
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *fname(struct tfile *f, char *buf, size_t len)
+{
+	return f->ops->name ? f->ops->name(f, buf, len) : "?";
+}
+
+/* ---- host tier -------------------------------------------------------- */
+
+static struct cache *host_tier(struct engine *e)
+{
+	return &e->host;
+}
+
+static int host_index(struct engine *e)
+{
+	return e->ntiers - 1;
+}
+
+/* ---- eviction --------------------------------------------------------- */
+
+/* Prefetch distance of cp's file: its place in the restore queue. */
+static uint64_t copy_dist(struct engine *e, struct copy *cp)
+{
+	uint64_t seq = cp->file->hint_seq;
+
+	if (!seq || seq < e->hint_head)
+		return TIER_FAR;
+	return seq - e->hint_head;
+}
+
+static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
+{
+	struct engine *e = c->priv;
+	struct copy *cp = fr->copy;
+	struct evict_cost k = { 0, 0 };
+
+	if (!cp)
+		return k;
+	k.dist = copy_dist(e, cp);
+	switch (cp->state) {
+	case TS_FLUSHED:
+	case TS_CONSUMED:
+		/* readers hold pins for a moment only */
+		k.wait = cp->pins ? 1e-4 : 0;
+		break;
+	case TS_WRITE_COMPLETE:
+		if (cp->file->unlinked || cp->file->flush_err || cp->promoted) {
+			k.wait = TIER_INF;
+			break;
+		}
+		k.wait = (double)(cp->len - (cp->flushing ? cp->flushed_bytes : 0)) /
+			 (e->flush_bw > 0 ? e->flush_bw : 1e9);
+		if (k.wait <= 0)
+			k.wait = 1e-6;
+		break;
+	default:		/* being written, being read, promoted */
+		k.wait = TIER_INF;
+	}
+	if (cp->promoted)
+		k.wait = TIER_INF;
+	if (k.wait < TIER_INF && protect_below && k.dist < protect_below)
+		k.wait = TIER_INF;	/* needed sooner than what we prefetch */
+	return k;
+}
+
+/*
+ * A copy keeps its file alive (one reference per copy, taken when the copy
+ * is attached).  References are dropped later by a flusher, never under
+ * e->lock: dropping the last one frees the file, which takes e->lock.
+ */
+static void defer_put(struct engine *e, struct tfile *f)
+{
+	if (e->nreap == e->reapcap) {
+		size_t n = e->reapcap ? 2 * e->reapcap : 64;
+		struct tfile **r = realloc(e->reap, n * sizeof(*r));
+
+		if (!r) {
+			tlog(LOG_CRIT, "out of memory: a file's inode is leaked");
+			return;
+		}
+		e->reap = r;
+		e->reapcap = n;
+	}
+	e->reap[e->nreap++] = f;
+	pthread_cond_broadcast(&e->cond);
+}
+
+static void attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp)
+{
+	(void)e;
+	f->copy[i] = cp;
+	f->ops->get(f);
+}
+
+/* The cache dropped cp: detach it from its file. */
+static void copy_evicted(struct copy *cp)
+{
+	struct tfile *f = cp->file;
+	struct engine *e = f->eng;
+	int i;
+
+	for (i = 0; i < e->ntiers; i++)
+		if (f->copy[i] == cp) {
+			f->copy[i] = NULL;
+			if (!f->destroying)
+				defer_put(e, f);
+		}
+	free(cp);
+}
+
+/*
+ * Place cp in cache c with `size` bytes, evicting as the policy says.
+ * Called with e->lock held; may drop it while waiting for flushes.
+ * Returns 0, -EFBIG (bigger than the cache) or -ENOSPC (nothing can be
+ * evicted: go to a slower tier).
+ */
+static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
+			  uint64_t size, double max_wait)
+{
+	double give_up = now_s() + max_wait;
+
+	size = tier_round(size ? size : 1);
+	if (size > c->size)
+		return -EFBIG;
+	for (;;) {
+		struct frag *first, *last, *fr;
+		double wait;
+		bool ready = true;
+
+		if (cache_place(c, cp, size) == 0)
+			return 0;
+		if (c->policy->choose(c, size, copy_cost, &first, &last, &wait))
+			return -ENOSPC;
+		for (fr = first;; fr = fr->next) {
+			if (fr->copy && (fr->copy->pins ||
+					 !tier_state_evictable(fr->copy->state)))
+				ready = false;
+			if (fr == last)
+				break;
+		}
+		if (ready) {
+			for (fr = first;; fr = fr->next) {
+				if (fr->copy) {
+					c->evictions++;
+					c->evicted_bytes += fr->size;
+				}
+				if (fr == last)
+					break;
+			}
+			cache_evict_window(c, first, last, copy_evicted);
+			continue;
+		}
+		/* wait for the window's flushes, then decide again */
+		if (now_s() > give_up) {
+			if (max_wait >= 1)
+				tlog(LOG_WARNING, "%s cache: no room after %.0f s of waiting; "
+				     "writing through", c->name, max_wait);
+			return -ENOSPC;
+		}
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 20 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+	}
+}
+
+static int eng_alloc(struct engine *e, struct cache *c, struct copy *cp,
+		     uint64_t size)
+{
+	return eng_alloc_wait(e, c, cp, size, 30);
+}
+
+static uint8_t *copy_ptr(struct copy *cp)
+{
+	return cp->cache->base + cp->frag->off;
+}
+
+static uint64_t copy_cap(struct copy *cp)
+{
+	return cp->frag->size;
+}
+
+static void wait_unpinned(struct engine *e, struct copy *cp)
+{
+	while (cp->pins)
+		pthread_cond_wait(&e->cond, &e->lock);
+}
+
+/* Free f's copy in tier i (no data may be lost: the caller checked). */
+static void drop_copy(struct engine *e, struct tfile *f, int i)
+{
+	struct copy *cp = f->copy[i];
+
+	if (!cp)
+		return;
+	wait_unpinned(e, cp);
+	cache_release(cp->cache, cp);
+	copy_evicted(cp);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* ---- flush queue ------------------------------------------------------ */
+
+static void queue_flush(struct engine *e, struct tfile *f, bool front)
+{
+	if (f->queued || f->unlinked)
+		return;
+	f->queued = true;
+	f->ops->get(f);
+	f->fq_next = NULL;
+	if (!e->q_head) {
+		e->q_head = e->q_tail = f;
+	} else if (front) {
+		f->fq_next = e->q_head;
+		e->q_head = f;
+	} else {
+		e->q_tail->fq_next = f;
+		e->q_tail = f;
+	}
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* Mark the host copy complete and queue it for flushing. */
+static void complete_copy(struct engine *e, struct tfile *f, bool front)
+{
+	struct copy *cp = f->copy[host_index(e)];
+
+	if (!cp || !f->dirty)
+		return;
+	if (cp->state == TS_WRITE_IN_PROGRESS) {
+		tier_set_state(&cp->state, TS_WRITE_COMPLETE);
+		e->backlog += cp->len;
+	}
+	if (cp->state == TS_WRITE_COMPLETE)
+		queue_flush(e, f, front);
+}
+
+static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	struct copy *cp = f->copy[host_index(e)];
+	char nb[256];
+	uint64_t gen, len;
+	bool direct, inplace;
+	double t0;
+	int fd, ret;
+
+	if (!cp || !f->dirty || f->unlinked || cp->state != TS_WRITE_COMPLETE ||
+	    cp->flushing)
+		return 0;	/* nothing to do, or another flusher has it */
+	cp->flushing = true;
+	cp->flushed_bytes = 0;
+	cp->pins++;
+	gen = f->gen;
+	len = cp->len;
+	e->busy++;
+	pthread_mutex_unlock(&e->lock);
+
+	t0 = now_s();
+	fd = f->ops->version_open(f, true, &direct, &inplace);
+	if (fd < 0) {
+		ret = fd;
+		goto out;
+	}
+	if (direct)
+		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
+				&cp->flushed_bytes);
+	else
+		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	if (!ret)
+		ret = ssd_fdatasync(ring, fd);
+	if (ret) {
+		close(fd);
+		goto out;
+	}
+	ret = f->ops->version_commit(f, fd, inplace, false);
+out:
+	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
+	pthread_mutex_lock(&e->lock);
+	e->busy--;
+	cp->pins--;
+	cp->flushing = false;
+	if (ret == 0) {
+		double dt = now_s() - t0;
+
+		if (len >= (1u << 20) && dt > 0)
+			e->flush_bw = e->flush_bw > 0 ?
+				0.7 * e->flush_bw + 0.3 * (double)len / dt :
+				(double)len / dt;
+		e->bytes_flushed += len;
+		e->files_flushed++;
+		f->flushed_gen = gen;
+		f->durable_gen = gen;
+		if (f->flush_err)
+			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
+		f->flush_err = 0;
+		e->backlog -= len < e->backlog ? len : e->backlog;
+		if (f->gen == gen) {
+			f->dirty = false;
+			tier_set_state(&cp->state, TS_FLUSHED);
+			if (cp->promoted)
+				tier_set_state(&cp->state, TS_READ_COMPLETE);
+		}
+	} else if (ret == -ENOENT && f->unlinked) {
+		/* unlinked meanwhile: nothing to flush */
+	} else {
+		e->flush_errors++;
+		if (f->flush_err != ret)
+			tlog(LOG_ERR, "%s: flush to SSD failed: %s; data stays cached, retrying",
+			     nb, strerror(-ret));
+		f->flush_err = ret;
+		clock_gettime(CLOCK_MONOTONIC, &f->retry_at);
+		f->retry_at.tv_sec += FLUSH_RETRY_S;
+		queue_flush(e, f, false);
+	}
+	pthread_cond_broadcast(&e->cond);
+	return ret;
+}
+
+static bool retry_due(struct tfile *f)
+{
+	struct timespec ts;
+
+	if (!f->flush_err)
+		return true;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec > f->retry_at.tv_sec ||
+	       (ts.tv_sec == f->retry_at.tv_sec && ts.tv_nsec >= f->retry_at.tv_nsec);
+}
+
+static void *flusher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+	int ret;
+
+	ret = ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk);
+	if (ret) {
+		tlog(LOG_CRIT, "io_uring setup failed: %s", strerror(-ret));
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		struct tfile *f = e->q_head, *prev = NULL;
+
+		if (e->nreap) {
+			struct tfile *r = e->reap[--e->nreap];
+
+			pthread_mutex_unlock(&e->lock);
+			r->ops->put(r);
+			pthread_mutex_lock(&e->lock);
+			continue;
+		}
+		/* first entry whose retry time has come */
+		while (f && !retry_due(f)) {
+			prev = f;
+			f = f->fq_next;
+		}
+		if (!f) {
+			if (e->stop && !e->q_head && !e->nreap)
+				break;
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += e->q_head ? 0 : 1;
+			ts.tv_nsec += 100 * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+			if (e->stop && e->q_head && !e->busy) {
+				/* at shutdown, failing files are retried by sync */
+			}
+			continue;
+		}
+		if (prev)
+			prev->fq_next = f->fq_next;
+		else
+			e->q_head = f->fq_next;
+		if (e->q_tail == f)
+			e->q_tail = prev;
+		f->queued = false;
+		flush_one(e, &ring, f);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}
+
+/* ---- engine ----------------------------------------------------------- */
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/*
+ * Fault the host buffer in, front to back, in the background (hipc22 §IV:
+ * the cache is usable at once; first writes into untouched pages just pay
+ * the page faults themselves).
+ */
+static void *toucher_main(void *arg)
+{
+	struct engine *e = arg;
+	uint64_t chunk = 64ull << 20, off;
+	double t0 = now_s();
+	bool populate = true;
+
+	for (off = 0; off < e->host.size; off += chunk) {
+		uint64_t n = e->host.size - off < chunk ? e->host.size - off : chunk;
+
+		if (__atomic_load_n(&e->stop, __ATOMIC_RELAXED))
+			return NULL;
+		if (populate && madvise(e->host.base + off, n, MADV_POPULATE_WRITE) < 0)
+			populate = false;
+		if (!populate) {
+			volatile uint8_t *p = e->host.base + off;
+			uint64_t i;
+
+			for (i = 0; i < n; i += 4096)
+				p[i] = p[i];
+		}
+		__atomic_store_n(&e->touched, off + n, __ATOMIC_RELAXED);
+	}
+	tlog(LOG_INFO, "host cache: %.1f GiB touched in %.2f s",
+	     (double)e->host.size / (1 << 30), now_s() - t0);
+	return NULL;
+}
+
+int engine_create(struct engine **out, const struct engine_config *cfg)
+{
+	struct engine *e = calloc(1, sizeof(*e));
+	int ret, i;
+
+	if (!e)
+		return -ENOMEM;
+	e->cfg = *cfg;
+	if (!e->cfg.flush_threads)
+		e->cfg.flush_threads = 2;
+	if (!e->cfg.queue_depth)
+		e->cfg.queue_depth = 32;
+	if (!e->cfg.chunk)
+		e->cfg.chunk = 1u << 20;
+	if (!e->cfg.policy)
+		e->cfg.policy = &evict_fifo;
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->cond, NULL);
+	e->flush_bw = 1e9;
+
+	uint64_t size = tier_round(cfg->host_cache);
+	if (size < TIER_ALIGN)
+		size = TIER_ALIGN;
+	e->host_buf = mmap(NULL, size, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (e->host_buf == MAP_FAILED) {
+		ret = -errno;
+		tlog(LOG_ERR, "cannot map a %" PRIu64 "-byte host cache: %s",
+		     size, strerror(errno));
+		goto err_free;
+	}
+	if (cfg->hugepages)
+		madvise(e->host_buf, size, MADV_HUGEPAGE);
+	ret = cache_init(&e->host, "host", 1, e->host_buf, size, &tier_host_ops,
+			 e->cfg.policy);
+	if (ret)
+		goto err_unmap;
+	e->host.priv = e;
+	e->tiers[0] = &e->host;
+	e->ntiers = 1;
+
+	if (pthread_create(&e->toucher, NULL, toucher_main, e) == 0)
+		e->toucher_started = true;
+	e->prefetch_on = true;
+	if (pthread_create(&e->prefetcher, NULL, prefetcher_main, e) == 0)
+		e->prefetcher_started = true;
+
+	e->flushers = calloc((size_t)e->cfg.flush_threads, sizeof(pthread_t));
+	if (!e->flushers) {
+		ret = -ENOMEM;
+		goto err_cache;
+	}
+	for (i = 0; i < e->cfg.flush_threads; i++) {
+		ret = -pthread_create(&e->flushers[i], NULL, flusher_main, e);
+		if (ret)
+			goto err_threads;
+		e->nflushers++;
+	}
+	*out = e;
+	return 0;
+
+err_threads:
+	pthread_mutex_lock(&e->lock);
+	e->stop = true;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	for (i = 0; i < e->nflushers; i++)
+		pthread_join(e->flushers[i], NULL);
+	free(e->flushers);
+	if (e->toucher_started)
+		pthread_join(e->toucher, NULL);
+	if (e->prefetcher_started)
+		pthread_join(e->prefetcher, NULL);
+err_cache:
+	cache_destroy(&e->host);
+err_unmap:
+	munmap(e->host_buf, size);
+err_free:
+	free(e);
+	return ret;
+}
+
+void engine_destroy(struct engine *e)
+{
+	int i;
+
+	pthread_mutex_lock(&e->lock);
+	e->stop = true;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	for (i = 0; i < e->nflushers; i++)
+		pthread_join(e->flushers[i], NULL);
+	free(e->flushers);
+	if (e->toucher_started)
+		pthread_join(e->toucher, NULL);
+	if (e->prefetcher_started)
+		pthread_join(e->prefetcher, NULL);
+	while (e->hq_head) {
+		struct hint *h = e->hq_head;
+
+		e->hq_head = h->next;
+		hint_free(e, h);
+	}
+	while (e->nreap) {
+		struct tfile *r = e->reap[--e->nreap];
+
+		r->ops->put(r);
+	}
+	free(e->reap);
+	/* files still queued hold a reference; the fs frees them */
+	while (e->q_head) {
+		struct tfile *f = e->q_head;
+
+		e->q_head = f->fq_next;
+		f->queued = false;
+		f->ops->put(f);
+	}
+	/* copies of files the fs never freed (it exits right after) */
+	for (struct frag *fr = e->host.head; fr; fr = fr->next)
+		if (fr->copy) {
+			struct copy *cp = fr->copy;
+
+			cp->file->destroying = true;
+			cache_release(&e->host, cp);
+			copy_evicted(cp);
+			fr = e->host.head;	/* the table changed: start over */
+			if (!fr)
+				break;
+		}
+	munmap(e->host_buf, e->host.size);
+	cache_destroy(&e->host);
+	free(e);
+}
+
+uint64_t engine_host_cache_size(struct engine *e)
+{
+	return e->host.size;
+}
+
+/* ---- files ------------------------------------------------------------ */
+
+void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
+		uint64_t size)
+{
+	memset(f, 0, sizeof(*f));
+	f->eng = e;
+	f->ops = ops;
+	f->size = size;
+	f->shadow_fd = -1;
+	pthread_mutex_init(&f->lock, NULL);
+}
+
+void tfile_destroy(struct tfile *f)
+{
+	struct engine *e = f->eng;
+	int i;
+
+	pthread_mutex_lock(&e->lock);
+	f->destroying = true;
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (cp && cp->state == TS_WRITE_COMPLETE && f->dirty)
+			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+		drop_copy(e, f, i);
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (f->shadow_fd >= 0)
+		close(f->shadow_fd);
+	f->shadow_fd = -1;
+	pthread_mutex_destroy(&f->lock);
+}
+
+static void touch_mtime(struct tfile *f)
+{
+	clock_gettime(CLOCK_REALTIME, &f->mtime);
+}
+
+/*
+ * Copy the first `len` bytes of the current backing content into fd
+ * (sparse-aware: holes stay holes).  Returns 0 or -errno.
+ */
+static int copy_backing(struct tfile *f, int dst, uint64_t len)
+{
+	int src = f->ops->data_fd(f, false);
+	off_t pos = 0;
+	int ret = 0;
+
+	if (src < 0)
+		return src == -ENOENT ? 0 : src;
+	while ((uint64_t)pos < len) {
+		off_t data = lseek(src, pos, SEEK_DATA);
+		off_t hole;
+
+		if (data < 0 || (uint64_t)data >= len)
+			break;
+		hole = lseek(src, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > len)
+			hole = (off_t)len;
+		loff_t in = data, outp = data;
+		size_t left = (size_t)(hole - data);
+		while (left) {
+			ssize_t n = copy_file_range(src, &in, dst, &outp, left, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+				char buf[65536];
+				ssize_t r = pread(src, buf, left < sizeof(buf) ? left : sizeof(buf), in);
+				if (r <= 0) {
+					ret = r < 0 ? -errno : 0;
+					left = 0;
+					break;
+				}
+				if (pwrite(dst, buf, (size_t)r, outp) != r) {
+					ret = -errno;
+					break;
+				}
+				n = r;
+				in += r;
+				outp += r;
+			} else if (n < 0) {
+				ret = -errno;
+				break;
+			} else if (n == 0) {
+				break;
+			}
+			left -= (size_t)n;
+		}
+		if (ret)
+			break;
+		pos = hole;
+	}
+	f->ops->release_data_fd(f, src);
+	return ret;
+}
+
+/*
+ * Switch f to write-through: a new version holding the current content
+ * becomes the target of all writes.  e->lock held on entry and exit
+ * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
+ */
+static int start_shadow(struct engine *e, struct tfile *f)
+{
+	struct copy *cp = f->copy[host_index(e)];
+	bool direct, inplace;
+	char nb[256];
+	int fd, ret = 0;
+
+	if (cp) {
+		while (cp->flushing)
+			pthread_cond_wait(&e->cond, &e->lock);
+		cp->pins++;
+	}
+	pthread_mutex_unlock(&e->lock);
+	fd = f->ops->version_open(f, false, &direct, &inplace);
+	if (fd < 0) {
+		ret = fd;
+	} else if (cp) {
+		uint64_t done = 0;
+
+		while (done < cp->len) {
+			ssize_t n = pwrite(fd, copy_ptr(cp) + done, cp->len - done, (off_t)done);
+			if (n < 0) {
+				ret = -errno;
+				break;
+			}
+			done += (uint64_t)n;
+		}
+	} else if (!inplace) {
+		ret = copy_backing(f, fd, f->size);
+	}
+	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
+		ret = -errno;
+	fname(f, nb, sizeof(nb));
+	pthread_mutex_lock(&e->lock);
+	if (cp)
+		cp->pins--;
+	if (ret) {
+		if (fd >= 0)
+			close(fd);
+		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
+		return ret;
+	}
+	if (cp) {
+		if (cp->state == TS_WRITE_COMPLETE)
+			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+		drop_copy(e, f, host_index(e));
+	}
+	f->shadow_fd = fd;
+	f->shadow_inplace = inplace;
+	f->dirty = true;
+	e->files_written_through++;
+	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
+	     nb, f->size);
+	return 0;
+}
+
+/* Commit the shadow version.  e->lock and f->lock held. */
+static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
+{
+	int fd = f->shadow_fd;
+	uint64_t gen = f->gen;
+	int ret = 0;
+
+	pthread_mutex_unlock(&e->lock);
+	if (durable && fdatasync(fd) < 0)
+		ret = -errno;
+	if (!ret) {
+		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
+	}
+	pthread_mutex_lock(&e->lock);
+	if (ret && ret != -ENOENT) {
+		f->flush_err = ret;
+		return ret;		/* shadow stays; fd still ours */
+	}
+	f->shadow_fd = -1;
+	if (ret == -ENOENT)
+		return 0;
+	f->flushed_gen = gen;
+	if (durable)
+		f->durable_gen = gen;
+	f->flush_err = 0;
+	f->dirty = false;
+	return 0;
+}
+
+/*
+ * Make sure f has a host copy of at least `cap` bytes holding its current
+ * content (up to `keep` bytes of it), in state WRITE_IN_PROGRESS.  e->lock
+ * and f->lock held.  Returns the copy, or NULL with *err = 0 when the file
+ * must go write-through, or *err < 0 on a real error.
+ */
+static struct copy *writable_copy(struct engine *e, struct tfile *f,
+				  uint64_t cap, int *err)
+{
+	int hi = host_index(e);
+	struct cache *c = host_tier(e);
+	struct copy *cp, *ncp;
+
+	*err = 0;
+	for (;;) {
+		cp = f->copy[hi];
+		if (!cp || (!cp->flushing && cp->state != TS_READ_IN_PROGRESS))
+			break;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+	if (cp && copy_cap(cp) >= cap)
+		goto ready;
+	if (cp && cache_grow_inplace(c, cp, tier_round(cap)) == 0)
+		goto ready;
+
+	ncp = calloc(1, sizeof(*ncp));
+	if (!ncp) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	ncp->file = f;
+	/* grow geometrically so that sequential appends copy O(n) bytes */
+	uint64_t want = cap;
+	if (cp && want < 2 * copy_cap(cp))
+		want = 2 * copy_cap(cp);
+	if (want > c->size)
+		want = cap;
+	if (cp && cp->state != TS_WRITE_IN_PROGRESS) {
+		if (cp->state == TS_WRITE_COMPLETE)
+			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
+		cp->promoted = false;
+	}
+	if (cp)
+		cp->pins++;		/* keep it while we wait for room */
+	int ret = eng_alloc(e, c, ncp, want);
+	if (ret && want > cap)
+		ret = eng_alloc(e, c, ncp, cap);
+	if (cp)
+		cp->pins--;
+	if (ret) {
+		free(ncp);
+		return NULL;		/* write-through */
+	}
+	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
+	if (cp) {
+		/* move the bytes; readers may still use the old copy */
+		ncp->len = cp->len;
+		ncp->pins++;
+		cp->pins++;
+		pthread_mutex_unlock(&e->lock);
+		c->ops->move(c, ncp->frag->off, cp->frag->off, cp->len);
+		pthread_mutex_lock(&e->lock);
+		cp->pins--;
+		ncp->pins--;
+		f->copy[hi] = ncp;	/* takes over cp's reference */
+		wait_unpinned(e, cp);
+		cache_release(c, cp);
+		free(cp);
+		pthread_cond_broadcast(&e->cond);
+		return ncp;
+	}
+	/* first copy: load the current content */
+	attach_copy(e, f, hi, ncp);
+	ncp->pins++;
+	uint64_t keep = f->size;
+	if (f->shadow_fd < 0 && keep > 0) {
+		pthread_mutex_unlock(&e->lock);
+		int fd = f->ops->data_fd(f, false);
+		uint64_t done = 0;
+		if (fd < 0) {
+			ret = fd == -ENOENT ? 0 : fd;
+			keep = fd == -ENOENT ? 0 : keep;
+		}
+		while (fd >= 0 && done < keep) {
+			ssize_t n = pread(fd, copy_ptr(ncp) + done, keep - done, (off_t)done);
+			if (n < 0) {
+				ret = -errno;
+				break;
+			}
+			if (n == 0) {
+				memset(copy_ptr(ncp) + done, 0, keep - done);
+				break;
+			}
+			done += (uint64_t)n;
+		}
+		if (fd >= 0)
+			f->ops->release_data_fd(f, fd);
+		pthread_mutex_lock(&e->lock);
+	}
+	ncp->pins--;
+	if (ret) {
+		drop_copy(e, f, hi);
+		*err = ret;
+		return NULL;
+	}
+	ncp->len = keep;
+	pthread_cond_broadcast(&e->cond);
+	return ncp;
+
+ready:
+	if (cp->state != TS_WRITE_IN_PROGRESS) {
+		if (cp->state == TS_WRITE_COMPLETE)
+			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
+	}
+	cp->promoted = false;
+	return cp;
+}
+
+static void mark_modified(struct tfile *f)
+{
+	f->dirty = true;
+	f->gen++;
+	f->consumed = false;
+	touch_mtime(f);
+}
+
+ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
+{
+	struct engine *e = f->eng;
+	uint64_t end = (uint64_t)off + len;
+	struct copy *cp;
+	ssize_t ret;
+	int err;
+
+	if (off < 0 || end < (uint64_t)off)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (f->shadow_fd < 0) {
+		uint64_t cap = end > f->size ? end : f->size;
+
+		cp = writable_copy(e, f, cap, &err);
+		if (!cp && err) {
+			ret = err;
+			goto out;
+		}
+		if (cp) {
+			if ((uint64_t)off > cp->len)
+				memset(copy_ptr(cp) + cp->len, 0, (uint64_t)off - cp->len);
+			cp->pins++;
+			pthread_mutex_unlock(&e->lock);
+			host_tier(e)->ops->write(host_tier(e), cp->frag->off + (uint64_t)off,
+						 buf, len);
+			pthread_mutex_lock(&e->lock);
+			cp->pins--;
+			if (end > cp->len)
+				cp->len = end;
+			if (end > f->size)
+				f->size = end;
+			cp->last_use = ++e->tick;
+			mark_modified(f);
+			pthread_cond_broadcast(&e->cond);
+			ret = (ssize_t)len;
+			goto out;
+		}
+		ret = start_shadow(e, f);
+		if (ret)
+			goto out;
+	}
+	/* write-through */
+	pthread_mutex_unlock(&e->lock);
+	ret = pwrite(f->shadow_fd, buf, len, off);
+	if (ret < 0)
+		ret = -errno;
+	pthread_mutex_lock(&e->lock);
+	if (ret > 0) {
+		uint64_t wend = (uint64_t)off + (uint64_t)ret;
+		if (wend > f->size)
+			f->size = wend;
+		e->bytes_written_through += (uint64_t)ret;
+		mark_modified(f);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+int tfile_read_begin(struct tfile *f, size_t len, off_t off,
+		     const void **p, size_t *n, struct copy **pin)
+{
+	struct engine *e = f->eng;
+	int i, ret = 0;
+
+	pthread_mutex_lock(&e->lock);
+	*n = 0;
+	if ((uint64_t)off >= f->size) {
+		ret = 1;
+		*p = NULL;
+		*pin = NULL;
+		goto out;
+	}
+	*n = len;
+	if ((uint64_t)off + len > f->size)
+		*n = (size_t)(f->size - (uint64_t)off);
+	/* a prefetch of this file is running: it is quicker to wait for it */
+	while (f->copy[0] && f->copy[0]->state == TS_READ_IN_PROGRESS)
+		pthread_cond_wait(&e->cond, &e->lock);
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS)
+			continue;
+		if (!cp->cache->host_addressable || (uint64_t)off + *n > cp->len)
+			continue;
+		cp->pins++;
+		cp->last_use = ++e->tick;
+		cp->cache->hits++;
+		*p = copy_ptr(cp) + off;
+		*pin = cp;
+		ret = 1;
+		goto out;
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	return ret;
+}
+
+void tfile_read_end(struct tfile *f, struct copy *pin, off_t end)
+{
+	struct engine *e = f->eng;
+
+	pthread_mutex_lock(&e->lock);
+	if (pin) {
+		pin->pins--;
+		pthread_cond_broadcast(&e->cond);
+	}
+	if ((uint64_t)end >= f->size)
+		consume(e, f);
+	pthread_mutex_unlock(&e->lock);
+}
+
+ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
+{
+	struct engine *e = f->eng;
+	ssize_t ret = 0;
+	int fd, i;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if ((uint64_t)off >= f->size)
+		goto out;
+	if ((uint64_t)off + len > f->size)
+		len = (size_t)(f->size - (uint64_t)off);
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS ||
+		    (uint64_t)off + len > cp->len)
+			continue;
+		cp->pins++;
+		cp->cache->hits++;
+		pthread_mutex_unlock(&e->lock);
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off + (uint64_t)off, buf, len);
+		pthread_mutex_lock(&e->lock);
+		cp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		ret = ret ? ret : (ssize_t)len;
+		goto out;
+	}
+	host_tier(e)->misses++;
+	if (f->shadow_fd >= 0) {
+		fd = f->shadow_fd;
+		pthread_mutex_unlock(&e->lock);
+		ret = pread(fd, buf, len, off);
+		if (ret < 0)
+			ret = -errno;
+		pthread_mutex_lock(&e->lock);
+	} else {
+		pthread_mutex_unlock(&e->lock);
+		fd = f->ops->data_fd(f, false);
+		if (fd < 0) {
+			ret = fd;
+		} else {
+			size_t done = 0;
+			while (done < len) {
+				ssize_t n = pread(fd, (char *)buf + done, len - done,
+						  off + (off_t)done);
+				if (n < 0) {
+					ret = -errno;
+					break;
+				}
+				if (n == 0) {	/* hole past the backing EOF */
+					memset((char *)buf + done, 0, len - done);
+					done = len;
+					break;
+				}
+				done += (size_t)n;
+			}
+			if (done == len)
+				ret = (ssize_t)len;
+			f->ops->release_data_fd(f, fd);
+		}
+		pthread_mutex_lock(&e->lock);
+	}
+out:
+	if (ret >= 0 && (uint64_t)off + (uint64_t)(ret > 0 ? ret : 0) >= f->size)
+		consume(e, f);
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+int tfile_truncate(struct tfile *f, uint64_t size)
+{
+	struct engine *e = f->eng;
+	struct copy *cp;
+	int ret = 0, err;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (size == f->size && !f->dirty && !f->copy[host_index(e)])
+		goto out;
+	if (f->shadow_fd < 0) {
+		/* keep at most `size` bytes of the old content */
+		uint64_t old = f->size;
+		if (size < f->size && !f->copy[host_index(e)])
+			f->size = size;	/* load only what survives */
+		cp = writable_copy(e, f, size ? size : 1, &err);
+		if (!cp && err) {
+			f->size = old;
+			ret = err;
+			goto out;
+		}
+		if (cp) {
+			if (size > cp->len)
+				memset(copy_ptr(cp) + cp->len, 0, size - cp->len);
+			cp->len = size;
+			f->size = size;
+			mark_modified(f);
+			if (!f->writers)
+				complete_copy(e, f, false);
+			goto out;
+		}
+		f->size = old;
+		ret = start_shadow(e, f);
+		if (ret)
+			goto out;
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (ftruncate(f->shadow_fd, (off_t)size) < 0)
+		ret = -errno;
+	pthread_mutex_lock(&e->lock);
+	if (!ret) {
+		f->size = size;
+		mark_modified(f);
+		if (!f->writers)
+			ret = commit_shadow(e, f, false);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+void tfile_open_writer(struct tfile *f)
+{
+	pthread_mutex_lock(&f->eng->lock);
+	f->writers++;
+	pthread_mutex_unlock(&f->eng->lock);
+}
+
+void tfile_close_writer(struct tfile *f)
+{
+	struct engine *e = f->eng;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (f->writers > 0)
+		f->writers--;
+	if (!f->writers && f->dirty && !f->unlinked) {
+		if (f->shadow_fd >= 0)
+			commit_shadow(e, f, false);
+		else
+			complete_copy(e, f, false);
+	}
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+int tfile_fsync(struct tfile *f)
+{
+	struct engine *e = f->eng;
+	int ret = 0;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (f->unlinked)
+		goto out;
+	if (f->shadow_fd >= 0) {
+		ret = commit_shadow(e, f, true);
+		goto out;
+	}
+	if (!f->dirty) {
+		ret = 0;
+		goto out;
+	}
+	uint64_t target = f->gen;
+	complete_copy(e, f, true);
+	/* a failed flush is retried now, and its result reported */
+	f->retry_at.tv_sec = 0;
+	uint64_t errs = e->flush_errors;
+	pthread_cond_broadcast(&e->cond);
+	while (f->flushed_gen < target && !f->unlinked) {
+		if (e->flush_errors != errs && f->flush_err) {
+			ret = f->flush_err;
+			break;
+		}
+		if (!f->copy[host_index(e)] && f->shadow_fd < 0)
+			break;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+void tfile_unlinked(struct tfile *f)
+{
+	pthread_mutex_lock(&f->eng->lock);
+	f->unlinked = true;
+	pthread_cond_broadcast(&f->eng->cond);
+	pthread_mutex_unlock(&f->eng->lock);
+}
+
+bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime)
+{
+	bool dirty;
+
+	pthread_mutex_lock(&f->eng->lock);
+	dirty = f->dirty;
+	*size = f->size;
+	*mtime = f->mtime;
+	pthread_mutex_unlock(&f->eng->lock);
+	return dirty;
+}
+
+void tfile_set_mtime(struct tfile *f, const struct timespec *mt)
+{
+	pthread_mutex_lock(&f->eng->lock);
+	f->mtime = *mt;
+	pthread_mutex_unlock(&f->eng->lock);
+}
+
+int tfile_pending_error(struct tfile *f)
+{
+	int ret;
+
+	pthread_mutex_lock(&f->eng->lock);
+	ret = f->flush_err;
+	pthread_mutex_unlock(&f->eng->lock);
+	return ret;
+}
+
+int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t sl)
+{
+	struct engine *e = f->eng;
+	size_t a = 0, b = 0;
+	int i;
+
+	pthread_mutex_lock(&e->lock);
+	tier[0] = state[0] = 0;
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp)
+			continue;
+		a += (size_t)snprintf(tier + a, a < tl ? tl - a : 0, "%s%s",
+				      a ? "," : "", cp->cache->name);
+		b += (size_t)snprintf(state + b, b < sl ? sl - b : 0, "%s%s:%s",
+				      b ? "," : "", cp->cache->name,
+				      tier_state_name(cp->state));
+	}
+	if (!f->dirty || f->shadow_fd >= 0 || f->flushed_gen)
+		a += (size_t)snprintf(tier + a, a < tl ? tl - a : 0, "%sssd", a ? "," : "");
+	b += (size_t)snprintf(state + b, b < sl ? sl - b : 0, "%sssd:%s",
+			      b ? "," : "",
+			      f->shadow_fd >= 0 ? "WRITE_THROUGH" :
+			      f->dirty ? (f->flush_err ? "FLUSH_FAILED" : "PENDING") :
+			      "CURRENT");
+	pthread_mutex_unlock(&e->lock);
+	return (a >= tl || b >= sl) ? -ERANGE : 0;
+}
+
+
+static void cache_json(struct cache *c, char *buf, size_t len, size_t *at)
+{
+	*at += (size_t)snprintf(buf + *at, *at < len ? len - *at : 0,
+		"\"%s\":{\"capacity\":%" PRIu64 ",\"usable\":%" PRIu64
+		",\"used\":%" PRIu64 ",\"fragments\":%" PRIu64 ",\"gaps\":%" PRIu64
+		",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"evictions\":%" PRIu64
+		",\"evicted_bytes\":%" PRIu64 ",\"policy\":\"%s\"}",
+		c->name, c->size, c->usable, c->used, c->nfrags, c->ngaps,
+		c->hits, c->misses, c->evictions, c->evicted_bytes, c->policy->name);
+}
+
+int engine_stats_json(struct engine *e, char *buf, size_t len)
+{
+	size_t at = 0;
+	int i;
+
+	pthread_mutex_lock(&e->lock);
+	at += (size_t)snprintf(buf, len, "{\"tiers\":{");
+	for (i = 0; i < e->ntiers; i++) {
+		if (i)
+			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ",");
+		cache_json(e->tiers[i], buf, len, &at);
+	}
+	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+		"},\"host_touched\":%" PRIu64 ",\"ssd\":{", __atomic_load_n(&e->touched, __ATOMIC_RELAXED));
+	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+		"\"bytes_flushed\":%" PRIu64 ",\"files_flushed\":%" PRIu64
+		",\"flush_errors\":%" PRIu64 ",\"flush_backlog\":%" PRIu64
+		",\"flushes_running\":%d,\"flush_bandwidth\":%.0f"
+		",\"bytes_written_through\":%" PRIu64 ",\"files_written_through\":%" PRIu64 "}}",
+		e->bytes_flushed, e->files_flushed, e->flush_errors, e->backlog,
+		e->busy, e->flush_bw, e->bytes_written_through, e->files_written_through);
+	if (at)
+		at--;			/* reopen the outer object */
+	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+		",\"prefetch\":{\"state\":\"%s\",\"queue\":%" PRIu64
+		",\"unbound\":%" PRIu64 ",\"files_prefetched\":%" PRIu64
+		",\"bytes_prefetched\":%" PRIu64 ",\"distance\":%" PRIu64
+		",\"consumed\":%" PRIu64 "}}",
+		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
+		e->files_prefetched, e->bytes_prefetched, prefetch_distance(e),
+		e->files_consumed);
+	pthread_mutex_unlock(&e->lock);
+	return at >= len ? -ERANGE : (int)at;
+}
+
+/* ---- restore hints ---------------------------------------------------- */
+
+/* e->lock held: the queue's head moved or an entry went; keep tickets. */
+static void hint_head_update(struct engine *e)
+{
+	e->hint_head = e->hq_head ? e->hq_head->seq : e->hint_next;
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* e->lock held: set f->hint_seq to its first remaining entry. */
+static void hint_reseq(struct engine *e, struct tfile *f)
+{
+	struct hint *h;
+
+	f->hint_seq = 0;
+	for (h = e->hq_head; h; h = h->next)
+		if (h->file == f) {
+			f->hint_seq = h->seq;
+			return;
+		}
+}
+
+static void hint_free(struct engine *e, struct hint *h)
+{
+	if (h->file)
+		defer_put(e, h->file);
+	else
+		e->hq_unbound--;
+	e->hq_len--;
+	free(h);
+}
+
+int engine_hint_append(struct engine *e, uint64_t dir, const char *const *names,
+		       struct tfile *const *files, size_t n)
+{
+	struct hint **v = calloc(n ? n : 1, sizeof(*v));
+	size_t i;
+
+	if (!v)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		size_t l = strlen(names[i]) + 1;
+
+		v[i] = malloc(sizeof(struct hint) + l);
+		if (!v[i]) {
+			while (i--)
+				free(v[i]);
+			free(v);
+			return -ENOMEM;
+		}
+		memcpy(v[i]->name, names[i], l);
+	}
+	pthread_mutex_lock(&e->lock);
+	for (i = 0; i < n; i++) {
+		struct hint *h = v[i];
+
+		h->next = NULL;
+		h->seq = ++e->hint_next;
+		h->dir = dir;
+		h->file = files[i];
+		if (h->file && !h->file->hint_seq)
+			h->file->hint_seq = h->seq;
+		if (!h->file)
+			e->hq_unbound++;
+		e->hq_len++;
+		if (e->hq_tail)
+			e->hq_tail->next = h;
+		else
+			e->hq_head = h;
+		e->hq_tail = h;
+	}
+	hint_head_update(e);
+	pthread_mutex_unlock(&e->lock);
+	free(v);
+	return 0;
+}
+
+void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
+		      struct tfile *f)
+{
+	struct hint *h;
+
+	pthread_mutex_lock(&e->lock);
+	if (!e->hq_unbound)
+		goto out;
+	for (h = e->hq_head; h; h = h->next) {
+		if (h->file || h->dir != dir || strcmp(h->name, name))
+			continue;
+		h->file = f;
+		f->ops->get(f);
+		e->hq_unbound--;
+		if (!f->hint_seq || h->seq < f->hint_seq)
+			f->hint_seq = h->seq;
+	}
+	pthread_cond_broadcast(&e->cond);
+out:
+	pthread_mutex_unlock(&e->lock);
+}
+
+int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len)
+{
+	struct hint *h;
+	size_t at = 0;
+
+	pthread_mutex_lock(&e->lock);
+	for (h = e->hq_head; h; h = h->next)
+		if (h->dir == dir)
+			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%s\n", h->name);
+	pthread_mutex_unlock(&e->lock);
+	return at >= len && at ? -ERANGE : (int)at;
+}
+
+void engine_hint_drop_dir(struct engine *e, uint64_t dir)
+{
+	struct hint **pp, *h;
+
+	pthread_mutex_lock(&e->lock);
+	for (pp = &e->hq_head; (h = *pp);) {
+		if (h->dir != dir) {
+			pp = &h->next;
+			continue;
+		}
+		*pp = h->next;
+		if (h->file) {
+			struct tfile *f = h->file;
+
+			hint_free(e, h);
+			hint_reseq(e, f);
+		} else {
+			hint_free(e, h);
+		}
+	}
+	e->hq_tail = NULL;
+	for (h = e->hq_head; h; h = h->next)
+		e->hq_tail = h;
+	hint_head_update(e);
+	pthread_mutex_unlock(&e->lock);
+}
+
+void engine_prefetch_set(struct engine *e, bool on)
+{
+	pthread_mutex_lock(&e->lock);
+	e->prefetch_on = on;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+}
+
+bool engine_prefetch_get(struct engine *e)
+{
+	bool on;
+
+	pthread_mutex_lock(&e->lock);
+	on = e->prefetch_on;
+	pthread_mutex_unlock(&e->lock);
+	return on;
+}
+
+/*
+ * e->lock held: f was read to its end.  Its copy becomes CONSUMED (first
+ * to go at eviction) and its first queue entry is done.
+ */
+static void consume(struct engine *e, struct tfile *f)
+{
+	struct hint **pp, *h;
+	int i;
+
+	if (f->dirty)
+		return;
+	f->consumed = true;
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp)
+			continue;
+		if (cp->state == TS_FLUSHED)
+			tier_set_state(&cp->state, TS_READ_COMPLETE);
+		if (cp->state == TS_READ_COMPLETE)
+			tier_set_state(&cp->state, TS_CONSUMED);
+		cp->promoted = false;
+	}
+	if (!f->hint_seq)
+		return;
+	for (pp = &e->hq_head; (h = *pp); pp = &h->next)
+		if (h->file == f) {
+			*pp = h->next;
+			if (e->hq_tail == h) {
+				struct hint *t;
+
+				e->hq_tail = NULL;
+				for (t = e->hq_head; t; t = t->next)
+					e->hq_tail = t;
+			}
+			hint_free(e, h);
+			e->files_consumed++;
+			break;
+		}
+	hint_reseq(e, f);
+	hint_head_update(e);
+}
+
+/* Prefetch distance now: queue entries at the head already cached. */
+static uint64_t prefetch_distance(struct engine *e)
+{
+	struct hint *h;
+	uint64_t d = 0;
+
+	for (h = e->hq_head; h; h = h->next) {
+		struct copy *cp = h->file ? h->file->copy[0] : NULL;
+
+		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS)
+			break;
+		d++;
+	}
+	return d;
+}
+
+/*
+ * e->lock held: bring f into the fastest tier (drops the lock meanwhile).
+ * Returns 1 if it did, 0 if nothing was needed, -ENOSPC when there is no
+ * room without evicting what the queue needs sooner.
+ */
+static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+			uint64_t dist)
+{
+	struct cache *c = e->tiers[0];
+	struct copy *cp = f->copy[0];
+	uint64_t size = f->size;
+	int fd, ret;
+
+	if (cp) {
+		/* cached already: protect it until it is read */
+		if (cp->state == TS_FLUSHED) {
+			tier_set_state(&cp->state, TS_READ_COMPLETE);
+			cp->promoted = true;
+		} else if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_CONSUMED) {
+			cp->promoted = cp->state == TS_WRITE_COMPLETE;
+			if (cp->state == TS_CONSUMED)
+				tier_set_state(&cp->state, TS_READ_COMPLETE), cp->promoted = true;
+		}
+		return 0;
+	}
+	if (f->dirty || f->shadow_fd >= 0 || f->unlinked || f->destroying)
+		return 0;
+	cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return -ENOMEM;
+	cp->file = f;
+	protect_below = dist + 1;
+	ret = eng_alloc_wait(e, c, cp, size, 0.05);
+	protect_below = 0;
+	if (ret) {
+		free(cp);
+		return -ENOSPC;
+	}
+	if (f->copy[0] || f->dirty) {	/* a writer came first */
+		cache_release(c, cp);
+		free(cp);
+		return 0;
+	}
+	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
+	attach_copy(e, f, 0, cp);
+	cp->pins++;
+	f->ops->get(f);
+	pthread_mutex_unlock(&e->lock);
+
+	fd = f->ops->data_fd(f, true);
+	if (fd < 0) {
+		ret = fd;
+	} else {
+		ret = ssd_read(ring, fd, copy_ptr(cp), tier_round(size), 0);
+		f->ops->release_data_fd(f, fd);
+	}
+
+	pthread_mutex_lock(&e->lock);
+	cp->pins--;
+	if (ret || f->size != size || f->dirty) {
+		/* failed, or changed meanwhile: drop the copy */
+		if (ret) {
+			char nb[256];
+
+			pthread_mutex_unlock(&e->lock);
+			fname(f, nb, sizeof(nb));
+			pthread_mutex_lock(&e->lock);
+			tlog(LOG_WARNING, "%s: prefetch failed: %s", nb, strerror(-ret));
+		}
+		if (f->copy[0] == cp && cp->state == TS_READ_IN_PROGRESS) {
+			tier_set_state(&cp->state, TS_INIT);
+			drop_copy(e, f, 0);
+		}
+		pthread_cond_broadcast(&e->cond);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+		return 0;
+	}
+	cp->len = size;
+	tier_set_state(&cp->state, TS_READ_COMPLETE);
+	cp->promoted = true;
+	e->files_prefetched++;
+	e->bytes_prefetched += size;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	f->ops->put(f);
+	pthread_mutex_lock(&e->lock);
+	return 1;
+}
+
+static void *prefetcher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+	int ret;
+
+	ret = ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk);
+	if (ret) {
+		tlog(LOG_CRIT, "io_uring setup for prefetching failed: %s", strerror(-ret));
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	while (!e->stop) {
+		struct hint *h;
+		bool did = false;
+
+		if (e->prefetch_on) {
+			for (h = e->hq_head; h && !e->stop; h = h->next) {
+				uint64_t dist = h->seq - e->hint_head;
+
+				if (!h->file || h->file->unlinked)
+					continue;
+				ret = prefetch_one(e, &ring, h->file, dist);
+				if (ret == 1) {
+					did = true;
+					break;	/* the queue may have changed: rescan */
+				}
+				if (ret < 0)
+					break;	/* full of what is needed sooner */
+			}
+		}
+		if (did)
+			continue;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}

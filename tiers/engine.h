@@ -1,0 +1,157 @@
+/*
+ * engine.h - the flush/prefetch engine: files, their cached copies, and the
+ * threads that move bytes between tiers and the SSD.
+ *
+ * The fs side embeds a struct tfile in each regular file's inode and gives
+ * the engine a struct tfile_ops that creates and commits versions of the
+ * backing file.  The engine owns the caches, the flush queue, the flusher
+ * and prefetcher threads and the restore queue.
+ */
+#ifndef TIERFS_ENGINE_H
+#define TIERFS_ENGINE_H
+
+#include <stdarg.h>
+#include <time.h>
+
+#include "tier.h"
+
+struct engine;
+struct tfile;
+
+/* Backing-store operations, implemented by the fs side. */
+struct tfile_ops {
+	/*
+	 * Open a new, invisible version of f's backing file for writing (or,
+	 * for files that cannot be replaced atomically, the file itself:
+	 * *inplace set).  *direct tells whether the fd is O_DIRECT.
+	 * Returns an fd or -errno.
+	 */
+	int (*version_open)(struct tfile *f, bool want_direct, bool *direct,
+			    bool *inplace);
+	/*
+	 * Make fd f's content atomically (attributes copied over), or drop it
+	 * when the file has been unlinked meanwhile (returns -ENOENT).  Closes
+	 * fd in every case.  durable: also fsync the directory.
+	 */
+	int (*version_commit)(struct tfile *f, int fd, bool inplace, bool durable);
+	/* An fd reading f's current backing content, owned by the fs side
+	 * (valid until release_data_fd).  Returns fd or -errno. */
+	int (*data_fd)(struct tfile *f, bool direct);
+	void (*release_data_fd)(struct tfile *f, int fd);
+	/* Take / drop a reference that keeps f alive while the engine uses it. */
+	void (*get)(struct tfile *f);
+	void (*put)(struct tfile *f);
+	/* Name for log messages (may return a static "?"). */
+	const char *(*name)(struct tfile *f, char *buf, size_t len);
+};
+
+struct tfile {
+	struct engine *eng;
+	const struct tfile_ops *ops;
+	pthread_mutex_t lock;		/* orders operations on this file */
+	/* below: protected by eng->lock */
+	struct copy *copy[TIER_MAX];	/* cached copy per tier, or NULL */
+	uint64_t size;			/* logical size, authoritative if dirty */
+	struct timespec mtime;		/* modification time while dirty */
+	bool dirty;			/* content newer than the backing file */
+	bool unlinked;			/* no name left: discard, never flush */
+	bool queued;			/* on the flush queue */
+	bool consumed;			/* read to its end since last write */
+	bool destroying;		/* being freed: copies hold no reference */
+	int shadow_fd;			/* write-through version being built */
+	bool shadow_inplace;		/* shadow_fd is the file itself */
+	int writers;			/* open handles that may write */
+	int flush_err;			/* last flush failure (-errno), or 0 */
+	uint64_t gen;			/* bumped by every modification */
+	uint64_t durable_gen;		/* gen last made durable on the SSD */
+	uint64_t flushed_gen;		/* gen last committed to the SSD */
+	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
+	struct tfile *fq_next;		/* flush queue link */
+	struct timespec retry_at;	/* after a failed flush */
+};
+
+struct engine_config {
+	uint64_t host_cache;		/* bytes */
+	const struct evict_policy *policy;
+	int flush_threads;		/* host -> SSD flushers */
+	unsigned queue_depth;		/* io_uring depth per flusher */
+	uint64_t chunk;			/* bytes per I/O */
+	bool hugepages;			/* madvise the host buffer */
+};
+
+/* Create the engine: the host cache buffer and the flusher threads. */
+int engine_create(struct engine **out, const struct engine_config *cfg);
+/* Flush every dirty file, stop the threads, free the caches. */
+void engine_destroy(struct engine *e);
+
+void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
+		uint64_t size);
+/* Drop every copy and pending work of a file that is going away. */
+void tfile_destroy(struct tfile *f);
+
+/* A handle opened for writing / its last close (queues the flush). */
+void tfile_open_writer(struct tfile *f);
+void tfile_close_writer(struct tfile *f);
+/* Write; returns bytes written or -errno.  Never -ENOSPC for a full cache. */
+ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off);
+/* Read into buf; returns bytes read (short at EOF) or -errno. */
+ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off);
+/*
+ * Zero-copy read from a host-addressable cache: on 1 a pointer to the
+ * bytes is in *p and the copy is pinned until tfile_read_end(*pin); on 0
+ * the caller must use tfile_read.  *n is the byte count (0 at EOF).
+ */
+int tfile_read_begin(struct tfile *f, size_t len, off_t off,
+		     const void **p, size_t *n, struct copy **pin);
+void tfile_read_end(struct tfile *f, struct copy *pin, off_t end);
+int tfile_truncate(struct tfile *f, uint64_t size);
+/* Make the file durable on the SSD; returns 0 or the flush error. */
+int tfile_fsync(struct tfile *f);
+/* The file lost its last name: cancel its flush, free its copies once no
+ * handle uses them. */
+void tfile_unlinked(struct tfile *f);
+/* Size and mtime as the fs should report them; false if not dirty. */
+bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime);
+/* Set the modification time to report and to give the next version. */
+void tfile_set_mtime(struct tfile *f, const struct timespec *mt);
+/* The error a close() should report (a flush that already failed). */
+int tfile_pending_error(struct tfile *f);
+/* Copies' tiers and states, "host:FLUSHED" etc., for xattrs. */
+int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t sl);
+
+/* ---- restore hints (the restore queue and the prefetcher) ------------ */
+
+/*
+ * Append n names of directory `dir` (an fs-defined key) to the restore
+ * queue, in order.  files[i] is the file if it exists (the queue takes
+ * over a reference the caller got with ops->get), else NULL: it is bound
+ * later by engine_hint_bind().  Returns 0 or -ENOMEM (nothing appended).
+ */
+int engine_hint_append(struct engine *e, uint64_t dir, const char *const *names,
+		       struct tfile *const *files, size_t n);
+/* A file named `name` in `dir` came into being: bind pending entries. */
+void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
+		      struct tfile *f);
+/* The remaining entries of `dir`, "name\n" each; length or -ERANGE. */
+int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len);
+/* Drop the entries of `dir`. */
+void engine_hint_drop_dir(struct engine *e, uint64_t dir);
+/* Prefetching on (start) or held (stop). */
+void engine_prefetch_set(struct engine *e, bool on);
+bool engine_prefetch_get(struct engine *e);
+
+/* Statistics as JSON into buf; returns length or -ERANGE. */
+int engine_stats_json(struct engine *e, char *buf, size_t len);
+uint64_t engine_host_cache_size(struct engine *e);
+
+/* ---- logging (log.c) ------------------------------------------------- */
+
+extern int tierfs_log_level;		/* syslog level, LOG_NOTICE default */
+void tierfs_log(int level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+#define tlog(level, ...) do {						\
+	if ((level) <= tierfs_log_level)				\
+		tierfs_log((level), __VA_ARGS__);			\
+} while (0)
+
+#endif /* TIERFS_ENGINE_H */

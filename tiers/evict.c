@@ -1,0 +1,407 @@
+/*
+ * evict.c - eviction policies: which consecutive fragments of a full cache
+ * to clear for a new copy.
+ *
+ * A policy gets the allocation table, the bytes needed, and a cost()
+ * callback from the engine that tells, per copy, how long until it is
+ * evictable (wait: 0 now, seconds while it flushes, TIER_INF never, e.g.
+ * promoted and not yet read or pinned) and how soon it will be read again
+ * (dist: position in the restore queue, TIER_FAR without a hint).  It
+ * answers a window [first, last] of consecutive fragments whose sizes add
+ * up to the need; the engine waits for the window's copies to become
+ * evictable and calls cache_evict_window().  Policies only read the table.
+ *
+ * score (the default, DESIGN.md "Eviction"): two pointers slide a window
+ * over the whole table.  For each left end the right end advances until
+ * the window holds `need` bytes; a fragment that will never be evictable
+ * is a barrier no window may span.  Among those windows the one with the
+ * least summed wait wins, ties (within WAIT_EPS) going to the largest
+ * summed prefetch distance (TIER_FAR counts as 2^64-1, sums are 128-bit so
+ * they are exact), remaining ties to the lowest offset.  A window whose
+ * left fragment could be dropped while still holding `need` is skipped:
+ * its left fragment is a gap or a ready copy that adds nothing but a
+ * needless eviction (a larger distance sum bought by evicting a copy that
+ * is not in the way).  Each left end and each right end move forward
+ * only, and running sums are updated in O(1), so a decision is O(N).
+ *
+ * fifo and lru are baselines that never wait: they look at ready copies
+ * (wait == 0) in insertion order (copy.seq) or least-recent use
+ * (copy.last_use), and for each try to grow a window from its fragment to
+ * the right, then if needed to the left, over gaps and ready copies only.
+ * The first that reaches `need` wins.  O(N log N) (a sort).
+ *
+ * Common rules:
+ * - cost() is called at most once per fragment per decision, and never
+ *   for gaps (a gap is always wait 0, dist 0).
+ * - Only [0, c->usable) counts: a fragment is clipped to it, and one that
+ *   lies wholly above it is a barrier.
+ * - A negative wait counts as 0; a wait >= TIER_INF (or NaN) is a barrier.
+ *   Waits are sums of seconds kept in long double and reset exactly when
+ *   the window holds no waiting copy, so the running sum's rounding stays
+ *   far below WAIT_EPS for any realistic wait (well under 10^6 s).
+ * - need == 0 is treated as 1 (any non-empty window).
+ * - Per-decision arrays live in per-thread scratch buffers that only grow
+ *   (about 60 bytes per fragment; never freed, they are reused by every
+ *   later decision of the thread), so a decision allocates nothing once
+ *   they are warm.
+ * - Returns 0, -ENOSPC, or -ENOMEM when a scratch buffer cannot grow.
+ *
+ * Callers hold the engine lock; nothing here sleeps.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tier.h"
+
+/* Summed waits closer than this (seconds, or relative) are a tie. */
+#define WAIT_EPS	1e-9
+
+struct ent {
+	struct frag *f;
+	uint64_t size;		/* bytes below usable */
+	double wait;		/* >= 0, finite (0 for a barrier) */
+	uint64_t dist;
+	uint64_t key;		/* fifo/lru: seq or last_use */
+	bool barrier;		/* never evictable, or above usable */
+	/* fifo/lru only */
+	uint32_t run_lo;	/* first index of the ready run holding it */
+	uint32_t run_hi;	/* last index of that run */
+};
+
+static __thread struct ent *scratch;
+static __thread size_t scratch_cap;
+static __thread uint64_t *pre_buf;	/* fifo/lru prefix sums (n + 1) */
+static __thread uint32_t *cand_buf;	/* fifo/lru candidate order */
+static __thread size_t aux_cap;
+
+static int scratch_reserve(size_t n)
+{
+	struct ent *e;
+	size_t cap;
+
+	if (n <= scratch_cap)
+		return 0;
+	cap = scratch_cap ? scratch_cap : 64;
+	while (cap < n)
+		cap *= 2;
+	e = realloc(scratch, cap * sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	scratch = e;
+	scratch_cap = cap;
+	return 0;
+}
+
+static int aux_reserve(size_t n)
+{
+	uint64_t *p;
+	uint32_t *q;
+	size_t cap;
+
+	if (n + 1 <= aux_cap)
+		return 0;
+	cap = aux_cap ? aux_cap : 64;
+	while (cap < n + 1)
+		cap *= 2;
+	p = realloc(pre_buf, cap * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	pre_buf = p;
+	q = realloc(cand_buf, cap * sizeof(*q));
+	if (!q)
+		return -ENOMEM;		/* pre_buf is kept, aux_cap not raised */
+	cand_buf = q;
+	aux_cap = cap;
+	return 0;
+}
+
+enum order_key { KEY_NONE, KEY_SEQ, KEY_LAST_USE };
+
+/*
+ * Fill the scratch array with c's fragments in offset order, asking cost()
+ * once per copy below usable, and taking the fifo/lru sort key if asked.
+ * Returns the fragment count, -ENOMEM, or -EUCLEAN when the list holds
+ * more fragments than c->nfrags says.
+ */
+static long gather(struct cache *c,
+		   struct evict_cost (*cost)(struct cache *, struct frag *),
+		   enum order_key key)
+{
+	struct evict_cost k;
+	struct frag *f;
+	size_t n = 0;
+
+	if (c->nfrags > UINT32_MAX - 2 || scratch_reserve(c->nfrags))
+		return -ENOMEM;
+	for (f = c->head; f; f = f->next, n++) {
+		struct ent *e;
+
+		if (n >= c->nfrags)
+			return -EUCLEAN;
+		e = &scratch[n];
+		e->f = f;
+		e->wait = 0;
+		e->dist = 0;
+		e->key = 0;
+		e->barrier = false;
+		if (f->off >= c->usable) {
+			e->size = 0;
+			e->barrier = true;
+			continue;
+		}
+		e->size = f->size;
+		if (f->size > c->usable - f->off)
+			e->size = c->usable - f->off;
+		if (!f->copy)
+			continue;
+		k = cost(c, f);
+		if (!(k.wait < TIER_INF))
+			e->barrier = true;	/* also NaN */
+		else if (k.wait > 0)
+			e->wait = k.wait;
+		e->dist = k.dist;
+		if (key == KEY_SEQ)
+			e->key = f->copy->seq;
+		else if (key == KEY_LAST_USE)
+			e->key = f->copy->last_use;
+	}
+	return (long)n;
+}
+
+/* ---- score ----------------------------------------------------------- */
+
+typedef unsigned __int128 u128;
+
+/* Is summed wait a clearly less than b? */
+static bool wait_less(long double a, long double b)
+{
+	long double m = a > b ? a : b;		/* sums are >= 0 */
+
+	return a < b - WAIT_EPS * (m > 1 ? m : 1);
+}
+
+static int score_choose(struct cache *c, uint64_t need,
+			struct evict_cost (*cost)(struct cache *, struct frag *),
+			struct frag **first, struct frag **last, double *wait_s)
+{
+	long n = gather(c, cost, KEY_NONE);
+	long i = 0, j = 0, best_i = -1, best_j = -1;
+	uint64_t size = 0;		/* window [i, j) */
+	long double wsum = 0, best_w = 0;
+	u128 dsum = 0, best_d = 0;
+	long nwait = 0;			/* fragments with wait > 0 in it */
+
+	if (n < 0)
+		return (int)n;
+	if (need == 0)
+		need = 1;
+	while (i < n) {
+		struct ent *e = &scratch[i];
+
+		if (e->barrier) {
+			/* nothing spans it: restart past it, empty */
+			i++;
+			j = i;
+			size = 0;
+			wsum = 0;
+			dsum = 0;
+			nwait = 0;
+			continue;
+		}
+		while (size < need && j < n && !scratch[j].barrier) {
+			size += scratch[j].size;
+			wsum += scratch[j].wait;
+			dsum += scratch[j].dist;
+			nwait += scratch[j].wait > 0;
+			j++;
+		}
+		if (size < need) {
+			if (j >= n)
+				break;		/* no later left end fits either */
+			i = j;			/* barrier at j: handled above */
+			continue;
+		}
+		/* [i, j) holds need; skip it if [i+1, j) does too */
+		if (size - e->size < need &&
+		    (best_i < 0 || wait_less(wsum, best_w) ||
+		     (!wait_less(best_w, wsum) && dsum > best_d))) {
+			best_i = i;
+			best_j = j - 1;
+			best_w = wsum;
+			best_d = dsum;
+		}
+		size -= e->size;
+		wsum -= e->wait;
+		dsum -= e->dist;
+		nwait -= e->wait > 0;
+		if (nwait == 0)
+			wsum = 0;	/* drop rounding residue exactly */
+		i++;
+	}
+	if (best_i < 0)
+		return -ENOSPC;
+	*first = scratch[best_i].f;
+	*last = scratch[best_j].f;
+	*wait_s = (double)best_w;
+	return 0;
+}
+
+/* ---- fifo and lru ---------------------------------------------------- */
+
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct ent *x = &scratch[*(const uint32_t *)a];
+	const struct ent *y = &scratch[*(const uint32_t *)b];
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	return x->f->off < y->f->off ? -1 : x->f->off > y->f->off;
+}
+
+static bool ready(const struct ent *e)
+{
+	return !e->barrier && e->wait == 0;
+}
+
+/*
+ * Smallest j in [k, hi] with pre[j + 1] - pre[k] >= need, given that
+ * pre[hi + 1] - pre[k] >= need.
+ */
+static uint32_t grow_right(const uint64_t *pre, uint32_t k, uint32_t hi,
+			   uint64_t need)
+{
+	uint32_t lo = k;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (pre[mid + 1] - pre[k] >= need)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
+/*
+ * Largest i in [lo, k] with pre[end + 1] - pre[i] >= need, given that
+ * pre[end + 1] - pre[lo] >= need.
+ */
+static uint32_t grow_left(const uint64_t *pre, uint32_t lo, uint32_t k,
+			  uint32_t end, uint64_t need)
+{
+	while (lo < k) {
+		uint32_t mid = lo + (k - lo + 1) / 2;
+
+		if (pre[end + 1] - pre[mid] >= need)
+			lo = mid;
+		else
+			k = mid - 1;
+	}
+	return lo;
+}
+
+static int order_choose(struct cache *c, uint64_t need,
+			struct evict_cost (*cost)(struct cache *, struct frag *),
+			struct frag **first, struct frag **last, double *wait_s,
+			bool lru)
+{
+	long n = gather(c, cost, lru ? KEY_LAST_USE : KEY_SEQ);
+	uint32_t k, m = 0, x;
+	uint64_t *pre;
+	uint32_t *cand;
+
+	if (n < 0)
+		return (int)n;
+	if (aux_reserve((size_t)n))
+		return -ENOMEM;
+	pre = pre_buf;
+	cand = cand_buf;
+	if (need == 0)
+		need = 1;
+
+	/* prefix sums and maximal runs of ready fragments */
+	pre[0] = 0;
+	for (k = 0; k < n; k++) {
+		pre[k + 1] = pre[k] + scratch[k].size;
+		if (ready(&scratch[k]))
+			scratch[k].run_lo = k > 0 && ready(&scratch[k - 1]) ?
+					    scratch[k - 1].run_lo : k;
+	}
+	for (k = (uint32_t)n; k-- > 0; )
+		if (ready(&scratch[k]))
+			scratch[k].run_hi = k + 1 < n && ready(&scratch[k + 1]) ?
+					    scratch[k + 1].run_hi : k;
+
+	for (k = 0; k < n; k++)
+		if (scratch[k].f->copy && ready(&scratch[k]))
+			cand[m++] = k;
+	qsort(cand, m, sizeof(*cand), cand_cmp);
+
+	for (x = 0; x < m; x++) {
+		const struct ent *e = &scratch[cand[x]];
+		uint32_t lo = e->run_lo, hi = e->run_hi;
+
+		k = cand[x];
+		if (pre[hi + 1] - pre[lo] < need)
+			continue;
+		if (pre[hi + 1] - pre[k] >= need) {
+			*first = e->f;
+			*last = scratch[grow_right(pre, k, hi, need)].f;
+		} else {
+			*first = scratch[grow_left(pre, lo, k, hi, need)].f;
+			*last = scratch[hi].f;
+		}
+		*wait_s = 0;
+		return 0;
+	}
+	/* no copy needs to go: a single gap large enough (below usable) */
+	for (k = 0; k < n; k++) {
+		if (!scratch[k].f->copy && !scratch[k].barrier &&
+		    scratch[k].size >= need) {
+			*first = *last = scratch[k].f;
+			*wait_s = 0;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+static int fifo_choose(struct cache *c, uint64_t need,
+		       struct evict_cost (*cost)(struct cache *, struct frag *),
+		       struct frag **first, struct frag **last, double *wait_s)
+{
+	return order_choose(c, need, cost, first, last, wait_s, false);
+}
+
+static int lru_choose(struct cache *c, uint64_t need,
+		      struct evict_cost (*cost)(struct cache *, struct frag *),
+		      struct frag **first, struct frag **last, double *wait_s)
+{
+	return order_choose(c, need, cost, first, last, wait_s, true);
+}
+
+/* The three policies; see the top of this file. */
+const struct evict_policy evict_score = { "score", score_choose };
+const struct evict_policy evict_fifo = { "fifo", fifo_choose };
+const struct evict_policy evict_lru = { "lru", lru_choose };
+
+/*
+ * Policy named name ("score", "fifo", "lru"; exact, case-sensitive), or
+ * NULL when there is none.
+ */
+const struct evict_policy *evict_policy_find(const char *name)
+{
+	static const struct evict_policy *const all[] = {
+		&evict_score, &evict_fifo, &evict_lru,
+	};
+	size_t i;
+
+	if (!name)
+		return NULL;
+	for (i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		if (strcmp(all[i]->name, name) == 0)
+			return all[i];
+	return NULL;
+}

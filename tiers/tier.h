@@ -1,0 +1,192 @@
+/*
+ * tier.h - tier-independent caching: cache buffers, allocation tables,
+ * per-file life cycle, eviction policies and the flush/prefetch engine.
+ *
+ * A cache tier is one contiguous buffer (host memory, or a GPU VMM
+ * reservation) plus copy functions.  The buffer is tiled by fragments, kept
+ * in offset order: each fragment is either a gap or one file's cached copy
+ * (struct copy).  A file's copy is contiguous, so a flush or a prefetch is a
+ * single transfer.
+ *
+ * Locking: one engine mutex (struct engine.lock) protects every allocation
+ * table, every copy's state and every file's copy pointers.  It is held for
+ * bookkeeping only: bytes move with the lock dropped, under a pin
+ * (copy.pins) that keeps the copy from being evicted or moved.  Per-file
+ * mutexes (struct tfile.lock) order operations on one file; lock order is
+ * tfile.lock -> engine.lock.
+ *
+ * Nothing here depends on FUSE or CUDA: tiers/ is testable on its own.
+ */
+#ifndef TIERFS_TIER_H
+#define TIERFS_TIER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define TIER_ALIGN	4096u		/* fragment granularity (O_DIRECT) */
+#define TIER_MAX	2		/* cache tiers: GPU, host */
+#define TIER_INF	1e30		/* "never evictable" time */
+#define TIER_FAR	UINT64_MAX	/* prefetch distance: no hint */
+
+/* ---- life cycle (lifecycle.c) ---------------------------------------- */
+
+/*
+ * Per file per tier (hpdc23 Figure 1).  Checkpoint path:
+ * INIT -> WRITE_IN_PROGRESS -> WRITE_COMPLETE -> FLUSHED.
+ * Restore path: INIT -> READ_IN_PROGRESS -> READ_COMPLETE -> CONSUMED.
+ * FLUSHED and CONSUMED copies are evictable.  A copy being written again
+ * goes back to WRITE_IN_PROGRESS; a copy still flushing that is read goes
+ * straight to READ_COMPLETE once flushed (it is already "promoted").
+ */
+enum tier_state {
+	TS_INIT = 0,
+	TS_WRITE_IN_PROGRESS,
+	TS_WRITE_COMPLETE,
+	TS_FLUSHED,
+	TS_READ_IN_PROGRESS,
+	TS_READ_COMPLETE,
+	TS_CONSUMED,
+	TS_NSTATES
+};
+
+const char *tier_state_name(enum tier_state s);
+/* Is from -> to an allowed transition?  */
+bool tier_transition_ok(enum tier_state from, enum tier_state to);
+/* Move *s to `to`, asserting the transition is allowed. */
+void tier_set_state(enum tier_state *s, enum tier_state to);
+/* May a copy in state s be dropped without losing data? */
+bool tier_state_evictable(enum tier_state s);
+
+/* ---- allocation table (cache.c) -------------------------------------- */
+
+struct copy;
+struct cache;
+struct tfile;
+
+struct frag {
+	struct frag *prev, *next;	/* neighbours in offset order */
+	uint64_t off;			/* offset in the tier buffer */
+	uint64_t size;			/* bytes, multiple of TIER_ALIGN */
+	struct copy *copy;		/* the copy here, NULL for a gap */
+};
+
+struct copy {
+	struct cache *cache;		/* tier holding it */
+	struct tfile *file;		/* owner */
+	struct frag *frag;		/* its fragment (frag->copy == this) */
+	uint64_t len;			/* valid bytes (file size when written) */
+	enum tier_state state;		/* life-cycle state */
+	int pins;			/* users of the bytes: no evict/move */
+	bool flushing;			/* a flush of it to the next tier runs */
+	bool promoted;			/* prefetched and not yet consumed */
+	uint64_t flushed_bytes;		/* progress of the running flush */
+	uint64_t seq;			/* insertion order (fifo) */
+	uint64_t last_use;		/* last access tick (lru) */
+};
+
+/*
+ * Per-fragment inputs of an eviction decision, filled by the engine.
+ * wait: seconds until the fragment is evictable (0: now; TIER_INF: never).
+ * dist: prefetch distance of the copy (position in the restore queue;
+ * TIER_FAR for no hint; 0 for gaps).
+ */
+struct evict_cost {
+	double wait;
+	uint64_t dist;
+};
+
+struct evict_policy {
+	const char *name;
+	/*
+	 * Pick a window of consecutive fragments [*first, *last] of the cache
+	 * whose total size is >= need and whose copies can all be evicted
+	 * eventually.  cost(frag) tells each fragment's wait and distance.
+	 * Returns 0 (and *wait_s, the window's summed wait) or -ENOSPC when
+	 * no window qualifies.  Must not modify the table.
+	 */
+	int (*choose)(struct cache *c, uint64_t need,
+		      struct evict_cost (*cost)(struct cache *, struct frag *),
+		      struct frag **first, struct frag **last, double *wait_s);
+};
+
+extern const struct evict_policy evict_fifo, evict_lru, evict_score;
+/* Policy by name ("score", "fifo", "lru"), NULL if unknown. */
+const struct evict_policy *evict_policy_find(const char *name);
+
+/* Copy functions of a tier: host memcpy, or CUDA copies for the GPU. */
+struct tier_ops {
+	/* copy len bytes from host memory src to buffer offset off */
+	int (*write)(struct cache *c, uint64_t off, const void *src, size_t len);
+	/* copy len bytes at buffer offset off to host memory dst */
+	int (*read)(struct cache *c, uint64_t off, void *dst, size_t len);
+	/* copy inside the buffer (reallocation) */
+	int (*move)(struct cache *c, uint64_t dst, uint64_t src, size_t len);
+};
+
+struct cache {
+	const char *name;		/* "gpu", "host" */
+	int level;			/* 0 = fastest */
+	uint8_t *base;			/* buffer (device address for the GPU) */
+	uint64_t size;			/* capacity in bytes */
+	uint64_t usable;		/* bytes usable now (mapped/touched) */
+	const struct tier_ops *ops;	/* copy functions */
+	bool host_addressable;		/* base can be dereferenced by the CPU */
+	const struct evict_policy *policy;
+	struct frag *head;		/* fragments in offset order */
+	uint64_t nfrags, ngaps;		/* table size */
+	uint64_t used;			/* bytes held by copies */
+	uint64_t seq;			/* copy insertion counter */
+	void *priv;			/* tier owner's data */
+	/* statistics */
+	uint64_t hits, misses, evictions, evicted_bytes;
+};
+
+/*
+ * Set up an allocation table over [base, base+size) (size rounded down to
+ * TIER_ALIGN): one gap.  Returns 0 or -errno.
+ */
+int cache_init(struct cache *c, const char *name, int level, void *base,
+	       uint64_t size, const struct tier_ops *ops,
+	       const struct evict_policy *pol);
+/* Free the table (not the buffer).  All copies must be gone. */
+void cache_destroy(struct cache *c);
+/*
+ * Place copy cp in a gap of at least `size` bytes (rounded up to
+ * TIER_ALIGN), first fit inside the usable part.  Returns 0 or -ENOSPC
+ * when no single gap is big enough (nothing changes then).
+ */
+int cache_place(struct cache *c, struct copy *cp, uint64_t size);
+/* Turn cp's fragment into a gap (coalesced with neighbours). */
+void cache_release(struct cache *c, struct copy *cp);
+/*
+ * Evict the window [first, last]: every copy in it must be evictable and
+ * unpinned; each is released through evicted(cp) (which detaches it from
+ * its file and frees it) and the window becomes one gap.  Returns the gap.
+ */
+struct frag *cache_evict_window(struct cache *c, struct frag *first,
+				struct frag *last,
+				void (*evicted)(struct copy *cp));
+/* Shrink cp's fragment to `size` bytes (>= cp->len), the rest a gap. */
+void cache_shrink(struct cache *c, struct copy *cp, uint64_t size);
+/* Grow cp's fragment in place to `size` when the next fragment is a gap
+ * big enough.  Returns 0 or -ENOSPC (unchanged). */
+int cache_grow_inplace(struct cache *c, struct copy *cp, uint64_t size);
+/*
+ * Check the table's invariants: fragments tile [0, size), no overlap, no
+ * two adjacent gaps, counters match, copies point back.  Returns 0 or
+ * -EUCLEAN with a message on stderr.
+ */
+int cache_check(const struct cache *c);
+/* Round up to TIER_ALIGN. */
+static inline uint64_t tier_round(uint64_t n)
+{
+	return (n + TIER_ALIGN - 1) & ~(uint64_t)(TIER_ALIGN - 1);
+}
+
+/* Host-memory tier copy functions (memcpy). */
+extern const struct tier_ops tier_host_ops;
+
+#endif /* TIERFS_TIER_H */
