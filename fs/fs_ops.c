@@ -671,7 +671,9 @@ static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	pthread_mutex_unlock(&fs.lock);
 	if (writable(fi->flags))
 		tfile_open_writer(&in->tf);
-	fi->keep_cache = 1;
+	/* no kernel page cache across opens: reads reach tierfs, which counts
+	 * them, consumes restore hints, and is the cache */
+	fi->keep_cache = 0;
 }
 
 static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

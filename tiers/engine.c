@@ -272,6 +272,23 @@ static int eng_alloc(struct engine *e, struct cache *c, struct copy *cp,
 	return eng_alloc_wait(e, c, cp, size, 30);
 }
 
+/* Flush backlog accounting, idempotent per copy.  e->lock held. */
+static void backlog_add(struct engine *e, struct copy *cp)
+{
+	if (!cp->in_backlog) {
+		cp->in_backlog = true;
+		e->backlog += cp->len;
+	}
+}
+
+static void backlog_del(struct engine *e, struct copy *cp)
+{
+	if (cp->in_backlog) {
+		cp->in_backlog = false;
+		e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+	}
+}
+
 static uint8_t *copy_ptr(struct copy *cp)
 {
 	return cp->cache->base + cp->frag->off;
@@ -329,10 +346,10 @@ static void complete_copy(struct engine *e, struct tfile *f, bool front)
 
 	if (!cp || !f->dirty)
 		return;
-	if (cp->state == TS_WRITE_IN_PROGRESS) {
+	if (cp->state == TS_WRITE_IN_PROGRESS)
 		tier_set_state(&cp->state, TS_WRITE_COMPLETE);
-		e->backlog += cp->len;
-	}
+	if (cp->state == TS_WRITE_COMPLETE)
+		backlog_add(e, cp);
 	if (cp->state == TS_WRITE_COMPLETE)
 		queue_flush(e, f, front);
 }
@@ -397,8 +414,8 @@ out:
 		if (f->flush_err)
 			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
 		f->flush_err = 0;
-		e->backlog -= len < e->backlog ? len : e->backlog;
 		if (f->gen == gen) {
+			backlog_del(e, cp);
 			f->dirty = false;
 			tier_set_state(&cp->state, TS_FLUSHED);
 			if (cp->promoted)
@@ -694,8 +711,8 @@ void tfile_destroy(struct tfile *f)
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
-		if (cp && cp->state == TS_WRITE_COMPLETE && f->dirty)
-			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+		if (cp)
+			backlog_del(e, cp);
 		drop_copy(e, f, i);
 	}
 	pthread_mutex_unlock(&e->lock);
@@ -815,7 +832,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	}
 	if (cp) {
 		if (cp->state == TS_WRITE_COMPLETE)
-			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+			backlog_del(e, cp);
 		drop_copy(e, f, host_index(e));
 	}
 	f->shadow_fd = fd;
@@ -895,7 +912,7 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 		want = cap;
 	if (cp && cp->state != TS_WRITE_IN_PROGRESS) {
 		if (cp->state == TS_WRITE_COMPLETE)
-			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+			backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
 		cp->promoted = false;
 	}
@@ -969,7 +986,7 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 ready:
 	if (cp->state != TS_WRITE_IN_PROGRESS) {
 		if (cp->state == TS_WRITE_COMPLETE)
-			e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+			backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
 	}
 	cp->promoted = false;
@@ -1288,8 +1305,13 @@ out:
 
 void tfile_unlinked(struct tfile *f)
 {
+	struct copy *cp;
+
 	pthread_mutex_lock(&f->eng->lock);
 	f->unlinked = true;
+	cp = f->copy[host_index(f->eng)];
+	if (cp)
+		backlog_del(f->eng, cp);	/* its flush is cancelled */
 	pthread_cond_broadcast(&f->eng->cond);
 	pthread_mutex_unlock(&f->eng->lock);
 }
@@ -1566,8 +1588,6 @@ static void consume(struct engine *e, struct tfile *f)
 	struct hint **pp, *h;
 	int i;
 
-	if (f->dirty)
-		return;
 	f->consumed = true;
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];

@@ -82,6 +82,7 @@ struct copy {
 	int pins;			/* users of the bytes: no evict/move */
 	bool flushing;			/* a flush of it to the next tier runs */
 	bool promoted;			/* prefetched and not yet consumed */
+	bool in_backlog;		/* counted in the engine's flush backlog */
 	uint64_t flushed_bytes;		/* progress of the running flush */
 	uint64_t seq;			/* insertion order (fifo) */
 	uint64_t last_use;		/* last access tick (lru) */

@@ -1,0 +1,405 @@
+/*
+ * gpu_tier.c - the GPU cache tier over a VMM reservation, and pinning of
+ * the host cache (hipc22 §IV).  See gpu_tier.h for the contract.
+ *
+ * The cache: struct gpu_tier embeds its struct cache, so the copy
+ * functions find the tier (and its VMM range) from the cache pointer they
+ * are given, and c->priv stays the engine's.  Each copy is checked against
+ * what is mapped before it reaches the driver: a copy into unmapped device
+ * addresses would be an illegal access, which poisons the whole CUDA
+ * context, so a bad offset must fail here with -EFAULT instead.
+ *
+ * Mapping: gpu/ maps the range in the background.  A watcher thread waits
+ * for its end (gpu_vmm_wait) and records it, so that gpu_tier_fully_mapped()
+ * also becomes true when the mapper gave up early (the device ran out of
+ * memory): eviction may then run over the smaller cache.  The watcher must
+ * be joined before gpu_vmm_destroy() frees what it waits on, so destroying
+ * a tier whose mapping still runs waits for the mapping to end.
+ *
+ * Only gpu/gpu.h is used: with the no-CUDA stub gpu_init() fails and so
+ * does gpu_tier_create(), with -ENODEV.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "gpu.h"
+#include "gpu_tier.h"
+
+#define MiB(x)	((unsigned long long)((x) >> 20))
+
+struct gpu_tier {
+	struct cache cache;		/* first: the copy functions' handle */
+	struct gpu_vmm *vmm;		/* the reservation */
+	uint64_t dbase;			/* its device address */
+	int dev;			/* device ordinal */
+	char name[128];			/* device name */
+	double t0;			/* creation time, for the log */
+	pthread_t watcher;		/* waits for the mapper to end */
+	bool watcher_started;
+	bool mapping_done;		/* atomic: the mapper has ended */
+	int mapping_err;		/* its result; valid once mapping_done */
+	int oob_logged;			/* atomic: an out-of-range copy was logged */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static struct gpu_tier *tier_of(struct cache *c)
+{
+	return (struct gpu_tier *)((char *)c - offsetof(struct gpu_tier, cache));
+}
+
+/* ---- copy functions --------------------------------------------------- */
+
+/*
+ * Is [off, off + len) inside the mapped part of the range?  Logs the first
+ * offender (a bug in the caller: the table only places below usable).
+ */
+static bool range_ok(struct gpu_tier *g, const char *what, uint64_t off,
+		     size_t len)
+{
+	uint64_t mapped = gpu_vmm_mapped(g->vmm);
+
+	if (off <= mapped && len <= mapped - off)
+		return true;
+	if (!__atomic_exchange_n(&g->oob_logged, 1, __ATOMIC_RELAXED))
+		tlog(LOG_ERR, "gpu cache: %s of %zu bytes at offset %" PRIu64
+		     " outside the %" PRIu64 " mapped bytes: refused", what,
+		     len, off, mapped);
+	return false;
+}
+
+static int gpu_tier_write(struct cache *c, uint64_t off, const void *src,
+			  size_t len)
+{
+	struct gpu_tier *g = tier_of(c);
+
+	if (!len)
+		return 0;
+	if (!range_ok(g, "write", off, len))
+		return -EFAULT;
+	return gpu_copy_htod(g->dbase + off, src, len);
+}
+
+static int gpu_tier_read(struct cache *c, uint64_t off, void *dst, size_t len)
+{
+	struct gpu_tier *g = tier_of(c);
+
+	if (!len)
+		return 0;
+	if (!range_ok(g, "read", off, len))
+		return -EFAULT;
+	return gpu_copy_dtoh(dst, g->dbase + off, len);
+}
+
+static int gpu_tier_move(struct cache *c, uint64_t dst, uint64_t src,
+			 size_t len)
+{
+	struct gpu_tier *g = tier_of(c);
+
+	if (!len || dst == src)
+		return 0;
+	if (!range_ok(g, "move", dst, len) || !range_ok(g, "move", src, len))
+		return -EFAULT;
+	return gpu_copy_dtod(g->dbase + dst, g->dbase + src, len);
+}
+
+static const struct tier_ops gpu_tier_ops = {
+	.write = gpu_tier_write,
+	.read = gpu_tier_read,
+	.move = gpu_tier_move,
+};
+
+/* ---- mapping ---------------------------------------------------------- */
+
+static void *watcher_main(void *arg)
+{
+	struct gpu_tier *g = arg;
+	int ret = gpu_vmm_wait(g->vmm);
+	uint64_t mapped = gpu_vmm_mapped(g->vmm);
+
+	g->mapping_err = ret;
+	__atomic_store_n(&g->mapping_done, true, __ATOMIC_RELEASE);
+	if (!ret)
+		tlog(LOG_INFO, "gpu cache: %llu MiB mapped in %.2f s",
+		     MiB(mapped), now_s() - g->t0);
+	else if (ret != -ECANCELED)
+		tlog(LOG_WARNING, "gpu cache: mapping stopped at %llu of %llu "
+		     "MiB (%s): the GPU cache stays that size", MiB(mapped),
+		     MiB(g->cache.size), strerror(-ret));
+	return NULL;
+}
+
+uint64_t gpu_tier_default_size(uint64_t free_b)
+{
+	uint64_t size;
+
+	if (free_b <= GPU_TIER_RESERVE)
+		return 0;
+	size = free_b / 2;
+	if (size > free_b - GPU_TIER_RESERVE)
+		size = free_b - GPU_TIER_RESERVE;
+	size -= size % GPU_TIER_STEP;
+	return size;
+}
+
+int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
+		    const struct evict_policy *pol, char *msg, size_t msglen)
+{
+	struct gpu_tier *g;
+	uint64_t free_b = 0, total_b = 0, room;
+	char name[sizeof(g->name)] = "";
+	sigset_t all, old;
+	int ret;
+
+	*out = NULL;
+	if (msg && msglen)
+		msg[0] = '\0';
+	ret = gpu_init(dev, msg, msglen);
+	if (ret)
+		return ret;
+	ret = gpu_mem_info(&free_b, &total_b, name, sizeof(name));
+	if (ret) {
+		if (msg && msglen)
+			snprintf(msg, msglen, "GPU %d: no memory information: %s",
+				 dev, strerror(-ret));
+		return ret;
+	}
+	room = free_b > GPU_TIER_RESERVE ? free_b - GPU_TIER_RESERVE : 0;
+	if (!size) {
+		size = gpu_tier_default_size(free_b);
+		if (!size) {
+			if (msg && msglen)
+				snprintf(msg, msglen, "GPU %d (%s): only %llu MiB "
+					 "free, too little for a GPU cache", dev,
+					 name, MiB(free_b));
+			return -ENOMEM;
+		}
+	} else if (size > room) {
+		if (room < TIER_ALIGN) {
+			if (msg && msglen)
+				snprintf(msg, msglen, "GPU %d (%s): only %llu MiB "
+					 "free, too little for a GPU cache", dev,
+					 name, MiB(free_b));
+			return -ENOMEM;
+		}
+		tlog(LOG_WARNING, "gpu cache: %llu MiB asked for, GPU %d has "
+		     "%llu MiB free: using %llu MiB", MiB(size), dev,
+		     MiB(free_b), MiB(room));
+		size = room;
+	}
+
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->dev = dev;
+	g->t0 = now_s();
+	snprintf(g->name, sizeof(g->name), "%s", name);
+	ret = gpu_vmm_create(&g->vmm, size);
+	if (ret) {
+		if (msg && msglen)
+			snprintf(msg, msglen, "GPU %d (%s): cannot reserve a "
+				 "%llu MiB cache: %s", dev, name, MiB(size),
+				 strerror(-ret));
+		goto err_free;
+	}
+	g->dbase = gpu_vmm_base(g->vmm);
+	ret = cache_init(&g->cache, "gpu", 0, (uint8_t *)(uintptr_t)g->dbase,
+			 gpu_vmm_size(g->vmm), &gpu_tier_ops, pol);
+	if (ret) {
+		if (msg && msglen)
+			snprintf(msg, msglen, "GPU cache table: %s",
+				 strerror(-ret));
+		goto err_vmm;
+	}
+	g->cache.host_addressable = false;
+	g->cache.usable = 0;		/* gpu_tier_update_usable() raises it */
+
+	/* The watcher takes no signals: they belong to the daemon's loop. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	g->watcher_started = pthread_create(&g->watcher, NULL, watcher_main,
+					    g) == 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!g->watcher_started)
+		tlog(LOG_WARNING, "gpu cache: no mapping watcher: eviction "
+		     "waits for the whole cache to be mapped");
+
+	if (msg && msglen)
+		snprintf(msg, msglen, "GPU %d (%s): %llu MiB cache, %llu of "
+			 "%llu MiB free", dev, name, MiB(g->cache.size),
+			 MiB(free_b), MiB(total_b));
+	*out = g;
+	return 0;
+
+err_vmm:
+	gpu_vmm_destroy(g->vmm);
+err_free:
+	free(g);
+	return ret;
+}
+
+struct cache *gpu_tier_cache(struct gpu_tier *g)
+{
+	return &g->cache;
+}
+
+uint64_t gpu_tier_mapped(struct gpu_tier *g)
+{
+	return gpu_vmm_mapped(g->vmm);
+}
+
+void gpu_tier_update_usable(struct gpu_tier *g)
+{
+	uint64_t m = gpu_vmm_mapped(g->vmm);
+
+	m &= ~(uint64_t)(TIER_ALIGN - 1);
+	if (m > g->cache.size)
+		m = g->cache.size;
+	if (m > g->cache.usable)
+		g->cache.usable = m;
+}
+
+bool gpu_tier_fully_mapped(struct gpu_tier *g)
+{
+	if (gpu_vmm_mapped(g->vmm) >= g->cache.size)
+		return true;
+	return __atomic_load_n(&g->mapping_done, __ATOMIC_ACQUIRE);
+}
+
+void gpu_tier_destroy(struct gpu_tier *g)
+{
+	if (!g)
+		return;
+	if (g->watcher_started) {
+		if (!gpu_tier_fully_mapped(g))
+			tlog(LOG_DEBUG, "gpu cache: waiting for the mapping to "
+			     "end (%llu of %llu MiB)", MiB(gpu_tier_mapped(g)),
+			     MiB(g->cache.size));
+		pthread_join(g->watcher, NULL);
+	}
+	cache_destroy(&g->cache);
+	gpu_vmm_destroy(g->vmm);
+	free(g);
+}
+
+/* ---- statistics ------------------------------------------------------- */
+
+/* s as the inside of a JSON string into buf (always NUL-terminated). */
+static void json_string(char *buf, size_t len, const char *s)
+{
+	size_t at = 0;
+
+	if (!len)
+		return;
+	for (; *s && at + 7 < len; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\') {
+			buf[at++] = '\\';
+			buf[at++] = (char)ch;
+		} else if (ch < 0x20) {
+			at += (size_t)snprintf(buf + at, len - at, "\\u%04x", ch);
+		} else {
+			buf[at++] = (char)ch;
+		}
+	}
+	buf[at] = '\0';
+}
+
+int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len)
+{
+	char name[2 * sizeof(g->name)];
+	int n;
+
+	json_string(name, sizeof(name), g->name);
+	n = snprintf(buf, len, ",\"mapped\":%" PRIu64 ",\"fully_mapped\":%s"
+		     ",\"device\":\"%s\",\"device_id\":%d",
+		     gpu_vmm_mapped(g->vmm),
+		     gpu_tier_fully_mapped(g) ? "true" : "false", name, g->dev);
+	if (n < 0)
+		return -EINVAL;
+	return (size_t)n >= len ? -ERANGE : n;
+}
+
+/* ---- host cache pinning (hipc22 §IV) ---------------------------------- */
+
+const char *gpu_tier_pin_lock_path(void)
+{
+	struct stat st;
+
+	if (stat("/run/lock", &st) == 0 && S_ISDIR(st.st_mode) &&
+	    access("/run/lock", W_OK) == 0)
+		return GPU_TIER_PIN_LOCK;
+	return GPU_TIER_PIN_LOCK_TMP;
+}
+
+int gpu_tier_pin_host(void *buf, uint64_t size, const char *lockpath,
+		      volatile uint64_t *touched, uint64_t *pinned_out)
+{
+	double t0, t1, t2;
+	int fd, ret;
+
+	if (!gpu_available())
+		return -ENODEV;
+	if (!buf || !size)
+		return -EINVAL;
+	if (touched && __atomic_load_n(touched, __ATOMIC_ACQUIRE) < size) {
+		tlog(LOG_DEBUG, "host cache: not pinned, %" PRIu64 " of %"
+		     PRIu64 " bytes touched", *touched, size);
+		return -EAGAIN;
+	}
+	if (!lockpath || !*lockpath)
+		lockpath = gpu_tier_pin_lock_path();
+
+	t0 = now_s();
+	fd = gpu_pin_lock(lockpath);
+	if (fd < 0)
+		tlog(LOG_WARNING, "host cache: pin lock %s: %s; pinning without "
+		     "it", lockpath, strerror(-fd));
+	t1 = now_s();
+	ret = gpu_host_register(buf, size);
+	t2 = now_s();
+	gpu_pin_unlock(fd);
+	if (ret) {
+		tlog(LOG_WARNING, "host cache: cannot pin %.2f GiB: %s%s; it "
+		     "stays pageable (slower GPU copies)",
+		     (double)size / (1 << 30), strerror(-ret),
+		     ret == -ENOMEM ? " (see ulimit -l)" : "");
+		return ret;
+	}
+	tlog(LOG_INFO, "host cache pinned: %.2f GiB in %.2f s (waited %.2f s "
+	     "for the pin lock)", (double)size / (1 << 30), t2 - t1, t1 - t0);
+	if (pinned_out)
+		__atomic_store_n(pinned_out, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+int gpu_tier_unpin_host(void *buf, uint64_t *pinned)
+{
+	int ret;
+
+	if (!pinned || !__atomic_load_n(pinned, __ATOMIC_ACQUIRE))
+		return 0;
+	ret = gpu_host_unregister(buf);
+	if (ret)
+		tlog(LOG_WARNING, "host cache: cannot unpin: %s",
+		     strerror(-ret));
+	__atomic_store_n(pinned, 0, __ATOMIC_RELEASE);
+	return ret;
+}

@@ -1,0 +1,135 @@
+/*
+ * gpu_tier.h - the GPU cache tier: a struct cache over a VMM reservation,
+ * and pinning of the host cache (hipc22 §IV).
+ *
+ * The GPU cache is one contiguous range of device addresses
+ * (gpu_vmm_create) that a background thread of gpu/ maps chunk by chunk
+ * from its start.  gpu_tier_create() sets up a struct cache over the whole
+ * range with level 0, name "gpu", host_addressable false and copy functions
+ * that call gpu_copy_htod / gpu_copy_dtoh / gpu_copy_dtod on base + offset.
+ * Its `usable` starts at 0 and follows the mapping: the engine calls
+ * gpu_tier_update_usable() (with its lock held) before it places copies in
+ * the tier, and evicts from it only once gpu_tier_fully_mapped() says the
+ * mapping is over.
+ *
+ * The host cache stays the engine's; gpu_tier_pin_host() is what its
+ * toucher thread runs once every page is touched: take the node-wide pin
+ * lock, cudaHostRegister the whole buffer, release the lock.
+ *
+ * Only gpu/gpu.h is used, so this builds with or without CUDA; without it
+ * (or without a device) gpu_tier_create() fails with -ENODEV.
+ *
+ * Threads: the copy functions may run on any thread, concurrently, without
+ * the engine lock.  gpu_tier_update_usable() writes c->usable: call it with
+ * the engine lock held.  gpu_tier_fully_mapped(), gpu_tier_stats_json()
+ * read atomics only.  The struct cache lives inside struct gpu_tier: use the
+ * pointer gpu_tier_cache() returns, never a copy of the struct; c->priv is
+ * free for the engine.
+ */
+#ifndef TIERFS_GPU_TIER_H
+#define TIERFS_GPU_TIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tier.h"
+
+#define GPU_TIER_STEP		(64ull << 20)	/* default sizes are multiples */
+#define GPU_TIER_RESERVE	(1ull << 30)	/* default sizes leave this free */
+#define GPU_TIER_PIN_LOCK	"/run/lock/tierfs-pin.lock"
+#define GPU_TIER_PIN_LOCK_TMP	"/tmp/tierfs-pin.lock"	/* without /run/lock */
+
+struct gpu_tier;
+
+/*
+ * Create the GPU tier on device `dev`: gpu_init(dev), pick the size, reserve
+ * it (gpu_vmm_create, which starts mapping in the background) and set up
+ * the cache over it with eviction policy `pol`.
+ *
+ * size 0: the default, gpu_tier_default_size(free device memory).  A
+ * larger size than the device can hold while leaving GPU_TIER_RESERVE free
+ * is cut down to that (with a warning), so that the mapping does not stop
+ * midway.  The reservation is rounded up to the device's granularity:
+ * the cache's c->size is what it got.
+ *
+ * Returns 0 with *out set, or -errno with a sentence in msg: -ENODEV (no
+ * CUDA in this build, no driver, no such device), -ENOMEM (not enough free
+ * device memory), -EOPNOTSUPP (the device has no VMM), other driver errors.
+ */
+int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
+		    const struct evict_policy *pol, char *msg, size_t msglen);
+
+/*
+ * The default size for a device with free_b bytes free: half of it,
+ * rounded down to GPU_TIER_STEP, cut so that GPU_TIER_RESERVE stays free.
+ * 0 when that leaves less than GPU_TIER_STEP.
+ */
+uint64_t gpu_tier_default_size(uint64_t free_b);
+
+/* The tier's cache (level 0, "gpu").  Valid until gpu_tier_destroy(). */
+struct cache *gpu_tier_cache(struct gpu_tier *g);
+
+/*
+ * Raise c->usable to what is mapped now (it never goes down).  Cheap (one
+ * atomic load).  The caller holds the engine lock.
+ */
+void gpu_tier_update_usable(struct gpu_tier *g);
+
+/*
+ * Is the mapping over?  True once the whole reservation is mapped, and
+ * also when the mapper stopped early (the device ran out of memory meanwhile:
+ * the cache is then only as large as what was mapped, and stays so).
+ * The engine evicts from the tier only after this said true (and after a
+ * gpu_tier_update_usable() that followed it).
+ */
+bool gpu_tier_fully_mapped(struct gpu_tier *g);
+
+/* Bytes mapped so far (from the start of the range). */
+uint64_t gpu_tier_mapped(struct gpu_tier *g);
+
+/*
+ * Free the tier: wait for the mapper to end, free the table, unmap and
+ * release the device memory.  Every copy must have been released (cache_
+ * release / eviction) and no copy may be running.  NULL is a no-op.
+ */
+void gpu_tier_destroy(struct gpu_tier *g);
+
+/*
+ * Tier-specific statistics as JSON members to append inside the gpu tier's
+ * object: ,"mapped":N,"fully_mapped":true|false,"device":"name",
+ * "device_id":N.  Returns the length, or -ERANGE when buf is too small
+ * (buf then holds a truncated, NUL-terminated string).
+ */
+int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len);
+
+/*
+ * Pin the host cache (hipc22 §IV): meant for the host toucher thread, once
+ * it has touched every page.  Takes the node-wide pin lock on `lockpath`
+ * (NULL: gpu_tier_pin_lock_path()), registers [buf, buf + size) with the
+ * driver (cudaHostRegister, portable), releases the lock, logs the timings
+ * and sets *pinned_out to 1 (atomically).
+ *
+ * touched: the toucher's progress counter, or NULL; if it is below size
+ * nothing happens and -EAGAIN is returned (pinning untouched pages would
+ * fault them all in under the lock).  If the lock cannot be taken the
+ * buffer is pinned anyway (with a warning): the lock only spaces instances
+ * out.  Returns 0, -ENODEV when no GPU is in use (quietly: call it
+ * unconditionally), or the registration's error (logged; the host cache
+ * then simply stays pageable, which is correct, only slower).
+ */
+int gpu_tier_pin_host(void *buf, uint64_t size, const char *lockpath,
+		      volatile uint64_t *touched, uint64_t *pinned_out);
+
+/*
+ * Undo gpu_tier_pin_host() before the buffer is unmapped: unregister buf
+ * if *pinned says it is pinned, and clear *pinned.  Returns 0 or -errno.
+ * The toucher must have been joined first.
+ */
+int gpu_tier_unpin_host(void *buf, uint64_t *pinned);
+
+/* The default pin lock: GPU_TIER_PIN_LOCK, or GPU_TIER_PIN_LOCK_TMP when
+ * /run/lock is not a writable directory. */
+const char *gpu_tier_pin_lock_path(void);
+
+#endif /* TIERFS_GPU_TIER_H */
