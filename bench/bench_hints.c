@@ -22,6 +22,8 @@
  *  3. Between the passes (untimed).  On tierfs, unless --no-wait-flush,
  *     wait until the flush backlog is 0 (the restore phase waits for the
  *     checkpoint phase to be flushed, as in the paper's main scenario).
+ *     A backlog that does not drain within --drain-timeout is reported
+ *     (drain columns "timeout") and the run goes on.
  *     With --drop-caches, drop the kernel page cache (echo 3 >
  *     /proc/sys/vm/drop_caches; a plain directory is syncfs'ed first, so
  *     its pages are clean and really go), so that reads come from tierfs,

@@ -297,32 +297,6 @@ int main(int argc, char *argv[])
 	if (!fs.htab)
 		die("out of memory%s%s", "", "");
 
-	/* GPU tier: report what we found; the host tier always runs */
-	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
-		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none)");
-	} else if (!gpu_built()) {
-		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
-	} else if (gpu_init(fs.opts.gpu ? atoi(fs.opts.gpu) : 0, gmsg, sizeof(gmsg)) < 0) {
-		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", gmsg);
-	} else {
-		tlog(LOG_NOTICE, "GPU tier: GPU %s present; GPU caching not enabled in this "
-		     "version, using host + SSD", fs.opts.gpu ? fs.opts.gpu : "0");
-	}
-
-	ret = engine_create(&fs.eng, &ecfg);
-	if (ret) {
-		fprintf(stderr, "tierfs: cannot create the cache: %s\n", strerror(-ret));
-		return 1;
-	}
-	uint64_t hc = engine_host_cache_size(fs.eng);
-	if (hc >= (1ull << 30))
-		snprintf(sz, sizeof(sz), "%.1f GiB", (double)hc / (1 << 30));
-	else
-		snprintf(sz, sizeof(sz), "%.0f MiB", (double)hc / (1 << 20));
-	tlog(LOG_NOTICE, "host cache: %s%s, eviction %s, backing %s", sz,
-	     host_cache_str ? "" : " (default: 25% of RAM)", ecfg.policy->name,
-	     fs.opts.backing);
-
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fuse_opt_add_arg(&args, "-ofsname=tierfs");
 	fuse_opt_add_arg(&args, "-osubtype=tierfs");
@@ -330,7 +304,7 @@ int main(int argc, char *argv[])
 	if (!fs.se) {
 		fprintf(stderr, "tierfs: bad FUSE options (see --help)\n");
 		ret = 1;
-		goto out_engine;
+		goto out_free;
 	}
 	if (fuse_set_signal_handlers(fs.se) != 0) {
 		ret = 1;
@@ -346,7 +320,38 @@ int main(int argc, char *argv[])
 		tierfs_log_syslog = 1;
 		openlog("tierfs", LOG_PID, LOG_DAEMON);
 	}
+	/* threads and CUDA contexts do not survive fork(): start them after */
 	fuse_daemonize(fs.opts.foreground);
+
+	/* GPU tier: the engine builds it when a GPU is usable */
+	ecfg.gpu_dev = -1;
+	ecfg.gpu_cache = fs.opts.gpu_cache;
+	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
+		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
+	} else if (!gpu_built()) {
+		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
+	} else if (gpu_init(fs.opts.gpu ? atoi(fs.opts.gpu) : 0, gmsg, sizeof(gmsg)) < 0) {
+		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", gmsg);
+	} else {
+		ecfg.gpu_dev = fs.opts.gpu ? atoi(fs.opts.gpu) : 0;
+	}
+
+	ret = engine_create(&fs.eng, &ecfg);
+	if (ret) {
+		tlog(LOG_ERR, "cannot create the cache: %s", strerror(-ret));
+		fuse_session_unmount(fs.se);
+		ret = 1;
+		goto out_signals;
+	}
+	uint64_t hc = engine_host_cache_size(fs.eng);
+	if (hc >= (1ull << 30))
+		snprintf(sz, sizeof(sz), "%.1f GiB", (double)hc / (1 << 30));
+	else
+		snprintf(sz, sizeof(sz), "%.0f MiB", (double)hc / (1 << 20));
+	tlog(LOG_NOTICE, "host cache: %s%s, eviction %s, backing %s", sz,
+	     host_cache_str ? "" : " (default: 25% of RAM)", ecfg.policy->name,
+	     fs.opts.backing);
+
 
 	lcfg = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(lcfg, 0);
@@ -364,10 +369,12 @@ out_signals:
 	fuse_remove_signal_handlers(fs.se);
 out_session:
 	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
-out_engine:
-	if (fs_sync_all())
-		ret = 1;
-	engine_destroy(fs.eng);
+	if (fs.eng) {
+		if (fs_sync_all())
+			ret = 1;
+		engine_destroy(fs.eng);
+	}
+out_free:
 	tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
 	fuse_opt_free_args(&args);
 	return ret;

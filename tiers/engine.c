@@ -34,6 +34,7 @@
 
 #include "engine.h"
 #include "ssd.h"
+#include "gpu_tier.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
 
@@ -56,6 +57,12 @@ struct engine {
 	uint64_t bytes_flushed, files_flushed, flush_errors;
 	uint64_t bytes_written_through, files_written_through;
 	uint64_t backlog;		/* bytes queued or being flushed */
+	struct gpu_tier *gpu;		/* the GPU tier, NULL if none */
+	uint64_t host_pinned;		/* host buffer registered with CUDA */
+	struct tfile *gq_head, *gq_tail;	/* GPU -> host queue */
+	pthread_t gflusher;		/* its thread */
+	bool gflusher_started;
+	uint64_t bytes_to_host;		/* cascaded GPU -> host */
 	uint64_t hint_head;		/* restore-queue ticket of the next read */
 	struct hint *hq_head, *hq_tail;	/* the restore queue */
 	uint64_t hint_next;		/* next ticket */
@@ -81,6 +88,8 @@ struct hint {
 };
 
 static void consume(struct engine *e, struct tfile *f);
+static int fastest_copy(struct engine *e, struct tfile *f);
+static uint8_t *copy_ptr(struct copy *cp);
 static void hint_free(struct engine *e, struct hint *h);
 static uint64_t prefetch_distance(struct engine *e);
 static void *prefetcher_main(void *arg);
@@ -225,8 +234,12 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		double wait;
 		bool ready = true;
 
+		if (e->gpu && c == e->tiers[0])
+			gpu_tier_update_usable(e->gpu);
 		if (cache_place(c, cp, size) == 0)
 			return 0;
+		if (e->gpu && c == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
+			return -ENOSPC;	/* no eviction before the tier is built */
 		if (c->policy->choose(c, size, copy_cost, &first, &last, &wait))
 			return -ENOSPC;
 		for (fr = first;; fr = fr->next) {
@@ -339,25 +352,78 @@ static void queue_flush(struct engine *e, struct tfile *f, bool front)
 	pthread_cond_broadcast(&e->cond);
 }
 
-/* Mark the host copy complete and queue it for flushing. */
+/* Queue f for the GPU -> host cascade. */
+static void queue_gpu_flush(struct engine *e, struct tfile *f)
+{
+	if (f->gqueued || f->unlinked)
+		return;
+	f->gqueued = true;
+	f->ops->get(f);
+	f->gq_next = NULL;
+	if (e->gq_tail)
+		e->gq_tail->gq_next = f;
+	else
+		e->gq_head = f;
+	e->gq_tail = f;
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* Mark the newest copy complete and queue it for flushing. */
 static void complete_copy(struct engine *e, struct tfile *f, bool front)
 {
-	struct copy *cp = f->copy[host_index(e)];
+	int t = fastest_copy(e, f);
+	struct copy *cp = t >= 0 ? f->copy[t] : NULL;
 
 	if (!cp || !f->dirty)
 		return;
 	if (cp->state == TS_WRITE_IN_PROGRESS)
 		tier_set_state(&cp->state, TS_WRITE_COMPLETE);
-	if (cp->state == TS_WRITE_COMPLETE)
-		backlog_add(e, cp);
-	if (cp->state == TS_WRITE_COMPLETE)
+	if (cp->state != TS_WRITE_COMPLETE)
+		return;
+	backlog_add(e, cp);
+	if (t < host_index(e))
+		queue_gpu_flush(e, f);
+	else
 		queue_flush(e, f, front);
 }
 
+/* Write a copy that the CPU cannot address through a bounce buffer. */
+static int write_bounced(struct copy *cp, int fd, uint64_t len)
+{
+	const size_t chunk = 8u << 20;
+	uint8_t *b = malloc(chunk);
+	uint64_t done = 0;
+	int ret = 0;
+
+	if (!b)
+		return -ENOMEM;
+	while (done < len && !ret) {
+		size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
+
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, b, n);
+		if (!ret && pwrite(fd, b, n, (off_t)done) != (ssize_t)n)
+			ret = errno ? -errno : -EIO;
+		done += n;
+		__atomic_store_n(&cp->flushed_bytes, done, __ATOMIC_RELAXED);
+	}
+	free(b);
+	return ret;
+}
+
+/*
+ * Flush f's newest copy to the SSD as a new version.  e->lock held
+ * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
+ * tier had no room for the cascade.
+ */
 static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 {
-	struct copy *cp = f->copy[host_index(e)];
+	struct copy *cp = NULL;
 	char nb[256];
+	int t;
+
+	for (t = 0; t < e->ntiers && !cp; t++)	/* the newest complete copy */
+		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
+			cp = f->copy[t];
 	uint64_t gen, len;
 	bool direct, inplace;
 	double t0;
@@ -375,12 +441,14 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	pthread_mutex_unlock(&e->lock);
 
 	t0 = now_s();
-	fd = f->ops->version_open(f, true, &direct, &inplace);
+	fd = f->ops->version_open(f, cp->cache->host_addressable, &direct, &inplace);
 	if (fd < 0) {
 		ret = fd;
 		goto out;
 	}
-	if (direct)
+	if (!cp->cache->host_addressable)
+		ret = write_bounced(cp, fd, len);
+	else if (direct)
 		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
 				&cp->flushed_bytes);
 	else
@@ -510,6 +578,115 @@ static void *flusher_main(void *arg)
 	return NULL;
 }
 
+/* ---- GPU -> host cascade ---------------------------------------------- */
+
+/*
+ * e->lock held: copy f's GPU copy into a new host copy, which then goes to
+ * the SSD flush queue; the GPU copy becomes FLUSHED (evictable).
+ */
+static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	int hi = host_index(e);
+	struct copy *cp = f->copy[0], *hcp;
+	uint64_t len;
+	int ret;
+
+	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
+	    cp->flushing || f->unlinked || !f->dirty)
+		return;
+	hcp = calloc(1, sizeof(*hcp));
+	if (!hcp)
+		return;
+	hcp->file = f;
+	cp->flushing = true;
+	cp->pins++;
+	len = cp->len;
+	ret = f->copy[hi] ? -EEXIST : eng_alloc_wait(e, &e->host, hcp, len, 1);
+	if (ret) {
+		free(hcp);
+		cp->flushing = false;
+		cp->pins--;
+		/* the host tier has no room now: straight to the SSD */
+		if (ret != -EEXIST)
+			flush_one(e, ring, f);
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
+	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
+	hcp->pins++;
+	pthread_mutex_unlock(&e->lock);
+	ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
+	pthread_mutex_lock(&e->lock);
+	hcp->pins--;
+	cp->pins--;
+	cp->flushing = false;
+	if (ret) {
+		cache_release(&e->host, hcp);
+		free(hcp);
+		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
+	hcp->len = len;
+	attach_copy(e, f, hi, hcp);
+	tier_set_state(&hcp->state, TS_WRITE_COMPLETE);
+	backlog_del(e, cp);
+	tier_set_state(&cp->state, TS_FLUSHED);
+	if (cp->promoted)
+		tier_set_state(&cp->state, TS_READ_COMPLETE);
+	backlog_add(e, hcp);
+	e->bytes_to_host += len;
+	queue_flush(e, f, false);
+	pthread_cond_broadcast(&e->cond);
+}
+
+static void *gflusher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+
+	if (ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk)) {
+		tlog(LOG_CRIT, "io_uring setup for the GPU flusher failed");
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		struct tfile *f = e->gq_head, *prev = NULL;
+
+		while (f && !retry_due(f)) {
+			prev = f;
+			f = f->gq_next;
+		}
+		if (!f) {
+			if (e->stop && !e->gq_head)
+				break;
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 50 * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+			continue;
+		}
+		if (prev)
+			prev->gq_next = f->gq_next;
+		else
+			e->gq_head = f->gq_next;
+		if (e->gq_tail == f)
+			e->gq_tail = prev;
+		f->gqueued = false;
+		cascade_one(e, &ring, f);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}
+
 /* ---- engine ----------------------------------------------------------- */
 
 #ifndef MADV_POPULATE_WRITE
@@ -546,6 +723,9 @@ static void *toucher_main(void *arg)
 	}
 	tlog(LOG_INFO, "host cache: %.1f GiB touched in %.2f s",
 	     (double)e->host.size / (1 << 30), now_s() - t0);
+	if (e->gpu)
+		gpu_tier_pin_host(e->host.base, e->host.size, NULL, &e->touched,
+				  &e->host_pinned);
 	return NULL;
 }
 
@@ -587,14 +767,31 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	if (ret)
 		goto err_unmap;
 	e->host.priv = e;
-	e->tiers[0] = &e->host;
-	e->ntiers = 1;
+	e->host.host_addressable = true;
+	if (cfg->gpu_dev >= 0) {
+		char msg[256] = "";
+
+		if (gpu_tier_create(&e->gpu, cfg->gpu_dev, cfg->gpu_cache, e->cfg.policy,
+				    msg, sizeof(msg)) == 0) {
+			struct cache *gc = gpu_tier_cache(e->gpu);
+
+			gc->priv = e;
+			e->tiers[e->ntiers++] = gc;
+			tlog(LOG_NOTICE, "GPU tier: %s", msg);
+		} else {
+			e->gpu = NULL;
+			tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
+		}
+	}
+	e->tiers[e->ntiers++] = &e->host;
 
 	if (pthread_create(&e->toucher, NULL, toucher_main, e) == 0)
 		e->toucher_started = true;
 	e->prefetch_on = true;
 	if (pthread_create(&e->prefetcher, NULL, prefetcher_main, e) == 0)
 		e->prefetcher_started = true;
+	if (e->gpu && pthread_create(&e->gflusher, NULL, gflusher_main, e) == 0)
+		e->gflusher_started = true;
 
 	e->flushers = calloc((size_t)e->cfg.flush_threads, sizeof(pthread_t));
 	if (!e->flushers) {
@@ -622,6 +819,10 @@ err_threads:
 		pthread_join(e->toucher, NULL);
 	if (e->prefetcher_started)
 		pthread_join(e->prefetcher, NULL);
+	if (e->gflusher_started)
+		pthread_join(e->gflusher, NULL);
+	if (e->gpu)
+		gpu_tier_destroy(e->gpu);
 err_cache:
 	cache_destroy(&e->host);
 err_unmap:
@@ -646,6 +847,15 @@ void engine_destroy(struct engine *e)
 		pthread_join(e->toucher, NULL);
 	if (e->prefetcher_started)
 		pthread_join(e->prefetcher, NULL);
+	if (e->gflusher_started)
+		pthread_join(e->gflusher, NULL);
+	while (e->gq_head) {
+		struct tfile *f = e->gq_head;
+
+		e->gq_head = f->gq_next;
+		f->gqueued = false;
+		f->ops->put(f);
+	}
 	while (e->hq_head) {
 		struct hint *h = e->hq_head;
 
@@ -667,17 +877,26 @@ void engine_destroy(struct engine *e)
 		f->ops->put(f);
 	}
 	/* copies of files the fs never freed (it exits right after) */
-	for (struct frag *fr = e->host.head; fr; fr = fr->next)
-		if (fr->copy) {
+	for (i = 0; i < e->ntiers; i++) {
+		struct cache *c = e->tiers[i];
+		struct frag *fr;
+
+		while (c->used) {
+			for (fr = c->head; fr && !fr->copy; fr = fr->next)
+				;
+			if (!fr)
+				break;
 			struct copy *cp = fr->copy;
 
 			cp->file->destroying = true;
-			cache_release(&e->host, cp);
+			cache_release(c, cp);
 			copy_evicted(cp);
-			fr = e->host.head;	/* the table changed: start over */
-			if (!fr)
-				break;
 		}
+	}
+	if (e->gpu) {
+		gpu_tier_unpin_host(e->host_buf, &e->host_pinned);
+		gpu_tier_destroy(e->gpu);
+	}
 	munmap(e->host_buf, e->host.size);
 	cache_destroy(&e->host);
 	free(e);
@@ -790,7 +1009,8 @@ static int copy_backing(struct tfile *f, int dst, uint64_t len)
  */
 static int start_shadow(struct engine *e, struct tfile *f)
 {
-	struct copy *cp = f->copy[host_index(e)];
+	int ci = fastest_copy(e, f);
+	struct copy *cp = ci >= 0 ? f->copy[ci] : NULL;
 	bool direct, inplace;
 	char nb[256];
 	int fd, ret = 0;
@@ -806,15 +1026,28 @@ static int start_shadow(struct engine *e, struct tfile *f)
 		ret = fd;
 	} else if (cp) {
 		uint64_t done = 0;
+		uint8_t *bounce = cp->cache->host_addressable ? NULL : malloc(4u << 20);
 
-		while (done < cp->len) {
-			ssize_t n = pwrite(fd, copy_ptr(cp) + done, cp->len - done, (off_t)done);
-			if (n < 0) {
-				ret = -errno;
+		if (!cp->cache->host_addressable && !bounce)
+			ret = -ENOMEM;
+		while (!ret && done < cp->len) {
+			size_t n = cp->len - done;
+			const uint8_t *src = copy_ptr(cp) + done;
+			ssize_t w;
+
+			if (bounce) {
+				n = n < (4u << 20) ? n : (4u << 20);
+				ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, bounce, n);
+				src = bounce;
+			}
+			w = ret ? -1 : pwrite(fd, src, n, (off_t)done);
+			if (w < 0) {
+				ret = ret ? ret : -errno;
 				break;
 			}
-			done += (uint64_t)n;
+			done += (uint64_t)w;
 		}
+		free(bounce);
 	} else if (!inplace) {
 		ret = copy_backing(f, fd, f->size);
 	}
@@ -830,11 +1063,14 @@ static int start_shadow(struct engine *e, struct tfile *f)
 		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
 		return ret;
 	}
-	if (cp) {
-		if (cp->state == TS_WRITE_COMPLETE)
-			backlog_del(e, cp);
-		drop_copy(e, f, host_index(e));
-	}
+	for (int i = 0; i < e->ntiers; i++)
+		if (f->copy[i]) {
+			backlog_del(e, f->copy[i]);
+			if (f->copy[i]->state == TS_WRITE_COMPLETE ||
+			    f->copy[i]->state == TS_WRITE_IN_PROGRESS)
+				tier_set_state(&f->copy[i]->state, TS_INIT);
+			drop_copy(e, f, i);
+		}
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
 	f->dirty = true;
@@ -873,30 +1109,96 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	return 0;
 }
 
+/* The fastest tier holding a copy of f, or -1. */
+static int fastest_copy(struct engine *e, struct tfile *f)
+{
+	int i;
+
+	for (i = 0; i < e->ntiers; i++)
+		if (f->copy[i])
+			return i;
+	return -1;
+}
+
+/* Zero bytes [from, to) of cp. */
+static void copy_zero(struct copy *cp, uint64_t from, uint64_t to)
+{
+	static const uint8_t zeros[1 << 16];
+	struct cache *c = cp->cache;
+
+	if (to <= from)
+		return;
+	if (c->host_addressable) {
+		memset(copy_ptr(cp) + from, 0, to - from);
+		return;
+	}
+	while (from < to) {
+		size_t n = to - from < sizeof(zeros) ? (size_t)(to - from) : sizeof(zeros);
+
+		c->ops->write(c, cp->frag->off + from, zeros, n);
+		from += n;
+	}
+}
+
+/* Largest file the GPU tier takes: it must also fit the host tier below. */
+static uint64_t gpu_limit(struct engine *e)
+{
+	if (!e->gpu)
+		return 0;
+	return e->tiers[0]->size < e->host.size ? e->tiers[0]->size : e->host.size;
+}
+
 /*
- * Make sure f has a host copy of at least `cap` bytes holding its current
- * content (up to `keep` bytes of it), in state WRITE_IN_PROGRESS.  e->lock
- * and f->lock held.  Returns the copy, or NULL with *err = 0 when the file
- * must go write-through, or *err < 0 on a real error.
+ * Make sure f has a writable copy of at least `cap` bytes holding its
+ * current content, in state WRITE_IN_PROGRESS, in the fastest tier that
+ * can take it; copies in slower tiers are dropped (they are stale once the
+ * file is written).  e->lock and f->lock held.  Returns the copy, or NULL
+ * with *err = 0 when the file must go write-through, or *err < 0 on a real
+ * error.
  */
 static struct copy *writable_copy(struct engine *e, struct tfile *f,
 				  uint64_t cap, int *err)
 {
-	int hi = host_index(e);
-	struct cache *c = host_tier(e);
+	int hi = host_index(e), t, i;
 	struct copy *cp, *ncp;
+	struct cache *c;
+	int ret;
 
 	*err = 0;
-	for (;;) {
-		cp = f->copy[hi];
-		if (!cp || (!cp->flushing && cp->state != TS_READ_IN_PROGRESS))
+	for (;;) {		/* no copy may be flushing or being filled */
+		bool busy = false;
+
+		for (i = 0; i < e->ntiers; i++) {
+			cp = f->copy[i];
+			if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS))
+				busy = true;
+		}
+		if (!busy)
 			break;
 		pthread_cond_wait(&e->cond, &e->lock);
 	}
+	t = fastest_copy(e, f);
+	if (t < 0)	/* new content goes to the GPU; loading old content to the host */
+		t = (e->gpu && f->size == 0 && f->shadow_fd < 0 && cap <= gpu_limit(e)) ? 0 : hi;
+	for (i = t + 1; i < e->ntiers; i++)
+		if (f->copy[i]) {
+			backlog_del(e, f->copy[i]);
+			if (f->copy[i]->state == TS_WRITE_COMPLETE ||
+			    f->copy[i]->state == TS_WRITE_IN_PROGRESS)
+				tier_set_state(&f->copy[i]->state, TS_INIT);
+			drop_copy(e, f, i);
+		}
+retry:
+	c = e->tiers[t];
+	cp = f->copy[t];
 	if (cp && copy_cap(cp) >= cap)
 		goto ready;
 	if (cp && cache_grow_inplace(c, cp, tier_round(cap)) == 0)
 		goto ready;
+	if (t < hi && cap > gpu_limit(e)) {
+		ret = -EFBIG;
+		goto demote;
+	}
 
 	ncp = calloc(1, sizeof(*ncp));
 	if (!ncp) {
@@ -908,24 +1210,23 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 	uint64_t want = cap;
 	if (cp && want < 2 * copy_cap(cp))
 		want = 2 * copy_cap(cp);
-	if (want > c->size)
+	if (want > c->size || (t < hi && want > gpu_limit(e)))
 		want = cap;
 	if (cp && cp->state != TS_WRITE_IN_PROGRESS) {
-		if (cp->state == TS_WRITE_COMPLETE)
-			backlog_del(e, cp);
+		backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
 		cp->promoted = false;
 	}
 	if (cp)
 		cp->pins++;		/* keep it while we wait for room */
-	int ret = eng_alloc(e, c, ncp, want);
+	ret = eng_alloc(e, c, ncp, want);
 	if (ret && want > cap)
 		ret = eng_alloc(e, c, ncp, cap);
 	if (cp)
 		cp->pins--;
 	if (ret) {
 		free(ncp);
-		return NULL;		/* write-through */
+		goto demote;
 	}
 	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
 	if (cp) {
@@ -938,18 +1239,19 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 		pthread_mutex_lock(&e->lock);
 		cp->pins--;
 		ncp->pins--;
-		f->copy[hi] = ncp;	/* takes over cp's reference */
+		f->copy[t] = ncp;	/* takes over cp's reference */
 		wait_unpinned(e, cp);
 		cache_release(c, cp);
 		free(cp);
 		pthread_cond_broadcast(&e->cond);
 		return ncp;
 	}
-	/* first copy: load the current content */
-	attach_copy(e, f, hi, ncp);
+	/* first copy: load the current content (host tier only, see above) */
+	attach_copy(e, f, t, ncp);
 	ncp->pins++;
 	uint64_t keep = f->size;
-	if (f->shadow_fd < 0 && keep > 0) {
+	ret = 0;
+	if (f->shadow_fd < 0 && keep > 0 && c->host_addressable) {
 		pthread_mutex_unlock(&e->lock);
 		int fd = f->ops->data_fd(f, false);
 		uint64_t done = 0;
@@ -975,7 +1277,8 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 	}
 	ncp->pins--;
 	if (ret) {
-		drop_copy(e, f, hi);
+		tier_set_state(&ncp->state, TS_INIT);
+		drop_copy(e, f, t);
 		*err = ret;
 		return NULL;
 	}
@@ -983,10 +1286,53 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 	pthread_cond_broadcast(&e->cond);
 	return ncp;
 
+demote:
+	if (t == hi)
+		return NULL;		/* write-through */
+	/* no room in the GPU tier: continue in the host tier */
+	if (!cp) {
+		t = hi;
+		goto retry;
+	}
+	ncp = calloc(1, sizeof(*ncp));
+	if (!ncp) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	ncp->file = f;
+	cp->pins++;
+	ret = eng_alloc(e, &e->host, ncp, cap);
+	cp->pins--;
+	if (ret) {
+		free(ncp);
+		return NULL;		/* start_shadow copies from the GPU copy */
+	}
+	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
+	ncp->len = cp->len;
+	attach_copy(e, f, hi, ncp);
+	ncp->pins++;
+	cp->pins++;
+	pthread_mutex_unlock(&e->lock);
+	ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(ncp), cp->len);
+	pthread_mutex_lock(&e->lock);
+	cp->pins--;
+	ncp->pins--;
+	if (ret) {
+		tier_set_state(&ncp->state, TS_INIT);
+		drop_copy(e, f, hi);
+		*err = ret;
+		return NULL;
+	}
+	backlog_del(e, cp);
+	if (cp->state != TS_INIT)
+		tier_set_state(&cp->state, TS_INIT);
+	drop_copy(e, f, t);
+	t = hi;
+	goto retry;
+
 ready:
 	if (cp->state != TS_WRITE_IN_PROGRESS) {
-		if (cp->state == TS_WRITE_COMPLETE)
-			backlog_del(e, cp);
+		backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
 	}
 	cp->promoted = false;
@@ -1022,13 +1368,17 @@ ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
 			goto out;
 		}
 		if (cp) {
-			if ((uint64_t)off > cp->len)
-				memset(copy_ptr(cp) + cp->len, 0, (uint64_t)off - cp->len);
 			cp->pins++;
 			pthread_mutex_unlock(&e->lock);
-			host_tier(e)->ops->write(host_tier(e), cp->frag->off + (uint64_t)off,
-						 buf, len);
+			copy_zero(cp, cp->len, (uint64_t)off);
+			ret = cp->cache->ops->write(cp->cache, cp->frag->off + (uint64_t)off,
+						    buf, len);
 			pthread_mutex_lock(&e->lock);
+			if (ret) {
+				cp->pins--;
+				pthread_cond_broadcast(&e->cond);
+				goto out;
+			}
 			cp->pins--;
 			if (end > cp->len)
 				cp->len = end;
@@ -1081,8 +1431,16 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 	if ((uint64_t)off + len > f->size)
 		*n = (size_t)(f->size - (uint64_t)off);
 	/* a prefetch of this file is running: it is quicker to wait for it */
-	while (f->copy[0] && f->copy[0]->state == TS_READ_IN_PROGRESS)
+	for (;;) {
+		bool filling = false;
+
+		for (i = 0; i < e->ntiers; i++)
+			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
+				filling = true;
+		if (!filling)
+			break;
 		pthread_cond_wait(&e->cond, &e->lock);
+	}
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
@@ -1210,8 +1568,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 			goto out;
 		}
 		if (cp) {
-			if (size > cp->len)
-				memset(copy_ptr(cp) + cp->len, 0, size - cp->len);
+			copy_zero(cp, cp->len, size);
 			cp->len = size;
 			f->size = size;
 			mark_modified(f);
@@ -1293,7 +1650,7 @@ int tfile_fsync(struct tfile *f)
 			ret = f->flush_err;
 			break;
 		}
-		if (!f->copy[host_index(e)] && f->shadow_fd < 0)
+		if (fastest_copy(e, f) < 0 && f->shadow_fd < 0)
 			break;
 		pthread_cond_wait(&e->cond, &e->lock);
 	}
@@ -1398,6 +1755,21 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		if (i)
 			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ",");
 		cache_json(e->tiers[i], buf, len, &at);
+		if (at < len && at > 0) {
+			at--;		/* extend the tier's object */
+			if (e->gpu && e->tiers[i] == e->tiers[0]) {
+				int n = gpu_tier_stats_json(e->gpu, buf + at, len - at);
+				at += n > 0 ? (size_t)n : 0;
+				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+						       ",\"bytes_to_host\":%" PRIu64, e->bytes_to_host);
+			} else if (e->tiers[i] == &e->host) {
+				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",
+						       __atomic_load_n(&e->touched, __ATOMIC_RELAXED),
+						       e->host_pinned ? "true" : "false");
+			}
+			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "}");
+		}
 	}
 	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 		"},\"host_touched\":%" PRIu64 ",\"ssd\":{", __atomic_load_n(&e->touched, __ATOMIC_RELAXED));
@@ -1627,7 +1999,8 @@ static uint64_t prefetch_distance(struct engine *e)
 	uint64_t d = 0;
 
 	for (h = e->hq_head; h; h = h->next) {
-		struct copy *cp = h->file ? h->file->copy[0] : NULL;
+		int t = h->file ? fastest_copy(e, h->file) : -1;
+		struct copy *cp = t >= 0 ? h->file->copy[t] : NULL;
 
 		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS)
 			break;
@@ -1644,8 +2017,9 @@ static uint64_t prefetch_distance(struct engine *e)
 static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 			uint64_t dist)
 {
-	struct cache *c = e->tiers[0];
-	struct copy *cp = f->copy[0];
+	int hi = host_index(e), t = fastest_copy(e, f);
+	struct cache *c = &e->host;
+	struct copy *cp = t >= 0 ? f->copy[t] : NULL;
 	uint64_t size = f->size;
 	int fd, ret;
 
@@ -1674,13 +2048,13 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		free(cp);
 		return -ENOSPC;
 	}
-	if (f->copy[0] || f->dirty) {	/* a writer came first */
+	if (fastest_copy(e, f) >= 0 || f->dirty) {	/* a writer came first */
 		cache_release(c, cp);
 		free(cp);
 		return 0;
 	}
 	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
-	attach_copy(e, f, 0, cp);
+	attach_copy(e, f, hi, cp);
 	cp->pins++;
 	f->ops->get(f);
 	pthread_mutex_unlock(&e->lock);
@@ -1705,9 +2079,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			pthread_mutex_lock(&e->lock);
 			tlog(LOG_WARNING, "%s: prefetch failed: %s", nb, strerror(-ret));
 		}
-		if (f->copy[0] == cp && cp->state == TS_READ_IN_PROGRESS) {
+		if (f->copy[hi] == cp && cp->state == TS_READ_IN_PROGRESS) {
 			tier_set_state(&cp->state, TS_INIT);
-			drop_copy(e, f, 0);
+			drop_copy(e, f, hi);
 		}
 		pthread_cond_broadcast(&e->cond);
 		pthread_mutex_unlock(&e->lock);

@@ -67,6 +67,8 @@ struct tfile {
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct tfile *fq_next;		/* flush queue link */
+	struct tfile *gq_next;		/* GPU -> host queue link */
+	bool gqueued;			/* on the GPU -> host queue */
 	struct timespec retry_at;	/* after a failed flush */
 };
 
@@ -77,6 +79,8 @@ struct engine_config {
 	unsigned queue_depth;		/* io_uring depth per flusher */
 	uint64_t chunk;			/* bytes per I/O */
 	bool hugepages;			/* madvise the host buffer */
+	int gpu_dev;			/* GPU for the GPU tier, -1: none */
+	uint64_t gpu_cache;		/* its size, 0: default */
 };
 
 /* Create the engine: the host cache buffer and the flusher threads. */
