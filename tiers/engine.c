@@ -288,7 +288,7 @@ static int eng_alloc(struct engine *e, struct cache *c, struct copy *cp,
 /* Flush backlog accounting, idempotent per copy.  e->lock held. */
 static void backlog_add(struct engine *e, struct copy *cp)
 {
-	if (!cp->in_backlog) {
+	if (!cp->in_backlog && !cp->file->unlinked) {	/* unlinked: no flush */
 		cp->in_backlog = true;
 		e->backlog += cp->len;
 	}
@@ -1666,9 +1666,11 @@ void tfile_unlinked(struct tfile *f)
 
 	pthread_mutex_lock(&f->eng->lock);
 	f->unlinked = true;
-	cp = f->copy[host_index(f->eng)];
-	if (cp)
-		backlog_del(f->eng, cp);	/* its flush is cancelled */
+	for (int i = 0; i < f->eng->ntiers; i++) {
+		cp = f->copy[i];
+		if (cp)
+			backlog_del(f->eng, cp);	/* its flush is cancelled */
+	}
 	pthread_cond_broadcast(&f->eng->cond);
 	pthread_mutex_unlock(&f->eng->lock);
 }
