@@ -57,6 +57,7 @@ struct fs_opts {
 	int foreground;
 	int debug;
 	int writeback;			/* kernel writeback cache */
+	int direct_writes;		/* write-only opens skip the page cache */
 	int allow_other;
 	int default_permissions;
 	int flush_threads;

@@ -33,6 +33,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("queue_depth=%d", queue_depth, 0),
 	OPT("writeback", writeback, 1),
 	OPT("no_writeback", writeback, 0),
+	OPT("direct_writes", direct_writes, 1),
+	OPT("no_direct_writes", direct_writes, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -149,11 +151,14 @@ static void usage(const char *prog)
 "    -o evict=POLICY        eviction policy: score (default), fifo, lru\n"
 "    -o gpu=N|none          GPU for the GPU cache tier (default: 0 when a GPU\n"
 "                           is present)\n"
-"    -o gpu_cache=SIZE      GPU cache size (default 50%% of free GPU memory)\n"
+"    -o gpu_cache=SIZE      GPU cache size (default 50%% of free GPU memory,\n"
+"                           leaving at least 1 GiB free)\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
 "    -o no_writeback        disable the kernel writeback cache (default: on)\n"
+"    -o no_direct_writes    let write-only opens use the page cache too\n"
+"                           (default: write-only opens bypass it)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
 "    -d, -o debug           foreground, print every FUSE request\n"
@@ -215,6 +220,7 @@ int main(int argc, char *argv[])
 	int ret = 1, level;
 
 	fs.opts.writeback = 1;
+	fs.opts.direct_writes = 1;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
 	if (fs.opts.show_help) {

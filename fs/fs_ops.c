@@ -674,6 +674,14 @@ static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	/* no kernel page cache across opens: reads reach tierfs, which counts
 	 * them, consumes restore hints, and is the cache */
 	fi->keep_cache = 0;
+	/*
+	 * Write-only handles bypass the page cache: the data goes from the
+	 * writer's buffer to tierfs in one copy, without the page-cache copy
+	 * and its dirty-page throttling.  Nothing can mmap a write-only fd,
+	 * so mmap keeps working on every other handle.
+	 */
+	if ((fi->flags & O_ACCMODE) == O_WRONLY && fs.opts.direct_writes)
+		fi->direct_io = 1;
 }
 
 static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -698,6 +706,14 @@ static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 			return;
 		}
 		fi->keep_cache = 0;
+	/*
+	 * Write-only handles bypass the page cache: the data goes from the
+	 * writer's buffer to tierfs in one copy, without the page-cache copy
+	 * and its dirty-page throttling.  Nothing can mmap a write-only fd,
+	 * so mmap keeps working on every other handle.
+	 */
+	if ((fi->flags & O_ACCMODE) == O_WRONLY && fs.opts.direct_writes)
+		fi->direct_io = 1;
 	}
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		if (writable(fi->flags))

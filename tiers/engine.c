@@ -35,6 +35,7 @@
 #include "engine.h"
 #include "ssd.h"
 #include "gpu_tier.h"
+#include "gpu.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
 
@@ -1347,7 +1348,43 @@ static void mark_modified(struct tfile *f)
 	touch_mtime(f);
 }
 
-ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
+/* Move len bytes into cp at off from host memory buf or device address dptr. */
+static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr,
+		   size_t len)
+{
+	struct cache *c = cp->cache;
+
+	if (buf)
+		return c->ops->write(c, cp->frag->off + off, buf, len);
+	if (c->host_addressable)
+		return gpu_copy_dtoh(copy_ptr(cp) + off, dptr, len);
+	return gpu_copy_dtod((uint64_t)(uintptr_t)(c->base + cp->frag->off + off), dptr, len);
+}
+
+/* pwrite from device memory through a bounce buffer. */
+static ssize_t pwrite_dev(int fd, uint64_t dptr, size_t len, off_t off)
+{
+	const size_t chunk = 8u << 20;
+	uint8_t *b = malloc(len < chunk ? len : chunk);
+	size_t done = 0;
+	int ret = 0;
+
+	if (!b)
+		return -ENOMEM;
+	while (done < len && !ret) {
+		size_t n = len - done < chunk ? len - done : chunk;
+
+		ret = gpu_copy_dtoh(b, dptr + done, n);
+		if (!ret && pwrite(fd, b, n, off + (off_t)done) != (ssize_t)n)
+			ret = errno ? -errno : -EIO;
+		done += n;
+	}
+	free(b);
+	return ret ? ret : (ssize_t)len;
+}
+
+static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t len,
+			off_t off)
 {
 	struct engine *e = f->eng;
 	uint64_t end = (uint64_t)off + len;
@@ -1371,8 +1408,7 @@ ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
 			cp->pins++;
 			pthread_mutex_unlock(&e->lock);
 			copy_zero(cp, cp->len, (uint64_t)off);
-			ret = cp->cache->ops->write(cp->cache, cp->frag->off + (uint64_t)off,
-						    buf, len);
+			ret = copy_in(cp, (uint64_t)off, buf, dptr, len);
 			pthread_mutex_lock(&e->lock);
 			if (ret) {
 				cp->pins--;
@@ -1396,9 +1432,13 @@ ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
 	}
 	/* write-through */
 	pthread_mutex_unlock(&e->lock);
-	ret = pwrite(f->shadow_fd, buf, len, off);
-	if (ret < 0)
-		ret = -errno;
+	if (buf) {
+		ret = pwrite(f->shadow_fd, buf, len, off);
+		if (ret < 0)
+			ret = -errno;
+	} else {
+		ret = pwrite_dev(f->shadow_fd, dptr, len, off);
+	}
 	pthread_mutex_lock(&e->lock);
 	if (ret > 0) {
 		uint64_t wend = (uint64_t)off + (uint64_t)ret;
@@ -1408,6 +1448,107 @@ ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
 		mark_modified(f);
 	}
 out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
+{
+	return do_write(f, buf, 0, len, off);
+}
+
+ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+{
+	if (!f->eng->gpu)
+		return -ENODEV;
+	return do_write(f, NULL, dptr, len, off);
+}
+
+bool engine_has_gpu(struct engine *e)
+{
+	return e->gpu != NULL;
+}
+
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+{
+	struct engine *e = f->eng;
+	ssize_t ret = 0;
+	int i;
+
+	if (!e->gpu)
+		return -ENODEV;
+	if (off < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	for (;;) {		/* a prefetch of it is running: wait for it */
+		bool filling = false;
+
+		for (i = 0; i < e->ntiers; i++)
+			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
+				filling = true;
+		if (!filling)
+			break;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+	if ((uint64_t)off >= f->size)
+		goto out;
+	if ((uint64_t)off + len > f->size)
+		len = (size_t)(f->size - (uint64_t)off);
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+		struct cache *c;
+
+		if (!cp || cp->state == TS_INIT || (uint64_t)off + len > cp->len)
+			continue;
+		c = cp->cache;
+		cp->pins++;
+		c->hits++;
+		pthread_mutex_unlock(&e->lock);
+		if (c->host_addressable)
+			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
+		else
+			ret = gpu_copy_dtod(dptr, (uint64_t)(uintptr_t)(c->base + cp->frag->off +
+								   (uint64_t)off), len);
+		pthread_mutex_lock(&e->lock);
+		cp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		ret = ret ? ret : (ssize_t)len;
+		goto out;
+	}
+	e->tiers[0]->misses++;
+	pthread_mutex_unlock(&e->lock);
+	{
+		/* from the SSD (or the write-through version) via a bounce buffer */
+		const size_t chunk = 8u << 20;
+		uint8_t *b = malloc(len < chunk ? len : chunk);
+		int fd = f->shadow_fd >= 0 ? f->shadow_fd : f->ops->data_fd(f, false);
+		size_t done = 0;
+
+		ret = !b ? -ENOMEM : fd < 0 ? fd : 0;
+		while (!ret && done < len) {
+			size_t n = len - done < chunk ? len - done : chunk;
+			ssize_t r = pread(fd, b, n, off + (off_t)done);
+
+			if (r < 0) {
+				ret = -errno;
+				break;
+			}
+			if ((size_t)r < n)
+				memset(b + r, 0, n - (size_t)r);	/* hole past EOF */
+			ret = gpu_copy_htod(dptr + done, b, n);
+			done += n;
+		}
+		if (fd >= 0 && fd != f->shadow_fd)
+			f->ops->release_data_fd(f, fd);
+		free(b);
+		ret = ret ? ret : (ssize_t)len;
+	}
+	pthread_mutex_lock(&e->lock);
+out:
+	if (ret >= 0 && (uint64_t)off + (uint64_t)ret >= f->size)
+		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 	pthread_mutex_unlock(&f->lock);
 	return ret;

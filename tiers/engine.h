@@ -109,6 +109,17 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 		     const void **p, size_t *n, struct copy **pin);
 void tfile_read_end(struct tfile *f, struct copy *pin, off_t end);
 int tfile_truncate(struct tfile *f, uint64_t size);
+/*
+ * Write / read with the other side in GPU memory (device address dptr, in
+ * this process's CUDA context).  The file's GPU copy is used when it has
+ * one (device-to-device); a host copy or the SSD otherwise (a new file's
+ * first write places it in the GPU tier).  Returns bytes or -errno;
+ * -ENODEV when there is no GPU tier.
+ */
+ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
+/* Does this engine have a GPU tier? */
+bool engine_has_gpu(struct engine *e);
 /* Make the file durable on the SSD; returns 0 or the flush error. */
 int tfile_fsync(struct tfile *f);
 /* The file lost its last name: cancel its flush, free its copies once no
