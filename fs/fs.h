@@ -58,6 +58,7 @@ struct fs_opts {
 	int debug;
 	int writeback;			/* kernel writeback cache */
 	int direct_writes;		/* write-only opens skip the page cache */
+	int readahead_kb;		/* kernel readahead of the mount */
 	int allow_other;
 	int default_permissions;
 	int flush_threads;
@@ -102,6 +103,20 @@ static inline void fs_fd_release(struct fs_inode *in)
 {
 	pthread_rwlock_unlock(&in->fdlock);
 }
+
+/*
+ * fi->fh of a regular file's handle: FS_FH_FLAGS | its open flags, set by
+ * open/create.  FUSE ioctl requests carry fh but not the open flags, and
+ * fs_ioctl.c checks the access mode as write()/read() would.
+ */
+#define FS_FH_FLAGS		(1ULL << 63)
+
+/* fs_ioctl.c: the GPU zero-copy ioctl (tierfs-gpu(7)) */
+void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		 struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+		 size_t in_bufsz, size_t out_bufsz);
+/* Close the cached IPC mappings; after the session loop has returned. */
+void fs_ioctl_shutdown(void);
 
 /* fs_xattr.c */
 void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,

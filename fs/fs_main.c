@@ -4,6 +4,8 @@
  * cached file to the backing directory.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("writeback", writeback, 1),
 	OPT("no_writeback", writeback, 0),
 	OPT("direct_writes", direct_writes, 1),
+	OPT("readahead_kb=%d", readahead_kb, 0),
 	OPT("no_direct_writes", direct_writes, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
@@ -78,8 +82,11 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 
 			o->backing = r ? r : strdup(arg);
 		}
-		else if (nonopts == 1)
-			o->mountpoint = strdup(arg);
+		else if (nonopts == 1) {
+			char *r = realpath(arg, NULL);
+
+			o->mountpoint = r ? r : strdup(arg);
+		}
 		else {
 			fprintf(stderr, "tierfs: unexpected argument '%s'\n", arg);
 			exit(2);
@@ -159,6 +166,7 @@ static void usage(const char *prog)
 "    -o no_writeback        disable the kernel writeback cache (default: on)\n"
 "    -o no_direct_writes    let write-only opens use the page cache too\n"
 "                           (default: write-only opens bypass it)\n"
+"    -o readahead_kb=N      kernel readahead of the mount (default 1024)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
 "    -d, -o debug           foreground, print every FUSE request\n"
@@ -200,6 +208,112 @@ static void raise_nofile(void)
 	}
 }
 
+/*
+ * The request loop.  Instead of libfuse's loop, a fixed pool of workers,
+ * each with a receive buffer of its own that is allocated once and, with
+ * a GPU tier, registered with CUDA once: writes then copy host -> device
+ * from pinned memory.  Signals go to the main thread only.
+ */
+#define FS_WORKERS	16
+#define FS_RECV_SIZE	((1u << 20) + (64u << 10))	/* > libfuse's bufsize */
+
+struct fs_worker {
+	pthread_t th;			/* the thread */
+	struct fuse_buf buf;		/* its receive buffer */
+	bool registered;		/* buf.mem is pinned */
+};
+
+static void *worker_main(void *arg)
+{
+	struct fs_worker *w = arg;
+	sigset_t all;
+	int res, old;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	while (!fuse_session_exited(fs.se)) {
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+		res = fuse_session_receive_buf(fs.se, &w->buf);
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+		if (res == -EINTR || res == -EAGAIN)
+			continue;
+		if (res <= 0) {
+			if (res < 0 && res != -ENODEV)
+				tlog(LOG_ERR, "reading /dev/fuse: %s", strerror(-res));
+			fuse_session_exit(fs.se);
+			break;
+		}
+		fuse_session_process_buf(fs.se, &w->buf);
+	}
+	return NULL;
+}
+
+/*
+ * The kernel gives a FUSE mount 128 KiB of readahead; sequential reads of
+ * cached checkpoints run much faster with more (bench/RESULTS.md).  Needs
+ * the loop running: stat() of the mount point is a request to us.
+ */
+static void set_readahead(void)
+{
+	char path[128], val[32];
+	struct stat st;
+	int fd;
+
+	if (fs.opts.readahead_kb <= 0 || stat(fs.opts.mountpoint, &st) < 0)
+		return;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
+		 major(st.st_dev), minor(st.st_dev));
+	snprintf(val, sizeof(val), "%d", fs.opts.readahead_kb);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, val, strlen(val)) < 0)
+		tlog(LOG_INFO, "cannot set readahead to %d KiB (%s): %s", fs.opts.readahead_kb,
+		     path, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
+static int run_loop(void)
+{
+	struct fs_worker *w = calloc(FS_WORKERS, sizeof(*w));
+	int i, n = 0, pinned = 0;
+
+	if (!w)
+		return -ENOMEM;
+	for (i = 0; i < FS_WORKERS; i++) {
+		w[i].buf.mem = aligned_alloc(4096, FS_RECV_SIZE);
+		w[i].buf.size = FS_RECV_SIZE;
+		if (!w[i].buf.mem)
+			break;
+		memset(w[i].buf.mem, 0, FS_RECV_SIZE);		/* fault it in */
+		if (engine_has_gpu(fs.eng) &&
+		    gpu_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
+			w[i].registered = true;
+			pinned++;
+		}
+		if (pthread_create(&w[i].th, NULL, worker_main, &w[i]) != 0) {
+			free(w[i].buf.mem);
+			break;
+		}
+		n++;
+	}
+	if (pinned)
+		tlog(LOG_INFO, "%d request buffers pinned for host -> GPU copies", pinned);
+	set_readahead();
+	while (n && !fuse_session_exited(fs.se))
+		usleep(50 * 1000);	/* signals and worker exits end this */
+	for (i = 0; i < n; i++)
+		pthread_cancel(w[i].th);
+	for (i = 0; i < n; i++) {
+		pthread_join(w[i].th, NULL);
+		if (w[i].registered)
+			gpu_host_unregister(w[i].buf.mem);
+		free(w[i].buf.mem);
+	}
+	free(w);
+	return n ? 0 : -EAGAIN;
+}
+
 /* One-line error and exit 1 (before mounting). */
 static void die(const char *fmt, const char *a, const char *b)
 {
@@ -212,7 +326,6 @@ static void die(const char *fmt, const char *a, const char *b)
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct fuse_loop_config *lcfg;
 	struct engine_config ecfg = { 0 };
 	struct stat st;
 	char sz[32], gmsg[256];
@@ -221,6 +334,7 @@ int main(int argc, char *argv[])
 
 	fs.opts.writeback = 1;
 	fs.opts.direct_writes = 1;
+	fs.opts.readahead_kb = 1024;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
 	if (fs.opts.show_help) {
@@ -260,6 +374,8 @@ int main(int argc, char *argv[])
 		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
 	if (fs.opts.flush_threads < 0 || fs.opts.flush_threads > 64)
 		die("flush_threads must be 1..64%s%s", "", "");
+	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
+		die("readahead_kb must be 0..65536%s%s", "", "");
 	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
 		die("queue_depth must be 1..256%s%s", "", "");
 	ecfg.flush_threads = fs.opts.flush_threads;
@@ -359,15 +475,7 @@ int main(int argc, char *argv[])
 	     fs.opts.backing);
 
 
-	lcfg = fuse_loop_cfg_create();
-	fuse_loop_cfg_set_clone_fd(lcfg, 0);
-	fuse_loop_cfg_set_idle_threads(lcfg, 16);
-	fuse_loop_cfg_set_max_threads(lcfg, 64);
-	ret = fuse_session_loop_mt(fs.se, lcfg);
-	if (ret > 0)
-		tlog(LOG_NOTICE, "signal %d: unmounting", ret);
-	ret = ret < 0 ? 1 : 0;		/* a signal is an orderly stop */
-	fuse_loop_cfg_destroy(lcfg);
+	ret = run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
 	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
 	fuse_session_unmount(fs.se);
@@ -375,6 +483,7 @@ out_signals:
 	fuse_remove_signal_handlers(fs.se);
 out_session:
 	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
+	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
 	if (fs.eng) {
 		if (fs_sync_all())
 			ret = 1;

@@ -348,6 +348,7 @@ static void fs_ll_init(void *userdata, struct fuse_conn_info *conn)
 	if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->want &= ~(unsigned)FUSE_CAP_HANDLE_KILLPRIV;
+	conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;	/* requests land in our buffers */
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
 	conn->max_background = 64;
@@ -671,6 +672,7 @@ static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	pthread_mutex_unlock(&fs.lock);
 	if (writable(fi->flags))
 		tfile_open_writer(&in->tf);
+	fi->fh = FS_FH_FLAGS | (uint32_t)fi->flags;	/* for fs_ll_ioctl */
 	/* no kernel page cache across opens: reads reach tierfs, which counts
 	 * them, consumes restore hints, and is the cache */
 	fi->keep_cache = 0;
@@ -1027,6 +1029,7 @@ const struct fuse_lowlevel_ops fs_ll_ops = {
 	.listxattr	= fs_ll_listxattr,
 	.removexattr	= fs_ll_removexattr,
 	.fallocate	= fs_ll_fallocate,
+	.ioctl		= fs_ll_ioctl,
 };
 
 int fs_sync_all(void)

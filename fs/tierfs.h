@@ -50,5 +50,57 @@ struct tierfs_gpu_io {
 /** Read up to len bytes at file_off into GPU memory.  Returns bytes read
  *  (short at end of file). */
 #define TIERFS_IOC_PREAD_GPU	_IOW(TIERFS_IOC_MAGIC, 2, struct tierfs_gpu_io)
+/** Most bytes one ioctl moves (the count must fit its int result): a longer
+ *  request returns a short count, as write(2) does past its limit. */
+#define TIERFS_GPU_IO_MAX	(1ULL << 30)
+
+#ifndef TIERFS_NO_CLIENT_API
+/*
+ * ---- libtierfs: the client library (-ltierfs, pkg-config libtierfs) -----
+ *
+ * Define TIERFS_NO_CLIENT_API before including this header to get the ABI
+ * alone.  Every call returns -1 with errno set on failure, like pwrite(2)
+ * and pread(2); see tierfs-gpu(7) for the full list of errors.
+ */
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * tierfs_pwrite_gpu - write len bytes from GPU memory at dev_ptr to fd at
+ * offset off, device to device.  dev_ptr is a CUDA device address inside
+ * memory from cuMemAlloc/cudaMalloc (any offset in the allocation; VMM,
+ * pool and managed memory cannot be exported).  Orders itself after the
+ * work queued on the legacy default stream of the buffer's context (as
+ * cudaMemcpy does); work on other streams that touches the buffer must be
+ * complete.  Returns len (the library repeats short transfers and splits
+ * requests into TIERFS_GPU_IO_MAX pieces) or -1 with errno:
+ *   ENOTTY  fd is not on tierfs;  EBADF  fd is not open for writing;
+ *   ENODEV  the mount has no GPU tier, or there is no CUDA driver here;
+ *   EXDEV   the buffer is on another GPU than the mount's GPU tier;
+ *   EINVAL  dev_ptr is not cuMemAlloc/cudaMalloc memory, the range leaves
+ *           its allocation, or off/len are out of range;
+ *   and the errors of write(2) (ENOSPC, EIO, ...).
+ */
+ssize_t tierfs_pwrite_gpu(int fd, const void *dev_ptr, size_t len, off_t off);
+/*
+ * tierfs_pread_gpu - read up to len bytes of fd at offset off into GPU
+ * memory at dev_ptr.  Returns the count (short only at end of file, 0 at
+ * or past it) or -1 with errno, as tierfs_pwrite_gpu (EBADF: not open for
+ * reading).  The data is in place when it returns.
+ */
+ssize_t tierfs_pread_gpu(int fd, void *dev_ptr, size_t len, off_t off);
+/*
+ * tierfs_is_tierfs - 1 if fd is a file or directory on a tierfs mount, 0
+ * if not, -1 with errno if fd cannot be examined (EBADF, ...).
+ */
+int tierfs_is_tierfs(int fd);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TIERFS_NO_CLIENT_API */
 
 #endif /* TIERFS_PUBLIC_H */

@@ -7,7 +7,7 @@
  * holds the pointer, because only whole allocations can be exported, and
  * returns the handle plus the allocation's base and size, so that the
  * ioctl can carry "handle + offset".  The daemon side opens a handle with
- * gpu_ipc_open() (tiers/ caches the result: a handle is opened once per
+ * gpu_ipc_open() (fs/fs_ioctl.c caches the result: a handle is opened once per
  * allocation) and copies device to device between the mapping and the GPU
  * cache; gpu_ipc_close() drops the mapping.
  *

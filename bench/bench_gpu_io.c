@@ -1,0 +1,418 @@
+/*
+ * bench_gpu_io.c - checkpoint and restore throughput of a GPU buffer:
+ * the tierfs ioctl against POSIX I/O and against a plain device copy.
+ *
+ * usage: bench_gpu_io MOUNT [REPS]        (REPS default 5)
+ *
+ * MOUNT is a tierfs mount with a GPU tier on the same GPU, big enough to
+ * hold a 1 GiB file (e.g. -o gpu=0,gpu_cache=4G,host_cache=4G).  For each
+ * size (128 MiB and 1 GiB; BENCH_SIZES_MIB="128,1024" overrides) and each
+ * path, REPS times: checkpoint (open O_WRONLY|O_CREAT|O_TRUNC, write, close)
+ * and restore (open O_RDONLY, read, close) of a fresh file, then unlink.
+ *
+ *   ioctl   tierfs_pwrite_gpu / tierfs_pread_gpu: device to device
+ *   posix   the application copies D2H into pinned host memory and
+ *           write(2)s it; read(2)s into pinned memory and copies H2D
+ *   raw     cuMemcpyDtoD of the same size in this process (no file at all):
+ *           the ceiling for the ioctl
+ *
+ * Prints the median and best GB/s (10^9 bytes/s) per path and direction,
+ * from open to close ("all") and of the data call alone ("call": the ioctl,
+ * or the application's device copy plus write/read), then the ratios
+ * ioctl/raw and ioctl/posix of the medians, and per run the tier the file
+ * was restored from (its user.tierfs.tier just before).  Restored bytes
+ * are spot-checked (64 KiB at 16 places) every time.  TIERFS_GPU: device
+ * (default 0); BENCH_VERBOSE=1: also each restore's open/call/close times.
+ * Last, the cost of one call: 4 KiB moved 200 times each way on an open
+ * file, by the ioctl and by POSIX I/O with the application's copy.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "gpu.h"
+#include "gpu_dl.h"
+#include "tierfs.h"
+
+#define MiB	((size_t)1 << 20)
+#define MAXREPS	50
+#define MAXSIZES 8
+
+enum path { P_IOCTL, P_POSIX, P_RAW, NPATHS };
+static const char *const path_name[NPATHS] = { "ioctl", "posix", "raw D2D" };
+
+static const char *mnt;
+static int verbose;		/* BENCH_VERBOSE=1: per-run times */
+static CUdeviceptr dsrc, ddst;
+static unsigned char *pinned, *ref;
+
+#define CU(call) do {							\
+	CUresult r_ = (call);						\
+	if (r_ != CUDA_SUCCESS) {					\
+		const char *n_ = "?";					\
+		cuGetErrorName(r_, &n_);				\
+		fprintf(stderr, "bench_gpu_io: %s: %s\n", #call, n_);	\
+		exit(1);						\
+	}								\
+} while (0)
+
+static void die(const char *what)
+{
+	fprintf(stderr, "bench_gpu_io: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void write_all(int fd, const unsigned char *p, size_t n)
+{
+	while (n) {
+		ssize_t r = write(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			die("write");
+		p += r;
+		n -= (size_t)r;
+	}
+}
+
+static void read_all(int fd, unsigned char *p, size_t n)
+{
+	while (n) {
+		ssize_t r = read(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			die("read");
+		if (r == 0) {
+			errno = EIO;
+			die("read: unexpected end of file");
+		}
+		p += r;
+		n -= (size_t)r;
+	}
+}
+
+/* Spot-check the restored buffer (device dst) against ref. */
+static void check(CUdeviceptr d, size_t n, const char *what)
+{
+	static unsigned char got[64 << 10];
+	size_t k, off, len;
+
+	for (k = 0; k < 16; k++) {
+		off = n / 16 * k;
+		len = n - off < sizeof(got) ? n - off : sizeof(got);
+		CU(cuMemcpyDtoHAsync(got, d + off, len, NULL));
+		CU(cuStreamSynchronize(NULL));
+		if (memcmp(got, ref + off, len)) {
+			fprintf(stderr, "bench_gpu_io: %s: restored data differs "
+				"near byte %zu\n", what, off);
+			exit(1);
+		}
+	}
+}
+
+/* Zero the places check() looks at. */
+static void spoil(CUdeviceptr d, size_t n)
+{
+	static const unsigned char zero[64 << 10];
+	size_t k, off, len;
+
+	for (k = 0; k < 16; k++) {
+		off = n / 16 * k;
+		len = n - off < sizeof(zero) ? n - off : sizeof(zero);
+		CU(cuMemcpyHtoDAsync(d + off, zero, len, NULL));
+	}
+	CU(cuStreamSynchronize(NULL));
+}
+
+/* Times of one run: [C_*] checkpoint, [R_*] restore; *_ALL from open to
+ * close, *_CALL the data call (and the application's copy) alone. */
+enum { C_ALL, C_CALL, R_ALL, R_CALL, NT };
+
+/* The first tier "user.tierfs.tier" lists, "gpu" etc., or "?". */
+static void tier_of(const char *path, char *buf, size_t len)
+{
+	ssize_t n = getxattr(path, TIERFS_XATTR_TIER, buf, len - 1);
+	char *comma;
+
+	if (n <= 0) {
+		snprintf(buf, len, "%s", n == 0 ? "none" : "?");
+		return;
+	}
+	buf[n] = '\0';
+	comma = strchr(buf, ',');
+	if (comma)
+		*comma = '\0';
+}
+
+/* One checkpoint + restore: seconds in t[], the restore's tier in tier. */
+static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
+		size_t tierlen)
+{
+	char path[4096];
+	double t0, t1;
+	int fd;
+
+	spoil(ddst, n);		/* the restore target starts out wrong */
+	if (p == P_RAW) {
+		t0 = now();
+		CU(cuMemcpyDtoDAsync(ddst, dsrc, n, NULL));
+		CU(cuStreamSynchronize(NULL));
+		t[C_ALL] = t[C_CALL] = now() - t0;
+		t0 = now();
+		CU(cuMemcpyDtoDAsync(ddst, dsrc, n, NULL));
+		CU(cuStreamSynchronize(NULL));
+		t[R_ALL] = t[R_CALL] = now() - t0;
+		check(ddst, n, "raw");
+		snprintf(tier, tierlen, "-");
+		return;
+	}
+
+	snprintf(path, sizeof(path), "%s/bench_gpu_io.%d.%zu", mnt, rep, n);
+	t0 = now();
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		die(path);
+	t1 = now();
+	if (p == P_IOCTL) {
+		if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc, n, 0) !=
+		    (ssize_t)n)
+			die("tierfs_pwrite_gpu");
+	} else {
+		CU(cuMemcpyDtoHAsync(pinned, dsrc, n, NULL));
+		CU(cuStreamSynchronize(NULL));
+		write_all(fd, pinned, n);
+	}
+	t[C_CALL] = now() - t1;
+	if (close(fd) < 0)
+		die("close");
+	t[C_ALL] = now() - t0;
+
+	tier_of(path, tier, tierlen);
+	t0 = now();
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		die(path);
+	t1 = now();
+	if (p == P_IOCTL) {
+		if (tierfs_pread_gpu(fd, (void *)(uintptr_t)ddst, n, 0) !=
+		    (ssize_t)n)
+			die("tierfs_pread_gpu");
+	} else {
+		read_all(fd, pinned, n);
+		CU(cuMemcpyHtoDAsync(ddst, pinned, n, NULL));
+		CU(cuStreamSynchronize(NULL));
+	}
+	t[R_CALL] = now() - t1;
+	t1 = now();
+	close(fd);
+	t[R_ALL] = now() - t0;
+	if (verbose)
+		printf("   %s %zu MiB rep %d: restore open %.3f ms, call %.3f ms, "
+		       "close %.3f ms (from %s)\n", path_name[p], n / MiB, rep,
+		       (t[R_ALL] - t[R_CALL] - (now() - t1)) * 1e3,
+		       t[R_CALL] * 1e3, (now() - t1) * 1e3, tier);
+	check(ddst, n, path_name[p]);
+	if (unlink(path) < 0)
+		die("unlink");
+}
+
+static double median(double *v, int n);
+
+/*
+ * Per-call cost: the median time of LAT_N calls moving 4 KiB on an open
+ * file, through the ioctl and through POSIX with the application's copy.
+ */
+#define LAT_N	200
+#define LAT_SZ	4096
+
+static void latency(void)
+{
+	static double tw[2][LAT_N], tr[2][LAT_N];
+	char path[4096];
+	double t0;
+	int fd, i, p;
+
+	snprintf(path, sizeof(path), "%s/bench_gpu_io.lat", mnt);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		die(path);
+	for (p = 0; p < 2; p++) {
+		for (i = 0; i < LAT_N; i++) {
+			t0 = now();
+			if (p == 0) {
+				if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc,
+						      LAT_SZ, 0) != LAT_SZ)
+					die("tierfs_pwrite_gpu");
+			} else {
+				CU(cuMemcpyDtoHAsync(pinned, dsrc, LAT_SZ, NULL));
+				CU(cuStreamSynchronize(NULL));
+				if (pwrite(fd, pinned, LAT_SZ, 0) != LAT_SZ)
+					die("pwrite");
+			}
+			tw[p][i] = now() - t0;
+			t0 = now();
+			if (p == 0) {
+				if (tierfs_pread_gpu(fd, (void *)(uintptr_t)ddst,
+						     LAT_SZ, 0) != LAT_SZ)
+					die("tierfs_pread_gpu");
+			} else {
+				if (pread(fd, pinned, LAT_SZ, 0) != LAT_SZ)
+					die("pread");
+				CU(cuMemcpyHtoDAsync(ddst, pinned, LAT_SZ, NULL));
+				CU(cuStreamSynchronize(NULL));
+			}
+			tr[p][i] = now() - t0;
+		}
+	}
+	close(fd);
+	unlink(path);
+	printf("\nper call, %d B, median of %d: ioctl write %.1f us, read %.1f us; "
+	       "posix (with the copy) write %.1f us, read %.1f us\n", LAT_SZ,
+	       LAT_N, median(tw[0], LAT_N) * 1e6, median(tr[0], LAT_N) * 1e6,
+	       median(tw[1], LAT_N) * 1e6, median(tr[1], LAT_N) * 1e6);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(int argc, char **argv)
+{
+	const char *env = getenv("BENCH_SIZES_MIB"), *g = getenv("TIERFS_GPU");
+	size_t sizes[MAXSIZES], maxn = 0, i;
+	int nsizes = 0, reps = argc > 2 ? atoi(argv[2]) : 5, s, p, r, k;
+	double t[NPATHS][NT][MAXREPS], med[NPATHS][NT], best[NPATHS][NT];
+	double tt[NT];
+	static char tiers[NPATHS][MAXREPS][16];
+	char tier[16];
+	char msg[256], name[128] = "?", label[32];
+	uint64_t free_b = 0, total_b = 0;
+
+	if (argc < 2 || reps < 1 || reps > MAXREPS) {
+		fprintf(stderr, "usage: %s MOUNT [REPS (1..%d)]\n", argv[0],
+			MAXREPS);
+		return 2;
+	}
+	mnt = argv[1];
+	verbose = getenv("BENCH_VERBOSE") && atoi(getenv("BENCH_VERBOSE"));
+	if (env && *env) {
+		char *copy = strdup(env), *tok, *save = NULL;
+
+		for (tok = strtok_r(copy, ",", &save); tok && nsizes < MAXSIZES;
+		     tok = strtok_r(NULL, ",", &save))
+			sizes[nsizes++] = strtoul(tok, NULL, 0) * MiB;
+		free(copy);
+	} else {
+		sizes[nsizes++] = 128 * MiB;
+		sizes[nsizes++] = 1024 * MiB;
+	}
+	for (s = 0; s < nsizes; s++)
+		if (sizes[s] > maxn)
+			maxn = sizes[s];
+
+	if (gpu_init(g && *g ? atoi(g) : 0, msg, sizeof(msg)) < 0) {
+		fprintf(stderr, "bench_gpu_io: no GPU: %s\n", msg);
+		return 77;
+	}
+	gpu_mem_info(&free_b, &total_b, name, sizeof(name));
+	printf("bench_gpu_io: %s, mount %s, %d reps\n", name, mnt, reps);
+
+	CU(cuMemAlloc(&dsrc, maxn));
+	CU(cuMemAlloc(&ddst, maxn));
+	if (posix_memalign((void **)&pinned, 1 << 21, maxn) ||
+	    !(ref = malloc(maxn))) {
+		errno = ENOMEM;
+		die("host buffers");
+	}
+	memset(pinned, 0, maxn);	/* touch before pinning */
+	CU(cuMemHostRegister(pinned, maxn, 0));
+	for (i = 0; i < maxn; i++)
+		ref[i] = (unsigned char)(i * 131 + (i >> 16) + 7);
+	CU(cuMemcpyHtoDAsync(dsrc, ref, maxn, NULL));
+	CU(cuStreamSynchronize(NULL));
+
+	/* warm up every path once (first IPC open, first file) */
+	for (p = 0; p < NPATHS; p++)
+		one((enum path)p, sizes[0], -1, tt, tier, sizeof(tier));
+
+	printf("\nGB/s, median of %d (best); \"all\": open to close, "
+	       "\"call\": the data call alone\n", reps);
+	printf("%-9s %-11s %17s %17s %17s %17s  %s\n", "size", "path",
+	       "ckpt all", "ckpt call", "restore all", "restore call",
+	       "restored from");
+	for (s = 0; s < nsizes; s++) {
+		size_t n = sizes[s];
+
+		for (r = 0; r < reps; r++)
+			for (p = 0; p < NPATHS; p++) {
+				one((enum path)p, n, r, tt, tier, sizeof(tier));
+				for (k = 0; k < NT; k++)
+					t[p][k][r] = tt[k];
+				snprintf(tiers[p][r], sizeof(tiers[p][r]), "%s",
+					 tier);
+			}
+		for (p = 0; p < NPATHS; p++) {
+			char from[256] = "";
+
+			for (k = 0; k < NT; k++) {
+				med[p][k] = n / median(t[p][k], reps) / 1e9;
+				best[p][k] = n / t[p][k][0] / 1e9; /* sorted */
+			}
+			for (r = 0; r < reps; r++) {
+				size_t l = strlen(from);
+
+				snprintf(from + l, sizeof(from) - l, "%s%s",
+					 r ? "," : "", tiers[p][r]);
+			}
+			snprintf(label, sizeof(label), "%zu MiB", n / MiB);
+			printf("%-9s %-11s", p ? "" : label, path_name[p]);
+			for (k = 0; k < NT; k++)
+				printf(" %8.2f (%6.1f)", med[p][k], best[p][k]);
+			printf("  %s\n", from);
+		}
+		printf("%-9s %-11s", "", "ioctl/raw");
+		for (k = 0; k < NT; k++)
+			printf(" %8.3f %8s", med[P_IOCTL][k] / med[P_RAW][k], "");
+		printf("\n%-9s %-11s", "", "ioctl/posix");
+		for (k = 0; k < NT; k++)
+			printf(" %8.2f %8s", med[P_IOCTL][k] / med[P_POSIX][k], "");
+		printf("\n");
+	}
+
+	latency();
+
+	cuMemHostUnregister(pinned);
+	cuMemFree(dsrc);
+	cuMemFree(ddst);
+	free(pinned);
+	free(ref);
+	return 0;
+}

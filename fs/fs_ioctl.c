@@ -1,0 +1,418 @@
+/*
+ * fs_ioctl.c - the GPU zero-copy ioctl (fs/tierfs.h, tierfs-gpu(7)).
+ *
+ * TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU carry a struct tierfs_gpu_io:
+ * the CUDA IPC handle of the caller's allocation, the buffer's offset in it,
+ * a length and a file offset.  The daemon maps the allocation into its own
+ * CUDA context (gpu_ipc_open) and hands the device address to the engine
+ * (tfile_write_dev / tfile_read_dev), which moves the bytes device to device
+ * into or out of the file's GPU cache copy.  The reply is the byte count.
+ *
+ * Checks, in this order (the first that fails gives the error):
+ *   FUSE_IOCTL_COMPAT (a 32-bit caller)          ENOSYS
+ *   cmd other than the two above                 ENOTTY  (a directory too:
+ *                                                libfuse answers ENOTTY)
+ *   in_bufsz != sizeof(struct tierfs_gpu_io)     EINVAL
+ *   not a regular file                           EINVAL
+ *   PWRITE on a read-only handle,
+ *   PREAD on a write-only handle                 EBADF
+ *   no GPU tier in this mount                    ENODEV
+ *   flags != 0                                   EINVAL
+ *   len == 0                                     returns 0
+ *   handle_off + len or file_off + len wraps,
+ *   file_off + len > INT64_MAX                   EINVAL
+ *   handle not openable                          what gpu_ipc_open says:
+ *                                                EINVAL (garbage, exported
+ *                                                by the daemon; a freed
+ *                                                allocation's handle may
+ *                                                still open: see below),
+ *                                                EXDEV (other device),
+ *                                                ENOMEM, EIO
+ *   handle_off + len > allocation size           EINVAL
+ *   then the engine's own errors (ENOSPC, EIO, ...).
+ * Kernel caches: a GPU write bypasses the kernel's page cache, so after one
+ * the daemon drops the kernel's cached pages of the range and attributes
+ * and moves its file size (kernel_written), before replying.  The other way round, data that
+ * write(2) left dirty in the kernel's writeback cache has not reached the
+ * daemon yet: the caller writes it back first (libtierfs does, with
+ * sync_file_range over the range; raw ioctl users must do the same).
+ *
+ * One call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the count
+ * fits the ioctl's int result: a longer request returns a short count, as
+ * write(2) does past its own limit (libtierfs loops).
+ *
+ * Access: FUSE ioctl requests carry the file handle but not the open flags;
+ * open_common() (fs_ops.c) stores the open flags in fi->fh for that
+ * (FS_FH_FLAGS), and a handle without them is refused (EBADF).
+ *
+ * Trust model: an IPC handle is a capability.  Whoever holds its 64 bytes
+ * may read and write the whole allocation it names, so the daemon uses it
+ * only for the file access the caller already has through its fd, checked
+ * as for write()/read(); it does not check that the caller owns the
+ * allocation.  Mappings are cached (below): when a client frees an
+ * allocation whose mapping is cached, the daemon's mapping keeps that
+ * memory alive until the entry is evicted; the same handle keeps working on
+ * the old memory meanwhile, a new allocation always comes with a new handle.
+ * (Even uncached, the driver may open the handle of a freed allocation: it
+ * can keep the memory for reuse; seen with CUDA 13 on an H200.)  Sending
+ * such handles is the client's error, and touches only memory that was the
+ * client's: libtierfs re-exports a buffer whose allocation changed.
+ *
+ * Handle cache: at most IPC_CACHE_MAX (64) mappings, keyed by the 64 handle
+ * bytes, least recently used first out; an entry idle for IPC_IDLE_SEC
+ * (60 s) is closed at the next ioctl.  So the daemon keeps at most 64 client
+ * allocations alive.  Entries are reference counted: an entry is closed
+ * (gpu_ipc_close) only when no ioctl is using it.  When all 64 are in use
+ * at once a mapping is opened for the one call and closed after it.
+ * fs_ioctl_shutdown() closes everything at unmount.
+ *
+ * Locking: ipc_cache.lock protects the table and every entry's refs,
+ * last_use and `cached`; gpu_ipc_open/close run outside it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <time.h>
+
+#include "fs.h"
+#include "gpu.h"
+#include "tierfs.h"
+
+_Static_assert(sizeof(struct tierfs_gpu_io) == 96,
+	       "struct tierfs_gpu_io is 96 bytes (ABI)");
+_Static_assert(offsetof(struct tierfs_gpu_io, handle_off) == 64 &&
+	       offsetof(struct tierfs_gpu_io, len) == 72 &&
+	       offsetof(struct tierfs_gpu_io, file_off) == 80 &&
+	       offsetof(struct tierfs_gpu_io, flags) == 88 &&
+	       offsetof(struct tierfs_gpu_io, device) == 92,
+	       "struct tierfs_gpu_io layout (ABI)");
+_Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
+	       "IPC handle sizes of tierfs.h and gpu.h");
+_Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
+
+#define IPC_CACHE_MAX	64	/* cached mappings */
+#define IPC_IDLE_SEC	60	/* an unused mapping is closed after this */
+
+struct ipc_entry {
+	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];
+	uint64_t base;		/* device address of the mapping */
+	uint64_t size;		/* allocation size */
+	int refs;		/* ioctls using it */
+	bool cached;		/* in the table (else closed at refs 0) */
+	time_t last_use;	/* CLOCK_MONOTONIC seconds */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct ipc_entry *e[IPC_CACHE_MAX];
+	int n;
+	bool shut;		/* fs_ioctl_shutdown() ran: cache nothing */
+} ipc_cache = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+static time_t now_sec(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec;
+}
+
+static void entry_close(struct ipc_entry *ent)
+{
+	int ret = gpu_ipc_close(ent->base);
+
+	if (ret)
+		tlog(LOG_WARNING, "gpu ioctl: closing an IPC mapping: %s",
+		     strerror(-ret));
+	free(ent);
+}
+
+/* Remove table slot i (lock held); the caller closes the entry. */
+static struct ipc_entry *table_take(int i)
+{
+	struct ipc_entry *ent = ipc_cache.e[i];
+
+	ipc_cache.e[i] = ipc_cache.e[--ipc_cache.n];
+	ipc_cache.e[ipc_cache.n] = NULL;
+	ent->cached = false;
+	return ent;
+}
+
+/*
+ * Detach idle entries (lock held) into out[] (room for IPC_CACHE_MAX);
+ * returns how many.  With `need_room`, also the least recently used unused
+ * entry when the table is full.
+ */
+static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
+{
+	int i, n = 0, lru = -1;
+
+	for (i = 0; i < ipc_cache.n;) {
+		struct ipc_entry *ent = ipc_cache.e[i];
+
+		if (!ent->refs && now - ent->last_use >= IPC_IDLE_SEC) {
+			out[n++] = table_take(i);
+			continue;	/* slot i holds another entry now */
+		}
+		if (!ent->refs && (lru < 0 ||
+				   ent->last_use < ipc_cache.e[lru]->last_use))
+			lru = i;
+		i++;
+	}
+	if (need_room && ipc_cache.n == IPC_CACHE_MAX && lru >= 0)
+		out[n++] = table_take(lru);
+	return n;
+}
+
+/*
+ * ipc_get - the mapping of `handle`, referenced: from the cache, or opened
+ * and cached.  Returns 0 or gpu_ipc_open()'s -errno.
+ */
+static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
+{
+	struct ipc_entry *dead[IPC_CACHE_MAX], *ent = NULL, *mine;
+	time_t now = now_sec();
+	int i, ndead, ret;
+
+	pthread_mutex_lock(&ipc_cache.lock);
+	for (i = 0; i < ipc_cache.n; i++) {
+		if (!memcmp(ipc_cache.e[i]->handle, handle,
+			    TIERFS_IPC_HANDLE_SIZE)) {
+			ent = ipc_cache.e[i];
+			ent->refs++;
+			ent->last_use = now;
+			break;
+		}
+	}
+	ndead = table_expire(now, false, dead);
+	pthread_mutex_unlock(&ipc_cache.lock);
+	for (i = 0; i < ndead; i++)
+		entry_close(dead[i]);
+	if (ent) {
+		*out = ent;
+		return 0;
+	}
+
+	/* miss: open outside the lock, then insert unless someone was faster */
+	mine = calloc(1, sizeof(*mine));
+	if (!mine)
+		return -ENOMEM;
+	ret = gpu_ipc_open(handle, &mine->base, &mine->size);
+	if (ret) {
+		free(mine);
+		return ret;
+	}
+	memcpy(mine->handle, handle, TIERFS_IPC_HANDLE_SIZE);
+	mine->refs = 1;
+	mine->last_use = now;
+
+	pthread_mutex_lock(&ipc_cache.lock);
+	for (i = 0; i < ipc_cache.n; i++) {
+		if (!memcmp(ipc_cache.e[i]->handle, handle,
+			    TIERFS_IPC_HANDLE_SIZE)) {
+			ent = ipc_cache.e[i];
+			ent->refs++;
+			ent->last_use = now;
+			break;
+		}
+	}
+	ndead = 0;
+	if (!ent && !ipc_cache.shut) {
+		ndead = table_expire(now, true, dead);
+		if (ipc_cache.n < IPC_CACHE_MAX) {
+			mine->cached = true;
+			ipc_cache.e[ipc_cache.n++] = mine;
+		}
+		/* else: every entry is in use; mine serves this call only */
+	}
+	pthread_mutex_unlock(&ipc_cache.lock);
+	for (i = 0; i < ndead; i++)
+		entry_close(dead[i]);
+	if (ent) {		/* lost the race: drop our second open */
+		entry_close(mine);
+		mine = ent;
+	}
+	*out = mine;
+	return 0;
+}
+
+static void ipc_put(struct ipc_entry *ent)
+{
+	bool close_it;
+
+	pthread_mutex_lock(&ipc_cache.lock);
+	close_it = --ent->refs == 0 && !ent->cached;
+	pthread_mutex_unlock(&ipc_cache.lock);
+	if (close_it)
+		entry_close(ent);
+}
+
+/*
+ * fs_ioctl_shutdown - close every cached IPC mapping.  Call once no FUSE
+ * request runs any more (after the session loop returned); entries still
+ * in use are closed by their last user.  Later ioctls cache nothing.
+ */
+void fs_ioctl_shutdown(void)
+{
+	struct ipc_entry *dead[IPC_CACHE_MAX];
+	int i, n = 0;
+
+	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_cache.shut = true;
+	while (ipc_cache.n) {
+		struct ipc_entry *ent = table_take(ipc_cache.n - 1);
+
+		if (!ent->refs)
+			dead[n++] = ent;
+	}
+	pthread_mutex_unlock(&ipc_cache.lock);
+	for (i = 0; i < n; i++)
+		entry_close(dead[i]);
+}
+
+/*
+ * Tell the kernel that the GPU wrote [off, off + n) of ino behind its back,
+ * from device address src: drop its cached pages of the range and its
+ * cached attributes, and when the write grew the file past `before` (the
+ * size before it) grow the kernel's size too.  With the writeback cache
+ * the kernel keeps a regular file's size itself and never takes the
+ * daemon's; storing the file's new last byte into its page cache moves it
+ * (forward only; an empty store does not).  Both notifications are done
+ * when they return, so before the reply.
+ */
+static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
+			   uint64_t n, uint64_t before)
+{
+	struct fuse_bufvec last = FUSE_BUFVEC_INIT(1);
+	uint8_t byte;
+	int ret;
+
+	if (off + n > before) {
+		ret = gpu_copy_dtoh(&byte, src + n - 1, 1);
+		if (!ret) {
+			last.buf[0].mem = &byte;
+			ret = fuse_lowlevel_notify_store(fs.se, ino,
+							 (off_t)(off + n - 1),
+							 &last, 0);
+		}
+		if (ret && ret != -ENOENT)
+			tlog(LOG_WARNING, "gpu ioctl: cannot tell the kernel the "
+			     "new size: %s", strerror(-ret));
+	}
+	ret = fuse_lowlevel_notify_inval_inode(fs.se, ino, (off_t)off,
+					       (off_t)n);
+	if (ret && ret != -ENOENT)
+		tlog(LOG_WARNING, "gpu ioctl: cannot drop the kernel's cached "
+		     "pages: %s", strerror(-ret));
+}
+
+/* The checks that need no GPU; 0 or a positive errno. */
+static int check_request(struct fs_inode *in, bool write,
+			 const struct fuse_file_info *fi,
+			 const struct tierfs_gpu_io *io)
+{
+	int acc;
+
+	if (!S_ISREG(in->type))
+		return EINVAL;
+	if (!(fi->fh & FS_FH_FLAGS))
+		return EBADF;
+	acc = (int)(fi->fh & O_ACCMODE);
+	if (write ? acc == O_RDONLY : acc == O_WRONLY)
+		return EBADF;
+	if (!engine_has_gpu(fs.eng))
+		return ENODEV;
+	if (io->flags != 0)
+		return EINVAL;
+	if (io->len == 0)
+		return 0;
+	if (io->handle_off + io->len < io->handle_off ||
+	    io->file_off > (uint64_t)INT64_MAX ||
+	    io->len > (uint64_t)INT64_MAX - io->file_off)
+		return EINVAL;
+	return 0;
+}
+
+void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		 struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+		 size_t in_bufsz, size_t out_bufsz)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	struct tierfs_gpu_io io;
+	struct ipc_entry *ent;
+	struct timespec mtime;
+	uint64_t len, before = 0;
+	ssize_t n;
+	bool write;
+	int err;
+
+	(void)arg;
+	(void)out_bufsz;
+	if (flags & FUSE_IOCTL_COMPAT) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	if (cmd == TIERFS_IOC_PWRITE_GPU) {
+		write = true;
+	} else if (cmd == TIERFS_IOC_PREAD_GPU) {
+		write = false;
+	} else {
+		fuse_reply_err(req, ENOTTY);
+		return;
+	}
+	if (in_bufsz != sizeof(io) || !in_buf) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	memcpy(&io, in_buf, sizeof(io));	/* in_buf need not be aligned */
+	err = check_request(in, write, fi, &io);
+	if (err || io.len == 0) {
+		if (err)
+			fuse_reply_err(req, err);
+		else
+			fuse_reply_ioctl(req, 0, NULL, 0);
+		return;
+	}
+
+	err = -ipc_get(io.handle, &ent);
+	if (err) {
+		tlog(LOG_INFO, "gpu ioctl: IPC handle refused: %s",
+		     strerror(err));
+		fuse_reply_err(req, err);
+		return;
+	}
+	if (io.handle_off > ent->size || io.len > ent->size - io.handle_off) {
+		tlog(LOG_INFO, "gpu ioctl: range %" PRIu64 "+%" PRIu64
+		     " outside the %" PRIu64 "-byte allocation",
+		     io.handle_off, io.len, ent->size);
+		ipc_put(ent);
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	len = io.len < TIERFS_GPU_IO_MAX ? io.len : TIERFS_GPU_IO_MAX;
+	if (write) {
+		tfile_attr(&in->tf, &before, &mtime);
+		n = tfile_write_dev(&in->tf, ent->base + io.handle_off,
+				    (size_t)len, (off_t)io.file_off);
+		if (n > 0)
+			kernel_written(ino, ent->base + io.handle_off,
+				       io.file_off, (uint64_t)n, before);
+	} else {
+		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
+				   (size_t)len, (off_t)io.file_off);
+	}
+	ipc_put(ent);
+	if (n < 0)
+		fuse_reply_err(req, (int)-n);
+	else
+		fuse_reply_ioctl(req, (int)n, NULL, 0);
+}

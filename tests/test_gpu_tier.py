@@ -1,0 +1,114 @@
+"""The GPU cache tier (run on a GPU machine with TIERFS_GPU=N; skipped
+elsewhere): data through GPU, host and SSD, eviction from the GPU tier, a
+mount serving writes before its GPU cache is mapped, and two instances
+taking turns to pin their host caches."""
+
+import hashlib
+import json
+import os
+import re
+import time
+
+import pytest
+
+import util
+
+pytestmark = [pytest.mark.gpu, pytest.mark.daemon]
+MiB = 1 << 20
+
+
+def stats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_nocache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        out = bytearray()
+        while True:
+            b = os.read(fd, 4 * MiB)
+            if not b:
+                return bytes(out)
+            out += b
+    finally:
+        os.close(fd)
+
+
+def wait_backlog(m, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = stats(m)
+        if s["ssd"]["flush_backlog"] == 0 and not s["ssd"]["flushes_running"]:
+            return s
+        time.sleep(0.05)
+    raise AssertionError(f"flush backlog stuck: {stats(m)}")
+
+
+def test_data_through_gpu_host_ssd(mount):
+    m = mount(gpu_cache="512M", host_cache="1G")
+    files = {f"c{i}": os.urandom((8 + i) * MiB + i) for i in range(12)}
+    for n, d in files.items():
+        write(os.path.join(m.mnt, n), d)
+        assert "gpu" in os.getxattr(os.path.join(m.mnt, n), "user.tierfs.tier").decode()
+    s = wait_backlog(m)
+    assert s["tiers"]["gpu"]["bytes_to_host"] >= sum(map(len, files.values()))
+    for n, d in files.items():
+        assert hashlib.sha256(read_nocache(os.path.join(m.mnt, n))).digest() == \
+            hashlib.sha256(d).digest(), n
+    assert stats(m)["tiers"]["gpu"]["hits"] > 0
+    m.umount()
+    for n, d in files.items():
+        with open(os.path.join(m.backing, n), "rb") as f:
+            assert f.read() == d, n
+
+
+def test_gpu_cache_fills_and_evicts(mount):
+    m = mount(gpu_cache="64M", host_cache="256M")
+    data = [os.urandom(16 * MiB) for _ in range(16)]       # 256 MiB > 64 MiB
+    for i, d in enumerate(data):
+        write(os.path.join(m.mnt, f"f{i}"), d)
+    wait_backlog(m)
+    g = stats(m)["tiers"]["gpu"]
+    assert g["evictions"] > 0, g
+    assert g["used"] <= g["capacity"]
+    for i, d in enumerate(data):
+        assert read_nocache(os.path.join(m.mnt, f"f{i}")) == d
+
+
+def test_writes_served_before_gpu_cache_is_mapped(mount):
+    t0 = time.monotonic()
+    m = mount(gpu_cache="4G", host_cache="1G")
+    p = os.path.join(m.mnt, "first")
+    d = os.urandom(MiB)
+    write(p, d)
+    first = time.monotonic() - t0
+    g = stats(m)["tiers"]["gpu"]
+    print(f"first write accepted {first * 1e3:.0f} ms after the mount started; "
+          f"GPU cache mapped {g['mapped'] >> 20} of {g['capacity'] >> 20} MiB")
+    assert g["mapped"] < g["capacity"], "the first write waited for the whole GPU cache"
+    end = time.monotonic() + 60
+    while not stats(m)["tiers"]["gpu"].get("fully_mapped") and time.monotonic() < end:
+        time.sleep(0.05)
+    assert stats(m)["tiers"]["gpu"]["mapped"] == stats(m)["tiers"]["gpu"]["capacity"]
+    assert read_nocache(p) == d
+
+
+def test_two_instances_take_turns_pinning(mount):
+    a = mount(gpu_cache="256M", host_cache="4G", log="info")
+    b = mount(gpu_cache="256M", host_cache="4G", log="info")
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if stats(a)["tiers"]["host"].get("pinned") and stats(b)["tiers"]["host"].get("pinned"):
+            break
+        time.sleep(0.1)
+    assert stats(a)["tiers"]["host"]["pinned"] and stats(b)["tiers"]["host"]["pinned"]
+    logs = a.log() + b.log()
+    pinned = re.findall(r"host cache pinned: .*\(waited ([0-9.]+) s for the pin lock\)", logs)
+    assert len(pinned) == 2, logs
+    print("pin-lock waits:", pinned)
