@@ -1,12 +1,28 @@
 /*
- * bench_evict.c - time one eviction decision of each policy.
+ * bench_evict.c - time one eviction decision of each policy, and compare
+ * the policies' hit rates on a write stream without restore hints.
  *
- * Builds random allocation tables of 10 to 100000 fragments (about a
+ * Timing: random allocation tables of 10 to 100000 fragments (about a
  * quarter gaps, copy sizes 1-16 blocks, waits mostly 0 with some flushing
- * copies and a few never-evictable ones, distances small or TIER_FAR) and
- * times choose() for score, fifo and lru with a need of 32 blocks.  Prints
- * ns per decision and ns per fragment: flat ns per fragment means linear
- * time (score); fifo and lru sort their candidates and grow by log N.
+ * copies and a few never-evictable ones, distances small or TIER_FAR; in
+ * offset order insertion numbers grow, as after a first fill) and choose()
+ * for score, fifo and lru with a need of 32 blocks.  "score/nohint" is
+ * score on the same tables as a mount without restore hints sees them once
+ * its flushes are done: every distance TIER_FAR and every wait 0 (the
+ * never-evictable copies stay): windows with as many copies tie on wait
+ * and distance and are told apart by age, score's most expensive path.
+ * Prints ns per decision (median and best of 7 batches: the best is the
+ * one to trust on a loaded machine) and ns per fragment: flat ns per
+ * fragment means linear time (score); fifo and lru sort their candidates
+ * and grow by log N.
+ *
+ * Hit rates: a cache of 1024 blocks takes a stream of 20000 checkpoints
+ * (all 8 blocks, or 1-16 blocks), each flushed at once and without a
+ * restore hint (wait 0, TIER_FAR), a full cache evicting through the
+ * policy; after each write one of the last 256 checkpoints, drawn
+ * uniformly, is read (a hit refreshes last_use; a miss is not cached).
+ * A policy that keeps the newest checkpoints hits about as often as the
+ * cache holds copies out of 256.
  *
  * Usage: bench_evict [seed].  No assertions on timings: it only reports.
  */
@@ -128,19 +144,21 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Median over 5 batches of the mean time of one decision. */
+#define BATCHES	7
+
+/* Median and best over BATCHES batches of the mean time of one decision. */
 static double time_policy(const struct evict_policy *p, struct cache *c,
-			  uint64_t need, size_t n, int *ok)
+			  uint64_t need, size_t n, int *ok, double *best)
 {
 	struct frag *first, *last;
-	double t[5], wait;
-	long reps = (long)(4000000 / n), r;
+	double t[BATCHES], wait;
+	long reps = (long)(3000000 / n), r;
 	int b, ret = 0;
 
 	if (reps < 5)
 		reps = 5;
 	p->choose(c, need, bench_cost, &first, &last, &wait);	/* warm up */
-	for (b = 0; b < 5; b++) {
+	for (b = 0; b < BATCHES; b++) {
 		double t0 = now_ns();
 
 		for (r = 0; r < reps; r++)
@@ -149,30 +167,102 @@ static double time_policy(const struct evict_policy *p, struct cache *c,
 		t[b] = (now_ns() - t0) / (double)reps;
 	}
 	*ok = ret == 0;
-	qsort(t, 5, sizeof(t[0]), cmp_double);
-	return t[2];
+	qsort(t, BATCHES, sizeof(t[0]), cmp_double);
+	*best = t[0];
+	return t[BATCHES / 2];
+}
+
+/* ---- hit rates without restore hints ---------------------------------- */
+
+#define SIM_BLOCKS	1024
+#define SIM_WRITES	20000
+#define SIM_WINDOW	256		/* reads go to the last SIM_WINDOW */
+
+static void sim_evicted(struct copy *cp)
+{
+	(void)cp;			/* cp->frag is NULL now: not cached */
+}
+
+/*
+ * The write stream above through policy p; sizes 8 blocks (uniform) or
+ * 1-16.  Returns the read hit rate in percent, or -1 on an error.
+ */
+static double sim_hits(const struct evict_policy *p, bool uniform,
+		       uint64_t seed)
+{
+	struct bcopy *cps = calloc(SIM_WRITES, sizeof(*cps));
+	struct cache c;
+	long t, k, hits = 0, reads = 0;
+	uint64_t tick = 0;
+
+	if (!cps || cache_init(&c, "sim", 0, NULL, SIM_BLOCKS * TIER_ALIGN,
+			       &tier_host_ops, p)) {
+		free(cps);
+		return -1;
+	}
+	rng_state = seed;
+	for (t = 0; t < SIM_WRITES; t++) {
+		struct bcopy *b = &cps[t];
+		uint64_t sz = (uniform ? 8 : 1 + rnd_below(16)) * TIER_ALIGN;
+
+		b->wait = 0;
+		b->dist = TIER_FAR;
+		while (cache_place(&c, &b->cp, sz)) {
+			struct frag *first, *last;
+			double wait;
+
+			if (p->choose(&c, sz, bench_cost, &first, &last,
+				      &wait)) {
+				t = -1;
+				goto out;
+			}
+			cache_evict_window(&c, first, last, sim_evicted);
+		}
+		b->cp.state = TS_FLUSHED;
+		b->cp.last_use = ++tick;
+		if (t > 0) {
+			long back = 1 + (long)rnd_below(SIM_WINDOW);
+			struct bcopy *r = &cps[t >= back ? t - back : 0];
+
+			reads++;
+			if (r->cp.frag) {
+				hits++;
+				r->cp.last_use = ++tick;
+			}
+		}
+	}
+out:
+	for (k = 0; k < SIM_WRITES; k++)
+		if (cps[k].cp.frag)
+			cache_release(&c, &cps[k].cp);
+	cache_destroy(&c);
+	free(cps);
+	return t < 0 ? -1 : 100.0 * (double)hits / (double)reads;
 }
 
 int main(int argc, char **argv)
 {
 	static const size_t sizes[] = { 10, 100, 1000, 10000, 100000 };
 	static const struct evict_policy *const pols[] = {
-		&evict_score, &evict_fifo, &evict_lru,
+		&evict_score, &evict_score, &evict_fifo, &evict_lru,
 	};
-	uint64_t need = 32 * TIER_ALIGN;
+	static const char *const names[] = {
+		"score", "score/nohint", "fifo", "lru",
+	};
+	uint64_t need = 32 * TIER_ALIGN, seed = rng_state;
 	size_t s, p;
 
 	if (argc > 1)
-		rng_state = strtoull(argv[1], NULL, 0) | 1;
-	printf("bench_evict: need %" PRIu64 " blocks, median of 5 batches\n\n",
-	       need / TIER_ALIGN);
-	printf("%-6s %9s %14s %12s\n", "policy", "fragments", "ns/decision",
-	       "ns/fragment");
+		seed = rng_state = strtoull(argv[1], NULL, 0) | 1;
+	printf("bench_evict: need %" PRIu64 " blocks, median and best of %d "
+	       "batches\n\n", need / TIER_ALIGN, BATCHES);
+	printf("%-12s %9s %12s %12s %12s\n", "policy", "fragments",
+	       "ns/decision", "best ns", "ns/fragment");
 	for (p = 0; p < sizeof(pols) / sizeof(pols[0]); p++) {
 		for (s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
 			struct cache c;
 			struct bcopy *cps = build(&c, sizes[s]);
-			double ns;
+			double ns, best;
 			int ok;
 			size_t k;
 
@@ -180,9 +270,17 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_evict: bad table\n");
 				return 1;
 			}
-			ns = time_policy(pols[p], &c, need, sizes[s], &ok);
-			printf("%-6s %9zu %14.0f %12.2f%s\n", pols[p]->name,
-			       sizes[s], ns, ns / (double)sizes[s],
+			if (p == 1) {		/* score/nohint */
+				for (k = 0; k < sizes[s]; k++) {
+					cps[k].dist = TIER_FAR;
+					if (cps[k].wait < TIER_INF)
+						cps[k].wait = 0;
+				}
+			}
+			ns = time_policy(pols[p], &c, need, sizes[s], &ok,
+					 &best);
+			printf("%-12s %9zu %12.0f %12.0f %12.2f%s\n", names[p],
+			       sizes[s], ns, best, ns / (double)sizes[s],
 			       ok ? "" : "  (some -ENOSPC)");
 			for (k = 0; k < sizes[s]; k++)
 				if (cps[k].cp.frag)
@@ -190,6 +288,25 @@ int main(int argc, char **argv)
 			cache_destroy(&c);
 			free(cps);
 		}
+	}
+
+	printf("\nno restore hints: %d-block cache, %d writes, each followed "
+	       "by a read of one\nof the last %d checkpoints; read hits in "
+	       "percent\n\n", SIM_BLOCKS, SIM_WRITES, SIM_WINDOW);
+	printf("%-12s %14s %14s\n", "policy", "8 blocks each", "1-16 blocks");
+	for (p = 0; p < sizeof(pols) / sizeof(pols[0]); p++) {
+		double u, v;
+
+		if (p == 1)
+			continue;
+		u = sim_hits(pols[p], true, seed);
+		v = sim_hits(pols[p], false, seed);
+		if (u < 0 || v < 0) {
+			fprintf(stderr, "bench_evict: %s: simulation failed\n",
+				names[p]);
+			return 1;
+		}
+		printf("%-12s %14.1f %14.1f\n", names[p], u, v);
 	}
 	return 0;
 }

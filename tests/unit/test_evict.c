@@ -2,16 +2,23 @@
  * test_evict.c - eviction policies of tiers/evict.c against brute force.
  *
  * Random allocation tables (built with cache.c: variable sizes, gaps,
- * copies whose wait is 0, some seconds, or TIER_INF, and whose distance is
- * small, large or TIER_FAR; sometimes with usable < size) are handed to
- * each policy with a random need:
+ * copies whose wait is 0, some seconds, or TIER_INF - sometimes all equal,
+ * rarely negative, NaN or above TIER_INF - and whose distance is small,
+ * large or TIER_FAR - sometimes all TIER_FAR, as without restore hints;
+ * insertion numbers (copy.seq) in offset order, shuffled, reversed or with
+ * many ties (and a few UINT64_MAX); sometimes with usable < size) are
+ * handed to each policy with a random need:
  *
  *  - score: the brute force tries every window [i, j] of consecutive
  *    fragments (no barrier, >= need, and minimal: dropping either end
  *    fragment leaves < need) and keeps the least summed wait, then the
- *    largest summed distance.  The policy must find a window exactly when
- *    the brute force does, its window must itself qualify, and its sums
- *    must equal the optimum (wait within 1e-9, distance exactly).
+ *    largest summed distance, then the least age (maximum seq of its
+ *    copies, 0 for gaps), then the lowest offset.  The policy must find a
+ *    window exactly when the brute force does, its window must itself
+ *    qualify, its sums and age must equal the optimum (wait within 1e-9,
+ *    distance and age exactly), and it must be the brute force's window
+ *    (the waits drawn are dyadic, so both sum them exactly and the lowest
+ *    offset rule leaves no freedom).
  *  - fifo/lru: a plain linear re-statement of the rule (copies by seq or
  *    last_use, grow right then left over ready fragments) must give the
  *    same window; the window holds only gaps and ready copies, and
@@ -56,9 +63,11 @@ static uint64_t fsz[MAXFRAG];		/* clipped to usable */
 static bool fbar[MAXFRAG];
 static long double fw[MAXFRAG];
 static uint64_t fd[MAXFRAG];
+static uint64_t fseq[MAXFRAG];		/* copy.seq, 0 for gaps */
 static int nf;
 
 static long n_found[3], n_nospc[3];
+static long n_age;		/* score decisions the age tie-break settled */
 
 static uint64_t rnd(void)
 {
@@ -142,7 +151,16 @@ static double pick_wait(int mix)
 	static const double waits[] = { 0.25, 0.5, 1, 1.5, 2, 3.75, 10 };
 	uint64_t r = rnd_below(100);
 
+	if (rnd_below(200) == 0) {	/* odd values: < 0 is 0, NaN a barrier */
+		static const double odd[] = { -1.5, -0.0, 1e31 };
+
+		return rnd_below(4) ? odd[rnd_below(3)] : __builtin_nan("");
+	}
 	switch (mix) {
+	case 4:		/* every copy flushing, all the same wait */
+		return 0.5;
+	case 5:		/* two values: many equal sums */
+		return r < 50 ? 0 : 1;
 	case 0:		/* mostly ready */
 		return r < 70 ? 0 : r < 95 ? waits[rnd_below(7)] : TIER_INF;
 	case 1:		/* flush-heavy, few ties */
@@ -155,10 +173,14 @@ static double pick_wait(int mix)
 	}
 }
 
-static uint64_t pick_dist(void)
+static uint64_t pick_dist(int dmix)
 {
 	uint64_t r = rnd_below(100);
 
+	if (dmix == 1)		/* no restore hints at all */
+		return TIER_FAR;
+	if (dmix == 2)		/* a few hints among unhinted copies */
+		return r < 85 ? TIER_FAR : rnd_below(4);
 	if (r < 20)
 		return TIER_FAR;
 	if (r < 30)
@@ -169,14 +191,55 @@ static uint64_t pick_dist(void)
 }
 
 /*
+ * Give the placed copies new insertion numbers: as placed (offset order),
+ * a random permutation, reversed, or drawn from a small range (ties).
+ */
+static void draw_seq(void)
+{
+	static uint64_t perm[MAXCOPY];
+	int i, m = 0, smix = (int)rnd_below(4);
+
+	if (smix == 0)
+		return;
+	for (i = 0; i < MAXCOPY; i++)
+		if (copies[i].cp.frag) {
+			perm[m] = (uint64_t)m + 1;
+			m++;
+		}
+	for (i = m - 1; i > 0; i--) {		/* Fisher-Yates */
+		int k = (int)rnd_below((uint64_t)i + 1);
+		uint64_t x = perm[i];
+
+		perm[i] = perm[k];
+		perm[k] = x;
+	}
+	m = 0;
+	for (i = 0; i < MAXCOPY; i++) {
+		struct copy *cp = &copies[i].cp;
+
+		if (!cp->frag)
+			continue;
+		if (smix == 1)
+			cp->seq = perm[m];
+		else if (smix == 2)
+			cp->seq = (uint64_t)(MAXCOPY - i);
+		else if (rnd_below(50))
+			cp->seq = 1 + rnd_below(4);
+		else
+			cp->seq = UINT64_MAX;
+		m++;
+	}
+}
+
+/*
  * A random table: fill with copies of random sizes, then release some to
- * make gaps.  Costs, last_use and usable are drawn too.
+ * make gaps.  Costs, insertion numbers, last_use and usable are drawn too.
  */
 static void build_table(void)
 {
 	uint64_t nblk = 1 + rnd_below(rnd_below(4) ? 300 : 3000);
 	uint64_t maxsz = 1 + rnd_below(rnd_below(2) ? 8 : 64);
-	int i, mix = (int)rnd_below(4);
+	int i, mix = (int)rnd_below(6), dmix = (int)rnd_below(4);
 	struct frag *f;
 
 	ENSURE(cache_init(&c, "t", 0, NULL, nblk * TIER_ALIGN, &tier_host_ops,
@@ -199,9 +262,10 @@ static void build_table(void)
 			t->cp.cache = NULL;
 		}
 		t->wait = pick_wait(mix);
-		t->dist = pick_dist();
+		t->dist = pick_dist(dmix);
 		t->cp.last_use = rnd_below(rnd_below(2) ? 10 : 100000);
 	}
+	draw_seq();
 	if (rnd_below(5) == 0)
 		c.usable = rnd_below(c.size / TIER_ALIGN + 1) * TIER_ALIGN;
 	ENSURE(cache_check(&c) == 0, "built table");
@@ -215,12 +279,14 @@ static void build_table(void)
 						       : f->size);
 		fw[nf] = 0;
 		fd[nf] = 0;
+		fseq[nf] = 0;
 		if (f->copy && !fbar[nf]) {
 			struct tcopy *t = tc_of(f->copy);
 
-			fbar[nf] = t->wait >= TIER_INF;
-			fw[nf] = fbar[nf] ? 0 : t->wait;
+			fbar[nf] = !(t->wait < TIER_INF);	/* also NaN */
+			fw[nf] = fbar[nf] || !(t->wait > 0) ? 0 : t->wait;
 			fd[nf] = t->dist;
+			fseq[nf] = f->copy->seq;
 		}
 	}
 }
@@ -252,31 +318,38 @@ static bool wait_less(long double a, long double b)
 	return a < b - 1e-9L * (m > 1 ? m : 1);
 }
 
-/* Sums over [i, j]; false if it holds a barrier. */
-static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d)
+/*
+ * Sums over [i, j] and its age (maximum seq); false if it holds a
+ * barrier.
+ */
+static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d,
+			uint64_t *age)
 {
 	int k;
 
 	*sz = 0;
 	*w = 0;
 	*d = 0;
+	*age = 0;
 	for (k = i; k <= j; k++) {
 		if (fbar[k])
 			return false;
 		*sz += fsz[k];
 		*w += fw[k];
 		*d += fd[k];
+		if (fseq[k] > *age)
+			*age = fseq[k];
 	}
 	return true;
 }
 
 static bool window_qualifies(int i, int j, uint64_t need)
 {
-	uint64_t sz;
+	uint64_t sz, age;
 	long double w;
 	u128 d;
 
-	if (i < 0 || j < i || !window_sums(i, j, &sz, &w, &d))
+	if (i < 0 || j < i || !window_sums(i, j, &sz, &w, &d, &age))
 		return false;
 	return sz >= need && sz - fsz[i] < need && sz - fsz[j] < need;
 }
@@ -307,33 +380,76 @@ static void after_decision(const char *pol, uint64_t nfr, uint64_t ngp,
 	       cache_check(&c) == 0, "%s changed the table", pol);
 }
 
+/* The 3-level order: least wait, then largest distance, then least age. */
+static bool better(long double w, u128 d, uint64_t age, long double bw,
+		   u128 bd, uint64_t bage)
+{
+	if (wait_less(w, bw))
+		return true;
+	if (wait_less(bw, w))
+		return false;
+	if (d != bd)
+		return d > bd;
+	return age < bage;
+}
+
 static void check_score(uint64_t need)
 {
 	struct frag *first = NULL, *last = NULL;
 	long double best_w = 0, w;
 	u128 best_d = 0, d;
-	uint64_t nfr, ngp, used, sz;
+	uint64_t nfr, ngp, used, sz, age, best_age = 0;
 	bool found = false;
 	double ws = -1;
-	int i, j, ret, fi, li;
+	int i, j, ret, fi, li, bi = -1, bj = -1;
 
-	/* brute force: every window [i, j], sums grown with j */
+	/* brute force: every window [i, j], sums grown with j; on a full tie
+	 * the first (lowest offset) window stays */
 	for (i = 0; i < nf; i++) {
 		sz = 0;
 		w = 0;
 		d = 0;
+		age = 0;
 		for (j = i; j < nf && !fbar[j]; j++) {
 			sz += fsz[j];
 			w += fw[j];
 			d += fd[j];
+			if (fseq[j] > age)
+				age = fseq[j];
 			if (sz < need || sz - fsz[i] >= need ||
 			    sz - fsz[j] >= need)
 				continue;
-			if (!found || wait_less(w, best_w) ||
-			    (!wait_less(best_w, w) && d > best_d)) {
+			if (!found || better(w, d, age, best_w, best_d,
+					     best_age)) {
 				best_w = w;
 				best_d = d;
+				best_age = age;
+				bi = i;
+				bj = j;
 				found = true;
+			}
+		}
+	}
+
+	/* coverage: did another window tie on wait and distance? */
+	for (i = 0; found && i < nf; i++) {
+		sz = 0;
+		w = 0;
+		d = 0;
+		age = 0;
+		for (j = i; j < nf && !fbar[j]; j++) {
+			sz += fsz[j];
+			w += fw[j];
+			d += fd[j];
+			if (fseq[j] > age)
+				age = fseq[j];
+			if (sz >= need && sz - fsz[i] < need &&
+			    sz - fsz[j] < need && !wait_less(w, best_w) &&
+			    !wait_less(best_w, w) && d == best_d &&
+			    age != best_age) {
+				n_age++;
+				i = nf;
+				break;
 			}
 		}
 	}
@@ -353,12 +469,16 @@ static void check_score(uint64_t need)
 	li = index_of(last);
 	ENSURE(window_qualifies(fi, li, need), "score: window [%d, %d] does "
 	       "not qualify for need %" PRIu64, fi, li, need);
-	window_sums(fi, li, &sz, &w, &d);
+	window_sums(fi, li, &sz, &w, &d, &age);
 	ENSURE(!wait_less(w, best_w) && !wait_less(best_w, w),
 	       "score: window [%d, %d] waits %Lg, optimum %Lg", fi, li, w,
 	       best_w);
 	ENSURE(d == best_d, "score: window [%d, %d] distance %.6Le, optimum "
 	       "%.6Le", fi, li, (long double)d, (long double)best_d);
+	ENSURE(age == best_age, "score: window [%d, %d] age (max seq) %"
+	       PRIu64 ", optimum %" PRIu64, fi, li, age, best_age);
+	ENSURE(fi == bi && li == bj, "score: need %" PRIu64 ": window [%d, "
+	       "%d], brute force [%d, %d]", need, fi, li, bi, bj);
 	ENSURE((long double)ws - w <= 1e-6L * (1 + w) &&
 	       w - (long double)ws <= 1e-6L * (1 + w),
 	       "score: reported wait %g, window sums %Lg", ws, w);
@@ -560,6 +680,93 @@ static void fixed_cases(void)
 	cache_destroy(&c);
 }
 
+/* copies[k] sits at fragment index k of a table of equal one-block copies */
+static int copy_at(const struct frag *f)
+{
+	int i;
+
+	for (i = 0; i < MAXCOPY; i++)
+		if (copies[i].cp.frag == f)
+			return i;
+	return -1;
+}
+
+/*
+ * No restore hints: equal-size FLUSHED copies, all ready and TIER_FAR, so
+ * waits and distances tie and only the age tie-break tells windows apart.
+ * Insertion numbers are out of offset order.
+ */
+static void no_hint_cases(void)
+{
+	static const uint64_t seqs[8] = { 5, 3, 8, 1, 7, 2, 6, 4 };
+	struct frag *first, *last;
+	uint64_t next_seq = 9;
+	double ws;
+	int i, k, ret, fi, fl;
+
+	table_no = -2;
+	ENSURE(cache_init(&c, "h", 0, NULL, 8 * TIER_ALIGN, &tier_host_ops,
+			  &evict_score) == 0, "init");
+	for (i = 0; i < 8; i++) {
+		memset(&copies[i], 0, sizeof(copies[i]));
+		ENSURE(cache_place(&c, &copies[i].cp, TIER_ALIGN) == 0, "place");
+		copies[i].cp.state = TS_FLUSHED;
+		copies[i].cp.seq = seqs[i];
+		copies[i].cp.last_use = seqs[i];
+		copies[i].wait = 0;
+		copies[i].dist = TIER_FAR;
+	}
+	/* one block: the oldest copy (seq 1, at index 3), as fifo takes */
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
+	       ws == 0, "no hints: score picks [%d, %d], want the oldest "
+	       "copy [3]", copy_at(first), copy_at(last));
+	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag,
+	       "no hints: fifo picks the oldest copy");
+	/* two blocks: the window whose youngest copy is oldest, {5, 3} at
+	 * [0, 1] (fifo takes [3, 4] = {1, 7}, evicting the 2nd newest) */
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == copies[0].cp.frag &&
+	       last == copies[1].cp.frag, "no hints: score picks [%d, %d] "
+	       "for two blocks, want [0, 1]", copy_at(first), copy_at(last));
+	/* one hinted copy, even the oldest: an unhinted one goes first */
+	copies[3].dist = 2;
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[5].cp.frag,
+	       "hint on the oldest: score picks [%d], want the oldest "
+	       "unhinted copy [5]", copy_at(first));
+	copies[3].dist = TIER_FAR;
+
+	/*
+	 * The mount's write stream: each new copy evicts one, chosen by score.
+	 * The cache must always hold the 8 newest copies (what fifo keeps);
+	 * lowest-offset tie-breaking kept recycling block 0 instead.
+	 */
+	for (k = 0; k < 24; k++) {
+		ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first,
+					 &last, &ws);
+		ENSURE(ret == 0 && first == last, "stream %d: %d", k, ret);
+		fi = copy_at(first);
+		ENSURE(fi >= 0 && copies[fi].cp.seq == next_seq - 8,
+		       "stream %d: score evicts seq %" PRIu64 ", want the "
+		       "oldest %" PRIu64, k, fi >= 0 ? copies[fi].cp.seq : 0,
+		       next_seq - 8);
+		cache_evict_window(&c, first, last, NULL);
+		ENSURE(cache_place(&c, &copies[fi].cp, TIER_ALIGN) == 0,
+		       "stream %d: place", k);
+		copies[fi].cp.seq = next_seq++;
+		ENSURE(cache_check(&c) == 0, "stream %d: table", k);
+	}
+	for (i = 0, fl = 0; i < 8; i++)
+		fl += copies[i].cp.seq >= next_seq - 8;
+	ENSURE(fl == 8, "stream: %d of the 8 newest copies cached", fl);
+	for (i = 0; i < 8; i++)
+		cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
 int main(int argc, char **argv)
 {
 	long t;
@@ -570,6 +777,7 @@ int main(int argc, char **argv)
 	if (!rng_state)
 		rng_state = 1;
 	fixed_cases();
+	no_hint_cases();
 	for (t = 0; t < TABLES; t++) {
 		int q;
 
@@ -585,8 +793,8 @@ int main(int argc, char **argv)
 		destroy_table();
 	}
 	printf("test_evict: ok (%d tables; windows found/-ENOSPC: score "
-	       "%ld/%ld, fifo %ld/%ld, lru %ld/%ld)\n", TABLES,
-	       n_found[0], n_nospc[0], n_found[1], n_nospc[1], n_found[2],
-	       n_nospc[2]);
+	       "%ld/%ld (%ld settled by age), fifo %ld/%ld, lru %ld/%ld)\n",
+	       TABLES, n_found[0], n_nospc[0], n_age, n_found[1], n_nospc[1],
+	       n_found[2], n_nospc[2]);
 	return 0;
 }
