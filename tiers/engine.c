@@ -23,6 +23,7 @@
  * tfile.lock.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -105,6 +106,21 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Wait on e->cond for at most ms milliseconds.  e->lock held. */
+static void cond_wait_ms(struct engine *e, long ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&e->cond, &e->lock, &ts);
 }
 
 static const char *fname(struct tfile *f, char *buf, size_t len)
@@ -269,14 +285,7 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 				     "writing through", c->name, max_wait);
 			return -ENOSPC;
 		}
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 20 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+		cond_wait_ms(e, 20);
 	}
 }
 
@@ -517,6 +526,31 @@ static bool retry_due(struct tfile *f)
 	       (ts.tv_sec == f->retry_at.tv_sec && ts.tv_nsec >= f->retry_at.tv_nsec);
 }
 
+#define QLINK(f, off)	(*(struct tfile **)((char *)(f) + (off)))
+
+/*
+ * Unlink and return the first file of a queue (linked through the field at
+ * link_off) whose retry time has come, or NULL.  e->lock held.
+ */
+static struct tfile *pop_due(struct tfile **head, struct tfile **tail, size_t link_off)
+{
+	struct tfile *f = *head, *prev = NULL;
+
+	while (f && !retry_due(f)) {
+		prev = f;
+		f = QLINK(f, link_off);
+	}
+	if (!f)
+		return NULL;
+	if (prev)
+		QLINK(prev, link_off) = QLINK(f, link_off);
+	else
+		*head = QLINK(f, link_off);
+	if (*tail == f)
+		*tail = prev;
+	return f;
+}
+
 static void *flusher_main(void *arg)
 {
 	struct engine *e = arg;
@@ -530,7 +564,7 @@ static void *flusher_main(void *arg)
 	}
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
-		struct tfile *f = e->q_head, *prev = NULL;
+		struct tfile *f;
 
 		if (e->nreap) {
 			struct tfile *r = e->reap[--e->nreap];
@@ -540,34 +574,13 @@ static void *flusher_main(void *arg)
 			pthread_mutex_lock(&e->lock);
 			continue;
 		}
-		/* first entry whose retry time has come */
-		while (f && !retry_due(f)) {
-			prev = f;
-			f = f->fq_next;
-		}
+		f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
 		if (!f) {
 			if (e->stop && !e->q_head && !e->nreap)
 				break;
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += e->q_head ? 0 : 1;
-			ts.tv_nsec += 100 * 1000000;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
-			pthread_cond_timedwait(&e->cond, &e->lock, &ts);
-			if (e->stop && e->q_head && !e->busy) {
-				/* at shutdown, failing files are retried by sync */
-			}
+			cond_wait_ms(e, e->q_head ? 100 : 1100);
 			continue;
 		}
-		if (prev)
-			prev->fq_next = f->fq_next;
-		else
-			e->q_head = f->fq_next;
-		if (e->q_tail == f)
-			e->q_tail = prev;
 		f->queued = false;
 		flush_one(e, &ring, f);
 		pthread_mutex_unlock(&e->lock);
@@ -652,31 +665,15 @@ static void *gflusher_main(void *arg)
 	}
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
-		struct tfile *f = e->gq_head, *prev = NULL;
+		struct tfile *f = pop_due(&e->gq_head, &e->gq_tail,
+					  offsetof(struct tfile, gq_next));
 
-		while (f && !retry_due(f)) {
-			prev = f;
-			f = f->gq_next;
-		}
 		if (!f) {
 			if (e->stop && !e->gq_head)
 				break;
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += 50 * 1000000;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
-			pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+			cond_wait_ms(e, 50);
 			continue;
 		}
-		if (prev)
-			prev->gq_next = f->gq_next;
-		else
-			e->gq_head = f->gq_next;
-		if (e->gq_tail == f)
-			e->gq_tail = prev;
 		f->gqueued = false;
 		cascade_one(e, &ring, f);
 		pthread_mutex_unlock(&e->lock);
@@ -2277,14 +2274,7 @@ static void *prefetcher_main(void *arg)
 		}
 		if (did)
 			continue;
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 50 * 1000000;
-		if (ts.tv_nsec >= 1000000000) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000;
-		}
-		pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+		cond_wait_ms(e, 50);
 	}
 	pthread_mutex_unlock(&e->lock);
 	ssd_ring_exit(&ring);
