@@ -22,10 +22,10 @@ from the SSD, then bad inputs on a fresh mount.  The program is found at
 $TIERFS_BUILD/tests/gpu/test_ioctl or next to TIERFS_BIN.
 """
 
-import ctypes
 import errno
 import fcntl
 import os
+import sys
 import struct
 import subprocess
 import termios
@@ -124,64 +124,84 @@ def build_dir():
         os.path.abspath(util.tierfs_bin()))
 
 
-def load_libtierfs():
+def libtierfs_path():
     for name in (".libs/libtierfs.so", "libtierfs.so"):
         path = os.path.join(build_dir(), name)
         if os.path.exists(path):
-            lib = ctypes.CDLL(path, use_errno=True)
-            lib.tierfs_pwrite_gpu.restype = ctypes.c_ssize_t
-            lib.tierfs_pwrite_gpu.argtypes = [ctypes.c_int, ctypes.c_void_p,
-                                              ctypes.c_size_t, ctypes.c_long]
-            lib.tierfs_pread_gpu.restype = ctypes.c_ssize_t
-            lib.tierfs_pread_gpu.argtypes = [ctypes.c_int, ctypes.c_void_p,
-                                             ctypes.c_size_t, ctypes.c_long]
-            lib.tierfs_is_tierfs.restype = ctypes.c_int
-            lib.tierfs_is_tierfs.argtypes = [ctypes.c_int]
-            return lib
+            return path
     pytest.skip(f"no libtierfs.so in {build_dir()}")
 
+
+def sanitizer_preload(path):
+    """The sanitizer runtimes a sanitizer build of the library needs loaded
+    first (a plain python does not have them)."""
+    out = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
+    return [line.split("=>")[1].split()[0] for line in out.splitlines()
+            if "=>" in line and ("libasan" in line or "libubsan" in line)]
+
+
+# Runs in a child python, so that a sanitizer build of the library can have
+# its runtime preloaded.  argv: library, file on tierfs, file elsewhere,
+# the mount point.
+LIBRARY_CHECKS = r"""
+import ctypes, errno, os, sys
+lib = ctypes.CDLL(sys.argv[1], use_errno=True)
+lib.tierfs_pwrite_gpu.restype = ctypes.c_ssize_t
+lib.tierfs_pwrite_gpu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+lib.tierfs_pread_gpu.restype = ctypes.c_ssize_t
+lib.tierfs_pread_gpu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+lib.tierfs_is_tierfs.restype = ctypes.c_int
+lib.tierfs_is_tierfs.argtypes = [ctypes.c_int]
 
 def call(fn, *args):
     ctypes.set_errno(0)
     r = fn(*args)
     return r, ctypes.get_errno()
 
+p, other, mnt = sys.argv[2:5]
+fake = 0x7f0000001000          # no GPU memory here, whatever it is
+fd = os.open(p, os.O_RDWR)
+ofd = os.open(other, os.O_RDWR)
+dfd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+rofd = os.open(p, os.O_RDONLY)
+assert lib.tierfs_is_tierfs(fd) == 1
+assert lib.tierfs_is_tierfs(dfd) == 1
+assert lib.tierfs_is_tierfs(ofd) == 0
+assert call(lib.tierfs_is_tierfs, -1) == (-1, errno.EBADF)
+# argument checks come first, then "is it tierfs?"
+assert call(lib.tierfs_pwrite_gpu, fd, fake, 16, -1) == (-1, errno.EINVAL)
+assert call(lib.tierfs_pwrite_gpu, ofd, fake, 16, 0) == (-1, errno.ENOTTY)
+assert call(lib.tierfs_pread_gpu, ofd, fake, 16, 0) == (-1, errno.ENOTTY)
+assert call(lib.tierfs_pwrite_gpu, -1, fake, 16, 0) == (-1, errno.EBADF)
+# nothing to do
+assert call(lib.tierfs_pwrite_gpu, fd, fake, 0, 0)[0] == 0
+# a pointer that is not GPU memory: ENODEV without a CUDA driver, EINVAL with one
+r, e = call(lib.tierfs_pwrite_gpu, fd, fake, 16, 0)
+assert r == -1 and e in (errno.ENODEV, errno.EINVAL), (r, e)
+r, e = call(lib.tierfs_pread_gpu, rofd, fake, 16, 0)
+assert r == -1 and e in (errno.ENODEV, errno.EINVAL), (r, e)
+for f in (fd, ofd, dfd, rofd):
+    os.close(f)
+print("library checks passed")
+"""
+
 
 def test_library_without_gpu(mount, tmp_path):
-    lib = load_libtierfs()
+    path = libtierfs_path()
     m = mount(gpu="none")
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"y" * 4096)
     other = tmp_path / "not-tierfs"
     other.write_bytes(b"z")
-    fake = 0x7f0000001000          # no GPU memory here, whatever it is
-
-    fd = os.open(p, os.O_RDWR)
-    ofd = os.open(str(other), os.O_RDWR)
-    dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
-    rofd = os.open(p, os.O_RDONLY)
-    try:
-        assert lib.tierfs_is_tierfs(fd) == 1
-        assert lib.tierfs_is_tierfs(dfd) == 1
-        assert lib.tierfs_is_tierfs(ofd) == 0
-        assert call(lib.tierfs_is_tierfs, -1) == (-1, errno.EBADF)
-
-        # argument checks come first, then "is it tierfs?"
-        assert call(lib.tierfs_pwrite_gpu, fd, fake, 16, -1) == (-1, errno.EINVAL)
-        assert call(lib.tierfs_pwrite_gpu, ofd, fake, 16, 0) == (-1, errno.ENOTTY)
-        assert call(lib.tierfs_pread_gpu, ofd, fake, 16, 0) == (-1, errno.ENOTTY)
-        assert call(lib.tierfs_pwrite_gpu, -1, fake, 16, 0) == (-1, errno.EBADF)
-        # nothing to do
-        assert call(lib.tierfs_pwrite_gpu, fd, fake, 0, 0)[0] == 0
-        # a pointer that is not GPU memory: ENODEV without a CUDA driver,
-        # EINVAL with one
-        r, e = call(lib.tierfs_pwrite_gpu, fd, fake, 16, 0)
-        assert r == -1 and e in (errno.ENODEV, errno.EINVAL)
-        r, e = call(lib.tierfs_pread_gpu, rofd, fake, 16, 0)
-        assert r == -1 and e in (errno.ENODEV, errno.EINVAL)
-    finally:
-        for f in (fd, ofd, dfd, rofd):
-            os.close(f)
+    env = dict(os.environ)
+    pre = sanitizer_preload(path)
+    if pre:
+        env["LD_PRELOAD"] = " ".join(pre)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    r = subprocess.run([sys.executable, "-c", LIBRARY_CHECKS, path, p, str(other), m.mnt],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "library checks passed" in r.stdout
     assert util.read_file(p) == b"y" * 4096
 
 
