@@ -286,22 +286,28 @@ static int run_loop(void)
 		if (!w[i].buf.mem)
 			break;
 		memset(w[i].buf.mem, 0, FS_RECV_SIZE);		/* fault it in */
-		if (engine_has_gpu(fs.eng) &&
-		    gpu_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
-			w[i].registered = true;
-			pinned++;
-		}
 		if (pthread_create(&w[i].th, NULL, worker_main, &w[i]) != 0) {
 			free(w[i].buf.mem);
 			break;
 		}
 		n++;
 	}
-	if (pinned)
-		tlog(LOG_INFO, "%d request buffers pinned for host -> GPU copies", pinned);
 	set_readahead();
-	while (n && !fuse_session_exited(fs.se))
-		usleep(50 * 1000);	/* signals and worker exits end this */
+	while (n && !fuse_session_exited(fs.se)) {
+		/* the GPU tier comes up in the background: pin the request
+		 * buffers once, when it is there */
+		if (pinned == 0 && engine_has_gpu(fs.eng)) {
+			for (i = 0; i < n; i++)
+				if (gpu_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
+					w[i].registered = true;
+					pinned++;
+				}
+			tlog(LOG_INFO, "%d request buffers pinned for host -> GPU copies", pinned);
+			if (!pinned)
+				pinned = -1;	/* do not try again */
+		}
+		usleep(20 * 1000);	/* signals and worker exits end this */
+	}
 	for (i = 0; i < n; i++)
 		pthread_cancel(w[i].th);
 	for (i = 0; i < n; i++) {
@@ -328,7 +334,7 @@ int main(int argc, char *argv[])
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct engine_config ecfg = { 0 };
 	struct stat st;
-	char sz[32], gmsg[256];
+	char sz[32];
 	uint64_t ram = total_ram();
 	int ret = 1, level;
 
@@ -452,9 +458,8 @@ int main(int argc, char *argv[])
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
 	} else if (!gpu_built()) {
 		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
-	} else if (gpu_init(fs.opts.gpu ? atoi(fs.opts.gpu) : 0, gmsg, sizeof(gmsg)) < 0) {
-		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", gmsg);
 	} else {
+		/* built in the background; the engine logs what it found */
 		ecfg.gpu_dev = fs.opts.gpu ? atoi(fs.opts.gpu) : 0;
 	}
 

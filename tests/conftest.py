@@ -81,9 +81,10 @@ def mount(request, tmp_path):
     mounts = []
     request.node.stash[MOUNTS] = mounts
 
-    def factory(backing=None, expect_errors=False, **options):
+    def factory(backing=None, expect_errors=False, wait_gpu=True, **options):
         base = tmp_path / f"tierfs{len(mounts)}"
-        m = util.Mount(base, options, backing=backing, expect_errors=expect_errors)
+        m = util.Mount(base, options, backing=backing, expect_errors=expect_errors,
+                       wait_gpu=wait_gpu)
         mounts.append(m)
         m.start()
         return m

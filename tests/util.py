@@ -119,7 +119,8 @@ class Mount:
     Attributes: mnt, backing, proc (the current daemon's Popen, or None),
     options (dict), plain (bool)."""
 
-    def __init__(self, base, options=None, backing=None, expect_errors=False):
+    def __init__(self, base, options=None, backing=None, expect_errors=False,
+                 wait_gpu=True):
         self.base = str(base)
         os.makedirs(self.base, exist_ok=True)
         self.plain = PLAIN
@@ -133,6 +134,7 @@ class Mount:
         os.makedirs(self.backing, exist_ok=True)
         self.options = default_options()
         self.options.update(options or {})
+        self.wait_gpu = wait_gpu
         self.proc = None
         self.runs = []          # [(cmd, logpath, Popen, how_it_ended)]
         self.expected = []      # regexes of "ERROR" lines that are fine
@@ -184,6 +186,7 @@ class Mount:
                 raise DaemonError(f"tierfs exited with {proc.returncode} before the "
                                   f"mount appeared: {' '.join(cmd)}\n{self.log()}")
             if os.path.ismount(self.mnt):
+                self.wait_gpu_tier()
                 return self
             if time.monotonic() > deadline:
                 proc.kill()
@@ -194,6 +197,25 @@ class Mount:
                 raise DaemonError(f"mount did not appear within {MOUNT_TIMEOUT}s: "
                                   f"{' '.join(cmd)}\n{self.log()}")
             time.sleep(0.02)
+
+    def wait_gpu_tier(self, timeout=60):
+        """With gpu=N the GPU tier is built in the background after the mount
+        appears (writes go to the host tier meanwhile).  Tests that use the
+        GPU tier wait for it, or for the daemon's word that there is none.
+        A test that wants the moment before asks with wait_gpu=False."""
+        if not str(self.options.get("gpu", "none")).isdigit() or not self.wait_gpu:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if b'"gpu":' in os.getxattr(self.mnt, "user.tierfs.stats"):
+                    return
+            except OSError:
+                pass
+            if "GPU tier: not available" in self.log():
+                return
+            time.sleep(0.02)
+        raise DaemonError(f"the GPU tier did not come up in {timeout}s\n{self.log()}")
 
     def log(self, tail=None):
         """The daemon output of every run of this mount, oldest first."""

@@ -59,7 +59,11 @@ struct engine {
 	uint64_t bytes_flushed, files_flushed, flush_errors;
 	uint64_t bytes_written_through, files_written_through;
 	uint64_t backlog;		/* bytes queued or being flushed */
-	struct gpu_tier *gpu;		/* the GPU tier, NULL if none */
+	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet) */
+	struct cache gpu_slot;		/* tiers[0] until the GPU tier is built */
+	pthread_t gbuilder;		/* builds the GPU tier in the background */
+	bool gbuilder_started;
+	bool pin_started;		/* the host buffer is being / was pinned */
 	uint64_t host_pinned;		/* host buffer registered with CUDA */
 	struct tfile *gq_head, *gq_tail;	/* GPU -> host queue */
 	pthread_t gflusher;		/* its thread */
@@ -692,6 +696,61 @@ static void *gflusher_main(void *arg)
 #endif
 
 /*
+ * Pin the host buffer once it is touched and a GPU tier exists, whichever
+ * of the two comes last (the toucher or the GPU builder calls this).
+ */
+static void pin_host_once(struct engine *e)
+{
+	bool pin;
+
+	pthread_mutex_lock(&e->lock);
+	pin = e->gpu && !e->pin_started && !e->stop &&
+	      __atomic_load_n(&e->touched, __ATOMIC_RELAXED) >= e->host.size;
+	if (pin)
+		e->pin_started = true;
+	pthread_mutex_unlock(&e->lock);
+	if (pin)
+		gpu_tier_pin_host(e->host.base, e->host.size, NULL, &e->touched,
+				  &e->host_pinned);
+}
+
+static void *gflusher_main(void *arg);
+
+/* Build the GPU tier (CUDA start-up, VMM reservation) off the mount's path. */
+static void *gbuilder_main(void *arg)
+{
+	struct engine *e = arg;
+	struct gpu_tier *g;
+	char msg[256] = "";
+	bool ok = false;
+
+	if (gpu_tier_create(&g, e->cfg.gpu_dev, e->cfg.gpu_cache, e->cfg.policy,
+			    msg, sizeof(msg))) {
+		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	if (!e->stop) {
+		struct cache *gc = gpu_tier_cache(g);
+
+		gc->priv = e;
+		e->tiers[0] = gc;	/* the placeholder never held a copy */
+		e->gpu = g;
+		if (pthread_create(&e->gflusher, NULL, gflusher_main, e) == 0)
+			e->gflusher_started = true;
+		ok = true;
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (!ok) {
+		gpu_tier_destroy(g);
+		return NULL;
+	}
+	tlog(LOG_NOTICE, "GPU tier: %s", msg);
+	pin_host_once(e);
+	return NULL;
+}
+
+/*
  * Fault the host buffer in, front to back, in the background (hipc22 §IV:
  * the cache is usable at once; first writes into untouched pages just pay
  * the page faults themselves).
@@ -721,9 +780,7 @@ static void *toucher_main(void *arg)
 	}
 	tlog(LOG_INFO, "host cache: %.1f GiB touched in %.2f s",
 	     (double)e->host.size / (1 << 30), now_s() - t0);
-	if (e->gpu)
-		gpu_tier_pin_host(e->host.base, e->host.size, NULL, &e->touched,
-				  &e->host_pinned);
+	pin_host_once(e);
 	return NULL;
 }
 
@@ -767,19 +824,18 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	e->host.priv = e;
 	e->host.host_addressable = true;
 	if (cfg->gpu_dev >= 0) {
-		char msg[256] = "";
-
-		if (gpu_tier_create(&e->gpu, cfg->gpu_dev, cfg->gpu_cache, e->cfg.policy,
-				    msg, sizeof(msg)) == 0) {
-			struct cache *gc = gpu_tier_cache(e->gpu);
-
-			gc->priv = e;
-			e->tiers[e->ntiers++] = gc;
-			tlog(LOG_NOTICE, "GPU tier: %s", msg);
-		} else {
-			e->gpu = NULL;
-			tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
-		}
+		/*
+		 * The GPU tier is built in the background (gbuilder_main): the
+		 * mount serves writes, into the host tier, from the start.  Its
+		 * slot holds an empty placeholder until then.
+		 */
+		ret = cache_init(&e->gpu_slot, "gpu", 0, e->host_buf, TIER_ALIGN,
+				 &tier_host_ops, e->cfg.policy);
+		if (ret)
+			goto err_cache;
+		e->gpu_slot.usable = 0;
+		e->gpu_slot.priv = e;
+		e->tiers[e->ntiers++] = &e->gpu_slot;
 	}
 	e->tiers[e->ntiers++] = &e->host;
 
@@ -788,13 +844,13 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	e->prefetch_on = true;
 	if (pthread_create(&e->prefetcher, NULL, prefetcher_main, e) == 0)
 		e->prefetcher_started = true;
-	if (e->gpu && pthread_create(&e->gflusher, NULL, gflusher_main, e) == 0)
-		e->gflusher_started = true;
+	if (cfg->gpu_dev >= 0 && pthread_create(&e->gbuilder, NULL, gbuilder_main, e) == 0)
+		e->gbuilder_started = true;
 
 	e->flushers = calloc((size_t)e->cfg.flush_threads, sizeof(pthread_t));
 	if (!e->flushers) {
 		ret = -ENOMEM;
-		goto err_cache;
+		goto err_threads;
 	}
 	for (i = 0; i < e->cfg.flush_threads; i++) {
 		ret = -pthread_create(&e->flushers[i], NULL, flusher_main, e);
@@ -810,6 +866,8 @@ err_threads:
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
+	if (e->gbuilder_started)
+		pthread_join(e->gbuilder, NULL);
 	for (i = 0; i < e->nflushers; i++)
 		pthread_join(e->flushers[i], NULL);
 	free(e->flushers);
@@ -822,6 +880,8 @@ err_threads:
 	if (e->gpu)
 		gpu_tier_destroy(e->gpu);
 err_cache:
+	if (e->gpu_slot.head)
+		cache_destroy(&e->gpu_slot);
 	cache_destroy(&e->host);
 err_unmap:
 	munmap(e->host_buf, size);
@@ -838,6 +898,8 @@ void engine_destroy(struct engine *e)
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
+	if (e->gbuilder_started)
+		pthread_join(e->gbuilder, NULL);
 	for (i = 0; i < e->nflushers; i++)
 		pthread_join(e->flushers[i], NULL);
 	free(e->flushers);
@@ -895,6 +957,8 @@ void engine_destroy(struct engine *e)
 		gpu_tier_unpin_host(e->host_buf, &e->host_pinned);
 		gpu_tier_destroy(e->gpu);
 	}
+	if (e->gpu_slot.head)
+		cache_destroy(&e->gpu_slot);
 	munmap(e->host_buf, e->host.size);
 	cache_destroy(&e->host);
 	free(e);
@@ -1892,7 +1956,9 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 	pthread_mutex_lock(&e->lock);
 	at += (size_t)snprintf(buf, len, "{\"tiers\":{");
 	for (i = 0; i < e->ntiers; i++) {
-		if (i)
+		if (e->tiers[i] == &e->gpu_slot)
+			continue;	/* no GPU tier (yet) */
+		if (at > 0 && at <= len && buf[at - 1] != '{')
 			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ",");
 		cache_json(e->tiers[i], buf, len, &at);
 		if (at < len && at > 0) {
