@@ -134,11 +134,6 @@ static const char *fname(struct tfile *f, char *buf, size_t len)
 
 /* ---- host tier -------------------------------------------------------- */
 
-static struct cache *host_tier(struct engine *e)
-{
-	return &e->host;
-}
-
 static int host_index(struct engine *e)
 {
 	return e->ntiers - 1;
@@ -492,7 +487,6 @@ out:
 		e->bytes_flushed += len;
 		e->files_flushed++;
 		f->flushed_gen = gen;
-		f->durable_gen = gen;
 		if (f->flush_err)
 			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
 		f->flush_err = 0;
@@ -1164,8 +1158,6 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	if (ret == -ENOENT)
 		return 0;
 	f->flushed_gen = gen;
-	if (durable)
-		f->durable_gen = gen;
 	f->flush_err = 0;
 	f->dirty = false;
 	return 0;
@@ -1405,7 +1397,6 @@ static void mark_modified(struct tfile *f)
 {
 	f->dirty = true;
 	f->gen++;
-	f->consumed = false;
 	touch_mtime(f);
 }
 
@@ -1705,7 +1696,7 @@ ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 		ret = ret ? ret : (ssize_t)len;
 		goto out;
 	}
-	host_tier(e)->misses++;
+	e->host.misses++;
 	if (f->shadow_fd >= 0) {
 		fd = f->shadow_fd;
 		pthread_mutex_unlock(&e->lock);
@@ -2166,7 +2157,6 @@ static void consume(struct engine *e, struct tfile *f)
 	struct hint **pp, *h;
 	int i;
 
-	f->consumed = true;
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 

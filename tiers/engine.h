@@ -56,14 +56,12 @@ struct tfile {
 	bool dirty;			/* content newer than the backing file */
 	bool unlinked;			/* no name left: discard, never flush */
 	bool queued;			/* on the flush queue */
-	bool consumed;			/* read to its end since last write */
 	bool destroying;		/* being freed: copies hold no reference */
 	int shadow_fd;			/* write-through version being built */
 	bool shadow_inplace;		/* shadow_fd is the file itself */
 	int writers;			/* open handles that may write */
 	int flush_err;			/* last flush failure (-errno), or 0 */
 	uint64_t gen;			/* bumped by every modification */
-	uint64_t durable_gen;		/* gen last made durable on the SSD */
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct tfile *fq_next;		/* flush queue link */
