@@ -85,14 +85,6 @@
 #include "gpu.h"
 #include "tierfs.h"
 
-_Static_assert(sizeof(struct tierfs_gpu_io) == 96,
-	       "struct tierfs_gpu_io is 96 bytes (ABI)");
-_Static_assert(offsetof(struct tierfs_gpu_io, handle_off) == 64 &&
-	       offsetof(struct tierfs_gpu_io, len) == 72 &&
-	       offsetof(struct tierfs_gpu_io, file_off) == 80 &&
-	       offsetof(struct tierfs_gpu_io, flags) == 88 &&
-	       offsetof(struct tierfs_gpu_io, device) == 92,
-	       "struct tierfs_gpu_io layout (ABI)");
 _Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
 	       "IPC handle sizes of tierfs.h and gpu.h");
 _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
@@ -177,6 +169,23 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
  * ipc_get - the mapping of `handle`, referenced: from the cache, or opened
  * and cached.  Returns 0 or gpu_ipc_open()'s -errno.
  */
+/* The cached mapping of handle, referenced, or NULL.  ipc_cache.lock held. */
+static struct ipc_entry *table_get(const uint8_t *handle, time_t now)
+{
+	int i;
+
+	for (i = 0; i < ipc_cache.n; i++) {
+		struct ipc_entry *ent = ipc_cache.e[i];
+
+		if (!memcmp(ent->handle, handle, TIERFS_IPC_HANDLE_SIZE)) {
+			ent->refs++;
+			ent->last_use = now;
+			return ent;
+		}
+	}
+	return NULL;
+}
+
 static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
 {
 	struct ipc_entry *dead[IPC_CACHE_MAX], *ent = NULL, *mine;
@@ -184,15 +193,7 @@ static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
 	int i, ndead, ret;
 
 	pthread_mutex_lock(&ipc_cache.lock);
-	for (i = 0; i < ipc_cache.n; i++) {
-		if (!memcmp(ipc_cache.e[i]->handle, handle,
-			    TIERFS_IPC_HANDLE_SIZE)) {
-			ent = ipc_cache.e[i];
-			ent->refs++;
-			ent->last_use = now;
-			break;
-		}
-	}
+	ent = table_get(handle, now);
 	ndead = table_expire(now, false, dead);
 	pthread_mutex_unlock(&ipc_cache.lock);
 	for (i = 0; i < ndead; i++)
@@ -216,15 +217,7 @@ static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
 	mine->last_use = now;
 
 	pthread_mutex_lock(&ipc_cache.lock);
-	for (i = 0; i < ipc_cache.n; i++) {
-		if (!memcmp(ipc_cache.e[i]->handle, handle,
-			    TIERFS_IPC_HANDLE_SIZE)) {
-			ent = ipc_cache.e[i];
-			ent->refs++;
-			ent->last_use = now;
-			break;
-		}
-	}
+	ent = table_get(handle, now);
 	ndead = 0;
 	if (!ent && !ipc_cache.shut) {
 		ndead = table_expire(now, true, dead);

@@ -54,6 +54,18 @@ struct tierfs_gpu_io {
  *  request returns a short count, as write(2) does past its limit. */
 #define TIERFS_GPU_IO_MAX	(1ULL << 30)
 
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#include <stddef.h>
+/* The ABI, checked wherever the header is compiled (daemon and library). */
+_Static_assert(sizeof(struct tierfs_gpu_io) == 96, "struct tierfs_gpu_io is 96 bytes");
+_Static_assert(offsetof(struct tierfs_gpu_io, handle_off) == 64 &&
+	       offsetof(struct tierfs_gpu_io, len) == 72 &&
+	       offsetof(struct tierfs_gpu_io, file_off) == 80 &&
+	       offsetof(struct tierfs_gpu_io, flags) == 88 &&
+	       offsetof(struct tierfs_gpu_io, device) == 92,
+	       "struct tierfs_gpu_io layout");
+#endif
+
 #ifndef TIERFS_NO_CLIENT_API
 /*
  * ---- libtierfs: the client library (-ltierfs, pkg-config libtierfs) -----

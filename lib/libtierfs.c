@@ -71,14 +71,6 @@
 
 #define TIERFS_EXPORT __attribute__((visibility("default")))
 
-_Static_assert(sizeof(struct tierfs_gpu_io) == 96,
-	       "struct tierfs_gpu_io is 96 bytes (ABI)");
-_Static_assert(offsetof(struct tierfs_gpu_io, handle_off) == 64 &&
-	       offsetof(struct tierfs_gpu_io, len) == 72 &&
-	       offsetof(struct tierfs_gpu_io, file_off) == 80 &&
-	       offsetof(struct tierfs_gpu_io, flags) == 88 &&
-	       offsetof(struct tierfs_gpu_io, device) == 92,
-	       "struct tierfs_gpu_io layout (ABI)");
 _Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
 	       "IPC handle sizes of tierfs.h and gpu.h");
 
