@@ -46,6 +46,9 @@ struct fs_inode {
 	int data_users;			/* borrowers of data_fd */
 };
 
+/* Preferred I/O size reported in st_blksize, = max_write. */
+#define FS_IO_SIZE	(1 << 20)
+
 struct fs_opts {
 	char *backing;			/* BACKING_DIR (absolute) */
 	char *mountpoint;
@@ -58,6 +61,7 @@ struct fs_opts {
 	int debug;
 	int writeback;			/* kernel writeback cache */
 	int direct_writes;		/* write-only opens skip the page cache */
+	int direct_reads;		/* so do all others, where mmap allows */
 	int readahead_kb;		/* kernel readahead of the mount */
 	int allow_other;
 	int default_permissions;
@@ -76,6 +80,7 @@ struct fs {
 	struct engine *eng;
 	struct fuse_session *se;
 	bool atime;			/* backing mount updates atime */
+	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
 };
 
 extern struct fs fs;

@@ -15,8 +15,10 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/uio.h>
 #include <syslog.h>
 #include <unistd.h>
+#include <linux/fuse.h>
 
 #include "config.h"
 #include "fs.h"
@@ -39,6 +41,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("direct_writes", direct_writes, 1),
 	OPT("readahead_kb=%d", readahead_kb, 0),
 	OPT("no_direct_writes", direct_writes, 0),
+	OPT("direct_reads", direct_reads, 1),
+	OPT("no_direct_reads", direct_reads, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -163,9 +167,13 @@ static void usage(const char *prog)
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
-"    -o no_writeback        disable the kernel writeback cache (default: on)\n"
+"    -o writeback           use the kernel writeback cache for page-cache\n"
+"                           handles (default: off; see tierfs(8))\n"
 "    -o no_direct_writes    let write-only opens use the page cache too\n"
 "                           (default: write-only opens bypass it)\n"
+"    -o no_direct_reads     let read and read-write opens use the page cache\n"
+"                           (default: they bypass it when the kernel can still\n"
+"                           mmap such files: Linux 6.6 and later)\n"
 "    -o readahead_kb=N      kernel readahead of the mount (default 1024)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
@@ -217,6 +225,82 @@ static void raise_nofile(void)
 #define FS_WORKERS	16
 #define FS_RECV_SIZE	((1u << 20) + (64u << 10))	/* > libfuse's bufsize */
 
+/*
+ * Direct I/O with mmap.  Handles opened with FOPEN_DIRECT_IO skip the
+ * page cache (one copy from the cache to the reader's buffer instead of
+ * page-cache allocation and two copies), but a kernel refuses MAP_SHARED
+ * mmap of them unless the daemon answers FUSE_INIT with
+ * FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+; the kernel then writes back and
+ * invalidates mmap()ed pages around direct reads and writes).  libfuse
+ * 3.14 cannot ask for it (its capability word is 32 bits), so the INIT
+ * reply is amended on its way out: the request is noted when it arrives
+ * (its unique id, and whether the kernel offers the flag), and our writev
+ * sets the flag in the reply with that id.  fs.dio_mmap says it was done;
+ * open() uses direct I/O for every handle only then.
+ */
+#ifndef FUSE_DIRECT_IO_ALLOW_MMAP
+#define FUSE_DIRECT_IO_ALLOW_MMAP	(1ULL << 36)
+#endif
+
+static uint64_t init_unique;		/* FUSE_INIT's id, while pending */
+
+static void note_init(const void *mem, size_t len)
+{
+	const struct fuse_in_header *h = mem;
+	const struct fuse_init_in *in = (const void *)(h + 1);
+
+	if (len < sizeof(*h) + offsetof(struct fuse_init_in, flags2) + sizeof(in->flags2) ||
+	    h->opcode != FUSE_INIT)
+		return;
+	if ((in->flags & FUSE_INIT_EXT) && (in->flags2 & (FUSE_DIRECT_IO_ALLOW_MMAP >> 32)))
+		__atomic_store_n(&init_unique, h->unique, __ATOMIC_RELEASE);
+}
+
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+	uint64_t id = __atomic_load_n(&init_unique, __ATOMIC_ACQUIRE);
+
+	(void)userdata;
+	if (id && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
+		struct fuse_out_header *oh = iov[0].iov_base;
+		struct fuse_init_out *out = iov[1].iov_base;
+
+		if (oh->unique == id) {
+			if (!oh->error && iov[1].iov_len >= offsetof(struct fuse_init_out, flags2) +
+							     sizeof(out->flags2)) {
+				out->flags |= FUSE_INIT_EXT;
+				out->flags2 |= (uint32_t)(FUSE_DIRECT_IO_ALLOW_MMAP >> 32);
+				fs.dio_mmap = true;
+				tlog(LOG_INFO, "kernel mmaps direct-I/O files: %s",
+				     fs.opts.direct_reads ? "reads bypass the page cache"
+							  : "but no_direct_reads is set");
+			}
+			__atomic_store_n(&init_unique, 0, __ATOMIC_RELEASE);
+		}
+	}
+	return writev(fd, iov, count);
+}
+
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+	(void)userdata;
+	return read(fd, buf, len);
+}
+
+static ssize_t io_splice(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
+			 unsigned int flags, void *userdata)
+{
+	(void)userdata;
+	return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+static const struct fuse_custom_io fs_io = {
+	.writev = io_writev,
+	.read = io_read,
+	.splice_receive = io_splice,
+	.splice_send = io_splice,
+};
+
 struct fs_worker {
 	pthread_t th;			/* the thread */
 	struct fuse_buf buf;		/* its receive buffer */
@@ -244,6 +328,8 @@ static void *worker_main(void *arg)
 			fuse_session_exit(fs.se);
 			break;
 		}
+		if (!(w->buf.flags & FUSE_BUF_IS_FD))
+			note_init(w->buf.mem, (size_t)res);
 		fuse_session_process_buf(fs.se, &w->buf);
 	}
 	return NULL;
@@ -338,8 +424,8 @@ int main(int argc, char *argv[])
 	uint64_t ram = total_ram();
 	int ret = 1, level;
 
-	fs.opts.writeback = 1;
 	fs.opts.direct_writes = 1;
+	fs.opts.direct_reads = 1;
 	fs.opts.readahead_kb = 1024;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
@@ -443,6 +529,9 @@ int main(int argc, char *argv[])
 		ret = 1;
 		goto out_signals;
 	}
+	/* our writev amends the FUSE_INIT reply (see note_init) */
+	if (fuse_session_custom_io(fs.se, &fs_io, fuse_session_fd(fs.se)) != 0)
+		tlog(LOG_INFO, "no custom FUSE I/O: reads go through the page cache");
 	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
 	if (!fs.opts.foreground) {
 		tierfs_log_syslog = 1;

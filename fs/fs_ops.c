@@ -214,6 +214,9 @@ static int stat_inode(struct fs_inode *in, struct stat *st)
 		} else {
 			st->st_size = (off_t)size;
 		}
+		/* the preferred I/O size: stdio, cp and friends then move a
+		 * file in 1 MiB calls (one FUSE request each), not 4 KiB ones */
+		st->st_blksize = FS_IO_SIZE;
 	}
 	return 0;
 }
@@ -349,7 +352,7 @@ static void fs_ll_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_PARALLEL_DIROPS;
 	conn->want &= ~(unsigned)FUSE_CAP_HANDLE_KILLPRIV;
 	conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;	/* requests land in our buffers */
-	conn->max_write = 1u << 20;
+	conn->max_write = FS_IO_SIZE;
 	conn->max_readahead = 1u << 20;
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
@@ -679,10 +682,14 @@ static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	/*
 	 * Write-only handles bypass the page cache: the data goes from the
 	 * writer's buffer to tierfs in one copy, without the page-cache copy
-	 * and its dirty-page throttling.  Nothing can mmap a write-only fd,
-	 * so mmap keeps working on every other handle.
+	 * and its dirty-page throttling.  Nothing can mmap a write-only fd.
+	 * Other handles do too when the kernel still mmaps such files
+	 * (fs.dio_mmap, see fs_main.c): a read is then one copy from the
+	 * cache into the reader's buffer.
 	 */
 	if ((fi->flags & O_ACCMODE) == O_WRONLY && fs.opts.direct_writes)
+		fi->direct_io = 1;
+	if (fs.dio_mmap && fs.opts.direct_reads)
 		fi->direct_io = 1;
 }
 
@@ -707,15 +714,6 @@ static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 			fuse_reply_err(req, -ret);
 			return;
 		}
-		fi->keep_cache = 0;
-	/*
-	 * Write-only handles bypass the page cache: the data goes from the
-	 * writer's buffer to tierfs in one copy, without the page-cache copy
-	 * and its dirty-page throttling.  Nothing can mmap a write-only fd,
-	 * so mmap keeps working on every other handle.
-	 */
-	if ((fi->flags & O_ACCMODE) == O_WRONLY && fs.opts.direct_writes)
-		fi->direct_io = 1;
 	}
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		if (writable(fi->flags))
@@ -785,7 +783,7 @@ static void fs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	(void)fi;
 	if (tfile_read_begin(&in->tf, size, off, &p, &n, &pin)) {
 		fuse_reply_buf(req, p, n);
-		tfile_read_end(&in->tf, pin, off + (off_t)n);
+		tfile_read_end(&in->tf, pin);
 		return;
 	}
 	void *buf = malloc(size ? size : 1);

@@ -742,6 +742,54 @@ def test_mmap_read_and_shared_write(tfs):
     assert_same(read_file(j(tfs.backing, "mm")), bytes(data), "backing copy")
 
 
+def test_mmap_coherent_with_read_and_write(tfs):
+    """A shared mapping and read()/write() through other descriptors see each
+    other without msync, as on a local filesystem (reads and writes bypass
+    the page cache where the kernel allows it: the kernel must still keep
+    them coherent with mapped pages)."""
+    p = j(tfs.mnt, "co")
+    write_file(p, bytes(64 * KiB))
+    fd = os.open(p, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, 0, flags=mmap.MAP_SHARED) as mm:
+            mm[100:105] = b"hello"                  # a store, no msync
+            assert read_file(p)[100:105] == b"hello"
+            wfd = os.open(p, os.O_WRONLY)
+            try:
+                assert os.pwrite(wfd, b"world", 200) == 5
+            finally:
+                os.close(wfd)
+            assert mm[200:205] == b"world"
+            os.pwrite(fd, b"again", 300)            # the mapped descriptor
+            assert mm[300:305] == b"again"
+    finally:
+        os.close(fd)
+    data = read_file(p)
+    assert (data[100:105], data[200:205], data[300:305]) == (b"hello", b"world", b"again")
+
+
+def test_writes_move_mtime(tfs):
+    """Every kind of handle moves the modification time on write."""
+    p = j(tfs.mnt, "t")
+    write_file(p, b"x")
+    old = 1_000_000_000_000_000_000
+    for flags in (os.O_WRONLY | os.O_APPEND, os.O_RDWR, os.O_WRONLY | os.O_TRUNC):
+        os.utime(p, ns=(old, old))
+        fd = os.open(p, flags)
+        try:
+            os.write(fd, b"more")
+        finally:
+            os.close(fd)
+        assert os.stat(p).st_mtime_ns > old, f"flags {flags:#o}"
+
+
+def test_preferred_io_size(tfs):
+    """st_blksize is 1 MiB, so stdio and cp move files in large calls."""
+    p = j(tfs.mnt, "b")
+    write_file(p, b"x")
+    assert os.stat(p).st_blksize == MiB
+
+
 def test_numpy_memmap_roundtrip(tfs):
     p = j(tfs.mnt, "arr.f64")
     n = 1_000_003

@@ -94,6 +94,20 @@ struct hint {
 };
 
 static void consume(struct engine *e, struct tfile *f);
+
+/*
+ * A read of n bytes at off finished reading f: it returned the last bytes
+ * (or it is the first read of an empty file).  The read at EOF that ends
+ * a reader's loop returns nothing and does not count again: without the
+ * page cache every read() reaches us, and one pass must consume one
+ * restore-queue entry, not two.
+ */
+static bool read_to_end(const struct tfile *f, off_t off, size_t n)
+{
+	if (!n)
+		return off == 0 && f->size == 0;
+	return (uint64_t)off + n >= f->size;
+}
 static int fastest_copy(struct engine *e, struct tfile *f);
 static uint8_t *copy_ptr(struct copy *cp);
 static void hint_free(struct engine *e, struct hint *h);
@@ -1599,7 +1613,7 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 	}
 	pthread_mutex_lock(&e->lock);
 out:
-	if (ret >= 0 && (uint64_t)off + (uint64_t)ret >= f->size)
+	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
 		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 	pthread_mutex_unlock(&f->lock);
@@ -1650,11 +1664,15 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 		goto out;
 	}
 out:
+	/* consumed now, before the caller replies: once the reader has its
+	 * bytes, the restore queue and the state already say so */
+	if (ret && read_to_end(f, off, *n))
+		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 	return ret;
 }
 
-void tfile_read_end(struct tfile *f, struct copy *pin, off_t end)
+void tfile_read_end(struct tfile *f, struct copy *pin)
 {
 	struct engine *e = f->eng;
 
@@ -1663,8 +1681,6 @@ void tfile_read_end(struct tfile *f, struct copy *pin, off_t end)
 		pin->pins--;
 		pthread_cond_broadcast(&e->cond);
 	}
-	if ((uint64_t)end >= f->size)
-		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 }
 
@@ -1732,7 +1748,7 @@ ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 		pthread_mutex_lock(&e->lock);
 	}
 out:
-	if (ret >= 0 && (uint64_t)off + (uint64_t)(ret > 0 ? ret : 0) >= f->size)
+	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
 		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 	pthread_mutex_unlock(&f->lock);

@@ -100,12 +100,12 @@ ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off);
 ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off);
 /*
  * Zero-copy read from a host-addressable cache: on 1 a pointer to the
- * bytes is in *p and the copy is pinned until tfile_read_end(*pin); on 0
+ * bytes is in *p and the copy is pinned until tfile_read_end(); on 0
  * the caller must use tfile_read.  *n is the byte count (0 at EOF).
  */
 int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 		     const void **p, size_t *n, struct copy **pin);
-void tfile_read_end(struct tfile *f, struct copy *pin, off_t end);
+void tfile_read_end(struct tfile *f, struct copy *pin);
 int tfile_truncate(struct tfile *f, uint64_t size);
 /*
  * Write / read with the other side in GPU memory (device address dptr, in
