@@ -1213,7 +1213,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	char path[64], tmp[64];
 	static unsigned long counter;
 	struct stat old;
-	int ret = 0;
+	int ret = 0, dfd = -1;
 
 	if (inplace) {
 		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
@@ -1252,16 +1252,9 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		close(fd);
 		goto out;
 	}
-	if (durable) {
-		int dfd;
-
+	if (durable) {		/* synced below, without fs.lock */
 		fs_proc_path(in->parent->fd, path, sizeof(path));
 		dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (dfd >= 0) {
-			if (fsync(dfd) < 0)
-				ret = -errno;
-			close(dfd);
-		}
 	}
 	/* reopen by name: the tmpfile's own dentry stays an unnamed one */
 	int pfd = openat(in->parent->fd, in->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
@@ -1272,6 +1265,17 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	swap_fd(in, fd);
 out:
 	pthread_mutex_unlock(&fs.lock);
+	/*
+	 * The rename is durable once the directory is.  Not under fs.lock:
+	 * on a disk busy with flushes a directory fsync takes a journal
+	 * commit (tens to hundreds of ms), and every lookup, open and stat
+	 * of the mount would wait for it.
+	 */
+	if (dfd >= 0) {
+		if (fsync(dfd) < 0 && !ret)
+			ret = -errno;
+		close(dfd);
+	}
 	return ret;
 }
 
