@@ -80,6 +80,7 @@
 #include <string.h>
 #include <syslog.h>
 #include <time.h>
+#include <time.h>
 
 #include "fs.h"
 #include "gpu.h"
@@ -276,11 +277,13 @@ void fs_ioctl_shutdown(void)
  * Tell the kernel that the GPU wrote [off, off + n) of ino behind its back,
  * from device address src: drop its cached pages of the range and its
  * cached attributes, and when the write grew the file past `before` (the
- * size before it) grow the kernel's size too.  With the writeback cache
- * the kernel keeps a regular file's size itself and never takes the
- * daemon's; storing the file's new last byte into its page cache moves it
- * (forward only; an empty store does not).  Both notifications are done
- * when they return, so before the reply.
+ * size before it) grow the kernel's size too.  Without the writeback cache
+ * (the default) the kernel takes the size from the next getattr once its
+ * attributes are dropped.  With it (-o writeback) the kernel keeps a
+ * regular file's size itself and never takes the daemon's; storing the
+ * file's new last byte into its page cache moves it (forward only; an
+ * empty store does not).  The notifications are done when they return, so
+ * before the reply.
  */
 static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
 			   uint64_t n, uint64_t before)
@@ -289,7 +292,7 @@ static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
 	uint8_t byte;
 	int ret;
 
-	if (off + n > before) {
+	if (fs.opts.writeback && off + n > before) {
 		ret = gpu_copy_dtoh(&byte, src + n - 1, 1);
 		if (!ret) {
 			last.buf[0].mem = &byte;
@@ -306,6 +309,14 @@ static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
 	if (ret && ret != -ENOENT)
 		tlog(LOG_WARNING, "gpu ioctl: cannot drop the kernel's cached "
 		     "pages: %s", strerror(-ret));
+}
+
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 /* The checks that need no GPU; 0 or a positive errno. */
@@ -345,7 +356,8 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 	struct timespec mtime;
 	uint64_t len, before = 0;
 	ssize_t n;
-	bool write;
+	bool write, trace = tierfs_log_level >= LOG_DEBUG;
+	double t[3] = { 0 };
 	int err;
 
 	(void)arg;
@@ -366,6 +378,8 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		fuse_reply_err(req, EINVAL);
 		return;
 	}
+	if (trace)
+		t[0] = now_us();
 	memcpy(&io, in_buf, sizeof(io));	/* in_buf need not be aligned */
 	err = check_request(in, write, fi, &io);
 	if (err || io.len == 0) {
@@ -392,18 +406,28 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		return;
 	}
 	len = io.len < TIERFS_GPU_IO_MAX ? io.len : TIERFS_GPU_IO_MAX;
+	if (trace)
+		t[1] = now_us();
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
 		n = tfile_write_dev(&in->tf, ent->base + io.handle_off,
 				    (size_t)len, (off_t)io.file_off);
+		if (trace)
+			t[2] = now_us();
 		if (n > 0)
 			kernel_written(ino, ent->base + io.handle_off,
 				       io.file_off, (uint64_t)n, before);
 	} else {
 		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
 				   (size_t)len, (off_t)io.file_off);
+		if (trace)
+			t[2] = now_us();
 	}
 	ipc_put(ent);
+	if (trace)
+		tlog(LOG_DEBUG, "gpu ioctl %s of %" PRIu64 " B: checks+handle %.0f us, "
+		     "data %.0f us, kernel notify %.0f us", write ? "write" : "read", len,
+		     t[1] - t[0], t[2] - t[1], now_us() - t[2]);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else

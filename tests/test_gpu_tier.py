@@ -94,6 +94,40 @@ def test_gpu_cache_fills_and_evicts(mount):
         assert read_nocache(os.path.join(m.mnt, f"f{i}")) == d
 
 
+def test_prefetch_goes_up_to_the_gpu(mount):
+    """Restore hints bring files SSD -> host -> GPU ahead of the reads."""
+    m = mount(gpu_cache="64M", host_cache="256M")
+    wait_gpu_tier(m)
+    end = time.monotonic() + 60
+    while not stats(m)["tiers"]["gpu"]["fully_mapped"]:
+        assert time.monotonic() < end, stats(m)
+        time.sleep(0.02)
+    d = os.path.join(m.mnt, "ck")
+    os.mkdir(d)
+    os.setxattr(d, "user.tierfs.prefetch", b"stop")
+    data = [os.urandom(16 * MiB) for _ in range(12)]       # 192 MiB > 64 MiB
+    for i, x in enumerate(data):
+        write(os.path.join(d, f"c{i}"), x)
+    wait_backlog(m)
+
+    def tier(n):
+        return os.getxattr(os.path.join(d, n), "user.tierfs.tier").decode()
+
+    first = [f"c{i}" for i in range(3)]                    # evicted from the GPU
+    assert not any("gpu" in tier(n) for n in first), [tier(n) for n in first]
+    os.setxattr(d, "user.tierfs.restore_order", "".join(n + "\n" for n in first).encode())
+    os.setxattr(d, "user.tierfs.prefetch", b"start")
+    end = time.monotonic() + 30
+    while not all("gpu" in tier(n) for n in first):
+        assert time.monotonic() < end, ([tier(n) for n in first], stats(m)["prefetch"])
+        time.sleep(0.05)
+    p = stats(m)["prefetch"]
+    assert p["files_to_gpu"] >= 3 and p["bytes_to_gpu"] >= 3 * 16 * MiB, p
+    for i, n in enumerate(first):
+        assert read_nocache(os.path.join(d, n)) == data[i], n
+    assert stats(m)["prefetch"]["queue"] == 0
+
+
 def test_writes_served_before_gpu_cache_is_mapped(mount):
     t0 = time.monotonic()
     m = mount(gpu_cache="4G", host_cache="1G", wait_gpu=False)

@@ -69,6 +69,7 @@ struct engine {
 	pthread_t gflusher;		/* its thread */
 	bool gflusher_started;
 	uint64_t bytes_to_host;		/* cascaded GPU -> host */
+	double to_host_s;		/* time in those copies */
 	uint64_t hint_head;		/* restore-queue ticket of the next read */
 	struct hint *hq_head, *hq_tail;	/* the restore queue */
 	uint64_t hint_next;		/* next ticket */
@@ -77,6 +78,7 @@ struct engine {
 	pthread_t prefetcher;
 	bool prefetcher_started;
 	uint64_t files_prefetched, bytes_prefetched, files_consumed;
+	uint64_t files_to_gpu, bytes_to_gpu;	/* prefetches host -> GPU */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;
 	pthread_t toucher;		/* pre-faults the host buffer */
@@ -615,6 +617,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	int hi = host_index(e);
 	struct copy *cp = f->copy[0], *hcp;
 	uint64_t len;
+	double t0;
 	int ret;
 
 	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
@@ -641,7 +644,9 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
 	hcp->pins++;
 	pthread_mutex_unlock(&e->lock);
+	t0 = now_s();
 	ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
+	t0 = now_s() - t0;
 	pthread_mutex_lock(&e->lock);
 	hcp->pins--;
 	cp->pins--;
@@ -662,6 +667,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		tier_set_state(&cp->state, TS_READ_COMPLETE);
 	backlog_add(e, hcp);
 	e->bytes_to_host += len;
+	e->to_host_s += t0;
 	queue_flush(e, f, false);
 	pthread_cond_broadcast(&e->cond);
 }
@@ -1465,6 +1471,9 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 	if (f->shadow_fd < 0) {
 		uint64_t cap = end > f->size ? end : f->size;
 
+		bool trace = !buf && tierfs_log_level >= LOG_DEBUG;
+		double t0 = trace ? now_s() : 0, t1 = 0, t2 = 0;
+
 		cp = writable_copy(e, f, cap, &err);
 		if (!cp && err) {
 			ret = err;
@@ -1473,8 +1482,16 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		if (cp) {
 			cp->pins++;
 			pthread_mutex_unlock(&e->lock);
+			if (trace)
+				t1 = now_s();
 			copy_zero(cp, cp->len, (uint64_t)off);
 			ret = copy_in(cp, (uint64_t)off, buf, dptr, len);
+			if (trace) {
+				t2 = now_s();
+				tlog(LOG_DEBUG, "device write of %zu B into the %s cache: "
+				     "place %.0f us, copy %.0f us", len, cp->cache->name,
+				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
+			}
 			pthread_mutex_lock(&e->lock);
 			if (ret) {
 				cp->pins--;
@@ -1974,7 +1991,10 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 				int n = gpu_tier_stats_json(e->gpu, buf + at, len - at);
 				at += n > 0 ? (size_t)n : 0;
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-						       ",\"bytes_to_host\":%" PRIu64, e->bytes_to_host);
+						       ",\"bytes_to_host\":%" PRIu64
+						       ",\"to_host_bandwidth\":%.0f", e->bytes_to_host,
+						       e->to_host_s > 0 ? (double)e->bytes_to_host /
+						       e->to_host_s : 0.0);
 			} else if (e->tiers[i] == &e->host) {
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",
@@ -1999,10 +2019,11 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		",\"prefetch\":{\"state\":\"%s\",\"queue\":%" PRIu64
 		",\"unbound\":%" PRIu64 ",\"files_prefetched\":%" PRIu64
 		",\"bytes_prefetched\":%" PRIu64 ",\"distance\":%" PRIu64
+		",\"files_to_gpu\":%" PRIu64 ",\"bytes_to_gpu\":%" PRIu64
 		",\"consumed\":%" PRIu64 "}}",
 		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
 		e->files_prefetched, e->bytes_prefetched, prefetch_distance(e),
-		e->files_consumed);
+		e->files_to_gpu, e->bytes_to_gpu, e->files_consumed);
 	pthread_mutex_unlock(&e->lock);
 	return at >= len ? -ERANGE : (int)at;
 }
@@ -2222,6 +2243,79 @@ static uint64_t prefetch_distance(struct engine *e)
 }
 
 /*
+ * e->lock held: copy f's clean host copy up into the GPU tier (host ->
+ * device on the prefetch direction's stream), as far ahead as the GPU
+ * cache has room without evicting what the queue needs sooner.  The GPU
+ * copy is promoted (kept until read); the host copy, now a second copy of
+ * clean data, becomes CONSUMED: the first to go when the host tier needs
+ * room for the next prefetch from the SSD.  Returns as prefetch_one().
+ */
+static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
+{
+	int hi = host_index(e);
+	struct cache *g = e->tiers[0];
+	struct copy *hcp = f->copy[hi], *gcp;
+	uint64_t size = f->size;
+	int ret;
+
+	if (!e->gpu || !g || f->copy[0] || f->dirty || f->shadow_fd >= 0 || f->unlinked ||
+	    f->destroying || !hcp || hcp->len != size || tier_round(size ? size : 1) > g->size ||
+	    (hcp->state != TS_READ_COMPLETE && hcp->state != TS_FLUSHED))
+		return 0;
+	gcp = calloc(1, sizeof(*gcp));
+	if (!gcp)
+		return -ENOMEM;
+	gcp->file = f;
+	hcp->pins++;
+	protect_below = dist + 1;
+	ret = eng_alloc_wait(e, g, gcp, size, 0.05);
+	protect_below = 0;
+	if (ret) {
+		hcp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		free(gcp);
+		return ret == -EFBIG ? 0 : -ENOSPC;
+	}
+	if (f->copy[0] || f->dirty || f->copy[hi] != hcp) {	/* changed meanwhile */
+		hcp->pins--;
+		cache_release(g, gcp);
+		free(gcp);
+		pthread_cond_broadcast(&e->cond);
+		return 0;
+	}
+	tier_set_state(&gcp->state, TS_READ_IN_PROGRESS);
+	attach_copy(e, f, 0, gcp);
+	gcp->pins++;
+	pthread_mutex_unlock(&e->lock);
+	ret = g->ops->write(g, gcp->frag->off, copy_ptr(hcp), size);
+	pthread_mutex_lock(&e->lock);
+	gcp->pins--;
+	hcp->pins--;
+	if (ret || f->size != size || f->dirty) {
+		if (ret)
+			tlog(LOG_WARNING, "host -> GPU prefetch copy failed: %s", strerror(-ret));
+		if (f->copy[0] == gcp && gcp->state == TS_READ_IN_PROGRESS) {
+			tier_set_state(&gcp->state, TS_INIT);
+			drop_copy(e, f, 0);
+		}
+		pthread_cond_broadcast(&e->cond);
+		return 0;
+	}
+	gcp->len = size;
+	tier_set_state(&gcp->state, TS_READ_COMPLETE);
+	gcp->promoted = true;
+	if (hcp->state == TS_FLUSHED)
+		tier_set_state(&hcp->state, TS_READ_COMPLETE);
+	if (hcp->state == TS_READ_COMPLETE)
+		tier_set_state(&hcp->state, TS_CONSUMED);
+	hcp->promoted = false;
+	e->files_to_gpu++;
+	e->bytes_to_gpu += size;
+	pthread_cond_broadcast(&e->cond);
+	return 1;
+}
+
+/*
  * e->lock held: bring f into the fastest tier (drops the lock meanwhile).
  * Returns 1 if it did, 0 if nothing was needed, -ENOSPC when there is no
  * room without evicting what the queue needs sooner.
@@ -2245,6 +2339,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			if (cp->state == TS_CONSUMED)
 				tier_set_state(&cp->state, TS_READ_COMPLETE), cp->promoted = true;
 		}
+		/* in the host tier with a GPU tier above it: one level up */
+		if (t == hi && hi > 0)
+			return promote_gpu(e, f, dist);
 		return 0;
 	}
 	if (f->dirty || f->shadow_fd >= 0 || f->unlinked || f->destroying)
