@@ -378,6 +378,9 @@ static int run_loop(void)
 		}
 		n++;
 	}
+	/* last: faulting the host cache in and loading the CUDA driver stall
+	 * thread creation (see engine_start_background) */
+	engine_start_background(fs.eng);
 	set_readahead();
 	while (n && !fuse_session_exited(fs.se)) {
 		/* the GPU tier comes up in the background: pin the request
@@ -543,6 +546,7 @@ int main(int argc, char *argv[])
 	/* GPU tier: the engine builds it when a GPU is usable */
 	ecfg.gpu_dev = -1;
 	ecfg.gpu_cache = fs.opts.gpu_cache;
+	ecfg.later = true;		/* run_loop starts the background work */
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
 	} else if (!gpu_built()) {

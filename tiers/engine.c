@@ -729,6 +729,25 @@ static void pin_host_once(struct engine *e)
 }
 
 static void *gflusher_main(void *arg);
+static void *gbuilder_main(void *arg);
+static void *toucher_main(void *arg);
+
+/*
+ * Start the toucher and the GPU builder (once).  Both hold up the rest of
+ * the process while they work: faulting the host buffer in holds the
+ * address space's lock, which every new thread's stack mapping waits for,
+ * and loading the CUDA driver library holds the dynamic loader's lock
+ * (about half a second of constructors), which pthread_create() waits for.
+ * So they start after the threads that serve requests exist.
+ */
+void engine_start_background(struct engine *e)
+{
+	if (!e->toucher_started && pthread_create(&e->toucher, NULL, toucher_main, e) == 0)
+		e->toucher_started = true;
+	if (e->cfg.gpu_dev >= 0 && !e->gbuilder_started &&
+	    pthread_create(&e->gbuilder, NULL, gbuilder_main, e) == 0)
+		e->gbuilder_started = true;
+}
 
 /* Build the GPU tier (CUDA start-up, VMM reservation) off the mount's path. */
 static void *gbuilder_main(void *arg)
@@ -772,7 +791,7 @@ static void *gbuilder_main(void *arg)
 static void *toucher_main(void *arg)
 {
 	struct engine *e = arg;
-	uint64_t chunk = 64ull << 20, off;
+	uint64_t chunk = 8ull << 20, off;	/* short holds of the mm lock */
 	double t0 = now_s();
 	bool populate = true;
 
@@ -853,13 +872,9 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	}
 	e->tiers[e->ntiers++] = &e->host;
 
-	if (pthread_create(&e->toucher, NULL, toucher_main, e) == 0)
-		e->toucher_started = true;
 	e->prefetch_on = true;
 	if (pthread_create(&e->prefetcher, NULL, prefetcher_main, e) == 0)
 		e->prefetcher_started = true;
-	if (cfg->gpu_dev >= 0 && pthread_create(&e->gbuilder, NULL, gbuilder_main, e) == 0)
-		e->gbuilder_started = true;
 
 	e->flushers = calloc((size_t)e->cfg.flush_threads, sizeof(pthread_t));
 	if (!e->flushers) {
@@ -872,6 +887,8 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 			goto err_threads;
 		e->nflushers++;
 	}
+	if (!cfg->later)
+		engine_start_background(e);
 	*out = e;
 	return 0;
 

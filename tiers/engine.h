@@ -79,10 +79,14 @@ struct engine_config {
 	bool hugepages;			/* madvise the host buffer */
 	int gpu_dev;			/* GPU for the GPU tier, -1: none */
 	uint64_t gpu_cache;		/* its size, 0: default */
+	bool later;			/* the caller calls engine_start_background() */
 };
 
 /* Create the engine: the host cache buffer and the flusher threads. */
 int engine_create(struct engine **out, const struct engine_config *cfg);
+/* Start faulting the host cache in and building the GPU tier, in the
+ * background (engine_create does unless cfg->later). */
+void engine_start_background(struct engine *e);
 /* Flush every dirty file, stop the threads, free the caches. */
 void engine_destroy(struct engine *e);
 
