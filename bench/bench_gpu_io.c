@@ -23,8 +23,11 @@
  * was restored from (its user.tierfs.tier just before).  Restored bytes
  * are spot-checked (64 KiB at 16 places) every time.  TIERFS_GPU: device
  * (default 0); BENCH_VERBOSE=1: also each restore's open/call/close times.
- * Last, the cost of one call: 4 KiB moved 200 times each way on an open
- * file, by the ioctl and by POSIX I/O with the application's copy.
+ * Then the cost of one call: 4 KiB moved 200 times each way on an open
+ * file, by the ioctl and by POSIX I/O with the application's copy.  Last,
+ * the daemon's GPU -> host cascade rate over the run (bytes it copied from
+ * its GPU cache into its host cache over the time those copies took, from
+ * user.tierfs.stats) against cuMemcpyDtoH into pinned memory here.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -235,6 +238,70 @@ static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
 		die("unlink");
 }
 
+/* The daemon's GPU -> host cascade counters (user.tierfs.stats). */
+struct cascade_stat {
+	double bytes, secs;	/* cascaded, and the time its copies took */
+	int pinned;		/* the host cache is pinned */
+};
+
+static double json_num(const char *js, const char *key)
+{
+	const char *p = strstr(js, key);
+
+	return p ? strtod(p + strlen(key), NULL) : 0;
+}
+
+static void cascade_sample(struct cascade_stat *c)
+{
+	char js[16384];
+	ssize_t n = getxattr(mnt, "user.tierfs.stats", js, sizeof(js) - 1);
+	double bw;
+
+	memset(c, 0, sizeof(*c));
+	if (n <= 0)
+		return;
+	js[n] = 0;
+	c->bytes = json_num(js, "\"bytes_to_host\":");
+	bw = json_num(js, "\"to_host_bandwidth\":");
+	c->secs = bw > 0 ? c->bytes / bw : 0;
+	c->pinned = strstr(js, "\"pinned\":true") != NULL;
+}
+
+static double median(double *v, int n);
+
+/*
+ * GPU -> host cascade: the daemon's copy rate over this run (its copies
+ * of the checkpoints above out of the GPU cache into its host cache),
+ * against cuMemcpyDtoH of the same sizes into pinned memory here.
+ */
+static void cascade(size_t n, int reps, const struct cascade_stat *c0)
+{
+	struct cascade_stat c1;
+	double t[MAXREPS], d2h;
+	int r;
+
+	for (r = 0; r < reps; r++) {
+		double t0 = now();
+
+		CU(cuMemcpyDtoHAsync(pinned, dsrc, n, NULL));
+		CU(cuStreamSynchronize(NULL));
+		t[r] = now() - t0;
+	}
+	d2h = n / median(t, reps) / 1e9;
+	cascade_sample(&c1);
+	printf("\nGPU -> host cascade, the daemon's copies during this run: ");
+	if (c1.secs - c0->secs <= 0) {
+		printf("none measured\n");
+		return;
+	}
+	double casc = (c1.bytes - c0->bytes) / (c1.secs - c0->secs) / 1e9;
+
+	printf("%.1f GB/s over %.2f GB (host cache %s)\n", casc,
+	       (c1.bytes - c0->bytes) / 1e9, c1.pinned ? "pinned" : "not pinned yet");
+	printf("pinned D2H here (cuMemcpyDtoH, %zu MiB, median of %d): %.1f GB/s; "
+	       "cascade/pinned = %.2f\n", n / MiB, reps, d2h, casc / d2h);
+}
+
 static double median(double *v, int n);
 
 /*
@@ -246,7 +313,7 @@ static double median(double *v, int n);
 
 static void latency(void)
 {
-	static double tw[2][LAT_N], tr[2][LAT_N];
+	static double tw[2][LAT_N], tr[2][LAT_N], tx[LAT_N];
 	char path[4096];
 	double t0;
 	int fd, i, p;
@@ -283,12 +350,25 @@ static void latency(void)
 			tr[p][i] = now() - t0;
 		}
 	}
+	/* the same ioctl write, each right after this process used the GPU
+	 * (a 4 KiB device copy of its own): the GPU then switches from the
+	 * application's context to the daemon's for the daemon's copy */
+	for (i = 0; i < LAT_N; i++) {
+		CU(cuMemcpyDtoDAsync(ddst, dsrc, LAT_SZ, NULL));
+		CU(cuStreamSynchronize(NULL));
+		t0 = now();
+		if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc, LAT_SZ, 0) != LAT_SZ)
+			die("tierfs_pwrite_gpu");
+		tx[i] = now() - t0;
+	}
 	close(fd);
 	unlink(path);
 	printf("\nper call, %d B, median of %d: ioctl write %.1f us, read %.1f us; "
 	       "posix (with the copy) write %.1f us, read %.1f us\n", LAT_SZ,
 	       LAT_N, median(tw[0], LAT_N) * 1e6, median(tr[0], LAT_N) * 1e6,
 	       median(tw[1], LAT_N) * 1e6, median(tr[1], LAT_N) * 1e6);
+	printf("ioctl write right after a device copy of this process's own: %.1f us\n",
+	       median(tx, LAT_N) * 1e6);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -315,6 +395,7 @@ int main(int argc, char **argv)
 	char tier[16];
 	char msg[256], name[128] = "?", label[32];
 	uint64_t free_b = 0, total_b = 0;
+	struct cascade_stat c0;
 
 	if (argc < 2 || reps < 1 || reps > MAXREPS) {
 		fprintf(stderr, "usage: %s MOUNT [REPS (1..%d)]\n", argv[0],
@@ -360,6 +441,7 @@ int main(int argc, char **argv)
 	CU(cuStreamSynchronize(NULL));
 
 	/* warm up every path once (first IPC open, first file) */
+	cascade_sample(&c0);
 	for (p = 0; p < NPATHS; p++)
 		one((enum path)p, sizes[0], -1, tt, tier, sizeof(tier));
 
@@ -408,6 +490,7 @@ int main(int argc, char **argv)
 	}
 
 	latency();
+	cascade(maxn, reps, &c0);
 
 	cuMemHostUnregister(pinned);
 	cuMemFree(dsrc);
