@@ -7,8 +7,11 @@
  * (st_dev, st_ino); a flush that replaces a backing file rekeys its inode.
  *
  * Locks: fs.lock protects the inode table, every inode's name/parent, the
- * O_PATH fds and reference counts, and serialises namespace changes in the
- * backing directory (rename, unlink, link, version commits).  Order:
+ * O_PATH fds and reference counts.  fs.nslock, taken before fs.lock,
+ * serialises namespace changes in the backing directory (rename, unlink,
+ * rmdir, link, version commits); a version commit holds only nslock while
+ * it links and renames (journal operations that can wait for a commit),
+ * so lookups, creates, opens and releases never wait for those.  Order:
  * tfile.lock -> fs.lock -> engine.lock is never needed; fs.lock is taken
  * without holding the others except from version_commit (engine lock not
  * held there).
@@ -75,6 +78,8 @@ struct fs {
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
 	struct fs_inode root;		/* FUSE_ROOT_ID */
 	pthread_mutex_t lock;		/* see file comment */
+	pthread_mutex_t nslock;		/* backing namespace changes (taken
+					 * before lock; see v_commit) */
 	struct fs_inode **htab;		/* inode table */
 	size_t hsize, count;
 	struct engine *eng;

@@ -17,6 +17,7 @@
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/fuse.h>
 
@@ -301,6 +302,17 @@ static const struct fuse_custom_io fs_io = {
 	.splice_send = io_splice,
 };
 
+/* Requests that take longer are logged (level info), with their opcode. */
+#define SLOW_REQUEST_S	0.05
+
+static double now_mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 struct fs_worker {
 	pthread_t th;			/* the thread */
 	struct fuse_buf buf;		/* its receive buffer */
@@ -311,6 +323,7 @@ static void *worker_main(void *arg)
 {
 	struct fs_worker *w = arg;
 	sigset_t all;
+	double t0;
 	int res, old;
 
 	sigfillset(&all);
@@ -330,7 +343,12 @@ static void *worker_main(void *arg)
 		}
 		if (!(w->buf.flags & FUSE_BUF_IS_FD))
 			note_init(w->buf.mem, (size_t)res);
+		t0 = now_mono();
 		fuse_session_process_buf(fs.se, &w->buf);
+		t0 = now_mono() - t0;
+		if (t0 > SLOW_REQUEST_S && !(w->buf.flags & FUSE_BUF_IS_FD))
+			tlog(LOG_INFO, "slow request: opcode %u took %.0f ms",
+			     ((const struct fuse_in_header *)w->buf.mem)->opcode, t0 * 1e3);
 	}
 	return NULL;
 }
@@ -509,6 +527,7 @@ int main(int argc, char *argv[])
 	fs.root.data_fd = -1;
 	fs.root.nlookup = 2;
 	pthread_mutex_init(&fs.lock, NULL);
+	pthread_mutex_init(&fs.nslock, NULL);
 	fs.hsize = 1024;
 	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
 	if (!fs.htab)

@@ -418,6 +418,8 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	int ret = 0;
 
 	(void)fi;
+	/* attributes: not while a new version copies them (v_commit) */
+	pthread_mutex_lock(&fs.nslock);
 	fs_fd_hold(in);
 	fs_proc_path(in->fd, path, sizeof(path));
 	if (valid & FUSE_SET_ATTR_MODE) {
@@ -434,6 +436,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			ret = -errno;
 	}
 	fs_fd_release(in);
+	pthread_mutex_unlock(&fs.nslock);
 	if (ret)
 		goto out;
 	if (valid & FUSE_SET_ATTR_SIZE) {
@@ -458,11 +461,13 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		else if (valid & FUSE_SET_ATTR_MTIME)
 			tv[1] = attr->st_mtim;
 		if (!S_ISLNK(in->type)) {	/* symlinks: not through /proc */
+			pthread_mutex_lock(&fs.nslock);
 			fs_fd_hold(in);
 			fs_proc_path(in->fd, path, sizeof(path));
 			if (utimensat(AT_FDCWD, path, tv, 0) < 0)
 				ret = -errno;
 			fs_fd_release(in);
+			pthread_mutex_unlock(&fs.nslock);
 			if (ret)
 				goto out;
 		}
@@ -558,10 +563,12 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct fuse_entry_param e;
 	int ret = check_new_name(newname);
 
+	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	if (!ret && linkat(in->fd, "", p->fd, newname, AT_EMPTY_PATH) < 0)
 		ret = -errno;
 	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -606,6 +613,7 @@ static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs_inode *p = fs_inode_of(parent), *in;
 	int ret = 0;
 
+	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	in = find_child(p, name);
 	if (unlinkat(p->fd, name, 0) < 0)
@@ -613,6 +621,7 @@ static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 	else if (in)
 		name_removed(in, p, name);
 	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
 
@@ -621,10 +630,12 @@ static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct fs_inode *p = fs_inode_of(parent);
 	int ret = 0;
 
+	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	if (unlinkat(p->fd, name, AT_REMOVEDIR) < 0)
 		ret = -errno;
 	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
 
@@ -640,6 +651,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fuse_reply_err(req, -ret);
 		return;
 	}
+	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	src = find_child(p, name);
 	dst = find_child(np, newname);
@@ -660,6 +672,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		set_name(src, np, newname);
 out:
 	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
 
@@ -1105,32 +1118,49 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	struct fs_inode *in = in_of(f);
 	char path[64];
 	struct stat st;
-	int ret;
+	int ret = 0, dfd = -1, flags = O_TMPFILE | O_RDWR;
 
+	/*
+	 * Decide under fs.lock, open without it: creating the new version's
+	 * inode takes a journal handle, which can wait for a commit (another
+	 * flush's fdatasync), and lookups, creates, opens and releases of the
+	 * whole mount take fs.lock.
+	 */
 	*inplace = false;
 	pthread_mutex_lock(&fs.lock);
 	if (in->unlinked) {
 		/* anonymous storage for a file that has no name any more */
-		fs_proc_path(fs.root_fd, path, sizeof(path));
-		ret = open_direct(path, O_TMPFILE | O_RDWR, want_direct, direct);
-		goto out;
-	}
-	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) < 0) {
+		dfd = dup(fs.root_fd);
+	} else if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) < 0) {
 		ret = -errno;
-		goto out;
+	} else if (st.st_nlink == 1 && in->name && in->parent) {
+		dfd = dup(in->parent->fd);
+	} else {
+		/* hard links: the file itself, in place */
+		*inplace = true;
+		flags = O_RDWR;
+		dfd = dup(in->fd);
 	}
-	if (st.st_nlink == 1 && in->name && in->parent) {
-		fs_proc_path(in->parent->fd, path, sizeof(path));
-		ret = open_direct(path, O_TMPFILE | O_RDWR, want_direct, direct);
-		if (ret >= 0 || (ret != -EOPNOTSUPP && ret != -EISDIR))
-			goto out;
-	}
-	/* hard links, or no O_TMPFILE: the file itself, in place */
-	*inplace = true;
-	fs_proc_path(in->fd, path, sizeof(path));
-	ret = open_direct(path, O_RDWR, want_direct, direct);
-out:
+	if (!ret && dfd < 0)
+		ret = -errno;
 	pthread_mutex_unlock(&fs.lock);
+	if (ret)
+		return ret;
+	fs_proc_path(dfd, path, sizeof(path));
+	ret = open_direct(path, flags, want_direct, direct);
+	if (ret < 0 && !*inplace && !in->unlinked && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
+		/* no O_TMPFILE here: the file itself, in place */
+		close(dfd);
+		pthread_mutex_lock(&fs.lock);
+		dfd = dup(in->fd);
+		pthread_mutex_unlock(&fs.lock);
+		if (dfd < 0)
+			return -errno;
+		*inplace = true;
+		fs_proc_path(dfd, path, sizeof(path));
+		ret = open_direct(path, O_RDWR, want_direct, direct);
+	}
+	close(dfd);
 	return ret;
 }
 
@@ -1187,7 +1217,13 @@ static int copy_in_place(struct fs_inode *in, int fd)
 	return ret;
 }
 
-static void swap_fd(struct fs_inode *in, int fd)
+/*
+ * Make fd in's current version.  fs.lock held.  Returns the fds that it
+ * replaced (old[0], old[1]; -1 for none), for the caller to close once
+ * fs.lock is released: the last close of a replaced version frees its
+ * blocks, a journal operation that can wait on a commit.
+ */
+static void swap_fd(struct fs_inode *in, int fd, int old[2])
 {
 	struct stat st;
 
@@ -1198,22 +1234,34 @@ static void swap_fd(struct fs_inode *in, int fd)
 		table_insert(in);
 	}
 	pthread_rwlock_wrlock(&in->fdlock);
-	close(in->fd);
+	old[0] = in->fd;
 	in->fd = fd;
 	pthread_rwlock_unlock(&in->fdlock);
+	old[1] = -1;
 	if (in->data_fd >= 0 && !in->data_users) {
-		close(in->data_fd);
+		old[1] = in->data_fd;
 		in->data_fd = -1;
 	}
 }
 
+/*
+ * Make version fd (an O_TMPFILE, or with inplace the file itself) current.
+ *
+ * Locking: fs.nslock, which every change of the backing namespace takes
+ * (link, unlink, rmdir, rename, and this), keeps in's name and parent
+ * steady while the new version is linked in and renamed over the old one;
+ * fs.lock is taken only for the bookkeeping.  The syscalls that change the
+ * backing directory run without it: each needs a journal handle, which
+ * can wait for a commit (hundreds of ms on a disk busy with flushes), and
+ * every lookup, create, open and release of the mount takes fs.lock.
+ */
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
 	struct fs_inode *in = in_of(f);
-	char path[64], tmp[64];
+	char path[64], tmp[64], *name = NULL;
 	static unsigned long counter;
 	struct stat old;
-	int ret = 0, dfd = -1;
+	int ret = 0, dfd = -1, pfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
 		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
@@ -1225,52 +1273,65 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		close(fd);
 		return ret;
 	}
+	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	if (in->unlinked) {
-		swap_fd(in, fd);	/* adopt: the data lives on, nameless */
-		goto out;
+		swap_fd(in, fd, closing);	/* adopt: the data lives on, nameless */
+		goto out_locked;
 	}
 	if (fstatat(in->fd, "", &old, AT_EMPTY_PATH) < 0) {
 		ret = -errno;
 		close(fd);
-		goto out;
+		goto out_locked;
 	}
 	if (old.st_nlink > 1 || !in->name) {
 		/* hard-linked since the version was started: copy it in place */
 		ret = copy_in_place(in, fd);
 		close(fd);
+		goto out_locked;
+	}
+	name = strdup(in->name);
+	pfd = dup(in->parent->fd);
+	pthread_mutex_unlock(&fs.lock);
+	if (!name || pfd < 0) {
+		ret = -ENOMEM;
+		close(fd);
 		goto out;
 	}
+
 	copy_attrs(in, fd, &old);
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
-		 (unsigned long)getpid(), ++counter);
-	if (linkat(AT_FDCWD, path, in->parent->fd, tmp, AT_SYMLINK_FOLLOW) < 0 ||
-	    renameat(in->parent->fd, tmp, in->parent->fd, in->name) < 0) {
+		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+	if (linkat(AT_FDCWD, path, pfd, tmp, AT_SYMLINK_FOLLOW) < 0 ||
+	    renameat(pfd, tmp, pfd, name) < 0) {
 		ret = -errno;
-		unlinkat(in->parent->fd, tmp, 0);
+		unlinkat(pfd, tmp, 0);
 		close(fd);
 		goto out;
 	}
-	if (durable) {		/* synced below, without fs.lock */
-		fs_proc_path(in->parent->fd, path, sizeof(path));
-		dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	}
+	if (durable)		/* synced at the end */
+		dfd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	/* reopen by name: the tmpfile's own dentry stays an unnamed one */
-	int pfd = openat(in->parent->fd, in->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-	if (pfd >= 0) {
+	int nfd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (nfd >= 0) {
 		close(fd);
-		fd = pfd;
+		fd = nfd;
 	}
-	swap_fd(in, fd);
-out:
+	pthread_mutex_lock(&fs.lock);
+	swap_fd(in, fd, closing);
+out_locked:
 	pthread_mutex_unlock(&fs.lock);
-	/*
-	 * The rename is durable once the directory is.  Not under fs.lock:
-	 * on a disk busy with flushes a directory fsync takes a journal
-	 * commit (tens to hundreds of ms), and every lookup, open and stat
-	 * of the mount would wait for it.
-	 */
+out:
+	pthread_mutex_unlock(&fs.nslock);
+	free(name);
+	if (pfd >= 0)
+		close(pfd);
+	if (closing[0] >= 0)
+		close(closing[0]);
+	if (closing[1] >= 0)
+		close(closing[1]);
+	/* the rename is durable once the directory is */
 	if (dfd >= 0) {
 		if (fsync(dfd) < 0 && !ret)
 			ret = -errno;

@@ -124,11 +124,11 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fuse_reply_err(req, EPERM);
 		return;
 	}
-	pthread_mutex_lock(&fs.lock);	/* not while a new version is committed */
+	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
 	fs_proc_path(in->fd, path, sizeof(path));
 	if (setxattr(path, name, value, size, flags) < 0)
 		ret = -errno;
-	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
 
@@ -188,10 +188,10 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
-	pthread_mutex_lock(&fs.lock);
+	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
 	fs_proc_path(in->fd, path, sizeof(path));
 	if (removexattr(path, name) < 0)
 		ret = -errno;
-	pthread_mutex_unlock(&fs.lock);
+	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }

@@ -256,7 +256,11 @@ static void copy_evicted(struct copy *cp)
 static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 			  uint64_t size, double max_wait)
 {
-	double give_up = now_s() + max_wait;
+	double t0 = now_s(), give_up = t0 + max_wait;
+	/* what the last wait was for (copied: the copy may go meanwhile) */
+	enum tier_state bstate = TS_INIT;
+	bool bpinned = false, bflushing = false;
+	int waits = 0;
 
 	size = tier_round(size ? size : 1);
 	if (size > c->size)
@@ -268,16 +272,27 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 
 		if (e->gpu && c == e->tiers[0])
 			gpu_tier_update_usable(e->gpu);
-		if (cache_place(c, cp, size) == 0)
+		if (cache_place(c, cp, size) == 0) {
+			if (waits && now_s() - t0 > 0.05)
+				tlog(LOG_INFO, "%s cache: %.0f ms to make room for %" PRIu64
+				     " bytes (%d waits; the last for a copy %s%s%s)", c->name,
+				     (now_s() - t0) * 1e3, size, waits,
+				     tier_state_name(bstate), bpinned ? ", pinned" : "",
+				     bflushing ? ", being copied out" : "");
 			return 0;
+		}
 		if (e->gpu && c == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
 			return -ENOSPC;	/* no eviction before the tier is built */
 		if (c->policy->choose(c, size, copy_cost, &first, &last, &wait))
 			return -ENOSPC;
 		for (fr = first;; fr = fr->next) {
 			if (fr->copy && (fr->copy->pins ||
-					 !tier_state_evictable(fr->copy->state)))
+					 !tier_state_evictable(fr->copy->state))) {
 				ready = false;
+				bstate = fr->copy->state;
+				bpinned = fr->copy->pins > 0;
+				bflushing = fr->copy->flushing;
+			}
 			if (fr == last)
 				break;
 		}
@@ -300,6 +315,7 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 				     "writing through", c->name, max_wait);
 			return -ENOSPC;
 		}
+		waits++;
 		cond_wait_ms(e, 20);
 	}
 }
