@@ -49,6 +49,8 @@ struct fs_inode {
 	int data_users;			/* borrowers of data_fd */
 };
 
+enum { FS_RELATIME, FS_NOATIME, FS_STRICTATIME };
+
 /* Preferred I/O size reported in st_blksize, = max_write. */
 #define FS_IO_SIZE	(1 << 20)
 
@@ -65,6 +67,7 @@ struct fs_opts {
 	int writeback;			/* kernel writeback cache */
 	int direct_writes;		/* write-only opens skip the page cache */
 	int direct_reads;		/* so do all others, where mmap allows */
+	int atime;			/* FS_RELATIME (default), FS_NOATIME, ... */
 	int readahead_kb;		/* kernel readahead of the mount */
 	int allow_other;
 	int default_permissions;
@@ -84,7 +87,6 @@ struct fs {
 	size_t hsize, count;
 	struct engine *eng;
 	struct fuse_session *se;
-	bool atime;			/* backing mount updates atime */
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
 };
 

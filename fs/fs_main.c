@@ -54,6 +54,9 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("-d", 4),
 	FUSE_OPT_KEY("debug", 4),
 	FUSE_OPT_KEY("allow_other", 5),
+	FUSE_OPT_KEY("noatime", 6),
+	FUSE_OPT_KEY("relatime", 7),
+	FUSE_OPT_KEY("strictatime", 8),
 	FUSE_OPT_END
 };
 
@@ -81,6 +84,15 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	case 5:
 		o->allow_other = 1;
 		return 1;
+	case 6:			/* atime options: ours, and the kernel's too */
+		o->atime = FS_NOATIME;
+		return 1;
+	case 7:
+		o->atime = FS_RELATIME;
+		return 1;
+	case 8:			/* libfuse 3.14 does not know this one */
+		o->atime = FS_STRICTATIME;
+		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
 			char *r = realpath(arg, NULL);
@@ -176,6 +188,7 @@ static void usage(const char *prog)
 "                           (default: they bypass it when the kernel can still\n"
 "                           mmap such files: Linux 6.6 and later)\n"
 "    -o readahead_kb=N      kernel readahead of the mount (default 1024)\n"
+"    -o noatime|relatime|strictatime   access times (default relatime)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
 "    -d, -o debug           foreground, print every FUSE request\n"

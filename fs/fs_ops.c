@@ -834,21 +834,64 @@ static void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *f
 	fuse_reply_err(req, S_ISREG(in->type) ? -tfile_pending_error(&in->tf) : 0);
 }
 
+/*
+ * Access time.  FUSE leaves it to the daemon (the kernel marks FUSE inodes
+ * S_NOATIME), and reads served from the cache never touch the backing
+ * file, so tierfs sets it: when a handle that could read is released (the
+ * kernel sends RELEASE in the background, so close() does not wait for
+ * this), following the mount's option: noatime never; strictatime always;
+ * relatime (the default) when the access time is not newer than the
+ * modification time, or is a day old.  (The ctime test of the kernel's
+ * relatime is left out: setting the time moves the backing file's ctime.)
+ */
+static void touch_atime(struct fs_inode *in)
+{
+	struct timespec now, mt, cmt, tv[2] = { { 0, UTIME_NOW }, { 0, UTIME_OMIT } };
+	char path[64];
+	uint64_t size;
+	struct stat st;
+
+	if (fs.opts.atime == FS_NOATIME)
+		return;
+	fs_fd_hold(in);
+	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0) {
+		clock_gettime(CLOCK_REALTIME, &now);
+		mt = st.st_mtim;	/* a dirty file's cached mtime is newer */
+		if (S_ISREG(in->type) && tfile_attr(&in->tf, &size, &cmt) &&
+		    (cmt.tv_sec > mt.tv_sec ||
+		     (cmt.tv_sec == mt.tv_sec && cmt.tv_nsec > mt.tv_nsec)))
+			mt = cmt;
+		if (fs.opts.atime == FS_STRICTATIME ||
+		    st.st_atim.tv_sec < mt.tv_sec ||
+		    (st.st_atim.tv_sec == mt.tv_sec && st.st_atim.tv_nsec <= mt.tv_nsec) ||
+		    now.tv_sec - st.st_atim.tv_sec >= 24 * 3600) {
+			fs_proc_path(in->fd, path, sizeof(path));
+			utimensat(AT_FDCWD, path, tv, 0);
+		}
+	}
+	fs_fd_release(in);
+}
+
 static void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct fs_inode *in = fs_inode_of(ino);
+	int closing = -1;
 
+	fuse_reply_err(req, 0);		/* nothing below can fail */
+	if ((fi->flags & O_ACCMODE) != O_WRONLY)
+		touch_atime(in);
 	if (writable(fi->flags))
 		tfile_close_writer(&in->tf);
 	pthread_mutex_lock(&fs.lock);
 	in->nopen--;
 	if (!in->nopen && in->data_fd >= 0 && !in->data_users) {
-		close(in->data_fd);
+		closing = in->data_fd;	/* closed below, without fs.lock */
 		in->data_fd = -1;
 	}
 	maybe_free(in);
 	pthread_mutex_unlock(&fs.lock);
-	fuse_reply_err(req, 0);
+	if (closing >= 0)
+		close(closing);
 }
 
 static void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,

@@ -13,6 +13,7 @@ import shutil
 import socket
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -598,16 +599,41 @@ def test_chmod_chown_utimens(tfs):
     assert_same(read_file(j(tfs.backing, "f")), b"touch" + data[5:])
 
 
-def test_atime_loose(tfs):
-    p = j(tfs.mnt, "a")
+@pytest.mark.parametrize("option", [None, "noatime", "strictatime"])
+def test_atime_follows_mount_option(mount, option):
+    """Reads served from the cache set the access time as the mount's atime
+    option says: relatime by default (when atime <= mtime, or a day old),
+    never with noatime, on every read open with strictatime."""
+    m = mount(**({option: True} if option else {}))
+    p = j(m.mnt, "a")
     write_file(p, b"hello" * 1000)
-    old = 1_000_000_000_000_000_000
-    os.utime(p, ns=(old, old + 10**9))
-    st = os.stat(p)
-    assert st.st_atime_ns == old                    # an explicit atime is kept
-    read_file(p)
-    if os.stat(p).st_atime_ns == old:
-        pytest.skip("atime not updated on read (noatime-like); atime is loose")
+    old = 1_000_000_000 * 10**9
+    os.utime(p, ns=(old, old + 10**9))                 # atime < mtime
+    assert os.stat(p).st_atime_ns == old               # an explicit atime is kept
+
+    def atime_after_read(timeout=5.0):
+        read_file(p)                                    # set at release: async
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = os.stat(p)
+            if st.st_atime_ns != before:
+                return st.st_atime_ns
+            time.sleep(0.02)
+        return os.stat(p).st_atime_ns
+
+    before = old
+    got = atime_after_read(timeout=1.0 if option == "noatime" else 5.0)
+    if option == "noatime":
+        assert got == old
+        return
+    assert got > old + 10**9                           # now: newer than mtime
+    # relatime: atime is newer than mtime now, so another read leaves it
+    before = got
+    again = atime_after_read(timeout=1.0 if option is None else 5.0)
+    if option is None:
+        assert again == got
+    else:
+        assert again > got                             # strictatime: every time
 
 
 def test_statfs(tfs):
