@@ -301,6 +301,14 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 				if (fr->copy) {
 					c->evictions++;
 					c->evicted_bytes += fr->size;
+					if (copy_dist(e, fr->copy) != TIER_FAR) {
+						c->evicted_queued++;
+						tlog(LOG_DEBUG, "%s cache: evicting a copy %" PRIu64
+						     " entries from the restore queue's head "
+						     "(placing one %" PRIu64 " away)", c->name,
+						     copy_dist(e, fr->copy), cp->file->hint_seq ?
+						     copy_dist(e, cp) : (uint64_t)0);
+					}
 				}
 				if (fr == last)
 					break;
@@ -2000,9 +2008,11 @@ static void cache_json(struct cache *c, char *buf, size_t len, size_t *at)
 		"\"%s\":{\"capacity\":%" PRIu64 ",\"usable\":%" PRIu64
 		",\"used\":%" PRIu64 ",\"fragments\":%" PRIu64 ",\"gaps\":%" PRIu64
 		",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"evictions\":%" PRIu64
-		",\"evicted_bytes\":%" PRIu64 ",\"policy\":\"%s\"}",
+		",\"evicted_bytes\":%" PRIu64 ",\"evicted_queued\":%" PRIu64
+		",\"policy\":\"%s\"}",
 		c->name, c->size, c->usable, c->used, c->nfrags, c->ngaps,
-		c->hits, c->misses, c->evictions, c->evicted_bytes, c->policy->name);
+		c->hits, c->misses, c->evictions, c->evicted_bytes, c->evicted_queued,
+		c->policy->name);
 }
 
 int engine_stats_json(struct engine *e, char *buf, size_t len)

@@ -143,6 +143,7 @@ struct cache {
 	void *priv;			/* tier owner's data */
 	/* statistics */
 	uint64_t hits, misses, evictions, evicted_bytes;
+	uint64_t evicted_queued;	/* evictions of copies still in the restore queue */
 };
 
 /*
