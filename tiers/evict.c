@@ -14,14 +14,28 @@
  * score (the default, DESIGN.md "Eviction"): two pointers slide a window
  * over the whole table.  For each left end the right end advances until
  * the window holds `need` bytes; a fragment that will never be evictable
- * is a barrier no window may span.  Among those windows the one with the
- * least summed wait wins, ties (within WAIT_EPS) going to the largest
- * summed prefetch distance (TIER_FAR counts as 2^64-1, sums are 128-bit so
- * they are exact; a window holding more unhinted copies always beats one
- * holding fewer, and any window with one beats any window of hinted copies
- * only), then to the oldest window: the least maximum insertion number
- * (copy.seq) among its copies, gaps counting as oldest (0), remaining ties
- * to the lowest offset.
+ * is a barrier no window may span.  Among those windows, in this order:
+ *  1. the least summed wait wins (sums within WAIT_EPS tie);
+ *  2. then the largest minimum prefetch distance over the window's copies
+ *     (gaps do not count; a copy without a hint is TIER_FAR, and so is a
+ *     window of gaps only);
+ *  3. then the largest summed distance (TIER_FAR counts as 2^64-1, sums
+ *     are 128-bit so they are exact);
+ *  4. then the oldest window: the least maximum insertion number
+ *     (copy.seq) among its copies, gaps counting as oldest (0);
+ *  5. then the lowest offset.
+ *
+ * Why the minimum before the sum: this deviates from hpdc23 Algorithm 1,
+ * whose s_score sums the distances.  A sum lets one unhinted copy (e.g. a
+ * file already consumed, TIER_FAR) outweigh everything else in its
+ * window, so a window holding it and the copy the restore queue needs
+ * NEXT beat a window whose every copy is needed late, and score evicted
+ * files about to be read (measured on a GPU machine).  The minimum is the
+ * soonest any copy of the window is needed again: a window that is
+ * needed late as a whole goes first; the sum then only breaks its ties
+ * (among equal minima it still prefers more and later copies).  Without
+ * restore hints every copy is TIER_FAR, all minima tie and the order is
+ * the one before (bench_evict's hit rates are the same).
  *
  * The age tie-break matters when restore hints are missing: every copy is
  * TIER_FAR and flushed copies all wait 0, so equal-size windows tie on
@@ -40,11 +54,12 @@
  * copies, still decides first between windows of different copy counts:
  * there score gets 29% to fifo's 47% (equal sizes: 49.9%, as fifo).
  *
- * A window's age is asked for only when it ties the best so far on wait
- * and distance.  It comes from a monotonic deque (struct ageq) brought up
- * to date lazily: as both ends of the window only move forward, each
- * fragment is pushed and popped at most once per decision, so the rule
- * keeps the decision O(N) and costs nothing when nothing ties.
+ * A window's minimum distance is asked for only when its wait does not
+ * lose to the best so far, and its age only when it also ties on both
+ * distances.  Each comes from a monotonic deque (struct minq, struct
+ * ageq) brought up to date lazily: as both ends of the window only move
+ * forward, each fragment is pushed and popped at most once per decision,
+ * so the rules keep the decision O(N) and cost nothing when nothing ties.
  *
  * A window whose left fragment could be dropped while still holding
  * `need` is skipped: its left fragment is a gap or a ready copy that adds
@@ -54,16 +69,19 @@
  * decision is O(N).
  *
  * How score keeps a decision cheap (bench_evict on the 2-core VM, 1,000
- * fragments: median 6.2 us, best 5.6, where one pass to gather and one to
- * slide, over 56-byte entries, took 12.2 and 8.9): the table is copied,
+ * fragments: median 6.2 us, best 6.1 - 6.1 and 5.7 before the minimum
+ * rule - where one pass to gather and one to slide, over 56-byte
+ * entries, took 12.2 and 8.9): the table is copied,
  * in blocks of GATHER_BLOCK fragments just ahead of the window's right
- * end, into 24-byte records (struct srec) that the slide then reads while
+ * end, into 32-byte records (struct srec) that the slide then reads while
  * they are still in the CPU's first-level cache; the copying loop is the
  * only one that calls cost(), so the slide's loop keeps its sums in
  * registers; a barrier ends a block, so the slide looks for barriers once
  * per block rather than once per fragment; and a window is first screened
  * with a few comparisons that rule out nearly every window once a good
- * one is known (score_consider() then makes the exact comparison).  The
+ * one is known: the wait, the distance sum, and in place of the minimum
+ * the lesser distance of the window's two end fragments, which bounds it
+ * from above (score_consider() then makes the exact comparison).  The
  * sums are formed in the same order as in the plain loop (add at the
  * right end until the window holds need, then look at it and drop its
  * left end), so decisions and summed waits are the same to the bit.
@@ -85,7 +103,7 @@
  *   far below WAIT_EPS for any realistic wait (well under 10^6 s).
  * - need == 0 is treated as 1 (any non-empty window).
  * - Per-decision arrays live in per-thread scratch buffers that only grow
- *   (about 45 bytes per fragment for score, 70 for fifo and lru; never
+ *   (about 65 bytes per fragment for score, 70 for fifo and lru; never
  *   freed, they are reused by every later decision of the thread), so a
  *   decision allocates nothing once they are warm.
  * - Returns 0, -ENOSPC, or -ENOMEM when a scratch buffer cannot grow.
@@ -236,17 +254,22 @@ typedef unsigned __int128 u128;
 struct srec {
 	uint64_t size;		/* bytes below usable */
 	double wait;		/* >= 0, finite; HUGE_VAL for a barrier */
-	uint64_t dist;		/* 0 for gaps */
+	uint64_t dist;		/* 0 for gaps: the summed distance */
+	uint64_t key;		/* TIER_FAR for gaps: the minimum distance */
 };
 
 static __thread struct srec *srec_buf;		/* records, table order */
 static __thread struct frag **sfrag_buf;	/* their fragments */
+static __thread uint64_t *mink_buf;		/* struct minq's keys */
+static __thread uint32_t *mini_buf;		/* and indices */
 static __thread size_t srec_cap;
 
 static int srec_reserve(size_t n)
 {
 	struct srec *r;
 	struct frag **f;
+	uint64_t *k;
+	uint32_t *x;
 	size_t cap;
 
 	if (n + 1 <= srec_cap)
@@ -260,13 +283,21 @@ static int srec_reserve(size_t n)
 	srec_buf = r;
 	f = realloc(sfrag_buf, cap * sizeof(*f));
 	if (!f)
-		return -ENOMEM;		/* srec_buf is kept, srec_cap not raised */
+		return -ENOMEM;		/* what grew is kept, srec_cap not raised */
 	sfrag_buf = f;
+	k = realloc(mink_buf, cap * sizeof(*k));
+	if (!k)
+		return -ENOMEM;
+	mink_buf = k;
+	x = realloc(mini_buf, cap * sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	mini_buf = x;
 	srec_cap = cap;
 	return 0;
 }
 
-/* Fragments copied per call of score_gather(): 1.5 KiB of records. */
+/* Fragments copied per call of score_gather(): 2 KiB of records. */
 #define GATHER_BLOCK	64
 
 /*
@@ -307,6 +338,7 @@ score_gather(struct cache *c,
 		r->size = f->size < room ? f->size : room;
 		r->wait = k.wait > 0 ? k.wait : 0;	/* < 0 counts as 0 */
 		r->dist = k.dist;
+		r->key = f->copy ? k.dist : TIER_FAR;
 	}
 	n = r - srec_buf;
 	*bar = n;
@@ -314,6 +346,7 @@ score_gather(struct cache *c,
 		r->size = 0;
 		r->wait = HUGE_VAL;
 		r->dist = 0;
+		r->key = TIER_FAR;
 		f = f->next;
 		n++;
 	}
@@ -371,10 +404,51 @@ static uint64_t window_age(struct ageq *q, long i, long j)
 	return q->qt > q->qh ? q->qk[q->qh] : 0;
 }
 
+/*
+ * Window-minimum deque for score, the mirror of struct ageq: the hinted
+ * copies of a window [i, j) with distances non-decreasing from front to
+ * back, as (distance, index) pairs in [qh, qt); qk[qh - 1] is a 0
+ * sentinel that ends every pop from the back.  Gaps and copies without a
+ * hint (key TIER_FAR) are not kept: an empty deque means TIER_FAR.
+ * Brought up to date when a window's minimum is asked for, with the same
+ * bound: at most n pushes from slot 1, n + 1 entries.
+ */
+struct minq {
+	const struct srec *rec;	/* the records, for the keys */
+	uint64_t *qk;
+	uint32_t *qi;
+	long qh, qt;
+	long next;		/* first index not pushed yet */
+};
+
+/* Least distance of a copy in [i, j), TIER_FAR when it holds none. */
+static uint64_t window_min(struct minq *q, long i, long j)
+{
+	if (q->next < i) {		/* all of it is left of the window */
+		q->qh = q->qt = 1;	/* qk[0] is still the sentinel */
+		q->next = i;
+	}
+	for (; q->next < j; q->next++) {
+		uint64_t key = q->rec[q->next].key;
+
+		while (q->qk[q->qt - 1] > key)	/* the sentinel stops it */
+			q->qt--;
+		q->qk[q->qt] = key;
+		q->qi[q->qt] = (uint32_t)q->next;
+		q->qt += key != TIER_FAR;	/* TIER_FAR is not kept */
+	}
+	while (q->qt > q->qh && q->qi[q->qh] < i) {
+		q->qk[q->qh] = 0;	/* the new sentinel */
+		q->qh++;
+	}
+	return q->qt > q->qh ? q->qk[q->qh] : TIER_FAR;
+}
+
 /* The best window so far, and what is needed to compare others with it. */
 struct best {
 	long i, j;		/* [i, j]; i < 0 while there is none */
 	double w;		/* summed wait */
+	uint64_t m;		/* least distance of a copy (TIER_FAR: none) */
 	u128 d;			/* summed distance */
 	uint64_t age;		/* valid once asked: aged */
 	bool aged;
@@ -386,46 +460,57 @@ struct best {
 	 */
 	double thr;
 	struct ageq q;
+	struct minq mq;
 };
 
 /*
  * Window [i, j) (summed wait w, distance d), from which no end fragment
  * can be dropped, passed the slide's screen: take it if it beats the best
- * (least wait, then largest distance, then oldest; ties stay with the
- * lower offset).  Not inlined: it is rarely called, and inlined its
+ * (least wait, then largest minimum distance, then largest summed
+ * distance, then oldest; ties stay with the lower offset).  The minimum
+ * is asked for whenever the wait does not lose, so minimum queries come
+ * in slide order.  Not inlined: it is rarely called, and inlined its
  * registers would crowd the slide's.
  */
 static __attribute__((noinline)) void
 score_consider(struct best *b, long i, long j, double w, u128 d)
 {
-	bool take = true;
+	uint64_t m;
+	bool take = true, by_age = false;
 
-	if (b->i >= 0 && !wait_less(w, b->w) &&
-	    (wait_less(b->w, w) || d < b->d))
+	if (b->i >= 0 && wait_less(b->w, w))
 		return;
-	if (b->i >= 0 && !wait_less(w, b->w) && d == b->d) {
-		/*
-		 * Tied on wait and distance: the older wins.  The best's age
-		 * is asked for first: no query since it was found went past
-		 * its left end.
-		 */
-		uint64_t age;
+	m = window_min(&b->mq, i, j);
+	if (b->i >= 0 && !wait_less(w, b->w)) {
+		if (m != b->m) {
+			take = m > b->m;
+		} else if (d != b->d) {
+			take = d > b->d;
+		} else {
+			/*
+			 * Tied on wait and both distances: the older wins.
+			 * The best's age is asked for first: no query since
+			 * it was found went past its left end.
+			 */
+			uint64_t age;
 
-		if (!b->aged) {
-			b->age = window_age(&b->q, b->i, b->j + 1);
-			b->aged = true;
+			if (!b->aged) {
+				b->age = window_age(&b->q, b->i, b->j + 1);
+				b->aged = true;
+			}
+			age = window_age(&b->q, i, j);
+			take = age < b->age;
+			by_age = true;
+			if (take)
+				b->age = age;	/* the new best's age */
 		}
-		age = window_age(&b->q, i, j);
-		take = age < b->age;
-		if (take)
-			b->age = age;
-	} else {
-		b->aged = false;	/* strictly better */
 	}
 	if (take) {
+		b->aged = by_age;
 		b->i = i;
 		b->j = j - 1;
 		b->w = w;
+		b->m = m;
 		b->d = d;
 		b->thr = w * (1 + 1e-6) + 1e-6;
 	}
@@ -451,6 +536,7 @@ static int score_choose(struct cache *c, uint64_t need,
 	r = ri = rj = lim = srec_buf;
 	b.i = b.j = -1;
 	b.w = 0;
+	b.m = 0;
 	b.d = 0;
 	b.age = 0;
 	b.aged = false;
@@ -461,10 +547,17 @@ static int score_choose(struct cache *c, uint64_t need,
 	b.q.qk[0] = UINT64_MAX;
 	b.q.qh = b.q.qt = 1;
 	b.q.next = 0;
+	b.mq.rec = srec_buf;
+	b.mq.qk = mink_buf;
+	b.mq.qi = mini_buf;
+	b.mq.qk[0] = 0;
+	b.mq.qh = b.mq.qt = 1;
+	b.mq.next = 0;
 	if (need == 0)
 		need = 1;
 	for (;;) {
-		uint64_t s, d;
+		uint64_t s, d, k;
+		u128 dsum;
 		double w;
 
 		/* grow the window to need; nothing spans a barrier */
@@ -501,16 +594,21 @@ static int score_choose(struct cache *c, uint64_t need,
 		 * [ri, rj) holds need; skip it if [ri + 1, rj) does too, else
 		 * screen it.  The screen passes every window that could beat
 		 * the best: a wait clearly less than b.w is less, and one not
-		 * clearly more is at most b.thr (see struct best).  One branch
-		 * for all of it: each test alone would often mispredict.
+		 * clearly more is at most b.thr (see struct best); the least
+		 * key of its end fragments, k, bounds its minimum distance
+		 * from above, so a window that ties on wait and beats or ties
+		 * b.m has k > b.m, or k == b.m and then needs the summed
+		 * distance.  One branch for all of it: each test alone would
+		 * often mispredict.
 		 */
 		s = ri->size;
 		w = ri->wait;
 		d = ri->dist;
+		k = ri->key < rj[-1].key ? ri->key : rj[-1].key;
+		dsum = (u128)dhi << 64 | dlo;
 		if ((size - s < need) & (wsum <= b.thr) &
-		    ((wsum < b.w) | (((u128)dhi << 64 | dlo) >= b.d)))
-			score_consider(&b, ri - r, rj - r, wsum,
-				       (u128)dhi << 64 | dlo);
+		    ((wsum < b.w) | (k > b.m) | ((k == b.m) & (dsum >= b.d))))
+			score_consider(&b, ri - r, rj - r, wsum, dsum);
 		size -= s;
 		wsum -= w;
 		dhi -= dlo < d;

@@ -4,7 +4,9 @@
  * Random allocation tables (built with cache.c: variable sizes, gaps,
  * copies whose wait is 0, some seconds, or TIER_INF - sometimes all equal,
  * rarely negative, NaN or above TIER_INF - and whose distance is small,
- * large or TIER_FAR - sometimes all TIER_FAR, as without restore hints;
+ * large or TIER_FAR - sometimes all TIER_FAR, as without restore hints,
+ * sometimes mostly TIER_FAR among a few hints, sometimes a few small
+ * values and TIER_FAR, so that minima tie often;
  * insertion numbers (copy.seq) in offset order, shuffled, reversed or with
  * many ties (and a few UINT64_MAX); sometimes with usable < size) are
  * handed to each policy with a random need:
@@ -12,11 +14,13 @@
  *  - score: the brute force tries every window [i, j] of consecutive
  *    fragments (no barrier, >= need, and minimal: dropping either end
  *    fragment leaves < need) and keeps the least summed wait, then the
- *    largest summed distance, then the least age (maximum seq of its
- *    copies, 0 for gaps), then the lowest offset.  The policy must find a
- *    window exactly when the brute force does, its window must itself
- *    qualify, its sums and age must equal the optimum (wait within 1e-9,
- *    distance and age exactly), and it must be the brute force's window
+ *    largest minimum distance over its copies (gaps do not count; TIER_FAR
+ *    when it holds none), then the largest summed distance, then the least
+ *    age (maximum seq of its copies, 0 for gaps), then the lowest offset.
+ *    The policy must find a window exactly when the brute force does, its
+ *    window must itself qualify, its sums, minimum and age must equal the
+ *    optimum (wait within 1e-9, the rest exactly), and it must be the
+ *    brute force's window
  *    (the waits drawn are dyadic, so both sum them exactly and the lowest
  *    offset rule leaves no freedom).
  *  - fifo/lru: a plain linear re-statement of the rule (copies by seq or
@@ -62,12 +66,15 @@ static struct frag *fr[MAXFRAG];
 static uint64_t fsz[MAXFRAG];		/* clipped to usable */
 static bool fbar[MAXFRAG];
 static long double fw[MAXFRAG];
-static uint64_t fd[MAXFRAG];
+static uint64_t fd[MAXFRAG];		/* 0 for gaps */
+static uint64_t fkey[MAXFRAG];		/* distance, TIER_FAR for gaps */
 static uint64_t fseq[MAXFRAG];		/* copy.seq, 0 for gaps */
 static int nf;
 
 static long n_found[3], n_nospc[3];
 static long n_age;		/* score decisions the age tie-break settled */
+static long n_min;		/* ... where the old rule (summed distance
+				 * before minimum) would have chosen another */
 
 static uint64_t rnd(void)
 {
@@ -181,6 +188,8 @@ static uint64_t pick_dist(int dmix)
 		return TIER_FAR;
 	if (dmix == 2)		/* a few hints among unhinted copies */
 		return r < 85 ? TIER_FAR : rnd_below(4);
+	if (dmix == 3)		/* few values: many equal minima */
+		return r < 40 ? TIER_FAR : rnd_below(3);
 	if (r < 20)
 		return TIER_FAR;
 	if (r < 30)
@@ -239,7 +248,7 @@ static void build_table(void)
 {
 	uint64_t nblk = 1 + rnd_below(rnd_below(4) ? 300 : 3000);
 	uint64_t maxsz = 1 + rnd_below(rnd_below(2) ? 8 : 64);
-	int i, mix = (int)rnd_below(6), dmix = (int)rnd_below(4);
+	int i, mix = (int)rnd_below(6), dmix = (int)rnd_below(5);
 	struct frag *f;
 
 	ENSURE(cache_init(&c, "t", 0, NULL, nblk * TIER_ALIGN, &tier_host_ops,
@@ -279,6 +288,7 @@ static void build_table(void)
 						       : f->size);
 		fw[nf] = 0;
 		fd[nf] = 0;
+		fkey[nf] = TIER_FAR;
 		fseq[nf] = 0;
 		if (f->copy && !fbar[nf]) {
 			struct tcopy *t = tc_of(f->copy);
@@ -286,6 +296,7 @@ static void build_table(void)
 			fbar[nf] = !(t->wait < TIER_INF);	/* also NaN */
 			fw[nf] = fbar[nf] || !(t->wait > 0) ? 0 : t->wait;
 			fd[nf] = t->dist;
+			fkey[nf] = t->dist;
 			fseq[nf] = f->copy->seq;
 		}
 	}
@@ -319,16 +330,17 @@ static bool wait_less(long double a, long double b)
 }
 
 /*
- * Sums over [i, j] and its age (maximum seq); false if it holds a
- * barrier.
+ * Sums over [i, j], its minimum distance (copies only) and its age
+ * (maximum seq); false if it holds a barrier.
  */
-static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d,
-			uint64_t *age)
+static bool window_sums(int i, int j, uint64_t *sz, long double *w,
+			uint64_t *m, u128 *d, uint64_t *age)
 {
 	int k;
 
 	*sz = 0;
 	*w = 0;
+	*m = TIER_FAR;
 	*d = 0;
 	*age = 0;
 	for (k = i; k <= j; k++) {
@@ -336,6 +348,8 @@ static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d,
 			return false;
 		*sz += fsz[k];
 		*w += fw[k];
+		if (fkey[k] < *m)
+			*m = fkey[k];
 		*d += fd[k];
 		if (fseq[k] > *age)
 			*age = fseq[k];
@@ -345,11 +359,11 @@ static bool window_sums(int i, int j, uint64_t *sz, long double *w, u128 *d,
 
 static bool window_qualifies(int i, int j, uint64_t need)
 {
-	uint64_t sz, age;
+	uint64_t sz, m, age;
 	long double w;
 	u128 d;
 
-	if (i < 0 || j < i || !window_sums(i, j, &sz, &w, &d, &age))
+	if (i < 0 || j < i || !window_sums(i, j, &sz, &w, &m, &d, &age))
 		return false;
 	return sz >= need && sz - fsz[i] < need && sz - fsz[j] < need;
 }
@@ -380,14 +394,19 @@ static void after_decision(const char *pol, uint64_t nfr, uint64_t ngp,
 	       cache_check(&c) == 0, "%s changed the table", pol);
 }
 
-/* The 3-level order: least wait, then largest distance, then least age. */
-static bool better(long double w, u128 d, uint64_t age, long double bw,
-		   u128 bd, uint64_t bage)
+/*
+ * The 4-level order: least wait, then largest minimum distance, then
+ * largest summed distance, then least age.
+ */
+static bool better(long double w, uint64_t m, u128 d, uint64_t age,
+		   long double bw, uint64_t bm, u128 bd, uint64_t bage)
 {
 	if (wait_less(w, bw))
 		return true;
 	if (wait_less(bw, w))
 		return false;
+	if (m != bm)
+		return m > bm;
 	if (d != bd)
 		return d > bd;
 	return age < bage;
@@ -398,8 +417,8 @@ static void check_score(uint64_t need)
 	struct frag *first = NULL, *last = NULL;
 	long double best_w = 0, w;
 	u128 best_d = 0, d;
-	uint64_t nfr, ngp, used, sz, age, best_age = 0;
-	bool found = false;
+	uint64_t nfr, ngp, used, sz, m, age, best_m = 0, best_age = 0;
+	bool found = false, by_age = false, by_min = false;
 	double ws = -1;
 	int i, j, ret, fi, li, bi = -1, bj = -1;
 
@@ -408,20 +427,24 @@ static void check_score(uint64_t need)
 	for (i = 0; i < nf; i++) {
 		sz = 0;
 		w = 0;
+		m = TIER_FAR;
 		d = 0;
 		age = 0;
 		for (j = i; j < nf && !fbar[j]; j++) {
 			sz += fsz[j];
 			w += fw[j];
+			if (fkey[j] < m)
+				m = fkey[j];
 			d += fd[j];
 			if (fseq[j] > age)
 				age = fseq[j];
 			if (sz < need || sz - fsz[i] >= need ||
 			    sz - fsz[j] >= need)
 				continue;
-			if (!found || better(w, d, age, best_w, best_d,
-					     best_age)) {
+			if (!found || better(w, m, d, age, best_w, best_m,
+					     best_d, best_age)) {
 				best_w = w;
+				best_m = m;
 				best_d = d;
 				best_age = age;
 				bi = i;
@@ -431,28 +454,33 @@ static void check_score(uint64_t need)
 		}
 	}
 
-	/* coverage: did another window tie on wait and distance? */
+	/* coverage: did another window tie on wait, minimum and summed
+	 * distance, or tie on wait with a larger summed distance? */
 	for (i = 0; found && i < nf; i++) {
 		sz = 0;
 		w = 0;
+		m = TIER_FAR;
 		d = 0;
 		age = 0;
 		for (j = i; j < nf && !fbar[j]; j++) {
 			sz += fsz[j];
 			w += fw[j];
+			if (fkey[j] < m)
+				m = fkey[j];
 			d += fd[j];
 			if (fseq[j] > age)
 				age = fseq[j];
-			if (sz >= need && sz - fsz[i] < need &&
-			    sz - fsz[j] < need && !wait_less(w, best_w) &&
-			    !wait_less(best_w, w) && d == best_d &&
-			    age != best_age) {
-				n_age++;
-				i = nf;
-				break;
-			}
+			if (sz < need || sz - fsz[i] >= need ||
+			    sz - fsz[j] >= need || wait_less(w, best_w) ||
+			    wait_less(best_w, w))
+				continue;
+			by_age |= m == best_m && d == best_d &&
+				  age != best_age;
+			by_min |= d > best_d;
 		}
 	}
+	n_age += by_age;
+	n_min += by_min;
 
 	before_decision(&nfr, &ngp, &used);
 	ret = evict_score.choose(&c, need, test_cost, &first, &last, &ws);
@@ -469,10 +497,12 @@ static void check_score(uint64_t need)
 	li = index_of(last);
 	ENSURE(window_qualifies(fi, li, need), "score: window [%d, %d] does "
 	       "not qualify for need %" PRIu64, fi, li, need);
-	window_sums(fi, li, &sz, &w, &d, &age);
+	window_sums(fi, li, &sz, &w, &m, &d, &age);
 	ENSURE(!wait_less(w, best_w) && !wait_less(best_w, w),
 	       "score: window [%d, %d] waits %Lg, optimum %Lg", fi, li, w,
 	       best_w);
+	ENSURE(m == best_m, "score: window [%d, %d] minimum distance %"
+	       PRIu64 ", optimum %" PRIu64, fi, li, m, best_m);
 	ENSURE(d == best_d, "score: window [%d, %d] distance %.6Le, optimum "
 	       "%.6Le", fi, li, (long double)d, (long double)best_d);
 	ENSURE(age == best_age, "score: window [%d, %d] age (max seq) %"
@@ -680,6 +710,60 @@ static void fixed_cases(void)
 	cache_destroy(&c);
 }
 
+/*
+ * The flaw of summing distances: [consumed, TIER_FAR, 1 block][needed
+ * next, dist 0, 1 block][gap, 1 block][dist 20, 2 blocks], all ready, need
+ * 2 blocks.  Summed distance puts [consumed, next] first (2^64 - 1 > 20)
+ * and evicts the copy about to be read; the minimum puts the dist-20 copy
+ * first (20 > 0).  [next, gap] has minimum 0, [gap, dist 20] is not
+ * minimal (the gap can be dropped).
+ */
+static void min_dist_case(void)
+{
+	struct frag *first, *last;
+	double ws;
+	int i, ret;
+
+	table_no = -3;
+	ENSURE(cache_init(&c, "m", 0, NULL, 5 * TIER_ALIGN, &tier_host_ops,
+			  &evict_score) == 0, "init");
+	for (i = 0; i < 4; i++) {
+		memset(&copies[i], 0, sizeof(copies[i]));
+		ENSURE(cache_place(&c, &copies[i].cp, (i == 3 ? 2 : 1) *
+				   TIER_ALIGN) == 0, "place");
+		copies[i].cp.seq = (uint64_t)i + 1;
+	}
+	cache_release(&c, &copies[2].cp);	/* the gap */
+	copies[0].dist = TIER_FAR;		/* consumed: no hint left */
+	copies[1].dist = 0;			/* next in the restore queue */
+	copies[3].dist = 20;
+	ENSURE(cache_check(&c) == 0 && c.nfrags == 4 && c.ngaps == 1,
+	       "min case: table");
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
+	       ws == 0, "min case: score picks [%s, %s], want the dist-20 "
+	       "copy", first == copies[0].cp.frag ? "consumed" :
+	       first == copies[1].cp.frag ? "next" : "other",
+	       last == copies[1].cp.frag ? "next" :
+	       last == copies[3].cp.frag ? "dist 20" : "other");
+	/* with the next-needed copy hinted far, the sum decides again */
+	copies[1].dist = 30;
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == copies[0].cp.frag &&
+	       last == copies[1].cp.frag, "min case: minima 30 > 20");
+	copies[1].dist = 20;	/* equal minima: the larger sum */
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+				 &ws);
+	ENSURE(ret == 0 && first == copies[0].cp.frag &&
+	       last == copies[1].cp.frag, "min case: equal minima, sum");
+	for (i = 0; i < 4; i++)
+		if (copies[i].cp.frag)
+			cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
 /* copies[k] sits at fragment index k of a table of equal one-block copies */
 static int copy_at(const struct frag *f)
 {
@@ -778,6 +862,7 @@ int main(int argc, char **argv)
 		rng_state = 1;
 	fixed_cases();
 	no_hint_cases();
+	min_dist_case();
 	for (t = 0; t < TABLES; t++) {
 		int q;
 
@@ -793,8 +878,8 @@ int main(int argc, char **argv)
 		destroy_table();
 	}
 	printf("test_evict: ok (%d tables; windows found/-ENOSPC: score "
-	       "%ld/%ld (%ld settled by age), fifo %ld/%ld, lru %ld/%ld)\n",
-	       TABLES, n_found[0], n_nospc[0], n_age, n_found[1], n_nospc[1],
-	       n_found[2], n_nospc[2]);
+	       "%ld/%ld (%ld settled by age, %ld by minimum over sum), fifo "
+	       "%ld/%ld, lru %ld/%ld)\n", TABLES, n_found[0], n_nospc[0],
+	       n_age, n_min, n_found[1], n_nospc[1], n_found[2], n_nospc[2]);
 	return 0;
 }
