@@ -317,6 +317,16 @@ def test_render_tolerates_missing_and_unknown_keys():
         "consumed 5")
     assert "100 requests, 90.0% from a cache tier" in line_starting(out, "reads")
 
+    # GPU-tier keys: cascade to the host, queued evictions, host -> GPU promotions
+    full["tiers"]["gpu"].update({"bytes_to_host": 3 << 30, "to_host_bandwidth": 50 << 30,
+                                 "evicted_queued": 4})
+    full["prefetch"].update({"files_to_gpu": 2, "bytes_to_gpu": 2 << 20})
+    out = ts.render("/m", full)
+    g = tier_rows(out)["gpu"]
+    assert "to host 3.0 GiB at 50.0 GiB/s" in g["notes"], g["notes"]
+    assert "4 evicted while queued" in g["notes"], g["notes"]
+    assert "to the GPU 2 files / 2.0 MiB" in line_starting(out, "prefetch")
+
     # an old daemon: no prefetch section, tiers with few keys, odd values
     old = {"tiers": {"host": {"capacity": 1 << 20, "hits": "many"}},
            "ssd": {"bytes_flushed": 10}}
