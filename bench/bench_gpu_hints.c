@@ -104,6 +104,8 @@
 
 #include "tierfs.h"
 
+#include "bench_common.h"
+
 #define PROG		"bench_gpu_hints"
 #define SIZE_ALIGN	(64u << 10)		/* variable sizes: a multiple */
 #define TAG_LEN		64u
@@ -247,7 +249,6 @@ static bool drv_load(char *msg, size_t len)
 /* ---- options ---------------------------------------------------------- */
 
 enum sizes { SZ_UNIFORM, SZ_VAR };
-enum order { ORD_SEQ, ORD_REV, ORD_IRR };
 enum mode { M_TIERFS, M_UM, M_RAW, NMODES };
 
 static const char *const sizes_name[] = { "uniform", "var" };
@@ -260,7 +261,7 @@ static struct {
 	int k;
 	uint64_t s;
 	enum sizes sizes;
-	enum order order;
+	enum bench_order order;
 	double interval_ms;
 	bool busy;
 	uint64_t seed;
@@ -338,23 +339,6 @@ static void cu_check(CUresult r, const char *call)
 
 #define CK(call)	cu_check((call), #call)
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	if (!p)
-		die("out of memory (%zu bytes)", n);
-	return p;
-}
-
 static void *xcalloc(size_t n, size_t each)
 {
 	void *p = calloc(n ? n : 1, each ? each : 1);
@@ -362,69 +346,6 @@ static void *xcalloc(size_t n, size_t each)
 	if (!p)
 		die("out of memory (%zu bytes)", n * each);
 	return p;
-}
-
-/* splitmix64 (as bench_hints.c, so the sizes and orders are the same) */
-static uint64_t rng_next(uint64_t *st)
-{
-	uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *st)	/* [0, 1) */
-{
-	return (double)(rng_next(st) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* e^x for |x| < 1 by its series (no libm needed) */
-static double exp_small(double x)
-{
-	double sum = 1, term = 1;
-
-	for (int n = 1; n < 30; n++) {
-		term *= x / n;
-		sum += term;
-	}
-	return sum;
-}
-
-/* "64M" -> bytes, binary suffixes */
-static bool parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-	int shift = 0;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return false;
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	}
-	if (*end == 'i' || *end == 'I')
-		end++;
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end || (shift && v > (UINT64_MAX >> shift)))
-		return false;
-	*out = (uint64_t)v << shift;
-	return true;
-}
-
-static int pick(const char *arg, const char *const *names, int n, const char *what)
-{
-	for (int i = 0; i < n; i++)
-		if (strcmp(arg, names[i]) == 0)
-			return i;
-	die("bad %s '%s'", what, arg);
-	return -1;
 }
 
 /* b bytes as "1.00 GiB" or, below 1 GiB, "96.0 MiB", in buf. */
@@ -480,62 +401,12 @@ static uint64_t total, maxsz;
 /* bench_hints.c's sizes: uniform S, or the RTM-like spread (its header). */
 static void make_sizes(void)
 {
-	if (o.sizes == SZ_UNIFORM) {
-		for (int i = 0; i < k; i++)
-			size[i] = o.s;
-		return;
-	}
-
-	uint64_t st = o.seed * 0x2545f4914f6cdd1dull + 1;
-	double *x = xmalloc(sizeof(double) * (size_t)k);
-	const double ln2 = 0.69314718055994530942;
-	const double lo = 0.125, hi = 2.0;
-
-	for (int i = 0; i < k; i++) {
-		double trend = 0.25 + 1.5 * (k > 1 ? (double)i / (k - 1) : 0.5);
-		double jitter = exp_small((2 * rng_unit(&st) - 1) * ln2) / (1.5 / (2 * ln2));
-
-		x[i] = trend * jitter;
-	}
-	for (int round = 0; round < 50; round++) {
-		double sum = 0;
-
-		for (int i = 0; i < k; i++) {
-			x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
-			sum += x[i];
-		}
-		double f = k / sum;
-
-		if (f > 0.9999 && f < 1.0001)
-			break;
-		for (int i = 0; i < k; i++)
-			x[i] *= f;
-	}
-	for (int i = 0; i < k; i++) {
-		double b = x[i] * (double)o.s;
-		uint64_t v = ((uint64_t)(b + SIZE_ALIGN / 2) / SIZE_ALIGN) * SIZE_ALIGN;
-		uint64_t min = (o.s / 8 + SIZE_ALIGN - 1) / SIZE_ALIGN * SIZE_ALIGN;
-
-		size[i] = v < min ? min : v > 2 * o.s ? 2 * o.s : v;
-	}
-	free(x);
+	ckpt_sizes(size, k, o.s, o.sizes == SZ_VAR, o.seed, SIZE_ALIGN);
 }
 
 static void make_order(void)
 {
-	for (int i = 0; i < k; i++)
-		ord[i] = o.order == ORD_REV ? k - 1 - i : i;
-	if (o.order == ORD_IRR) {
-		uint64_t st = o.seed * 0x9e3779b97f4a7c15ull + 2;
-
-		for (int i = k - 1; i > 0; i--) {
-			int j = (int)(rng_next(&st) % (uint64_t)(i + 1));
-			int t = ord[i];
-
-			ord[i] = ord[j];
-			ord[j] = t;
-		}
-	}
+	ckpt_order(ord, k, o.order, o.seed);
 }
 
 /* The compute interval that started at t0 (absolute deadline). */
@@ -687,41 +558,6 @@ static char *stats_get(void)
 	return NULL;
 }
 
-/* The object value of the first "key":{...} in [p, end); *oend = its '}'. */
-static const char *json_obj(const char *p, const char *end, const char *key,
-			    const char **oend)
-{
-	char pat[64];
-	int depth = 0;
-	bool str = false;
-
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	p = strstr(p, pat);
-	if (!p || p >= end)
-		return NULL;
-	p += strlen(pat);
-	while (*p == ' ')
-		p++;
-	if (*p != '{')
-		return NULL;
-	for (const char *q = p; *q && q < end; q++) {
-		if (str) {
-			if (*q == '\\' && q[1])
-				q++;
-			else if (*q == '"')
-				str = false;
-		} else if (*q == '"') {
-			str = true;
-		} else if (*q == '{') {
-			depth++;
-		} else if (*q == '}' && --depth == 0) {
-			*oend = q;
-			return p;
-		}
-	}
-	return NULL;
-}
-
 /* The first "key": in [p, end) as a number (true/false: 1/0); -1: absent. */
 static long long json_num(const char *p, const char *end, const char *key)
 {
@@ -804,33 +640,6 @@ static double drain(const char *when)
 		nanosleep(&ts, NULL);
 	}
 	return (double)(now_ns() - t0) / 1e9;
-}
-
-/* Mount root of dir: walk up while the device stays the same. */
-static void find_root(const char *dir, char *out, size_t len)
-{
-	char cur[PATH_MAX];
-	struct stat sb, psb;
-
-	if (!realpath(dir, cur))
-		die("%s: %s", dir, strerror(errno));
-	if (stat(cur, &sb))
-		die("%s: %s", cur, strerror(errno));
-	while (strcmp(cur, "/") != 0) {
-		char parent[PATH_MAX];
-		char *slash;
-
-		snprintf(parent, sizeof(parent), "%s", cur);
-		slash = strrchr(parent, '/');
-		if (slash == parent)
-			slash[1] = 0;
-		else
-			*slash = 0;
-		if (stat(parent, &psb) || psb.st_dev != sb.st_dev)
-			break;
-		snprintf(cur, sizeof(cur), "%s", parent);
-	}
-	snprintf(out, len, "%s", cur);
 }
 
 /* ---- results ---------------------------------------------------------- */

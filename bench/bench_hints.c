@@ -106,6 +106,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+
 #define CHUNK		(1u << 20)		/* bytes per read()/write() call */
 #define SIZE_ALIGN	(64u << 10)		/* variable sizes: a multiple */
 #define TAG_LEN		32u
@@ -119,7 +121,6 @@
 #define X_NEXT		"user.tierfs.restore_next"
 
 enum sizes { SZ_UNIFORM, SZ_VAR };
-enum order { ORD_SEQ, ORD_REV, ORD_IRR };
 enum hints { H_ALL, H_SINGLE, H_NONE };
 
 static const char *const sizes_name[] = { "uniform", "var" };
@@ -131,7 +132,7 @@ static struct {
 	int k;
 	uint64_t s;
 	enum sizes sizes;
-	enum order order;
+	enum bench_order order;
 	enum hints hints;
 	double interval_ms;
 	bool busy;
@@ -186,86 +187,6 @@ static void warn(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void *xmalloc(size_t n)
-{
-	void *p = malloc(n ? n : 1);
-
-	if (!p)
-		die("out of memory (%zu bytes)", n);
-	return p;
-}
-
-/* splitmix64: small, seedable, good enough for sizes and permutations */
-static uint64_t rng_next(uint64_t *st)
-{
-	uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *st)	/* [0, 1) */
-{
-	return (double)(rng_next(st) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* e^x for |x| < 1 by its series (no libm needed) */
-static double exp_small(double x)
-{
-	double sum = 1, term = 1;
-
-	for (int n = 1; n < 30; n++) {
-		term *= x / n;
-		sum += term;
-	}
-	return sum;
-}
-
-/* "16M" -> bytes, binary suffixes */
-static bool parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-	int shift = 0;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return false;
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	}
-	if (*end == 'i' || *end == 'I')
-		end++;
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end || (shift && v > (UINT64_MAX >> shift)))
-		return false;
-	*out = (uint64_t)v << shift;
-	return true;
-}
-
-static int pick(const char *arg, const char *const *names, int n, const char *what)
-{
-	for (int i = 0; i < n; i++)
-		if (strcmp(arg, names[i]) == 0)
-			return i;
-	die("bad %s '%s'", what, arg);
-	return -1;
 }
 
 /* ---- watchdog --------------------------------------------------------- */
@@ -337,41 +258,6 @@ static char *stats_get(void)
 	return NULL;
 }
 
-/* The object value of the first "key":{...}: *end = its closing brace. */
-static const char *json_obj(const char *js, const char *key, const char **end)
-{
-	char pat[64];
-	const char *p;
-	int depth = 0;
-	bool str = false;
-
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	p = strstr(js, pat);
-	if (!p)
-		return NULL;
-	p += strlen(pat);
-	while (*p == ' ')
-		p++;
-	if (*p != '{')
-		return NULL;
-	for (const char *q = p; *q; q++) {
-		if (str) {
-			if (*q == '\\' && q[1])
-				q++;
-			else if (*q == '"')
-				str = false;
-		} else if (*q == '"') {
-			str = true;
-		} else if (*q == '{') {
-			depth++;
-		} else if (*q == '}' && --depth == 0) {
-			*end = q;
-			return p;
-		}
-	}
-	return NULL;
-}
-
 /* Sum of the numbers of every "key": in [p, end); false if none. */
 static bool json_sum(const char *p, const char *end, const char *key, long long *sum)
 {
@@ -410,7 +296,7 @@ static bool stats_read(struct stats *st)
 	st->distance = st->prefetched = st->backlog = st->running = -1;
 	if (!js)
 		return false;
-	if ((b = json_obj(js, "tiers", &e))) {
+	if ((b = json_obj(js, js + strlen(js), "tiers", &e))) {
 		if (!json_sum(b, e, "hits", &st->hits))
 			st->hits = -1;
 		if (!json_sum(b, e, "misses", &st->misses))
@@ -418,13 +304,13 @@ static bool stats_read(struct stats *st)
 		if (!json_sum(b, e, "evictions", &st->evictions))
 			st->evictions = -1;
 	}
-	if ((b = json_obj(js, "prefetch", &e))) {
+	if ((b = json_obj(js, js + strlen(js), "prefetch", &e))) {
 		if (!json_sum(b, e, "distance", &st->distance))
 			st->distance = -1;
 		if (!json_sum(b, e, "files_prefetched", &st->prefetched))
 			st->prefetched = -1;
 	}
-	if ((b = json_obj(js, "ssd", &e))) {
+	if ((b = json_obj(js, js + strlen(js), "ssd", &e))) {
 		if (!json_sum(b, e, "flush_backlog", &st->backlog))
 			st->backlog = -1;
 		if (!json_sum(b, e, "flushes_running", &st->running))
@@ -509,68 +395,12 @@ static void make_tag(uint8_t *dst, uint32_t file, uint32_t chunk, uint64_t size)
 /* Checkpoint sizes (see the header comment). */
 static void make_sizes(uint64_t *sz)
 {
-	int k = o.k;
-
-	if (o.sizes == SZ_UNIFORM) {
-		for (int i = 0; i < k; i++)
-			sz[i] = o.s;
-		return;
-	}
-
-	uint64_t st = o.seed * 0x2545f4914f6cdd1dull + 1;
-	double *x = xmalloc(sizeof(double) * (size_t)k);
-	const double ln2 = 0.69314718055994530942;
-	const double lo = 0.125, hi = 2.0;
-
-	for (int i = 0; i < k; i++) {
-		double trend = 0.25 + 1.5 * (k > 1 ? (double)i / (k - 1) : 0.5);
-		/* log-uniform in [1/2, 2]: 2^(2u-1), mean 1.5/ln 4 */
-		double jitter = exp_small((2 * rng_unit(&st) - 1) * ln2) / (1.5 / (2 * ln2));
-
-		x[i] = trend * jitter;
-	}
-	/* clamp to [S/8, 2S] and rescale to mean 1; a few rounds converge */
-	for (int round = 0; round < 50; round++) {
-		double sum = 0;
-
-		for (int i = 0; i < k; i++) {
-			x[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
-			sum += x[i];
-		}
-		double f = k / sum;
-
-		if (f > 0.9999 && f < 1.0001)
-			break;
-		for (int i = 0; i < k; i++)
-			x[i] *= f;
-	}
-	for (int i = 0; i < k; i++) {
-		double b = x[i] * (double)o.s;
-		uint64_t v = ((uint64_t)(b + SIZE_ALIGN / 2) / SIZE_ALIGN) * SIZE_ALIGN;
-		uint64_t min = (o.s / 8 + SIZE_ALIGN - 1) / SIZE_ALIGN * SIZE_ALIGN;
-
-		sz[i] = v < min ? min : v > 2 * o.s ? 2 * o.s : v;
-	}
-	free(x);
+	ckpt_sizes(sz, o.k, o.s, o.sizes == SZ_VAR, o.seed, SIZE_ALIGN);
 }
 
 static void make_order(int *ord)
 {
-	int k = o.k;
-
-	for (int i = 0; i < k; i++)
-		ord[i] = o.order == ORD_REV ? k - 1 - i : i;
-	if (o.order == ORD_IRR) {
-		uint64_t st = o.seed * 0x9e3779b97f4a7c15ull + 2;
-
-		for (int i = k - 1; i > 0; i--) {
-			int j = (int)(rng_next(&st) % (uint64_t)(i + 1));
-			int t = ord[i];
-
-			ord[i] = ord[j];
-			ord[j] = t;
-		}
-	}
+	ckpt_order(ord, o.k, o.order, o.seed);
 }
 
 /* Compute interval that started at t0 (absolute deadline). */
@@ -746,33 +576,6 @@ static void drop_page_cache(void)
 	}
 	if (fd >= 0)
 		close(fd);
-}
-
-/* Mount root of dir: walk up while the device stays the same. */
-static void find_root(const char *dir, char *out, size_t len)
-{
-	char cur[PATH_MAX];
-	struct stat st, pst;
-
-	if (!realpath(dir, cur))
-		die("%s: %s", dir, strerror(errno));
-	if (stat(cur, &st))
-		die("%s: %s", cur, strerror(errno));
-	while (strcmp(cur, "/") != 0) {
-		char parent[PATH_MAX];
-		char *slash;
-
-		snprintf(parent, sizeof(parent), "%s", cur);
-		slash = strrchr(parent, '/');
-		if (slash == parent)
-			slash[1] = 0;
-		else
-			*slash = 0;
-		if (stat(parent, &pst) || pst.st_dev != st.st_dev)
-			break;
-		snprintf(cur, sizeof(cur), "%s", parent);
-	}
-	snprintf(out, len, "%s", cur);
 }
 
 static void usage(FILE *f)
