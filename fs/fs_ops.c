@@ -853,6 +853,9 @@ static void touch_atime(struct fs_inode *in)
 
 	if (fs.opts.atime == FS_NOATIME)
 		return;
+	/* not while a new version copies the attributes (v_commit): the
+	 * time would land on the version being replaced */
+	pthread_mutex_lock(&fs.nslock);
 	fs_fd_hold(in);
 	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0) {
 		clock_gettime(CLOCK_REALTIME, &now);
@@ -870,6 +873,7 @@ static void touch_atime(struct fs_inode *in)
 		}
 	}
 	fs_fd_release(in);
+	pthread_mutex_unlock(&fs.nslock);
 }
 
 static void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
