@@ -320,7 +320,8 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		if (now_s() > give_up) {
 			if (max_wait >= 1)
 				tlog(LOG_WARNING, "%s cache: no room after %.0f s of waiting; "
-				     "writing through", c->name, max_wait);
+				     "%s", c->name, max_wait, c == &e->host ?
+				     "writing through to the SSD" : "using a slower tier");
 			return -ENOSPC;
 		}
 		waits++;
