@@ -3,15 +3,15 @@
  * checkpoint workload (sizes, restore order, the same for the same seed in
  * both), the random numbers behind it, and small helpers.
  *
- * Header-only (static functions): include it once, after declaring
- *     static void die(const char *fmt, ...);
- * which reports a fatal error and exits.
+ * Header-only (static functions): define BENCH_PROG (the program's name,
+ * which starts its messages) before including it.
  */
 #ifndef TIERFS_BENCH_COMMON_H
 #define TIERFS_BENCH_COMMON_H
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +20,33 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static void die(const char *fmt, ...);
+/* "BENCH_PROG: message" on stderr. */
+static void vsay(const char *fmt, va_list ap)
+{
+	fputs(BENCH_PROG ": ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
+static void warn(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsay(fmt, ap);
+	va_end(ap);
+}
+
+/* A usage or set-up error: exit status 2. */
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsay(fmt, ap);
+	va_end(ap);
+	exit(2);
+}
 
 enum bench_order { ORD_SEQ, ORD_REV, ORD_IRR };
 

@@ -104,9 +104,10 @@
 
 #include "tierfs.h"
 
+#define BENCH_PROG	"bench_gpu_hints"
 #include "bench_common.h"
 
-#define PROG		"bench_gpu_hints"
+#define PROG		BENCH_PROG
 #define SIZE_ALIGN	(64u << 10)		/* variable sizes: a multiple */
 #define TAG_LEN		64u
 #define TAG_MAGIC	0x3173746e69687067ull	/* "gphints1" */
@@ -290,39 +291,15 @@ static struct {
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs(PROG ": ", stderr);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(2);
-}
-
+/* A failed run (wrong data, a failed call): exit status 1. */
 static void fail(const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
-	fputs(PROG ": ", stderr);
-	vfprintf(stderr, fmt, ap);
+	vsay(fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
 	exit(1);
-}
-
-static void warn(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs(PROG ": ", stderr);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
 }
 
 /* A failed driver call: its text and the error's name; exit status 1. */

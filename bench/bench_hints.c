@@ -106,6 +106,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#define BENCH_PROG	"bench_hints"
 #include "bench_common.h"
 
 #define CHUNK		(1u << 20)		/* bytes per read()/write() call */
@@ -163,31 +164,6 @@ static struct {
 	.timeout_s = 300,
 	.drain_timeout_s = 600,
 };
-
-/* ---- helpers ---------------------------------------------------------- */
-
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("bench_hints: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(2);
-}
-
-static void warn(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	fputs("bench_hints: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
 
 /* ---- watchdog --------------------------------------------------------- */
 
