@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "../tiers/engine.h"
 
@@ -104,6 +105,15 @@ int fs_proc_path(int fd, char *buf, size_t len);
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
 /* Flush every dirty file (unmount, SIGTERM). */
 int fs_sync_all(void);
+
+/* Seconds on the monotonic clock (request and ioctl timings). */
+static inline double fs_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Hold in->fd steady (a flush may replace it) while using it. */
 static inline void fs_fd_hold(struct fs_inode *in)

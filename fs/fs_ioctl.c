@@ -80,7 +80,6 @@
 #include <string.h>
 #include <syslog.h>
 #include <time.h>
-#include <time.h>
 
 #include "fs.h"
 #include "gpu.h"
@@ -311,14 +310,6 @@ static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
 		     "pages: %s", strerror(-ret));
 }
 
-static double now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
 /* The checks that need no GPU; 0 or a positive errno. */
 static int check_request(struct fs_inode *in, bool write,
 			 const struct fuse_file_info *fi,
@@ -379,7 +370,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		return;
 	}
 	if (trace)
-		t[0] = now_us();
+		t[0] = fs_now();
 	memcpy(&io, in_buf, sizeof(io));	/* in_buf need not be aligned */
 	err = check_request(in, write, fi, &io);
 	if (err || io.len == 0) {
@@ -407,13 +398,13 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 	}
 	len = io.len < TIERFS_GPU_IO_MAX ? io.len : TIERFS_GPU_IO_MAX;
 	if (trace)
-		t[1] = now_us();
+		t[1] = fs_now();
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
 		n = tfile_write_dev(&in->tf, ent->base + io.handle_off,
 				    (size_t)len, (off_t)io.file_off);
 		if (trace)
-			t[2] = now_us();
+			t[2] = fs_now();
 		if (n > 0)
 			kernel_written(ino, ent->base + io.handle_off,
 				       io.file_off, (uint64_t)n, before);
@@ -421,13 +412,13 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
 				   (size_t)len, (off_t)io.file_off);
 		if (trace)
-			t[2] = now_us();
+			t[2] = fs_now();
 	}
 	ipc_put(ent);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu ioctl %s of %" PRIu64 " B: checks+handle %.0f us, "
 		     "data %.0f us, kernel notify %.0f us", write ? "write" : "read", len,
-		     t[1] - t[0], t[2] - t[1], now_us() - t[2]);
+		     (t[1] - t[0]) * 1e6, (t[2] - t[1]) * 1e6, (fs_now() - t[2]) * 1e6);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else

@@ -318,14 +318,6 @@ static const struct fuse_custom_io fs_io = {
 /* Requests that take longer are logged (level info), with their opcode. */
 #define SLOW_REQUEST_S	0.05
 
-static double now_mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 struct fs_worker {
 	pthread_t th;			/* the thread */
 	struct fuse_buf buf;		/* its receive buffer */
@@ -356,9 +348,9 @@ static void *worker_main(void *arg)
 		}
 		if (!(w->buf.flags & FUSE_BUF_IS_FD))
 			note_init(w->buf.mem, (size_t)res);
-		t0 = now_mono();
+		t0 = fs_now();
 		fuse_session_process_buf(fs.se, &w->buf);
-		t0 = now_mono() - t0;
+		t0 = fs_now() - t0;
 		if (t0 > SLOW_REQUEST_S && !(w->buf.flags & FUSE_BUF_IS_FD))
 			tlog(LOG_INFO, "slow request: opcode %u took %.0f ms",
 			     ((const struct fuse_in_header *)w->buf.mem)->opcode, t0 * 1e3);

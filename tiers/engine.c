@@ -299,15 +299,16 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		if (ready) {
 			for (fr = first;; fr = fr->next) {
 				if (fr->copy) {
+					uint64_t d = copy_dist(e, fr->copy);
+
 					c->evictions++;
 					c->evicted_bytes += fr->size;
-					if (copy_dist(e, fr->copy) != TIER_FAR) {
+					if (d != TIER_FAR) {
 						c->evicted_queued++;
 						tlog(LOG_DEBUG, "%s cache: evicting a copy %" PRIu64
 						     " entries from the restore queue's head "
-						     "(placing one %" PRIu64 " away)", c->name,
-						     copy_dist(e, fr->copy), cp->file->hint_seq ?
-						     copy_dist(e, cp) : (uint64_t)0);
+						     "(placing one %" PRIu64 " away)", c->name, d,
+						     cp->file->hint_seq ? copy_dist(e, cp) : (uint64_t)0);
 					}
 				}
 				if (fr == last)
