@@ -10,7 +10,11 @@
  * path, REPS times: checkpoint (open O_WRONLY|O_CREAT|O_TRUNC, write, close)
  * and restore (open O_RDONLY, read, close) of a fresh file, then unlink.
  *
- *   ioctl   tierfs_pwrite_gpu / tierfs_pread_gpu: device to device
+ *   ioctl   tierfs_pwrite_gpu / tierfs_pread_gpu: device to device, the
+ *           daemon copying (TIERFS_GPU_SHARE=0 for libtierfs)
+ *   shared  the same calls, libtierfs copying itself through the daemon's
+ *           shared GPU cache (a mount with -o gpu_share; without it this
+ *           path is the ioctl again, and the program says so)
  *   posix   the application copies D2H into pinned host memory and
  *           write(2)s it; read(2)s into pinned memory and copies H2D
  *   raw     cuMemcpyDtoD of the same size in this process (no file at all):
@@ -22,7 +26,10 @@
  * ioctl/raw and ioctl/posix of the medians, and per run the tier the file
  * was restored from (its user.tierfs.tier just before).  Restored bytes
  * are spot-checked (64 KiB at 16 places) every time.  TIERFS_GPU: device
- * (default 0); BENCH_VERBOSE=1: also each restore's open/call/close times.
+ * (default 0); BENCH_VERBOSE=1: also each restore's open/call/close times;
+ * BENCH_GAP_MS=N: the GPU idles N ms before each checkpoint and restore (an
+ * application computing between them; the daemon's cascade then runs in
+ * the gap instead of beside the next copy).
  * Then the cost of one call: 4 KiB moved 200 times each way on an open
  * file, by the ioctl and by POSIX I/O with the application's copy.  Last,
  * the daemon's GPU -> host cascade rate over the run (bytes it copied from
@@ -31,6 +38,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,11 +57,27 @@
 #define MAXREPS	50
 #define MAXSIZES 8
 
-enum path { P_IOCTL, P_POSIX, P_RAW, NPATHS };
-static const char *const path_name[NPATHS] = { "ioctl", "posix", "raw D2D" };
+enum path { P_IOCTL, P_SHARED, P_POSIX, P_RAW, NPATHS };
+static const char *const path_name[NPATHS] = { "ioctl", "shared", "posix", "raw D2D" };
+
+/* libtierfs: daemon copy (ioctl) or the shared cache, for this process */
+static void use_share(bool on)
+{
+	setenv("TIERFS_GPU_SHARE", on ? "1" : "0", 1);
+}
 
 static const char *mnt;
 static int verbose;		/* BENCH_VERBOSE=1: per-run times */
+static int gap_ms;		/* BENCH_GAP_MS: idle time before each call */
+
+/* The application computing between checkpoints: the GPU idle here. */
+static void gap(void)
+{
+	struct timespec ts = { gap_ms / 1000, (long)(gap_ms % 1000) * 1000000L };
+
+	if (gap_ms > 0)
+		nanosleep(&ts, NULL);
+}
 static CUdeviceptr dsrc, ddst;
 static unsigned char *pinned, *ref;
 
@@ -175,11 +199,13 @@ static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
 	int fd;
 
 	spoil(ddst, n);		/* the restore target starts out wrong */
+	gap();
 	if (p == P_RAW) {
 		t0 = now();
 		CU(cuMemcpyDtoDAsync(ddst, dsrc, n, NULL));
 		CU(cuStreamSynchronize(NULL));
 		t[C_ALL] = t[C_CALL] = now() - t0;
+		gap();
 		t0 = now();
 		CU(cuMemcpyDtoDAsync(ddst, dsrc, n, NULL));
 		CU(cuStreamSynchronize(NULL));
@@ -195,7 +221,8 @@ static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
 	if (fd < 0)
 		die(path);
 	t1 = now();
-	if (p == P_IOCTL) {
+	if (p == P_IOCTL || p == P_SHARED) {
+		use_share(p == P_SHARED);
 		if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc, n, 0) !=
 		    (ssize_t)n)
 			die("tierfs_pwrite_gpu");
@@ -210,12 +237,13 @@ static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
 	t[C_ALL] = now() - t0;
 
 	tier_of(path, tier, tierlen);
+	gap();
 	t0 = now();
 	fd = open(path, O_RDONLY);
 	if (fd < 0)
 		die(path);
 	t1 = now();
-	if (p == P_IOCTL) {
+	if (p == P_IOCTL || p == P_SHARED) {
 		if (tierfs_pread_gpu(fd, (void *)(uintptr_t)ddst, n, 0) !=
 		    (ssize_t)n)
 			die("tierfs_pread_gpu");
@@ -313,7 +341,7 @@ static double median(double *v, int n);
 
 static void latency(void)
 {
-	static double tw[2][LAT_N], tr[2][LAT_N], tx[LAT_N];
+	static double tw[3][LAT_N], tr[3][LAT_N], tx[2][LAT_N];
 	char path[4096];
 	double t0;
 	int fd, i, p;
@@ -322,10 +350,11 @@ static void latency(void)
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
 	if (fd < 0)
 		die(path);
-	for (p = 0; p < 2; p++) {
+	for (p = 0; p < 3; p++) {
+		use_share(p == 1);
 		for (i = 0; i < LAT_N; i++) {
 			t0 = now();
-			if (p == 0) {
+			if (p < 2) {
 				if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc,
 						      LAT_SZ, 0) != LAT_SZ)
 					die("tierfs_pwrite_gpu");
@@ -337,7 +366,7 @@ static void latency(void)
 			}
 			tw[p][i] = now() - t0;
 			t0 = now();
-			if (p == 0) {
+			if (p < 2) {
 				if (tierfs_pread_gpu(fd, (void *)(uintptr_t)ddst,
 						     LAT_SZ, 0) != LAT_SZ)
 					die("tierfs_pread_gpu");
@@ -353,22 +382,29 @@ static void latency(void)
 	/* the same ioctl write, each right after this process used the GPU
 	 * (a 4 KiB device copy of its own): the GPU then switches from the
 	 * application's context to the daemon's for the daemon's copy */
-	for (i = 0; i < LAT_N; i++) {
-		CU(cuMemcpyDtoDAsync(ddst, dsrc, LAT_SZ, NULL));
-		CU(cuStreamSynchronize(NULL));
-		t0 = now();
-		if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc, LAT_SZ, 0) != LAT_SZ)
-			die("tierfs_pwrite_gpu");
-		tx[i] = now() - t0;
+	for (p = 0; p < 2; p++) {
+		use_share(p == 1);
+		for (i = 0; i < LAT_N; i++) {
+			CU(cuMemcpyDtoDAsync(ddst, dsrc, LAT_SZ, NULL));
+			CU(cuStreamSynchronize(NULL));
+			t0 = now();
+			if (tierfs_pwrite_gpu(fd, (void *)(uintptr_t)dsrc, LAT_SZ,
+					      0) != LAT_SZ)
+				die("tierfs_pwrite_gpu");
+			tx[p][i] = now() - t0;
+		}
 	}
 	close(fd);
 	unlink(path);
 	printf("\nper call, %d B, median of %d: ioctl write %.1f us, read %.1f us; "
+	       "shared write %.1f us, read %.1f us; "
 	       "posix (with the copy) write %.1f us, read %.1f us\n", LAT_SZ,
 	       LAT_N, median(tw[0], LAT_N) * 1e6, median(tr[0], LAT_N) * 1e6,
-	       median(tw[1], LAT_N) * 1e6, median(tr[1], LAT_N) * 1e6);
-	printf("ioctl write right after a device copy of this process's own: %.1f us\n",
-	       median(tx, LAT_N) * 1e6);
+	       median(tw[1], LAT_N) * 1e6, median(tr[1], LAT_N) * 1e6,
+	       median(tw[2], LAT_N) * 1e6, median(tr[2], LAT_N) * 1e6);
+	printf("write right after a device copy of this process's own: ioctl %.1f us, "
+	       "shared %.1f us\n", median(tx[0], LAT_N) * 1e6,
+	       median(tx[1], LAT_N) * 1e6);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -404,6 +440,7 @@ int main(int argc, char **argv)
 	}
 	mnt = argv[1];
 	verbose = getenv("BENCH_VERBOSE") && atoi(getenv("BENCH_VERBOSE"));
+	gap_ms = getenv("BENCH_GAP_MS") ? atoi(getenv("BENCH_GAP_MS")) : 0;
 	if (env && *env) {
 		char *copy = strdup(env), *tok, *save = NULL;
 
@@ -424,7 +461,8 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	gpu_mem_info(&free_b, &total_b, name, sizeof(name));
-	printf("bench_gpu_io: %s, mount %s, %d reps\n", name, mnt, reps);
+	printf("bench_gpu_io: %s, mount %s, %d reps, %d ms idle before each "
+	       "checkpoint and restore\n", name, mnt, reps, gap_ms);
 
 	CU(cuMemAlloc(&dsrc, maxn));
 	CU(cuMemAlloc(&ddst, maxn));
@@ -480,17 +518,30 @@ int main(int argc, char **argv)
 				printf(" %8.2f (%6.1f)", med[p][k], best[p][k]);
 			printf("  %s\n", from);
 		}
-		printf("%-9s %-11s", "", "ioctl/raw");
-		for (k = 0; k < NT; k++)
-			printf(" %8.3f %8s", med[P_IOCTL][k] / med[P_RAW][k], "");
-		printf("\n%-9s %-11s", "", "ioctl/posix");
-		for (k = 0; k < NT; k++)
-			printf(" %8.2f %8s", med[P_IOCTL][k] / med[P_POSIX][k], "");
-		printf("\n");
+		for (p = P_IOCTL; p <= P_SHARED; p++) {
+			printf("%-9s %-11s", "", p == P_IOCTL ? "ioctl/raw" : "shared/raw");
+			for (k = 0; k < NT; k++)
+				printf(" %8.3f %8s", med[p][k] / med[P_RAW][k], "");
+			printf("\n%-9s %-11s", "", p == P_IOCTL ? "ioctl/posix" : "shared/posix");
+			for (k = 0; k < NT; k++)
+				printf(" %8.2f %8s", med[p][k] / med[P_POSIX][k], "");
+			printf("\n");
+		}
 	}
 
 	latency();
 	cascade(maxn, reps, &c0);
+	{
+		char js[16384];
+		ssize_t jn = getxattr(mnt, "user.tierfs.stats", js, sizeof(js) - 1);
+
+		js[jn > 0 ? jn : 0] = '\0';
+		printf("shared path: %.0f copies by this process through the shared "
+		       "cache%s\n", json_num(js, "\"client_writes\":") +
+		       json_num(js, "\"client_reads\":"),
+		       json_num(js, "\"client_writes\":") > 0 ? "" :
+		       " (the mount has no -o gpu_share: \"shared\" rows are the ioctl's)");
+	}
 
 	cuMemHostUnregister(pinned);
 	cuMemFree(dsrc);

@@ -74,6 +74,7 @@ struct fs_opts {
 	int default_permissions;
 	int flush_threads;
 	int queue_depth;
+	int gpu_share;			/* clients may map the GPU cache */
 	int show_help, show_version;
 };
 
@@ -97,6 +98,7 @@ extern const struct tfile_ops fs_tfile_ops;
 
 /* fs_ops.c */
 struct fs_inode *fs_inode_of(fuse_ino_t ino);
+fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
 int fs_proc_path(int fd, char *buf, size_t len);
@@ -139,6 +141,20 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		 size_t in_bufsz, size_t out_bufsz);
 /* Close the cached IPC mappings; after the session loop has returned. */
 void fs_ioctl_shutdown(void);
+/* The GPU wrote [off, off + n) of ino (from device address src): drop the
+ * kernel's cached pages and attributes, tell it a grown size. */
+void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off, uint64_t n,
+		       uint64_t before);
+
+/* fs_share.c: clients map the GPU cache (-o gpu_share, tierfs_share.h) */
+struct tierfs_gpu_share;
+struct tierfs_gpu_span;
+int fs_share_start(void);
+void fs_share_stop(void);
+/* The ioctls' work; 0 or a positive errno. */
+int fs_share_info(uid_t uid, struct tierfs_gpu_share *out);
+int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp);
+uint64_t fs_share_clients(void);
 
 /* fs_xattr.c */
 void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,

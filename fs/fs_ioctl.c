@@ -32,8 +32,8 @@
  *   then the engine's own errors (ENOSPC, EIO, ...).
  * Kernel caches: a GPU write bypasses the kernel's page cache, so after one
  * the daemon drops the kernel's cached pages of the range and attributes
- * and moves its file size (kernel_written), before replying.  The other way round, data that
- * write(2) left dirty in the kernel's writeback cache has not reached the
+ * and moves its file size (fs_kernel_written), before replying.  The other
+ * way round, data that write(2) left dirty in the kernel's writeback cache has not reached the
  * daemon yet: the caller writes it back first (libtierfs does, with
  * sync_file_range over the range; raw ioctl users must do the same).
  *
@@ -66,6 +66,13 @@
  * at once a mapping is opened for the one call and closed after it.
  * fs_ioctl_shutdown() closes everything at unmount.
  *
+ * With -o gpu_share two more commands serve libtierfs (tierfs_share.h,
+ * fs_share.c): TIERFS_IOC_GPU_SHARE (where to map the cache from) and
+ * TIERFS_IOC_GPU_SPAN (place or find a file range in the GPU cache for
+ * the client to copy itself).  The span ioctl makes the same file checks
+ * as the others (regular file, access mode, GPU tier, ranges) in the same
+ * order; flags other than TIERFS_SPAN_WRITE are EINVAL.
+ *
  * Locking: ipc_cache.lock protects the table and every entry's refs,
  * last_use and `cached`; gpu_ipc_open/close run outside it.
  */
@@ -84,6 +91,7 @@
 #include "fs.h"
 #include "gpu.h"
 #include "tierfs.h"
+#include "tierfs_share.h"
 
 _Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
 	       "IPC handle sizes of tierfs.h and gpu.h");
@@ -284,8 +292,8 @@ void fs_ioctl_shutdown(void)
  * empty store does not).  The notifications are done when they return, so
  * before the reply.
  */
-static void kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
-			   uint64_t n, uint64_t before)
+void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
+		       uint64_t n, uint64_t before)
 {
 	struct fuse_bufvec last = FUSE_BUFVEC_INIT(1);
 	uint8_t byte;
@@ -337,6 +345,52 @@ static int check_request(struct fs_inode *in, bool write,
 	return 0;
 }
 
+/* TIERFS_IOC_GPU_SHARE and TIERFS_IOC_GPU_SPAN (fs_share.c). */
+static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
+			struct fuse_file_info *fi, const void *in_buf,
+			size_t in_bufsz, size_t out_bufsz)
+{
+	uid_t uid = fuse_req_ctx(req)->uid;
+	struct tierfs_gpu_io io = { 0 };
+	struct tierfs_gpu_span sp;
+	struct tierfs_gpu_share sh;
+	bool write;
+	int err;
+
+	if (cmd == TIERFS_IOC_GPU_SHARE) {
+		if (out_bufsz < sizeof(sh)) {
+			fuse_reply_err(req, EINVAL);
+			return;
+		}
+		err = !S_ISREG(in->type) ? EINVAL : fs_share_info(uid, &sh);
+		if (err)
+			fuse_reply_err(req, err);
+		else
+			fuse_reply_ioctl(req, 0, &sh, sizeof(sh));
+		return;
+	}
+	if (in_bufsz != sizeof(sp) || !in_buf || out_bufsz < sizeof(sp)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	memcpy(&sp, in_buf, sizeof(sp));
+	write = sp.flags & TIERFS_SPAN_WRITE;
+	io.len = sp.len;
+	io.file_off = sp.file_off;
+	err = check_request(in, write, fi, &io);
+	if (!err && (sp.flags & ~TIERFS_SPAN_WRITE))
+		err = EINVAL;
+	if (!err) {
+		if (sp.len > TIERFS_GPU_IO_MAX)
+			sp.len = TIERFS_GPU_IO_MAX;
+		err = fs_share_begin(uid, in, &sp);
+	}
+	if (err)
+		fuse_reply_err(req, err);
+	else
+		fuse_reply_ioctl(req, 0, &sp, sizeof(sp));
+}
+
 void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		 struct fuse_file_info *fi, unsigned flags, const void *in_buf,
 		 size_t in_bufsz, size_t out_bufsz)
@@ -361,6 +415,9 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		write = true;
 	} else if (cmd == TIERFS_IOC_PREAD_GPU) {
 		write = false;
+	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
+		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);
+		return;
 	} else {
 		fuse_reply_err(req, ENOTTY);
 		return;
@@ -406,8 +463,8 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		if (trace)
 			t[2] = fs_now();
 		if (n > 0)
-			kernel_written(ino, ent->base + io.handle_off,
-				       io.file_off, (uint64_t)n, before);
+			fs_kernel_written(ino, ent->base + io.handle_off,
+					  io.file_off, (uint64_t)n, before);
 	} else {
 		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
 				   (size_t)len, (off_t)io.file_off);

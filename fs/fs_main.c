@@ -44,6 +44,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("no_direct_writes", direct_writes, 0),
 	OPT("direct_reads", direct_reads, 1),
 	OPT("no_direct_reads", direct_reads, 0),
+	OPT("gpu_share", gpu_share, 1),
+	OPT("no_gpu_share", gpu_share, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -177,6 +179,9 @@ static void usage(const char *prog)
 "                           is present)\n"
 "    -o gpu_cache=SIZE      GPU cache size (default 50%% of free GPU memory,\n"
 "                           leaving at least 1 GiB free)\n"
+"    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
+"                           libtierfs then copies in the application's own\n"
+"                           CUDA context (default: off; see tierfs-gpu(7))\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
@@ -570,6 +575,7 @@ int main(int argc, char *argv[])
 	/* GPU tier: the engine builds it when a GPU is usable */
 	ecfg.gpu_dev = -1;
 	ecfg.gpu_cache = fs.opts.gpu_cache;
+	ecfg.gpu_share = fs.opts.gpu_share;
 	ecfg.later = true;		/* run_loop starts the background work */
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
@@ -597,6 +603,8 @@ int main(int argc, char *argv[])
 	     fs.opts.backing);
 
 
+	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
+		fs_share_start();	/* failing, the daemon copies */
 	ret = run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
 	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
@@ -606,6 +614,7 @@ out_signals:
 out_session:
 	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
 	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
+	fs_share_stop();		/* clients' open copies fail */
 	if (fs.eng) {
 		if (fs_sync_all())
 			ret = 1;

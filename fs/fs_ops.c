@@ -56,6 +56,11 @@ static fuse_ino_t ino_of(struct fs_inode *in)
 	return in == &fs.root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
 }
 
+fuse_ino_t fs_ino_of(struct fs_inode *in)
+{
+	return ino_of(in);
+}
+
 static size_t hslot(dev_t dev, ino_t ino)
 {
 	uint64_t h = (uint64_t)ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)dev;

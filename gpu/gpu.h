@@ -40,10 +40,14 @@ struct gpu_vmm;
  * (cuMemCreate, cuMemMap, cuMemSetAccess).  Returns at once: bytes become
  * usable from the start of the range as gpu_vmm_mapped() grows.
  */
-int gpu_vmm_create(struct gpu_vmm **out, uint64_t size);
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable);
 uint64_t gpu_vmm_base(const struct gpu_vmm *v);	/* device address */
 uint64_t gpu_vmm_size(const struct gpu_vmm *v);	/* reserved bytes */
 uint64_t gpu_vmm_mapped(const struct gpu_vmm *v);	/* mapped so far */
+uint64_t gpu_vmm_chunk(const struct gpu_vmm *v);	/* bytes per chunk */
+/* A POSIX fd for chunk i of a shareable range (the caller closes it), or
+ * -errno. */
+int gpu_vmm_export(struct gpu_vmm *v, uint64_t i);
 /* Wait until fully mapped; returns 0 or the mapping thread's error. */
 int gpu_vmm_wait(struct gpu_vmm *v);
 /* Stop mapping, unmap, release, free. */
@@ -86,5 +90,20 @@ int gpu_ipc_close(uint64_t dptr);
  * its handle.  *base and *size describe the allocation. */
 int gpu_ipc_export(uint64_t dptr, void *handle, uint64_t *base,
 		   uint64_t *size, int *device);
+
+/* ---- a shared GPU cache, client side (gpu_share.c) ------------------- */
+
+/* Reserve size bytes of device addresses on device dev (aligned). */
+int gpu_share_reserve(int dev, uint64_t size, uint64_t align, uint64_t *va);
+/* Map the chunk exported as fd at va (len bytes); fd stays open. */
+int gpu_share_map(int dev, uint64_t va, uint64_t len, int fd);
+/* Grant device dev read/write access to [va, va + len). */
+int gpu_share_access(int dev, uint64_t va, uint64_t len);
+/* Unmap the first `mapped` bytes (chunks of `chunk`), free the range. */
+void gpu_share_release(int dev, uint64_t va, uint64_t mapped, uint64_t chunk,
+		       uint64_t size);
+/* Device-to-device copy in ctx (a CUcontext, or NULL: dev's primary
+ * context) on its legacy default stream; waits for it. */
+int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len);
 
 #endif /* TIERFS_GPU_H */

@@ -88,7 +88,9 @@
 	X(cuPointerGetAttributes)		\
 	X(cuIpcGetMemHandle)			\
 	X(cuIpcOpenMemHandle)			\
-	X(cuIpcCloseMemHandle)
+	X(cuIpcCloseMemHandle)			\
+	X(cuMemExportToShareableHandle)		\
+	X(cuMemImportFromShareableHandle)
 
 /* One pointer per function, named by the exported (expanded) symbol. */
 #define GPU_CU_MEMBER(f) __typeof__(f) *f;
@@ -155,6 +157,8 @@ bool gpu_dl_loaded(void);
 #define cuIpcGetMemHandle		(gpu_cu.cuIpcGetMemHandle)
 #define cuIpcOpenMemHandle_v2		(gpu_cu.cuIpcOpenMemHandle_v2)
 #define cuIpcCloseMemHandle		(gpu_cu.cuIpcCloseMemHandle)
+#define cuMemExportToShareableHandle	(gpu_cu.cuMemExportToShareableHandle)
+#define cuMemImportFromShareableHandle	(gpu_cu.cuMemImportFromShareableHandle)
 #endif /* GPU_DL_NO_REDIRECT */
 
 #endif /* TIERFS_GPU_DL_H */

@@ -48,9 +48,10 @@ int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name,
 }
 
 /* gpu_vmm_create - -EOPNOTSUPP; *out is NULL. */
-int gpu_vmm_create(struct gpu_vmm **out, uint64_t size)
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable)
 {
 	(void)size;
+	(void)shareable;
 	if (out)
 		*out = NULL;
 	return -EOPNOTSUPP;
@@ -163,5 +164,66 @@ int gpu_ipc_export(uint64_t dptr, void *handle, uint64_t *base,
 	(void)base;
 	(void)size;
 	(void)device;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_chunk - 0; gpu_vmm_export - -EOPNOTSUPP. */
+uint64_t gpu_vmm_chunk(const struct gpu_vmm *v)
+{
+	(void)v;
+	return 0;
+}
+
+int gpu_vmm_export(struct gpu_vmm *v, uint64_t i)
+{
+	(void)v;
+	(void)i;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_share_* - -EOPNOTSUPP (release: nothing to undo). */
+int gpu_share_reserve(int dev, uint64_t size, uint64_t align, uint64_t *va)
+{
+	(void)dev;
+	(void)size;
+	(void)align;
+	(void)va;
+	return -EOPNOTSUPP;
+}
+
+int gpu_share_map(int dev, uint64_t va, uint64_t len, int fd)
+{
+	(void)dev;
+	(void)va;
+	(void)len;
+	(void)fd;
+	return -EOPNOTSUPP;
+}
+
+int gpu_share_access(int dev, uint64_t va, uint64_t len)
+{
+	(void)dev;
+	(void)va;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+void gpu_share_release(int dev, uint64_t va, uint64_t mapped, uint64_t chunk,
+		       uint64_t size)
+{
+	(void)dev;
+	(void)va;
+	(void)mapped;
+	(void)chunk;
+	(void)size;
+}
+
+int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len)
+{
+	(void)dev;
+	(void)ctx;
+	(void)dst;
+	(void)src;
+	(void)len;
 	return -EOPNOTSUPP;
 }

@@ -20,6 +20,11 @@
  * may be shorter (the size is rounded up to the minimum granularity only).
  * One physical handle per chunk, kept until gpu_vmm_destroy().
  *
+ * Sharing (-o gpu_share, tierfs-gpu(7)): a shareable range's chunks are
+ * created exportable as POSIX file descriptors, and gpu_vmm_export() hands
+ * out one descriptor per mapped chunk; another process imports them and
+ * maps the same memory (gpu_share.c, client side).
+ *
  * Threads and memory order: the mapper alone writes handles[] and nmapped
  * and then stores `mapped` with release order; gpu_vmm_mapped() loads it
  * with acquire order.  lock/cond only carry the end of the mapper (done,
@@ -141,12 +146,13 @@ static void *vmm_mapper(void *arg)
 
 /*
  * gpu_vmm_create - reserve `size` bytes (rounded up to the allocation
- * granularity) of device addresses and start the mapper thread.  Returns 0
+ * granularity) of device addresses and start the mapper thread; with
+ * `shareable`, chunks are created exportable (gpu_vmm_export).  Returns 0
  * with *out set, -EINVAL for size 0, -ENODEV before gpu_init(), -EOPNOTSUPP
  * when the device lacks VMM, or the mapped driver / pthread error; on error
  * *out is NULL and nothing is left reserved.
  */
-int gpu_vmm_create(struct gpu_vmm **out, uint64_t size)
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable)
 {
 	struct gpu_vmm *v;
 	size_t gmin = 0, grec = 0;
@@ -172,7 +178,8 @@ int gpu_vmm_create(struct gpu_vmm **out, uint64_t size)
 	if (!v)
 		return -ENOMEM;
 	v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	v->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	v->prop.requestedHandleTypes = shareable ?
+		CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
 	v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	v->prop.location.id = gpu_cu_ordinal();
 	v->access.location = v->prop.location;
@@ -256,6 +263,39 @@ uint64_t gpu_vmm_size(const struct gpu_vmm *v)
 uint64_t gpu_vmm_mapped(const struct gpu_vmm *v)
 {
 	return atomic_load_explicit(&v->mapped, memory_order_acquire);
+}
+
+/* gpu_vmm_chunk - bytes per chunk (the last one may be shorter). */
+uint64_t gpu_vmm_chunk(const struct gpu_vmm *v)
+{
+	return v->chunk;
+}
+
+/*
+ * gpu_vmm_export - a POSIX file descriptor for chunk i's physical memory
+ * (the caller closes it).  Returns it, -EINVAL when chunk i is not mapped
+ * (yet), -EOPNOTSUPP when the range was not created shareable, or the
+ * mapped driver error.  Only chunks below gpu_vmm_mapped() are mapped.
+ */
+int gpu_vmm_export(struct gpu_vmm *v, uint64_t i)
+{
+	uint64_t end = (i + 1) * v->chunk;
+	int fd = -1, ret;
+
+	if (v->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return -EOPNOTSUPP;
+	if (end > v->size)
+		end = v->size;
+	if (i >= v->nchunks || gpu_vmm_mapped(v) < end)
+		return -EINVAL;	/* handles[i] is published by `mapped` */
+	ret = gpu_ctx_enter();
+	if (ret)
+		return ret;
+	GPU_CU(cuMemExportToShareableHandle(&fd, v->handles[i],
+			CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), out);
+	return fd;
+out:
+	return ret;
 }
 
 /*

@@ -30,7 +30,11 @@
  *     is made durable), so that a GPU read sees it and a later writeback
  *     does not overwrite what the GPU wrote.  After a GPU write the daemon
  *     itself drops the kernel's cached pages of the range.
- *  6. ioctls of at most TIERFS_GPU_IO_MAX bytes, repeated on short counts
+ *  6. With a mount that shares its GPU cache (-o gpu_share) and a buffer
+ *     on the cache's GPU, the bytes move through the shared cache, span by
+ *     span, copied in the application's own context (below); what is left
+ *     (the file is not in the GPU tier, ...) takes step 7.
+ *  7. ioctls of at most TIERFS_GPU_IO_MAX bytes, repeated on short counts
  *     (a read stops at end of file) and on EINTR (both commands are
  *     idempotent).  An error after some progress returns the progress.
  *     An EINVAL on a handle that came from the cache (not freshly exported)
@@ -48,23 +52,29 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpu.h"
 #include "tierfs.h"
+#include "tierfs_share.h"
 #ifdef HAVE_CUDA
 #include "gpu_dl.h"
 #endif
@@ -162,8 +172,9 @@ static struct {
 	int n, next;
 } mounts = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
-/* 0 if fd is on tierfs; else -1 with errno ENOTTY or statx's error. */
-static int check_fd(int fd)
+/* 0 if fd is on tierfs; else -1 with errno ENOTTY or statx's error.
+ * *devp and *mntp say which mount. */
+static int check_fd(int fd, dev_t *devp, uint64_t *mntp)
 {
 	struct statx stx;
 	dev_t dev;
@@ -175,6 +186,8 @@ static int check_fd(int fd)
 		return -1;
 	dev = makedev(stx.stx_dev_major, stx.stx_dev_minor);
 	mnt_id = (stx.stx_mask & STATX_MNT_ID) ? stx.stx_mnt_id : 0;
+	*devp = dev;
+	*mntp = mnt_id;
 	pthread_mutex_lock(&mounts.lock);
 	for (i = 0; i < mounts.n; i++) {
 		if (mounts.m[i].dev == dev && mounts.m[i].mnt_id == mnt_id) {
@@ -355,6 +368,357 @@ static int resolve(uint64_t p, struct xent *out, struct ptr_info *pi,
 	return 0;
 }
 
+/* ---- a shared GPU cache (-o gpu_share) ------------------------------- */
+
+/*
+ * With -o gpu_share the daemon lets root and its own user map its GPU
+ * cache (tierfs_share.h).  The first call on a mount asks for it
+ * (TIERFS_IOC_GPU_SHARE), connects to the daemon's socket, receives the
+ * cache's chunks as descriptors and maps them; later calls copy device to
+ * device in the application's own context between TIERFS_IOC_GPU_SPAN and
+ * the span's end on the socket.  Whatever cannot go that way (sharing off
+ * or refused, a buffer on another GPU, a file not in the GPU tier) takes
+ * the daemon-copy ioctl above, with the same results.  TIERFS_GPU_SHARE=0
+ * in the environment turns the shared path off in this process.
+ *
+ * A mapping is reference counted: a daemon that went away (its socket
+ * closed, or a span answered ESTALE) makes it dead; the last user unmaps.
+ */
+#define SHARE_CACHE_MAX		8
+#define SHARE_RETRY_S		1	/* after EAGAIN: cache still mapping */
+#define SHARE_SPIN_S		0.002	/* poll for a span's end this long */
+
+struct share {
+	dev_t dev;
+	uint64_t mnt_id;
+	bool on;		/* mapped; else `retry_at` says when to ask */
+	bool dead;		/* no new users; unmapped by the last one */
+	double retry_at;	/* CLOCK_MONOTONIC s; 0: never again */
+	int users;
+	int sock;
+	int device;
+	uint64_t conn_id, cache_id, va, size, chunk, mapped;
+	pthread_mutex_t io;	/* one span end at a time on sock */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct share *s[SHARE_CACHE_MAX];
+} shares = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static double mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void share_free(struct share *sh)
+{
+	if (sh->on)
+		gpu_share_release(sh->device, sh->va, sh->mapped, sh->chunk,
+				  sh->size);
+	if (sh->sock >= 0)
+		close(sh->sock);
+	pthread_mutex_destroy(&sh->io);
+	free(sh);
+}
+
+static void share_put(struct share *sh)
+{
+	bool last;
+
+	pthread_mutex_lock(&shares.lock);
+	last = --sh->users == 0 && sh->dead;
+	pthread_mutex_unlock(&shares.lock);
+	if (last)
+		share_free(sh);
+}
+
+/* Take sh out of the table (the daemon went away); the last user frees. */
+static void share_kill(struct share *sh)
+{
+	int i;
+
+	pthread_mutex_lock(&shares.lock);
+	for (i = 0; i < SHARE_CACHE_MAX; i++)
+		if (shares.s[i] == sh)
+			shares.s[i] = NULL;
+	sh->dead = true;
+	pthread_mutex_unlock(&shares.lock);
+}
+
+/* Receive one batch of chunk descriptors and map them.  0 or -errno. */
+static int share_map_batch(struct share *sh, uint64_t nchunks)
+{
+	char ctl[CMSG_SPACE(SHARE_BATCH_MAX * sizeof(int))];
+	struct share_batch b;
+	struct iovec iov = { &b, sizeof(b) };
+	struct msghdr m = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = ctl, .msg_controllen = sizeof(ctl),
+	};
+	struct cmsghdr *cm;
+	int fds[SHARE_BATCH_MAX], nfd = 0, i, ret = 0;
+	ssize_t n = recvmsg(sh->sock, &m, MSG_CMSG_CLOEXEC);
+
+	if (n < 0)
+		return -errno;
+	for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+			int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+			if (k > SHARE_BATCH_MAX - nfd)
+				k = SHARE_BATCH_MAX - nfd;
+			memcpy(fds + nfd, CMSG_DATA(cm), (size_t)k * sizeof(int));
+			nfd += k;
+		}
+	if (n != sizeof(b) || (m.msg_flags & MSG_CTRUNC) || b.count != (uint32_t)nfd ||
+	    b.first * sh->chunk != sh->mapped || b.first + (uint64_t)b.count > nchunks)
+		ret = -EPROTO;
+	for (i = 0; i < nfd; i++) {
+		uint64_t len = sh->size - sh->mapped < sh->chunk ?
+			       sh->size - sh->mapped : sh->chunk;
+
+		if (!ret && !(ret = gpu_share_map(sh->device, sh->va + sh->mapped,
+						  len, fds[i])))
+			sh->mapped += len;
+		close(fds[i]);
+	}
+	return ret;
+}
+
+/* Ask the daemon of fd's mount for its cache and map it.  0 or -errno. */
+static int share_setup(struct share *sh, int fd)
+{
+	struct tierfs_gpu_share info;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct share_hello h;
+	uint64_t nchunks;
+	size_t nl;
+	int ret;
+
+	if (ioctl(fd, TIERFS_IOC_GPU_SHARE, &info) < 0)
+		return -errno;
+	info.socket[sizeof(info.socket) - 1] = 0;
+	nl = strlen(info.socket);
+	memcpy(a.sun_path + 1, info.socket, nl);
+	sh->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (sh->sock < 0 ||
+	    connect(sh->sock, (struct sockaddr *)&a,
+		    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl)) < 0)
+		return -errno;
+	if (recv(sh->sock, &h, sizeof(h), 0) != sizeof(h))
+		return -EPROTO;
+	if (h.magic != SHARE_MAGIC || h.version != SHARE_VERSION)
+		return -EPROTO;
+	if (h.err)
+		return -h.err;
+	if (!h.size || !h.chunk || h.cache_id != info.cache_id)
+		return -EPROTO;
+	sh->device = h.device;
+	sh->conn_id = h.conn_id;
+	sh->cache_id = h.cache_id;
+	sh->size = h.size;
+	sh->chunk = h.chunk;
+	nchunks = (h.size + h.chunk - 1) / h.chunk;
+	ret = gpu_share_reserve(sh->device, sh->size, 0, &sh->va);
+	if (ret)
+		return ret;
+	sh->on = true;		/* from here on share_free() unmaps */
+	while (!ret && sh->mapped < sh->size)
+		ret = share_map_batch(sh, nchunks);
+	if (!ret)
+		ret = gpu_share_access(sh->device, sh->va, sh->size);
+	return ret;
+}
+
+/*
+ * The mapped cache of fd's mount, referenced (share_put() it), or NULL:
+ * not shared, not yet, or not here.
+ */
+static struct share *share_get(int fd, dev_t dev, uint64_t mnt_id)
+{
+	const char *env = getenv("TIERFS_GPU_SHARE");
+	struct share *sh = NULL, *old = NULL;
+	double now = mono_s();
+	int i, slot, ret;
+
+	if (env && strcmp(env, "0") == 0)
+		return NULL;
+	pthread_mutex_lock(&shares.lock);
+	for (i = 0; i < SHARE_CACHE_MAX; i++) {
+		struct share *x = shares.s[i];
+
+		if (!x || x->dev != dev || x->mnt_id != mnt_id)
+			continue;
+		if (x->on) {
+			x->users++;
+			pthread_mutex_unlock(&shares.lock);
+			return x;
+		}
+		if (!x->retry_at || now < x->retry_at) {
+			pthread_mutex_unlock(&shares.lock);
+			return NULL;	/* asked recently, or never again */
+		}
+		shares.s[i] = NULL;	/* ask again below */
+		old = x;
+		break;
+	}
+	pthread_mutex_unlock(&shares.lock);
+	if (old)
+		share_free(old);
+
+	sh = calloc(1, sizeof(*sh));
+	if (!sh)
+		return NULL;
+	sh->dev = dev;
+	sh->mnt_id = mnt_id;
+	sh->sock = -1;
+	pthread_mutex_init(&sh->io, NULL);
+	ret = share_setup(sh, fd);
+	if (ret) {
+		/* the cache is still being mapped: soon; anything else
+		 * (sharing off, refused, no GPU): not again */
+		if (sh->on)
+			gpu_share_release(sh->device, sh->va, sh->mapped,
+					  sh->chunk, sh->size);
+		sh->on = false;
+		if (sh->sock >= 0)
+			close(sh->sock);
+		sh->sock = -1;
+		sh->retry_at = ret == -EAGAIN ? now + SHARE_RETRY_S : 0;
+	} else {
+		sh->users = 1;
+	}
+
+	/* into the table: a free slot, else one nobody uses */
+	old = NULL;
+	pthread_mutex_lock(&shares.lock);
+	for (slot = -1, i = 0; i < SHARE_CACHE_MAX && slot < 0; i++)
+		if (!shares.s[i])
+			slot = i;
+	for (i = 0; i < SHARE_CACHE_MAX && slot < 0; i++)
+		if (!shares.s[i]->users) {
+			slot = i;
+			old = shares.s[i];
+		}
+	if (slot >= 0)
+		shares.s[slot] = sh;
+	else
+		sh->dead = true;	/* not in the table: freed after use */
+	pthread_mutex_unlock(&shares.lock);
+	if (old)
+		share_free(old);	/* out of the table, unused */
+	if (!sh->on) {
+		if (slot < 0)
+			share_free(sh);
+		return NULL;
+	}
+	return sh;
+}
+
+/* End span `token` on the socket; the daemon's result (bytes or -errno). */
+static int64_t share_end(struct share *sh, uint64_t token, bool ok)
+{
+	struct share_end req = { .token = token, .ok = ok ? 1 : 0 };
+	struct share_result res;
+	ssize_t n;
+
+	pthread_mutex_lock(&sh->io);
+	n = send(sh->sock, &req, sizeof(req), MSG_NOSIGNAL);
+	if (n == sizeof(req)) {
+		/* the answer takes microseconds: poll for it a while before
+		 * sleeping (waking up costs tens of microseconds) */
+		double until = mono_s() + SHARE_SPIN_S;
+
+		do
+			n = recv(sh->sock, &res, sizeof(res), MSG_DONTWAIT);
+		while (n < 0 && (errno == EAGAIN || errno == EINTR) &&
+		       mono_s() < until);
+		while (n < 0 && (errno == EAGAIN || errno == EINTR))
+			n = recv(sh->sock, &res, sizeof(res), 0);
+	}
+	pthread_mutex_unlock(&sh->io);
+	if (n != sizeof(res)) {
+		share_kill(sh);		/* the daemon went away */
+		return -EIO;
+	}
+	return res.result;
+}
+
+/*
+ * Move what can go through the shared cache: from *done on, span by span.
+ * Returns 0 when the rest (if any) is for the daemon-copy ioctl, 1 when
+ * the call is over (*done final: end of file), -1 with errno on failure.
+ */
+static int share_io(struct share *sh, int fd, uint64_t p, void *ctx,
+		    size_t len, off_t off, bool write, size_t *done)
+{
+	static int trace = -1;
+
+	if (trace < 0)
+		trace = getenv("TIERFS_TRACE") && atoi(getenv("TIERFS_TRACE")) > 0;
+	while (*done < len) {
+		struct tierfs_gpu_span sp = {
+			.conn_id = sh->conn_id,
+			.file_off = (uint64_t)off + *done,
+			.len = len - *done,
+			.flags = write ? TIERFS_SPAN_WRITE : 0,
+		};
+		uint64_t dev_at;
+		int64_t res;
+		double t[4];
+		int ret;
+
+		if (sp.len > TIERFS_GPU_IO_MAX)
+			sp.len = TIERFS_GPU_IO_MAX;
+		t[0] = trace ? mono_s() : 0;
+		if (ioctl(fd, TIERFS_IOC_GPU_SPAN, &sp) < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == ESTALE)
+				share_kill(sh);
+			if (errno == EAGAIN || errno == ESTALE || errno == EPERM)
+				return 0;	/* the daemon copies the rest */
+			return -1;
+		}
+		if (sp.n == 0)
+			return 1;		/* end of file */
+		if (sp.cache_id != sh->cache_id) {
+			share_end(sh, sp.token, false);
+			share_kill(sh);
+			return 0;
+		}
+		dev_at = sh->va + sp.cache_off;
+		t[1] = trace ? mono_s() : 0;
+		ret = write ? gpu_share_copy(sh->device, ctx, dev_at, p + *done, sp.n)
+			    : gpu_share_copy(sh->device, ctx, p + *done, dev_at, sp.n);
+		t[2] = trace ? mono_s() : 0;
+		res = share_end(sh, sp.token, ret == 0);
+		if (trace) {
+			t[3] = mono_s();
+			fprintf(stderr, "libtierfs: shared %s of %" PRIu64 " B: span %.1f us, "
+				"copy %.1f us, end %.1f us\n", write ? "write" : "read",
+				sp.n, (t[1] - t[0]) * 1e6, (t[2] - t[1]) * 1e6,
+				(t[3] - t[2]) * 1e6);
+		}
+		if (ret) {
+			errno = ret == -ENOMEM ? ENOMEM : EIO;
+			return -1;
+		}
+		if (res < 0) {
+			errno = (int)-res;
+			return -1;
+		}
+		*done += (size_t)res;
+		if (!write && (uint64_t)res < sp.len)
+			return 1;		/* read to end of file */
+	}
+	return 1;
+}
+
 /* ---- the calls -------------------------------------------------------- */
 
 static ssize_t gpu_io(int fd, uint64_t p, size_t len, off_t off, bool write)
@@ -362,9 +726,12 @@ static ssize_t gpu_io(int fd, uint64_t p, size_t len, off_t off, bool write)
 	unsigned long cmd = write ? TIERFS_IOC_PWRITE_GPU : TIERFS_IOC_PREAD_GPU;
 	struct tierfs_gpu_io io;
 	struct ptr_info pi;
+	struct share *sh;
 	struct xent x;
 	bool cached, retried = false;
 	size_t done = 0;
+	uint64_t mnt_id;
+	dev_t dev;
 	int r;
 
 	if (off < 0 || len > SSIZE_MAX ||
@@ -372,7 +739,7 @@ static ssize_t gpu_io(int fd, uint64_t p, size_t len, off_t off, bool write)
 		errno = EINVAL;
 		return -1;
 	}
-	if (check_fd(fd) < 0)
+	if (check_fd(fd, &dev, &mnt_id) < 0)
 		return -1;
 	if (len == 0)
 		return 0;
@@ -393,6 +760,16 @@ again:
 					 SYNC_FILE_RANGE_WRITE |
 					 SYNC_FILE_RANGE_WAIT_AFTER) < 0))
 		return -1;
+
+	if (!retried && (sh = share_get(fd, dev, mnt_id))) {
+		r = x.device == sh->device ?
+		    share_io(sh, fd, p, pi.ctx, len, off, write, &done) : 0;
+		share_put(sh);
+		if (r < 0)
+			return done ? (ssize_t)done : -1;
+		if (r > 0 || done == len)
+			return (ssize_t)done;
+	}
 
 	memset(&io, 0, sizeof(io));
 	memcpy(io.handle, x.handle, sizeof(io.handle));

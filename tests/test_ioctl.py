@@ -19,16 +19,24 @@ that need no GPU, through ctypes.
 On a GPU machine (TIERFS_GPU=N): tests/gpu/test_ioctl, the C test program,
 against a mount with a GPU tier: data paths, then a remount and a read back
 from the SSD, then bad inputs on a fresh mount.  The program is found at
-$TIERFS_BUILD/tests/gpu/test_ioctl or next to TIERFS_BIN.
+$TIERFS_BUILD/tests/gpu/test_ioctl or next to TIERFS_BIN.  The data paths
+run again on a mount with -o gpu_share, where libtierfs maps the GPU cache
+and copies itself (fs/tierfs_share.h); the share protocol's own failure
+cases (spans never ended, clients that exit, ids that are wrong, users
+that may not map the cache) are driven from Python.
 """
 
 import errno
 import fcntl
+import json
 import os
+import socket
 import sys
 import struct
 import subprocess
 import termios
+import threading
+import time
 
 import pytest
 
@@ -50,6 +58,29 @@ def _iow(typ, nr, size):
 PWRITE_GPU = _iow("T", 1, GPU_IO.size)
 PREAD_GPU = _iow("T", 2, GPU_IO.size)
 
+# fs/tierfs_share.h (libtierfs <-> daemon, -o gpu_share)
+GPU_SHARE = struct.Struct("=64sQiI")            # socket, cache_id, device
+GPU_SPAN = struct.Struct("=QQQIIQQQQ")          # conn_id, file_off, len, flags,
+                                                # -, cache_id, token, cache_off, n
+SHARE_HELLO = struct.Struct("=IIiiQQQQQ")       # magic, version, err, device,
+                                                # cache_id, conn_id, size, chunk, n
+SHARE_BATCH = struct.Struct("=II")
+SHARE_END = struct.Struct("=QiI")
+SHARE_RESULT = struct.Struct("=q")
+SPAN_WRITE = 1
+
+
+def _ior(typ, nr, size):
+    return (2 << 30) | (size << 16) | (ord(typ) << 8) | nr
+
+
+def _iowr(typ, nr, size):
+    return (3 << 30) | (size << 16) | (ord(typ) << 8) | nr
+
+
+GPU_SHARE_CMD = _ior("T", 3, GPU_SHARE.size)
+GPU_SPAN_CMD = _iowr("T", 4, GPU_SPAN.size)
+
 
 def gpu_io(handle=b"\0" * 64, handle_off=0, length=4096, file_off=0, flags=0,
            device=0):
@@ -69,6 +100,28 @@ def test_abi():
     assert GPU_IO.size == 64 + 8 + 8 + 8 + 4 + 4 == 96
     assert PWRITE_GPU == 0x40605401
     assert PREAD_GPU == 0x40605402
+    assert GPU_SHARE.size == 80 and GPU_SPAN.size == 64
+
+
+def span(fd, conn_id, off, length, flags=0):
+    """TIERFS_IOC_GPU_SPAN: (cache_id, token, cache_off, n)."""
+    buf = bytearray(GPU_SPAN.pack(conn_id, off, length, flags, 0, 0, 0, 0, 0))
+    fcntl.ioctl(fd, GPU_SPAN_CMD, buf)
+    return GPU_SPAN.unpack(buf)[5:]
+
+
+def test_share_without_gpu_tier(mount):
+    m = mount(gpu="none", gpu_share=True)
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, b"s" * 4096)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        assert ioctl_errno(fd, GPU_SHARE_CMD, bytearray(GPU_SHARE.size)) == errno.ENODEV
+        buf = bytearray(GPU_SPAN.pack(1, 0, 16, SPAN_WRITE, 0, 0, 0, 0, 0))
+        assert ioctl_errno(fd, GPU_SPAN_CMD, buf) == errno.ENODEV
+    finally:
+        os.close(fd)
+    assert util.read_file(p) == b"s" * 4096
 
 
 def test_errors_without_gpu_tier(mount):
@@ -246,3 +299,173 @@ def test_gpu_ioctl_bad_inputs(mount):
     p = os.path.join(m.mnt, "after")
     util.write_file(p, b"still fine")
     assert util.read_file(p) == b"still fine"
+
+
+def stats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+
+
+@pytest.mark.gpu
+def test_gpu_share_data(mount):
+    """The same data checks with the client copying through the shared cache;
+    the GPU tier's counters show the shared path carried them."""
+    prog = ioctl_program()
+    m = mount(gpu_share=True)
+    run_program(prog, m.mnt, "good")
+    g = stats(m)["tiers"]["gpu"]
+    assert g["client_writes"] > 0 and g["client_reads"] > 0, g
+    m.remount()
+    run_program(prog, m.mnt, "verify")
+
+
+@pytest.mark.gpu
+def test_gpu_share_off_by_default(mount):
+    prog = ioctl_program()
+    m = mount()
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, b"d" * 4096)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        assert ioctl_errno(fd, GPU_SHARE_CMD, bytearray(GPU_SHARE.size)) == errno.EOPNOTSUPP
+        buf = bytearray(GPU_SPAN.pack(1, 0, 16, SPAN_WRITE, 0, 0, 0, 0, 0))
+        assert ioctl_errno(fd, GPU_SPAN_CMD, buf) == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+    run_program(prog, m.mnt, "good")
+    g = stats(m)["tiers"]["gpu"]
+    assert g["client_writes"] == 0 and g["client_reads"] == 0, g
+
+
+def share_info(fd, timeout=60):
+    """TIERFS_IOC_GPU_SHARE, waiting while the cache is still mapped."""
+    end = time.monotonic() + timeout
+    while True:
+        buf = bytearray(GPU_SHARE.size)
+        try:
+            fcntl.ioctl(fd, GPU_SHARE_CMD, buf)
+        except OSError as e:
+            if e.errno != errno.EAGAIN or time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+            continue
+        name, cache_id, device, _ = GPU_SHARE.unpack(buf)
+        return name.rstrip(b"\0"), cache_id, device
+
+
+def share_connect(name):
+    """Connect as libtierfs does; returns (socket, hello fields, chunk fds)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(b"\0" + name)
+    hello = SHARE_HELLO.unpack(s.recv(SHARE_HELLO.size))
+    fds = []
+    if hello[2] == 0:
+        while len(fds) < hello[8]:
+            msg, anc, _, _ = s.recvmsg(SHARE_BATCH.size, socket.CMSG_SPACE(64 * 4))
+            first, count = SHARE_BATCH.unpack(msg)
+            assert first == len(fds)
+            got = []
+            for level, typ, data in anc:
+                assert (level, typ) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+                got += list(struct.unpack(f"{len(data) // 4}i", data))
+            assert len(got) == count
+            fds += got
+    return s, hello, fds
+
+
+def share_end(s, token, ok):
+    s.send(SHARE_END.pack(token, 1 if ok else 0, 0))
+    return SHARE_RESULT.unpack(s.recv(SHARE_RESULT.size))[0]
+
+
+@pytest.mark.gpu
+def test_gpu_share_protocol(mount):
+    """Spans that fail, are never ended, or come with wrong ids change no
+    accepted data and block nothing for good."""
+    m = mount(gpu_share=True, allow_other=True, expect_errors=True)
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, b"a" * 4096)
+    os.chmod(p, 0o644)
+    fd = os.open(p, os.O_RDWR)
+    rofd = os.open(p, os.O_RDONLY)
+    try:
+        name, cache_id, device = share_info(fd)
+        assert name.startswith(b"tierfs-share-") and device == int(util.GPU)
+        s, hello, fds = share_connect(name)
+        magic, version, err, hdev, hcache, conn, size, chunk, nchunks = hello
+        assert (magic, version, err, hdev, hcache) == (0x48534654, 1, 0, device, cache_id)
+        assert nchunks == (size + chunk - 1) // chunk == len(fds) and size > 0
+        for f in fds:
+            os.close(f)
+
+        # wrong ids and bad requests
+        with pytest.raises(OSError) as e:
+            span(fd, conn ^ 1, 0, 16, SPAN_WRITE)
+        assert e.value.errno == errno.ESTALE
+        with pytest.raises(OSError) as e:
+            span(rofd, conn, 0, 16, SPAN_WRITE)
+        assert e.value.errno == errno.EBADF
+        with pytest.raises(OSError) as e:
+            span(fd, conn, 0, 16, 2)
+        assert e.value.errno == errno.EINVAL
+        with pytest.raises(OSError) as e:
+            span(fd, conn, 1 << 63, 16, SPAN_WRITE)
+        assert e.value.errno == errno.EINVAL
+        assert share_end(s, 12345, True) == -errno.EINVAL
+        # reads at or past the end: nothing to copy, no span
+        assert span(rofd, conn, 4096, 16) == (cache_id, 0, 0, 0)
+        # a read span of cached bytes
+        cid, token, off, n = span(rofd, conn, 100, 10000)
+        assert (cid, n) == (cache_id, 3996) and token
+        assert share_end(s, token, True) == 3996
+
+        # a write span that fails: the size stays, and a write() to the
+        # file waits for the span, then goes through
+        cid, token, off, n = span(fd, conn, 4096, 8192, SPAN_WRITE)
+        assert n == 8192 and token
+        done = threading.Event()
+
+        def posix_write():
+            os.pwrite(fd, b"b" * 10, 0)
+            done.set()
+
+        t = threading.Thread(target=posix_write)
+        t.start()
+        assert not done.wait(0.5), "a write went ahead of an open span"
+        assert share_end(s, token, False) == -errno.EIO
+        t.join(30)
+        assert done.is_set()
+        assert os.stat(p).st_size == 4096
+        assert util.read_file(p) == b"b" * 10 + b"a" * 4086
+
+        # a span left open by a client that goes away: ended as failed
+        cid, token, off, n = span(fd, conn, 4096, 4096, SPAN_WRITE)
+        s.close()
+        os.pwrite(fd, b"c" * 10, 0)        # would wait forever otherwise
+        assert os.stat(p).st_size == 4096
+        with pytest.raises(OSError) as e:   # that connection is gone
+            span(fd, conn, 0, 16, SPAN_WRITE)
+        assert e.value.errno == errno.ESTALE
+    finally:
+        os.close(fd)
+        os.close(rofd)
+
+    # another user may not map the cache (the mount is reached through a
+    # directory fd: the test's own directories are root's alone)
+    def other_user():
+        f = os.open("f", os.O_RDONLY)
+        try:
+            fcntl.ioctl(f, GPU_SHARE_CMD, bytearray(GPU_SHARE.size))
+        except OSError as e:
+            assert e.errno == errno.EPERM, e
+        else:
+            raise AssertionError("uid 65534 got the share socket")
+        finally:
+            os.close(f)
+
+    dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ok, tb = util.in_child(other_user, uid=65534, gid=65534, cwd_fd=dfd)
+    finally:
+        os.close(dfd)
+    assert ok, tb
+    assert util.read_file(p) == b"c" * 10 + b"a" * 4086

@@ -79,6 +79,7 @@ struct engine {
 	bool prefetcher_started;
 	uint64_t files_prefetched, bytes_prefetched, files_consumed;
 	uint64_t files_to_gpu, bytes_to_gpu;	/* prefetches host -> GPU */
+	uint64_t client_writes, client_reads, client_bytes;	/* spans */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;
 	pthread_t toucher;		/* pre-faults the host buffer */
@@ -783,8 +784,8 @@ static void *gbuilder_main(void *arg)
 	char msg[256] = "";
 	bool ok = false;
 
-	if (gpu_tier_create(&g, e->cfg.gpu_dev, e->cfg.gpu_cache, e->cfg.policy,
-			    msg, sizeof(msg))) {
+	if (gpu_tier_create(&g, e->cfg.gpu_dev, e->cfg.gpu_cache, e->cfg.gpu_share,
+			    e->cfg.policy, msg, sizeof(msg))) {
 		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
 		return NULL;
 	}
@@ -1287,7 +1288,8 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 
 		for (i = 0; i < e->ntiers; i++) {
 			cp = f->copy[i];
-			if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS))
+			if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS ||
+				   cp->spans))
 				busy = true;
 		}
 		if (!busy)
@@ -1596,6 +1598,16 @@ bool engine_has_gpu(struct engine *e)
 	return e->gpu != NULL;
 }
 
+struct gpu_tier *engine_gpu_tier(struct engine *e)
+{
+	struct gpu_tier *g;
+
+	pthread_mutex_lock(&e->lock);
+	g = e->gpu;
+	pthread_mutex_unlock(&e->lock);
+	return g;
+}
+
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
@@ -1677,6 +1689,133 @@ out:
 		consume(e, f);
 	pthread_mutex_unlock(&e->lock);
 	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+/*
+ * ---- client spans (-o gpu_share) ----------------------------------------
+ *
+ * With a shared GPU cache the client copies device to device itself,
+ * between tfile_span_begin() and tfile_span_end(), which run in two
+ * different requests.  In between the copy is pinned (no eviction, no
+ * move) and counted in cp->spans: writable_copy() waits until no span of
+ * the file is open, so no write, truncate or relocation overlaps a span
+ * (client write spans of one file take turns, like the writes of
+ * do_write() under f->lock).  A write span counts as a writer of the file
+ * (f->writers), so its close does not complete the copy under it.
+ */
+int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
+		     struct tspan *s, uint64_t *cache_off)
+{
+	struct engine *e = f->eng;
+	uint64_t end = off + len;
+	struct copy *cp = NULL;
+	int ret = 0, err, i;
+
+	memset(s, 0, sizeof(*s));
+	if (!e->gpu)
+		return -ENODEV;
+	if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (write) {
+		if (f->shadow_fd >= 0) {
+			ret = -EAGAIN;	/* written through: the daemon copies */
+			goto out;
+		}
+		cp = writable_copy(e, f, end > f->size ? end : f->size, &err);
+		if (!cp) {
+			ret = err ? err : -EAGAIN;
+			goto out;
+		}
+		if (cp->cache->host_addressable) {
+			ret = -EAGAIN;	/* not in the GPU tier */
+			goto out;
+		}
+		cp->pins++;
+		cp->spans++;
+		f->writers++;
+		e->client_writes++;
+		pthread_mutex_unlock(&e->lock);
+		copy_zero(cp, cp->len, off);	/* a hole before the span */
+		pthread_mutex_lock(&e->lock);
+	} else {
+		for (;;) {	/* a prefetch of it is running: wait for it */
+			bool filling = false;
+
+			for (i = 0; i < e->ntiers; i++)
+				if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
+					filling = true;
+			if (!filling)
+				break;
+			pthread_cond_wait(&e->cond, &e->lock);
+		}
+		if (off >= f->size)
+			goto out;	/* nothing to read: no span */
+		if (end > f->size)
+			len = f->size - off;
+		cp = f->copy[0];
+		if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT ||
+		    off + len > cp->len) {
+			ret = -EAGAIN;	/* not in the GPU tier */
+			goto out;
+		}
+		cp->pins++;
+		cp->spans++;
+		cp->last_use = ++e->tick;
+		cp->cache->hits++;
+		e->client_reads++;
+	}
+	s->cp = cp;
+	s->off = off;
+	s->len = len;
+	s->write = write;
+	*cache_off = cp->frag->off + off;
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
+{
+	struct engine *e = f->eng;
+	struct copy *cp = s->cp;
+	ssize_t ret = ok ? (ssize_t)s->len : -EIO;
+	uint64_t end = s->off + s->len;
+
+	if (!cp)
+		return 0;
+	/* not f->lock: a write to the file may hold it while it waits for
+	 * this span to end (writable_copy) */
+	pthread_mutex_lock(&e->lock);
+	cp->pins--;
+	cp->spans--;
+	if (s->write) {
+		/* a failed copy may have changed bytes inside the file: they
+		 * are flushed as they are, and the size stays */
+		if (ok) {
+			if (end > cp->len)
+				cp->len = end;
+			if (end > f->size)
+				f->size = end;
+			e->client_bytes += s->len;
+		}
+		cp->last_use = ++e->tick;
+		mark_modified(f);
+		if (f->writers > 0)
+			f->writers--;
+		if (!f->writers && f->dirty && !f->unlinked)
+			complete_copy(e, f, false);
+	} else if (ok) {
+		e->client_bytes += s->len;
+		if (read_to_end(f, (off_t)s->off, (size_t)s->len))
+			consume(e, f);
+	}
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	s->cp = NULL;
 	return ret;
 }
 
@@ -2037,9 +2176,13 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 				at += n > 0 ? (size_t)n : 0;
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 						       ",\"bytes_to_host\":%" PRIu64
-						       ",\"to_host_bandwidth\":%.0f", e->bytes_to_host,
+						       ",\"to_host_bandwidth\":%.0f"
+						       ",\"client_writes\":%" PRIu64
+						       ",\"client_reads\":%" PRIu64
+						       ",\"client_bytes\":%" PRIu64, e->bytes_to_host,
 						       e->to_host_s > 0 ? (double)e->bytes_to_host /
-						       e->to_host_s : 0.0);
+						       e->to_host_s : 0.0, e->client_writes,
+						       e->client_reads, e->client_bytes);
 			} else if (e->tiers[i] == &e->host) {
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",

@@ -79,6 +79,7 @@ struct engine_config {
 	bool hugepages;			/* madvise the host buffer */
 	int gpu_dev;			/* GPU for the GPU tier, -1: none */
 	uint64_t gpu_cache;		/* its size, 0: default */
+	bool gpu_share;			/* chunks exportable (-o gpu_share) */
 	bool later;			/* the caller calls engine_start_background() */
 };
 
@@ -122,6 +123,32 @@ ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
 /* Does this engine have a GPU tier? */
 bool engine_has_gpu(struct engine *e);
+/* The GPU tier, NULL while there is none (yet). */
+struct gpu_tier;
+struct gpu_tier *engine_gpu_tier(struct engine *e);
+
+/*
+ * A client copy into or out of the file's GPU cache copy (-o gpu_share):
+ * tfile_span_begin() places (write: as a write of [off, off + len) would,
+ * zeroing a hole before it) or finds (read) the bytes in the GPU tier,
+ * pins them and returns their offset in the GPU cache in *cache_off; the
+ * client copies; tfile_span_end() commits (write: size, dirty, flush as a
+ * write would; read: consumption) and unpins.  begin returns 0 (a read at
+ * or past the end: 0 with s->len 0 and nothing pinned), -EAGAIN when the
+ * bytes are not in the GPU tier (the file is in a slower tier, too big for
+ * the GPU cache, or written through: the daemon must copy), -ENODEV
+ * without a GPU tier, -EINVAL, or writable_copy()'s errors.  end returns
+ * the bytes committed, or -EIO when !ok (a write's failed copy: the size
+ * stays, the bytes inside the file are kept as they are).
+ */
+struct tspan {
+	struct copy *cp;		/* pinned copy, NULL: no span */
+	uint64_t off, len;		/* the file range */
+	bool write;
+};
+int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
+		     struct tspan *s, uint64_t *cache_off);
+ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok);
 /* Make the file durable on the SSD; returns 0 or the flush error. */
 int tfile_fsync(struct tfile *f);
 /* The file lost its last name: cancel its flush, free its copies once no

@@ -159,7 +159,8 @@ uint64_t gpu_tier_default_size(uint64_t free_b)
 }
 
 int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
-		    const struct evict_policy *pol, char *msg, size_t msglen)
+		    bool shareable, const struct evict_policy *pol, char *msg,
+		    size_t msglen)
 {
 	struct gpu_tier *g;
 	uint64_t free_b = 0, total_b = 0, room;
@@ -210,7 +211,7 @@ int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
 	g->dev = dev;
 	g->t0 = now_s();
 	snprintf(g->name, sizeof(g->name), "%s", name);
-	ret = gpu_vmm_create(&g->vmm, size);
+	ret = gpu_vmm_create(&g->vmm, size, shareable);
 	if (ret) {
 		if (msg && msglen)
 			snprintf(msg, msglen, "GPU %d (%s): cannot reserve a "
@@ -257,6 +258,16 @@ err_free:
 struct cache *gpu_tier_cache(struct gpu_tier *g)
 {
 	return &g->cache;
+}
+
+struct gpu_vmm *gpu_tier_vmm(struct gpu_tier *g)
+{
+	return g->vmm;
+}
+
+int gpu_tier_device(struct gpu_tier *g)
+{
+	return g->dev;
 }
 
 uint64_t gpu_tier_mapped(struct gpu_tier *g)

@@ -51,14 +51,16 @@ struct gpu_tier;
  * larger size than the device can hold while leaving GPU_TIER_RESERVE free
  * is cut down to that (with a warning), so that the mapping does not stop
  * midway.  The reservation is rounded up to the device's granularity:
- * the cache's c->size is what it got.
+ * the cache's c->size is what it got.  With `shareable` the memory is
+ * created exportable (gpu_vmm_export, for -o gpu_share).
  *
  * Returns 0 with *out set, or -errno with a sentence in msg: -ENODEV (no
  * CUDA in this build, no driver, no such device), -ENOMEM (not enough free
  * device memory), -EOPNOTSUPP (the device has no VMM), other driver errors.
  */
 int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
-		    const struct evict_policy *pol, char *msg, size_t msglen);
+		    bool shareable, const struct evict_policy *pol, char *msg,
+		    size_t msglen);
 
 /*
  * The default size for a device with free_b bytes free: half of it,
@@ -69,6 +71,9 @@ uint64_t gpu_tier_default_size(uint64_t free_b);
 
 /* The tier's cache (level 0, "gpu").  Valid until gpu_tier_destroy(). */
 struct cache *gpu_tier_cache(struct gpu_tier *g);
+/* Its VMM range (gpu.h; shareable when created so) and device ordinal. */
+struct gpu_vmm *gpu_tier_vmm(struct gpu_tier *g);
+int gpu_tier_device(struct gpu_tier *g);
 
 /*
  * Raise c->usable to what is mapped now (it never goes down).  Cheap (one

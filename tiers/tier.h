@@ -80,6 +80,7 @@ struct copy {
 	uint64_t len;			/* valid bytes (file size when written) */
 	enum tier_state state;		/* life-cycle state */
 	int pins;			/* users of the bytes: no evict/move */
+	int spans;			/* of them, client copies (gpu_share) */
 	bool flushing;			/* a flush of it to the next tier runs */
 	bool promoted;			/* prefetched and not yet consumed */
 	bool in_backlog;		/* counted in the engine's flush backlog */

@@ -194,7 +194,7 @@ static int test_vmm_create(struct cache *c, uint64_t size)
 
 	fill_random(a, 4 * MiB);
 	t0 = now_s();
-	ret = gpu_vmm_create(&c->v, size);
+	ret = gpu_vmm_create(&c->v, size, false);
 	if (!check(ret == 0, "gpu_vmm_create(%" PRIu64 " MiB) = %d in %.2f ms",
 		   size / MiB, ret, (now_s() - t0) * 1e3)) {
 		free(a);
@@ -740,7 +740,7 @@ static void test_vmm_destroy_early(void)
 	int ret;
 
 	gpu_mem_info(&before, NULL, NULL, 0);
-	ret = gpu_vmm_create(&v, 8 * GiB);
+	ret = gpu_vmm_create(&v, 8 * GiB, false);
 	if (!check(ret == 0, "gpu_vmm_create(8 GiB) = %d", ret))
 		return;
 	gpu_vmm_destroy(v);
@@ -761,7 +761,7 @@ static void test_vmm_oom(void)
 		return;
 	want = before + 4 * GiB;
 	t0 = now_s();
-	ret = gpu_vmm_create(&v, want);
+	ret = gpu_vmm_create(&v, want, false);
 	if (!check(ret == 0, "gpu_vmm_create(free + 4 GiB = %" PRIu64
 		   " MiB) = %d", want / MiB, ret))
 		return;
@@ -841,7 +841,7 @@ static void test_no_gpu(int dev, const char *msg)
 	check(!gpu_available(), "gpu_available is false");
 	ret = gpu_mem_info(&d, &s, NULL, 0);
 	check(ret == -ENODEV, "gpu_mem_info = %d (want -ENODEV)", ret);
-	ret = gpu_vmm_create(&v, 64 * MiB);
+	ret = gpu_vmm_create(&v, 64 * MiB, false);
 	check(ret == -ENODEV && !v, "gpu_vmm_create = %d, out %s", ret,
 	      v ? "set" : "NULL");
 	ret = gpu_copy_htod(0x1000, buf, sizeof(buf));
