@@ -110,17 +110,22 @@ def span(fd, conn_id, off, length, flags=0):
     return GPU_SPAN.unpack(buf)[5:]
 
 
+def assert_share_refused(path, code):
+    """Both share ioctls on path fail with code."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert ioctl_errno(fd, GPU_SHARE_CMD, bytearray(GPU_SHARE.size)) == code
+        buf = bytearray(GPU_SPAN.pack(1, 0, 16, SPAN_WRITE, 0, 0, 0, 0, 0))
+        assert ioctl_errno(fd, GPU_SPAN_CMD, buf) == code
+    finally:
+        os.close(fd)
+
+
 def test_share_without_gpu_tier(mount):
     m = mount(gpu="none", gpu_share=True)
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"s" * 4096)
-    fd = os.open(p, os.O_RDWR)
-    try:
-        assert ioctl_errno(fd, GPU_SHARE_CMD, bytearray(GPU_SHARE.size)) == errno.ENODEV
-        buf = bytearray(GPU_SPAN.pack(1, 0, 16, SPAN_WRITE, 0, 0, 0, 0, 0))
-        assert ioctl_errno(fd, GPU_SPAN_CMD, buf) == errno.ENODEV
-    finally:
-        os.close(fd)
+    assert_share_refused(p, errno.ENODEV)
     assert util.read_file(p) == b"s" * 4096
 
 
@@ -324,13 +329,7 @@ def test_gpu_share_off_by_default(mount):
     m = mount()
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"d" * 4096)
-    fd = os.open(p, os.O_RDWR)
-    try:
-        assert ioctl_errno(fd, GPU_SHARE_CMD, bytearray(GPU_SHARE.size)) == errno.EOPNOTSUPP
-        buf = bytearray(GPU_SPAN.pack(1, 0, 16, SPAN_WRITE, 0, 0, 0, 0, 0))
-        assert ioctl_errno(fd, GPU_SPAN_CMD, buf) == errno.EOPNOTSUPP
-    finally:
-        os.close(fd)
+    assert_share_refused(p, errno.EOPNOTSUPP)
     run_program(prog, m.mnt, "good")
     g = stats(m)["tiers"]["gpu"]
     assert g["client_writes"] == 0 and g["client_reads"] == 0, g

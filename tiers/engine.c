@@ -1608,6 +1608,21 @@ struct gpu_tier *engine_gpu_tier(struct engine *e)
 	return g;
 }
 
+/* e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS). */
+static void wait_filled(struct engine *e, struct tfile *f)
+{
+	for (;;) {
+		bool filling = false;
+
+		for (int i = 0; i < e->ntiers; i++)
+			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
+				filling = true;
+		if (!filling)
+			return;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+}
+
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
@@ -1620,16 +1635,7 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		return -EINVAL;
 	pthread_mutex_lock(&f->lock);
 	pthread_mutex_lock(&e->lock);
-	for (;;) {		/* a prefetch of it is running: wait for it */
-		bool filling = false;
-
-		for (i = 0; i < e->ntiers; i++)
-			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
-				filling = true;
-		if (!filling)
-			break;
-		pthread_cond_wait(&e->cond, &e->lock);
-	}
+	wait_filled(e, f);	/* a prefetch of it is running */
 	if ((uint64_t)off >= f->size)
 		goto out;
 	if ((uint64_t)off + len > f->size)
@@ -1710,7 +1716,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 	struct engine *e = f->eng;
 	uint64_t end = off + len;
 	struct copy *cp = NULL;
-	int ret = 0, err, i;
+	int ret = 0, err;
 
 	memset(s, 0, sizeof(*s));
 	if (!e->gpu)
@@ -1741,16 +1747,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 		copy_zero(cp, cp->len, off);	/* a hole before the span */
 		pthread_mutex_lock(&e->lock);
 	} else {
-		for (;;) {	/* a prefetch of it is running: wait for it */
-			bool filling = false;
-
-			for (i = 0; i < e->ntiers; i++)
-				if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
-					filling = true;
-			if (!filling)
-				break;
-			pthread_cond_wait(&e->cond, &e->lock);
-		}
+		wait_filled(e, f);	/* a prefetch of it is running */
 		if (off >= f->size)
 			goto out;	/* nothing to read: no span */
 		if (end > f->size)
@@ -1836,17 +1833,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 	*n = len;
 	if ((uint64_t)off + len > f->size)
 		*n = (size_t)(f->size - (uint64_t)off);
-	/* a prefetch of this file is running: it is quicker to wait for it */
-	for (;;) {
-		bool filling = false;
-
-		for (i = 0; i < e->ntiers; i++)
-			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
-				filling = true;
-		if (!filling)
-			break;
-		pthread_cond_wait(&e->cond, &e->lock);
-	}
+	wait_filled(e, f);	/* a prefetch of it: quicker to wait for it */
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
