@@ -176,11 +176,11 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
 		return EPERM;
 	if (!g)
 		return ENODEV;
-	if (!sp->len) {		/* nothing to move: no span */
-		memset(&sp->cache_id, 0, sizeof(*sp) - offsetof(struct tierfs_gpu_span, cache_id));
-		sp->cache_id = share.cache_id;
-		return 0;
-	}
+	/* the outputs: no span unless one is begun below */
+	memset(&sp->cache_id, 0, sizeof(*sp) - offsetof(struct tierfs_gpu_span, cache_id));
+	sp->cache_id = share.cache_id;
+	if (!sp->len)
+		return 0;	/* nothing to move */
 	ent = calloc(1, sizeof(*ent));
 	if (!ent)
 		return ENOMEM;
@@ -221,8 +221,6 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
 		tfile_span_end(&in->tf, &ent->s, false);
 		ret = ESTALE;
 	}
-	memset(&sp->cache_id, 0, sizeof(*sp) - offsetof(struct tierfs_gpu_span, cache_id));
-	sp->cache_id = share.cache_id;
 	if (!ret && ent->token) {
 		sp->token = ent->token;
 		sp->cache_off = cache_off;

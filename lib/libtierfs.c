@@ -414,13 +414,21 @@ static double mono_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void share_free(struct share *sh)
+/* Unmap the cache (if mapped) and close the socket; sh stays allocated. */
+static void share_unmap(struct share *sh)
 {
 	if (sh->on)
 		gpu_share_release(sh->device, sh->va, sh->mapped, sh->chunk,
 				  sh->size);
+	sh->on = false;
 	if (sh->sock >= 0)
 		close(sh->sock);
+	sh->sock = -1;
+}
+
+static void share_free(struct share *sh)
+{
+	share_unmap(sh);
 	pthread_mutex_destroy(&sh->io);
 	free(sh);
 }
@@ -581,13 +589,7 @@ static struct share *share_get(int fd, dev_t dev, uint64_t mnt_id)
 	if (ret) {
 		/* the cache is still being mapped: soon; anything else
 		 * (sharing off, refused, no GPU): not again */
-		if (sh->on)
-			gpu_share_release(sh->device, sh->va, sh->mapped,
-					  sh->chunk, sh->size);
-		sh->on = false;
-		if (sh->sock >= 0)
-			close(sh->sock);
-		sh->sock = -1;
+		share_unmap(sh);
 		sh->retry_at = ret == -EAGAIN ? now + SHARE_RETRY_S : 0;
 	} else {
 		sh->users = 1;

@@ -114,6 +114,7 @@ static bool read_to_end(const struct tfile *f, off_t off, size_t n)
 static int fastest_copy(struct engine *e, struct tfile *f);
 static uint8_t *copy_ptr(struct copy *cp);
 static void hint_free(struct engine *e, struct hint *h);
+static void writer_done(struct engine *e, struct tfile *f);
 static uint64_t prefetch_distance(struct engine *e);
 static void *prefetcher_main(void *arg);
 
@@ -1801,10 +1802,7 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		}
 		cp->last_use = ++e->tick;
 		mark_modified(f);
-		if (f->writers > 0)
-			f->writers--;
-		if (!f->writers && f->dirty && !f->unlinked)
-			complete_copy(e, f, false);
+		writer_done(e, f);	/* a span cannot be written through */
 	} else if (ok) {
 		e->client_bytes += s->len;
 		if (read_to_end(f, (off_t)s->off, (size_t)s->len))
@@ -1999,12 +1997,9 @@ void tfile_open_writer(struct tfile *f)
 	pthread_mutex_unlock(&f->eng->lock);
 }
 
-void tfile_close_writer(struct tfile *f)
+/* e->lock held: one writer of f is done; the last one completes the file. */
+static void writer_done(struct engine *e, struct tfile *f)
 {
-	struct engine *e = f->eng;
-
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
 	if (f->writers > 0)
 		f->writers--;
 	if (!f->writers && f->dirty && !f->unlinked) {
@@ -2013,6 +2008,15 @@ void tfile_close_writer(struct tfile *f)
 		else
 			complete_copy(e, f, false);
 	}
+}
+
+void tfile_close_writer(struct tfile *f)
+{
+	struct engine *e = f->eng;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	writer_done(e, f);
 	pthread_mutex_unlock(&e->lock);
 	pthread_mutex_unlock(&f->lock);
 }
