@@ -70,6 +70,7 @@ struct fs_opts {
 	int direct_reads;		/* so do all others, where mmap allows */
 	int atime;			/* FS_RELATIME (default), FS_NOATIME, ... */
 	int readahead_kb;		/* kernel readahead of the mount */
+	int poll_us;			/* a worker polls for requests this long */
 	int allow_other;
 	int default_permissions;
 	int flush_threads;
@@ -107,6 +108,16 @@ int fs_proc_path(int fd, char *buf, size_t len);
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
 /* Flush every dirty file (unmount, SIGTERM). */
 int fs_sync_all(void);
+
+/* In a polling loop: let the other hardware thread of the core run. */
+static inline void fs_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
 
 /* Seconds on the monotonic clock (request and ioctl timings). */
 static inline double fs_now(void)
@@ -153,7 +164,15 @@ int fs_share_start(void);
 void fs_share_stop(void);
 /* The ioctls' work; 0 or a positive errno. */
 int fs_share_info(uid_t uid, struct tierfs_gpu_share *out);
-int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp);
+/* what the span ioctl's worker polls for after its reply (fs_share_poll) */
+struct share_poll {
+	struct conn *c;			/* NULL: nothing */
+	uint64_t token;
+	uint64_t len;
+};
+int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
+		   struct share_poll *poll);
+void fs_share_poll(struct share_poll *poll);
 uint64_t fs_share_clients(void);
 
 /* fs_xattr.c */

@@ -354,6 +354,7 @@ static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 	struct tierfs_gpu_io io = { 0 };
 	struct tierfs_gpu_span sp;
 	struct tierfs_gpu_share sh;
+	struct share_poll poll = { 0 };
 	bool write;
 	int err;
 
@@ -383,12 +384,14 @@ static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 	if (!err) {
 		if (sp.len > TIERFS_GPU_IO_MAX)
 			sp.len = TIERFS_GPU_IO_MAX;
-		err = fs_share_begin(uid, in, &sp);
+		err = fs_share_begin(uid, in, &sp, &poll);
 	}
-	if (err)
+	if (err) {
 		fuse_reply_err(req, err);
-	else
+	} else {
 		fuse_reply_ioctl(req, 0, &sp, sizeof(sp));
+		fs_share_poll(&poll);	/* the span's end, soon after */
+	}
 }
 
 void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,

@@ -18,14 +18,21 @@
  * path, where the daemon copies and checks file access per call.
  *
  * One thread serves the socket (epoll): it accepts clients, sends them the
- * cache's chunks, and ends spans.  While spans are open it polls instead of
- * sleeping (a span's end comes within the copy's time, ~0.1-1 ms, and a
- * sleeping thread takes tens of microseconds to wake on an idle machine):
- * a span's begin kicks it awake, off the critical path, during the copy.
- * It sleeps again once no span is open, or after SPIN_MAX_MS of polling.  Ending a span never needs a FUSE worker,
- * so requests that wait for a span (writes to the same file) cannot starve
- * the span's end of workers.  A client that exits or closes its socket has
- * its open spans ended as failed.
+ * cache's chunks, and ends spans.  A span's end comes within the copy's
+ * time (~0.1-1 ms), but a thread that has slept for a while takes up to
+ * ~150 us to wake (measured on an H200 machine: more than a 128 MiB copy
+ * takes).  So the FUSE worker that began the span, awake anyway, replies
+ * and then polls the connection for the end for a bounded time (a span's
+ * expected copy time plus a margin, POLL_MAX_US at most) and ends it itself
+ * (fs_share_poll).  If the end is late, the worker kicks the socket thread
+ * and returns to FUSE: that thread polls while spans are open (SPIN_MAX_MS
+ * at most) and sleeps otherwise.  No wait for a span's end ever holds a
+ * FUSE worker beyond that bound, so requests that wait for a span (writes
+ * to the same file) cannot starve the span's end of workers.  Either
+ * thread may receive a connection's message (SOCK_SEQPACKET: each message
+ * goes to one reader, whole) and answer it; a client has one request
+ * outstanding per connection.  A client that exits or closes its socket
+ * has its open spans ended as failed (by the socket thread).
  *
  * Locking: share.lock guards the connection list, every connection's span
  * list and `busy`; no engine call runs under it.
@@ -61,6 +68,9 @@ struct span_ent {
 };
 
 #define SPIN_MAX_MS	20
+#define POLL_MIN_US	100		/* a worker polls for a span's end... */
+#define POLL_MAX_US	2000		/* ...this long at most */
+#define POLL_US_PER_MIB	2.0		/* expected copy time (0.5 TB/s) */
 
 struct conn {
 	struct conn *next;
@@ -160,16 +170,19 @@ static struct conn *conn_find(uint64_t id)
 	return NULL;
 }
 
-int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
+int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
+		   struct share_poll *poll)
 {
 	struct gpu_tier *g = engine_gpu_tier(fs.eng);
 	struct span_ent *ent;
 	struct timespec mt;
 	struct conn *c;
 	uint64_t cache_off = 0;
-	bool dead, free_conn;
+	bool dead, free_conn, trace = tierfs_log_level >= LOG_DEBUG;
+	double t0;
 	int ret;
 
+	memset(poll, 0, sizeof(*poll));
 	if (!share.started)
 		return EOPNOTSUPP;
 	if (!uid_allowed(uid))
@@ -192,13 +205,15 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
 		return ESTALE;
 	}
 	tfile_attr(&in->tf, &ent->before, &mt);
+	t0 = trace ? fs_now() : 0;
 	ret = -tfile_span_begin(&in->tf, sp->flags & TIERFS_SPAN_WRITE,
 				sp->file_off, sp->len, &ent->s, &cache_off);
+	if (trace)
+		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B: placed in %.1f us",
+		     sp->flags & TIERFS_SPAN_WRITE ? "write" : "read", sp->len,
+		     (fs_now() - t0) * 1e6);
 	pthread_mutex_lock(&share.lock);
 	dead = c->dead;
-	free_conn = dead && --c->busy == 0;
-	if (!dead)
-		c->busy--;
 	if (!ret && ent->s.cp && !dead) {
 		__atomic_add_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
 		ent->token = ++share.next_token;
@@ -207,16 +222,17 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
 		fs_inode_get(in);
 		ent->next = c->spans;
 		c->spans = ent;
+		/* the connection stays busy for fs_share_poll() */
+		poll->c = c;
+		poll->token = ent->token;
+		poll->len = ent->s.len;
+		free_conn = false;
+	} else {
+		free_conn = --c->busy == 0 && dead;
 	}
 	pthread_mutex_unlock(&share.lock);
 	if (free_conn)
 		conn_free(c);
-	if (!ret && ent->token) {	/* get the socket thread polling */
-		uint64_t one = 1;
-
-		if (write(share.kickfd, &one, sizeof(one)) < 0)
-			tlog(LOG_DEBUG, "gpu share: kick: %s", strerror(errno));
-	}
 	if (!ret && dead) {	/* the client went away meanwhile */
 		tfile_span_end(&in->tf, &ent->s, false);
 		ret = ESTALE;
@@ -236,12 +252,19 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp)
 /* End one span (taken off its connection): commit or fail, tell the kernel. */
 static int64_t span_finish(struct span_ent *ent, bool ok)
 {
+	bool trace = tierfs_log_level >= LOG_DEBUG;
+	double t0 = trace ? fs_now() : 0, t1 = 0;
 	ssize_t n = tfile_span_end(&ent->in->tf, &ent->s, ok);
 
 	__atomic_sub_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
+	t1 = trace ? fs_now() : 0;
 	if (ent->s.write)
 		fs_kernel_written(fs_ino_of(ent->in), ent->dptr, ent->s.off,
 				  ent->s.len, ent->before);
+	if (trace)
+		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B ended: commit %.1f us, "
+		     "kernel notify %.1f us", ent->s.write ? "write" : "read", ent->s.len,
+		     (t1 - t0) * 1e6, (fs_now() - t1) * 1e6);
 	fs_inode_put(ent->in);
 	free(ent);
 	return n;
@@ -387,19 +410,21 @@ static void accept_one(void)
 	     (int)c->uid);
 }
 
-/* One request of a connection: end a span. */
-static void serve(struct conn *c)
+/*
+ * One request of a connection, if one is waiting: end a span.  Returns 1
+ * when it answered one, 0 when none was waiting (another thread may have
+ * taken it), -1 when the connection is closed or broken (only the socket
+ * thread closes it: conn_close()).
+ */
+static int serve_one(struct conn *c)
 {
 	struct span_ent *ent = NULL;
 	struct share_end req;
 	struct share_result res = { -EINVAL };
-	ssize_t n = recv(c->fd, &req, sizeof(req), 0);
+	ssize_t n = recv(c->fd, &req, sizeof(req), MSG_DONTWAIT);
 
-	if (n <= 0) {
-		if (n == 0 || (errno != EINTR && errno != EAGAIN))
-			conn_close(c);
-		return;
-	}
+	if (n <= 0)
+		return n == 0 || (errno != EINTR && errno != EAGAIN) ? -1 : 0;
 	if (n == sizeof(req)) {
 		pthread_mutex_lock(&share.lock);
 		for (struct span_ent **pp = &c->spans; *pp; pp = &(*pp)->next)
@@ -412,8 +437,65 @@ static void serve(struct conn *c)
 		if (ent)
 			res.result = span_finish(ent, req.ok == 1);
 	}
-	if (send(c->fd, &res, sizeof(res), MSG_NOSIGNAL) != sizeof(res))
+	return send(c->fd, &res, sizeof(res), MSG_NOSIGNAL) == sizeof(res) ? 1 : -1;
+}
+
+/* The socket thread's turn: answer a request, or close the connection. */
+static void serve(struct conn *c)
+{
+	if (serve_one(c) < 0)
 		conn_close(c);
+}
+
+static bool span_open(struct conn *c, uint64_t token)
+{
+	struct span_ent *e;
+	bool open = false;
+
+	pthread_mutex_lock(&share.lock);
+	for (e = c->dead ? NULL : c->spans; e && !open; e = e->next)
+		open = e->token == token;
+	pthread_mutex_unlock(&share.lock);
+	return open;
+}
+
+/*
+ * fs_share_poll - after the span ioctl's reply: wait for the span's end on
+ * its connection and end it here, for a bounded time; past that, leave it
+ * to the socket thread (kicked awake).  Releases the connection.
+ */
+void fs_share_poll(struct share_poll *poll)
+{
+	struct conn *c = poll->c;
+	double t0 = fs_now(), until, mib = (double)poll->len / (1 << 20);
+	bool open, free_conn, trace = tierfs_log_level >= LOG_DEBUG;
+	long served = 0;
+	int r = 0;
+
+	if (!c)
+		return;
+	until = POLL_MIN_US + mib * POLL_US_PER_MIB;
+	until = t0 + (until < POLL_MAX_US ? until : POLL_MAX_US) * 1e-6;
+	while ((open = span_open(c, poll->token)) && r >= 0 && fs_now() < until) {
+		r = serve_one(c);
+		served += r > 0;
+		if (r == 0)
+			fs_cpu_relax();
+	}
+	if (open) {	/* late: the socket thread ends it */
+		uint64_t one = 1;
+
+		if (write(share.kickfd, &one, sizeof(one)) < 0)
+			tlog(LOG_DEBUG, "gpu share: kick: %s", strerror(errno));
+	}
+	if (trace)
+		tlog(LOG_DEBUG, "gpu share: worker polled %.1f us, answered %ld, span %s",
+		     (fs_now() - t0) * 1e6, served, open ? "left to the socket thread" : "ended");
+	pthread_mutex_lock(&share.lock);
+	free_conn = --c->busy == 0 && c->dead;
+	pthread_mutex_unlock(&share.lock);
+	if (free_conn)
+		conn_free(c);
 }
 
 static double mono_ms(void)

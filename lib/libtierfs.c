@@ -655,13 +655,21 @@ static int64_t share_end(struct share *sh, uint64_t token, bool ok)
  * Returns 0 when the rest (if any) is for the daemon-copy ioctl, 1 when
  * the call is over (*done final: end of file), -1 with errno on failure.
  */
-static int share_io(struct share *sh, int fd, uint64_t p, void *ctx,
-		    size_t len, off_t off, bool write, size_t *done)
+/* TIERFS_TRACE=1: print the phases of each call on stderr */
+static bool tracing(void)
 {
 	static int trace = -1;
 
 	if (trace < 0)
 		trace = getenv("TIERFS_TRACE") && atoi(getenv("TIERFS_TRACE")) > 0;
+	return trace;
+}
+
+static int share_io(struct share *sh, int fd, uint64_t p, void *ctx,
+		    size_t len, off_t off, bool write, size_t *done)
+{
+	bool trace = tracing();
+
 	while (*done < len) {
 		struct tierfs_gpu_span sp = {
 			.conn_id = sh->conn_id,
@@ -736,6 +744,8 @@ static ssize_t gpu_io(int fd, uint64_t p, size_t len, off_t off, bool write)
 	dev_t dev;
 	int r;
 
+	double t_in = tracing() ? mono_s() : 0;
+
 	if (off < 0 || len > SSIZE_MAX ||
 	    len > (uint64_t)INT64_MAX - (uint64_t)off) {
 		errno = EINVAL;
@@ -764,6 +774,9 @@ again:
 		return -1;
 
 	if (!retried && (sh = share_get(fd, dev, mnt_id))) {
+		if (tracing())
+			fprintf(stderr, "libtierfs: %s of %zu B: %.1f us before the first span\n",
+				write ? "write" : "read", len, (mono_s() - t_in) * 1e6);
 		r = x.device == sh->device ?
 		    share_io(sh, fd, p, pi.ctx, len, off, write, &done) : 0;
 		share_put(sh);

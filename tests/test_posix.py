@@ -12,6 +12,7 @@ import random
 import shutil
 import socket
 import stat
+import subprocess
 import threading
 import time
 
@@ -1126,3 +1127,54 @@ def test_mount_is_fuse(tfs):
         lines = [ln for ln in f if f" {os.path.realpath(tfs.mnt)} " in ln]
     assert lines, "mount not in mountinfo"
     assert " - fuse" in lines[-1], lines[-1]
+
+
+@pytest.mark.parametrize("poll_us", [0, 5000])
+def test_request_polling(mount, poll_us):
+    """-o poll_us: with a worker polling for requests (5 ms, so that it is
+    still polling when the next request comes, even on a small machine) and
+    without, concurrent writers and readers get their data back, through the
+    mount and from the backing directory."""
+    m = mount(poll_us=poll_us)
+    nthreads, nfiles = 4, 4
+    for w in range(nthreads):
+        os.mkdir(j(m.mnt, f"w{w}"))
+    errors = []
+
+    def run(w):
+        try:
+            _writer_reader(m.mnt, w, nfiles, 2)
+        except BaseException as e:           # noqa: BLE001
+            errors.append(f"thread {w}: {e!r}")
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(200):                     # small requests, back to back
+        p = j(m.mnt, f"s{i}")
+        write_file(p, i.to_bytes(4, "little") * 100)
+        assert os.stat(p).st_size == 400
+        assert read_file(p) == i.to_bytes(4, "little") * 100
+    _check_sha_tree(m.mnt)
+    m.umount()
+    _check_sha_tree(m.backing)
+
+
+@pytest.mark.parametrize("value", ["-5", "100001", "x"])
+def test_bad_poll_us_refused(tmp_path, value):
+    """A poll_us out of range (or not a number) stops the start with a
+    message that names the option; nothing is mounted."""
+    backing, mnt = tmp_path / "b", tmp_path / "m"
+    backing.mkdir()
+    mnt.mkdir()
+    r = subprocess.run([util.tierfs_bin(), str(backing), str(mnt), "-f", "-o",
+                        f"poll_us={value},gpu=none"], capture_output=True, text=True,
+                       timeout=30)
+    try:
+        assert r.returncode != 0
+        assert "poll_us" in r.stderr, r.stderr
+        assert not util.is_mounted(str(mnt))
+    finally:
+        util.lazy_umount(str(mnt))
