@@ -173,7 +173,6 @@ struct share_poll {
 int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 		   struct share_poll *poll);
 void fs_share_poll(struct share_poll *poll);
-uint64_t fs_share_clients(void);
 
 /* fs_xattr.c */
 void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,

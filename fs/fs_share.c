@@ -93,7 +93,6 @@ static struct {
 	uint64_t cache_id;
 	struct conn *conns;
 	uint64_t next_token;
-	uint64_t clients;		/* connections accepted */
 } share = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.lfd = -1, .efd = -1, .stopfd = -1, .kickfd = -1,
@@ -404,7 +403,6 @@ static void accept_one(void)
 	pthread_mutex_lock(&share.lock);
 	c->next = share.conns;
 	share.conns = c;
-	share.clients++;
 	pthread_mutex_unlock(&share.lock);
 	tlog(LOG_INFO, "gpu share: pid %d (uid %d) maps the GPU cache", (int)c->pid,
 	     (int)c->uid);
@@ -631,10 +629,4 @@ void fs_share_stop(void)
 	close(share.stopfd);
 	close(share.kickfd);
 	share.lfd = share.efd = share.stopfd = share.kickfd = -1;
-}
-
-/* Connections accepted so far (stats). */
-uint64_t fs_share_clients(void)
-{
-	return __atomic_load_n(&share.clients, __ATOMIC_RELAXED);
 }

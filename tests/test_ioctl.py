@@ -416,6 +416,12 @@ def test_gpu_share_protocol(mount):
         cid, token, off, n = span(rofd, conn, 100, 10000)
         assert (cid, n) == (cache_id, 3996) and token
         assert share_end(s, token, True) == 3996
+        # a span ended late, after the worker that began it stopped
+        # polling for its end: the socket thread ends it
+        cid, token, off, n = span(rofd, conn, 0, 4096)
+        assert n == 4096 and token
+        time.sleep(0.05)
+        assert share_end(s, token, True) == 4096
 
         # a write span that fails: the size stays, and a write() to the
         # file waits for the span, then goes through

@@ -1037,15 +1037,15 @@ def test_concurrent_processes(tfs):
     _check_sha_tree(tfs.backing)
 
 
-def test_concurrent_threads(tfs):
-    nthreads, nfiles = 6, 4
+def _writer_reader_threads(mnt, nthreads, nfiles):
+    """nthreads threads of _writer_reader in mnt/w0.., at once."""
     for w in range(nthreads):
-        os.mkdir(j(tfs.mnt, f"w{w}"))
+        os.mkdir(j(mnt, f"w{w}"))
     errors = []
 
     def run(w):
         try:
-            _writer_reader(tfs.mnt, w, nfiles, 2)
+            _writer_reader(mnt, w, nfiles, 2)
         except BaseException as e:           # noqa: BLE001
             errors.append(f"thread {w}: {e!r}")
     threads = [threading.Thread(target=run, args=(w,)) for w in range(nthreads)]
@@ -1054,6 +1054,10 @@ def test_concurrent_threads(tfs):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_threads(tfs):
+    _writer_reader_threads(tfs.mnt, 6, 4)
     _check_sha_tree(tfs.mnt)
 
 
@@ -1136,22 +1140,7 @@ def test_request_polling(mount, poll_us):
     without, concurrent writers and readers get their data back, through the
     mount and from the backing directory."""
     m = mount(poll_us=poll_us)
-    nthreads, nfiles = 4, 4
-    for w in range(nthreads):
-        os.mkdir(j(m.mnt, f"w{w}"))
-    errors = []
-
-    def run(w):
-        try:
-            _writer_reader(m.mnt, w, nfiles, 2)
-        except BaseException as e:           # noqa: BLE001
-            errors.append(f"thread {w}: {e!r}")
-    threads = [threading.Thread(target=run, args=(w,)) for w in range(nthreads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    _writer_reader_threads(m.mnt, 4, 4)
     for i in range(200):                     # small requests, back to back
         p = j(m.mnt, f"s{i}")
         write_file(p, i.to_bytes(4, "little") * 100)
