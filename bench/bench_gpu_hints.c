@@ -33,7 +33,10 @@
  *          of the whole file, close.  Statistics of the backward pass: hits
  *          and misses of the GPU tier, files prefetched, and the prefetch
  *          distance sampled before each restore.  The files are unlinked
- *          afterwards unless --keep.
+ *          afterwards unless --keep.  --tiers prints, after the forward
+ *          pass, each checkpoint's fastest tier (user.tierfs.tier: G, H or
+ *          S), and for each restore where it found the file (read just
+ *          before the timed restore) and how long it took.
  *
  *  um      The paper's optimised UVM baseline.  Each checkpoint has its own
  *          cuMemAllocManaged allocation (made before the shot, advised
@@ -271,6 +274,7 @@ static struct {
 	const char *stats;
 	bool keep;
 	bool print_sizes;
+	bool tiers;
 	double timeout_s;
 	double drain_timeout_s;
 	double gpu_wait_s;
@@ -688,6 +692,24 @@ static uint64_t tierfs_restore(const char *path, uint64_t n)
 	return now_ns() - t0;
 }
 
+/*
+ * --tiers: the fastest tier holding checkpoint i, as one letter: G (the
+ * GPU cache), H (the host cache), S (the SSD only), ? (unreadable).
+ */
+static char tier_letter(int i)
+{
+	char path[PATH_MAX], val[256];
+	ssize_t n;
+
+	path_of(path, sizeof(path), i);
+	n = getxattr(path, TIERFS_XATTR_TIER, val, sizeof(val) - 1);
+	if (n < 0)
+		return '?';
+	val[n] = 0;
+	return !strncmp(val, "gpu", 3) ? 'G' : !strncmp(val, "host", 4) ? 'H' :
+	       !strncmp(val, "ssd", 3) ? 'S' : '?';
+}
+
 static bool dir_created;	/* rmdir it at the end */
 
 /* atexit: a DIR this run created goes when a set-up error ends the run
@@ -817,6 +839,26 @@ static void run_tierfs(struct result *r)
 			     path, (long long)sb.st_size, size[i]);
 	}
 	double drain_s = drain("after the forward pass");
+	char *where = o.tiers ? xmalloc((size_t)k + 1) : NULL;
+
+	if (o.tiers) {
+		char *js = stats_get();
+		const char *b, *e, *g, *ge, *end;
+
+		for (int i = 0; i < k; i++)
+			where[i] = tier_letter(i);
+		where[k] = 0;
+		printf("tiers after the forward pass (write order): %s\n", where);
+		if (js) {
+			end = js + strlen(js);
+			if ((b = json_obj(js, end, "tiers", &e)) &&
+			    (g = json_obj(b, e, "gpu", &ge)))
+				printf("gpu tier: %lld fragments, %lld gaps, %lld bytes used\n",
+				       json_num(g, ge, "fragments"), json_num(g, ge, "gaps"),
+				       json_num(g, ge, "used"));
+			free(js);
+		}
+	}
 
 	set_hint(TIERFS_XATTR_PREFETCH, "start", 5);
 
@@ -833,8 +875,15 @@ static void run_tierfs(struct result *r)
 			dist_sum += sn.distance;
 			dist_n++;
 		}
+		if (where)
+			where[j] = tier_letter(i);
 		path_of(path, sizeof(path), i);
-		r->restore_ns += tierfs_restore(path, size[i]);
+		uint64_t rt = tierfs_restore(path, size[i]);
+
+		r->restore_ns += rt;
+		if (o.tiers)
+			printf("restore %2d: #%-3d %6.1f MiB from %c in %8.3f ms\n", j, i,
+			       (double)size[i] / 1048576, where[j], (double)rt / 1e6);
 
 		uint64_t t0 = now_ns();
 
@@ -842,6 +891,10 @@ static void run_tierfs(struct result *r)
 		compute_until(t0);
 	}
 	r->bwd_wall = (double)(now_ns() - t_bwd) / 1e9;
+	if (where) {
+		printf("restored from (restore order): %s\n", where);
+		free(where);
+	}
 	bool have1 = have0 && stats_read(&s1);
 
 	/* 5. clean-up */
@@ -1197,6 +1250,8 @@ static void usage(FILE *f)
 "      --stats PATH       where to read " TIERFS_XATTR_STATS " (default: the\n"
 "                         mount root of DIR)\n"
 "      --keep             keep the tierfs checkpoints\n"
+"      --tiers            tierfs: print each checkpoint's tier after the\n"
+"                         forward pass and where each restore found it\n"
 "      --target X         the ratio the target line asks for (default 10)\n"
 "      --timeout S        give up if one call blocks this long (default 300)\n"
 "      --drain-timeout S  longest wait for the flush backlog (default 600)\n"
@@ -1223,7 +1278,7 @@ static void parse_modes(const char *arg)
 int main(int argc, char **argv)
 {
 	enum { O_SIZES = 256, O_BUSY, O_SEED, O_DEVICE, O_STATS, O_KEEP, O_TARGET,
-	       O_TIMEOUT, O_DRAINTO, O_GPUWAIT, O_PRINT };
+	       O_TIMEOUT, O_DRAINTO, O_GPUWAIT, O_PRINT, O_TIERS };
 	static const struct option lopts[] = {
 		{ "mode", required_argument, NULL, 'm' },
 		{ "dir", required_argument, NULL, 'd' },
@@ -1243,6 +1298,7 @@ int main(int argc, char **argv)
 		{ "drain-timeout", required_argument, NULL, O_DRAINTO },
 		{ "gpu-wait", required_argument, NULL, O_GPUWAIT },
 		{ "print-sizes", no_argument, NULL, O_PRINT },
+		{ "tiers", no_argument, NULL, O_TIERS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 }
 	};
@@ -1311,6 +1367,7 @@ int main(int argc, char **argv)
 				die("bad GPU wait '%s'", optarg);
 			break;
 		case O_PRINT: o.print_sizes = true; break;
+		case O_TIERS: o.tiers = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
