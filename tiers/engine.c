@@ -169,6 +169,108 @@ static uint64_t copy_dist(struct engine *e, struct copy *cp)
 	return seq - e->hint_head;
 }
 
+/*
+ * Set around an eviction decision in a tier below the GPU's (see
+ * gpu_keeps_below()): restore-queue tickets below this are of files the
+ * GPU tier is expected to keep until they are read.
+ */
+static __thread uint64_t gpu_keeps;
+
+/*
+ * The restore-queue ticket from which on the GPU tier cannot hold the
+ * queue's files any more: walking the queue from its head, the first
+ * entry at which their summed sizes pass the GPU cache's capacity.  A file
+ * not written yet (or empty so far) counts as the mean size of those
+ * written before it in the walk, which is what a forward pass knows.
+ * 0 without a GPU tier or restore hints; UINT64_MAX when it all fits.
+ * e->lock held.  O(queue entries up to that point).
+ */
+static uint64_t gpu_keeps_below(struct engine *e)
+{
+	uint64_t cap, known = 0, nknown = 0, nunknown = 0;
+	struct hint *h;
+
+	if (!e->gpu || e->ntiers < 2 || !e->hq_head)
+		return 0;
+	cap = e->tiers[0]->size;
+	for (h = e->hq_head; h; h = h->next) {
+		uint64_t size = h->file ? h->file->size : 0;
+
+		if (size) {
+			known += tier_round(size);
+			nknown++;
+		} else {
+			nunknown++;
+		}
+		if (nknown && known + nunknown * (known / nknown) > cap)
+			return h->seq;
+	}
+	return UINT64_MAX;
+}
+
+/*
+ * Bytes of GPU copies that no slower tier holds yet: waiting for the
+ * cascade, or for the SSD flushers (see cascade_one()).  e->lock held.
+ * O(fragments).
+ */
+static uint64_t gpu_unflushed(struct engine *e)
+{
+	uint64_t n = 0;
+	struct frag *fr;
+
+	for (fr = e->tiers[0]->head; fr; fr = fr->next)
+		if (fr->copy && fr->copy->state == TS_WRITE_COMPLETE)
+			n += fr->size;
+	return n;
+}
+
+/*
+ * Is cp a second copy that no read will need: a faster tier holds all of
+ * its file, and that copy stays there until the file is read (the GPU
+ * tier keeps what the restore queue needs within its capacity, above)?
+ */
+static bool copy_shadowed(struct engine *e, struct copy *cp)
+{
+	int i;
+
+	if (!cp->file->hint_seq || cp->file->hint_seq >= gpu_keeps)
+		return false;
+	for (i = 0; i < e->ntiers && cp->file->copy[i] != cp; i++) {
+		struct copy *up = cp->file->copy[i];
+
+		if (up && up->len == cp->len &&
+		    (up->state == TS_WRITE_COMPLETE || up->state == TS_FLUSHED ||
+		     up->state == TS_READ_COMPLETE || up->state == TS_CONSUMED))
+			return true;
+	}
+	return false;
+}
+
+/* The rank of a shadowed copy whose file is d entries from the queue's head. */
+static uint64_t shadow_rank(uint64_t d)
+{
+	return (TIER_FAR >> 1) + (d < (TIER_FAR >> 1) ? d : (TIER_FAR >> 1) - 1);
+}
+
+/*
+ * The distance a copy is ranked by at eviction: its file's place in the
+ * restore queue, or for a shadowed copy (above) that place pushed behind
+ * every copy that is its file's only cached one, yet ahead of copies with
+ * no hint (consumed, or never asked for).  Without it the host tier under
+ * a GPU tier keeps second copies of the files needed first, which reads
+ * never use, and evicts the only cached copies of the files needed next
+ * (measured: rev order, bench_gpu_hints --tiers; score's host cache held
+ * nothing else at the end of the forward pass).
+ */
+static uint64_t copy_rank(struct engine *e, struct copy *cp)
+{
+	uint64_t d = copy_dist(e, cp);
+
+	if (d == TIER_FAR || !copy_shadowed(e, cp))
+		return d;
+	return shadow_rank(d);
+}
+
 static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 {
 	struct engine *e = c->priv;
@@ -177,7 +279,7 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 
 	if (!cp)
 		return k;
-	k.dist = copy_dist(e, cp);
+	k.dist = copy_rank(e, cp);
 	switch (cp->state) {
 	case TS_FLUSHED:
 	case TS_CONSUMED:
@@ -271,6 +373,7 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		struct frag *first, *last, *fr;
 		double wait;
 		bool ready = true;
+		int ret;
 
 		if (e->gpu && c == e->tiers[0])
 			gpu_tier_update_usable(e->gpu);
@@ -285,7 +388,10 @@ static int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		}
 		if (e->gpu && c == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
 			return -ENOSPC;	/* no eviction before the tier is built */
-		if (c->policy->choose(c, size, copy_cost, &first, &last, &wait))
+		gpu_keeps = c != e->tiers[0] ? gpu_keeps_below(e) : 0;
+		ret = c->policy->choose(c, size, copy_cost, &first, &last, &wait);
+		gpu_keeps = 0;
+		if (ret)
 			return -ENOSPC;
 		for (fr = first;; fr = fr->next) {
 			if (fr->copy && (fr->copy->pins ||
@@ -646,6 +752,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	struct copy *cp = f->copy[0], *hcp;
 	uint64_t len;
 	double t0;
+	bool kept;
 	int ret;
 
 	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
@@ -658,13 +765,38 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	cp->flushing = true;
 	cp->pins++;
 	len = cp->len;
-	ret = f->copy[hi] ? -EEXIST : eng_alloc_wait(e, &e->host, hcp, len, 1);
+	kept = f->hint_seq && f->hint_seq >= e->hint_head &&
+	       f->hint_seq < gpu_keeps_below(e) &&
+	       gpu_unflushed(e) <= e->tiers[0]->size / 2;
+	if (f->copy[hi]) {
+		ret = -EEXIST;
+	} else if (kept) {
+		/*
+		 * The GPU tier keeps this file until it is read: a host copy
+		 * would only be a second one.  Take room that is free now and
+		 * holds nothing needed sooner, or else have the SSD flushers
+		 * write it from the GPU, so the host cache keeps the files
+		 * the GPU tier will not.
+		 */
+		protect_below = shadow_rank(copy_dist(e, cp)) + 1;
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 0);
+		protect_below = 0;
+	} else {
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 1);
+	}
 	if (ret) {
 		free(hcp);
 		cp->flushing = false;
 		cp->pins--;
-		/* the host tier has no room now: straight to the SSD */
-		if (ret != -EEXIST)
+		/*
+		 * The host tier has no room now: straight to the SSD, here
+		 * (which holds back the cascade, as the full host cache
+		 * asks) or, for a file the GPU keeps, by the SSD flushers
+		 * (the cascade goes on with the files that must leave).
+		 */
+		if (ret != -EEXIST && kept)
+			queue_flush(e, f, false);
+		else if (ret != -EEXIST)
 			flush_one(e, ring, f);
 		pthread_cond_broadcast(&e->cond);
 		return;
