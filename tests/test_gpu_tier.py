@@ -59,6 +59,21 @@ def wait_gpu_tier(m, timeout=60):
     raise AssertionError(f"no GPU tier: {m.log()}")
 
 
+def mount_for_hints(mount, **opts):
+    """A mount whose GPU cache is fully mapped (so it may evict), and a
+    directory "ck" on it with prefetching held: (mount, directory)."""
+    m = mount(**opts)
+    wait_gpu_tier(m)
+    end = time.monotonic() + 60
+    while not stats(m)["tiers"]["gpu"]["fully_mapped"]:
+        assert time.monotonic() < end, stats(m)
+        time.sleep(0.02)
+    d = os.path.join(m.mnt, "ck")
+    os.mkdir(d)
+    os.setxattr(d, "user.tierfs.prefetch", b"stop")
+    return m, d
+
+
 def test_data_through_gpu_host_ssd(mount):
     m = mount(gpu_cache="512M", host_cache="1G")
     wait_gpu_tier(m)
@@ -96,15 +111,7 @@ def test_gpu_cache_fills_and_evicts(mount):
 
 def test_prefetch_goes_up_to_the_gpu(mount):
     """Restore hints bring files SSD -> host -> GPU ahead of the reads."""
-    m = mount(gpu_cache="64M", host_cache="256M")
-    wait_gpu_tier(m)
-    end = time.monotonic() + 60
-    while not stats(m)["tiers"]["gpu"]["fully_mapped"]:
-        assert time.monotonic() < end, stats(m)
-        time.sleep(0.02)
-    d = os.path.join(m.mnt, "ck")
-    os.mkdir(d)
-    os.setxattr(d, "user.tierfs.prefetch", b"stop")
+    m, d = mount_for_hints(mount, gpu_cache="64M", host_cache="256M")
     data = [os.urandom(16 * MiB) for _ in range(12)]       # 192 MiB > 64 MiB
     for i, x in enumerate(data):
         write(os.path.join(d, f"c{i}"), x)
@@ -135,15 +142,7 @@ def test_host_cache_keeps_what_the_gpu_tier_will_not(mount):
     """With restore hints set before the forward pass, the host cache ends
     it holding the files needed after the GPU tier's, not second copies of
     the GPU tier's own (which no read would use)."""
-    m = mount(gpu_cache="64M", host_cache="96M")
-    wait_gpu_tier(m)
-    end = time.monotonic() + 60
-    while not stats(m)["tiers"]["gpu"]["fully_mapped"]:
-        assert time.monotonic() < end, stats(m)
-        time.sleep(0.02)
-    d = os.path.join(m.mnt, "ck")
-    os.mkdir(d)
-    os.setxattr(d, "user.tierfs.prefetch", b"stop")
+    m, d = mount_for_hints(mount, gpu_cache="64M", host_cache="96M")
     n = 12                                                 # 192 MiB > 64 + 96 MiB
     names = [f"c{i}" for i in range(n)]
     os.setxattr(d, "user.tierfs.restore_order",
