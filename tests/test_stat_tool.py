@@ -53,6 +53,18 @@ def wait_flushed(m, timeout=60):
         time.sleep(0.02)
 
 
+def wait_touched(m, timeout=60):
+    """Wait until the host cache is faulted in: the background toucher
+    changes host_touched while it runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats_of(m)
+        if s.get("host_touched", 0) >= s["tiers"]["host"]["capacity"]:
+            return
+        assert time.monotonic() < deadline, f"host cache never touched: {s}"
+        time.sleep(0.02)
+
+
 def parse_size(text):
     """'1.5 MiB' -> (1572864.0, unit bytes)."""
     m = re.fullmatch(r"(-?[0-9.]+) (B|KiB|MiB|GiB|TiB)", text.strip())
@@ -105,6 +117,7 @@ def test_table_after_write(tfs):
     data = randbytes(2 * MiB)
     write_file(path, data)
     wait_flushed(tfs)
+    wait_touched(tfs)
     drop_page_cache(path)
     with open(path, "rb") as f:
         assert sha(f.read()) == sha(data)
