@@ -765,7 +765,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	cp->flushing = true;
 	cp->pins++;
 	len = cp->len;
-	kept = f->hint_seq && f->hint_seq >= e->hint_head &&
+	kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
 	       f->hint_seq < gpu_keeps_below(e) &&
 	       gpu_unflushed(e) <= e->tiers[0]->size / 2;
 	if (f->copy[hi]) {
