@@ -200,22 +200,23 @@ class Mount:
 
     def wait_gpu_tier(self, timeout=60):
         """With gpu=N the GPU tier is built in the background after the mount
-        appears (writes go to the host tier meanwhile).  Tests that use the
-        GPU tier wait for it, or for the daemon's word that there is none.
+        appears (writes go to the host tier meanwhile, or past the part of
+        the GPU cache mapped so far).  Tests that use the GPU tier wait until
+        it is fully mapped, or for the daemon's word that there is none.
         A test that wants the moment before asks with wait_gpu=False."""
         if not str(self.options.get("gpu", "none")).isdigit() or not self.wait_gpu:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if b'"gpu":' in os.getxattr(self.mnt, "user.tierfs.stats"):
+                if b'"fully_mapped":true' in os.getxattr(self.mnt, "user.tierfs.stats"):
                     return
             except OSError:
                 pass
             if "GPU tier: not available" in self.log():
                 return
             time.sleep(0.02)
-        raise DaemonError(f"the GPU tier did not come up in {timeout}s\n{self.log()}")
+        raise DaemonError(f"the GPU tier was not up and mapped in {timeout}s\n{self.log()}")
 
     def log(self, tail=None):
         """The daemon output of every run of this mount, oldest first."""
