@@ -565,6 +565,7 @@ struct stats {
 	bool gpu;			/* the GPU tier is up */
 	long long gpu_capacity, gpu_mapped, gpu_device;
 	long long gpu_hits, gpu_misses, gpu_evictions;
+	long long gpu_fragments, gpu_gaps, gpu_used;
 	long long distance, prefetched;
 	long long backlog, running;
 };
@@ -587,6 +588,9 @@ static bool stats_read(struct stats *s)
 	s->gpu_hits = json_num(g, ge, "hits");
 	s->gpu_misses = json_num(g, ge, "misses");
 	s->gpu_evictions = json_num(g, ge, "evictions");
+	s->gpu_fragments = json_num(g, ge, "fragments");
+	s->gpu_gaps = json_num(g, ge, "gaps");
+	s->gpu_used = json_num(g, ge, "used");
 	if ((b = json_obj(js, end, "prefetch", &e))) {
 		s->distance = json_num(b, e, "distance");
 		s->prefetched = json_num(b, e, "files_prefetched");
@@ -842,22 +846,15 @@ static void run_tierfs(struct result *r)
 	char *where = o.tiers ? xmalloc((size_t)k + 1) : NULL;
 
 	if (o.tiers) {
-		char *js = stats_get();
-		const char *b, *e, *g, *ge, *end;
+		struct stats st;
 
 		for (int i = 0; i < k; i++)
 			where[i] = tier_letter(i);
 		where[k] = 0;
 		printf("tiers after the forward pass (write order): %s\n", where);
-		if (js) {
-			end = js + strlen(js);
-			if ((b = json_obj(js, end, "tiers", &e)) &&
-			    (g = json_obj(b, e, "gpu", &ge)))
-				printf("gpu tier: %lld fragments, %lld gaps, %lld bytes used\n",
-				       json_num(g, ge, "fragments"), json_num(g, ge, "gaps"),
-				       json_num(g, ge, "used"));
-			free(js);
-		}
+		if (stats_read(&st) && st.gpu)
+			printf("gpu tier: %lld fragments, %lld gaps, %lld bytes used\n",
+			       st.gpu_fragments, st.gpu_gaps, st.gpu_used);
 	}
 
 	set_hint(TIERFS_XATTR_PREFETCH, "start", 5);
