@@ -1,7 +1,8 @@
 """pytest glue for the tierfs suites.
 
 Fixtures
-  mount   factory: mount(**options, backing=None, expect_errors=False) -> util.Mount,
+  mount   factory: mount(**options, backing=None, expect_errors=False, nofile=None)
+          -> util.Mount (nofile: the daemon's RLIMIT_NOFILE),
           started and mounted.  All mounts of a test are unmounted right after the
           test body; a daemon that crashed, exited non-zero or printed an
           unexpected "ERROR"/sanitizer line fails the test itself.
@@ -81,10 +82,10 @@ def mount(request, tmp_path):
     mounts = []
     request.node.stash[MOUNTS] = mounts
 
-    def factory(backing=None, expect_errors=False, wait_gpu=True, **options):
+    def factory(backing=None, expect_errors=False, wait_gpu=True, nofile=None, **options):
         base = tmp_path / f"tierfs{len(mounts)}"
         m = util.Mount(base, options, backing=backing, expect_errors=expect_errors,
-                       wait_gpu=wait_gpu)
+                       wait_gpu=wait_gpu, nofile=nofile)
         mounts.append(m)
         m.start()
         return m

@@ -120,7 +120,7 @@ class Mount:
     options (dict), plain (bool)."""
 
     def __init__(self, base, options=None, backing=None, expect_errors=False,
-                 wait_gpu=True):
+                 wait_gpu=True, nofile=None):
         self.base = str(base)
         os.makedirs(self.base, exist_ok=True)
         self.plain = PLAIN
@@ -135,6 +135,7 @@ class Mount:
         self.options = default_options()
         self.options.update(options or {})
         self.wait_gpu = wait_gpu
+        self.nofile = nofile    # the daemon's RLIMIT_NOFILE (soft = hard), None: ours
         self.proc = None
         self.runs = []          # [(cmd, logpath, Popen, how_it_ended)]
         self.expected = []      # regexes of "ERROR" lines that are fine
@@ -172,9 +173,15 @@ class Mount:
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1")
         env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1")
+        preexec = None
+        if self.nofile:
+            def preexec(n=int(self.nofile)):
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
         with open(logpath, "wb") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                    stderr=subprocess.STDOUT, env=env)
+                                    stderr=subprocess.STDOUT, env=env,
+                                    preexec_fn=preexec)
         self.proc = proc
         run = [cmd, logpath, proc, None]
         self.runs.append(run)
