@@ -465,17 +465,26 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			clock_gettime(CLOCK_REALTIME, &tv[1]);
 		else if (valid & FUSE_SET_ATTR_MTIME)
 			tv[1] = attr->st_mtim;
-		if (!S_ISLNK(in->type)) {	/* symlinks: not through /proc */
-			pthread_mutex_lock(&fs.nslock);
-			fs_fd_hold(in);
+		/*
+		 * On the object itself, a symlink included (never its
+		 * target): AT_EMPTY_PATH on the O_PATH fd; kernels whose
+		 * utimensat lacks it get the /proc magic link, which lands
+		 * on the object and does not follow it further.
+		 * (AT_SYMLINK_NOFOLLOW on the /proc path would set the times
+		 * of /proc's own link: a silent no-op.)
+		 */
+		pthread_mutex_lock(&fs.nslock);
+		fs_fd_hold(in);
+		if (utimensat(in->fd, "", tv, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+			ret = -errno;
 			fs_proc_path(in->fd, path, sizeof(path));
-			if (utimensat(AT_FDCWD, path, tv, 0) < 0)
-				ret = -errno;
-			fs_fd_release(in);
-			pthread_mutex_unlock(&fs.nslock);
-			if (ret)
-				goto out;
+			if (ret == -EINVAL)
+				ret = utimensat(AT_FDCWD, path, tv, 0) < 0 ? -errno : 0;
 		}
+		fs_fd_release(in);
+		pthread_mutex_unlock(&fs.nslock);
+		if (ret)
+			goto out;
 		if (S_ISREG(in->type) && (valid & FUSE_SET_ATTR_MTIME))
 			tfile_set_mtime(&in->tf, &tv[1]);
 	}
