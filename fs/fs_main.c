@@ -1,7 +1,8 @@
 /*
- * fs_main.c - the tierfs daemon: options, start-up checks, the mount and
- * the multithreaded FUSE loop, and the orderly shutdown that flushes every
- * cached file to the backing directory.
+ * fs_main.c - the tierfs daemon: options, start-up checks (one daemon per
+ * backing directory), where messages go (stderr, syslog, -o logfile), the
+ * mount, the multithreaded FUSE loop, and the orderly shutdown that
+ * flushes every cached file to the backing directory.
  */
 #include <errno.h>
 #include <poll.h>
@@ -13,10 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,7 +34,7 @@ extern int tierfs_log_syslog;
 
 #define OPT(t, p, v) { t, offsetof(struct fs_opts, p), v }
 
-static char *host_cache_str, *gpu_cache_str;
+static char *host_cache_str, *gpu_cache_str, *logfile_path;
 
 static const struct fuse_opt opt_spec[] = {
 	OPT("evict=%s", evict, 0),
@@ -43,6 +47,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("direct_writes", direct_writes, 1),
 	OPT("readahead_kb=%d", readahead_kb, 0),
 	OPT("poll_us=%d", poll_us, 0),
+	OPT("max_fds=%d", max_fds, 0),
 	OPT("no_direct_writes", direct_writes, 0),
 	OPT("direct_reads", direct_reads, 1),
 	OPT("no_direct_reads", direct_reads, 0),
@@ -61,6 +66,7 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("noatime", 6),
 	FUSE_OPT_KEY("relatime", 7),
 	FUSE_OPT_KEY("strictatime", 8),
+	FUSE_OPT_KEY("logfile=", 9),
 	FUSE_OPT_END
 };
 
@@ -96,6 +102,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		return 1;
 	case 8:			/* libfuse 3.14 does not know this one */
 		o->atime = FS_STRICTATIME;
+		return 0;
+	case 9:
+		free(logfile_path);
+		logfile_path = strdup(arg + strlen("logfile="));
 		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
@@ -185,8 +195,13 @@ static void usage(const char *prog)
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
+"    -o logfile=PATH        append messages to PATH, one timestamped line\n"
+"                           each (default: stderr with -f, else syslog)\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
+"    -o max_fds=N           descriptors kept open on known files and\n"
+"                           directories (default 4096, at most half of\n"
+"                           RLIMIT_NOFILE)\n"
 "    -o writeback           use the kernel writeback cache for page-cache\n"
 "                           handles (default: off; see tierfs(8))\n"
 "    -o no_direct_writes    let write-only opens use the page cache too\n"
@@ -201,10 +216,13 @@ static void usage(const char *prog)
 "    -o noatime|relatime|strictatime   access times (default relatime)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
+"                           (or to the log file)\n"
 "    -d, -o debug           foreground, print every FUSE request\n"
 "    -h, --help             this text;  -V, --version  the version\n"
 "\n"
 "Permissions are checked by the kernel (default_permissions is always on).\n"
+"One daemon per BACKING_DIR (the lock BACKING_DIR/.tierfs.lock); MOUNTPOINT\n"
+"may not be BACKING_DIR or inside it.\n"
 "Unmount with umount(8) or fusermount3 -u; the daemon then writes every\n"
 "cached file to BACKING_DIR and exits.\n"
 "\n"
@@ -477,13 +495,325 @@ static int run_loop(void)
 	return n ? 0 : -EAGAIN;
 }
 
-/* One-line error and exit 1 (before mounting). */
+/*
+ * Where messages go.  tierfs_log() writes to stderr until the daemon is
+ * detached, then to syslog.  With -o logfile=PATH, stderr becomes a
+ * line-buffered stream that prefixes every line with the time and the PID
+ * and appends it to PATH with one write (so lines of several writers never
+ * mix), from the start; once the daemon is detached, descriptor 2 is the
+ * log file too, so what bypasses stdio (sanitizer reports) lands there.
+ * `console` is the stderr we were started with: fatal start-up errors go
+ * there as well.
+ */
+static FILE *console;
+static int log_fd = -1;			/* the log file, -1: none */
+static bool log_bol = true;		/* next byte starts a line (stream lock) */
+
+static size_t log_stamp(char *buf, size_t len)
+{
+	struct timespec ts;
+	struct tm tm;
+	size_t n;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	localtime_r(&ts.tv_sec, &tm);
+	n = strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
+	n += (size_t)snprintf(buf + n, len - n, ".%03ld", ts.tv_nsec / 1000000);
+	n += strftime(buf + n, len - n, " %z", &tm);
+	n += (size_t)snprintf(buf + n, len - n, " [%ld] ", (long)getpid());
+	return n < len ? n : len - 1;
+}
+
+/* fopencookie write: called with the stream's lock held. */
+static ssize_t log_write(void *cookie, const char *buf, size_t len)
+{
+	size_t done = 0;
+
+	(void)cookie;
+	while (done < len) {
+		const char *nl = memchr(buf + done, '\n', len - done);
+		size_t n = nl ? (size_t)(nl - (buf + done)) + 1 : len - done;
+		char stamp[80];
+		struct iovec iov[2] = {
+			{ stamp, log_bol ? log_stamp(stamp, sizeof(stamp)) : 0 },
+			{ (void *)(buf + done), n },
+		};
+
+		/* a full disk loses lines, never the daemon's stderr */
+		if (writev(log_fd, iov, 2) < 0) {
+			/* nothing to report it to */
+		}
+		log_bol = nl != NULL;
+		done += n;
+	}
+	return (ssize_t)len;
+}
+
+/* -o logfile: open PATH (relative to where we were started) and send
+ * stderr there.  Returns 0 or -errno. */
+static int log_to_file(const char *path)
+{
+	cookie_io_functions_t io = { .write = log_write };
+	FILE *f;
+
+	log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+	if (log_fd < 0)
+		return -errno;
+	f = fopencookie(NULL, "w", io);
+	if (!f) {
+		close(log_fd);
+		log_fd = -1;
+		return -ENOMEM;
+	}
+	setvbuf(f, NULL, _IOLBF, 4096);
+	tzset();
+	stderr = f;			/* glibc: stderr is a plain variable */
+	return 0;
+}
+
+/* Can syslog(3) deliver?  0, or why not (-errno). */
+static int syslog_reachable(void)
+{
+	static const int types[] = { SOCK_DGRAM, SOCK_STREAM };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int i, fd, err = 0;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", _PATH_LOG);
+	for (i = 0; i < 2; i++) {
+		fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		err = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
+		close(fd);
+		if (err != -EPROTOTYPE)
+			break;
+	}
+	return err;
+}
+
+/* One-line error and exit 1 (before mounting): on the console, and in
+ * the log file when there is one. */
 static void die(const char *fmt, const char *a, const char *b)
 {
-	fprintf(stderr, "tierfs: ");
-	fprintf(stderr, fmt, a, b);
-	fputc('\n', stderr);
+	FILE *out[2] = { console ? console : stderr, stderr };
+	int i;
+
+	for (i = 0; i < (out[1] != out[0] ? 2 : 1); i++) {
+		fprintf(out[i], "tierfs: ");
+		fprintf(out[i], fmt, a, b);
+		fputc('\n', out[i]);
+		fflush(out[i]);
+	}
 	exit(1);
+}
+
+/*
+ * One daemon per backing directory.  BACKING/.tierfs.lock (a reserved
+ * name: never seen through the mount) carries an open file description
+ * lock, which stays with the descriptor across the fork into the
+ * background, unlike a POSIX record lock; the file says "PID MOUNTPOINT"
+ * of the daemon holding it, for the error a second daemon gives.  The
+ * holder removes it when it exits, after its last write to the backing
+ * directory; so a daemon that got the lock checks that its file is still
+ * the one under that name (else the holder removed it on its way out
+ * after we opened it: again).
+ */
+#define FS_LOCK_NAME	FS_HIDDEN_PREFIX ".lock"
+
+static int lock_fd = -1;
+
+static bool same_file(int fd, int dirfd, const char *name)
+{
+	struct stat a, b;
+
+	return fstat(fd, &a) == 0 && fstatat(dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Who holds the lock: "PID MOUNTPOINT" into buf (waits a moment for a
+ * holder that has just locked it to say so). */
+static void lock_holder(int fd, char *buf, size_t len)
+{
+	ssize_t n = 0;
+	int i;
+
+	for (i = 0; i < 50; i++) {
+		n = pread(fd, buf, len - 1, 0);
+		if (n > 0)
+			break;
+		usleep(20 * 1000);
+	}
+	buf[n > 0 ? n : 0] = 0;
+	buf[strcspn(buf, "\n")] = 0;
+}
+
+/* Say who holds the lock: this process, on fs.opts.mountpoint. */
+static void lock_note(void)
+{
+	char line[PATH_MAX + 32];
+	int n;
+
+	if (lock_fd < 0)
+		return;
+	n = snprintf(line, sizeof(line), "%ld %s\n", (long)getpid(), fs.opts.mountpoint);
+	if (n >= (int)sizeof(line) || pwrite(lock_fd, line, (size_t)n, 0) != n ||
+	    ftruncate(lock_fd, n) < 0)
+		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
+		     strerror(errno));
+}
+
+/* Take the lock, or exit saying who holds it. */
+static void lock_backing(void)
+{
+	char holder[PATH_MAX + 32], why[PATH_MAX + 64], *mnt;
+	int i, r, fd;
+
+	for (i = 0; i < 100; i++) {
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+
+		fd = openat(fs.root_fd, FS_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+			    0644);
+		if (fd < 0)
+			die("cannot create %s/" FS_LOCK_NAME ": %s", fs.opts.backing,
+			    strerror(errno));
+		r = fcntl(fd, F_OFD_SETLK, &fl);
+		if (r < 0 && errno == EINVAL)		/* no OFD locks: Linux < 3.15 */
+			r = flock(fd, LOCK_EX | LOCK_NB);
+		if (r < 0 && (errno == EAGAIN || errno == EACCES)) {
+			lock_holder(fd, holder, sizeof(holder));
+			close(fd);
+			mnt = strchr(holder, ' ');
+			if (mnt)
+				*mnt++ = 0;
+			snprintf(why, sizeof(why), "PID %s, mounted on %s",
+				 holder[0] ? holder : "unknown", mnt ? mnt : "?");
+			die("backing directory %s is in use by another tierfs daemon (%s)",
+			    fs.opts.backing, why);
+		}
+		if (r < 0) {		/* e.g. a network file system without locks */
+			tlog(LOG_WARNING, "cannot lock %s/%s (%s): nothing stops a second "
+			     "daemon from using it", fs.opts.backing, FS_LOCK_NAME,
+			     strerror(errno));
+			close(fd);
+			return;
+		}
+		if (same_file(fd, fs.root_fd, FS_LOCK_NAME)) {
+			lock_fd = fd;
+			lock_note();
+			return;
+		}
+		close(fd);		/* removed by a holder on its way out */
+	}
+	die("cannot lock %s/" FS_LOCK_NAME ": it keeps being replaced%s", fs.opts.backing, "");
+}
+
+/* Exit: the backing directory is free again (see lock_backing). */
+static void unlock_backing(void)
+{
+	if (lock_fd < 0)
+		return;
+	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
+		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
+	close(lock_fd);
+	lock_fd = -1;
+}
+
+/*
+ * The mount point may not be the backing directory or inside it (the
+ * daemon would serve its own mount through itself).  Compared by st_dev
+ * and st_ino of the mount point and each of its parents, so that a
+ * symlink or a bind mount of the backing directory is seen through.
+ */
+static void check_mountpoint(const struct stat *bst)
+{
+	char *p = strdup(fs.opts.mountpoint), *slash;
+	struct stat st;
+	bool self = true;
+
+	if (!p)
+		die("out of memory%s%s", "", "");
+	for (;;) {
+		if (stat(p, &st) == 0 && st.st_dev == bst->st_dev && st.st_ino == bst->st_ino) {
+			if (self)
+				die("mount point %s is the backing directory%s",
+				    fs.opts.mountpoint, "");
+			die("mount point %s is inside the backing directory %s",
+			    fs.opts.mountpoint, fs.opts.backing);
+		}
+		slash = strrchr(p, '/');
+		if (!slash || (slash == p && !p[1]))
+			break;
+		slash[slash == p ? 1 : 0] = 0;
+		self = false;
+	}
+	free(p);
+}
+
+/*
+ * Into the background (without -f).  Unlike fuse_daemonize(), the
+ * starting process waits until the daemon is ready (the cache created,
+ * the lock naming the daemon's PID) and exits with its status: a daemon
+ * that fails to start says why on the console, and its starter exits 1.
+ */
+static int ready_pipe = -1;
+
+static void daemon_fork(void)
+{
+	char status = 1;
+	int p[2];
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		die("cannot go into the background: %s%s", strerror(errno), "");
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+		die("cannot go into the background: %s%s", strerror(errno), "");
+	if (pid > 0) {
+		close(p[1]);
+		if (read(p[0], &status, 1) != 1)
+			status = 1;	/* the daemon died starting */
+		_exit(status);
+	}
+	close(p[0]);
+	ready_pipe = p[1];
+	if (setsid() < 0)
+		tlog(LOG_WARNING, "setsid: %s", strerror(errno));
+}
+
+/*
+ * Start-up is over: in the background, descriptors 0 and 1 go to
+ * /dev/null and 2 to the log file (or /dev/null), messages to syslog
+ * unless there is a log file, and the starting process exits 0.  In the
+ * foreground only the log file, if any, takes descriptor 2.
+ */
+static void daemon_ready(void)
+{
+	int nullfd;
+	char ok = 0;
+
+	if (fs.opts.foreground) {
+		if (log_fd >= 0)
+			dup2(log_fd, STDERR_FILENO);
+		return;
+	}
+	if (log_fd < 0) {
+		openlog("tierfs", LOG_PID, LOG_DAEMON);
+		tierfs_log_syslog = 1;
+	}
+	fflush(NULL);
+	nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (nullfd >= 0) {
+		dup2(nullfd, STDIN_FILENO);
+		dup2(nullfd, STDOUT_FILENO);
+		dup2(log_fd >= 0 ? log_fd : nullfd, STDERR_FILENO);
+		if (nullfd > STDERR_FILENO)
+			close(nullfd);
+	}
+	if (write(ready_pipe, &ok, 1) != 1)
+		tlog(LOG_WARNING, "cannot tell the starting process: %s", strerror(errno));
+	close(ready_pipe);
+	ready_pipe = -1;
 }
 
 int main(int argc, char *argv[])
@@ -495,6 +825,7 @@ int main(int argc, char *argv[])
 	uint64_t ram = total_ram();
 	int ret = 1, level;
 
+	console = stderr;
 	fs.opts.direct_writes = 1;
 	fs.opts.direct_reads = 1;
 	fs.opts.readahead_kb = 1024;
@@ -526,6 +857,12 @@ int main(int argc, char *argv[])
 	if (fs.opts.debug)
 		tierfs_log_level = LOG_DEBUG;
 	fuse_set_log_func(fuse_log_to_tierfs);
+	if (logfile_path) {
+		int r = *logfile_path ? log_to_file(logfile_path) : -EINVAL;
+
+		if (r)
+			die("cannot open log file '%s': %s", logfile_path, strerror(-r));
+	}
 
 	ecfg.host_cache = ram / 4;
 	if (host_cache_str && (parse_size(host_cache_str, ram, &ecfg.host_cache) ||
@@ -565,6 +902,7 @@ int main(int argc, char *argv[])
 		die("backing directory %s is not a directory%s", fs.opts.backing, "");
 	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
 		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
+	check_mountpoint(&st);
 	if (stat(fs.opts.mountpoint, &st) < 0 || !S_ISDIR(st.st_mode))
 		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
 
@@ -573,6 +911,7 @@ int main(int argc, char *argv[])
 	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fs.root_fd < 0)
 		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	lock_backing();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
 	pthread_rwlock_init(&fs.root.fdlock, NULL);
@@ -587,6 +926,9 @@ int main(int argc, char *argv[])
 	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
 	if (!fs.htab)
 		die("out of memory%s%s", "", "");
+	if (fs.opts.max_fds < 0)
+		die("max_fds must be 16 or more%s%s", "", "");
+	fs_fd_setup(fs.opts.max_fds);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fuse_opt_add_arg(&args, "-ofsname=tierfs");
@@ -595,7 +937,7 @@ int main(int argc, char *argv[])
 	if (!fs.se) {
 		fprintf(stderr, "tierfs: bad FUSE options (see --help)\n");
 		ret = 1;
-		goto out_free;
+		goto out_unlock;
 	}
 	if (fuse_set_signal_handlers(fs.se) != 0) {
 		ret = 1;
@@ -610,12 +952,19 @@ int main(int argc, char *argv[])
 	if (fuse_session_custom_io(fs.se, &fs_io, fuse_session_fd(fs.se)) != 0)
 		tlog(LOG_INFO, "no custom FUSE I/O: reads go through the page cache");
 	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
-	if (!fs.opts.foreground) {
-		tierfs_log_syslog = 1;
-		openlog("tierfs", LOG_PID, LOG_DAEMON);
+	if (!fs.opts.foreground && log_fd < 0) {
+		int r = syslog_reachable();
+
+		if (r)
+			tlog(LOG_WARNING, "syslog cannot be reached (%s: %s): in the background "
+			     "messages are lost; use -f or -o logfile=PATH", _PATH_LOG, strerror(-r));
 	}
 	/* threads and CUDA contexts do not survive fork(): start them after */
-	fuse_daemonize(fs.opts.foreground);
+	if (!fs.opts.foreground)
+		daemon_fork();
+	if (chdir("/") < 0)
+		tlog(LOG_WARNING, "chdir /: %s", strerror(errno));
+	lock_note();			/* the daemon's PID */
 
 	/* GPU tier: the engine builds it when a GPU is usable */
 	ecfg.gpu_dev = -1;
@@ -650,6 +999,7 @@ int main(int argc, char *argv[])
 
 	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
 		fs_share_start();	/* failing, the daemon copies */
+	daemon_ready();
 	ret = run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
 	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
@@ -665,7 +1015,8 @@ out_session:
 			ret = 1;
 		engine_destroy(fs.eng);
 	}
-out_free:
+out_unlock:
+	unlock_backing();
 	tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
 	fuse_opt_free_args(&args);
 	return ret;

@@ -103,3 +103,150 @@ def test_utimensat_symlink_nofollow(tfs):
     assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_123, 2_000_000_456)
 
 
+# ------------------------------------------------------------ item 12
+
+def test_second_daemon_same_backing_refused(mount, tmp_path):
+    m = mount()
+    write_file(j(m.mnt, "f"), b"data")
+    other = str(tmp_path / "other")
+    os.mkdir(other)
+    rc, out = run_refused(daemon_cmd(m.backing, other), other)
+    assert rc != 0, out
+    assert m.mnt in out and str(m.proc.pid) in out, out
+    assert not util.is_mounted(other)
+    # stacked on the first one's mount point
+    rc, out = run_refused(daemon_cmd(m.backing, m.mnt), m.mnt)
+    assert rc != 0, out
+    assert m.mnt in out and str(m.proc.pid) in out, out
+    assert read_file(j(m.mnt, "f")) == b"data"
+    # the lock never shows through the mount
+    assert LOCK not in os.listdir(m.mnt)
+    assert not os.path.lexists(j(m.mnt, LOCK))
+    m.umount()
+    # released at unmount: the backing directory is a plain copy again
+    assert sorted(os.listdir(m.backing)) == ["f"]
+    m.start()
+    assert read_file(j(m.mnt, "f")) == b"data"
+
+
+def test_daemonized_second_daemon_refused(mount, tmp_path):
+    """The lock survives the daemon's fork: the PID named is the daemon's."""
+    backing = str(tmp_path / "bk")
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    logfile = str(tmp_path / "tierfs.log")
+    r = subprocess.run(daemon_cmd(backing, mnt, foreground=False, logfile=logfile),
+                       capture_output=True, text=True, timeout=30)
+    try:
+        assert r.returncode == 0, r.stderr
+        pid = int(read_file(j(backing, LOCK)).split()[0])
+        assert os.path.exists(f"/proc/{pid}"), pid
+        other = str(tmp_path / "other")
+        os.mkdir(other)
+        rc, out = run_refused(daemon_cmd(backing, other), other)
+        assert rc != 0 and str(pid) in out and mnt in out, out
+    finally:
+        util.lazy_umount(mnt)
+    wait_gone(pid)
+    assert "exited cleanly" in read_file(logfile).decode()
+    assert not os.path.exists(j(backing, LOCK))
+
+
+def test_mount_point_inside_backing_refused(tmp_path):
+    util.require_daemon()
+    backing = str(tmp_path / "bk")
+    os.makedirs(j(backing, "sub", "deeper"))
+    alias = str(tmp_path / "alias")
+    os.symlink(backing, alias)
+    for mnt in (backing, j(backing, "sub"), j(backing, "sub", "deeper"),
+                j(alias, "sub")):
+        rc, out = run_refused(daemon_cmd(backing, mnt), mnt)
+        assert rc != 0, (mnt, out)
+        assert "inside" in out or "is the backing" in out, (mnt, out)
+        assert not util.is_mounted(mnt)
+    assert not os.path.exists(j(backing, LOCK))
+
+
+# ------------------------------------------------------------ item 16
+
+def check_stamped(text):
+    lines = text.splitlines()
+    assert lines, "empty log file"
+    for line in lines:
+        assert STAMP.match(line), f"no timestamp: {line!r}"
+    return lines
+
+
+def test_logfile_foreground(mount, tmp_path):
+    logfile = str(tmp_path / "log" / "tierfs.log")
+    os.makedirs(os.path.dirname(logfile))
+    with open(logfile, "w") as f:
+        f.write("earlier line\n")
+    m = mount(logfile=logfile, log="info")
+    write_file(j(m.mnt, "f"), b"x")
+    m.umount()
+    text = read_file(logfile).decode()
+    assert text.startswith("earlier line\n")            # appended
+    lines = check_stamped(text.split("\n", 1)[1])
+    assert any("mounted" in ln for ln in lines), lines
+    assert "exited cleanly" in lines[-1], lines
+    assert "mounted" not in m.log()                      # not on stderr
+
+
+def test_logfile_daemonized(tmp_path):
+    util.require_daemon()
+    backing = str(tmp_path / "bk")
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    logfile = "tierfs.log"                                 # relative to the caller
+    r = subprocess.run(daemon_cmd(backing, mnt, foreground=False,
+                                  logfile=logfile, log="info"),
+                       capture_output=True, text=True, timeout=30, cwd=str(tmp_path))
+    try:
+        assert r.returncode == 0, r.stderr
+        pid = int(read_file(j(backing, LOCK)).split()[0])
+        write_file(j(mnt, "f"), b"x" * 4096)
+    finally:
+        util.lazy_umount(mnt)
+    wait_gone(pid)
+    lines = check_stamped(read_file(j(str(tmp_path), logfile)).decode())
+    assert any("mounted" in ln for ln in lines), lines
+    assert any("unmounting" in ln for ln in lines), lines
+    assert "exited cleanly" in lines[-1], lines
+    assert all(f"[{pid}]" in ln for ln in lines
+               if "unmounting" in ln or "exited" in ln), lines
+
+
+def test_no_syslog_warns_on_stderr(tmp_path):
+    util.require_daemon()
+    if os.path.exists("/dev/log"):
+        pytest.skip("this machine has a syslog socket")
+    backing = str(tmp_path / "bk")
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    r = subprocess.run(daemon_cmd(backing, mnt, foreground=False),
+                       capture_output=True, text=True, timeout=30)
+    try:
+        assert r.returncode == 0, r.stderr
+        pid = int(read_file(j(backing, LOCK)).split()[0])
+    finally:
+        util.lazy_umount(mnt)
+    wait_gone(pid)
+    assert "syslog" in r.stderr and "logfile" in r.stderr, r.stderr
+    assert "mounted" in r.stderr, r.stderr        # start-up messages still shown
+
+
+def test_bad_logfile_refused(tmp_path):
+    util.require_daemon()
+    backing = str(tmp_path / "bk")
+    mnt = str(tmp_path / "mnt")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    bad = str(tmp_path / "no" / "such" / "dir" / "log")
+    rc, out = run_refused(daemon_cmd(backing, mnt, logfile=bad), mnt)
+    assert rc != 0 and bad in out, out
+
+
