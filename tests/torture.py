@@ -31,11 +31,11 @@ directory.  What tierfs promises (DESIGN.md, "Semantics promised") and what
 is checked then, per file:
 
   * A *version* of a file is its content at a commit point: when the file
-    is created (empty), when the last descriptor that may write it is
-    closed (a writable close, mmap included, with no other writable
-    descriptor of the file left open), when truncate(path) changes it with
-    no writer open, and when an fsync() is called.  Content between two
-    commit points (a rewrite half done) is never a version.
+    is created (empty), when a descriptor that may write it is closed
+    (mmap included), when truncate(path) changes it with no writable
+    descriptor open, and when fsync() is called.  Content between two
+    commit points (a rewrite half done, the zeros of its O_TRUNC) is never
+    a version.
   * After the crash, each file reads back as exactly one of its versions:
     never torn (a mix of versions), never another file's data, never
     zeros where data was.
@@ -285,8 +285,9 @@ def describe_word(word, pos, names, base=0):
     return text
 
 
-def diff_report(got, exp, names, max_runs=12):
-    """Lines describing where `got` differs from `exp`, decoded, by runs."""
+def diff_report(got, exp, names, base=0, max_runs=12):
+    """Lines describing where `got` differs from `exp` (both read from file
+    offset `base`), decoded, by runs of 4 KiB pages with the same story."""
     lines = []
     if len(got) != len(exp):
         lines.append(f"length {len(got)}, expected {len(exp)}")
@@ -296,32 +297,44 @@ def diff_report(got, exp, names, max_runs=12):
         return lines
     PAGE = 4096
     runs = []
-    p = first // PAGE * PAGE
     mg, me = memoryview(got), memoryview(exp)
+
+    def word(mv, i):
+        return int.from_bytes(bytes(mv[i:i + 8]).ljust(8, b"\0"), "little")
+
+    p = first - (base + first) % PAGE            # page-aligned in the file
     while p < n and len(runs) <= max_runs:
-        q = min(p + PAGE, n)
-        if mg[p:q] == me[p:q]:
+        q = min(p - (base + p) % PAGE + PAGE, n)
+        lo = max(p, 0)
+        if mg[lo:q] == me[lo:q]:
             key, text = ("ok",), "as expected"
         else:
-            i = p + _first_diff(mg[p:q], me[p:q]) // 8 * 8
-            gw = int.from_bytes(bytes(mg[i:i + 8]).ljust(8, b"\0"), "little")
-            ew = int.from_bytes(bytes(me[i:i + 8]).ljust(8, b"\0"), "little")
-            gd, ed = decode(gw), decode(ew)
-            gkey = ("z",) if gd is None else (gd[0], gd[1], gd[2] - i)
-            ekey = ("z",) if ed is None else (ed[0], ed[1])
-            key = (gkey, ekey)
-            text = (f"found {describe_word(gw, i, names)}; "
-                    f"expected {describe_word(ew, i, names)}")
+            i = lo + _first_diff(mg[lo:q], me[lo:q])
+            i -= (base + i) % 8                     # the file's word holding it
+            if i < 0:
+                i += 8
+            if i + 8 > q:                           # no whole word here: the bytes
+                key = ("bytes", bytes(mg[lo:q]), bytes(me[lo:q]))
+                text = f"found bytes {bytes(mg[lo:q]).hex()}, expected {bytes(me[lo:q]).hex()}"
+            else:
+                gw, ew = word(mg, i), word(me, i)
+                gd, ed = decode(gw), decode(ew)
+                pos = base + i
+                gkey = ("z",) if gd is None else (gd[0], gd[1], gd[2] - pos)
+                ekey = ("z",) if ed is None else (ed[0], ed[1])
+                key = (gkey, ekey)
+                text = (f"found {describe_word(gw, pos, names)}; "
+                        f"expected {describe_word(ew, pos, names)}")
         if runs and runs[-1][2] == key:
             runs[-1][1] = q
         else:
-            runs.append([p, q, key, text])
+            runs.append([lo, q, key, text])
         p = q
     for s, e, key, text in runs[:max_runs]:
-        lines.append(f"  [{s}, {e}) ({e - s} bytes): {text}")
+        lines.append(f"  file [{base + s}, {base + e}) ({e - s} bytes): {text}")
     if p < n:
-        lines.append(f"  ... (not scanned past offset {p})")
-    lines.insert(0, f"first difference at offset {first}")
+        lines.append(f"  ... (not scanned past file offset {base + p})")
+    lines.insert(0, f"first difference at file offset {base + first}")
     return lines
 
 
@@ -490,6 +503,7 @@ class Worker:
         ops = OPS_OVERWRITE if cfg.workload == "overwrite" else OPS_MIXED
         if not shared:
             ops = [(n, wt) for n, wt in ops if not n.startswith("sh_")]
+        ops = [(n, wt) for n, wt in ops if n not in cfg.skip_ops]
         self.op_names = [n for n, _ in ops]
         self.op_weights = [wt for _, wt in ops]
         self.log = open(os.path.join(cfg.workdir, f"ops.w{widx}.log"), "w", buffering=1)
@@ -529,12 +543,12 @@ class Worker:
         mx = self.cfg.max_size
         if self.cfg.workload == "overwrite":
             size = self.rng.randint(MiB, mx)
-        elif r < 0.45:
-            size = self.rng.randint(4 * KiB, 256 * KiB)
-        elif r < 0.80:
-            size = self.rng.randint(256 * KiB, 4 * MiB)
-        elif r < 0.95:
-            size = self.rng.randint(4 * MiB, 16 * MiB)
+        elif r < 0.50:
+            size = self.rng.randint(4 * KiB, 128 * KiB)
+        elif r < 0.82:
+            size = self.rng.randint(128 * KiB, 2 * MiB)
+        elif r < 0.97:
+            size = self.rng.randint(2 * MiB, 16 * MiB)
         else:
             size = self.rng.randint(16 * MiB, mx)
         size = min(size, mx)
@@ -544,13 +558,13 @@ class Worker:
 
     def pick_len(self, small=False):
         r = self.rng.random()
-        if r < 0.3:
+        if r < 0.35:
             n = self.rng.randint(1, 4096)
-        elif r < 0.55:
+        elif r < 0.6:
             n = 4096 * self.rng.randint(1, 16)
-        elif r < 0.8 or small:
+        elif r < 0.9 or small:
             n = self.rng.randint(1, 256 * KiB)
-        elif r < 0.95:
+        elif r < 0.98:
             n = MiB
         else:
             n = self.rng.randint(MiB, 4 * MiB)
@@ -575,9 +589,7 @@ class Worker:
         if self.sync.crash.is_set():
             raise Crashed()
         lines = [f"{what}: {self.ino_text(ino)} read wrong data"]
-        lines += diff_report(got, want, self.names_info)
-        if base:
-            lines.append(f"  (offsets relative to file offset {base})")
+        lines += diff_report(got, want, self.names_info, base)
         raise Failure("\n".join(lines))
 
     def ino_text(self, ino):
@@ -601,8 +613,7 @@ class Worker:
 
     def close_fd(self, fd, ino, writable):
         if writable:
-            if ino.nwfd == 1:
-                ino.commit()       # the last writer's close: a version
+            ino.commit()           # a writable descriptor's close: a version
             os.close(fd)
             ino.nwfd -= 1
         else:
@@ -1151,6 +1162,10 @@ class Worker:
                 self.crash_protocol()
                 continue
             self.opno += 1
+            if self.cfg.inject_corruption and self.w == 0 and \
+                    self.opno >= self.cfg.inject_corruption and self.inject():
+                self.cfg.inject_corruption = 0
+                continue
             op = self.rng.choices(self.op_names, self.op_weights)[0]
             try:
                 getattr(self, "op_" + op)()
@@ -1161,11 +1176,31 @@ class Worker:
                     self.note(f"  -> {e} (crash)")
                     self.crash_protocol()
                 else:
-                    raise Failure(f"operation {op} failed unexpectedly: {e!r}\n"
+                    raise Failure(f"{self.hist[-1] if self.hist else op}: failed "
+                                  f"unexpectedly: {e!r}\n"
                                   f"{traceback.format_exc(limit=3)}")
             done += 1
             self.sync.stats[self.w * 4] += 1
         return done
+
+    def inject(self):
+        """Self-test: put worker 1's data into one of our files behind the
+        model's back, then verify that file (which must fail)."""
+        names = [n for n in sorted(self.files) if self.files[n].size >= 8192]
+        if not names:
+            return False
+        name = names[0]
+        ino = self.files[name]
+        fid = self.new_inode().fid + 1          # the next worker's
+        off = ino.size // 2 & ~7
+        self.note(f"inject: fid {fid} data into {name} at {off} (self-test)")
+        fd = os.open(self.path(name), os.O_WRONLY)
+        try:
+            pwrite_all(fd, gen(stamp(fid, 1), off + 4096, off + 8192), off)
+        finally:
+            os.close(fd)
+        self.verify_name(name, ino)
+        return True
 
     def idle(self):
         """Done: take part in the crashes still to come, until stop."""
@@ -1642,6 +1677,9 @@ def main(argv=None):
     ap.add_argument("--host-cache", default="16M")
     ap.add_argument("--policy", choices=["score", "fifo", "lru"], default="score")
     ap.add_argument("--mount-opts", default="", help="more -o options, e.g. gpu=0,gpu_cache=64M")
+    ap.add_argument("--skip-ops", default="", metavar="OP,OP",
+                    help="leave these operations out (names as in the op logs: "
+                    + ",".join(n for n, _ in OPS_MIXED) + ")")
     ap.add_argument("--crash", action="store_true", help="SIGKILL the daemon at random moments")
     ap.add_argument("--crash-interval", type=float, default=3.0,
                     help="mean seconds between kills (default 3)")
@@ -1649,6 +1687,8 @@ def main(argv=None):
     ap.add_argument("--workdir", help="operation logs and the mount (default: a new dir in /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after a pass")
     ap.add_argument("--findings", metavar="FILE", help="append a failure report to FILE")
+    ap.add_argument("--inject-corruption", type=int, default=0, metavar="N",
+                    help=argparse.SUPPRESS)     # self-test: worker 0 corrupts at op N
     ap.add_argument("--hang-timeout", type=float, default=180.0)
     ap.add_argument("--report-every", type=float, default=10.0)
     cfg = ap.parse_args(argv)
@@ -1658,6 +1698,10 @@ def main(argv=None):
         cfg.seconds = 60.0
     cfg.max_size = min(parse_size(cfg.max_size), 64 * MiB)
     cfg.nworkers = cfg.procs * cfg.threads
+    cfg.skip_ops = set(filter(None, cfg.skip_ops.split(",")))
+    unknown = cfg.skip_ops - {n for n, _ in OPS_MIXED}
+    if unknown:
+        ap.error(f"unknown operations in --skip-ops: {sorted(unknown)}")
     if cfg.nworkers > 63:
         ap.error("at most 63 workers")
     cfg.replay = [sys.argv[0]] + [a for a in argv if not a.startswith("--seed")] \
