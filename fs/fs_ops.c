@@ -840,12 +840,19 @@ static void fs_ll_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 		fuse_reply_write(req, (size_t)ret);
 }
 
+/*
+ * close(): a flush of the file that already failed is reported to a
+ * descriptor opened for writing (its data is what did not reach the
+ * SSD), never to a reader, whose data was right (cat, md5sum).  fsync
+ * reports it to every descriptor.  FLUSH carries no open flags: they are
+ * in fh (open_common).
+ */
 static void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct fs_inode *in = fs_inode_of(ino);
+	bool wrote = (fi->fh & FS_FH_FLAGS) && writable((int)(uint32_t)fi->fh);
 
-	(void)fi;
-	fuse_reply_err(req, S_ISREG(in->type) ? -tfile_pending_error(&in->tf) : 0);
+	fuse_reply_err(req, S_ISREG(in->type) && wrote ? -tfile_pending_error(&in->tf) : 0);
 }
 
 /*
