@@ -2,25 +2,36 @@
 #
 # run-all.sh - the test command of tierfs (CI runs exactly this).
 #
-# From the top of the source tree: autoreconf -fi, then two out-of-tree
+# From the top of the source tree: autoreconf -fi, then three out-of-tree
 # builds, each configured, built and checked with `make check` (C unit
 # tests of tiers/, then the pytest suites that mount a real tierfs):
 #
-#   build/        ../configure                        (the default build)
-#   build-asan/   ../configure --enable-sanitizers    (ASan + UBSan)
+#   build/        ../configure                           (the default build)
+#   build-asan/   ../configure --enable-sanitizers       (ASan + UBSan)
+#   build-tsan/   ../configure --enable-sanitizers=thread (ThreadSanitizer:
+#                 the unit tests and the torture runs only, -k torture)
+#
+# Each build runs the torture harness (tests/torture.py, via
+# tests/test_torture.py) for a few minutes.  Typical times on 2 cores:
+# build/ ~10 min, build-asan/ ~20 min, build-tsan/ ~6 min (each with its
+# compile).
 #
 # The pytest suites mount FUSE file systems and a tmpfs: run as root, with
-# /dev/fuse present.  Exits 0 when both builds pass, 1 otherwise; the
+# /dev/fuse present.  Exits 0 when all builds pass, 1 otherwise; the
 # test-suite.log of a failing build is printed.
 #
 # usage: sudo tests/run-all.sh
 #
 # environment (defaults in brackets):
-#   PYTEST_ARGS=        extra pytest arguments for both builds, e.g. "-x -k posix"
+#   PYTEST_ARGS=        extra pytest arguments for every build, e.g. "-x -k posix"
 #   TIERFS_OPS=50000    exerciser operations per main run, default build
 #                       (two main runs: 100,000 operations)
 #   TIERFS_ASAN_OPS=20000   the same for the sanitizer build (it runs slower)
 #   TIERFS_SEED=        fix the exerciser's seed (printed when it fails)
+#   TIERFS_TORTURE_SECONDS=40       seconds per torture run, default and ASan builds
+#   TIERFS_TSAN_TORTURE_SECONDS=20  the same for the ThreadSanitizer build
+#   TIERFS_TORTURE_SEED=            fix the torture harness's seed
+#   BUILDS="build build-asan build-tsan"   the builds to run
 #   JOBS=$(nproc)       parallel make jobs
 #
 set -uo pipefail
@@ -63,7 +74,7 @@ failed=()
 
 # build DIR OPS CONFIGURE_ARGS... : configure, build and check one build dir
 build() {
-	local dir=$1 ops=$2
+	local dir=$1 ops=$2 t0=$SECONDS
 	shift 2
 	say "$dir: ../configure $*"
 	mkdir -p "$TOP/$dir" && cd "$TOP/$dir" || return 1
@@ -79,13 +90,18 @@ build() {
 		echo
 		echo "==> $dir: make check failed; $dir/test-suite.log follows"
 		cat test-suite.log 2>/dev/null || echo "(no test-suite.log in $dir)"
+		say "$dir: failed after $((SECONDS - t0)) s"
 		return 1
 	fi
+	say "$dir: passed in $((SECONDS - t0)) s"
 	return 0
 }
 
+BUILDS=${BUILDS:-build build-asan build-tsan}
+want() { case " $BUILDS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 # The default build runs the full exerciser.
-if ! build build "${TIERFS_OPS:-50000}"; then
+if want build && ! build build "${TIERFS_OPS:-50000}"; then
 	failed+=(build)
 fi
 
@@ -95,13 +111,27 @@ fi
 # sees the report in the daemon's log and fails with it.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
-if ! build build-asan "${TIERFS_ASAN_OPS:-20000}" --enable-sanitizers; then
+if want build-asan && ! build build-asan "${TIERFS_ASAN_OPS:-20000}" --enable-sanitizers; then
 	failed+=(build-asan)
+fi
+
+# The ThreadSanitizer build: the unit tests and the torture runs only (the
+# daemon runs 5-15 times slower under TSan; the rest of the pytest suites
+# add little there).  Reports go to the daemon's stderr, which the tests
+# read (util.SANITIZER_LOG): a report fails the test, and the daemon exits
+# with status 66.  A suppression goes to tests/tsan.supp with its reason.
+if want build-tsan; then
+	if ! TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
+	     TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-20} \
+	     PYTEST_ARGS="-k torture ${PYTEST_ARGS:-}" \
+	     build build-tsan 0 --enable-sanitizers=thread; then
+		failed+=(build-tsan)
+	fi
 fi
 
 if [ ${#failed[@]} -ne 0 ]; then
 	say "FAILED: ${failed[*]}"
 	exit 1
 fi
-say "all tests passed (build, build-asan)"
+say "all tests passed ($BUILDS)"
 exit 0
