@@ -3,12 +3,19 @@
  * user.tierfs.restore_order and user.tierfs.prefetch on directories,
  * user.tierfs.restore_next on files.
  *
+ * Who may do what: the kernel lets whoever may write a directory (or
+ * file) set its user.* attributes.  That is enough for what concerns that
+ * directory (its restore order) or file; prefetch, which starts or holds
+ * prefetching for the whole mount, also needs root or the owner of the
+ * mount's root (EPERM otherwise).
+ *
  * Values are checked completely before anything changes: a malformed list
  * appends nothing.  Names of files that do not exist yet are accepted and
  * bound to the file when it appears (engine_hint_bind, from lookup and
  * create).  The queue itself lives in the engine.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,10 +184,27 @@ static int set_restore_next(struct fs_inode *in)
 	return ret;
 }
 
-static int set_prefetch(struct fs_inode *dir, const char *value, size_t size)
+/* Mount-wide controls: root, or the owner of the mount's root. */
+static int may_steer_mount(uid_t uid)
 {
+	struct stat st;
+
+	if (uid == 0)
+		return 0;
+	if (fstatat(fs.root_fd, "", &st, AT_EMPTY_PATH) < 0)
+		return -errno;
+	return st.st_uid == uid ? 0 : -EPERM;
+}
+
+static int set_prefetch(struct fs_inode *dir, const char *value, size_t size, uid_t uid)
+{
+	int ret;
+
 	if (!S_ISDIR(dir->type))
 		return -EINVAL;
+	ret = may_steer_mount(uid);
+	if (ret)
+		return ret;
 	if (size && value[size - 1] == '\n')
 		size--;
 	if (size == 5 && !memcmp(value, "start", 5))
@@ -193,13 +217,13 @@ static int set_prefetch(struct fs_inode *dir, const char *value, size_t size)
 }
 
 int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
-		 size_t size, int flags)
+		 size_t size, int flags, uid_t uid)
 {
 	(void)flags;
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER))
 		return set_restore_order(in, value, size);
 	if (!strcmp(name, TIERFS_XATTR_PREFETCH))
-		return set_prefetch(in, value, size);
+		return set_prefetch(in, value, size, uid);
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_NEXT))
 		return set_restore_next(in);
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||

@@ -41,6 +41,13 @@ int fs_proc_path(int fd, char *buf, size_t len)
 	return snprintf(buf, len, "/proc/self/fd/%d", fd) >= (int)len ? -ENAMETOOLONG : 0;
 }
 
+/*
+ * Reserved names: .tierfs* in every directory (new versions being renamed
+ * into place, the backing directory's lock, leftovers of a killed daemon).
+ * They never show through the mount: lookup says ENOENT and readdir skips
+ * them; making one (create, mknod, mkdir, symlink, link, rename to it)
+ * fails with EPERM.
+ */
 static bool hidden_name(const char *name)
 {
 	return strncmp(name, FS_HIDDEN_PREFIX, sizeof(FS_HIDDEN_PREFIX) - 1) == 0;
@@ -238,9 +245,7 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 	int fd, ret;
 
 	memset(e, 0, sizeof(*e));
-	if (hidden_name(name) && parent == &fs.root)
-		return -ENOENT;
-	if (hidden_name(name) && strncmp(name, FS_HIDDEN_PREFIX ".", 8) == 0)
+	if (hidden_name(name))
 		return -ENOENT;
 	fd = openat(parent->fd, name, O_PATH | O_NOFOLLOW);
 	if (fd < 0)
@@ -984,8 +989,7 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 			if (!d->ent)
 				break;
 		}
-		if (hidden_name(d->ent->d_name) &&
-		    (d->ent->d_name[7] == '.' || ino == FUSE_ROOT_ID)) {
+		if (hidden_name(d->ent->d_name)) {
 			d->off = d->ent->d_off;
 			d->ent = NULL;
 			continue;

@@ -117,7 +117,8 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	int ret = 0;
 
 	if (tierfs_name(name)) {
-		fuse_reply_err(req, -fs_hints_set(in, name, value, size, flags));
+		fuse_reply_err(req, -fs_hints_set(in, name, value, size, flags,
+						  fuse_req_ctx(req)->uid));
 		return;
 	}
 	if (S_ISLNK(in->type)) {

@@ -338,3 +338,80 @@ def test_write_through_error_reported_by_fsync(mount, small_tmpfs):
     os.unlink(j(m.mnt, "big"))
 
 
+# ------------------------------------------------------------ item 15
+
+def _stop_prefetch(path):
+    os.setxattr(path, PREFETCH, b"stop")
+
+
+def _stop_prefetch_refused(path):
+    expect_errno(errno.EPERM, os.setxattr, path, PREFETCH, b"stop")
+    expect_errno(errno.EPERM, os.setxattr, path, PREFETCH, b"start")
+    assert os.getxattr(path, PREFETCH) == b"start"     # reading is fine
+    # a directory's own restore order is its writers' business
+    os.setxattr(path, ORDER, b"x\n")
+
+
+def _as_nobody(m, fn, *args):
+    """fn(*args) as nobody, in the mount's root (paths relative to it: the
+    test's directories above the mount are root's only)."""
+    dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ok, out = util.in_child(fn, *args, uid=NOBODY, gid=NOBODY, cwd_fd=dfd)
+    finally:
+        os.close(dfd)
+    assert ok, out
+
+
+def test_prefetch_control_needs_mount_owner(mount):
+    m = mount(allow_other=True)
+    os.chmod(m.mnt, 0o755)
+    shared = j(m.mnt, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    assert os.getxattr(m.mnt, PREFETCH) == b"start"
+    _as_nobody(m, _stop_prefetch_refused, "shared")
+    assert os.getxattr(m.mnt, PREFETCH) == b"start"
+    # root may
+    os.setxattr(shared, PREFETCH, b"stop")
+    assert os.getxattr(m.mnt, PREFETCH) == b"stop"
+    os.setxattr(m.mnt, PREFETCH, b"start")
+    # and so may the owner of the mount's root
+    os.chown(m.mnt, NOBODY, NOBODY)
+    _as_nobody(m, _stop_prefetch, "shared")
+    assert os.getxattr(m.mnt, PREFETCH) == b"stop"
+
+
+def test_reserved_names_never_show(mount, tmp_path):
+    backing = str(tmp_path / "bk")
+    os.makedirs(j(backing, "d"))
+    reserved = [".tierfs", ".tierfs-x", ".tierfsfoo", ".tierfs.new.1", ".tierfs.lock"]
+    for n in reserved[:-1]:
+        write_file(j(backing, n), b"internal")
+        write_file(j(backing, "d", n), b"internal")
+    write_file(j(backing, "d", ".tierfs.lock"), b"internal")
+    os.mkdir(j(backing, "d", ".tierfsdir"))
+    write_file(j(backing, "d", "visible"), b"v")
+    m = mount(backing=backing)
+    assert sorted(os.listdir(m.mnt)) == ["d"]
+    assert sorted(os.listdir(j(m.mnt, "d"))) == ["visible"]
+    for d in (m.mnt, j(m.mnt, "d")):
+        for n in reserved + [".tierfsdir"]:
+            p = j(d, n)
+            assert not os.path.lexists(p), p
+            expect_errno(errno.ENOENT, os.open, p, os.O_RDONLY)
+            expect_errno(errno.ENOENT, os.unlink, p)
+            expect_errno(errno.ENOENT, os.rename, p, j(d, "stolen"))
+        # making such a name: EPERM, whichever way
+        p = j(d, ".tierfs-new")
+        expect_errno(errno.EPERM, os.open, p, os.O_CREAT | os.O_WRONLY, 0o644)
+        expect_errno(errno.EPERM, os.mkdir, p)
+        expect_errno(errno.EPERM, os.symlink, "x", p)
+        expect_errno(errno.EPERM, os.mknod, p, 0o644 | stat.S_IFIFO)
+        expect_errno(errno.EPERM, os.link, j(m.mnt, "d", "visible"), p)
+        expect_errno(errno.EPERM, os.rename, j(m.mnt, "d", "visible"), p)
+        expect_errno(errno.EPERM, os.open, j(d, ".tierfs"), os.O_CREAT | os.O_WRONLY, 0o644)
+    assert read_file(j(m.mnt, "d", "visible")) == b"v"
+    m.umount()
+    for n in reserved[:-1]:
+        assert read_file(j(backing, "d", n)) == b"internal"     # left alone
