@@ -106,8 +106,10 @@ int fs_proc_path(int fd, char *buf, size_t len);
 /* The file `name` in dir, referenced, or NULL if there is none yet;
  * -EINVAL if it is not a regular file. */
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
-/* Flush every dirty file (unmount, SIGTERM). */
-int fs_sync_all(void);
+/* Flush every dirty file (unmount, SIGTERM); returns how many could not be
+ * written.  give_up: log each of those with its size and drop its cached
+ * data, so that the engine can stop (unmount always ends). */
+int fs_sync_all(bool give_up);
 
 /* In a polling loop: let the other hardware thread of the core run. */
 static inline void fs_cpu_relax(void)

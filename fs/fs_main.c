@@ -34,7 +34,7 @@ extern int tierfs_log_syslog;
 
 #define OPT(t, p, v) { t, offsetof(struct fs_opts, p), v }
 
-static char *host_cache_str, *gpu_cache_str, *logfile_path;
+static char *host_cache_str, *gpu_cache_str, *logfile_path, *exit_timeout_str;
 
 static const struct fuse_opt opt_spec[] = {
 	OPT("evict=%s", evict, 0),
@@ -66,6 +66,7 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("relatime", 7),
 	FUSE_OPT_KEY("strictatime", 8),
 	FUSE_OPT_KEY("logfile=", 9),
+	FUSE_OPT_KEY("exit_timeout=", 10),
 	FUSE_OPT_END
 };
 
@@ -105,6 +106,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	case 9:
 		free(logfile_path);
 		logfile_path = strdup(arg + strlen("logfile="));
+		return 0;
+	case 10:
+		free(exit_timeout_str);
+		exit_timeout_str = strdup(arg + strlen("exit_timeout="));
 		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
@@ -197,6 +202,9 @@ static void usage(const char *prog)
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
+"    -o exit_timeout=SECS   at unmount, retry files that cannot be written to\n"
+"                           BACKING_DIR this long, then give them up (logged)\n"
+"                           and exit 1 (default 60)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
 "    -o writeback           use the kernel writeback cache for page-cache\n"
 "                           handles (default: off; see tierfs(8))\n"
@@ -587,6 +595,31 @@ static int syslog_reachable(void)
 	return err;
 }
 
+/*
+ * Unmount always ends.  Files that cannot be written to the backing
+ * directory (full, failing) are retried about once a second for
+ * exit_timeout seconds; then each is logged with its size and given up,
+ * and the daemon exits 1.  Returns how many were given up.
+ */
+#define EXIT_TIMEOUT_DEFAULT	60
+
+static long exit_timeout = EXIT_TIMEOUT_DEFAULT;
+
+static int sync_before_exit(void)
+{
+	double until = fs_now() + (double)exit_timeout;
+	int failed = fs_sync_all(false);
+
+	if (failed)
+		tlog(LOG_WARNING, "%d file(s) cannot be written to %s; retrying for up to "
+		     "%ld s (exit_timeout)", failed, fs.opts.backing, exit_timeout);
+	while (failed && fs_now() < until) {
+		sleep(1);
+		failed = fs_sync_all(false);
+	}
+	return failed ? fs_sync_all(true) : 0;
+}
+
 /* One-line error and exit 1 (before mounting): on the console, and in
  * the log file when there is one. */
 static void die(const char *fmt, const char *a, const char *b)
@@ -879,6 +912,16 @@ int main(int argc, char *argv[])
 		die("poll_us must be 0..100000%s%s", "", "");
 	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
 		die("queue_depth must be 1..256%s%s", "", "");
+	if (exit_timeout_str) {
+		char *end;
+
+		errno = 0;
+		exit_timeout = strtol(exit_timeout_str, &end, 10);
+		if (errno || end == exit_timeout_str || *end || exit_timeout < 0 ||
+		    exit_timeout > 7 * 24 * 3600)
+			die("exit_timeout must be 0..604800 seconds, not '%s'%s",
+			    exit_timeout_str, "");
+	}
 	ecfg.flush_threads = fs.opts.flush_threads;
 	ecfg.queue_depth = (unsigned)fs.opts.queue_depth;
 	ecfg.hugepages = true;
@@ -1004,7 +1047,7 @@ out_session:
 	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
 	fs_share_stop();		/* clients' open copies fail */
 	if (fs.eng) {
-		if (fs_sync_all())
+		if (sync_before_exit())
 			ret = 1;
 		engine_destroy(fs.eng);
 	}

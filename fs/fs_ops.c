@@ -371,7 +371,7 @@ static void fs_ll_init(void *userdata, struct fuse_conn_info *conn)
 static void fs_ll_destroy(void *userdata)
 {
 	(void)userdata;
-	fs_sync_all();
+	fs_sync_all(false);
 }
 
 static void fs_ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -1115,11 +1115,11 @@ const struct fuse_lowlevel_ops fs_ll_ops = {
 	.ioctl		= fs_ll_ioctl,
 };
 
-int fs_sync_all(void)
+int fs_sync_all(bool give_up)
 {
 	struct fs_inode **list = NULL;
 	size_t n = 0, cap = 0, i;
-	int ret = 0, failed = 0;
+	int failed = 0;
 
 	pthread_mutex_lock(&fs.lock);
 	for (i = 0; i < fs.hsize; i++) {
@@ -1141,23 +1141,28 @@ int fs_sync_all(void)
 	}
 	pthread_mutex_unlock(&fs.lock);
 	for (i = 0; i < n; i++) {
-		int r = tfile_fsync(&list[i]->tf);
+		struct tfile *f = &list[i]->tf;
+		int r = tfile_fsync(f);
 
-		if (r) {
+		if (r && give_up) {
+			struct timespec mt;
+			uint64_t size;
 			char nb[256];
 
-			failed++;
-			if (!ret)
-				ret = r;
-			tlog(LOG_ERR, "%s: could not be flushed: %s",
-			     fs_tfile_ops.name(&list[i]->tf, nb, sizeof(nb)), strerror(-r));
+			tfile_attr(f, &size, &mt);
+			tlog(LOG_ERR, "%s: not written to the backing directory (%" PRIu64
+			     " bytes): %s", fs_tfile_ops.name(f, nb, sizeof(nb)), size,
+			     strerror(-r));
+			tfile_unlinked(f);	/* discarded: its flush is cancelled */
 		}
+		if (r)
+			failed++;
 		fs_inode_put(list[i]);
 	}
 	free(list);
-	if (failed)
+	if (failed && give_up)
 		tlog(LOG_ERR, "%d file(s) could not be written to the backing directory", failed);
-	return ret;
+	return failed;
 }
 
 /* ---- backing versions (struct tfile_ops) ------------------------------ */

@@ -415,3 +415,49 @@ def test_reserved_names_never_show(mount, tmp_path):
     m.umount()
     for n in reserved[:-1]:
         assert read_file(j(backing, "d", n)) == b"internal"     # left alone
+
+
+# ------------------------------------------------------------ item 8 (fs side)
+
+def test_unmount_ends_when_backing_full(tmp_path, small_tmpfs):
+    """Files that cannot be written at unmount are retried for exit_timeout
+    seconds, then logged with their sizes; the daemon exits 1."""
+    write_file(j(small_tmpfs, "filler"), randbytes(5 * MiB))   # 5 of 8 MiB used
+    mnt = str(tmp_path / "mnt")
+    os.mkdir(mnt)
+    logfile = str(tmp_path / "tierfs.log")
+    proc = subprocess.Popen(daemon_cmd(small_tmpfs, mnt, exit_timeout=2, logfile=logfile),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, "no mount"
+            time.sleep(0.02)
+        sizes = {"a": 6 * MiB, "b": 4 * MiB + 123}
+        for name, size in sizes.items():
+            fd = os.open(j(mnt, name), os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, randbytes(size))
+            close_quiet(fd)
+        t0 = time.monotonic()
+        subprocess.run(["umount", mnt], check=True)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the daemon did not exit after unmount with a full backing "
+                        "directory\n" + read_file(logfile).decode()[-3000:])
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        util.lazy_umount(mnt)
+    log = read_file(logfile).decode()
+    assert rc == 1, log
+    assert took >= 2, f"gave up after {took:.1f} s, before exit_timeout\n{log}"
+    for name, size in sizes.items():
+        assert re.search(rf"{name}: not written to the backing directory \({size} bytes\)",
+                         log), log
+    assert "2 file(s) could not be written" in log, log
+    assert "exited with errors" in log.splitlines()[-1], log
+    assert not os.path.exists(j(small_tmpfs, LOCK))
