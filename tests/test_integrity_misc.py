@@ -43,6 +43,11 @@ def daemon_cmd(backing, mnt, foreground=True, **options):
     return cmd + ["-o", util.format_options(opts)]
 
 
+def no_sanitizer_report(text):
+    m = util.SANITIZER_LOG.search(text)
+    assert not m, f"sanitizer report: {text[max(0, m.start() - 200):][:3000]}"
+
+
 def run_refused(cmd, mnt, timeout=10):
     """Run a daemon that must refuse to start: (exit status, its output).
     One that mounts after all is unmounted again and fails the test."""
@@ -60,7 +65,9 @@ def run_refused(cmd, mnt, timeout=10):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         pytest.fail(f"second daemon was not refused: {' '.join(cmd)}\n{out.decode()}")
-    return proc.returncode, out.decode(errors="replace")
+    out = out.decode(errors="replace")
+    no_sanitizer_report(out)
+    return proc.returncode, out
 
 
 def wait_gone(pid, timeout=util.EXIT_TIMEOUT):
@@ -149,6 +156,7 @@ def test_daemonized_second_daemon_refused(mount, tmp_path):
     finally:
         util.lazy_umount(mnt)
     wait_gone(pid)
+    no_sanitizer_report(read_file(logfile).decode())
     assert "exited cleanly" in read_file(logfile).decode()
     assert not os.path.exists(j(backing, LOCK))
 
@@ -187,6 +195,7 @@ def test_logfile_foreground(mount, tmp_path):
     write_file(j(m.mnt, "f"), b"x")
     m.umount()
     text = read_file(logfile).decode()
+    no_sanitizer_report(text)
     assert text.startswith("earlier line\n")            # appended
     lines = check_stamped(text.split("\n", 1)[1])
     assert any("mounted" in ln for ln in lines), lines
@@ -211,6 +220,7 @@ def test_logfile_daemonized(tmp_path):
     finally:
         util.lazy_umount(mnt)
     wait_gone(pid)
+    no_sanitizer_report(read_file(j(str(tmp_path), logfile)).decode())
     lines = check_stamped(read_file(j(str(tmp_path), logfile)).decode())
     assert any("mounted" in ln for ln in lines), lines
     assert any("unmounting" in ln for ln in lines), lines
@@ -235,6 +245,7 @@ def test_no_syslog_warns_on_stderr(tmp_path):
     finally:
         util.lazy_umount(mnt)
     wait_gone(pid)
+    no_sanitizer_report(r.stderr)
     assert "syslog" in r.stderr and "logfile" in r.stderr, r.stderr
     assert "mounted" in r.stderr, r.stderr        # start-up messages still shown
 
@@ -453,6 +464,7 @@ def test_unmount_ends_when_backing_full(tmp_path, small_tmpfs):
             proc.wait()
         util.lazy_umount(mnt)
     log = read_file(logfile).decode()
+    no_sanitizer_report(log)
     assert rc == 1, log
     assert took >= 2, f"gave up after {took:.1f} s, before exit_timeout\n{log}"
     for name, size in sizes.items():
