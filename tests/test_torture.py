@@ -105,8 +105,8 @@ def test_torture_plain(tmp_path):
     """The same operations on a plain directory (no daemon) must pass: the
     model is right.  Crash mode too (no kill: the protocol and the checks)."""
     plain = tmp_path / "plain"
-    run_harness(["--plain", str(plain), "--seconds", "8", "--seed", "7"], tmp_path, 300)
-    run_harness(["--plain", str(plain), "--seconds", "8", "--seed", "8", "--crash",
+    run_harness(["--plain", str(plain), "--seconds", "5", "--seed", "7"], tmp_path, 300)
+    run_harness(["--plain", str(plain), "--seconds", "5", "--seed", "8", "--crash",
                  "--crash-interval", "1"], tmp_path, 300)
 
 

@@ -523,12 +523,12 @@ class Worker:
         return os.path.join(self.dir, name)
 
     def new_inode(self):
-        fid = len(self.shared_fids()) + 1 + self.w + self.cfg.nworkers * self.nfid
+        fid = len(self.shared) + 1 + self.w + self.cfg.nworkers * self.nfid
         self.nfid += 1
+        if fid >= 1 << FID_BITS:
+            raise Failure(f"worker {self.w} created more than {self.nfid - 1} files: "
+                          f"file ids exhausted")
         return Inode(fid)
-
-    def shared_fids(self):
-        return self.shared
 
     def live_inodes(self):
         seen = {}
@@ -1704,9 +1704,7 @@ def main(argv=None):
         ap.error(f"unknown operations in --skip-ops: {sorted(unknown)}")
     if cfg.nworkers > 63:
         ap.error("at most 63 workers")
-    cfg.replay = [sys.argv[0]] + [a for a in argv if not a.startswith("--seed")] \
-        + ["--seed", str(cfg.seed)]
-    # drop "--seed N" pairs from the replay line (the seed goes last)
+    # the replay command: the same arguments, the seed last
     rp, skip = [], False
     for a in [sys.argv[0]] + list(argv):
         if skip:
