@@ -9,6 +9,8 @@ the command that replays it is in it.
 
 Environment
   TIERFS_TORTURE_SECONDS  seconds per daemon run (default 40)
+  TIERFS_TORTURE_RATE     MiB/s written + read per run (default 64: at most
+                          ~2.5 GiB a run; 0: as fast as it goes)
   TIERFS_TORTURE_SEED     fix the seed (default: a fresh one per run, printed)
   TIERFS_TORTURE_LONG=1   also the long run: one hour or 1,000,000 operations
                           (TIERFS_TORTURE_LONG_SECONDS, TIERFS_TORTURE_LONG_OPS)
@@ -28,6 +30,7 @@ import util
 
 HARNESS = os.path.join(util.TESTS_DIR, "torture.py")
 SECONDS = float(os.environ.get("TIERFS_TORTURE_SECONDS", "40"))
+RATE = os.environ.get("TIERFS_TORTURE_RATE", "64")
 LONG = os.environ.get("TIERFS_TORTURE_LONG", "") not in ("", "0")
 LONG_SECONDS = float(os.environ.get("TIERFS_TORTURE_LONG_SECONDS", "3600"))
 LONG_OPS = int(os.environ.get("TIERFS_TORTURE_LONG_OPS", "1000000"))
@@ -62,7 +65,8 @@ def run_harness(args, tmp_path, timeout):
 
 def daemon_run(args, tmp_path, seconds=SECONDS):
     # the run itself, the final checks, a clean unmount (flushing everything)
-    return run_harness(["--seconds", str(seconds)] + seed_args() + args + EXTRA, tmp_path,
+    return run_harness(["--seconds", str(seconds), "--rate", RATE] + seed_args() + args + EXTRA,
+                       tmp_path,
                        timeout=seconds * 3 + 600)
 
 

@@ -494,6 +494,9 @@ class Worker:
         self.opno = 0
         self.inflight = None     # a namespace operation not known to be done
         self.crashes = 0
+        self.moved = 0
+        self.t0 = time.monotonic()
+        self.rate_share = cfg.rate * MiB / cfg.nworkers if cfg.rate else 0
         # shared files: fid, path, region start, region size, our Inode view
         self.shared = []
         for k, (fid, path, region) in enumerate(shared):
@@ -518,6 +521,16 @@ class Worker:
 
     def stat_add(self, i, n):
         self.sync.stats[self.w * 4 + i] += n
+        self.moved += n
+
+    def throttle(self):
+        """--rate: keep this worker's bytes moved (written + read) at its
+        share of the rate, sleeping between operations when ahead."""
+        if not self.cfg.rate:
+            return
+        ahead = self.moved / self.rate_share - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(min(ahead, 1.0))
 
     def path(self, name):
         return os.path.join(self.dir, name)
@@ -543,11 +556,11 @@ class Worker:
         mx = self.cfg.max_size
         if self.cfg.workload == "overwrite":
             size = self.rng.randint(MiB, mx)
-        elif r < 0.50:
+        elif r < 0.55:
             size = self.rng.randint(4 * KiB, 128 * KiB)
-        elif r < 0.82:
+        elif r < 0.85:
             size = self.rng.randint(128 * KiB, 2 * MiB)
-        elif r < 0.97:
+        elif r < 0.98:
             size = self.rng.randint(2 * MiB, 16 * MiB)
         else:
             size = self.rng.randint(16 * MiB, mx)
@@ -1181,6 +1194,7 @@ class Worker:
                                   f"{traceback.format_exc(limit=3)}")
             done += 1
             self.sync.stats[self.w * 4] += 1
+            self.throttle()
         return done
 
     def inject(self):
@@ -1231,21 +1245,32 @@ class Worker:
     # -- crashes
     def crash_protocol(self):
         """The daemon was (is being) killed: drop descriptors, wait for the
-        remount, check every file against its versions, go on."""
-        self.crashes += 1
-        self.note(f"crash {self.crashes}: in-flight namespace op {self.inflight[:2] if self.inflight else None}")
-        for fid in sorted(self.held):
-            h = self.held.pop(fid)
+        remount, check every file against its versions, go on.  A kill
+        during the check (the next one may come at any time) starts over:
+        what was checked stays valid, the rest is checked after the next
+        remount."""
+        while True:
+            self.crashes += 1
+            self.note(f"crash {self.crashes}: in-flight namespace op "
+                      f"{self.inflight[:2] if self.inflight else None}")
+            for fid in sorted(self.held):
+                h = self.held.pop(fid)
+                try:
+                    os.close(h.fd)
+                except OSError:
+                    pass
+            for ino in self.live_inodes().values():
+                ino.nwfd = 0
+            self.orphans.clear()
+            self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # all stopped
+            self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # remounted
             try:
-                os.close(h.fd)
-            except OSError:
-                pass
-        for ino in self.live_inodes().values():
-            ino.nwfd = 0
-        self.orphans.clear()
-        self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # all stopped
-        self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # remounted
-        self.check_after_crash()
+                self.check_after_crash()
+                return
+            except (OSError, Crashed, Failure) as e:
+                if not self.sync.crash.is_set():
+                    raise
+                self.note(f"  killed again during the check: {e!r}")
 
     def check_after_crash(self):
         listing = {n for n in os.listdir(self.dir) if not n.startswith(".tierfs")}
@@ -1674,6 +1699,9 @@ def main(argv=None):
     ap.add_argument("--max-size", default="64M", help="largest file (default 64M)")
     ap.add_argument("--workload", choices=["mixed", "overwrite"], default="mixed",
                     help="overwrite: only O_TRUNC rewrites (half fsynced) and verifies")
+    ap.add_argument("--rate", type=float, default=0, metavar="MIB_S",
+                    help="at most this many MiB/s written + read, all workers together "
+                    "(0: as fast as it goes)")
     ap.add_argument("--host-cache", default="16M")
     ap.add_argument("--policy", choices=["score", "fifo", "lru"], default="score")
     ap.add_argument("--mount-opts", default="", help="more -o options, e.g. gpu=0,gpu_cache=64M")
