@@ -1,0 +1,300 @@
+"""Integrity of the FUSE side: the daemon's descriptors, removed files' space,
+file names across link()/unlink(), attributes of removed files, and readers
+after a new version is committed.
+
+Each test here failed before its fix (issue 13, items 6, 7, 9, 11 and the
+stale-descriptor lead of item 3).
+"""
+
+import errno
+import json
+import mmap
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+import util
+from util import MiB
+
+pytestmark = pytest.mark.daemon
+
+
+def stats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+
+
+def daemon_fds(m):
+    """What the daemon's descriptors point at (readlink of /proc/PID/fd/*)."""
+    d = f"/proc/{m.proc.pid}/fd"
+    out = []
+    for n in os.listdir(d):
+        try:
+            out.append(os.readlink(os.path.join(d, n)))
+        except OSError:
+            pass            # closed meanwhile
+    return out
+
+
+def removed_held(m):
+    """Descriptors of the daemon on removed files of the backing directory."""
+    return [t for t in daemon_fds(m)
+            if t.startswith(m.backing + "/") and t.endswith(" (deleted)")]
+
+
+def wait_for(cond, timeout=10.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(step)
+
+
+def settle(m):
+    """Wait until no flush is queued or running (the stats say so)."""
+    def idle():
+        s = stats(m)["ssd"]
+        return s["flush_backlog"] == 0 and s["flushes_running"] == 0
+    wait_for(idle, timeout=20)
+
+
+# ------------------------------------------------------------ item 6
+
+def test_descriptors_bounded_with_many_files(mount):
+    """A daemon limited to 256 descriptors serves 3,000 files: create,
+    stat, read, mmap write, rename, unlink all succeed, and the daemon never
+    holds more descriptors than its limit allows (one per known inode
+    exhausted them: EMFILE, ENOMEM, EBADF, EPERM and a SIGBUS)."""
+    limit = 256
+    m = mount(nofile=limit)
+    n = 3000
+    peak = 0
+    d = os.path.join(m.mnt, "many")
+    os.mkdir(d)
+    for i in range(n):
+        with open(os.path.join(d, f"f{i:05d}"), "wb") as f:
+            f.write(b"%08d" % i)
+        if i % 500 == 0:
+            peak = max(peak, len(daemon_fds(m)))
+    for i in range(n):
+        st = os.stat(os.path.join(d, f"f{i:05d}"))
+        assert st.st_size == 8
+    peak = max(peak, len(daemon_fds(m)))
+    for i in range(0, n, 7):
+        with open(os.path.join(d, f"f{i:05d}"), "rb") as f:
+            assert f.read() == b"%08d" % i
+    # an mmap writer on a file looked up long ago
+    with open(os.path.join(d, "f00001"), "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 8)
+        mm[:8] = b"MMAPPED!"
+        mm.flush()
+        mm.close()
+    with open(os.path.join(d, "f00001"), "rb") as f:
+        assert f.read() == b"MMAPPED!"
+    for i in range(0, n, 2):
+        os.rename(os.path.join(d, f"f{i:05d}"), os.path.join(d, f"r{i:05d}"))
+    peak = max(peak, len(daemon_fds(m)))
+    names = os.listdir(d)
+    assert len(names) == n
+    for name in names:
+        os.unlink(os.path.join(d, name))
+    os.rmdir(d)
+    peak = max(peak, len(daemon_fds(m)))
+    assert peak < limit, f"daemon held {peak} descriptors (limit {limit})"
+
+
+def test_max_fds_option(mount):
+    """-o max_fds=N bounds the descriptors kept on known files and
+    directories."""
+    m = mount(max_fds=64)
+    base = len(daemon_fds(m))
+    d = os.path.join(m.mnt, "d")
+    os.mkdir(d)
+    for i in range(1000):
+        with open(os.path.join(d, f"f{i}"), "wb") as f:
+            f.write(b"x")
+    for i in range(1000):
+        os.stat(os.path.join(d, f"f{i}"))
+    held = len(daemon_fds(m))
+    assert held <= base + 64 + 8, f"{held} descriptors with max_fds=64 ({base} at start)"
+
+
+# ------------------------------------------------------------ item 7
+
+def test_unlinked_file_space_returned(mount):
+    """A removed file that had data is not held open by the daemon once
+    nobody has it open: its space comes back (it stayed held until
+    unmount)."""
+    m = mount()
+    a = os.path.join(m.mnt, "a")
+    util.write_file(a, util.randbytes(4 * MiB))
+    fd = os.open(a, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    os.stat(a)
+    settle(m)
+    os.unlink(a)
+    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+
+
+def test_renamed_over_file_space_returned(mount):
+    m = mount()
+    b, c = os.path.join(m.mnt, "b"), os.path.join(m.mnt, "c")
+    util.write_file(b, util.randbytes(4 * MiB))
+    fd = os.open(b, os.O_RDONLY)
+    os.fsync(fd)
+    assert os.read(fd, 10)
+    os.close(fd)
+    new = util.randbytes(1 * MiB)
+    util.write_file(c, new)
+    settle(m)
+    os.rename(c, b)
+    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.assert_same(util.read_file(b), new)
+
+
+def test_open_unlinked_file_kept_until_close(mount):
+    """An open file stays readable after its name is removed, and its space
+    comes back at the last close."""
+    m = mount()
+    d = os.path.join(m.mnt, "d")
+    data = util.randbytes(3 * MiB)
+    util.write_file(d, data)
+    fd = os.open(d, os.O_RDONLY)
+    os.fsync(fd)
+    settle(m)
+    os.unlink(d)
+    util.assert_same(util.pread_all(fd, len(data)), data)
+    os.close(fd)
+    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+
+
+def test_many_removed_files_not_held(mount):
+    """Rotating checkpoints (write, then remove old ones) leaves nothing held."""
+    m = mount()
+    for i in range(40):
+        util.write_file(os.path.join(m.mnt, f"ck{i}"), util.randbytes(256 * 1024))
+        if i >= 4:
+            os.unlink(os.path.join(m.mnt, f"ck{i - 4}"))
+    settle(m)
+    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    assert sorted(os.listdir(m.mnt)) == sorted(f"ck{i}" for i in range(36, 40))
+
+
+# ------------------------------------------------------------ item 9
+
+@pytest.mark.parametrize("keep", ["new", "old"])
+def test_link_then_unlink_flushes(mount, keep):
+    """git's way of storing an object (write a temp file, link() it to its
+    name, unlink() the temp name) flushes without error; the flush used to
+    fail with EINVAL for an "(unlinked file)" and count flush_errors."""
+    m = mount()
+    for i in range(6):
+        tmp = os.path.join(m.mnt, f"tmp_obj_{i}")
+        obj = os.path.join(m.mnt, f"obj_{i}")
+        data = util.randbytes(100 + 5000 * i)
+        util.write_file(tmp, data, mode=0o444)
+        os.link(tmp, obj)
+        os.unlink(tmp if keep == "new" else obj)
+        left = obj if keep == "new" else tmp
+        fd = os.open(left, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        util.assert_same(util.read_file(left), data)
+    settle(m)
+    assert stats(m)["ssd"]["flush_errors"] == 0
+    m.umount()
+    for i in range(6):
+        left = f"obj_{i}" if keep == "new" else f"tmp_obj_{i}"
+        st = os.stat(os.path.join(m.backing, left))
+        assert st.st_size == 100 + 5000 * i
+        assert stat.S_IMODE(st.st_mode) == 0o444
+
+
+# ------------------------------------------------------------ item 11
+
+def test_opath_fstat_of_unlinked_file_keeps_mode(mount):
+    """fstat of an O_PATH descriptor of an open, removed file reports the
+    file's mode and owner (a version committed after the removal reported
+    0600)."""
+    m = mount()
+    for i in range(8):
+        p = os.path.join(m.mnt, f"u{i}")
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o640)
+        os.write(fd, util.randbytes((4 + 4 * i) * MiB))
+        os.close(fd)            # its flush starts now ...
+        rfd = os.open(p, os.O_RDONLY)
+        pfd = os.open(p, os.O_PATH)
+        os.unlink(p)            # ... and is often running still
+        settle(m)
+        time.sleep(1.1)         # past the attribute timeout
+        for f in (rfd, pfd):
+            st = os.fstat(f)
+            assert stat.S_IMODE(st.st_mode) == 0o640, (i, oct(st.st_mode))
+            assert st.st_uid == os.getuid()
+        os.close(pfd)
+        os.close(rfd)
+
+
+# ------------------------------------------------------------ item 3 (lead)
+
+def test_no_read_from_old_version_after_commit(mount):
+    """Once a new version is committed (fsync returned), a read never comes
+    from a descriptor of the version it replaced, whatever readers were
+    using that descriptor at the time."""
+    m = mount(host_cache="16M")
+    p = os.path.join(m.mnt, "big")
+    size = 24 * MiB                 # larger than the cache: written through
+    util.write_file(p, bytes([0]) * size)
+    stop = threading.Event()
+    errors = []
+
+    def reader():
+        try:
+            while not stop.is_set():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    for off in range(0, size, 4 * MiB):
+                        os.pread(fd, 64 * 1024, off)
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for v in range(1, 16):
+            fd = os.open(p, os.O_WRONLY)
+            os.pwrite(fd, bytes([v]) * size, 0)
+            os.fsync(fd)
+            os.close(fd)
+            fd = os.open(p, os.O_RDONLY)
+            for off in range(0, size, 4 * MiB):
+                got = os.pread(fd, 4096, off)
+                assert got == bytes([v]) * 4096, (v, off, got[:4])
+            os.close(fd)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+
+
+def test_written_through_unlinked_file_space_returned(mount):
+    """A file too big for the cache (written through to a new version on
+    the SSD) and removed while open: its space comes back at the last
+    close, version included."""
+    m = mount(host_cache="16M")
+    p = os.path.join(m.mnt, "big")
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    data = util.randbytes(32 * MiB)
+    os.write(fd, data)
+    os.unlink(p)
+    util.assert_same(util.pread_all(fd, len(data)), data)
+    os.close(fd)
+    assert wait_for(lambda: not removed_held(m)), removed_held(m)
