@@ -2,12 +2,15 @@
  * fs.h - the FUSE side of tierfs: inodes, the backing directory, options.
  *
  * Each inode the kernel knows is a struct fs_inode, its FUSE ino the
- * pointer.  It holds an O_PATH fd on the backing object; regular files also
- * embed their tiering state (struct tfile).  Inodes are found by the backing
- * (st_dev, st_ino); a flush that replaces a backing file rekeys its inode.
+ * pointer.  It keeps the file handle of its backing object and, while
+ * fs_fd.c caches one (a bounded set, see there), an O_PATH fd on it;
+ * regular files also embed their tiering state (struct tfile).  Inodes are
+ * found by the backing (st_dev, st_ino); a flush that replaces a backing
+ * file rekeys its inode.
  *
- * Locks: fs.lock protects the inode table, every inode's name/parent, the
- * O_PATH fds and reference counts.  fs.nslock, taken before fs.lock,
+ * Locks: fs.lock protects the inode table, every inode's names, and
+ * reference counts; fs_fd.c's lock the descriptors (innermost; order
+ * fs.nslock -> fs.lock -> inode fdlock -> descriptor lock).  fs.nslock, taken before fs.lock,
  * serialises namespace changes in the backing directory (rename, unlink,
  * rmdir, link, version commits); a version commit holds only nslock while
  * it links and renames (journal operations that can wait for a commit),
@@ -38,16 +41,36 @@ struct fs_inode {
 	dev_t dev;			/* backing st_dev */
 	ino_t ino;			/* backing st_ino (key) */
 	mode_t type;			/* S_IFMT bits */
-	int fd;				/* O_PATH fd on the backing object */
+	struct file_handle *fh;		/* handle of the backing object, NULL:
+					 * none (fd is then never closed) */
+	int fd;				/* O_PATH fd on the backing object, -1
+					 * while not cached (fs_fd_hold) */
 	pthread_rwlock_t fdlock;	/* read: using fd; write: replacing it */
+	int fd_users;			/* holders of fd (fs_fd_hold) */
+	bool fd_pinned;			/* removed but in use: fd kept */
+	bool fd_gone;			/* removed, fds closed: never reopened
+					 * (set under fs.lock too) */
+	bool lru_in;			/* on the descriptor LRU */
+	struct fs_inode *lru_prev, *lru_next;	/* descriptor LRU links */
+	struct stat *gone_st;		/* attributes when it went (fd_gone) */
 	uint64_t nlookup;		/* kernel references */
 	int refs;			/* internal references */
 	int nopen;			/* open handles */
 	struct fs_inode *parent;	/* directory of `name` (referenced) */
 	char *name;			/* a name of it, NULL if unknown */
+	struct fs_alias *aliases;	/* its other known names (hard links) */
 	bool unlinked;			/* its last name is gone */
-	int data_fd;			/* read/write fd on the backing file, -1 */
+	int data_fd;			/* read fd on the current version, -1 */
 	int data_users;			/* borrowers of data_fd */
+	struct oldfd *old_fds;		/* read fds of replaced versions that
+					 * still have borrowers */
+};
+
+/* Another known name of a hard-linked regular file (fs.lock). */
+struct fs_alias {
+	struct fs_alias *next;
+	struct fs_inode *parent;	/* referenced */
+	char name[];
 };
 
 enum { FS_RELATIME, FS_NOATIME, FS_STRICTATIME };
@@ -71,6 +94,7 @@ struct fs_opts {
 	int atime;			/* FS_RELATIME (default), FS_NOATIME, ... */
 	int readahead_kb;		/* kernel readahead of the mount */
 	int poll_us;			/* a worker polls for requests this long */
+	int max_fds;			/* descriptor budget, 0: default */
 	int allow_other;
 	int default_permissions;
 	int flush_threads;
@@ -130,16 +154,52 @@ static inline double fs_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Hold in->fd steady (a flush may replace it) while using it. */
-static inline void fs_fd_hold(struct fs_inode *in)
-{
-	pthread_rwlock_rdlock(&in->fdlock);
-}
-
-static inline void fs_fd_release(struct fs_inode *in)
-{
-	pthread_rwlock_unlock(&in->fdlock);
-}
+/*
+ * fs_fd.c: the descriptor budget (max_fds).
+ *
+ * fs_fd_hold() returns in's O_PATH fd (reopened from its handle if it was
+ * closed), or -errno; either way it must be paired with fs_fd_release().
+ * Meanwhile the fd is neither closed nor replaced by a new version.
+ */
+int fs_fd_hold(struct fs_inode *in);
+void fs_fd_release(struct fs_inode *in);
+/* Default budget when RLIMIT_NOFILE allows it. */
+#define FS_MAX_FDS_DEFAULT	4096
+/* Raise RLIMIT_NOFILE to its hard limit, set the budget (max_fds <= 0:
+ * default), find out whether handles can be reopened.  After fs.root_fd. */
+int fs_fd_setup(int max_fds);
+void fs_fd_stats(unsigned *open, unsigned *max, unsigned *peak);
+/* A new inode's backing fd (its handle is taken here). */
+void fs_fd_attach(struct fs_inode *in, int fd);
+/* A fresh fd on in's backing object: cached if in has none, else closed. */
+void fs_fd_offer(struct fs_inode *in, int fd);
+/* Is fd (of type mode) in's backing object?  A number seen again may
+ * belong to a new object once in's fd is closed.  fs.lock held. */
+bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode);
+/* inode_free: close everything, forget the handle. */
+void fs_fd_detach(struct fs_inode *in);
+/* Removed files: keep the fds while in use (pin) or close them at the
+ * last use and never reopen (gone; fs.lock held, so that an open can tell:
+ * fd_gone); gone_stat: its attributes then. */
+void fs_fd_pin(struct fs_inode *in);
+void fs_fd_gone(struct fs_inode *in);
+bool fs_fd_gone_stat(struct fs_inode *in, struct stat *st);
+/* A new version fd becomes in's fd; old[0] (the replaced fd) and old[1] (an
+ * unborrowed read fd of the old version) are for the caller to close. */
+int fs_fd_replace(struct fs_inode *in, int fd, int old[2]);
+/* The borrowed read fd of in's current version (engine data_fd). */
+int fs_data_fd_get(struct fs_inode *in);
+void fs_data_fd_put(struct fs_inode *in, int fd);
+void fs_data_fd_drop(struct fs_inode *in);	/* close it if not borrowed */
+/* An open directory's fd, counted in the budget; -errno on failure. */
+int fs_fd_opendir(struct fs_inode *in);
+void fs_fd_closedir(void);
+/* openat, retried once after closing cached fds on EMFILE/ENFILE (O_CLOEXEC
+ * added).  Returns the fd or -errno. */
+int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode);
+/* err is EMFILE/ENFILE (either sign): close unused cached fds; true if
+ * any were closed (worth a retry). */
+bool fs_fd_reclaim(int err);
 
 /*
  * fi->fh of a regular file's handle: FS_FH_FLAGS | its open flags, set by

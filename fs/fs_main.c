@@ -47,6 +47,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("direct_writes", direct_writes, 1),
 	OPT("readahead_kb=%d", readahead_kb, 0),
 	OPT("poll_us=%d", poll_us, 0),
+	OPT("max_fds=%d", max_fds, 0),
 	OPT("no_direct_writes", direct_writes, 0),
 	OPT("direct_reads", direct_reads, 1),
 	OPT("no_direct_reads", direct_reads, 0),
@@ -206,6 +207,9 @@ static void usage(const char *prog)
 "                           BACKING_DIR this long, then give them up (logged)\n"
 "                           and exit 1 (default 60)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
+"    -o max_fds=N           descriptors kept open on known files and\n"
+"                           directories (default 4096, at most half of\n"
+"                           RLIMIT_NOFILE)\n"
 "    -o writeback           use the kernel writeback cache for page-cache\n"
 "                           handles (default: off; see tierfs(8))\n"
 "    -o no_direct_writes    let write-only opens use the page cache too\n"
@@ -965,6 +969,9 @@ int main(int argc, char *argv[])
 	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
 	if (!fs.htab)
 		die("out of memory%s%s", "", "");
+	if (fs.opts.max_fds < 0 || (fs.opts.max_fds > 0 && fs.opts.max_fds < 16))
+		die("max_fds must be 16 or more%s%s", "", "");
+	fs_fd_setup(fs.opts.max_fds);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fuse_opt_add_arg(&args, "-ofsname=tierfs");

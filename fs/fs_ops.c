@@ -155,6 +155,100 @@ static void set_name(struct fs_inode *in, struct fs_inode *parent, const char *n
 	}
 }
 
+static void put_dir(struct fs_inode *dir)
+{
+	if (dir != &fs.root) {
+		__atomic_sub_fetch(&dir->refs, 1, __ATOMIC_ACQ_REL);
+		maybe_free(dir);
+	}
+}
+
+/* Forget in's other names.  fs.lock held. */
+static void drop_aliases(struct fs_inode *in)
+{
+	struct fs_alias *a, *next;
+
+	for (a = in->aliases; a; a = next) {
+		next = a->next;
+		put_dir(a->parent);
+		free(a);
+	}
+	in->aliases = NULL;
+}
+
+/*
+ * `name` in `parent` is a new name of regular file in (link()).  Every
+ * name is remembered, so that the file keeps a name to commit its versions
+ * under when another goes (git: write a temp file, link it, unlink the
+ * temp name).  fs.lock held.
+ */
+static void add_name(struct fs_inode *in, struct fs_inode *parent, const char *name)
+{
+	struct fs_alias *a;
+
+	if (!S_ISREG(in->type) || in->unlinked)
+		return;
+	if (!in->name) {
+		set_name(in, parent, name);
+		return;
+	}
+	if (in->parent == parent && strcmp(in->name, name) == 0)
+		return;
+	for (a = in->aliases; a; a = a->next)
+		if (a->parent == parent && strcmp(a->name, name) == 0)
+			return;
+	a = malloc(sizeof(*a) + strlen(name) + 1);
+	if (!a)
+		return;		/* forgotten: versions are then copied in place */
+	a->parent = parent;
+	strcpy(a->name, name);
+	if (parent != &fs.root)
+		__atomic_add_fetch(&parent->refs, 1, __ATOMIC_ACQ_REL);
+	a->next = in->aliases;
+	in->aliases = a;
+}
+
+/*
+ * in's name `name` in `parent` moved to `nn` in `np`, or went away (nn
+ * NULL; another known name then becomes its name).  Returns false if that
+ * name was not known.  fs.lock held.
+ */
+static bool move_name(struct fs_inode *in, struct fs_inode *parent, const char *name,
+		      struct fs_inode *np, const char *nn)
+{
+	struct fs_alias **pp, *a;
+
+	if (in->name && in->parent == parent && strcmp(in->name, name) == 0) {
+		if (nn) {
+			set_name(in, np, nn);
+			return true;
+		}
+		a = in->aliases;
+		if (!a) {
+			set_name(in, NULL, NULL);
+			return true;
+		}
+		in->aliases = a->next;
+		set_name(in, a->parent, a->name);
+		put_dir(a->parent);	/* set_name took its own */
+		free(a);
+		return true;
+	}
+	for (pp = &in->aliases; (a = *pp); pp = &a->next) {
+		if (a->parent != parent || strcmp(a->name, name))
+			continue;
+		if (nn)
+			add_name(in, np, nn);
+		for (pp = &in->aliases; *pp != a; pp = &(*pp)->next)
+			;	/* add_name may have put one in front */
+		*pp = a->next;
+		put_dir(a->parent);
+		free(a);
+		return true;
+	}
+	return false;
+}
+
 static void inode_free(struct fs_inode *in);
 
 /* fs.lock held: drop in if nothing references it any more. */
@@ -167,15 +261,16 @@ static void maybe_free(struct fs_inode *in)
 	inode_free(in);
 }
 
+static void drop_aliases(struct fs_inode *in);
+
 static void inode_free(struct fs_inode *in)
 {
 	struct fs_inode *parent = in->parent;
 
 	if (S_ISREG(in->type))
 		tfile_destroy(&in->tf);
-	if (in->data_fd >= 0)
-		close(in->data_fd);
-	close(in->fd);
+	fs_fd_detach(in);
+	drop_aliases(in);
 	free(in->name);
 	free(in);
 	if (parent && parent != &fs.root) {
@@ -205,11 +300,14 @@ void fs_inode_put(struct fs_inode *in)
 
 static int stat_inode(struct fs_inode *in, struct stat *st)
 {
-	int ret;
+	int fd, ret;
 
-	fs_fd_hold(in);
-	ret = fstatat(in->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd :
+	      fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 	fs_fd_release(in);
+	if (ret == -ENOENT && fs_fd_gone_stat(in, st))
+		ret = 0;	/* removed and closed: what it was */
 	if (ret)
 		return ret;
 	st->st_ino = ino_of(in);
@@ -242,14 +340,16 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 {
 	struct fs_inode *in;
 	struct stat st;
-	int fd, ret;
+	int fd, pfd, ret;
 
 	memset(e, 0, sizeof(*e));
 	if (hidden_name(name))
 		return -ENOENT;
-	fd = openat(parent->fd, name, O_PATH | O_NOFOLLOW);
+	pfd = fs_fd_hold(parent);
+	fd = pfd < 0 ? pfd : fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
+	fs_fd_release(parent);
 	if (fd < 0)
-		return -errno;
+		return fd;
 	if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 		ret = -errno;
 		close(fd);
@@ -257,12 +357,25 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 	}
 	pthread_mutex_lock(&fs.lock);
 	in = table_find(st.st_dev, st.st_ino);
+	if (in && in != &fs.root && !fs_fd_same(in, fd, st.st_mode)) {
+		/* its backing object is gone and the number reused: the old
+		 * inode stays in the table (until forgotten) under a key no
+		 * backing object has */
+		table_remove(in);
+		in->dev = (dev_t)-1;
+		in->ino = (ino_t)(uintptr_t)in;
+		table_insert(in);
+		in = NULL;
+	}
 	if (in) {
-		close(fd);
+		fs_fd_offer(in, fd);	/* saves a reopen if it had none */
 		in->nlookup++;
 		if (S_ISREG(in->type) && st.st_nlink == 1 && !in->unlinked &&
-		    (!in->name || in->parent != parent || strcmp(in->name, name)))
+		    (!in->name || in->parent != parent || strcmp(in->name, name) ||
+		     in->aliases)) {
+			drop_aliases(in);	/* its only name */
 			set_name(in, parent, name);
+		}
 	} else {
 		in = calloc(1, sizeof(*in));
 		if (!in) {
@@ -270,13 +383,12 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 			close(fd);
 			return -ENOMEM;
 		}
-		in->fd = fd;
 		pthread_rwlock_init(&in->fdlock, NULL);
 		in->dev = st.st_dev;
 		in->ino = st.st_ino;
 		in->type = st.st_mode & S_IFMT;
 		in->nlookup = 1;
-		in->data_fd = -1;
+		fs_fd_attach(in, fd);
 		if (S_ISREG(in->type)) {
 			tfile_init(&in->tf, fs.eng, &fs_tfile_ops, (uint64_t)st.st_size);
 			in->tf.mtime = st.st_mtim;
@@ -344,11 +456,13 @@ static void own_new(struct fs_inode *parent, const char *name, fuse_req_t req)
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct stat pst;
 	gid_t gid = ctx->gid;
+	int pfd = fs_fd_hold(parent);
 
-	if (fstatat(parent->fd, "", &pst, AT_EMPTY_PATH) == 0 && (pst.st_mode & S_ISGID))
+	if (pfd >= 0 && fstatat(pfd, "", &pst, AT_EMPTY_PATH) == 0 && (pst.st_mode & S_ISGID))
 		gid = (gid_t)-1;	/* setgid directory: keep its group */
-	if (fchownat(parent->fd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+	if (pfd >= 0 && fchownat(pfd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
 		tlog(LOG_WARNING, "chown of new %s: %s", name, strerror(errno));
+	fs_fd_release(parent);
 }
 
 /* ---- operations ------------------------------------------------------- */
@@ -430,9 +544,10 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	(void)fi;
 	/* attributes: not while a new version copies them (v_commit) */
 	pthread_mutex_lock(&fs.nslock);
-	fs_fd_hold(in);
+	ret = fs_fd_hold(in);
+	ret = ret < 0 ? ret : 0;
 	fs_proc_path(in->fd, path, sizeof(path));
-	if (valid & FUSE_SET_ATTR_MODE) {
+	if (!ret && (valid & FUSE_SET_ATTR_MODE)) {
 		if (S_ISLNK(in->type))
 			ret = -EOPNOTSUPP;
 		else if (chmod(path, attr->st_mode & 07777) < 0)
@@ -510,10 +625,14 @@ static void fs_ll_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct fs_inode *in = fs_inode_of(ino);
 	char buf[PATH_MAX + 1];
-	ssize_t n = readlinkat(in->fd, "", buf, sizeof(buf));
+	int fd = fs_fd_hold(in);
+	ssize_t n = fd < 0 ? fd : readlinkat(fd, "", buf, sizeof(buf));
 
+	if (n < 0 && fd >= 0)
+		n = -errno;
+	fs_fd_release(in);
 	if (n < 0)
-		fuse_reply_err(req, errno);
+		fuse_reply_err(req, (int)-n);
 	else if (n >= (ssize_t)sizeof(buf))
 		fuse_reply_err(req, ENAMETOOLONG);
 	else {
@@ -531,10 +650,13 @@ static void fs_ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 			mode_t mode, dev_t rdev)
 {
 	struct fs_inode *p = fs_inode_of(parent);
-	int ret = check_new_name(name);
+	int ret = check_new_name(name), pfd = fs_fd_hold(p);
 
-	if (!ret && mknodat(p->fd, name, mode, rdev) < 0)
+	if (!ret && pfd < 0)
+		ret = pfd;
+	if (!ret && mknodat(pfd, name, mode, rdev) < 0)
 		ret = -errno;
+	fs_fd_release(p);
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -547,10 +669,13 @@ static void fs_ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 			mode_t mode)
 {
 	struct fs_inode *p = fs_inode_of(parent);
-	int ret = check_new_name(name);
+	int ret = check_new_name(name), pfd = fs_fd_hold(p);
 
-	if (!ret && mkdirat(p->fd, name, mode) < 0)
+	if (!ret && pfd < 0)
+		ret = pfd;
+	if (!ret && mkdirat(pfd, name, mode) < 0)
 		ret = -errno;
+	fs_fd_release(p);
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -563,10 +688,13 @@ static void fs_ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 			  const char *name)
 {
 	struct fs_inode *p = fs_inode_of(parent);
-	int ret = check_new_name(name);
+	int ret = check_new_name(name), pfd = fs_fd_hold(p);
 
-	if (!ret && symlinkat(link, p->fd, name) < 0)
+	if (!ret && pfd < 0)
+		ret = pfd;
+	if (!ret && symlinkat(link, pfd, name) < 0)
 		ret = -errno;
+	fs_fd_release(p);
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -580,12 +708,20 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 {
 	struct fs_inode *in = fs_inode_of(ino), *p = fs_inode_of(newparent);
 	struct fuse_entry_param e;
-	int ret = check_new_name(newname);
+	int ret = check_new_name(newname), fd, pfd;
 
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
-	if (!ret && linkat(in->fd, "", p->fd, newname, AT_EMPTY_PATH) < 0)
+	fd = fs_fd_hold(in);
+	pfd = fs_fd_hold(p);
+	if (!ret)
+		ret = fd < 0 ? fd : pfd < 0 ? pfd : 0;
+	if (!ret && linkat(fd, "", pfd, newname, AT_EMPTY_PATH) < 0)
 		ret = -errno;
+	if (!ret)
+		add_name(in, p, newname);
+	fs_fd_release(p);
+	fs_fd_release(in);
 	pthread_mutex_unlock(&fs.lock);
 	pthread_mutex_unlock(&fs.nslock);
 	if (ret) {
@@ -600,61 +736,99 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 }
 
 /*
- * After a name of `in` went away: if it has no name left, the file is gone
- * (its pending flush is cancelled).  fs.lock held.
+ * After a name of `in` went away (fd: in's held fd): if it has no name
+ * left, the file is gone (its pending flush is cancelled), and its backing
+ * object is let go as soon as no open handle or request uses it: its space
+ * comes back.  fs.lock held.
  */
-static void name_removed(struct fs_inode *in, struct fs_inode *parent,
+static void name_removed(struct fs_inode *in, int fd, struct fs_inode *parent,
 			 const char *name)
 {
 	struct stat st;
 
-	if (in->name && in->parent == parent && strcmp(in->name, name) == 0)
-		set_name(in, NULL, NULL);
-	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_nlink == 0) {
+	move_name(in, parent, name, NULL, NULL);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_nlink == 0) {
 		in->unlinked = true;
+		drop_aliases(in);
 		if (S_ISREG(in->type))
 			tfile_unlinked(&in->tf);
+		if (in->nopen)
+			fs_fd_pin(in);
+		else
+			fs_fd_gone(in);	/* closed at the caller's release */
 	}
 }
 
-/* The known inode of name in parent, or NULL.  fs.lock held. */
-static struct fs_inode *find_child(struct fs_inode *parent, const char *name)
+/*
+ * The known inode of name in directory fd dfd, or NULL; referenced, with
+ * its fd held in *fd (the caller releases both, after fs.lock: the last
+ * close of a removed file frees its blocks).  fs.lock held.
+ */
+static struct fs_inode *find_child(int dfd, const char *name, int *fd)
 {
+	struct fs_inode *in;
 	struct stat st;
 
-	if (fstatat(parent->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+	*fd = -1;
+	if (dfd < 0 || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return NULL;
-	return table_find(st.st_dev, st.st_ino);
+	in = table_find(st.st_dev, st.st_ino);
+	if (!in || in == &fs.root)
+		return NULL;
+	fs_inode_get(in);
+	*fd = fs_fd_hold(in);
+	return in;
+}
+
+static void put_child(struct fs_inode *in)
+{
+	if (in) {
+		fs_fd_release(in);
+		fs_inode_put(in);
+	}
 }
 
 static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
-	int ret = 0;
+	int ret = 0, pfd, fd;
 
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
-	in = find_child(p, name);
-	if (unlinkat(p->fd, name, 0) < 0)
+	pfd = fs_fd_hold(p);
+	in = find_child(pfd, name, &fd);
+	if (pfd < 0)
+		ret = pfd;
+	else if (unlinkat(pfd, name, 0) < 0)
 		ret = -errno;
 	else if (in)
-		name_removed(in, p, name);
+		name_removed(in, fd, p, name);
 	pthread_mutex_unlock(&fs.lock);
 	pthread_mutex_unlock(&fs.nslock);
+	fs_fd_release(p);
+	put_child(in);
 	fuse_reply_err(req, -ret);
 }
 
 static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct fs_inode *p = fs_inode_of(parent);
-	int ret = 0;
+	struct fs_inode *p = fs_inode_of(parent), *in;
+	int ret = 0, pfd, fd;
 
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
-	if (unlinkat(p->fd, name, AT_REMOVEDIR) < 0)
+	pfd = fs_fd_hold(p);
+	in = find_child(pfd, name, &fd);
+	if (pfd < 0)
+		ret = pfd;
+	else if (unlinkat(pfd, name, AT_REMOVEDIR) < 0)
 		ret = -errno;
+	else if (in)
+		name_removed(in, fd, p, name);
 	pthread_mutex_unlock(&fs.lock);
 	pthread_mutex_unlock(&fs.nslock);
+	fs_fd_release(p);
+	put_child(in);
 	fuse_reply_err(req, -ret);
 }
 
@@ -664,7 +838,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs_inode *p = fs_inode_of(parent), *np = fs_inode_of(newparent);
 	struct fs_inode *src, *dst;
-	int ret = check_new_name(newname);
+	int ret = check_new_name(newname), pfd, npfd, sfd, dfd;
 
 	if (ret) {
 		fuse_reply_err(req, -ret);
@@ -672,26 +846,38 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	}
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
-	src = find_child(p, name);
-	dst = find_child(np, newname);
-	if (renameat2(p->fd, name, np->fd, newname, flags) < 0) {
+	pfd = fs_fd_hold(p);
+	npfd = fs_fd_hold(np);
+	src = find_child(pfd, name, &sfd);
+	dst = find_child(npfd, newname, &dfd);
+	if (pfd < 0 || npfd < 0) {
+		ret = pfd < 0 ? pfd : npfd;
+		goto out;
+	}
+	if (renameat2(pfd, name, npfd, newname, flags) < 0) {
 		ret = -errno;
 		goto out;
 	}
+	if (src == dst)
+		goto out;	/* two names of one file: nothing changed */
 	if (flags & RENAME_EXCHANGE) {
-		if (src && src->name)
-			set_name(src, np, newname);
-		if (dst && dst->name)
-			set_name(dst, p, name);
+		if (src)
+			move_name(src, p, name, np, newname);
+		if (dst)
+			move_name(dst, np, newname, p, name);
 		goto out;
 	}
-	if (dst && dst != src)
-		name_removed(dst, np, newname);
-	if (src && S_ISREG(src->type))
+	if (dst)
+		name_removed(dst, dfd, np, newname);
+	if (src && S_ISREG(src->type) && !move_name(src, p, name, np, newname))
 		set_name(src, np, newname);
 out:
 	pthread_mutex_unlock(&fs.lock);
 	pthread_mutex_unlock(&fs.nslock);
+	fs_fd_release(np);
+	fs_fd_release(p);
+	put_child(dst);
+	put_child(src);
 	fuse_reply_err(req, -ret);
 }
 
@@ -700,9 +886,15 @@ static bool writable(int flags)
 	return (flags & O_ACCMODE) != O_RDONLY;
 }
 
-static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
+static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 {
 	pthread_mutex_lock(&fs.lock);
+	if (in->fd_gone) {
+		/* removed, closed and let go (an O_PATH descriptor reopened
+		 * through /proc): nothing is left to open */
+		pthread_mutex_unlock(&fs.lock);
+		return -ENOENT;
+	}
 	in->nopen++;
 	pthread_mutex_unlock(&fs.lock);
 	if (writable(fi->flags))
@@ -723,6 +915,7 @@ static void open_common(struct fs_inode *in, struct fuse_file_info *fi)
 		fi->direct_io = 1;
 	if (fs.dio_mmap && fs.opts.direct_reads)
 		fi->direct_io = 1;
+	return 0;
 }
 
 static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -734,7 +927,11 @@ static void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		fuse_reply_err(req, S_ISDIR(in->type) ? EISDIR : ENXIO);
 		return;
 	}
-	open_common(in, fi);
+	ret = open_common(in, fi);
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
 	if (fi->flags & O_TRUNC) {
 		ret = tfile_truncate(&in->tf, 0);
 		if (ret) {
@@ -762,19 +959,21 @@ static void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
 	struct fuse_entry_param e;
-	int fd, ret = check_new_name(name);
+	int fd, pfd, ret = check_new_name(name);
 
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
 	}
-	fd = openat(p->fd, name, (fi->flags & (O_EXCL | O_TRUNC | O_NOFOLLOW)) |
-		    O_CREAT | O_RDWR | O_CLOEXEC, mode);
-	if (fd < 0 && errno == EACCES)
-		fd = openat(p->fd, name, (fi->flags & (O_EXCL | O_NOFOLLOW)) |
-			    O_CREAT | O_RDONLY | O_CLOEXEC, mode);
+	pfd = fs_fd_hold(p);
+	fd = pfd < 0 ? pfd : fs_fd_openat(pfd, name, (fi->flags & (O_EXCL | O_TRUNC | O_NOFOLLOW)) |
+					  O_CREAT | O_RDWR, mode);
+	if (fd == -EACCES)
+		fd = fs_fd_openat(pfd, name, (fi->flags & (O_EXCL | O_NOFOLLOW)) |
+				  O_CREAT | O_RDONLY, mode);
+	fs_fd_release(p);
 	if (fd < 0) {
-		fuse_reply_err(req, errno);
+		fuse_reply_err(req, -fd);
 		return;
 	}
 	close(fd);
@@ -790,7 +989,12 @@ static void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fuse_reply_err(req, EISDIR);
 		return;
 	}
-	open_common(in, fi);
+	ret = open_common(in, fi);
+	if (ret) {
+		forget_one(e.ino, 1);
+		fuse_reply_err(req, -ret);
+		return;
+	}
 	if (fi->flags & O_TRUNC)
 		tfile_truncate(&in->tf, 0);
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
@@ -905,7 +1109,7 @@ static void touch_atime(struct fs_inode *in)
 static void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct fs_inode *in = fs_inode_of(ino);
-	int closing = -1;
+	bool last, gone;
 
 	fuse_reply_err(req, 0);		/* nothing below can fail */
 	if ((fi->flags & O_ACCMODE) != O_WRONLY)
@@ -914,14 +1118,26 @@ static void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		tfile_close_writer(&in->tf);
 	pthread_mutex_lock(&fs.lock);
 	in->nopen--;
-	if (!in->nopen && in->data_fd >= 0 && !in->data_users) {
-		closing = in->data_fd;	/* closed below, without fs.lock */
-		in->data_fd = -1;
+	last = !in->nopen;
+	gone = last && in->unlinked;
+	if (last)
+		fs_inode_get(in);	/* for the closes below, without fs.lock */
+	if (gone) {
+		/* a removed file's space comes back now (or at the end of
+		 * the last request or engine transfer using it): gone under
+		 * fs.lock, against a reopen (open_common); closed by the
+		 * release below, without fs.lock */
+		fs_fd_hold(in);
+		fs_fd_gone(in);
 	}
-	maybe_free(in);
 	pthread_mutex_unlock(&fs.lock);
-	if (closing >= 0)
-		close(closing);
+	if (last) {
+		if (gone)
+			fs_fd_release(in);
+		else
+			fs_data_fd_drop(in);
+		fs_inode_put(in);
+	}
 }
 
 static void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
@@ -950,12 +1166,14 @@ static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	fd = openat(in->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = fs_fd_opendir(in);		/* counted in the descriptor budget */
 	if (fd < 0 || !(d->dp = fdopendir(fd))) {
-		int err = errno;
+		int err = fd < 0 ? -fd : errno;
 
-		if (fd >= 0)
+		if (fd >= 0) {
 			close(fd);
+			fs_fd_closedir();
+		}
 		free(d);
 		fuse_reply_err(req, err);
 		return;
@@ -1015,6 +1233,7 @@ static void fs_ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_in
 
 	(void)ino;
 	closedir(d->dp);
+	fs_fd_closedir();
 	free(d);
 	fuse_reply_err(req, 0);
 }
@@ -1174,28 +1393,50 @@ static struct fs_inode *in_of(struct tfile *f)
 
 static int open_direct(const char *path, int flags, bool want_direct, bool *direct)
 {
-	int fd = -1;
+	int fd = -1, tries = 0;
 
 	*direct = false;
+again:
 	if (want_direct) {
 		fd = open(path, flags | O_DIRECT | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			*direct = true;
 			return fd;
 		}
-		if (errno != EINVAL)
-			return -errno;
+		if (errno != EINVAL) {
+			fd = -errno;
+			goto err;
+		}
 	}
 	fd = open(path, flags | O_CLOEXEC, 0600);
-	return fd < 0 ? -errno : fd;
+	if (fd >= 0)
+		return fd;
+	fd = -errno;
+err:
+	if (tries++ == 0 && fs_fd_reclaim(fd))
+		goto again;	/* EMFILE: cached descriptors were closed */
+	return fd;
+}
+
+/* open_direct() of the object fs_fd_hold(in) gives. */
+static int open_held(struct fs_inode *in, int flags, bool want_direct, bool *direct)
+{
+	char path[64];
+	int fd = fs_fd_hold(in);
+
+	if (fd >= 0) {
+		fs_proc_path(fd, path, sizeof(path));
+		fd = open_direct(path, flags, want_direct, direct);
+	}
+	fs_fd_release(in);
+	return fd;
 }
 
 static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace)
 {
-	struct fs_inode *in = in_of(f);
-	char path[64];
+	struct fs_inode *in = in_of(f), *dir = NULL;
 	struct stat st;
-	int ret = 0, dfd = -1, flags = O_TMPFILE | O_RDWR;
+	int ret = 0, fd;
 
 	/*
 	 * Decide under fs.lock, open without it: creating the new version's
@@ -1207,42 +1448,39 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	pthread_mutex_lock(&fs.lock);
 	if (in->unlinked) {
 		/* anonymous storage for a file that has no name any more */
-		dfd = dup(fs.root_fd);
-	} else if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) < 0) {
-		ret = -errno;
-	} else if (st.st_nlink == 1 && in->name && in->parent) {
-		dfd = dup(in->parent->fd);
+		dir = &fs.root;
 	} else {
-		/* hard links: the file itself, in place */
-		*inplace = true;
-		flags = O_RDWR;
-		dfd = dup(in->fd);
+		fd = fs_fd_hold(in);
+		if (fd < 0)
+			ret = fd;
+		else if (fstatat(fd, "", &st, AT_EMPTY_PATH) < 0)
+			ret = -errno;
+		else if (st.st_nlink == 1 && in->name && in->parent)
+			dir = in->parent;
+		fs_fd_release(in);
 	}
-	if (!ret && dfd < 0)
-		ret = -errno;
+	if (dir)
+		fs_inode_get(dir);	/* it keeps its fd reopenable */
 	pthread_mutex_unlock(&fs.lock);
 	if (ret)
 		return ret;
-	fs_proc_path(dfd, path, sizeof(path));
-	ret = open_direct(path, flags, want_direct, direct);
-	if (ret < 0 && !*inplace && !in->unlinked && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
-		/* no O_TMPFILE here: the file itself, in place */
-		close(dfd);
-		pthread_mutex_lock(&fs.lock);
-		dfd = dup(in->fd);
-		pthread_mutex_unlock(&fs.lock);
-		if (dfd < 0)
-			return -errno;
+	if (!dir) {
+		/* hard links: the file itself, in place */
 		*inplace = true;
-		fs_proc_path(dfd, path, sizeof(path));
-		ret = open_direct(path, O_RDWR, want_direct, direct);
+		return open_held(in, O_RDWR, want_direct, direct);
 	}
-	close(dfd);
+	ret = open_held(dir, O_TMPFILE | O_RDWR, want_direct, direct);
+	if (ret < 0 && dir != &fs.root && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
+		/* no O_TMPFILE here: the file itself, in place */
+		*inplace = true;
+		ret = open_held(in, O_RDWR, want_direct, direct);
+	}
+	fs_inode_put(dir);
 	return ret;
 }
 
-/* Copy the user-visible attributes of the current version to fd. */
-static void copy_attrs(struct fs_inode *in, int fd, const struct stat *old)
+/* Copy the user-visible attributes of the current version (ofd, held) to fd. */
+static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *old)
 {
 	char path[64], names[4096], val[65536];
 	struct timespec tv[2];
@@ -1253,7 +1491,7 @@ static void copy_attrs(struct fs_inode *in, int fd, const struct stat *old)
 		tlog(LOG_WARNING, "chown of new version: %s", strerror(errno));
 	if (fchmod(fd, old->st_mode & 07777) < 0)
 		tlog(LOG_WARNING, "chmod of new version: %s", strerror(errno));
-	fs_proc_path(in->fd, path, sizeof(path));
+	fs_proc_path(ofd, path, sizeof(path));
 	nl = listxattr(path, names, sizeof(names));
 	for (n = names; nl > 0 && n < names + nl; n += strlen(n) + 1) {
 		vl = getxattr(path, n, val, sizeof(val));
@@ -1267,22 +1505,52 @@ static void copy_attrs(struct fs_inode *in, int fd, const struct stat *old)
 	futimens(fd, tv);
 }
 
-/* Copy version fd's content over the file itself (hard-linked files). */
-static int copy_in_place(struct fs_inode *in, int fd)
+/*
+ * Copy version fd's content over the file itself (ofd, held; a file with
+ * other names).  The version fd may be O_DIRECT, which copy_file_range
+ * (a splice underneath) refuses for lengths that are not block multiples:
+ * both ends are reopened buffered.
+ */
+static int copy_in_place(int ofd, int fd, bool durable)
 {
-	char path[64];
+	char path[64], buf[65536];
 	struct stat st;
-	int dst, ret = 0;
+	int src, dst, ret = 0;
 
 	if (fstat(fd, &st) < 0)
 		return -errno;
-	fs_proc_path(in->fd, path, sizeof(path));
-	dst = open(path, O_WRONLY | O_CLOEXEC);
-	if (dst < 0)
+	fs_proc_path(fd, path, sizeof(path));
+	src = open(path, O_RDONLY | O_CLOEXEC);
+	if (src < 0)
 		return -errno;
+	fs_proc_path(ofd, path, sizeof(path));
+	dst = open(path, O_WRONLY | O_CLOEXEC);
+	if (dst < 0) {
+		ret = -errno;
+		close(src);
+		return ret;
+	}
 	loff_t i = 0, o = 0;
+	bool plain = false;
 	while (i < st.st_size) {
-		ssize_t n = copy_file_range(fd, &i, dst, &o, (size_t)(st.st_size - i), 0);
+		ssize_t n = -1;
+
+		if (!plain) {
+			n = copy_file_range(src, &i, dst, &o, (size_t)(st.st_size - i), 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
+				      errno == ENOSYS)) {
+				plain = true;
+				continue;
+			}
+		} else {
+			n = pread(src, buf, sizeof(buf), i);
+			if (n > 0 && pwrite(dst, buf, (size_t)n, o) != n)
+				n = -1;
+			if (n > 0) {
+				i += n;
+				o += n;
+			}
+		}
 		if (n <= 0) {
 			ret = n < 0 ? -errno : -EIO;
 			break;
@@ -1290,7 +1558,10 @@ static int copy_in_place(struct fs_inode *in, int fd)
 	}
 	if (!ret && ftruncate(dst, st.st_size) < 0)
 		ret = -errno;
+	if (!ret && durable && fsync(dst) < 0)
+		ret = -errno;
 	close(dst);
+	close(src);
 	return ret;
 }
 
@@ -1298,7 +1569,9 @@ static int copy_in_place(struct fs_inode *in, int fd)
  * Make fd in's current version.  fs.lock held.  Returns the fds that it
  * replaced (old[0], old[1]; -1 for none), for the caller to close once
  * fs.lock is released: the last close of a replaced version frees its
- * blocks, a journal operation that can wait on a commit.
+ * blocks, a journal operation that can wait on a commit.  A read fd of
+ * the old version that the engine still borrows is closed by its last
+ * borrower; no read after this comes from it.
  */
 static void swap_fd(struct fs_inode *in, int fd, int old[2])
 {
@@ -1310,15 +1583,7 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
 		in->ino = st.st_ino;
 		table_insert(in);
 	}
-	pthread_rwlock_wrlock(&in->fdlock);
-	old[0] = in->fd;
-	in->fd = fd;
-	pthread_rwlock_unlock(&in->fdlock);
-	old[1] = -1;
-	if (in->data_fd >= 0 && !in->data_users) {
-		old[1] = in->data_fd;
-		in->data_fd = -1;
-	}
+	fs_fd_replace(in, fd, old);
 }
 
 /*
@@ -1334,11 +1599,12 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
  */
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
-	struct fs_inode *in = in_of(f);
+	struct fs_inode *in = in_of(f), *dir = NULL;
 	char path[64], tmp[64], *name = NULL;
 	static unsigned long counter;
 	struct stat old;
-	int ret = 0, dfd = -1, pfd = -1, closing[2] = { -1, -1 };
+	bool unlinked;
+	int ret = 0, ofd, dfd = -1, pfd, closing[2] = { -1, -1 };
 
 	if (inplace) {
 		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
@@ -1352,31 +1618,57 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	}
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
-	if (in->unlinked) {
-		swap_fd(in, fd, closing);	/* adopt: the data lives on, nameless */
-		goto out_locked;
+	unlinked = in->unlinked;
+	if (!unlinked && in->name && in->parent) {
+		name = strdup(in->name);
+		dir = in->parent;
+		fs_inode_get(dir);
 	}
-	if (fstatat(in->fd, "", &old, AT_EMPTY_PATH) < 0) {
-		ret = -errno;
-		close(fd);
-		goto out_locked;
-	}
-	if (old.st_nlink > 1 || !in->name) {
-		/* hard-linked since the version was started: copy it in place */
-		ret = copy_in_place(in, fd);
-		close(fd);
-		goto out_locked;
-	}
-	name = strdup(in->name);
-	pfd = dup(in->parent->fd);
 	pthread_mutex_unlock(&fs.lock);
-	if (!name || pfd < 0) {
-		ret = -ENOMEM;
-		close(fd);
-		goto out;
+	if (unlinked && !__atomic_load_n(&in->nopen, __ATOMIC_ACQUIRE)) {
+		ret = -ENOENT;	/* removed, and nobody can read it any more */
+		goto out_close;
 	}
+	if (dir && !name) {
+		ret = -ENOMEM;
+		goto out_close;
+	}
+	ofd = fs_fd_hold(in);
+	if (ofd < 0 || fstatat(ofd, "", &old, AT_EMPTY_PATH) < 0) {
+		ret = ofd < 0 ? ofd : -errno;
+		fs_fd_release(in);
+		goto out_close;
+	}
+	if (unlinked) {
+		/* adopt: the data lives on, nameless, with the file's mode,
+		 * owner, xattrs and times (fstat of an open removed file) */
+		copy_attrs(in, ofd, fd, &old);
+		fs_fd_release(in);
+		pthread_mutex_lock(&fs.lock);
+		if (!in->nopen) {
+			pthread_mutex_unlock(&fs.lock);
+			ret = -ENOENT;
+			goto out_close;
+		}
+		swap_fd(in, fd, closing);
+		goto out_locked;
+	}
+	if (old.st_nlink > 1 || !name) {
+		/* hard-linked since the version was started, or no name of
+		 * it is known: copy it in place */
+		ret = copy_in_place(ofd, fd, durable);
+		fs_fd_release(in);
+		goto out_close;
+	}
+	copy_attrs(in, ofd, fd, &old);
+	fs_fd_release(in);
 
-	copy_attrs(in, fd, &old);
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0) {
+		ret = pfd;
+		fs_fd_release(dir);
+		goto out_close;
+	}
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
 		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
@@ -1384,13 +1676,17 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	    renameat(pfd, tmp, pfd, name) < 0) {
 		ret = -errno;
 		unlinkat(pfd, tmp, 0);
-		close(fd);
-		goto out;
+		fs_fd_release(dir);
+		goto out_close;
 	}
-	if (durable)		/* synced at the end */
-		dfd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (durable) {		/* synced at the end */
+		dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
+		if (dfd < 0)
+			ret = dfd;
+	}
 	/* reopen by name: the tmpfile's own dentry stays an unnamed one */
-	int nfd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	int nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
+	fs_fd_release(dir);
 	if (nfd >= 0) {
 		close(fd);
 		fd = nfd;
@@ -1399,11 +1695,14 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	swap_fd(in, fd, closing);
 out_locked:
 	pthread_mutex_unlock(&fs.lock);
-out:
+	fd = -1;
+out_close:
+	if (fd >= 0)
+		close(fd);
 	pthread_mutex_unlock(&fs.nslock);
 	free(name);
-	if (pfd >= 0)
-		close(pfd);
+	if (dir)
+		fs_inode_put(dir);
 	if (closing[0] >= 0)
 		close(closing[0]);
 	if (closing[1] >= 0)
@@ -1420,40 +1719,16 @@ out:
 static int v_data_fd(struct tfile *f, bool direct)
 {
 	struct fs_inode *in = in_of(f);
-	char path[64];
 	bool d;
-	int fd;
 
-	pthread_mutex_lock(&fs.lock);
-	fs_proc_path(in->fd, path, sizeof(path));
-	if (direct) {
-		fd = open_direct(path, O_RDONLY, true, &d);
-		goto out;
-	}
-	if (in->data_fd < 0) {
-		in->data_fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (in->data_fd < 0) {
-			fd = -errno;
-			goto out;
-		}
-	}
-	in->data_users++;
-	fd = in->data_fd;
-out:
-	pthread_mutex_unlock(&fs.lock);
-	return fd;
+	if (direct)	/* a descriptor of its own, closed at release */
+		return open_held(in, O_RDONLY, true, &d);
+	return fs_data_fd_get(in);
 }
 
 static void v_release_data_fd(struct tfile *f, int fd)
 {
-	struct fs_inode *in = in_of(f);
-
-	pthread_mutex_lock(&fs.lock);
-	if (fd == in->data_fd && in->data_users > 0)
-		in->data_users--;
-	else
-		close(fd);
-	pthread_mutex_unlock(&fs.lock);
+	fs_data_fd_put(in_of(f), fd);
 }
 
 static void v_get(struct tfile *f)

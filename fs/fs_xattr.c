@@ -126,9 +126,11 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		return;
 	}
 	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
+	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	fs_proc_path(in->fd, path, sizeof(path));
-	if (setxattr(path, name, value, size, flags) < 0)
-		ret = -errno;
+	if (ret >= 0)
+		ret = setxattr(path, name, value, size, flags) < 0 ? -errno : 0;
+	fs_fd_release(in);
 	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
@@ -190,9 +192,11 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		return;
 	}
 	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
+	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	fs_proc_path(in->fd, path, sizeof(path));
-	if (removexattr(path, name) < 0)
-		ret = -errno;
+	if (ret >= 0)
+		ret = removexattr(path, name) < 0 ? -errno : 0;
+	fs_fd_release(in);
 	pthread_mutex_unlock(&fs.nslock);
 	fuse_reply_err(req, -ret);
 }
