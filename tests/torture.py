@@ -1480,7 +1480,8 @@ class Run:
                         self.crash(sync)
                         next_kill = time.monotonic() + self.kill_delay()
                         continue
-                ops = sum(sync.stats[i * 4] for i in range(W))
+                # progress: operations done or bytes moved (final checks read)
+                ops = sum(sync.stats[i] for i in range(4 * W))
                 if ops != last_ops:
                     last_ops, last_change = ops, now
                 elif now - last_change > cfg.hang_timeout:
