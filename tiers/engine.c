@@ -22,6 +22,7 @@
  * Lock order: tfile.lock -> engine.lock.  The flushers never take a
  * tfile.lock.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
@@ -97,6 +98,7 @@ struct hint {
 };
 
 static void consume(struct engine *e, struct tfile *f);
+static void hint_head_update(struct engine *e);
 
 /*
  * A read of n bytes at off finished reading f: it returned the last bytes
@@ -328,11 +330,21 @@ static void defer_put(struct engine *e, struct tfile *f)
 	pthread_cond_broadcast(&e->cond);
 }
 
+/*
+ * A copy keeps its file alive while the file has a name, so that a file
+ * that nobody uses but whose data is cached stays known.  An unlinked
+ * file's copies hold no reference (tfile_unlinked() drops them): its life
+ * is its users', and its copies go with it (tfile_destroy()), instead of
+ * keeping each other alive forever (an unlinked file's unflushed copy is
+ * never evictable).
+ */
 static void attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp)
 {
 	(void)e;
 	f->copy[i] = cp;
-	f->ops->get(f);
+	cp->fileref = !f->unlinked;
+	if (cp->fileref)
+		f->ops->get(f);
 }
 
 /* The cache dropped cp: detach it from its file. */
@@ -345,7 +357,7 @@ static void copy_evicted(struct copy *cp)
 	for (i = 0; i < e->ntiers; i++)
 		if (f->copy[i] == cp) {
 			f->copy[i] = NULL;
-			if (!f->destroying)
+			if (cp->fileref && !f->destroying)
 				defer_put(e, f);
 		}
 	free(cp);
@@ -469,6 +481,18 @@ static uint8_t *copy_ptr(struct copy *cp)
 static uint64_t copy_cap(struct copy *cp)
 {
 	return cp->frag->size;
+}
+
+/* Check that [off, off + len) lies inside cp's fragment.  A transfer past
+ * it would land on the neighbouring fragments, other files' copies. */
+static int copy_bounds(struct copy *cp, uint64_t off, uint64_t len)
+{
+	if (off <= copy_cap(cp) && len <= copy_cap(cp) - off)
+		return 0;
+	tlog(LOG_CRIT, "%s cache: refused a transfer of %" PRIu64 " bytes at %" PRIu64
+	     " into a copy of %" PRIu64 " bytes", cp->cache->name, len, off, copy_cap(cp));
+	assert(!"transfer past a copy's fragment");
+	return -EIO;
 }
 
 static void wait_unpinned(struct engine *e, struct copy *cp)
@@ -605,6 +629,11 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		ret = fd;
 		goto out;
 	}
+	ret = copy_bounds(cp, 0, direct ? tier_round(len) : len);
+	if (ret)
+		close(fd);
+	if (ret)
+		goto out;
 	if (!cp->cache->host_addressable)
 		ret = write_bounced(cp, fd, len);
 	else if (direct)
@@ -784,6 +813,10 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	} else {
 		ret = eng_alloc_wait(e, &e->host, hcp, len, 1);
 	}
+	if (!ret && (f->copy[hi] || f->unlinked)) {	/* changed while we waited */
+		cache_release(&e->host, hcp);
+		ret = -EEXIST;
+	}
 	if (ret) {
 		free(hcp);
 		cp->flushing = false;
@@ -805,13 +838,28 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	hcp->pins++;
 	pthread_mutex_unlock(&e->lock);
 	t0 = now_s();
-	ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
+	ret = copy_bounds(hcp, 0, len);
+	if (!ret)
+		ret = copy_bounds(cp, 0, len);
+	if (!ret)
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
 	t0 = now_s() - t0;
 	pthread_mutex_lock(&e->lock);
 	hcp->pins--;
 	cp->pins--;
 	cp->flushing = false;
+	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||
+		     cp->state != TS_WRITE_COMPLETE)) {
+		/* changed while the bytes moved (not by a writer: they wait
+		 * for cp->flushing): this copy is not the file's any more */
+		tier_set_state(&hcp->state, TS_INIT);
+		cache_release(&e->host, hcp);
+		free(hcp);
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
 	if (ret) {
+		tier_set_state(&hcp->state, TS_INIT);
 		cache_release(&e->host, hcp);
 		free(hcp);
 		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
@@ -1377,7 +1425,7 @@ static void copy_zero(struct copy *cp, uint64_t from, uint64_t to)
 	static const uint8_t zeros[1 << 16];
 	struct cache *c = cp->cache;
 
-	if (to <= from)
+	if (to <= from || copy_bounds(cp, from, to - from))
 		return;
 	if (c->host_addressable) {
 		memset(copy_ptr(cp) + from, 0, to - from);
@@ -1400,195 +1448,274 @@ static uint64_t gpu_limit(struct engine *e)
 }
 
 /*
- * Make sure f has a writable copy of at least `cap` bytes holding its
- * current content, in state WRITE_IN_PROGRESS, in the fastest tier that
- * can take it; copies in slower tiers are dropped (they are stale once the
- * file is written).  e->lock and f->lock held.  Returns the copy, or NULL
- * with *err = 0 when the file must go write-through, or *err < 0 on a real
- * error.
+ * The rule of the write path: a decision taken under e->lock holds only as
+ * long as the lock is held.  Whatever waits (for room, for a reader's pin,
+ * for a transfer) drops the lock, and other threads may meanwhile flush,
+ * cascade, evict, prefetch or attach copies of the file; so after every
+ * such wait the write path looks at the file's copies again (a snapshot
+ * taken before the wait must still hold) and plans anew when it does not.
+ * While it waits, every copy of the file is pinned, so the snapshot's
+ * pointers stay valid and cannot be reused.
  */
-static struct copy *writable_copy(struct engine *e, struct tfile *f,
-				  uint64_t cap, int *err)
+struct copies_snap {
+	struct copy *cp[TIER_MAX];	/* f->copy[] before the wait */
+};
+
+/* Is a copy of f in use by a transfer that a writer must not race: being
+ * flushed or cascaded, filled by a prefetch, or lent to a client span? */
+static bool copies_busy(struct engine *e, struct tfile *f)
 {
-	int hi = host_index(e), t, i;
-	struct copy *cp, *ncp;
-	struct cache *c;
-	int ret;
+	for (int i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
 
-	*err = 0;
-	for (;;) {		/* no copy may be flushing or being filled */
-		bool busy = false;
+		if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS || cp->spans))
+			return true;
+	}
+	return false;
+}
 
-		for (i = 0; i < e->ntiers; i++) {
-			cp = f->copy[i];
-			if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS ||
-				   cp->spans))
-				busy = true;
-		}
-		if (!busy)
-			break;
-		pthread_cond_wait(&e->cond, &e->lock);
+/* e->lock held: remember f's copies and pin them for a wait. */
+static void snap_pin(struct engine *e, struct tfile *f, struct copies_snap *s)
+{
+	for (int i = 0; i < TIER_MAX; i++) {
+		s->cp[i] = i < e->ntiers ? f->copy[i] : NULL;
+		if (s->cp[i])
+			s->cp[i]->pins++;
 	}
-	t = fastest_copy(e, f);
-	if (t < 0)	/* new content goes to the GPU; loading old content to the host */
-		t = (e->gpu && f->size == 0 && f->shadow_fd < 0 && cap <= gpu_limit(e)) ? 0 : hi;
-	for (i = t + 1; i < e->ntiers; i++)
-		if (f->copy[i]) {
-			backlog_del(e, f->copy[i]);
-			if (f->copy[i]->state == TS_WRITE_COMPLETE ||
-			    f->copy[i]->state == TS_WRITE_IN_PROGRESS)
-				tier_set_state(&f->copy[i]->state, TS_INIT);
-			drop_copy(e, f, i);
-		}
-retry:
-	c = e->tiers[t];
-	cp = f->copy[t];
-	if (cp && copy_cap(cp) >= cap)
-		goto ready;
-	if (cp && cache_grow_inplace(c, cp, tier_round(cap)) == 0)
-		goto ready;
-	if (t < hi && cap > gpu_limit(e)) {
-		ret = -EFBIG;
-		goto demote;
-	}
+}
 
-	ncp = calloc(1, sizeof(*ncp));
-	if (!ncp) {
-		*err = -ENOMEM;
-		return NULL;
+/* e->lock held, after the wait: unpin; true if f's copies are as they were
+ * and quiet, so that what was decided before the wait still holds. */
+static bool snap_unpin_holds(struct engine *e, struct tfile *f, struct copies_snap *s)
+{
+	bool same = true;
+
+	for (int i = 0; i < TIER_MAX; i++) {
+		if (s->cp[i])
+			s->cp[i]->pins--;
+		if (i < e->ntiers && f->copy[i] != s->cp[i])
+			same = false;
 	}
-	ncp->file = f;
-	/* grow geometrically so that sequential appends copy O(n) bytes */
-	uint64_t want = cap;
-	if (cp && want < 2 * copy_cap(cp))
-		want = 2 * copy_cap(cp);
-	if (want > c->size || (t < hi && want > gpu_limit(e)))
-		want = cap;
-	if (cp && cp->state != TS_WRITE_IN_PROGRESS) {
-		backlog_del(e, cp);
-		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
-		cp->promoted = false;
-	}
-	if (cp)
-		cp->pins++;		/* keep it while we wait for room */
-	ret = eng_alloc(e, c, ncp, want);
-	if (ret && want > cap)
-		ret = eng_alloc(e, c, ncp, cap);
-	if (cp)
-		cp->pins--;
-	if (ret) {
-		free(ncp);
-		goto demote;
-	}
-	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
-	if (cp) {
-		/* move the bytes; readers may still use the old copy */
-		ncp->len = cp->len;
-		ncp->pins++;
-		cp->pins++;
-		pthread_mutex_unlock(&e->lock);
-		c->ops->move(c, ncp->frag->off, cp->frag->off, cp->len);
-		pthread_mutex_lock(&e->lock);
-		cp->pins--;
-		ncp->pins--;
-		f->copy[t] = ncp;	/* takes over cp's reference */
-		wait_unpinned(e, cp);
-		cache_release(c, cp);
-		free(cp);
-		pthread_cond_broadcast(&e->cond);
-		return ncp;
-	}
-	/* first copy: load the current content (host tier only, see above) */
-	attach_copy(e, f, t, ncp);
-	ncp->pins++;
-	uint64_t keep = f->size;
-	ret = 0;
-	if (f->shadow_fd < 0 && keep > 0 && c->host_addressable) {
-		pthread_mutex_unlock(&e->lock);
-		int fd = f->ops->data_fd(f, false);
-		uint64_t done = 0;
-		if (fd < 0) {
-			ret = fd == -ENOENT ? 0 : fd;
-			keep = fd == -ENOENT ? 0 : keep;
-		}
-		while (fd >= 0 && done < keep) {
-			ssize_t n = pread(fd, copy_ptr(ncp) + done, keep - done, (off_t)done);
-			if (n < 0) {
-				ret = -errno;
-				break;
-			}
-			if (n == 0) {
-				memset(copy_ptr(ncp) + done, 0, keep - done);
-				break;
-			}
-			done += (uint64_t)n;
-		}
-		if (fd >= 0)
-			f->ops->release_data_fd(f, fd);
-		pthread_mutex_lock(&e->lock);
-	}
-	ncp->pins--;
-	if (ret) {
-		tier_set_state(&ncp->state, TS_INIT);
-		drop_copy(e, f, t);
-		*err = ret;
-		return NULL;
-	}
-	ncp->len = keep;
 	pthread_cond_broadcast(&e->cond);
-	return ncp;
+	return same && !copies_busy(e, f);
+}
 
-demote:
-	if (t == hi)
-		return NULL;		/* write-through */
-	/* no room in the GPU tier: continue in the host tier */
-	if (!cp) {
-		t = hi;
-		goto retry;
-	}
-	ncp = calloc(1, sizeof(*ncp));
-	if (!ncp) {
-		*err = -ENOMEM;
-		return NULL;
-	}
-	ncp->file = f;
-	cp->pins++;
-	ret = eng_alloc(e, &e->host, ncp, cap);
-	cp->pins--;
-	if (ret) {
-		free(ncp);
-		return NULL;		/* start_shadow copies from the GPU copy */
-	}
-	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
-	ncp->len = cp->len;
-	attach_copy(e, f, hi, ncp);
-	ncp->pins++;
-	cp->pins++;
-	pthread_mutex_unlock(&e->lock);
-	ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(ncp), cp->len);
-	pthread_mutex_lock(&e->lock);
-	cp->pins--;
-	ncp->pins--;
-	if (ret) {
-		tier_set_state(&ncp->state, TS_INIT);
-		drop_copy(e, f, hi);
-		*err = ret;
-		return NULL;
-	}
-	backlog_del(e, cp);
-	if (cp->state != TS_INIT)
-		tier_set_state(&cp->state, TS_INIT);
-	drop_copy(e, f, t);
-	t = hi;
-	goto retry;
-
-ready:
+/* e->lock held: cp is about to be written (no flush may start on it). */
+static void make_writable(struct engine *e, struct copy *cp)
+{
 	if (cp->state != TS_WRITE_IN_PROGRESS) {
 		backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
 	}
 	cp->promoted = false;
-	return cp;
+}
+
+/* e->lock held: f's copy in tier i is stale (f is being written); free it. */
+static void discard_copy(struct engine *e, struct tfile *f, int i)
+{
+	struct copy *cp = f->copy[i];
+
+	backlog_del(e, cp);
+	if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_WRITE_IN_PROGRESS)
+		tier_set_state(&cp->state, TS_INIT);
+	drop_copy(e, f, i);
+}
+
+/*
+ * e->lock held: free f's copies in tiers slower than t without waiting.
+ * Returns true when one was pinned by a reader: it waited for that (the
+ * lock was dropped) and the caller must look at f again.
+ */
+static bool drop_slower(struct engine *e, struct tfile *f, int t)
+{
+	for (int i = t + 1; i < e->ntiers; i++) {
+		if (!f->copy[i])
+			continue;
+		if (f->copy[i]->pins) {
+			pthread_cond_wait(&e->cond, &e->lock);
+			return true;
+		}
+		discard_copy(e, f, i);
+	}
+	return false;
+}
+
+/*
+ * Fill the new copy ncp (not attached, pinned) with the first n bytes of
+ * f's content: from src (a copy in the same or a faster tier) or, without
+ * one, from the backing file (zeros past its end).  e->lock not held.
+ * Returns 0 or -errno.
+ */
+static int fill_copy(struct tfile *f, struct copy *ncp, struct copy *src, uint64_t n)
+{
+	struct cache *c = ncp->cache;
+	uint64_t done = 0;
+	int fd, ret = 0;
+
+	if (!n)
+		return 0;
+	if ((ret = copy_bounds(ncp, 0, n)) || (src && (ret = copy_bounds(src, 0, n))))
+		return ret;
+	if (src && src->cache == c)
+		return c->ops->move(c, ncp->frag->off, src->frag->off, n);
+	if (!c->host_addressable)
+		return -EOPNOTSUPP;	/* content is never loaded into the GPU here */
+	if (src)
+		return src->cache->ops->read(src->cache, src->frag->off, copy_ptr(ncp), n);
+	fd = f->ops->data_fd(f, false);
+	if (fd == -ENOENT) {
+		memset(copy_ptr(ncp), 0, n);
+		return 0;
+	}
+	if (fd < 0)
+		return fd;
+	while (done < n) {
+		ssize_t r = pread(fd, copy_ptr(ncp) + done, n - done, (off_t)done);
+
+		if (r < 0) {
+			ret = -errno;
+			break;
+		}
+		if (r == 0) {		/* past the backing file's end: a hole */
+			memset(copy_ptr(ncp) + done, 0, n - done);
+			break;
+		}
+		done += (uint64_t)r;
+	}
+	f->ops->release_data_fd(f, fd);
+	return ret;
+}
+
+/*
+ * e->lock held: make ncp f's copy in tier t, the only one (the others are
+ * stale now: slower ones were dropped before, faster ones go here).
+ */
+static void install_copy(struct engine *e, struct tfile *f, int t, struct copy *ncp)
+{
+	struct copy *old = f->copy[t];
+
+	if (old) {
+		backlog_del(e, old);
+		f->copy[t] = ncp;	/* takes over old's reference */
+		ncp->fileref = old->fileref;
+		wait_unpinned(e, old);	/* readers of the old bytes */
+		cache_release(old->cache, old);
+		free(old);
+	} else {
+		attach_copy(e, f, t, ncp);
+	}
+	for (int i = 0; i < e->ntiers; i++)
+		if (i != t && f->copy[i])
+			discard_copy(e, f, i);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/*
+ * Make sure f has a writable copy of at least `cap` bytes holding the
+ * first `keep` bytes of its content (keep <= cap: the rest is the
+ * caller's), in state WRITE_IN_PROGRESS, in the fastest tier that can take
+ * it; copies in other tiers are dropped (they are stale once the file is
+ * written).  e->lock and f->lock held; e->lock is dropped while it waits.
+ * Returns the copy, or NULL with *err = 0 when the file must go
+ * write-through, or *err < 0 on a real error.
+ */
+static struct copy *writable_copy(struct engine *e, struct tfile *f,
+				  uint64_t cap, uint64_t keep, int *err)
+{
+	int hi = host_index(e);
+	bool host_only = false;	/* the GPU tier had no room */
+
+	*err = 0;
+	cap = cap ? cap : 1;
+	if (keep > cap)
+		keep = cap;
+	for (;;) {
+		struct copies_snap s;
+		struct copy *cp, *src, *ncp;
+		struct cache *c;
+		uint64_t want, n;
+		int t, si, ret;
+
+		if (copies_busy(e, f)) {
+			pthread_cond_wait(&e->cond, &e->lock);
+			continue;
+		}
+		si = fastest_copy(e, f);	/* the newest content */
+		src = si >= 0 ? f->copy[si] : NULL;
+		t = si;
+		if (t < 0)	/* new content to the GPU; old content is loaded to the host */
+			t = (e->gpu && keep == 0 && cap <= gpu_limit(e)) ? 0 : hi;
+		if (t < hi && (host_only || cap > gpu_limit(e)))
+			t = hi;
+		if (drop_slower(e, f, t))
+			continue;
+		c = e->tiers[t];
+		cp = f->copy[t];
+		if (cp && cp == src && (copy_cap(cp) >= cap ||
+					cache_grow_inplace(c, cp, tier_round(cap)) == 0)) {
+			make_writable(e, cp);
+			return cp;
+		}
+
+		/* a new copy: room first (may wait), then the content */
+		ncp = calloc(1, sizeof(*ncp));
+		if (!ncp) {
+			*err = -ENOMEM;
+			return NULL;
+		}
+		ncp->file = f;
+		want = cap;	/* grow geometrically: appends copy O(n) bytes */
+		if (cp && cp == src && want < 2 * copy_cap(cp))
+			want = 2 * copy_cap(cp);
+		if (want > c->size || (t < hi && want > gpu_limit(e)))
+			want = cap;
+		if (src)
+			make_writable(e, src);	/* no flush may start on it now */
+		snap_pin(e, f, &s);
+		ret = eng_alloc(e, c, ncp, want);
+		if (ret && want > cap)
+			ret = eng_alloc(e, c, ncp, cap);
+		if (!snap_unpin_holds(e, f, &s)) {
+			if (!ret)
+				cache_release(c, ncp);
+			free(ncp);
+			continue;	/* f changed while we waited */
+		}
+		if (ret) {
+			free(ncp);
+			if (t < hi) {
+				host_only = true;
+				continue;
+			}
+			return NULL;	/* no room anywhere: write-through */
+		}
+		tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
+		n = src ? (src->len < keep ? src->len : keep) : keep;
+		if (f->shadow_fd >= 0 && !src)
+			n = 0;		/* callers never get here written through */
+		ncp->pins++;
+		snap_pin(e, f, &s);
+		pthread_mutex_unlock(&e->lock);
+		ret = fill_copy(f, ncp, src, n);
+		pthread_mutex_lock(&e->lock);
+		ncp->pins--;
+		if (!snap_unpin_holds(e, f, &s)) {
+			tier_set_state(&ncp->state, TS_INIT);
+			cache_release(c, ncp);
+			free(ncp);
+			continue;	/* f changed while the bytes moved */
+		}
+		if (ret) {
+			tier_set_state(&ncp->state, TS_INIT);
+			cache_release(c, ncp);
+			free(ncp);
+			*err = ret;
+			return NULL;
+		}
+		ncp->len = n;
+		install_copy(e, f, t, ncp);
+		return ncp;
+	}
 }
 
 static void mark_modified(struct tfile *f)
@@ -1603,7 +1730,10 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 		   size_t len)
 {
 	struct cache *c = cp->cache;
+	int ret = copy_bounds(cp, off, len);
 
+	if (ret)
+		return ret;
 	if (buf)
 		return c->ops->write(c, cp->frag->off + off, buf, len);
 	if (c->host_addressable)
@@ -1652,7 +1782,7 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		bool trace = !buf && tierfs_log_level >= LOG_DEBUG;
 		double t0 = trace ? now_s() : 0, t1 = 0, t2 = 0;
 
-		cp = writable_copy(e, f, cap, &err);
+		cp = writable_copy(e, f, cap, f->size, &err);
 		if (!cp && err) {
 			ret = err;
 			goto out;
@@ -1863,7 +1993,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* written through: the daemon copies */
 			goto out;
 		}
-		cp = writable_copy(e, f, end > f->size ? end : f->size, &err);
+		cp = writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
 		if (!cp) {
 			ret = err ? err : -EAGAIN;
 			goto out;
@@ -2083,12 +2213,8 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 		goto out;
 	if (f->shadow_fd < 0) {
 		/* keep at most `size` bytes of the old content */
-		uint64_t old = f->size;
-		if (size < f->size && !f->copy[host_index(e)])
-			f->size = size;	/* load only what survives */
-		cp = writable_copy(e, f, size ? size : 1, &err);
+		cp = writable_copy(e, f, size ? size : 1, size < f->size ? size : f->size, &err);
 		if (!cp && err) {
-			f->size = old;
 			ret = err;
 			goto out;
 		}
@@ -2101,7 +2227,6 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 				complete_copy(e, f, false);
 			goto out;
 		}
-		f->size = old;
 		ret = start_shadow(e, f);
 		if (ret)
 			goto out;
@@ -2193,17 +2318,35 @@ out:
 
 void tfile_unlinked(struct tfile *f)
 {
+	struct engine *e = f->eng;
+	struct hint *h;
 	struct copy *cp;
 
-	pthread_mutex_lock(&f->eng->lock);
+	pthread_mutex_lock(&e->lock);
 	f->unlinked = true;
-	for (int i = 0; i < f->eng->ntiers; i++) {
+	for (int i = 0; i < e->ntiers; i++) {
 		cp = f->copy[i];
-		if (cp)
-			backlog_del(f->eng, cp);	/* its flush is cancelled */
+		if (!cp)
+			continue;
+		backlog_del(e, cp);	/* its flush is cancelled */
+		cp->promoted = false;	/* no restore will read it by name */
+		if (cp->fileref) {	/* see attach_copy() */
+			cp->fileref = false;
+			defer_put(e, f);
+		}
 	}
-	pthread_cond_broadcast(&f->eng->cond);
-	pthread_mutex_unlock(&f->eng->lock);
+	/* its restore-queue entries name a file that is gone: they wait for
+	 * the next file of that name, as entries written before it do */
+	for (h = e->hq_head; h; h = h->next)
+		if (h->file == f) {
+			h->file = NULL;
+			e->hq_unbound++;
+			defer_put(e, f);
+		}
+	f->hint_seq = 0;
+	hint_head_update(e);
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
 }
 
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime)
@@ -2598,7 +2741,11 @@ static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
 	attach_copy(e, f, 0, gcp);
 	gcp->pins++;
 	pthread_mutex_unlock(&e->lock);
-	ret = g->ops->write(g, gcp->frag->off, copy_ptr(hcp), size);
+	ret = copy_bounds(gcp, 0, size);
+	if (!ret)
+		ret = copy_bounds(hcp, 0, size);
+	if (!ret)
+		ret = g->ops->write(g, gcp->frag->off, copy_ptr(hcp), size);
 	pthread_mutex_lock(&e->lock);
 	gcp->pins--;
 	hcp->pins--;
@@ -2683,7 +2830,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (fd < 0) {
 		ret = fd;
 	} else {
-		ret = ssd_read(ring, fd, copy_ptr(cp), tier_round(size), 0);
+		ret = copy_bounds(cp, 0, tier_round(size));
+		if (!ret)
+			ret = ssd_read(ring, fd, copy_ptr(cp), tier_round(size), 0);
 		f->ops->release_data_fd(f, fd);
 	}
 

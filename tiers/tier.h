@@ -84,6 +84,8 @@ struct copy {
 	bool flushing;			/* a flush of it to the next tier runs */
 	bool promoted;			/* prefetched and not yet consumed */
 	bool in_backlog;		/* counted in the engine's flush backlog */
+	bool fileref;			/* holds a reference on its file (while
+					 * the file has a name; see attach_copy) */
 	uint64_t flushed_bytes;		/* progress of the running flush */
 	uint64_t seq;			/* insertion order (fifo) */
 	uint64_t last_use;		/* last access tick (lru) */
