@@ -1485,7 +1485,7 @@ class Run:
                 if ops != last_ops:
                     last_ops, last_change = ops, now
                 elif now - last_change > cfg.hang_timeout:
-                    self.fail(self.hang_text())
+                    self.fail(self.hang_text() + self.daemon_stacks())
                     sync.failed.set()
                     sync.stop.set()
                     if sync.barrier is not None:
@@ -1597,6 +1597,41 @@ class Run:
                 tail = []
             lines += [f"  w{w}: {t.rstrip()}" for t in tail]
         return "\n".join(lines)
+
+    def daemon_stacks(self):
+        """The hung daemon's threads: gdb backtraces where gdb is installed,
+        else each thread's kernel wait channel and stack."""
+        if not self.mount or not self.mount.proc:
+            return ""
+        pid = self.mount.proc.pid
+        out = [f"\ndaemon threads (pid {pid}):"]
+        if shutil.which("gdb"):
+            import subprocess
+            try:
+                r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex",
+                                    "thread apply all bt"], capture_output=True,
+                                   text=True, timeout=120)
+                out += [line for line in r.stdout.splitlines()
+                        if line.startswith(("Thread ", "#"))]
+                return "\n".join(out)
+            except (OSError, subprocess.SubprocessError) as e:
+                out.append(f"(gdb failed: {e})")
+        try:
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                base = f"/proc/{pid}/task/{tid}"
+                with open(f"{base}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"{base}/wchan") as f:
+                    wchan = f.read().strip()
+                try:
+                    with open(f"{base}/stack") as f:
+                        kstack = " <- ".join(l.split()[-1] for l in f.read().splitlines()[:6])
+                except OSError:
+                    kstack = ""
+                out.append(f"  {tid} {comm}: {wchan} {kstack}")
+        except OSError as e:
+            out.append(f"({e})")
+        return "\n".join(out)
 
     def end(self, results):
         """Unmount cleanly; the backing directory must hold the models' files."""
