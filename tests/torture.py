@@ -279,6 +279,8 @@ def describe_word(word, pos, names, base=0):
     if d is None:
         return "zeros"
     fid, ver, off = d
+    if fid == 0:
+        return f"a word of zeros and data mixed ({word:#018x})"
     text = f"{names.fid(fid)} v{ver} offset {off}"
     if off != pos:
         text += f" (shifted {off - pos:+d})"
@@ -1542,8 +1544,21 @@ class Run:
     def crash(self, sync):
         """SIGKILL the daemon with nobody inside an mmap, remount."""
         W = self.cfg.nworkers
-        for _ in range(W):
-            sync.mmap_sem.acquire()
+        deadline = time.monotonic() + self.cfg.hang_timeout
+        for got in range(W):
+            if not sync.mmap_sem.acquire(timeout=max(0.1, deadline - time.monotonic())):
+                # a worker is stuck inside an mmap: the daemon hangs
+                for _ in range(got):
+                    sync.mmap_sem.release()
+                self.fail(f"crash {self.crashes + 1}: a worker stayed inside an mmap "
+                          f"operation for {self.cfg.hang_timeout}s\n" + self.hang_text()
+                          + self.daemon_stacks())
+                sync.failed.set()
+                sync.stop.set()
+                sync.barrier.abort()
+                if self.mount and self.mount.proc:
+                    self.mount.kill(signal.SIGKILL)
+                return
         self.crashes += 1
         sync.crash.set()
         try:
