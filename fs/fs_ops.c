@@ -1018,8 +1018,12 @@ static void fs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 	(void)fi;
 	if (tfile_read_begin(&in->tf, size, off, &p, &n, &pin)) {
+		/* once the reply is out, the reader may close the file and the
+		 * kernel forget it: our reference keeps it until read_end */
+		fs_inode_get(in);
 		fuse_reply_buf(req, p, n);
 		tfile_read_end(&in->tf, pin);
+		fs_inode_put(in);
 		return;
 	}
 	void *buf = malloc(size ? size : 1);

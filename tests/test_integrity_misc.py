@@ -327,8 +327,6 @@ def test_flush_error_not_reported_to_readers(mount, small_tmpfs):
     assert read_file(j(small_tmpfs, "a")) == a
 
 
-@pytest.mark.xfail(reason="needs the engine to keep a write-through error for fsync "
-                          "(/tmp/fs-needs-engine.md, f->write_err)", strict=False)
 def test_write_through_error_reported_by_fsync(mount, small_tmpfs):
     m = mount(backing=small_tmpfs, host_cache="4M", expect_errors=True)
     chunk = randbytes(MiB)

@@ -75,6 +75,9 @@ struct engine {
 	struct hint *hq_head, *hq_tail;	/* the restore queue */
 	uint64_t hint_next;		/* next ticket */
 	uint64_t hq_len, hq_unbound;	/* entries, entries without a file */
+	uint64_t hq_gen;		/* bumped when an entry is freed: a walk
+					 * of the queue that dropped the lock
+					 * starts again when it moved */
 	bool prefetch_on;		/* start / stop */
 	pthread_t prefetcher;
 	bool prefetcher_started;
@@ -278,6 +281,7 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 	struct engine *e = c->priv;
 	struct copy *cp = fr->copy;
 	struct evict_cost k = { 0, 0 };
+	uint64_t done;
 
 	if (!cp)
 		return k;
@@ -293,7 +297,9 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 			k.wait = TIER_INF;
 			break;
 		}
-		k.wait = (double)(cp->len - (cp->flushing ? cp->flushed_bytes : 0)) /
+		/* the flusher publishes its progress without the lock */
+		done = cp->flushing ? __atomic_load_n(&cp->flushed_bytes, __ATOMIC_RELAXED) : 0;
+		k.wait = (double)(cp->len - (done < cp->len ? done : cp->len)) /
 			 (e->flush_bw > 0 ? e->flush_bw : 1e9);
 		if (k.wait <= 0)
 			k.wait = 1e-6;
@@ -616,7 +622,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	    cp->flushing)
 		return 0;	/* nothing to do, or another flusher has it */
 	cp->flushing = true;
-	cp->flushed_bytes = 0;
+	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	cp->pins++;
 	gen = f->gen;
 	len = cp->len;
@@ -1831,6 +1837,8 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		ret = pwrite_dev(f->shadow_fd, dptr, len, off);
 	}
 	pthread_mutex_lock(&e->lock);
+	if (ret < 0)
+		f->write_err = (int)ret;	/* for fsync, as write-back would */
 	if (ret > 0) {
 		uint64_t wend = (uint64_t)off + (uint64_t)ret;
 		if (wend > f->size)
@@ -2285,6 +2293,11 @@ int tfile_fsync(struct tfile *f)
 
 	pthread_mutex_lock(&f->lock);
 	pthread_mutex_lock(&e->lock);
+	if (f->write_err) {		/* an earlier write failed: say so once */
+		ret = f->write_err;
+		f->write_err = 0;
+		goto out;
+	}
 	if (f->unlinked)
 		goto out;
 	if (f->shadow_fd >= 0) {
@@ -2373,7 +2386,7 @@ int tfile_pending_error(struct tfile *f)
 	int ret;
 
 	pthread_mutex_lock(&f->eng->lock);
-	ret = f->flush_err;
+	ret = f->flush_err ? f->flush_err : f->write_err;
 	pthread_mutex_unlock(&f->eng->lock);
 	return ret;
 }
@@ -2506,6 +2519,7 @@ static void hint_reseq(struct engine *e, struct tfile *f)
 
 static void hint_free(struct engine *e, struct hint *h)
 {
+	e->hq_gen++;
 	if (h->file)
 		defer_put(e, h->file);
 	else
@@ -2704,11 +2718,13 @@ static uint64_t prefetch_distance(struct engine *e)
  * clean data, becomes CONSUMED: the first to go when the host tier needs
  * room for the next prefetch from the SSD.  Returns as prefetch_one().
  */
+static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist);
+
 static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
 {
 	int hi = host_index(e);
 	struct cache *g = e->tiers[0];
-	struct copy *hcp = f->copy[hi], *gcp;
+	struct copy *hcp = f->copy[hi];
 	uint64_t size = f->size;
 	int ret;
 
@@ -2716,6 +2732,24 @@ static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
 	    f->destroying || !hcp || hcp->len != size || tier_round(size ? size : 1) > g->size ||
 	    (hcp->state != TS_READ_COMPLETE && hcp->state != TS_FLUSHED))
 		return 0;
+	/* the lock is dropped below: f must outlive its queue entry */
+	f->ops->get(f);
+	ret = promote_gpu_held(e, f, dist);
+	pthread_mutex_unlock(&e->lock);
+	f->ops->put(f);
+	pthread_mutex_lock(&e->lock);
+	return ret;
+}
+
+/* promote_gpu() with the checks done and a reference on f held */
+static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
+{
+	int hi = host_index(e);
+	struct cache *g = e->tiers[0];
+	struct copy *hcp = f->copy[hi], *gcp;
+	uint64_t size = f->size;
+	int ret;
+
 	gcp = calloc(1, sizeof(*gcp));
 	if (!gcp)
 		return -ENOMEM;
@@ -2808,22 +2842,25 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (!cp)
 		return -ENOMEM;
 	cp->file = f;
+	f->ops->get(f);		/* the lock is dropped: f must outlive its entry */
 	protect_below = dist + 1;
 	ret = eng_alloc_wait(e, c, cp, size, 0.05);
 	protect_below = 0;
+	if (!ret && (fastest_copy(e, f) >= 0 || f->dirty || f->unlinked ||
+		     f->size != size)) {	/* a writer came first */
+		cache_release(c, cp);
+		ret = 1;
+	}
 	if (ret) {
 		free(cp);
-		return -ENOSPC;
-	}
-	if (fastest_copy(e, f) >= 0 || f->dirty) {	/* a writer came first */
-		cache_release(c, cp);
-		free(cp);
-		return 0;
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+		return ret < 0 ? -ENOSPC : 0;
 	}
 	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
 	attach_copy(e, f, hi, cp);
 	cp->pins++;
-	f->ops->get(f);
 	pthread_mutex_unlock(&e->lock);
 
 	fd = f->ops->data_fd(f, true);
@@ -2890,6 +2927,8 @@ static void *prefetcher_main(void *arg)
 			for (h = e->hq_head; h && !e->stop; h = h->next) {
 				uint64_t dist = h->seq - e->hint_head;
 
+				uint64_t gen = e->hq_gen;
+
 				if (!h->file || h->file->unlinked)
 					continue;
 				ret = prefetch_one(e, &ring, h->file, dist);
@@ -2899,6 +2938,10 @@ static void *prefetcher_main(void *arg)
 				}
 				if (ret < 0)
 					break;	/* full of what is needed sooner */
+				if (e->hq_gen != gen) {
+					did = true;	/* h may be gone: rescan */
+					break;
+				}
 			}
 		}
 		if (did)

@@ -61,6 +61,8 @@ struct tfile {
 	bool shadow_inplace;		/* shadow_fd is the file itself */
 	int writers;			/* open handles that may write */
 	int flush_err;			/* last flush failure (-errno), or 0 */
+	int write_err;			/* a write-through write failed (-errno):
+					 * reported by the next fsync, then 0 */
 	uint64_t gen;			/* bumped by every modification */
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */

@@ -112,6 +112,8 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +134,30 @@ struct ent {
 	uint32_t run_hi;	/* last index of that run */
 };
 
+/*
+ * The per-thread buffers go with their thread: the first reserve of a
+ * thread registers it with a key whose destructor frees them (without it,
+ * every thread that ever made a decision leaked its buffers at exit).
+ */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static __thread bool scratch_registered;
+static void scratch_free(void *unused);
+
+static void scratch_key_init(void)
+{
+	pthread_key_create(&scratch_key, scratch_free);
+}
+
+static void scratch_register(void)
+{
+	if (scratch_registered)
+		return;
+	pthread_once(&scratch_once, scratch_key_init);
+	pthread_setspecific(scratch_key, &scratch_registered);
+	scratch_registered = true;
+}
+
 static __thread struct ent *scratch;	/* fifo and lru */
 static __thread size_t scratch_cap;
 /* fifo/lru: prefix sums and candidate order; score: the window-maximum
@@ -145,6 +171,7 @@ static int scratch_reserve(size_t n)
 	struct ent *e;
 	size_t cap;
 
+	scratch_register();
 	if (n <= scratch_cap)
 		return 0;
 	cap = scratch_cap ? scratch_cap : 64;
@@ -164,6 +191,7 @@ static int aux_reserve(size_t n)
 	uint32_t *q;
 	size_t cap;
 
+	scratch_register();
 	if (n + 1 <= aux_cap)
 		return 0;
 	cap = aux_cap ? aux_cap : 64;
@@ -264,6 +292,28 @@ static __thread uint64_t *mink_buf;		/* struct minq's keys */
 static __thread uint32_t *mini_buf;		/* and indices */
 static __thread size_t srec_cap;
 
+/* The key's destructor: the exiting thread's buffers. */
+static void scratch_free(void *unused)
+{
+	(void)unused;
+	free(scratch);
+	free(pre_buf);
+	free(cand_buf);
+	free(srec_buf);
+	free(sfrag_buf);
+	free(mink_buf);
+	free(mini_buf);
+	scratch = NULL;
+	pre_buf = NULL;
+	cand_buf = NULL;
+	srec_buf = NULL;
+	sfrag_buf = NULL;
+	mink_buf = NULL;
+	mini_buf = NULL;
+	scratch_cap = aux_cap = srec_cap = 0;
+	scratch_registered = false;
+}
+
 static int srec_reserve(size_t n)
 {
 	struct srec *r;
@@ -272,6 +322,7 @@ static int srec_reserve(size_t n)
 	uint32_t *x;
 	size_t cap;
 
+	scratch_register();
 	if (n + 1 <= srec_cap)
 		return 0;
 	cap = srec_cap ? srec_cap : 64;
