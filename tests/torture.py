@@ -1707,6 +1707,11 @@ class Run:
         W = cfg.nworkers
         ops = sum(sync.stats[i * 4] for i in range(W))
         if not self.failures:
+            if self.mount is not None and self.mount.runs:
+                with open(self.mount.runs[0][1], errors="replace") as f:
+                    for line in f:
+                        if "GPU tier" in line or "host cache:" in line:
+                            self.out("torture: daemon: " + line.strip())
             self.out(f"torture: PASS seed {cfg.seed}: {ops} operations in {elapsed:.0f}s"
                      + (f", {self.crashes} crashes" if cfg.crash else ""))
             if not cfg.keep:
