@@ -60,7 +60,7 @@ static struct {
 
 /* Descriptors closed after fdc.lock is dropped. */
 struct closing {
-	int fd[16];
+	int fd[64];
 	int n;
 };
 

@@ -876,8 +876,15 @@ out:
 	pthread_mutex_unlock(&fs.nslock);
 	fs_fd_release(np);
 	fs_fd_release(p);
-	put_child(dst);
-	put_child(src);
+	/* every descriptor first: a put takes fs.lock */
+	if (dst)
+		fs_fd_release(dst);
+	if (src)
+		fs_fd_release(src);
+	if (dst)
+		fs_inode_put(dst);
+	if (src)
+		fs_inode_put(src);
 	fuse_reply_err(req, -ret);
 }
 
@@ -1607,7 +1614,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	char path[64], tmp[64], *name = NULL;
 	static unsigned long counter;
 	struct stat old;
-	bool unlinked;
+	bool unlinked, open;
 	int ret = 0, ofd, dfd = -1, pfd, closing[2] = { -1, -1 };
 
 	if (inplace) {
@@ -1623,13 +1630,14 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	pthread_mutex_lock(&fs.nslock);
 	pthread_mutex_lock(&fs.lock);
 	unlinked = in->unlinked;
+	open = in->nopen > 0;
 	if (!unlinked && in->name && in->parent) {
 		name = strdup(in->name);
 		dir = in->parent;
 		fs_inode_get(dir);
 	}
 	pthread_mutex_unlock(&fs.lock);
-	if (unlinked && !__atomic_load_n(&in->nopen, __ATOMIC_ACQUIRE)) {
+	if (unlinked && !open) {
 		ret = -ENOENT;	/* removed, and nobody can read it any more */
 		goto out_close;
 	}
