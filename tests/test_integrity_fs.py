@@ -301,3 +301,29 @@ def test_written_through_unlinked_file_space_returned(mount):
     util.assert_same(util.pread_all(fd, len(data)), data)
     os.close(fd)
     assert wait_for(lambda: not removed_held(m)), removed_held(m)
+
+
+def test_daemon_out_of_descriptors_is_emfile(mount):
+    """Directories held open count against the daemon's descriptors and are
+    never closed under their user; when the daemon runs out, the caller
+    gets EMFILE (not ENOMEM or EBADF), and all works again once they are
+    closed."""
+    m = mount(nofile=96)
+    d = os.path.join(m.mnt, "dirs")
+    os.mkdir(d)
+    for i in range(200):
+        os.mkdir(os.path.join(d, f"d{i}"))
+    held, errs = [], set()
+    for i in range(200):
+        try:
+            held.append(os.open(os.path.join(d, f"d{i}"), os.O_RDONLY | os.O_DIRECTORY))
+        except OSError as e:
+            errs.add(e.errno)
+    assert errs, "the daemon never ran out of descriptors"
+    assert errs <= {errno.EMFILE, errno.ENFILE}, [errno.errorcode[e] for e in errs]
+    for fd in held:
+        os.close(fd)
+    for i in range(200):
+        p = os.path.join(d, f"d{i}", "f")
+        util.write_file(p, b"x" * i)
+        assert util.read_file(p) == b"x" * i
