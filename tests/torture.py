@@ -296,6 +296,11 @@ def diff_report(got, exp, names, base=0, max_runs=12):
     first = _first_diff(got, exp)
     n = min(len(got), len(exp))
     if first >= n:
+        if len(got) > n:          # the same up to the expected end: what follows?
+            tail = diff_report(memoryview(got)[n:], bytes(len(got) - n), names,
+                               base + n, max_runs)
+            lines.append(f"the first {n} bytes as expected; beyond them:")
+            lines += tail[1:]
         return lines
     PAGE = 4096
     runs = []
