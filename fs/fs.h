@@ -45,7 +45,8 @@ struct fs_inode {
 					 * none (fd is then never closed) */
 	int fd;				/* O_PATH fd on the backing object, -1
 					 * while not cached (fs_fd_hold) */
-	pthread_rwlock_t fdlock;	/* read: using fd; write: replacing it */
+	pthread_rwlock_t fdlock;	/* read: using fd (a replace never waits
+					 * for it: see old_paths) */
 	int fd_users;			/* holders of fd (fs_fd_hold) */
 	bool fd_pinned;			/* removed but in use: fd kept */
 	bool fd_gone;			/* removed, fds closed: never reopened
@@ -64,6 +65,9 @@ struct fs_inode {
 	int data_users;			/* borrowers of data_fd */
 	struct oldfd *old_fds;		/* read fds of replaced versions that
 					 * still have borrowers */
+	struct oldfd *old_paths;	/* O_PATH fds of replaced versions: a
+					 * holder may still use one; closed when
+					 * fd_users drops to 0 */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */

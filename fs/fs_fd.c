@@ -347,6 +347,13 @@ void fs_fd_detach(struct fs_inode *in)
 
 	pthread_mutex_lock(&fdc.lock);
 	drop_fds(in, &c);
+	for (o = in->old_paths; o; o = next) {	/* no holder is left */
+		next = o->next;
+		close(o->fd);
+		fdc.open--;
+		free(o);
+	}
+	in->old_paths = NULL;
 	for (o = in->old_fds; o; o = next) {	/* no borrower is left */
 		next = o->next;
 		closing_add(&c, o->fd);
@@ -379,6 +386,20 @@ static void release_gone(struct fs_inode *in, struct closing *c)
 		}
 	}
 	drop_fds(in, c);
+}
+
+/* Replaced O_PATH descriptors of in, now that nobody holds one.  fdc.lock
+ * held. */
+static void close_old_paths(struct fs_inode *in, struct closing *c)
+{
+	while (in->old_paths) {
+		struct oldfd *o = in->old_paths;
+
+		in->old_paths = o->next;
+		closing_add(c, o->fd);
+		fdc.open--;
+		free(o);
+	}
 }
 
 static int reopen(struct fs_inode *in)
@@ -443,6 +464,8 @@ void fs_fd_release(struct fs_inode *in)
 
 	pthread_mutex_lock(&fdc.lock);
 	in->fd_users--;
+	if (!in->fd_users)
+		close_old_paths(in, &c);
 	release_gone(in, &c);
 	pthread_mutex_unlock(&fdc.lock);
 	pthread_rwlock_unlock(&in->fdlock);
@@ -490,11 +513,31 @@ int fs_fd_replace(struct fs_inode *in, int fd, int old[2])
 	struct oldfd *o = malloc(sizeof(*o));
 
 	old[0] = old[1] = -1;
-	pthread_rwlock_wrlock(&in->fdlock);
+	/*
+	 * Never waits for the holders of the old descriptor: a replace runs
+	 * under fs.nslock and fs.lock, and a holder may wait for fs.lock
+	 * (rename, a reference's put), so waiting here deadlocked.  A
+	 * holder keeps using the descriptor it got; the old one is closed
+	 * once nobody holds the inode's descriptor (fs_fd_release).
+	 */
 	pthread_mutex_lock(&fdc.lock);
 	old[0] = in->fd;
 	if (old[0] < 0)
 		count_up();
+	if (old[0] >= 0 && in->fd_users) {
+		struct oldfd *p = malloc(sizeof(*p));
+
+		if (p) {
+			p->fd = old[0];
+			p->users = 0;
+			p->next = in->old_paths;
+			in->old_paths = p;
+			count_up();
+		} else {
+			tlog(LOG_CRIT, "out of memory: a descriptor is leaked");
+		}
+		old[0] = -1;
+	}
 	in->fd = fd;
 	free(in->fh);
 	in->fh = fh;
@@ -524,7 +567,6 @@ int fs_fd_replace(struct fs_inode *in, int fd, int old[2])
 	else
 		lru_touch(in);
 	pthread_mutex_unlock(&fdc.lock);
-	pthread_rwlock_unlock(&in->fdlock);
 	free(o);
 	return 0;
 }
@@ -553,7 +595,7 @@ int fs_data_fd_get(struct fs_inode *in)
 		fs_fd_release(in);
 		return fd;
 	}
-	/* with in->fdlock read-held, no new version replaces pfd meanwhile */
+	/* a new version may replace pfd meanwhile: checked below */
 	fs_proc_path(pfd, path, sizeof(path));
 	for (int tries = 0; tries < 2; tries++) {
 		fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -567,6 +609,14 @@ int fs_data_fd_get(struct fs_inode *in)
 		return fd;
 	}
 	pthread_mutex_lock(&fdc.lock);
+	if (in->fd != pfd) {
+		/* a new version replaced pfd while we opened it: this fd
+		 * reads the old one; start again from the new */
+		pthread_mutex_unlock(&fdc.lock);
+		close(fd);
+		fs_fd_release(in);
+		return fs_data_fd_get(in);
+	}
 	if (in->data_fd >= 0) {
 		int extra = fd;
 

@@ -300,12 +300,18 @@ void fs_inode_put(struct fs_inode *in)
 
 static int stat_inode(struct fs_inode *in, struct stat *st)
 {
-	int fd, ret;
+	int fd, ret, tries = 0;
 
+again:
 	fd = fs_fd_hold(in);
 	ret = fd < 0 ? fd :
 	      fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 	fs_fd_release(in);
+	/* a version commit may have renamed a new version over the one we
+	 * held (it moves the inode first): the next hold gets the new one */
+	if (!ret && S_ISREG(in->type) && st->st_nlink == 0 &&
+	    !__atomic_load_n(&in->unlinked, __ATOMIC_ACQUIRE) && tries++ < 2)
+		goto again;
 	if (ret == -ENOENT && fs_fd_gone_stat(in, st))
 		ret = 0;	/* removed and closed: what it was */
 	if (ret)
@@ -335,8 +341,15 @@ static int stat_inode(struct fs_inode *in, struct stat *st)
  * Find or make the inode for `name` in `parent` and take a kernel
  * reference on it.  Fills e.  Returns 0 or -errno.
  */
-static int do_lookup(struct fs_inode *parent, const char *name,
-		     struct fuse_entry_param *e)
+/*
+ * One look at parent/name.  Between its fstat and its table look-up a
+ * version commit may move the name to a new version and the inode to it
+ * (v_commit, under fs.nslock): a miss there may be that window, not a new
+ * object.  So a miss without fs.nslock held (`ns`) returns -EAGAIN, and
+ * do_lookup() looks again with it, when no commit is half done.
+ */
+static int lookup_once(struct fs_inode *parent, const char *name,
+		       struct fuse_entry_param *e, bool ns)
 {
 	struct fs_inode *in;
 	struct stat st;
@@ -376,6 +389,10 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 			drop_aliases(in);	/* its only name */
 			set_name(in, parent, name);
 		}
+	} else if (!ns) {
+		pthread_mutex_unlock(&fs.lock);
+		close(fd);
+		return -EAGAIN;
 	} else {
 		in = calloc(1, sizeof(*in));
 		if (!in) {
@@ -411,6 +428,20 @@ static int do_lookup(struct fs_inode *parent, const char *name,
 	e->attr_timeout = 1.0;
 	e->entry_timeout = 1.0;
 	return 0;
+}
+
+/* Look parent/name up, making its inode known.  fs.nslock not held. */
+static int do_lookup(struct fs_inode *parent, const char *name,
+		     struct fuse_entry_param *e)
+{
+	int ret = lookup_once(parent, name, e, false);
+
+	if (ret == -EAGAIN) {
+		pthread_mutex_lock(&fs.nslock);
+		ret = lookup_once(parent, name, e, true);
+		pthread_mutex_unlock(&fs.nslock);
+	}
+	return ret;
 }
 
 static void forget_one(fuse_ino_t ino, uint64_t n);
@@ -1684,10 +1715,44 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
 		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	if (linkat(AT_FDCWD, path, pfd, tmp, AT_SYMLINK_FOLLOW) < 0 ||
-	    renameat(pfd, tmp, pfd, name) < 0) {
+	if (linkat(AT_FDCWD, path, pfd, tmp, AT_SYMLINK_FOLLOW) < 0) {
+		ret = -errno;
+		fs_fd_release(dir);
+		goto out_close;
+	}
+	/*
+	 * The inode moves to the new version before its name does: a stat
+	 * of it in between sees the new version under its temporary name
+	 * (one link), never the old one renamed over (no link left).  A
+	 * lookup of the name in between finds the old version under a key
+	 * the table no longer has, and looks again under fs.nslock, which
+	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
+	 * stays an unnamed one.
+	 */
+	int nfd = fs_fd_openat(pfd, tmp, O_PATH | O_NOFOLLOW, 0);
+	if (nfd >= 0) {
+		close(fd);
+		fd = nfd;
+	}
+	pthread_mutex_lock(&fs.lock);
+	swap_fd(in, fd, closing);
+	pthread_mutex_unlock(&fs.lock);
+	fd = -1;
+	if (renameat(pfd, tmp, pfd, name) < 0) {
+		int back[2] = { -1, -1 };
+
 		ret = -errno;
 		unlinkat(pfd, tmp, 0);
+		/* the name keeps the old version: the inode goes back to it */
+		nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
+		if (nfd >= 0) {
+			pthread_mutex_lock(&fs.lock);
+			swap_fd(in, nfd, back);
+			pthread_mutex_unlock(&fs.lock);
+			for (int i = 0; i < 2; i++)
+				if (back[i] >= 0)
+					close(back[i]);
+		}
 		fs_fd_release(dir);
 		goto out_close;
 	}
@@ -1696,15 +1761,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		if (dfd < 0)
 			ret = dfd;
 	}
-	/* reopen by name: the tmpfile's own dentry stays an unnamed one */
-	int nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
 	fs_fd_release(dir);
-	if (nfd >= 0) {
-		close(fd);
-		fd = nfd;
-	}
 	pthread_mutex_lock(&fs.lock);
-	swap_fd(in, fd, closing);
 out_locked:
 	pthread_mutex_unlock(&fs.lock);
 	fd = -1;
