@@ -10,7 +10,7 @@
  *
  * Locks: fs.lock protects the inode table, every inode's names, and
  * reference counts; fs_fd.c's lock the descriptors (innermost; order
- * fs.nslock -> fs.lock -> inode fdlock -> descriptor lock).  fs.nslock, taken before fs.lock,
+ * fs.nslock -> fs.lock -> descriptor lock).  fs.nslock, taken before fs.lock,
  * serialises namespace changes in the backing directory (rename, unlink,
  * rmdir, link, version commits); a version commit holds only nslock while
  * it links and renames (journal operations that can wait for a commit),
@@ -45,8 +45,6 @@ struct fs_inode {
 					 * none (fd is then never closed) */
 	int fd;				/* O_PATH fd on the backing object, -1
 					 * while not cached (fs_fd_hold) */
-	pthread_rwlock_t fdlock;	/* read: using fd (a replace never waits
-					 * for it: see old_paths) */
 	int fd_users;			/* holders of fd (fs_fd_hold) */
 	bool fd_pinned;			/* removed but in use: fd kept */
 	bool fd_gone;			/* removed, fds closed: never reopened

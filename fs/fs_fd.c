@@ -26,9 +26,10 @@
  * Locking: fdc.lock guards the counts, the LRU and the fd, data_fd,
  * fd_users, data_users, fd_pinned, fd_gone and gone_st fields of every
  * inode; it is the innermost lock (nothing is taken under it) and nothing
- * is closed under it.  A holder also holds in->fdlock for reading, so that
- * a version commit (fs_fd_replace, write lock) waits for it.  Order:
- * fs.nslock -> fs.lock -> in->fdlock -> fdc.lock.
+ * is closed under it.  A holder counts in fd_users; a version commit
+ * (fs_fd_replace) never waits for holders: it parks the replaced
+ * descriptor (old_paths) until fd_users drops to 0.  Order:
+ * fs.nslock -> fs.lock -> fdc.lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -424,7 +425,6 @@ int fs_fd_hold(struct fs_inode *in)
 	bool over = false;
 	int fd;
 
-	pthread_rwlock_rdlock(&in->fdlock);
 	pthread_mutex_lock(&fdc.lock);
 	in->fd_users++;
 	if (in->fd >= 0) {
@@ -468,7 +468,6 @@ void fs_fd_release(struct fs_inode *in)
 		close_old_paths(in, &c);
 	release_gone(in, &c);
 	pthread_mutex_unlock(&fdc.lock);
-	pthread_rwlock_unlock(&in->fdlock);
 	closing_run(&c);
 }
 

@@ -957,7 +957,6 @@ int main(int argc, char *argv[])
 	lock_backing();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
-	pthread_rwlock_init(&fs.root.fdlock, NULL);
 	fs.root.dev = st.st_dev;
 	fs.root.ino = st.st_ino;
 	fs.root.type = S_IFDIR;

@@ -400,7 +400,6 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 			close(fd);
 			return -ENOMEM;
 		}
-		pthread_rwlock_init(&in->fdlock, NULL);
 		in->dev = st.st_dev;
 		in->ino = st.st_ino;
 		in->type = st.st_mode & S_IFMT;

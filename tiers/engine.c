@@ -1474,7 +1474,8 @@ static bool copies_busy(struct engine *e, struct tfile *f)
 	for (int i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
-		if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS || cp->spans))
+		if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS || cp->spans ||
+			   cp->readers))
 			return true;
 	}
 	return false;
@@ -2107,9 +2108,14 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 
 		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS)
 			continue;
+		/* being written: the bytes may change while the reply goes
+		 * out; tfile_read() copies them under f->lock instead */
+		if (cp->state == TS_WRITE_IN_PROGRESS)
+			break;
 		if (!cp->cache->host_addressable || (uint64_t)off + *n > cp->len)
 			continue;
 		cp->pins++;
+		cp->readers++;	/* writers wait for it (copies_busy) */
 		cp->last_use = ++e->tick;
 		cp->cache->hits++;
 		*p = copy_ptr(cp) + off;
@@ -2133,6 +2139,7 @@ void tfile_read_end(struct tfile *f, struct copy *pin)
 	pthread_mutex_lock(&e->lock);
 	if (pin) {
 		pin->pins--;
+		pin->readers--;
 		pthread_cond_broadcast(&e->cond);
 	}
 	pthread_mutex_unlock(&e->lock);

@@ -81,6 +81,8 @@ struct copy {
 	enum tier_state state;		/* life-cycle state */
 	int pins;			/* users of the bytes: no evict/move */
 	int spans;			/* of them, client copies (gpu_share) */
+	int readers;			/* of them, zero-copy read replies in
+					 * flight: no write may change the bytes */
 	bool flushing;			/* a flush of it to the next tier runs */
 	bool promoted;			/* prefetched and not yet consumed */
 	bool in_backlog;		/* counted in the engine's flush backlog */
