@@ -12,10 +12,10 @@
 #                 the unit tests and the torture runs only, -k torture)
 #
 # Each build runs the torture harness (tests/torture.py, via
-# tests/test_torture.py) for a few minutes.  Times on a 2-core VM, compile
-# included: build/ ~5 min, build-asan/ ~5 min, build-tsan/ ~8 min (the
-# pytest suites alone took ~2 min before the torture runs came; these add
-# 3 x 40 s runs, 20 s under TSan, each followed by its final checks).
+# tests/test_torture.py) for a few minutes: 3 runs of 40 s (20 s under
+# TSan), each followed by its final checks.  Times on a 2-core VM, compile
+# included: build/ ~6 min (5.3 min measured with one torture run failing
+# early), build-asan/ ~7 min, build-tsan/ ~8 min: ~20-25 min in all.
 #
 # The pytest suites mount FUSE file systems and a tmpfs: run as root, with
 # /dev/fuse present.  Exits 0 when all builds pass, 1 otherwise; the
