@@ -81,7 +81,6 @@ import random
 import shlex
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import threading
