@@ -520,6 +520,17 @@ static void drop_copy(struct engine *e, struct tfile *f, int i)
 	pthread_cond_broadcast(&e->cond);
 }
 
+/* e->lock held: f's copy in tier i is stale (f is being written); free it. */
+static void discard_copy(struct engine *e, struct tfile *f, int i)
+{
+	struct copy *cp = f->copy[i];
+
+	backlog_del(e, cp);
+	if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_WRITE_IN_PROGRESS)
+		tier_set_state(&cp->state, TS_INIT);
+	drop_copy(e, f, i);
+}
+
 /* ---- flush queue ------------------------------------------------------ */
 
 static void queue_flush(struct engine *e, struct tfile *f, bool front)
@@ -1371,13 +1382,8 @@ static int start_shadow(struct engine *e, struct tfile *f)
 		return ret;
 	}
 	for (int i = 0; i < e->ntiers; i++)
-		if (f->copy[i]) {
-			backlog_del(e, f->copy[i]);
-			if (f->copy[i]->state == TS_WRITE_COMPLETE ||
-			    f->copy[i]->state == TS_WRITE_IN_PROGRESS)
-				tier_set_state(&f->copy[i]->state, TS_INIT);
-			drop_copy(e, f, i);
-		}
+		if (f->copy[i])
+			discard_copy(e, f, i);
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
 	f->dirty = true;
@@ -1517,17 +1523,6 @@ static void make_writable(struct engine *e, struct copy *cp)
 	cp->promoted = false;
 }
 
-/* e->lock held: f's copy in tier i is stale (f is being written); free it. */
-static void discard_copy(struct engine *e, struct tfile *f, int i)
-{
-	struct copy *cp = f->copy[i];
-
-	backlog_del(e, cp);
-	if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_WRITE_IN_PROGRESS)
-		tier_set_state(&cp->state, TS_INIT);
-	drop_copy(e, f, i);
-}
-
 /*
  * e->lock held: free f's copies in tiers slower than t without waiting.
  * Returns true when one was pinned by a reader: it waited for that (the
@@ -1642,6 +1637,7 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 		struct cache *c;
 		uint64_t want, n;
 		int t, si, ret;
+		bool holds;
 
 		if (copies_busy(e, f)) {
 			pthread_cond_wait(&e->cond, &e->lock);
@@ -1698,24 +1694,19 @@ static struct copy *writable_copy(struct engine *e, struct tfile *f,
 		}
 		tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
 		n = src ? (src->len < keep ? src->len : keep) : keep;
-		if (f->shadow_fd >= 0 && !src)
-			n = 0;		/* callers never get here written through */
 		ncp->pins++;
 		snap_pin(e, f, &s);
 		pthread_mutex_unlock(&e->lock);
 		ret = fill_copy(f, ncp, src, n);
 		pthread_mutex_lock(&e->lock);
 		ncp->pins--;
-		if (!snap_unpin_holds(e, f, &s)) {
+		holds = snap_unpin_holds(e, f, &s);
+		if (!holds || ret) {
 			tier_set_state(&ncp->state, TS_INIT);
 			cache_release(c, ncp);
 			free(ncp);
-			continue;	/* f changed while the bytes moved */
-		}
-		if (ret) {
-			tier_set_state(&ncp->state, TS_INIT);
-			cache_release(c, ncp);
-			free(ncp);
+			if (!holds)
+				continue;	/* f changed while the bytes moved */
 			*err = ret;
 			return NULL;
 		}
