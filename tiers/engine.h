@@ -1,11 +1,12 @@
 /*
- * engine.h - the flush/prefetch engine: files, their cached copies, and the
- * threads that move bytes between tiers and the SSD.
+ * engine.h - the flush/prefetch engine: the caches, the threads that move
+ * bytes between tiers and the SSD, and the restore queue.
  *
- * The fs side embeds a struct tfile in each regular file's inode and gives
- * the engine a struct tfile_ops that creates and commits versions of the
- * backing file.  The engine owns the caches, the flush queue, the flusher
- * and prefetcher threads and the restore queue.
+ * The fs side embeds a struct tfile (tfile.h) in each regular file's inode
+ * and gives the engine a struct tfile_ops that creates and commits
+ * versions of the backing file.  The engine owns the caches, the flush
+ * queues, the flusher and prefetcher threads and the restore queue.  Its
+ * rooms are listed in engine_int.h; its locks in lockorder.h.
  */
 #ifndef TIERFS_ENGINE_H
 #define TIERFS_ENGINE_H
@@ -14,63 +15,10 @@
 #include <time.h>
 
 #include "tier.h"
+#include "tfile.h"
+#include "log.h"
 
 struct engine;
-struct tfile;
-
-/* Backing-store operations, implemented by the fs side. */
-struct tfile_ops {
-	/*
-	 * Open a new, invisible version of f's backing file for writing (or,
-	 * for files that cannot be replaced atomically, the file itself:
-	 * *inplace set).  *direct tells whether the fd is O_DIRECT.
-	 * Returns an fd or -errno.
-	 */
-	int (*version_open)(struct tfile *f, bool want_direct, bool *direct,
-			    bool *inplace);
-	/*
-	 * Make fd f's content atomically (attributes copied over), or drop it
-	 * when the file has been unlinked meanwhile (returns -ENOENT).  Closes
-	 * fd in every case.  durable: also fsync the directory.
-	 */
-	int (*version_commit)(struct tfile *f, int fd, bool inplace, bool durable);
-	/* An fd reading f's current backing content, owned by the fs side
-	 * (valid until release_data_fd).  Returns fd or -errno. */
-	int (*data_fd)(struct tfile *f, bool direct);
-	void (*release_data_fd)(struct tfile *f, int fd);
-	/* Take / drop a reference that keeps f alive while the engine uses it. */
-	void (*get)(struct tfile *f);
-	void (*put)(struct tfile *f);
-	/* Name for log messages (may return a static "?"). */
-	const char *(*name)(struct tfile *f, char *buf, size_t len);
-};
-
-struct tfile {
-	struct engine *eng;
-	const struct tfile_ops *ops;
-	pthread_mutex_t lock;		/* orders operations on this file */
-	/* below: protected by eng->lock */
-	struct copy *copy[TIER_MAX];	/* cached copy per tier, or NULL */
-	uint64_t size;			/* logical size, authoritative if dirty */
-	struct timespec mtime;		/* modification time while dirty */
-	bool dirty;			/* content newer than the backing file */
-	bool unlinked;			/* no name left: discard, never flush */
-	bool queued;			/* on the flush queue */
-	bool destroying;		/* being freed: copies hold no reference */
-	int shadow_fd;			/* write-through version being built */
-	bool shadow_inplace;		/* shadow_fd is the file itself */
-	int writers;			/* open handles that may write */
-	int flush_err;			/* last flush failure (-errno), or 0 */
-	int write_err;			/* a write-through write failed (-errno):
-					 * reported by the next fsync, then 0 */
-	uint64_t gen;			/* bumped by every modification */
-	uint64_t flushed_gen;		/* gen last committed to the SSD */
-	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
-	struct tfile *fq_next;		/* flush queue link */
-	struct tfile *gq_next;		/* GPU -> host queue link */
-	bool gqueued;			/* on the GPU -> host queue */
-	struct timespec retry_at;	/* after a failed flush */
-};
 
 struct engine_config {
 	uint64_t host_cache;		/* bytes */
@@ -93,77 +41,11 @@ void engine_start_background(struct engine *e);
 /* Flush every dirty file, stop the threads, free the caches. */
 void engine_destroy(struct engine *e);
 
-void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
-		uint64_t size);
-/* Drop every copy and pending work of a file that is going away. */
-void tfile_destroy(struct tfile *f);
-
-/* A handle opened for writing / its last close (queues the flush). */
-void tfile_open_writer(struct tfile *f);
-void tfile_close_writer(struct tfile *f);
-/* Write; returns bytes written or -errno.  Never -ENOSPC for a full cache. */
-ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off);
-/* Read into buf; returns bytes read (short at EOF) or -errno. */
-ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off);
-/*
- * Zero-copy read from a host-addressable cache: on 1 a pointer to the
- * bytes is in *p and the copy is pinned until tfile_read_end(); on 0
- * the caller must use tfile_read.  *n is the byte count (0 at EOF).
- */
-int tfile_read_begin(struct tfile *f, size_t len, off_t off,
-		     const void **p, size_t *n, struct copy **pin);
-void tfile_read_end(struct tfile *f, struct copy *pin);
-int tfile_truncate(struct tfile *f, uint64_t size);
-/*
- * Write / read with the other side in GPU memory (device address dptr, in
- * this process's CUDA context).  The file's GPU copy is used when it has
- * one (device-to-device); a host copy or the SSD otherwise (a new file's
- * first write places it in the GPU tier).  Returns bytes or -errno;
- * -ENODEV when there is no GPU tier.
- */
-ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
-ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
 /* Does this engine have a GPU tier? */
 bool engine_has_gpu(struct engine *e);
 /* The GPU tier, NULL while there is none (yet). */
 struct gpu_tier;
 struct gpu_tier *engine_gpu_tier(struct engine *e);
-
-/*
- * A client copy into or out of the file's GPU cache copy (-o gpu_share):
- * tfile_span_begin() places (write: as a write of [off, off + len) would,
- * zeroing a hole before it) or finds (read) the bytes in the GPU tier,
- * pins them and returns their offset in the GPU cache in *cache_off; the
- * client copies; tfile_span_end() commits (write: size, dirty, flush as a
- * write would; read: consumption) and unpins.  begin returns 0 (a read at
- * or past the end: 0 with s->len 0 and nothing pinned), -EAGAIN when the
- * bytes are not in the GPU tier (the file is in a slower tier, too big for
- * the GPU cache, or written through: the daemon must copy), -ENODEV
- * without a GPU tier, -EINVAL, or writable_copy()'s errors.  end returns
- * the bytes committed, or -EIO when !ok (a write's failed copy: the size
- * stays, the bytes inside the file are kept as they are).
- */
-struct tspan {
-	struct copy *cp;		/* pinned copy, NULL: no span */
-	uint64_t off, len;		/* the file range */
-	bool write;
-};
-int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
-		     struct tspan *s, uint64_t *cache_off);
-ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok);
-/* Make the file durable on the SSD; returns 0 or the flush error. */
-int tfile_fsync(struct tfile *f);
-/* The file lost its last name: cancel its flush, free its copies once no
- * handle uses them. */
-void tfile_unlinked(struct tfile *f);
-/* Size and mtime as the fs should report them; false if not dirty. */
-bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime);
-/* Set the modification time to report and to give the next version. */
-void tfile_set_mtime(struct tfile *f, const struct timespec *mt);
-/* The error a close() should report (a flush that already failed). */
-int tfile_pending_error(struct tfile *f);
-/* Copies' tiers and states, "host:FLUSHED" etc., for xattrs. */
-int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t sl);
 
 /* ---- restore hints (the restore queue and the prefetcher) ------------ */
 
@@ -189,15 +71,5 @@ bool engine_prefetch_get(struct engine *e);
 /* Statistics as JSON into buf; returns length or -ERANGE. */
 int engine_stats_json(struct engine *e, char *buf, size_t len);
 uint64_t engine_host_cache_size(struct engine *e);
-
-/* ---- logging (log.c) ------------------------------------------------- */
-
-extern int tierfs_log_level;		/* syslog level, LOG_NOTICE default */
-void tierfs_log(int level, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-#define tlog(level, ...) do {						\
-	if ((level) <= tierfs_log_level)				\
-		tierfs_log((level), __VA_ARGS__);			\
-} while (0)
 
 #endif /* TIERFS_ENGINE_H */

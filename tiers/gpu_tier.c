@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "log.h"
 #include "gpu.h"
 #include "gpu_tier.h"
 

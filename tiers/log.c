@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <syslog.h>
 
-#include "engine.h"
+#include "log.h"
 
 int tierfs_log_level = LOG_NOTICE;
 int tierfs_log_syslog;			/* set by the daemon when detached */

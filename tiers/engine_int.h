@@ -1,0 +1,238 @@
+/*
+ * engine_int.h - the engine's private state, shared by its rooms.
+ *
+ * The engine is split into rooms, one job each; every room's file opens
+ * with what it owns, what it may call and which locks it takes:
+ *
+ *   engine.c    create/destroy, the GPU builder thread, file set-up and
+ *               attributes, statistics
+ *   place.c     placing a copy in a tier with eviction (eng_alloc_wait,
+ *               the cost function), a copy's attachment and release
+ *   write.c     the write path: writable copies, shadows (write-through),
+ *               truncate, writers' close, fsync
+ *   read.c      the read paths: read, zero-copy read, device read, spans
+ *   flush.c     the SSD flush queue and its flushers, the GPU -> host
+ *               queue and its cascade thread
+ *   hints.c     the restore queue
+ *   prefetch.c  the prefetcher thread
+ *   host.c      the host buffer's toucher and pinning
+ *   backing.c   byte movers between caches, device memory and backing files
+ *
+ * Locks (lockorder.h has the table): e->lock guards everything in struct
+ * engine below it and every cache's table, every copy and every tfile field
+ * marked "protected by eng->lock".  It is held for bookkeeping only; bytes
+ * move with it dropped, under a lease on the copies involved (below).
+ * e->cond is signalled on any state change a waiter may be waiting for.
+ */
+#ifndef TIERFS_ENGINE_INT_H
+#define TIERFS_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "engine.h"
+
+#define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
+
+struct ssd_ring;
+
+struct engine {
+	pthread_mutex_t lock;		/* see file comment */
+	pthread_cond_t cond;		/* any state change */
+	struct engine_config cfg;
+	struct cache host;		/* host cache tier */
+	void *host_buf;			/* its mmap'ed buffer */
+	int ntiers;			/* caches in tiers[] */
+	struct cache *tiers[TIER_MAX];	/* fastest first */
+	struct tfile *q_head, *q_tail;	/* flush queue */
+	pthread_t *flushers;		/* flusher threads */
+	int nflushers;
+	bool stop;			/* threads must exit */
+	int busy;			/* flushes running */
+	double flush_bw;		/* measured bytes/s, for eviction */
+	uint64_t tick;			/* access counter (lru) */
+	/* statistics */
+	uint64_t bytes_flushed, files_flushed, flush_errors;
+	uint64_t bytes_written_through, files_written_through;
+	uint64_t backlog;		/* bytes queued or being flushed */
+	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet) */
+	struct cache gpu_slot;		/* tiers[0] until the GPU tier is built */
+	pthread_t gbuilder;		/* builds the GPU tier in the background */
+	bool gbuilder_started;
+	bool pin_started;		/* the host buffer is being / was pinned */
+	uint64_t host_pinned;		/* host buffer registered with CUDA */
+	struct tfile *gq_head, *gq_tail;	/* GPU -> host queue */
+	pthread_t gflusher;		/* its thread */
+	bool gflusher_started;
+	uint64_t bytes_to_host;		/* cascaded GPU -> host */
+	double to_host_s;		/* time in those copies */
+	uint64_t hint_head;		/* restore-queue ticket of the next read */
+	struct hint *hq_head, *hq_tail;	/* the restore queue */
+	uint64_t hint_next;		/* next ticket */
+	uint64_t hq_len, hq_unbound;	/* entries, entries without a file */
+	uint64_t hq_gen;		/* bumped when an entry is freed: a walk
+					 * of the queue that dropped the lock
+					 * starts again when it moved */
+	bool prefetch_on;		/* start / stop */
+	pthread_t prefetcher;
+	bool prefetcher_started;
+	uint64_t files_prefetched, bytes_prefetched, files_consumed;
+	uint64_t files_to_gpu, bytes_to_gpu;	/* prefetches host -> GPU */
+	uint64_t client_writes, client_reads, client_bytes;	/* spans */
+	struct tfile **reap;		/* files whose copy went: put() them */
+	size_t nreap, reapcap;
+	pthread_t toucher;		/* pre-faults the host buffer */
+	bool toucher_started;
+	uint64_t touched;		/* host bytes touched so far */
+};
+
+/* One entry of the restore queue. */
+struct hint {
+	struct hint *next;
+	uint64_t seq;			/* ticket: position in the queue */
+	uint64_t dir;			/* directory key */
+	struct tfile *file;		/* the file (referenced), NULL if unborn */
+	char name[];			/* name in dir */
+};
+
+/* ---- shared helpers (e->lock held unless said otherwise) -------------- */
+
+/*
+ * A read of n bytes at off finished reading f: it returned the last bytes
+ * (or it is the first read of an empty file).  The read at EOF that ends
+ * a reader's loop returns nothing and does not count again: without the
+ * page cache every read() reaches us, and one pass must consume one
+ * restore-queue entry, not two.
+ */
+static inline bool read_to_end(const struct tfile *f, off_t off, size_t n)
+{
+	if (!n)
+		return off == 0 && f->size == 0;
+	return (uint64_t)off + n >= f->size;
+}
+
+static inline double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Wait on e->cond for at most ms milliseconds.  e->lock held. */
+static inline void cond_wait_ms(struct engine *e, long ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+}
+
+static inline const char *fname(struct tfile *f, char *buf, size_t len)
+{
+	return f->ops->name ? f->ops->name(f, buf, len) : "?";
+}
+
+static inline int host_index(struct engine *e)
+{
+	return e->ntiers - 1;
+}
+
+static inline uint8_t *copy_ptr(struct copy *cp)
+{
+	return cp->cache->base + cp->frag->off;
+}
+
+static inline uint64_t copy_cap(struct copy *cp)
+{
+	return cp->frag->size;
+}
+
+static inline void wait_unpinned(struct engine *e, struct copy *cp)
+{
+	while (cp->pins)
+		pthread_cond_wait(&e->cond, &e->lock);
+}
+
+/* Flush backlog accounting, idempotent per copy.  e->lock held. */
+static inline void backlog_add(struct engine *e, struct copy *cp)
+{
+	if (!cp->in_backlog && !cp->file->unlinked) {	/* unlinked: no flush */
+		cp->in_backlog = true;
+		e->backlog += cp->len;
+	}
+}
+
+static inline void backlog_del(struct engine *e, struct copy *cp)
+{
+	if (cp->in_backlog) {
+		cp->in_backlog = false;
+		e->backlog -= cp->len < e->backlog ? cp->len : e->backlog;
+	}
+}
+
+/* The fastest tier holding a copy of f, or -1. */
+static inline int fastest_copy(struct engine *e, struct tfile *f)
+{
+	int i;
+
+	for (i = 0; i < e->ntiers; i++)
+		if (f->copy[i])
+			return i;
+	return -1;
+}
+
+/* ---- place.c ---------------------------------------------------------- */
+
+/* Set around an eviction decision (to go: see evict_ctx). */
+extern __thread uint64_t eng_protect_below, eng_gpu_keeps;
+uint64_t eng_copy_dist(struct engine *e, struct copy *cp);
+uint64_t eng_gpu_keeps_below(struct engine *e);
+uint64_t eng_gpu_unflushed(struct engine *e);
+uint64_t eng_shadow_rank(uint64_t d);
+void eng_defer_put(struct engine *e, struct tfile *f);
+void eng_attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp);
+void eng_copy_evicted(struct copy *cp);
+int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
+		   uint64_t size, double max_wait);
+int eng_alloc(struct engine *e, struct cache *c, struct copy *cp, uint64_t size);
+int eng_copy_bounds(struct copy *cp, uint64_t off, uint64_t len);
+void eng_drop_copy(struct engine *e, struct tfile *f, int i);
+void eng_discard_copy(struct engine *e, struct tfile *f, int i);
+
+/* ---- write.c ---------------------------------------------------------- */
+
+struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
+			       uint64_t cap, uint64_t keep, int *err);
+void eng_writer_done(struct engine *e, struct tfile *f);
+void eng_mark_modified(struct tfile *f);
+void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
+
+/* ---- flush.c ---------------------------------------------------------- */
+
+void eng_queue_flush(struct engine *e, struct tfile *f, bool front);
+void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
+void *eng_flusher_main(void *arg);
+void *eng_gflusher_main(void *arg);
+
+/* ---- hints.c ---------------------------------------------------------- */
+
+void eng_hint_head_update(struct engine *e);
+void eng_hint_free(struct engine *e, struct hint *h);
+void eng_consume(struct engine *e, struct tfile *f);
+uint64_t eng_prefetch_distance(struct engine *e);
+
+/* ---- prefetch.c, host.c ----------------------------------------------- */
+
+void *eng_prefetcher_main(void *arg);
+void *eng_toucher_main(void *arg);
+void eng_pin_host_once(struct engine *e);
+
+#endif /* TIERFS_ENGINE_INT_H */

@@ -1,0 +1,427 @@
+/*
+ * flush.c - the two flush queues and their threads (a queue, its thread
+ * and its wake-ups per job, as Redis's bio.c):
+ *  - the SSD flush queue (e->q_head): flushers write a file's newest
+ *    complete copy into a new version of its backing file with O_DIRECT
+ *    through io_uring, fdatasync it and ask the fs side to commit it
+ *    (atomic rename); a failed flush is retried every FLUSH_RETRY_S;
+ *  - the GPU -> host queue (e->gq_head): the cascade thread copies a GPU
+ *    copy into a new host copy, which then goes to the SSD queue.
+ * Flushers also drop deferred file references (e->reap).
+ *
+ * Owns: the queues and the tfile fields queued, gqueued, fq_next, gq_next,
+ * retry_at, flush_err, flushed_gen; e->busy, flush_bw and the flush
+ * statistics.  The threads hold e->lock except while bytes move (under a
+ * lease) and while they call tfile_ops (version_open/commit, put, name:
+ * those take fs locks).  They never take a tfile.lock.  Calls place.c and
+ * backing.c.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "ssd.h"
+
+/* ---- flush queue ------------------------------------------------------ */
+
+void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
+{
+	if (f->queued || f->unlinked)
+		return;
+	f->queued = true;
+	f->ops->get(f);
+	f->fq_next = NULL;
+	if (!e->q_head) {
+		e->q_head = e->q_tail = f;
+	} else if (front) {
+		f->fq_next = e->q_head;
+		e->q_head = f;
+	} else {
+		e->q_tail->fq_next = f;
+		e->q_tail = f;
+	}
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* Queue f for the GPU -> host cascade. */
+static void queue_gpu_flush(struct engine *e, struct tfile *f)
+{
+	if (f->gqueued || f->unlinked)
+		return;
+	f->gqueued = true;
+	f->ops->get(f);
+	f->gq_next = NULL;
+	if (e->gq_tail)
+		e->gq_tail->gq_next = f;
+	else
+		e->gq_head = f;
+	e->gq_tail = f;
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* Mark the newest copy complete and queue it for flushing. */
+void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
+{
+	int t = fastest_copy(e, f);
+	struct copy *cp = t >= 0 ? f->copy[t] : NULL;
+
+	if (!cp || !f->dirty)
+		return;
+	if (cp->state == TS_WRITE_IN_PROGRESS)
+		tier_set_state(&cp->state, TS_WRITE_COMPLETE);
+	if (cp->state != TS_WRITE_COMPLETE)
+		return;
+	backlog_add(e, cp);
+	if (t < host_index(e))
+		queue_gpu_flush(e, f);
+	else
+		eng_queue_flush(e, f, front);
+}
+
+/* Write a copy that the CPU cannot address through a bounce buffer. */
+static int write_bounced(struct copy *cp, int fd, uint64_t len)
+{
+	const size_t chunk = 8u << 20;
+	uint8_t *b = malloc(chunk);
+	uint64_t done = 0;
+	int ret = 0;
+
+	if (!b)
+		return -ENOMEM;
+	while (done < len && !ret) {
+		size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
+
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, b, n);
+		if (!ret && pwrite(fd, b, n, (off_t)done) != (ssize_t)n)
+			ret = errno ? -errno : -EIO;
+		done += n;
+		__atomic_store_n(&cp->flushed_bytes, done, __ATOMIC_RELAXED);
+	}
+	free(b);
+	return ret;
+}
+
+/*
+ * Flush f's newest copy to the SSD as a new version.  e->lock held
+ * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
+ * tier had no room for the cascade.
+ */
+static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	struct copy *cp = NULL;
+	char nb[256];
+	int t;
+
+	for (t = 0; t < e->ntiers && !cp; t++)	/* the newest complete copy */
+		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
+			cp = f->copy[t];
+	uint64_t gen, len;
+	bool direct, inplace;
+	double t0;
+	int fd, ret;
+
+	if (!cp || !f->dirty || f->unlinked || cp->state != TS_WRITE_COMPLETE ||
+	    cp->flushing)
+		return 0;	/* nothing to do, or another flusher has it */
+	cp->flushing = true;
+	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
+	cp->pins++;
+	gen = f->gen;
+	len = cp->len;
+	e->busy++;
+	pthread_mutex_unlock(&e->lock);
+
+	t0 = now_s();
+	fd = f->ops->version_open(f, cp->cache->host_addressable, &direct, &inplace);
+	if (fd < 0) {
+		ret = fd;
+		goto out;
+	}
+	ret = eng_copy_bounds(cp, 0, direct ? tier_round(len) : len);
+	if (ret)
+		close(fd);
+	if (ret)
+		goto out;
+	if (!cp->cache->host_addressable)
+		ret = write_bounced(cp, fd, len);
+	else if (direct)
+		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
+				&cp->flushed_bytes);
+	else
+		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	if (!ret)
+		ret = ssd_fdatasync(ring, fd);
+	if (ret) {
+		close(fd);
+		goto out;
+	}
+	ret = f->ops->version_commit(f, fd, inplace, false);
+out:
+	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
+	pthread_mutex_lock(&e->lock);
+	e->busy--;
+	cp->pins--;
+	cp->flushing = false;
+	if (ret == 0) {
+		double dt = now_s() - t0;
+
+		if (len >= (1u << 20) && dt > 0)
+			e->flush_bw = e->flush_bw > 0 ?
+				0.7 * e->flush_bw + 0.3 * (double)len / dt :
+				(double)len / dt;
+		e->bytes_flushed += len;
+		e->files_flushed++;
+		f->flushed_gen = gen;
+		if (f->flush_err)
+			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
+		f->flush_err = 0;
+		if (f->gen == gen) {
+			backlog_del(e, cp);
+			f->dirty = false;
+			tier_set_state(&cp->state, TS_FLUSHED);
+			if (cp->promoted)
+				tier_set_state(&cp->state, TS_READ_COMPLETE);
+		}
+	} else if (ret == -ENOENT && f->unlinked) {
+		/* unlinked meanwhile: nothing to flush */
+	} else {
+		e->flush_errors++;
+		if (f->flush_err != ret)
+			tlog(LOG_ERR, "%s: flush to SSD failed: %s; data stays cached, retrying",
+			     nb, strerror(-ret));
+		f->flush_err = ret;
+		clock_gettime(CLOCK_MONOTONIC, &f->retry_at);
+		f->retry_at.tv_sec += FLUSH_RETRY_S;
+		eng_queue_flush(e, f, false);
+	}
+	pthread_cond_broadcast(&e->cond);
+	return ret;
+}
+
+static bool retry_due(struct tfile *f)
+{
+	struct timespec ts;
+
+	if (!f->flush_err)
+		return true;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec > f->retry_at.tv_sec ||
+	       (ts.tv_sec == f->retry_at.tv_sec && ts.tv_nsec >= f->retry_at.tv_nsec);
+}
+
+#define QLINK(f, off)	(*(struct tfile **)((char *)(f) + (off)))
+
+/*
+ * Unlink and return the first file of a queue (linked through the field at
+ * link_off) whose retry time has come, or NULL.  e->lock held.
+ */
+static struct tfile *pop_due(struct tfile **head, struct tfile **tail, size_t link_off)
+{
+	struct tfile *f = *head, *prev = NULL;
+
+	while (f && !retry_due(f)) {
+		prev = f;
+		f = QLINK(f, link_off);
+	}
+	if (!f)
+		return NULL;
+	if (prev)
+		QLINK(prev, link_off) = QLINK(f, link_off);
+	else
+		*head = QLINK(f, link_off);
+	if (*tail == f)
+		*tail = prev;
+	return f;
+}
+
+void *eng_flusher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+	int ret;
+
+	ret = ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk);
+	if (ret) {
+		tlog(LOG_CRIT, "io_uring setup failed: %s", strerror(-ret));
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		struct tfile *f;
+
+		if (e->nreap) {
+			struct tfile *r = e->reap[--e->nreap];
+
+			pthread_mutex_unlock(&e->lock);
+			r->ops->put(r);
+			pthread_mutex_lock(&e->lock);
+			continue;
+		}
+		f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
+		if (!f) {
+			if (e->stop && !e->q_head && !e->nreap)
+				break;
+			cond_wait_ms(e, e->q_head ? 100 : 1100);
+			continue;
+		}
+		f->queued = false;
+		flush_one(e, &ring, f);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}
+
+/* ---- GPU -> host cascade ---------------------------------------------- */
+
+/*
+ * e->lock held: copy f's GPU copy into a new host copy, which then goes to
+ * the SSD flush queue; the GPU copy becomes FLUSHED (evictable).
+ */
+static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	int hi = host_index(e);
+	struct copy *cp = f->copy[0], *hcp;
+	uint64_t len;
+	double t0;
+	bool kept;
+	int ret;
+
+	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
+	    cp->flushing || f->unlinked || !f->dirty)
+		return;
+	hcp = calloc(1, sizeof(*hcp));
+	if (!hcp)
+		return;
+	hcp->file = f;
+	cp->flushing = true;
+	cp->pins++;
+	len = cp->len;
+	kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
+	       f->hint_seq < eng_gpu_keeps_below(e) &&
+	       eng_gpu_unflushed(e) <= e->tiers[0]->size / 2;
+	if (f->copy[hi]) {
+		ret = -EEXIST;
+	} else if (kept) {
+		/*
+		 * The GPU tier keeps this file until it is read: a host copy
+		 * would only be a second one.  Take room that is free now and
+		 * holds nothing needed sooner, or else have the SSD flushers
+		 * write it from the GPU, so the host cache keeps the files
+		 * the GPU tier will not.
+		 */
+		eng_protect_below = eng_shadow_rank(eng_copy_dist(e, cp)) + 1;
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 0);
+		eng_protect_below = 0;
+	} else {
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 1);
+	}
+	if (!ret && (f->copy[hi] || f->unlinked)) {	/* changed while we waited */
+		cache_release(&e->host, hcp);
+		ret = -EEXIST;
+	}
+	if (ret) {
+		free(hcp);
+		cp->flushing = false;
+		cp->pins--;
+		/*
+		 * The host tier has no room now: straight to the SSD, here
+		 * (which holds back the cascade, as the full host cache
+		 * asks) or, for a file the GPU keeps, by the SSD flushers
+		 * (the cascade goes on with the files that must leave).
+		 */
+		if (ret != -EEXIST && kept)
+			eng_queue_flush(e, f, false);
+		else if (ret != -EEXIST)
+			flush_one(e, ring, f);
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
+	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
+	hcp->pins++;
+	pthread_mutex_unlock(&e->lock);
+	t0 = now_s();
+	ret = eng_copy_bounds(hcp, 0, len);
+	if (!ret)
+		ret = eng_copy_bounds(cp, 0, len);
+	if (!ret)
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
+	t0 = now_s() - t0;
+	pthread_mutex_lock(&e->lock);
+	hcp->pins--;
+	cp->pins--;
+	cp->flushing = false;
+	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||
+		     cp->state != TS_WRITE_COMPLETE)) {
+		/* changed while the bytes moved (not by a writer: they wait
+		 * for cp->flushing): this copy is not the file's any more */
+		tier_set_state(&hcp->state, TS_INIT);
+		cache_release(&e->host, hcp);
+		free(hcp);
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
+	if (ret) {
+		tier_set_state(&hcp->state, TS_INIT);
+		cache_release(&e->host, hcp);
+		free(hcp);
+		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
+		pthread_cond_broadcast(&e->cond);
+		return;
+	}
+	hcp->len = len;
+	eng_attach_copy(e, f, hi, hcp);
+	tier_set_state(&hcp->state, TS_WRITE_COMPLETE);
+	backlog_del(e, cp);
+	tier_set_state(&cp->state, TS_FLUSHED);
+	if (cp->promoted)
+		tier_set_state(&cp->state, TS_READ_COMPLETE);
+	backlog_add(e, hcp);
+	e->bytes_to_host += len;
+	e->to_host_s += t0;
+	eng_queue_flush(e, f, false);
+	pthread_cond_broadcast(&e->cond);
+}
+
+void *eng_gflusher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+
+	if (ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk)) {
+		tlog(LOG_CRIT, "io_uring setup for the GPU flusher failed");
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		struct tfile *f = pop_due(&e->gq_head, &e->gq_tail,
+					  offsetof(struct tfile, gq_next));
+
+		if (!f) {
+			if (e->stop && !e->gq_head)
+				break;
+			cond_wait_ms(e, 50);
+			continue;
+		}
+		f->gqueued = false;
+		cascade_one(e, &ring, f);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}

@@ -1,0 +1,355 @@
+/*
+ * place.c - placing a copy in a cache tier, evicting what the policy says,
+ * and a copy's attachment to and release from its file.
+ *
+ * Owns: the eviction inputs (copy_cost(): how long until a copy is
+ * evictable, how soon its file is read again), eng_alloc_wait() (decide,
+ * evict, wait for flushes), the copy <-> file references (eng_attach_copy,
+ * eng_copy_evicted, eng_defer_put) and dropping stale copies.  Everything
+ * here runs with e->lock held; eng_alloc_wait() drops it only inside
+ * cond_wait_ms().  Calls cache.c, evict.c (through c->policy) and
+ * gpu_tier.c; takes no other lock.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "gpu_tier.h"
+
+__thread uint64_t eng_protect_below, eng_gpu_keeps;
+
+/* ---- eviction --------------------------------------------------------- */
+
+/* Prefetch distance of cp's file: its place in the restore queue. */
+uint64_t eng_copy_dist(struct engine *e, struct copy *cp)
+{
+	uint64_t seq = cp->file->hint_seq;
+
+	if (!seq || seq < e->hint_head)
+		return TIER_FAR;
+	return seq - e->hint_head;
+}
+
+/*
+ * The restore-queue ticket from which on the GPU tier cannot hold the
+ * queue's files any more: walking the queue from its head, the first
+ * entry at which their summed sizes pass the GPU cache's capacity.  A file
+ * not written yet (or empty so far) counts as the mean size of those
+ * written before it in the walk, which is what a forward pass knows.
+ * 0 without a GPU tier or restore hints; UINT64_MAX when it all fits.
+ * e->lock held.  O(queue entries up to that point).
+ */
+uint64_t eng_gpu_keeps_below(struct engine *e)
+{
+	uint64_t cap, known = 0, nknown = 0, nunknown = 0;
+	struct hint *h;
+
+	if (!e->gpu || e->ntiers < 2 || !e->hq_head)
+		return 0;
+	cap = e->tiers[0]->size;
+	for (h = e->hq_head; h; h = h->next) {
+		uint64_t size = h->file ? h->file->size : 0;
+
+		if (size) {
+			known += tier_round(size);
+			nknown++;
+		} else {
+			nunknown++;
+		}
+		if (nknown && known + nunknown * (known / nknown) > cap)
+			return h->seq;
+	}
+	return UINT64_MAX;
+}
+
+/*
+ * Bytes of GPU copies that no slower tier holds yet: waiting for the
+ * cascade, or for the SSD flushers (see cascade_one()).  e->lock held.
+ * O(fragments).
+ */
+uint64_t eng_gpu_unflushed(struct engine *e)
+{
+	uint64_t n = 0;
+	struct frag *fr;
+
+	for (fr = e->tiers[0]->head; fr; fr = fr->next)
+		if (fr->copy && fr->copy->state == TS_WRITE_COMPLETE)
+			n += fr->size;
+	return n;
+}
+
+/*
+ * Is cp a second copy that no read will need: a faster tier holds all of
+ * its file, and that copy stays there until the file is read (the GPU
+ * tier keeps what the restore queue needs within its capacity, above)?
+ */
+static bool copy_shadowed(struct engine *e, struct copy *cp)
+{
+	int i;
+
+	if (!cp->file->hint_seq || cp->file->hint_seq >= eng_gpu_keeps)
+		return false;
+	for (i = 0; i < e->ntiers && cp->file->copy[i] != cp; i++) {
+		struct copy *up = cp->file->copy[i];
+
+		if (up && up->len == cp->len &&
+		    (up->state == TS_WRITE_COMPLETE || up->state == TS_FLUSHED ||
+		     up->state == TS_READ_COMPLETE || up->state == TS_CONSUMED))
+			return true;
+	}
+	return false;
+}
+
+/* The rank of a shadowed copy whose file is d entries from the queue's head. */
+uint64_t eng_shadow_rank(uint64_t d)
+{
+	return (TIER_FAR >> 1) + (d < (TIER_FAR >> 1) ? d : (TIER_FAR >> 1) - 1);
+}
+
+/*
+ * The distance a copy is ranked by at eviction: its file's place in the
+ * restore queue, or for a shadowed copy (above) that place pushed behind
+ * every copy that is its file's only cached one, yet ahead of copies with
+ * no hint (consumed, or never asked for).  Without it the host tier under
+ * a GPU tier keeps second copies of the files needed first, which reads
+ * never use, and evicts the only cached copies of the files needed next
+ * (measured: rev order, bench_gpu_hints --tiers; score's host cache held
+ * nothing else at the end of the forward pass).
+ */
+static uint64_t copy_rank(struct engine *e, struct copy *cp)
+{
+	uint64_t d = eng_copy_dist(e, cp);
+
+	if (d == TIER_FAR || !copy_shadowed(e, cp))
+		return d;
+	return eng_shadow_rank(d);
+}
+
+static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
+{
+	struct engine *e = c->priv;
+	struct copy *cp = fr->copy;
+	struct evict_cost k = { 0, 0 };
+	uint64_t done;
+
+	if (!cp)
+		return k;
+	k.dist = copy_rank(e, cp);
+	switch (cp->state) {
+	case TS_FLUSHED:
+	case TS_CONSUMED:
+		/* readers hold pins for a moment only */
+		k.wait = cp->pins ? 1e-4 : 0;
+		break;
+	case TS_WRITE_COMPLETE:
+		if (cp->file->unlinked || cp->file->flush_err || cp->promoted) {
+			k.wait = TIER_INF;
+			break;
+		}
+		/* the flusher publishes its progress without the lock */
+		done = cp->flushing ? __atomic_load_n(&cp->flushed_bytes, __ATOMIC_RELAXED) : 0;
+		k.wait = (double)(cp->len - (done < cp->len ? done : cp->len)) /
+			 (e->flush_bw > 0 ? e->flush_bw : 1e9);
+		if (k.wait <= 0)
+			k.wait = 1e-6;
+		break;
+	default:		/* being written, being read, promoted */
+		k.wait = TIER_INF;
+	}
+	if (cp->promoted)
+		k.wait = TIER_INF;
+	if (k.wait < TIER_INF && eng_protect_below && k.dist < eng_protect_below)
+		k.wait = TIER_INF;	/* needed sooner than what we prefetch */
+	return k;
+}
+
+/*
+ * A copy keeps its file alive (one reference per copy, taken when the copy
+ * is attached).  References are dropped later by a flusher, never under
+ * e->lock: dropping the last one frees the file, which takes e->lock.
+ */
+void eng_defer_put(struct engine *e, struct tfile *f)
+{
+	if (e->nreap == e->reapcap) {
+		size_t n = e->reapcap ? 2 * e->reapcap : 64;
+		struct tfile **r = realloc(e->reap, n * sizeof(*r));
+
+		if (!r) {
+			tlog(LOG_CRIT, "out of memory: a file's inode is leaked");
+			return;
+		}
+		e->reap = r;
+		e->reapcap = n;
+	}
+	e->reap[e->nreap++] = f;
+	pthread_cond_broadcast(&e->cond);
+}
+
+/*
+ * A copy keeps its file alive while the file has a name, so that a file
+ * that nobody uses but whose data is cached stays known.  An unlinked
+ * file's copies hold no reference (tfile_unlinked() drops them): its life
+ * is its users', and its copies go with it (tfile_destroy()), instead of
+ * keeping each other alive forever (an unlinked file's unflushed copy is
+ * never evictable).
+ */
+void eng_attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp)
+{
+	(void)e;
+	f->copy[i] = cp;
+	cp->fileref = !f->unlinked;
+	if (cp->fileref)
+		f->ops->get(f);
+}
+
+/* The cache dropped cp: detach it from its file. */
+void eng_copy_evicted(struct copy *cp)
+{
+	struct tfile *f = cp->file;
+	struct engine *e = f->eng;
+	int i;
+
+	for (i = 0; i < e->ntiers; i++)
+		if (f->copy[i] == cp) {
+			f->copy[i] = NULL;
+			if (cp->fileref && !f->destroying)
+				eng_defer_put(e, f);
+		}
+	free(cp);
+}
+
+/*
+ * Place cp in cache c with `size` bytes, evicting as the policy says.
+ * Called with e->lock held; may drop it while waiting for flushes.
+ * Returns 0, -EFBIG (bigger than the cache) or -ENOSPC (nothing can be
+ * evicted: go to a slower tier).
+ */
+int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
+			  uint64_t size, double max_wait)
+{
+	double t0 = now_s(), give_up = t0 + max_wait;
+	/* what the last wait was for (copied: the copy may go meanwhile) */
+	enum tier_state bstate = TS_INIT;
+	bool bpinned = false, bflushing = false;
+	int waits = 0;
+
+	size = tier_round(size ? size : 1);
+	if (size > c->size)
+		return -EFBIG;
+	for (;;) {
+		struct frag *first, *last, *fr;
+		double wait;
+		bool ready = true;
+		int ret;
+
+		if (e->gpu && c == e->tiers[0])
+			gpu_tier_update_usable(e->gpu);
+		if (cache_place(c, cp, size) == 0) {
+			if (waits && now_s() - t0 > 0.05)
+				tlog(LOG_INFO, "%s cache: %.0f ms to make room for %" PRIu64
+				     " bytes (%d waits; the last for a copy %s%s%s)", c->name,
+				     (now_s() - t0) * 1e3, size, waits,
+				     tier_state_name(bstate), bpinned ? ", pinned" : "",
+				     bflushing ? ", being copied out" : "");
+			return 0;
+		}
+		if (e->gpu && c == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
+			return -ENOSPC;	/* no eviction before the tier is built */
+		eng_gpu_keeps = c != e->tiers[0] ? eng_gpu_keeps_below(e) : 0;
+		ret = c->policy->choose(c, size, copy_cost, &first, &last, &wait);
+		eng_gpu_keeps = 0;
+		if (ret)
+			return -ENOSPC;
+		for (fr = first;; fr = fr->next) {
+			if (fr->copy && (fr->copy->pins ||
+					 !tier_state_evictable(fr->copy->state))) {
+				ready = false;
+				bstate = fr->copy->state;
+				bpinned = fr->copy->pins > 0;
+				bflushing = fr->copy->flushing;
+			}
+			if (fr == last)
+				break;
+		}
+		if (ready) {
+			for (fr = first;; fr = fr->next) {
+				if (fr->copy) {
+					uint64_t d = eng_copy_dist(e, fr->copy);
+
+					c->evictions++;
+					c->evicted_bytes += fr->size;
+					if (d != TIER_FAR) {
+						c->evicted_queued++;
+						tlog(LOG_DEBUG, "%s cache: evicting a copy %" PRIu64
+						     " entries from the restore queue's head "
+						     "(placing one %" PRIu64 " away)", c->name, d,
+						     cp->file->hint_seq ? eng_copy_dist(e, cp) : (uint64_t)0);
+					}
+				}
+				if (fr == last)
+					break;
+			}
+			cache_evict_window(c, first, last, eng_copy_evicted);
+			continue;
+		}
+		/* wait for the window's flushes, then decide again */
+		if (now_s() > give_up) {
+			if (max_wait >= 1)
+				tlog(LOG_WARNING, "%s cache: no room after %.0f s of waiting; "
+				     "%s", c->name, max_wait, c == &e->host ?
+				     "writing through to the SSD" : "using a slower tier");
+			return -ENOSPC;
+		}
+		waits++;
+		cond_wait_ms(e, 20);
+	}
+}
+
+int eng_alloc(struct engine *e, struct cache *c, struct copy *cp,
+		     uint64_t size)
+{
+	return eng_alloc_wait(e, c, cp, size, 30);
+}
+
+/* Check that [off, off + len) lies inside cp's fragment.  A transfer past
+ * it would land on the neighbouring fragments, other files' copies. */
+int eng_copy_bounds(struct copy *cp, uint64_t off, uint64_t len)
+{
+	if (off <= copy_cap(cp) && len <= copy_cap(cp) - off)
+		return 0;
+	tlog(LOG_CRIT, "%s cache: refused a transfer of %" PRIu64 " bytes at %" PRIu64
+	     " into a copy of %" PRIu64 " bytes", cp->cache->name, len, off, copy_cap(cp));
+	assert(!"transfer past a copy's fragment");
+	return -EIO;
+}
+
+/* Free f's copy in tier i (no data may be lost: the caller checked). */
+void eng_drop_copy(struct engine *e, struct tfile *f, int i)
+{
+	struct copy *cp = f->copy[i];
+
+	if (!cp)
+		return;
+	wait_unpinned(e, cp);
+	cache_release(cp->cache, cp);
+	eng_copy_evicted(cp);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* e->lock held: f's copy in tier i is stale (f is being written); free it. */
+void eng_discard_copy(struct engine *e, struct tfile *f, int i)
+{
+	struct copy *cp = f->copy[i];
+
+	backlog_del(e, cp);
+	if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_WRITE_IN_PROGRESS)
+		tier_set_state(&cp->state, TS_INIT);
+	eng_drop_copy(e, f, i);
+}

@@ -1,0 +1,266 @@
+/*
+ * prefetch.c - the prefetcher thread: walks the restore queue from its
+ * head and brings each file up the hierarchy (SSD -> host, host -> GPU)
+ * before it is read, as far ahead as the caches have room without
+ * evicting what the queue needs sooner.
+ *
+ * Owns: its thread and the prefetch statistics.  Holds e->lock except
+ * while bytes move (under a lease) and while it calls tfile_ops; never
+ * takes a tfile.lock.  Calls place.c (with an eviction context that
+ * protects the files needed sooner) and ssd.c.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "ssd.h"
+
+/*
+ * e->lock held: copy f's clean host copy up into the GPU tier (host ->
+ * device on the prefetch direction's stream), as far ahead as the GPU
+ * cache has room without evicting what the queue needs sooner.  The GPU
+ * copy is promoted (kept until read); the host copy, now a second copy of
+ * clean data, becomes CONSUMED: the first to go when the host tier needs
+ * room for the next prefetch from the SSD.  Returns as prefetch_one().
+ */
+static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist);
+
+static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
+{
+	int hi = host_index(e);
+	struct cache *g = e->tiers[0];
+	struct copy *hcp = f->copy[hi];
+	uint64_t size = f->size;
+	int ret;
+
+	if (!e->gpu || !g || f->copy[0] || f->dirty || f->shadow_fd >= 0 || f->unlinked ||
+	    f->destroying || !hcp || hcp->len != size || tier_round(size ? size : 1) > g->size ||
+	    (hcp->state != TS_READ_COMPLETE && hcp->state != TS_FLUSHED))
+		return 0;
+	/* the lock is dropped below: f must outlive its queue entry */
+	f->ops->get(f);
+	ret = promote_gpu_held(e, f, dist);
+	pthread_mutex_unlock(&e->lock);
+	f->ops->put(f);
+	pthread_mutex_lock(&e->lock);
+	return ret;
+}
+
+/* promote_gpu() with the checks done and a reference on f held */
+static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
+{
+	int hi = host_index(e);
+	struct cache *g = e->tiers[0];
+	struct copy *hcp = f->copy[hi], *gcp;
+	uint64_t size = f->size;
+	int ret;
+
+	gcp = calloc(1, sizeof(*gcp));
+	if (!gcp)
+		return -ENOMEM;
+	gcp->file = f;
+	hcp->pins++;
+	eng_protect_below = dist + 1;
+	ret = eng_alloc_wait(e, g, gcp, size, 0.05);
+	eng_protect_below = 0;
+	if (ret) {
+		hcp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		free(gcp);
+		return ret == -EFBIG ? 0 : -ENOSPC;
+	}
+	if (f->copy[0] || f->dirty || f->copy[hi] != hcp) {	/* changed meanwhile */
+		hcp->pins--;
+		cache_release(g, gcp);
+		free(gcp);
+		pthread_cond_broadcast(&e->cond);
+		return 0;
+	}
+	tier_set_state(&gcp->state, TS_READ_IN_PROGRESS);
+	eng_attach_copy(e, f, 0, gcp);
+	gcp->pins++;
+	pthread_mutex_unlock(&e->lock);
+	ret = eng_copy_bounds(gcp, 0, size);
+	if (!ret)
+		ret = eng_copy_bounds(hcp, 0, size);
+	if (!ret)
+		ret = g->ops->write(g, gcp->frag->off, copy_ptr(hcp), size);
+	pthread_mutex_lock(&e->lock);
+	gcp->pins--;
+	hcp->pins--;
+	if (ret || f->size != size || f->dirty) {
+		if (ret)
+			tlog(LOG_WARNING, "host -> GPU prefetch copy failed: %s", strerror(-ret));
+		if (f->copy[0] == gcp && gcp->state == TS_READ_IN_PROGRESS) {
+			tier_set_state(&gcp->state, TS_INIT);
+			eng_drop_copy(e, f, 0);
+		}
+		pthread_cond_broadcast(&e->cond);
+		return 0;
+	}
+	gcp->len = size;
+	tier_set_state(&gcp->state, TS_READ_COMPLETE);
+	gcp->promoted = true;
+	if (hcp->state == TS_FLUSHED)
+		tier_set_state(&hcp->state, TS_READ_COMPLETE);
+	if (hcp->state == TS_READ_COMPLETE)
+		tier_set_state(&hcp->state, TS_CONSUMED);
+	hcp->promoted = false;
+	e->files_to_gpu++;
+	e->bytes_to_gpu += size;
+	pthread_cond_broadcast(&e->cond);
+	return 1;
+}
+
+/*
+ * e->lock held: bring f into the fastest tier (drops the lock meanwhile).
+ * Returns 1 if it did, 0 if nothing was needed, -ENOSPC when there is no
+ * room without evicting what the queue needs sooner.
+ */
+static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+			uint64_t dist)
+{
+	int hi = host_index(e), t = fastest_copy(e, f);
+	struct cache *c = &e->host;
+	struct copy *cp = t >= 0 ? f->copy[t] : NULL;
+	uint64_t size = f->size;
+	int fd, ret;
+
+	if (cp) {
+		/* cached already: protect it until it is read */
+		if (cp->state == TS_FLUSHED) {
+			tier_set_state(&cp->state, TS_READ_COMPLETE);
+			cp->promoted = true;
+		} else if (cp->state == TS_WRITE_COMPLETE || cp->state == TS_CONSUMED) {
+			cp->promoted = cp->state == TS_WRITE_COMPLETE;
+			if (cp->state == TS_CONSUMED)
+				tier_set_state(&cp->state, TS_READ_COMPLETE), cp->promoted = true;
+		}
+		/* in the host tier with a GPU tier above it: one level up */
+		if (t == hi && hi > 0)
+			return promote_gpu(e, f, dist);
+		return 0;
+	}
+	if (f->dirty || f->shadow_fd >= 0 || f->unlinked || f->destroying)
+		return 0;
+	cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return -ENOMEM;
+	cp->file = f;
+	f->ops->get(f);		/* the lock is dropped: f must outlive its entry */
+	eng_protect_below = dist + 1;
+	ret = eng_alloc_wait(e, c, cp, size, 0.05);
+	eng_protect_below = 0;
+	if (!ret && (fastest_copy(e, f) >= 0 || f->dirty || f->unlinked ||
+		     f->size != size)) {	/* a writer came first */
+		cache_release(c, cp);
+		ret = 1;
+	}
+	if (ret) {
+		free(cp);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+		return ret < 0 ? -ENOSPC : 0;
+	}
+	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
+	eng_attach_copy(e, f, hi, cp);
+	cp->pins++;
+	pthread_mutex_unlock(&e->lock);
+
+	fd = f->ops->data_fd(f, true);
+	if (fd < 0) {
+		ret = fd;
+	} else {
+		ret = eng_copy_bounds(cp, 0, tier_round(size));
+		if (!ret)
+			ret = ssd_read(ring, fd, copy_ptr(cp), tier_round(size), 0);
+		f->ops->release_data_fd(f, fd);
+	}
+
+	pthread_mutex_lock(&e->lock);
+	cp->pins--;
+	if (ret || f->size != size || f->dirty) {
+		/* failed, or changed meanwhile: drop the copy */
+		if (ret) {
+			char nb[256];
+
+			pthread_mutex_unlock(&e->lock);
+			fname(f, nb, sizeof(nb));
+			pthread_mutex_lock(&e->lock);
+			tlog(LOG_WARNING, "%s: prefetch failed: %s", nb, strerror(-ret));
+		}
+		if (f->copy[hi] == cp && cp->state == TS_READ_IN_PROGRESS) {
+			tier_set_state(&cp->state, TS_INIT);
+			eng_drop_copy(e, f, hi);
+		}
+		pthread_cond_broadcast(&e->cond);
+		pthread_mutex_unlock(&e->lock);
+		f->ops->put(f);
+		pthread_mutex_lock(&e->lock);
+		return 0;
+	}
+	cp->len = size;
+	tier_set_state(&cp->state, TS_READ_COMPLETE);
+	cp->promoted = true;
+	e->files_prefetched++;
+	e->bytes_prefetched += size;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	f->ops->put(f);
+	pthread_mutex_lock(&e->lock);
+	return 1;
+}
+
+void *eng_prefetcher_main(void *arg)
+{
+	struct engine *e = arg;
+	struct ssd_ring ring;
+	int ret;
+
+	ret = ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk);
+	if (ret) {
+		tlog(LOG_CRIT, "io_uring setup for prefetching failed: %s", strerror(-ret));
+		return NULL;
+	}
+	pthread_mutex_lock(&e->lock);
+	while (!e->stop) {
+		struct hint *h;
+		bool did = false;
+
+		if (e->prefetch_on) {
+			for (h = e->hq_head; h && !e->stop; h = h->next) {
+				uint64_t dist = h->seq - e->hint_head;
+
+				uint64_t gen = e->hq_gen;
+
+				if (!h->file || h->file->unlinked)
+					continue;
+				ret = prefetch_one(e, &ring, h->file, dist);
+				if (ret == 1) {
+					did = true;
+					break;	/* the queue may have changed: rescan */
+				}
+				if (ret < 0)
+					break;	/* full of what is needed sooner */
+				if (e->hq_gen != gen) {
+					did = true;	/* h may be gone: rescan */
+					break;
+				}
+			}
+		}
+		if (did)
+			continue;
+		cond_wait_ms(e, 50);
+	}
+	pthread_mutex_unlock(&e->lock);
+	ssd_ring_exit(&ring);
+	return NULL;
+}

@@ -1,0 +1,360 @@
+/*
+ * read.c - the read paths: tfile_read (copy out), tfile_read_begin/end
+ * (zero-copy replies from the host cache), tfile_read_dev (into device
+ * memory), and client spans (-o gpu_share).
+ *
+ * A read is served from the fastest tier whose copy holds the range, else
+ * from the write-through shadow or the backing file.  Reading a file to
+ * its end consumes it (hints.c).  Entry points take f->lock then e->lock
+ * (tfile_read_begin/end and tfile_span_end only e->lock: a writer may hold
+ * f->lock while it waits for them).  Calls write.c for write spans,
+ * hints.c and backing.c.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "gpu.h"
+
+/* e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS). */
+static void wait_filled(struct engine *e, struct tfile *f)
+{
+	for (;;) {
+		bool filling = false;
+
+		for (int i = 0; i < e->ntiers; i++)
+			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
+				filling = true;
+		if (!filling)
+			return;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+}
+
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+{
+	struct engine *e = f->eng;
+	ssize_t ret = 0;
+	int i;
+
+	if (!e->gpu)
+		return -ENODEV;
+	if (off < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	wait_filled(e, f);	/* a prefetch of it is running */
+	if ((uint64_t)off >= f->size)
+		goto out;
+	if ((uint64_t)off + len > f->size)
+		len = (size_t)(f->size - (uint64_t)off);
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+		struct cache *c;
+
+		if (!cp || cp->state == TS_INIT || (uint64_t)off + len > cp->len)
+			continue;
+		c = cp->cache;
+		cp->pins++;
+		c->hits++;
+		pthread_mutex_unlock(&e->lock);
+		if (c->host_addressable)
+			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
+		else
+			ret = gpu_copy_dtod(dptr, (uint64_t)(uintptr_t)(c->base + cp->frag->off +
+								   (uint64_t)off), len);
+		pthread_mutex_lock(&e->lock);
+		cp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		ret = ret ? ret : (ssize_t)len;
+		goto out;
+	}
+	e->tiers[0]->misses++;
+	pthread_mutex_unlock(&e->lock);
+	{
+		/* from the SSD (or the write-through version) via a bounce buffer */
+		const size_t chunk = 8u << 20;
+		uint8_t *b = malloc(len < chunk ? len : chunk);
+		int fd = f->shadow_fd >= 0 ? f->shadow_fd : f->ops->data_fd(f, false);
+		size_t done = 0;
+
+		ret = !b ? -ENOMEM : fd < 0 ? fd : 0;
+		while (!ret && done < len) {
+			size_t n = len - done < chunk ? len - done : chunk;
+			ssize_t r = pread(fd, b, n, off + (off_t)done);
+
+			if (r < 0) {
+				ret = -errno;
+				break;
+			}
+			if ((size_t)r < n)
+				memset(b + r, 0, n - (size_t)r);	/* hole past EOF */
+			ret = gpu_copy_htod(dptr + done, b, n);
+			done += n;
+		}
+		if (fd >= 0 && fd != f->shadow_fd)
+			f->ops->release_data_fd(f, fd);
+		free(b);
+		ret = ret ? ret : (ssize_t)len;
+	}
+	pthread_mutex_lock(&e->lock);
+out:
+	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
+		eng_consume(e, f);
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+/*
+ * ---- client spans (-o gpu_share) ----------------------------------------
+ *
+ * With a shared GPU cache the client copies device to device itself,
+ * between tfile_span_begin() and tfile_span_end(), which run in two
+ * different requests.  In between the copy is pinned (no eviction, no
+ * move) and counted in cp->spans: eng_writable_copy() waits until no span of
+ * the file is open, so no write, truncate or relocation overlaps a span
+ * (client write spans of one file take turns, like the writes of
+ * do_write() under f->lock).  A write span counts as a writer of the file
+ * (f->writers), so its close does not complete the copy under it.
+ */
+int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
+		     struct tspan *s, uint64_t *cache_off)
+{
+	struct engine *e = f->eng;
+	uint64_t end = off + len;
+	struct copy *cp = NULL;
+	int ret = 0, err;
+
+	memset(s, 0, sizeof(*s));
+	if (!e->gpu)
+		return -ENODEV;
+	if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (write) {
+		if (f->shadow_fd >= 0) {
+			ret = -EAGAIN;	/* written through: the daemon copies */
+			goto out;
+		}
+		cp = eng_writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
+		if (!cp) {
+			ret = err ? err : -EAGAIN;
+			goto out;
+		}
+		if (cp->cache->host_addressable) {
+			ret = -EAGAIN;	/* not in the GPU tier */
+			goto out;
+		}
+		cp->pins++;
+		cp->spans++;
+		f->writers++;
+		e->client_writes++;
+		pthread_mutex_unlock(&e->lock);
+		eng_copy_zero(cp, cp->len, off);	/* a hole before the span */
+		pthread_mutex_lock(&e->lock);
+	} else {
+		wait_filled(e, f);	/* a prefetch of it is running */
+		if (off >= f->size)
+			goto out;	/* nothing to read: no span */
+		if (end > f->size)
+			len = f->size - off;
+		cp = f->copy[0];
+		if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT ||
+		    off + len > cp->len) {
+			ret = -EAGAIN;	/* not in the GPU tier */
+			goto out;
+		}
+		cp->pins++;
+		cp->spans++;
+		cp->last_use = ++e->tick;
+		cp->cache->hits++;
+		e->client_reads++;
+	}
+	s->cp = cp;
+	s->off = off;
+	s->len = len;
+	s->write = write;
+	*cache_off = cp->frag->off + off;
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
+{
+	struct engine *e = f->eng;
+	struct copy *cp = s->cp;
+	ssize_t ret = ok ? (ssize_t)s->len : -EIO;
+	uint64_t end = s->off + s->len;
+
+	if (!cp)
+		return 0;
+	/* not f->lock: a write to the file may hold it while it waits for
+	 * this span to end (eng_writable_copy) */
+	pthread_mutex_lock(&e->lock);
+	cp->pins--;
+	cp->spans--;
+	if (s->write) {
+		/* a failed copy may have changed bytes inside the file: they
+		 * are flushed as they are, and the size stays */
+		if (ok) {
+			if (end > cp->len)
+				cp->len = end;
+			if (end > f->size)
+				f->size = end;
+			e->client_bytes += s->len;
+		}
+		cp->last_use = ++e->tick;
+		eng_mark_modified(f);
+		eng_writer_done(e, f);	/* a span cannot be written through */
+	} else if (ok) {
+		e->client_bytes += s->len;
+		if (read_to_end(f, (off_t)s->off, (size_t)s->len))
+			eng_consume(e, f);
+	}
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	s->cp = NULL;
+	return ret;
+}
+
+int tfile_read_begin(struct tfile *f, size_t len, off_t off,
+		     const void **p, size_t *n, struct copy **pin)
+{
+	struct engine *e = f->eng;
+	int i, ret = 0;
+
+	pthread_mutex_lock(&e->lock);
+	*n = 0;
+	if ((uint64_t)off >= f->size) {
+		ret = 1;
+		*p = NULL;
+		*pin = NULL;
+		goto out;
+	}
+	*n = len;
+	if ((uint64_t)off + len > f->size)
+		*n = (size_t)(f->size - (uint64_t)off);
+	wait_filled(e, f);	/* a prefetch of it: quicker to wait for it */
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS)
+			continue;
+		/* being written: the bytes may change while the reply goes
+		 * out; tfile_read() copies them under f->lock instead */
+		if (cp->state == TS_WRITE_IN_PROGRESS)
+			break;
+		if (!cp->cache->host_addressable || (uint64_t)off + *n > cp->len)
+			continue;
+		cp->pins++;
+		cp->readers++;	/* writers wait for it (copies_busy) */
+		cp->last_use = ++e->tick;
+		cp->cache->hits++;
+		*p = copy_ptr(cp) + off;
+		*pin = cp;
+		ret = 1;
+		goto out;
+	}
+out:
+	/* consumed now, before the caller replies: once the reader has its
+	 * bytes, the restore queue and the state already say so */
+	if (ret && read_to_end(f, off, *n))
+		eng_consume(e, f);
+	pthread_mutex_unlock(&e->lock);
+	return ret;
+}
+
+void tfile_read_end(struct tfile *f, struct copy *pin)
+{
+	struct engine *e = f->eng;
+
+	pthread_mutex_lock(&e->lock);
+	if (pin) {
+		pin->pins--;
+		pin->readers--;
+		pthread_cond_broadcast(&e->cond);
+	}
+	pthread_mutex_unlock(&e->lock);
+}
+
+ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
+{
+	struct engine *e = f->eng;
+	ssize_t ret = 0;
+	int fd, i;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if ((uint64_t)off >= f->size)
+		goto out;
+	if ((uint64_t)off + len > f->size)
+		len = (size_t)(f->size - (uint64_t)off);
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS ||
+		    (uint64_t)off + len > cp->len)
+			continue;
+		cp->pins++;
+		cp->cache->hits++;
+		pthread_mutex_unlock(&e->lock);
+		ret = cp->cache->ops->read(cp->cache, cp->frag->off + (uint64_t)off, buf, len);
+		pthread_mutex_lock(&e->lock);
+		cp->pins--;
+		pthread_cond_broadcast(&e->cond);
+		ret = ret ? ret : (ssize_t)len;
+		goto out;
+	}
+	e->host.misses++;
+	if (f->shadow_fd >= 0) {
+		fd = f->shadow_fd;
+		pthread_mutex_unlock(&e->lock);
+		ret = pread(fd, buf, len, off);
+		if (ret < 0)
+			ret = -errno;
+		pthread_mutex_lock(&e->lock);
+	} else {
+		pthread_mutex_unlock(&e->lock);
+		fd = f->ops->data_fd(f, false);
+		if (fd < 0) {
+			ret = fd;
+		} else {
+			size_t done = 0;
+			while (done < len) {
+				ssize_t n = pread(fd, (char *)buf + done, len - done,
+						  off + (off_t)done);
+				if (n < 0) {
+					ret = -errno;
+					break;
+				}
+				if (n == 0) {	/* hole past the backing EOF */
+					memset((char *)buf + done, 0, len - done);
+					done = len;
+					break;
+				}
+				done += (size_t)n;
+			}
+			if (done == len)
+				ret = (ssize_t)len;
+			f->ops->release_data_fd(f, fd);
+		}
+		pthread_mutex_lock(&e->lock);
+	}
+out:
+	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
+		eng_consume(e, f);
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}

@@ -1,0 +1,738 @@
+/*
+ * write.c - the write path: a writable copy in the fastest tier that takes
+ * the file, write-through shadows when none does, truncate, the writers'
+ * close and fsync.
+ *
+ * Write path: a write lands in the file's copy, created (and filled with
+ * the file's current content) on first write; the copy grows by
+ * reallocation.  When no room can be made, the file goes write-through: a
+ * new version of the backing file (the "shadow") receives the content and
+ * the writes, and is committed on the last close or on fsync.  Either way
+ * a backing file is only ever replaced by a complete new version.  The
+ * last writer's close (or an fsync) completes the copy and queues it for
+ * flush.c.
+ *
+ * Owns: the tfile fields shadow_fd, shadow_inplace, writers, write_err,
+ * gen, size and mtime while dirty.  Entry points take f->lock, then
+ * e->lock; commit_shadow() calls ops->version_commit with f->lock held and
+ * e->lock dropped (the fs side takes fs.nslock and fs.lock there).
+ * Calls place.c, flush.c (eng_complete_copy) and backing.c.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "gpu.h"
+
+static void touch_mtime(struct tfile *f)
+{
+	clock_gettime(CLOCK_REALTIME, &f->mtime);
+}
+
+/*
+ * Copy the first `len` bytes of the current backing content into fd
+ * (sparse-aware: holes stay holes).  Returns 0 or -errno.
+ */
+static int copy_backing(struct tfile *f, int dst, uint64_t len)
+{
+	int src = f->ops->data_fd(f, false);
+	off_t pos = 0;
+	int ret = 0;
+
+	if (src < 0)
+		return src == -ENOENT ? 0 : src;
+	while ((uint64_t)pos < len) {
+		off_t data = lseek(src, pos, SEEK_DATA);
+		off_t hole;
+
+		if (data < 0 || (uint64_t)data >= len)
+			break;
+		hole = lseek(src, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > len)
+			hole = (off_t)len;
+		loff_t in = data, outp = data;
+		size_t left = (size_t)(hole - data);
+		while (left) {
+			ssize_t n = copy_file_range(src, &in, dst, &outp, left, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+				char buf[65536];
+				ssize_t r = pread(src, buf, left < sizeof(buf) ? left : sizeof(buf), in);
+				if (r <= 0) {
+					ret = r < 0 ? -errno : 0;
+					left = 0;
+					break;
+				}
+				if (pwrite(dst, buf, (size_t)r, outp) != r) {
+					ret = -errno;
+					break;
+				}
+				n = r;
+				in += r;
+				outp += r;
+			} else if (n < 0) {
+				ret = -errno;
+				break;
+			} else if (n == 0) {
+				break;
+			}
+			left -= (size_t)n;
+		}
+		if (ret)
+			break;
+		pos = hole;
+	}
+	f->ops->release_data_fd(f, src);
+	return ret;
+}
+
+/*
+ * Switch f to write-through: a new version holding the current content
+ * becomes the target of all writes.  e->lock held on entry and exit
+ * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
+ */
+static int start_shadow(struct engine *e, struct tfile *f)
+{
+	int ci = fastest_copy(e, f);
+	struct copy *cp = ci >= 0 ? f->copy[ci] : NULL;
+	bool direct, inplace;
+	char nb[256];
+	int fd, ret = 0;
+
+	if (cp) {
+		while (cp->flushing)
+			pthread_cond_wait(&e->cond, &e->lock);
+		cp->pins++;
+	}
+	pthread_mutex_unlock(&e->lock);
+	fd = f->ops->version_open(f, false, &direct, &inplace);
+	if (fd < 0) {
+		ret = fd;
+	} else if (cp) {
+		uint64_t done = 0;
+		uint8_t *bounce = cp->cache->host_addressable ? NULL : malloc(4u << 20);
+
+		if (!cp->cache->host_addressable && !bounce)
+			ret = -ENOMEM;
+		while (!ret && done < cp->len) {
+			size_t n = cp->len - done;
+			const uint8_t *src = copy_ptr(cp) + done;
+			ssize_t w;
+
+			if (bounce) {
+				n = n < (4u << 20) ? n : (4u << 20);
+				ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, bounce, n);
+				src = bounce;
+			}
+			w = ret ? -1 : pwrite(fd, src, n, (off_t)done);
+			if (w < 0) {
+				ret = ret ? ret : -errno;
+				break;
+			}
+			done += (uint64_t)w;
+		}
+		free(bounce);
+	} else if (!inplace) {
+		ret = copy_backing(f, fd, f->size);
+	}
+	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
+		ret = -errno;
+	fname(f, nb, sizeof(nb));
+	pthread_mutex_lock(&e->lock);
+	if (cp)
+		cp->pins--;
+	if (ret) {
+		if (fd >= 0)
+			close(fd);
+		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
+		return ret;
+	}
+	for (int i = 0; i < e->ntiers; i++)
+		if (f->copy[i])
+			eng_discard_copy(e, f, i);
+	f->shadow_fd = fd;
+	f->shadow_inplace = inplace;
+	f->dirty = true;
+	e->files_written_through++;
+	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
+	     nb, f->size);
+	return 0;
+}
+
+/* Commit the shadow version.  e->lock and f->lock held. */
+static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
+{
+	int fd = f->shadow_fd;
+	uint64_t gen = f->gen;
+	int ret = 0;
+
+	pthread_mutex_unlock(&e->lock);
+	if (durable && fdatasync(fd) < 0)
+		ret = -errno;
+	if (!ret) {
+		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
+	}
+	pthread_mutex_lock(&e->lock);
+	if (ret && ret != -ENOENT) {
+		f->flush_err = ret;
+		return ret;		/* shadow stays; fd still ours */
+	}
+	f->shadow_fd = -1;
+	if (ret == -ENOENT)
+		return 0;
+	f->flushed_gen = gen;
+	f->flush_err = 0;
+	f->dirty = false;
+	return 0;
+}
+
+/* Zero bytes [from, to) of cp. */
+void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to)
+{
+	static const uint8_t zeros[1 << 16];
+	struct cache *c = cp->cache;
+
+	if (to <= from || eng_copy_bounds(cp, from, to - from))
+		return;
+	if (c->host_addressable) {
+		memset(copy_ptr(cp) + from, 0, to - from);
+		return;
+	}
+	while (from < to) {
+		size_t n = to - from < sizeof(zeros) ? (size_t)(to - from) : sizeof(zeros);
+
+		c->ops->write(c, cp->frag->off + from, zeros, n);
+		from += n;
+	}
+}
+
+/* Largest file the GPU tier takes: it must also fit the host tier below. */
+static uint64_t gpu_limit(struct engine *e)
+{
+	if (!e->gpu)
+		return 0;
+	return e->tiers[0]->size < e->host.size ? e->tiers[0]->size : e->host.size;
+}
+
+/*
+ * The rule of the write path: a decision taken under e->lock holds only as
+ * long as the lock is held.  Whatever waits (for room, for a reader's pin,
+ * for a transfer) drops the lock, and other threads may meanwhile flush,
+ * cascade, evict, prefetch or attach copies of the file; so after every
+ * such wait the write path looks at the file's copies again (a snapshot
+ * taken before the wait must still hold) and plans anew when it does not.
+ * While it waits, every copy of the file is pinned, so the snapshot's
+ * pointers stay valid and cannot be reused.
+ */
+struct copies_snap {
+	struct copy *cp[TIER_MAX];	/* f->copy[] before the wait */
+};
+
+/* Is a copy of f in use by a transfer that a writer must not race: being
+ * flushed or cascaded, filled by a prefetch, or lent to a client span? */
+static bool copies_busy(struct engine *e, struct tfile *f)
+{
+	for (int i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS || cp->spans ||
+			   cp->readers))
+			return true;
+	}
+	return false;
+}
+
+/* e->lock held: remember f's copies and pin them for a wait. */
+static void snap_pin(struct engine *e, struct tfile *f, struct copies_snap *s)
+{
+	for (int i = 0; i < TIER_MAX; i++) {
+		s->cp[i] = i < e->ntiers ? f->copy[i] : NULL;
+		if (s->cp[i])
+			s->cp[i]->pins++;
+	}
+}
+
+/* e->lock held, after the wait: unpin; true if f's copies are as they were
+ * and quiet, so that what was decided before the wait still holds. */
+static bool snap_unpin_holds(struct engine *e, struct tfile *f, struct copies_snap *s)
+{
+	bool same = true;
+
+	for (int i = 0; i < TIER_MAX; i++) {
+		if (s->cp[i])
+			s->cp[i]->pins--;
+		if (i < e->ntiers && f->copy[i] != s->cp[i])
+			same = false;
+	}
+	pthread_cond_broadcast(&e->cond);
+	return same && !copies_busy(e, f);
+}
+
+/* e->lock held: cp is about to be written (no flush may start on it). */
+static void make_writable(struct engine *e, struct copy *cp)
+{
+	if (cp->state != TS_WRITE_IN_PROGRESS) {
+		backlog_del(e, cp);
+		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
+	}
+	cp->promoted = false;
+}
+
+/*
+ * e->lock held: free f's copies in tiers slower than t without waiting.
+ * Returns true when one was pinned by a reader: it waited for that (the
+ * lock was dropped) and the caller must look at f again.
+ */
+static bool drop_slower(struct engine *e, struct tfile *f, int t)
+{
+	for (int i = t + 1; i < e->ntiers; i++) {
+		if (!f->copy[i])
+			continue;
+		if (f->copy[i]->pins) {
+			pthread_cond_wait(&e->cond, &e->lock);
+			return true;
+		}
+		eng_discard_copy(e, f, i);
+	}
+	return false;
+}
+
+/*
+ * Fill the new copy ncp (not attached, pinned) with the first n bytes of
+ * f's content: from src (a copy in the same or a faster tier) or, without
+ * one, from the backing file (zeros past its end).  e->lock not held.
+ * Returns 0 or -errno.
+ */
+static int fill_copy(struct tfile *f, struct copy *ncp, struct copy *src, uint64_t n)
+{
+	struct cache *c = ncp->cache;
+	uint64_t done = 0;
+	int fd, ret = 0;
+
+	if (!n)
+		return 0;
+	if ((ret = eng_copy_bounds(ncp, 0, n)) || (src && (ret = eng_copy_bounds(src, 0, n))))
+		return ret;
+	if (src && src->cache == c)
+		return c->ops->move(c, ncp->frag->off, src->frag->off, n);
+	if (!c->host_addressable)
+		return -EOPNOTSUPP;	/* content is never loaded into the GPU here */
+	if (src)
+		return src->cache->ops->read(src->cache, src->frag->off, copy_ptr(ncp), n);
+	fd = f->ops->data_fd(f, false);
+	if (fd == -ENOENT) {
+		memset(copy_ptr(ncp), 0, n);
+		return 0;
+	}
+	if (fd < 0)
+		return fd;
+	while (done < n) {
+		ssize_t r = pread(fd, copy_ptr(ncp) + done, n - done, (off_t)done);
+
+		if (r < 0) {
+			ret = -errno;
+			break;
+		}
+		if (r == 0) {		/* past the backing file's end: a hole */
+			memset(copy_ptr(ncp) + done, 0, n - done);
+			break;
+		}
+		done += (uint64_t)r;
+	}
+	f->ops->release_data_fd(f, fd);
+	return ret;
+}
+
+/*
+ * e->lock held: make ncp f's copy in tier t, the only one (the others are
+ * stale now: slower ones were dropped before, faster ones go here).
+ */
+static void install_copy(struct engine *e, struct tfile *f, int t, struct copy *ncp)
+{
+	struct copy *old = f->copy[t];
+
+	if (old) {
+		backlog_del(e, old);
+		f->copy[t] = ncp;	/* takes over old's reference */
+		ncp->fileref = old->fileref;
+		wait_unpinned(e, old);	/* readers of the old bytes */
+		cache_release(old->cache, old);
+		free(old);
+	} else {
+		eng_attach_copy(e, f, t, ncp);
+	}
+	for (int i = 0; i < e->ntiers; i++)
+		if (i != t && f->copy[i])
+			eng_discard_copy(e, f, i);
+	pthread_cond_broadcast(&e->cond);
+}
+
+/*
+ * Make sure f has a writable copy of at least `cap` bytes holding the
+ * first `keep` bytes of its content (keep <= cap: the rest is the
+ * caller's), in state WRITE_IN_PROGRESS, in the fastest tier that can take
+ * it; copies in other tiers are dropped (they are stale once the file is
+ * written).  e->lock and f->lock held; e->lock is dropped while it waits.
+ * Returns the copy, or NULL with *err = 0 when the file must go
+ * write-through, or *err < 0 on a real error.
+ */
+struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
+				  uint64_t cap, uint64_t keep, int *err)
+{
+	int hi = host_index(e);
+	bool host_only = false;	/* the GPU tier had no room */
+
+	*err = 0;
+	cap = cap ? cap : 1;
+	if (keep > cap)
+		keep = cap;
+	for (;;) {
+		struct copies_snap s;
+		struct copy *cp, *src, *ncp;
+		struct cache *c;
+		uint64_t want, n;
+		int t, si, ret;
+		bool holds;
+
+		if (copies_busy(e, f)) {
+			pthread_cond_wait(&e->cond, &e->lock);
+			continue;
+		}
+		si = fastest_copy(e, f);	/* the newest content */
+		src = si >= 0 ? f->copy[si] : NULL;
+		t = si;
+		if (t < 0)	/* new content to the GPU; old content is loaded to the host */
+			t = (e->gpu && keep == 0 && cap <= gpu_limit(e)) ? 0 : hi;
+		if (t < hi && (host_only || cap > gpu_limit(e)))
+			t = hi;
+		if (drop_slower(e, f, t))
+			continue;
+		c = e->tiers[t];
+		cp = f->copy[t];
+		if (cp && cp == src && (copy_cap(cp) >= cap ||
+					cache_grow_inplace(c, cp, tier_round(cap)) == 0)) {
+			make_writable(e, cp);
+			return cp;
+		}
+
+		/* a new copy: room first (may wait), then the content */
+		ncp = calloc(1, sizeof(*ncp));
+		if (!ncp) {
+			*err = -ENOMEM;
+			return NULL;
+		}
+		ncp->file = f;
+		want = cap;	/* grow geometrically: appends copy O(n) bytes */
+		if (cp && cp == src && want < 2 * copy_cap(cp))
+			want = 2 * copy_cap(cp);
+		if (want > c->size || (t < hi && want > gpu_limit(e)))
+			want = cap;
+		if (src)
+			make_writable(e, src);	/* no flush may start on it now */
+		snap_pin(e, f, &s);
+		ret = eng_alloc(e, c, ncp, want);
+		if (ret && want > cap)
+			ret = eng_alloc(e, c, ncp, cap);
+		if (!snap_unpin_holds(e, f, &s)) {
+			if (!ret)
+				cache_release(c, ncp);
+			free(ncp);
+			continue;	/* f changed while we waited */
+		}
+		if (ret) {
+			free(ncp);
+			if (t < hi) {
+				host_only = true;
+				continue;
+			}
+			return NULL;	/* no room anywhere: write-through */
+		}
+		tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
+		n = src ? (src->len < keep ? src->len : keep) : keep;
+		ncp->pins++;
+		snap_pin(e, f, &s);
+		pthread_mutex_unlock(&e->lock);
+		ret = fill_copy(f, ncp, src, n);
+		pthread_mutex_lock(&e->lock);
+		ncp->pins--;
+		holds = snap_unpin_holds(e, f, &s);
+		if (!holds || ret) {
+			tier_set_state(&ncp->state, TS_INIT);
+			cache_release(c, ncp);
+			free(ncp);
+			if (!holds)
+				continue;	/* f changed while the bytes moved */
+			*err = ret;
+			return NULL;
+		}
+		ncp->len = n;
+		install_copy(e, f, t, ncp);
+		return ncp;
+	}
+}
+
+void eng_mark_modified(struct tfile *f)
+{
+	f->dirty = true;
+	f->gen++;
+	touch_mtime(f);
+}
+
+/* Move len bytes into cp at off from host memory buf or device address dptr. */
+static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr,
+		   size_t len)
+{
+	struct cache *c = cp->cache;
+	int ret = eng_copy_bounds(cp, off, len);
+
+	if (ret)
+		return ret;
+	if (buf)
+		return c->ops->write(c, cp->frag->off + off, buf, len);
+	if (c->host_addressable)
+		return gpu_copy_dtoh(copy_ptr(cp) + off, dptr, len);
+	return gpu_copy_dtod((uint64_t)(uintptr_t)(c->base + cp->frag->off + off), dptr, len);
+}
+
+/* pwrite from device memory through a bounce buffer. */
+static ssize_t pwrite_dev(int fd, uint64_t dptr, size_t len, off_t off)
+{
+	const size_t chunk = 8u << 20;
+	uint8_t *b = malloc(len < chunk ? len : chunk);
+	size_t done = 0;
+	int ret = 0;
+
+	if (!b)
+		return -ENOMEM;
+	while (done < len && !ret) {
+		size_t n = len - done < chunk ? len - done : chunk;
+
+		ret = gpu_copy_dtoh(b, dptr + done, n);
+		if (!ret && pwrite(fd, b, n, off + (off_t)done) != (ssize_t)n)
+			ret = errno ? -errno : -EIO;
+		done += n;
+	}
+	free(b);
+	return ret ? ret : (ssize_t)len;
+}
+
+static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t len,
+			off_t off)
+{
+	struct engine *e = f->eng;
+	uint64_t end = (uint64_t)off + len;
+	struct copy *cp;
+	ssize_t ret;
+	int err;
+
+	if (off < 0 || end < (uint64_t)off)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (f->shadow_fd < 0) {
+		uint64_t cap = end > f->size ? end : f->size;
+
+		bool trace = !buf && tierfs_log_level >= LOG_DEBUG;
+		double t0 = trace ? now_s() : 0, t1 = 0, t2 = 0;
+
+		cp = eng_writable_copy(e, f, cap, f->size, &err);
+		if (!cp && err) {
+			ret = err;
+			goto out;
+		}
+		if (cp) {
+			cp->pins++;
+			pthread_mutex_unlock(&e->lock);
+			if (trace)
+				t1 = now_s();
+			eng_copy_zero(cp, cp->len, (uint64_t)off);
+			ret = copy_in(cp, (uint64_t)off, buf, dptr, len);
+			if (trace) {
+				t2 = now_s();
+				tlog(LOG_DEBUG, "device write of %zu B into the %s cache: "
+				     "place %.0f us, copy %.0f us", len, cp->cache->name,
+				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
+			}
+			pthread_mutex_lock(&e->lock);
+			if (ret) {
+				cp->pins--;
+				pthread_cond_broadcast(&e->cond);
+				goto out;
+			}
+			cp->pins--;
+			if (end > cp->len)
+				cp->len = end;
+			if (end > f->size)
+				f->size = end;
+			cp->last_use = ++e->tick;
+			eng_mark_modified(f);
+			pthread_cond_broadcast(&e->cond);
+			ret = (ssize_t)len;
+			goto out;
+		}
+		ret = start_shadow(e, f);
+		if (ret)
+			goto out;
+	}
+	/* write-through */
+	pthread_mutex_unlock(&e->lock);
+	if (buf) {
+		ret = pwrite(f->shadow_fd, buf, len, off);
+		if (ret < 0)
+			ret = -errno;
+	} else {
+		ret = pwrite_dev(f->shadow_fd, dptr, len, off);
+	}
+	pthread_mutex_lock(&e->lock);
+	if (ret < 0)
+		f->write_err = (int)ret;	/* for fsync, as write-back would */
+	if (ret > 0) {
+		uint64_t wend = (uint64_t)off + (uint64_t)ret;
+		if (wend > f->size)
+			f->size = wend;
+		e->bytes_written_through += (uint64_t)ret;
+		eng_mark_modified(f);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
+{
+	return do_write(f, buf, 0, len, off);
+}
+
+ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+{
+	if (!f->eng->gpu)
+		return -ENODEV;
+	return do_write(f, NULL, dptr, len, off);
+}
+
+int tfile_truncate(struct tfile *f, uint64_t size)
+{
+	struct engine *e = f->eng;
+	struct copy *cp;
+	int ret = 0, err;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (size == f->size && !f->dirty && !f->copy[host_index(e)])
+		goto out;
+	if (f->shadow_fd < 0) {
+		/* keep at most `size` bytes of the old content */
+		cp = eng_writable_copy(e, f, size ? size : 1, size < f->size ? size : f->size, &err);
+		if (!cp && err) {
+			ret = err;
+			goto out;
+		}
+		if (cp) {
+			eng_copy_zero(cp, cp->len, size);
+			cp->len = size;
+			f->size = size;
+			eng_mark_modified(f);
+			if (!f->writers)
+				eng_complete_copy(e, f, false);
+			goto out;
+		}
+		ret = start_shadow(e, f);
+		if (ret)
+			goto out;
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (ftruncate(f->shadow_fd, (off_t)size) < 0)
+		ret = -errno;
+	pthread_mutex_lock(&e->lock);
+	if (!ret) {
+		f->size = size;
+		eng_mark_modified(f);
+		if (!f->writers)
+			ret = commit_shadow(e, f, false);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
+
+void tfile_open_writer(struct tfile *f)
+{
+	pthread_mutex_lock(&f->eng->lock);
+	f->writers++;
+	pthread_mutex_unlock(&f->eng->lock);
+}
+
+/* e->lock held: one writer of f is done; the last one completes the file. */
+void eng_writer_done(struct engine *e, struct tfile *f)
+{
+	if (f->writers > 0)
+		f->writers--;
+	if (!f->writers && f->dirty && !f->unlinked) {
+		if (f->shadow_fd >= 0)
+			commit_shadow(e, f, false);
+		else
+			eng_complete_copy(e, f, false);
+	}
+}
+
+void tfile_close_writer(struct tfile *f)
+{
+	struct engine *e = f->eng;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	eng_writer_done(e, f);
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+int tfile_fsync(struct tfile *f)
+{
+	struct engine *e = f->eng;
+	int ret = 0;
+
+	pthread_mutex_lock(&f->lock);
+	pthread_mutex_lock(&e->lock);
+	if (f->write_err) {		/* an earlier write failed: say so once */
+		ret = f->write_err;
+		f->write_err = 0;
+		goto out;
+	}
+	if (f->unlinked)
+		goto out;
+	if (f->shadow_fd >= 0) {
+		ret = commit_shadow(e, f, true);
+		goto out;
+	}
+	if (!f->dirty) {
+		ret = 0;
+		goto out;
+	}
+	uint64_t target = f->gen;
+	eng_complete_copy(e, f, true);
+	/* a failed flush is retried now, and its result reported */
+	f->retry_at.tv_sec = 0;
+	uint64_t errs = e->flush_errors;
+	pthread_cond_broadcast(&e->cond);
+	while (f->flushed_gen < target && !f->unlinked) {
+		if (e->flush_errors != errs && f->flush_err) {
+			ret = f->flush_err;
+			break;
+		}
+		if (fastest_copy(e, f) < 0 && f->shadow_fd < 0)
+			break;
+		pthread_cond_wait(&e->cond, &e->lock);
+	}
+out:
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_unlock(&f->lock);
+	return ret;
+}
