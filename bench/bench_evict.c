@@ -60,7 +60,8 @@ static uint64_t rnd_below(uint64_t n)
 	return rnd() % n;
 }
 
-static struct evict_cost bench_cost(struct cache *c, struct frag *f)
+static struct evict_cost bench_cost(struct cache *c, struct frag *f,
+				     const struct evict_ctx *ctx)
 {
 	const struct bcopy *b = (const struct bcopy *)
 		((const char *)f->copy - offsetof(struct bcopy, cp));
@@ -157,12 +158,12 @@ static double time_policy(const struct evict_policy *p, struct cache *c,
 
 	if (reps < 5)
 		reps = 5;
-	p->choose(c, need, bench_cost, &first, &last, &wait);	/* warm up */
+	p->choose(c, need, bench_cost, NULL, &first, &last, &wait);	/* warm up */
 	for (b = 0; b < BATCHES; b++) {
 		double t0 = now_ns();
 
 		for (r = 0; r < reps; r++)
-			ret |= p->choose(c, need, bench_cost, &first, &last,
+			ret |= p->choose(c, need, bench_cost, NULL, &first, &last,
 					 &wait);
 		t[b] = (now_ns() - t0) / (double)reps;
 	}
@@ -211,7 +212,7 @@ static double sim_hits(const struct evict_policy *p, bool uniform,
 			struct frag *first, *last;
 			double wait;
 
-			if (p->choose(&c, sz, bench_cost, &first, &last,
+			if (p->choose(&c, sz, bench_cost, NULL, &first, &last,
 				      &wait)) {
 				t = -1;
 				goto out;

@@ -56,7 +56,7 @@ static void *gbuilder_main(void *arg)
 		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
 		return NULL;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (!e->stop) {
 		struct cache *gc = gpu_tier_cache(g);
 
@@ -67,7 +67,7 @@ static void *gbuilder_main(void *arg)
 			e->gflusher_started = true;
 		ok = true;
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (!ok) {
 		gpu_tier_destroy(g);
 		return NULL;
@@ -75,6 +75,33 @@ static void *gbuilder_main(void *arg)
 	tlog(LOG_NOTICE, "GPU tier: %s", msg);
 	eng_pin_host_once(e);
 	return NULL;
+}
+
+/*
+ * Tell every thread to stop and wait for each that was started: the GPU
+ * builder, the flushers (they drain the flush queue first), the toucher,
+ * the prefetcher and the GPU -> host cascade.
+ */
+static void stop_threads(struct engine *e)
+{
+	int i;
+
+	eng_lock(e);
+	e->stop = true;
+	pthread_cond_broadcast(&e->cond);
+	eng_unlock(e);
+	if (e->gbuilder_started)
+		pthread_join(e->gbuilder, NULL);
+	for (i = 0; i < e->nflushers; i++)
+		pthread_join(e->flushers[i], NULL);
+	free(e->flushers);
+	e->flushers = NULL;
+	if (e->toucher_started)
+		pthread_join(e->toucher, NULL);
+	if (e->prefetcher_started)
+		pthread_join(e->prefetcher, NULL);
+	if (e->gflusher_started)
+		pthread_join(e->gflusher, NULL);
 }
 
 int engine_create(struct engine **out, const struct engine_config *cfg)
@@ -153,21 +180,7 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	return 0;
 
 err_threads:
-	pthread_mutex_lock(&e->lock);
-	e->stop = true;
-	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
-	if (e->gbuilder_started)
-		pthread_join(e->gbuilder, NULL);
-	for (i = 0; i < e->nflushers; i++)
-		pthread_join(e->flushers[i], NULL);
-	free(e->flushers);
-	if (e->toucher_started)
-		pthread_join(e->toucher, NULL);
-	if (e->prefetcher_started)
-		pthread_join(e->prefetcher, NULL);
-	if (e->gflusher_started)
-		pthread_join(e->gflusher, NULL);
+	stop_threads(e);
 	if (e->gpu)
 		gpu_tier_destroy(e->gpu);
 err_cache:
@@ -185,21 +198,7 @@ void engine_destroy(struct engine *e)
 {
 	int i;
 
-	pthread_mutex_lock(&e->lock);
-	e->stop = true;
-	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
-	if (e->gbuilder_started)
-		pthread_join(e->gbuilder, NULL);
-	for (i = 0; i < e->nflushers; i++)
-		pthread_join(e->flushers[i], NULL);
-	free(e->flushers);
-	if (e->toucher_started)
-		pthread_join(e->toucher, NULL);
-	if (e->prefetcher_started)
-		pthread_join(e->prefetcher, NULL);
-	if (e->gflusher_started)
-		pthread_join(e->gflusher, NULL);
+	stop_threads(e);
 	while (e->gq_head) {
 		struct tfile *f = e->gq_head;
 
@@ -278,7 +277,7 @@ void tfile_destroy(struct tfile *f)
 	struct engine *e = f->eng;
 	int i;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	f->destroying = true;
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
@@ -287,7 +286,7 @@ void tfile_destroy(struct tfile *f)
 			backlog_del(e, cp);
 		eng_drop_copy(e, f, i);
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
@@ -303,9 +302,9 @@ struct gpu_tier *engine_gpu_tier(struct engine *e)
 {
 	struct gpu_tier *g;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	g = e->gpu;
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return g;
 }
 
@@ -315,7 +314,7 @@ void tfile_unlinked(struct tfile *f)
 	struct hint *h;
 	struct copy *cp;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	f->unlinked = true;
 	for (int i = 0; i < e->ntiers; i++) {
 		cp = f->copy[i];
@@ -339,35 +338,35 @@ void tfile_unlinked(struct tfile *f)
 	f->hint_seq = 0;
 	eng_hint_head_update(e);
 	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 }
 
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime)
 {
 	bool dirty;
 
-	pthread_mutex_lock(&f->eng->lock);
+	eng_lock(f->eng);
 	dirty = f->dirty;
 	*size = f->size;
 	*mtime = f->mtime;
-	pthread_mutex_unlock(&f->eng->lock);
+	eng_unlock(f->eng);
 	return dirty;
 }
 
 void tfile_set_mtime(struct tfile *f, const struct timespec *mt)
 {
-	pthread_mutex_lock(&f->eng->lock);
+	eng_lock(f->eng);
 	f->mtime = *mt;
-	pthread_mutex_unlock(&f->eng->lock);
+	eng_unlock(f->eng);
 }
 
 int tfile_pending_error(struct tfile *f)
 {
 	int ret;
 
-	pthread_mutex_lock(&f->eng->lock);
+	eng_lock(f->eng);
 	ret = f->flush_err ? f->flush_err : f->write_err;
-	pthread_mutex_unlock(&f->eng->lock);
+	eng_unlock(f->eng);
 	return ret;
 }
 
@@ -377,7 +376,7 @@ int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t s
 	size_t a = 0, b = 0;
 	int i;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	tier[0] = state[0] = 0;
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
@@ -397,7 +396,7 @@ int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t s
 			      f->shadow_fd >= 0 ? "WRITE_THROUGH" :
 			      f->dirty ? (f->flush_err ? "FLUSH_FAILED" : "PENDING") :
 			      "CURRENT");
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return (a >= tl || b >= sl) ? -ERANGE : 0;
 }
 
@@ -420,7 +419,7 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 	size_t at = 0;
 	int i;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	at += (size_t)snprintf(buf, len, "{\"tiers\":{");
 	for (i = 0; i < e->ntiers; i++) {
 		if (e->tiers[i] == &e->gpu_slot)
@@ -471,6 +470,6 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
 		e->files_prefetched, e->bytes_prefetched, eng_prefetch_distance(e),
 		e->files_to_gpu, e->bytes_to_gpu, e->files_consumed);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return at >= len ? -ERANGE : (int)at;
 }

@@ -27,18 +27,22 @@
 #ifndef TIERFS_ENGINE_INT_H
 #define TIERFS_ENGINE_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "engine.h"
+#include "lockorder.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
 
 struct ssd_ring;
 
 struct engine {
-	pthread_mutex_t lock;		/* see file comment */
+	pthread_mutex_t lock;		/* guards all below; rank LR_ENGINE
+					 * (lockorder.h): taken after tfile.lock
+					 * and fs.lock, never before them */
 	pthread_cond_t cond;		/* any state change */
 	struct engine_config cfg;
 	struct cache host;		/* host cache tier */
@@ -95,6 +99,107 @@ struct hint {
 	struct tfile *file;		/* the file (referenced), NULL if unborn */
 	char name[];			/* name in dir */
 };
+
+/* ---- locks (the order: lockorder.h) ----------------------------------- */
+
+static inline void eng_lock(struct engine *e)
+{
+	lock_rank_take(LR_ENGINE);
+	pthread_mutex_lock(&e->lock);
+}
+
+static inline void eng_unlock(struct engine *e)
+{
+	pthread_mutex_unlock(&e->lock);
+	lock_rank_drop(LR_ENGINE);
+}
+
+static inline void tfile_lock(struct tfile *f)
+{
+	lock_rank_take(LR_TFILE);
+	pthread_mutex_lock(&f->lock);
+}
+
+static inline void tfile_unlock(struct tfile *f)
+{
+	pthread_mutex_unlock(&f->lock);
+	lock_rank_drop(LR_TFILE);
+}
+
+/*
+ * ---- leases: the one way to use a copy without e->lock ------------------
+ *
+ * The rule: whoever uses a copy's bytes, or keeps a pointer to a copy,
+ * while e->lock is not held holds a lease on it for the whole time.  A
+ * leased copy (cp->pins > 0) is never evicted (eviction waits for it),
+ * moved, released or reused (eng_drop_copy and install_copy wait for the
+ * last lease); its fragment keeps its place and size.  Its state and the
+ * file's copy pointers may still change, so after the lease the holder
+ * looks at the file again before it trusts what it decided before.
+ * Leases are taken and released with e->lock held; a release wakes
+ * e->cond (threads wait for pins to drop).
+ *
+ * A transfer:   lease_begin(e, &l, a, b);  ...copy...;  lease_end(e, &l);
+ * A lease that outlives one request (a zero-copy read reply, a client
+ * span) is one copy_lease() / copy_unlease() pair on the copy itself.
+ */
+#define LEASE_MAX	(TIER_MAX + 1)
+
+struct lease {
+	struct copy *cp[LEASE_MAX];	/* the leased copies */
+	int n;
+};
+
+static inline void copy_lease(struct copy *cp)
+{
+	cp->pins++;
+}
+
+static inline void copy_unlease(struct engine *e, struct copy *cp)
+{
+	assert(cp->pins > 0);
+	cp->pins--;
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* e->lock held: add cp (NULL: nothing) to lease l. */
+static inline void lease_take(struct lease *l, struct copy *cp)
+{
+	if (!cp)
+		return;
+	assert(l->n < LEASE_MAX);
+	copy_lease(cp);
+	l->cp[l->n++] = cp;
+}
+
+/* e->lock held: release every copy of l. */
+static inline void lease_release(struct engine *e, struct lease *l)
+{
+	while (l->n > 0) {
+		struct copy *cp = l->cp[--l->n];
+
+		assert(cp->pins > 0);
+		cp->pins--;
+	}
+	pthread_cond_broadcast(&e->cond);
+}
+
+/* e->lock held: lease a and b (either may be NULL), then drop e->lock. */
+static inline void lease_begin(struct engine *e, struct lease *l, struct copy *a,
+			       struct copy *b)
+{
+	l->n = 0;
+	lease_take(l, a);
+	lease_take(l, b);
+	eng_unlock(e);
+}
+
+/* Take e->lock again and release the lease. */
+static inline void lease_end(struct engine *e, struct lease *l)
+{
+	eng_lock(e);
+	lease_release(e, l);
+}
 
 /* ---- shared helpers (e->lock held unless said otherwise) -------------- */
 
@@ -191,8 +296,20 @@ static inline int fastest_copy(struct engine *e, struct tfile *f)
 
 /* ---- place.c ---------------------------------------------------------- */
 
-/* Set around an eviction decision (to go: see evict_ctx). */
-extern __thread uint64_t eng_protect_below, eng_gpu_keeps;
+/*
+ * The engine's inputs to one eviction decision: eng_alloc_wait() fills it
+ * and the policy hands it to copy_cost() unchanged.
+ */
+struct evict_ctx {
+	uint64_t protect_below;		/* copies whose prefetch distance is
+					 * below this are needed sooner than
+					 * the one being placed: never evicted
+					 * (0: no such copies) */
+	uint64_t gpu_keeps;		/* restore-queue tickets below this are
+					 * of files the GPU tier keeps until
+					 * they are read (eng_gpu_keeps_below;
+					 * 0: none, or this is the GPU tier) */
+};
 uint64_t eng_copy_dist(struct engine *e, struct copy *cp);
 uint64_t eng_gpu_keeps_below(struct engine *e);
 uint64_t eng_gpu_unflushed(struct engine *e);
@@ -201,7 +318,7 @@ void eng_defer_put(struct engine *e, struct tfile *f);
 void eng_attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp);
 void eng_copy_evicted(struct copy *cp);
 int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
-		   uint64_t size, double max_wait);
+		   uint64_t size, double max_wait, uint64_t protect_below);
 int eng_alloc(struct engine *e, struct cache *c, struct copy *cp, uint64_t size);
 int eng_copy_bounds(struct copy *cp, uint64_t off, uint64_t len);
 void eng_drop_copy(struct engine *e, struct tfile *f, int i);
@@ -228,6 +345,35 @@ void eng_hint_head_update(struct engine *e);
 void eng_hint_free(struct engine *e, struct hint *h);
 void eng_consume(struct engine *e, struct tfile *f);
 uint64_t eng_prefetch_distance(struct engine *e);
+
+/* ---- backing.c -------------------------------------------------------- */
+
+/* One end of a bounced transfer: a cache tier (at: offset in its buffer),
+ * device memory (at: device address) or a file (at: file offset). */
+enum bend_kind { BEND_CACHE, BEND_DEV, BEND_FD };
+struct bend {
+	enum bend_kind kind;
+	struct cache *cache;		/* BEND_CACHE */
+	int fd;				/* BEND_FD */
+	uint64_t at;			/* where byte 0 of the transfer is */
+};
+/*
+ * Move len bytes from src to dst through one bounce buffer of at most
+ * 8 MiB, chunk by chunk: caches through their tier_ops, device memory
+ * through gpu_copy_*, files with backing_pread/backing_pwrite.  After each
+ * chunk *progress (when not NULL) is set to the bytes moved (a relaxed
+ * atomic store: eviction reads it without the lock).  e->lock not held;
+ * the caller leases any copy it names.  Returns 0 or the first -errno.
+ */
+int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
+		 uint64_t *progress);
+/* Read n bytes at off of fd into buf, zeros past the file's end: 0 / -errno. */
+int backing_pread(int fd, void *buf, size_t n, off_t off);
+/* Write all n bytes of buf at off of fd: 0 / -errno. */
+int backing_pwrite(int fd, const void *buf, size_t n, off_t off);
+/* Copy the first len bytes of f's backing content into fd, holes kept
+ * (copy_file_range, else read and write): 0 / -errno. */
+int backing_copy_file(struct tfile *f, int dst, uint64_t len);
 
 /* ---- prefetch.c, host.c ----------------------------------------------- */
 

@@ -30,29 +30,27 @@
  * file already consumed, TIER_FAR) outweigh everything else in its
  * window, so a window holding it and the copy the restore queue needs
  * NEXT beat a window whose every copy is needed late, and score evicted
- * files about to be read (measured on a GPU machine).  The minimum is the
+ * files about to be read.  The minimum is the
  * soonest any copy of the window is needed again: a window that is
  * needed late as a whole goes first; the sum then only breaks its ties
  * (among equal minima it still prefers more and later copies).  Without
  * restore hints every copy is TIER_FAR, all minima tie and the order is
- * the one before (bench_evict's hit rates are the same).
+ * decided by the rules below.
  *
  * The age tie-break matters when restore hints are missing: every copy is
  * TIER_FAR and flushed copies all wait 0, so equal-size windows tie on
- * both sums, and before it the lowest offset won every time: the low end
- * of the buffer was recycled over and over and the newest copies were the
- * ones evicted (bench_evict: 1% read hits where fifo gets 50%).  Why the
+ * both sums, and without it the lowest offset would win every time: the
+ * low end of the buffer would be recycled over and over and the newest
+ * copies would be the ones evicted.  Why the
  * youngest copy's seq and not the summed (or mean) seq: with equal-size
  * copies and a one-copy need it picks the oldest copy, exactly as fifo
  * does; for a larger need it evicts no copy younger than it must (a fifo
  * cache holds the newest copies, and this keeps as many of them as a
  * window can), whereas a summed seq trades one of the newest copies for
  * two middle-aged ones ({1, 100} beats {60, 61}) and grows with the number
- * of copies in a window.  Measured (bench_evict's write stream, 1-16 block
- * copies, distances made equal): youngest 49.7% hits, summed 37.1%, fifo
- * 46.6%.  With distances left at TIER_FAR the distance sum, which counts
- * copies, still decides first between windows of different copy counts:
- * there score gets 29% to fifo's 47% (equal sizes: 49.9%, as fifo).
+ * of copies in a window.  With distances left at TIER_FAR the distance
+ * sum, which counts copies, still decides first between windows of
+ * different copy counts.  (Hit rates of these choices: bench/RESULTS.md.)
  *
  * A window's minimum distance is asked for only when its wait does not
  * lose to the best so far, and its age only when it also ties on both
@@ -68,13 +66,11 @@
  * end move forward only, and running sums are updated in O(1), so a
  * decision is O(N).
  *
- * How score keeps a decision cheap (bench_evict on the 2-core VM, 1,000
- * fragments: median 6.2 us, best 6.1 - 6.1 and 5.7 before the minimum
- * rule - where one pass to gather and one to slide, over 56-byte
- * entries, took 12.2 and 8.9): the table is copied,
- * in blocks of GATHER_BLOCK fragments just ahead of the window's right
- * end, into 32-byte records (struct srec) that the slide then reads while
- * they are still in the CPU's first-level cache; the copying loop is the
+ * How score keeps a decision cheap (timings: bench/RESULTS.md): the table
+ * is copied, in blocks of GATHER_BLOCK fragments just ahead of the
+ * window's right end, into 32-byte records (struct srec) that the slide
+ * then reads while they are still in the CPU's first-level cache; the
+ * copying loop is the
  * only one that calls cost(), so the slide's loop keeps its sums in
  * registers; a barrier ends a block, so the slide looks for barriers once
  * per block rather than once per fragment; and a window is first screened
@@ -103,9 +99,11 @@
  *   far below WAIT_EPS for any realistic wait (well under 10^6 s).
  * - need == 0 is treated as 1 (any non-empty window).
  * - Per-decision arrays live in per-thread scratch buffers that only grow
- *   (about 65 bytes per fragment for score, 70 for fifo and lru; never
- *   freed, they are reused by every later decision of the thread), so a
- *   decision allocates nothing once they are warm.
+ *   (about 65 bytes per fragment for score, 70 for fifo and lru; reused by
+ *   every later decision of the thread and freed when it exits, by a
+ *   pthread key's destructor), so a decision allocates nothing once they
+ *   are warm.  They are the only per-thread state here: every input of a
+ *   decision is an argument (the table, need, cost() and its ctx).
  * - Returns 0, -ENOSPC, or -ENOMEM when a scratch buffer cannot grow.
  *
  * Callers hold the engine lock; nothing here sleeps.
@@ -219,7 +217,7 @@ enum order_key { KEY_SEQ, KEY_LAST_USE };
  * more fragments than c->nfrags says.
  */
 static long gather(struct cache *c,
-		   struct evict_cost (*cost)(struct cache *, struct frag *),
+		   evict_cost_fn cost, const struct evict_ctx *ctx,
 		   enum order_key key)
 {
 	struct evict_cost k;
@@ -250,7 +248,7 @@ static long gather(struct cache *c,
 			e->size = c->usable - f->off;
 		if (!f->copy)
 			continue;
-		k = cost(c, f);
+		k = cost(c, f, ctx);
 		/*
 		 * wait = k.wait if 0 < k.wait < TIER_INF, else 0 (also NaN),
 		 * by a bit mask: waits are often random, and gcc's branch on
@@ -364,7 +362,7 @@ static int srec_reserve(size_t n)
  */
 static __attribute__((noinline)) long
 score_gather(struct cache *c,
-	     struct evict_cost (*cost)(struct cache *, struct frag *),
+	     evict_cost_fn cost, const struct evict_ctx *ctx,
 	     struct frag **fp, long n, long *bar)
 {
 	struct srec *r = srec_buf + n, *end = r + GATHER_BLOCK;
@@ -382,7 +380,7 @@ score_gather(struct cache *c,
 		if (f->off >= usable)
 			break;
 		if (f->copy) {
-			k = cost(c, f);
+			k = cost(c, f, ctx);
 			if (!(k.wait < TIER_INF))	/* also NaN */
 				break;
 		}
@@ -568,7 +566,7 @@ score_consider(struct best *b, long i, long j, double w, u128 d)
 }
 
 static int score_choose(struct cache *c, uint64_t need,
-			struct evict_cost (*cost)(struct cache *, struct frag *),
+			evict_cost_fn cost, const struct evict_ctx *ctx,
 			struct frag **first, struct frag **last, double *wait_s)
 {
 	struct frag *f = c->head;	/* next fragment to copy */
@@ -624,7 +622,7 @@ static int score_choose(struct cache *c, uint64_t need,
 					nwait = 0;
 					continue;
 				}
-				n = score_gather(c, cost, &f, n, &bar);
+				n = score_gather(c, cost, ctx, &f, n, &bar);
 				if (n < 0)
 					return (int)n;
 				if (rj == r + n)
@@ -734,11 +732,11 @@ static uint32_t grow_left(const uint64_t *pre, uint32_t lo, uint32_t k,
 }
 
 static int order_choose(struct cache *c, uint64_t need,
-			struct evict_cost (*cost)(struct cache *, struct frag *),
+			evict_cost_fn cost, const struct evict_ctx *ctx,
 			struct frag **first, struct frag **last, double *wait_s,
 			bool lru)
 {
-	long n = gather(c, cost, lru ? KEY_LAST_USE : KEY_SEQ);
+	long n = gather(c, cost, ctx, lru ? KEY_LAST_USE : KEY_SEQ);
 	uint32_t k, m = 0, x;
 	uint64_t *pre;
 	uint32_t *cand;
@@ -800,17 +798,17 @@ static int order_choose(struct cache *c, uint64_t need,
 }
 
 static int fifo_choose(struct cache *c, uint64_t need,
-		       struct evict_cost (*cost)(struct cache *, struct frag *),
+		       evict_cost_fn cost, const struct evict_ctx *ctx,
 		       struct frag **first, struct frag **last, double *wait_s)
 {
-	return order_choose(c, need, cost, first, last, wait_s, false);
+	return order_choose(c, need, cost, ctx, first, last, wait_s, false);
 }
 
 static int lru_choose(struct cache *c, uint64_t need,
-		      struct evict_cost (*cost)(struct cache *, struct frag *),
+		      evict_cost_fn cost, const struct evict_ctx *ctx,
 		      struct frag **first, struct frag **last, double *wait_s)
 {
-	return order_choose(c, need, cost, first, last, wait_s, true);
+	return order_choose(c, need, cost, ctx, first, last, wait_s, true);
 }
 
 /* The three policies; see the top of this file. */

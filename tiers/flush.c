@@ -85,29 +85,6 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
 		eng_queue_flush(e, f, front);
 }
 
-/* Write a copy that the CPU cannot address through a bounce buffer. */
-static int write_bounced(struct copy *cp, int fd, uint64_t len)
-{
-	const size_t chunk = 8u << 20;
-	uint8_t *b = malloc(chunk);
-	uint64_t done = 0;
-	int ret = 0;
-
-	if (!b)
-		return -ENOMEM;
-	while (done < len && !ret) {
-		size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
-
-		ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, b, n);
-		if (!ret && pwrite(fd, b, n, (off_t)done) != (ssize_t)n)
-			ret = errno ? -errno : -EIO;
-		done += n;
-		__atomic_store_n(&cp->flushed_bytes, done, __ATOMIC_RELAXED);
-	}
-	free(b);
-	return ret;
-}
-
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -124,6 +101,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 			cp = f->copy[t];
 	uint64_t gen, len;
 	bool direct, inplace;
+	struct lease l;
 	double t0;
 	int fd, ret;
 
@@ -132,11 +110,10 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		return 0;	/* nothing to do, or another flusher has it */
 	cp->flushing = true;
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
-	cp->pins++;
 	gen = f->gen;
 	len = cp->len;
 	e->busy++;
-	pthread_mutex_unlock(&e->lock);
+	lease_begin(e, &l, cp, NULL);
 
 	t0 = now_s();
 	fd = f->ops->version_open(f, cp->cache->host_addressable, &direct, &inplace);
@@ -150,7 +127,10 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	if (ret)
 		goto out;
 	if (!cp->cache->host_addressable)
-		ret = write_bounced(cp, fd, len);
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
+				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						   .at = cp->frag->off },
+				   len, &cp->flushed_bytes);
 	else if (direct)
 		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
 				&cp->flushed_bytes);
@@ -167,9 +147,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	ret = f->ops->version_commit(f, fd, inplace, false);
 out:
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
-	pthread_mutex_lock(&e->lock);
+	lease_end(e, &l);
 	e->busy--;
-	cp->pins--;
 	cp->flushing = false;
 	if (ret == 0) {
 		double dt = now_s() - t0;
@@ -254,16 +233,16 @@ void *eng_flusher_main(void *arg)
 		tlog(LOG_CRIT, "io_uring setup failed: %s", strerror(-ret));
 		return NULL;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	for (;;) {
 		struct tfile *f;
 
 		if (e->nreap) {
 			struct tfile *r = e->reap[--e->nreap];
 
-			pthread_mutex_unlock(&e->lock);
+			eng_unlock(e);
 			r->ops->put(r);
-			pthread_mutex_lock(&e->lock);
+			eng_lock(e);
 			continue;
 		}
 		f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
@@ -275,11 +254,11 @@ void *eng_flusher_main(void *arg)
 		}
 		f->queued = false;
 		flush_one(e, &ring, f);
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		f->ops->put(f);
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	ssd_ring_exit(&ring);
 	return NULL;
 }
@@ -294,6 +273,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 {
 	int hi = host_index(e);
 	struct copy *cp = f->copy[0], *hcp;
+	struct lease l = { .n = 0 };
 	uint64_t len;
 	double t0;
 	bool kept;
@@ -307,7 +287,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		return;
 	hcp->file = f;
 	cp->flushing = true;
-	cp->pins++;
+	lease_take(&l, cp);	/* eng_alloc_wait() may drop the lock */
 	len = cp->len;
 	kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
 	       f->hint_seq < eng_gpu_keeps_below(e) &&
@@ -322,11 +302,10 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		 * write it from the GPU, so the host cache keeps the files
 		 * the GPU tier will not.
 		 */
-		eng_protect_below = eng_shadow_rank(eng_copy_dist(e, cp)) + 1;
-		ret = eng_alloc_wait(e, &e->host, hcp, len, 0);
-		eng_protect_below = 0;
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 0,
+				     eng_shadow_rank(eng_copy_dist(e, cp)) + 1);
 	} else {
-		ret = eng_alloc_wait(e, &e->host, hcp, len, 1);
+		ret = eng_alloc_wait(e, &e->host, hcp, len, 1, 0);
 	}
 	if (!ret && (f->copy[hi] || f->unlinked)) {	/* changed while we waited */
 		cache_release(&e->host, hcp);
@@ -335,7 +314,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (ret) {
 		free(hcp);
 		cp->flushing = false;
-		cp->pins--;
+		lease_release(e, &l);
 		/*
 		 * The host tier has no room now: straight to the SSD, here
 		 * (which holds back the cascade, as the full host cache
@@ -350,8 +329,8 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		return;
 	}
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
-	hcp->pins++;
-	pthread_mutex_unlock(&e->lock);
+	lease_take(&l, hcp);
+	eng_unlock(e);		/* under the lease of cp and hcp */
 	t0 = now_s();
 	ret = eng_copy_bounds(hcp, 0, len);
 	if (!ret)
@@ -359,9 +338,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (!ret)
 		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
 	t0 = now_s() - t0;
-	pthread_mutex_lock(&e->lock);
-	hcp->pins--;
-	cp->pins--;
+	lease_end(e, &l);
 	cp->flushing = false;
 	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||
 		     cp->state != TS_WRITE_COMPLETE)) {
@@ -404,7 +381,7 @@ void *eng_gflusher_main(void *arg)
 		tlog(LOG_CRIT, "io_uring setup for the GPU flusher failed");
 		return NULL;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	for (;;) {
 		struct tfile *f = pop_due(&e->gq_head, &e->gq_tail,
 					  offsetof(struct tfile, gq_next));
@@ -417,11 +394,11 @@ void *eng_gflusher_main(void *arg)
 		}
 		f->gqueued = false;
 		cascade_one(e, &ring, f);
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		f->ops->put(f);
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	ssd_ring_exit(&ring);
 	return NULL;
 }

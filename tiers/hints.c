@@ -71,7 +71,7 @@ int engine_hint_append(struct engine *e, uint64_t dir, const char *const *names,
 		}
 		memcpy(v[i]->name, names[i], l);
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	for (i = 0; i < n; i++) {
 		struct hint *h = v[i];
 
@@ -91,7 +91,7 @@ int engine_hint_append(struct engine *e, uint64_t dir, const char *const *names,
 		e->hq_tail = h;
 	}
 	eng_hint_head_update(e);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	free(v);
 	return 0;
 }
@@ -101,7 +101,7 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 {
 	struct hint *h;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (!e->hq_unbound)
 		goto out;
 	for (h = e->hq_head; h; h = h->next) {
@@ -115,7 +115,7 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 	}
 	pthread_cond_broadcast(&e->cond);
 out:
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 }
 
 int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len)
@@ -123,11 +123,11 @@ int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len)
 	struct hint *h;
 	size_t at = 0;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	for (h = e->hq_head; h; h = h->next)
 		if (h->dir == dir)
 			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "%s\n", h->name);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return at >= len && at ? -ERANGE : (int)at;
 }
 
@@ -135,7 +135,7 @@ void engine_hint_drop_dir(struct engine *e, uint64_t dir)
 {
 	struct hint **pp, *h;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	for (pp = &e->hq_head; (h = *pp);) {
 		if (h->dir != dir) {
 			pp = &h->next;
@@ -155,24 +155,24 @@ void engine_hint_drop_dir(struct engine *e, uint64_t dir)
 	for (h = e->hq_head; h; h = h->next)
 		e->hq_tail = h;
 	eng_hint_head_update(e);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 }
 
 void engine_prefetch_set(struct engine *e, bool on)
 {
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	e->prefetch_on = on;
 	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 }
 
 bool engine_prefetch_get(struct engine *e)
 {
 	bool on;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	on = e->prefetch_on;
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return on;
 }
 

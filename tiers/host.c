@@ -33,12 +33,12 @@ void eng_pin_host_once(struct engine *e)
 {
 	bool pin;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	pin = e->gpu && !e->pin_started && !e->stop &&
 	      __atomic_load_n(&e->touched, __ATOMIC_RELAXED) >= e->host.size;
 	if (pin)
 		e->pin_started = true;
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (pin)
 		gpu_tier_pin_host(e->host.base, e->host.size, NULL, &e->touched,
 				  &e->host_pinned);

@@ -23,8 +23,6 @@
 #include "engine_int.h"
 #include "gpu_tier.h"
 
-__thread uint64_t eng_protect_below, eng_gpu_keeps;
-
 /* ---- eviction --------------------------------------------------------- */
 
 /* Prefetch distance of cp's file: its place in the restore queue. */
@@ -90,11 +88,11 @@ uint64_t eng_gpu_unflushed(struct engine *e)
  * its file, and that copy stays there until the file is read (the GPU
  * tier keeps what the restore queue needs within its capacity, above)?
  */
-static bool copy_shadowed(struct engine *e, struct copy *cp)
+static bool copy_shadowed(struct engine *e, struct copy *cp, uint64_t gpu_keeps)
 {
 	int i;
 
-	if (!cp->file->hint_seq || cp->file->hint_seq >= eng_gpu_keeps)
+	if (!cp->file->hint_seq || cp->file->hint_seq >= gpu_keeps)
 		return false;
 	for (i = 0; i < e->ntiers && cp->file->copy[i] != cp; i++) {
 		struct copy *up = cp->file->copy[i];
@@ -123,16 +121,17 @@ uint64_t eng_shadow_rank(uint64_t d)
  * (measured: rev order, bench_gpu_hints --tiers; score's host cache held
  * nothing else at the end of the forward pass).
  */
-static uint64_t copy_rank(struct engine *e, struct copy *cp)
+static uint64_t copy_rank(struct engine *e, struct copy *cp, uint64_t gpu_keeps)
 {
 	uint64_t d = eng_copy_dist(e, cp);
 
-	if (d == TIER_FAR || !copy_shadowed(e, cp))
+	if (d == TIER_FAR || !copy_shadowed(e, cp, gpu_keeps))
 		return d;
 	return eng_shadow_rank(d);
 }
 
-static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
+static struct evict_cost copy_cost(struct cache *c, struct frag *fr,
+				   const struct evict_ctx *ctx)
 {
 	struct engine *e = c->priv;
 	struct copy *cp = fr->copy;
@@ -141,7 +140,7 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 
 	if (!cp)
 		return k;
-	k.dist = copy_rank(e, cp);
+	k.dist = copy_rank(e, cp, ctx->gpu_keeps);
 	switch (cp->state) {
 	case TS_FLUSHED:
 	case TS_CONSUMED:
@@ -165,7 +164,7 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr)
 	}
 	if (cp->promoted)
 		k.wait = TIER_INF;
-	if (k.wait < TIER_INF && eng_protect_below && k.dist < eng_protect_below)
+	if (k.wait < TIER_INF && ctx->protect_below && k.dist < ctx->protect_below)
 		k.wait = TIER_INF;	/* needed sooner than what we prefetch */
 	return k;
 }
@@ -226,14 +225,18 @@ void eng_copy_evicted(struct copy *cp)
 }
 
 /*
- * Place cp in cache c with `size` bytes, evicting as the policy says.
- * Called with e->lock held; may drop it while waiting for flushes.
- * Returns 0, -EFBIG (bigger than the cache) or -ENOSPC (nothing can be
- * evicted: go to a slower tier).
+ * Place cp in cache c with `size` bytes, evicting as the policy says,
+ * waiting at most max_wait seconds for the chosen window's flushes.
+ * Copies whose prefetch distance is below protect_below (0: none) are not
+ * evicted: the prefetcher places a file without evicting those needed
+ * sooner.  Called with e->lock held; may drop it while waiting for
+ * flushes.  Returns 0, -EFBIG (bigger than the cache) or -ENOSPC (nothing
+ * can be evicted: go to a slower tier).
  */
 int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
-			  uint64_t size, double max_wait)
+		   uint64_t size, double max_wait, uint64_t protect_below)
 {
+	struct evict_ctx ctx = { .protect_below = protect_below };
 	double t0 = now_s(), give_up = t0 + max_wait;
 	/* what the last wait was for (copied: the copy may go meanwhile) */
 	enum tier_state bstate = TS_INIT;
@@ -262,9 +265,8 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		}
 		if (e->gpu && c == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
 			return -ENOSPC;	/* no eviction before the tier is built */
-		eng_gpu_keeps = c != e->tiers[0] ? eng_gpu_keeps_below(e) : 0;
-		ret = c->policy->choose(c, size, copy_cost, &first, &last, &wait);
-		eng_gpu_keeps = 0;
+		ctx.gpu_keeps = c != e->tiers[0] ? eng_gpu_keeps_below(e) : 0;
+		ret = c->policy->choose(c, size, copy_cost, &ctx, &first, &last, &wait);
 		if (ret)
 			return -ENOSPC;
 		for (fr = first;; fr = fr->next) {
@@ -315,7 +317,7 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 int eng_alloc(struct engine *e, struct cache *c, struct copy *cp,
 		     uint64_t size)
 {
-	return eng_alloc_wait(e, c, cp, size, 30);
+	return eng_alloc_wait(e, c, cp, size, 30, 0);
 }
 
 /* Check that [off, off + len) lies inside cp's fragment.  A transfer past

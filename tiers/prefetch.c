@@ -47,9 +47,9 @@ static int promote_gpu(struct engine *e, struct tfile *f, uint64_t dist)
 	/* the lock is dropped below: f must outlive its queue entry */
 	f->ops->get(f);
 	ret = promote_gpu_held(e, f, dist);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	f->ops->put(f);
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	return ret;
 }
 
@@ -59,6 +59,7 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	int hi = host_index(e);
 	struct cache *g = e->tiers[0];
 	struct copy *hcp = f->copy[hi], *gcp;
+	struct lease l = { .n = 0 };
 	uint64_t size = f->size;
 	int ret;
 
@@ -66,35 +67,29 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	if (!gcp)
 		return -ENOMEM;
 	gcp->file = f;
-	hcp->pins++;
-	eng_protect_below = dist + 1;
-	ret = eng_alloc_wait(e, g, gcp, size, 0.05);
-	eng_protect_below = 0;
+	lease_take(&l, hcp);	/* eng_alloc_wait() may drop the lock */
+	ret = eng_alloc_wait(e, g, gcp, size, 0.05, dist + 1);
 	if (ret) {
-		hcp->pins--;
-		pthread_cond_broadcast(&e->cond);
+		lease_release(e, &l);
 		free(gcp);
 		return ret == -EFBIG ? 0 : -ENOSPC;
 	}
 	if (f->copy[0] || f->dirty || f->copy[hi] != hcp) {	/* changed meanwhile */
-		hcp->pins--;
+		lease_release(e, &l);
 		cache_release(g, gcp);
 		free(gcp);
-		pthread_cond_broadcast(&e->cond);
 		return 0;
 	}
 	tier_set_state(&gcp->state, TS_READ_IN_PROGRESS);
 	eng_attach_copy(e, f, 0, gcp);
-	gcp->pins++;
-	pthread_mutex_unlock(&e->lock);
+	lease_take(&l, gcp);
+	eng_unlock(e);		/* under the lease of hcp and gcp */
 	ret = eng_copy_bounds(gcp, 0, size);
 	if (!ret)
 		ret = eng_copy_bounds(hcp, 0, size);
 	if (!ret)
 		ret = g->ops->write(g, gcp->frag->off, copy_ptr(hcp), size);
-	pthread_mutex_lock(&e->lock);
-	gcp->pins--;
-	hcp->pins--;
+	lease_end(e, &l);
 	if (ret || f->size != size || f->dirty) {
 		if (ret)
 			tlog(LOG_WARNING, "host -> GPU prefetch copy failed: %s", strerror(-ret));
@@ -131,6 +126,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	struct cache *c = &e->host;
 	struct copy *cp = t >= 0 ? f->copy[t] : NULL;
 	uint64_t size = f->size;
+	struct lease l;
 	int fd, ret;
 
 	if (cp) {
@@ -155,9 +151,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		return -ENOMEM;
 	cp->file = f;
 	f->ops->get(f);		/* the lock is dropped: f must outlive its entry */
-	eng_protect_below = dist + 1;
-	ret = eng_alloc_wait(e, c, cp, size, 0.05);
-	eng_protect_below = 0;
+	ret = eng_alloc_wait(e, c, cp, size, 0.05, dist + 1);
 	if (!ret && (fastest_copy(e, f) >= 0 || f->dirty || f->unlinked ||
 		     f->size != size)) {	/* a writer came first */
 		cache_release(c, cp);
@@ -165,15 +159,14 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	}
 	if (ret) {
 		free(cp);
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		f->ops->put(f);
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 		return ret < 0 ? -ENOSPC : 0;
 	}
 	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
 	eng_attach_copy(e, f, hi, cp);
-	cp->pins++;
-	pthread_mutex_unlock(&e->lock);
+	lease_begin(e, &l, cp, NULL);
 
 	fd = f->ops->data_fd(f, true);
 	if (fd < 0) {
@@ -185,16 +178,15 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		f->ops->release_data_fd(f, fd);
 	}
 
-	pthread_mutex_lock(&e->lock);
-	cp->pins--;
+	lease_end(e, &l);
 	if (ret || f->size != size || f->dirty) {
 		/* failed, or changed meanwhile: drop the copy */
 		if (ret) {
 			char nb[256];
 
-			pthread_mutex_unlock(&e->lock);
+			eng_unlock(e);
 			fname(f, nb, sizeof(nb));
-			pthread_mutex_lock(&e->lock);
+			eng_lock(e);
 			tlog(LOG_WARNING, "%s: prefetch failed: %s", nb, strerror(-ret));
 		}
 		if (f->copy[hi] == cp && cp->state == TS_READ_IN_PROGRESS) {
@@ -202,9 +194,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			eng_drop_copy(e, f, hi);
 		}
 		pthread_cond_broadcast(&e->cond);
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		f->ops->put(f);
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 		return 0;
 	}
 	cp->len = size;
@@ -213,9 +205,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	e->files_prefetched++;
 	e->bytes_prefetched += size;
 	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	f->ops->put(f);
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	return 1;
 }
 
@@ -230,7 +222,7 @@ void *eng_prefetcher_main(void *arg)
 		tlog(LOG_CRIT, "io_uring setup for prefetching failed: %s", strerror(-ret));
 		return NULL;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	while (!e->stop) {
 		struct hint *h;
 		bool did = false;
@@ -260,7 +252,7 @@ void *eng_prefetcher_main(void *arg)
 			continue;
 		cond_wait_ms(e, 50);
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	ssd_ring_exit(&ring);
 	return NULL;
 }

@@ -41,6 +41,7 @@ static void wait_filled(struct engine *e, struct tfile *f)
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
+	struct lease l;
 	ssize_t ret = 0;
 	int i;
 
@@ -48,8 +49,8 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		return -ENODEV;
 	if (off < 0)
 		return -EINVAL;
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	wait_filled(e, f);	/* a prefetch of it is running */
 	if ((uint64_t)off >= f->size)
 		goto out;
@@ -62,54 +63,37 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		if (!cp || cp->state == TS_INIT || (uint64_t)off + len > cp->len)
 			continue;
 		c = cp->cache;
-		cp->pins++;
 		c->hits++;
-		pthread_mutex_unlock(&e->lock);
+		lease_begin(e, &l, cp, NULL);
 		if (c->host_addressable)
 			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
 		else
 			ret = gpu_copy_dtod(dptr, (uint64_t)(uintptr_t)(c->base + cp->frag->off +
 								   (uint64_t)off), len);
-		pthread_mutex_lock(&e->lock);
-		cp->pins--;
-		pthread_cond_broadcast(&e->cond);
+		lease_end(e, &l);
 		ret = ret ? ret : (ssize_t)len;
 		goto out;
 	}
 	e->tiers[0]->misses++;
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	{
 		/* from the SSD (or the write-through version) via a bounce buffer */
-		const size_t chunk = 8u << 20;
-		uint8_t *b = malloc(len < chunk ? len : chunk);
 		int fd = f->shadow_fd >= 0 ? f->shadow_fd : f->ops->data_fd(f, false);
-		size_t done = 0;
 
-		ret = !b ? -ENOMEM : fd < 0 ? fd : 0;
-		while (!ret && done < len) {
-			size_t n = len - done < chunk ? len - done : chunk;
-			ssize_t r = pread(fd, b, n, off + (off_t)done);
-
-			if (r < 0) {
-				ret = -errno;
-				break;
-			}
-			if ((size_t)r < n)
-				memset(b + r, 0, n - (size_t)r);	/* hole past EOF */
-			ret = gpu_copy_htod(dptr + done, b, n);
-			done += n;
-		}
+		ret = fd < 0 ? fd :
+		      backing_move(&(struct bend){ .kind = BEND_DEV, .at = dptr },
+				   &(struct bend){ .kind = BEND_FD, .fd = fd, .at = (uint64_t)off },
+				   len, NULL);
 		if (fd >= 0 && fd != f->shadow_fd)
 			f->ops->release_data_fd(f, fd);
-		free(b);
 		ret = ret ? ret : (ssize_t)len;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 out:
 	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
 		eng_consume(e, f);
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }
 
@@ -138,8 +122,8 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 		return -ENODEV;
 	if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
 		return -EINVAL;
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	if (write) {
 		if (f->shadow_fd >= 0) {
 			ret = -EAGAIN;	/* written through: the daemon copies */
@@ -154,13 +138,13 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* not in the GPU tier */
 			goto out;
 		}
-		cp->pins++;
+		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		f->writers++;
 		e->client_writes++;
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		eng_copy_zero(cp, cp->len, off);	/* a hole before the span */
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 	} else {
 		wait_filled(e, f);	/* a prefetch of it is running */
 		if (off >= f->size)
@@ -173,7 +157,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* not in the GPU tier */
 			goto out;
 		}
-		cp->pins++;
+		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		cp->last_use = ++e->tick;
 		cp->cache->hits++;
@@ -185,8 +169,8 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 	s->write = write;
 	*cache_off = cp->frag->off + off;
 out:
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }
 
@@ -201,8 +185,8 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		return 0;
 	/* not f->lock: a write to the file may hold it while it waits for
 	 * this span to end (eng_writable_copy) */
-	pthread_mutex_lock(&e->lock);
-	cp->pins--;
+	eng_lock(e);
+	copy_unlease(e, cp);
 	cp->spans--;
 	if (s->write) {
 		/* a failed copy may have changed bytes inside the file: they
@@ -223,7 +207,7 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 			eng_consume(e, f);
 	}
 	pthread_cond_broadcast(&e->cond);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	s->cp = NULL;
 	return ret;
 }
@@ -234,7 +218,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 	struct engine *e = f->eng;
 	int i, ret = 0;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	*n = 0;
 	if ((uint64_t)off >= f->size) {
 		ret = 1;
@@ -257,7 +241,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 			break;
 		if (!cp->cache->host_addressable || (uint64_t)off + *n > cp->len)
 			continue;
-		cp->pins++;
+		copy_lease(cp);		/* until tfile_read_end() */
 		cp->readers++;	/* writers wait for it (copies_busy) */
 		cp->last_use = ++e->tick;
 		cp->cache->hits++;
@@ -271,7 +255,7 @@ out:
 	 * bytes, the restore queue and the state already say so */
 	if (ret && read_to_end(f, off, *n))
 		eng_consume(e, f);
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	return ret;
 }
 
@@ -279,23 +263,23 @@ void tfile_read_end(struct tfile *f, struct copy *pin)
 {
 	struct engine *e = f->eng;
 
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (pin) {
-		pin->pins--;
 		pin->readers--;
-		pthread_cond_broadcast(&e->cond);
+		copy_unlease(e, pin);
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 }
 
 ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
+	struct lease l;
 	ssize_t ret = 0;
 	int fd, i;
 
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	if ((uint64_t)off >= f->size)
 		goto out;
 	if ((uint64_t)off + len > f->size)
@@ -306,55 +290,37 @@ ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 		if (!cp || cp->state == TS_INIT || cp->state == TS_READ_IN_PROGRESS ||
 		    (uint64_t)off + len > cp->len)
 			continue;
-		cp->pins++;
 		cp->cache->hits++;
-		pthread_mutex_unlock(&e->lock);
+		lease_begin(e, &l, cp, NULL);
 		ret = cp->cache->ops->read(cp->cache, cp->frag->off + (uint64_t)off, buf, len);
-		pthread_mutex_lock(&e->lock);
-		cp->pins--;
-		pthread_cond_broadcast(&e->cond);
+		lease_end(e, &l);
 		ret = ret ? ret : (ssize_t)len;
 		goto out;
 	}
 	e->host.misses++;
 	if (f->shadow_fd >= 0) {
 		fd = f->shadow_fd;
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		ret = pread(fd, buf, len, off);
 		if (ret < 0)
 			ret = -errno;
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 	} else {
-		pthread_mutex_unlock(&e->lock);
+		eng_unlock(e);
 		fd = f->ops->data_fd(f, false);
 		if (fd < 0) {
 			ret = fd;
 		} else {
-			size_t done = 0;
-			while (done < len) {
-				ssize_t n = pread(fd, (char *)buf + done, len - done,
-						  off + (off_t)done);
-				if (n < 0) {
-					ret = -errno;
-					break;
-				}
-				if (n == 0) {	/* hole past the backing EOF */
-					memset((char *)buf + done, 0, len - done);
-					done = len;
-					break;
-				}
-				done += (size_t)n;
-			}
-			if (done == len)
-				ret = (ssize_t)len;
+			ret = backing_pread(fd, buf, len, off);	/* zeros past its end */
+			ret = ret ? ret : (ssize_t)len;
 			f->ops->release_data_fd(f, fd);
 		}
-		pthread_mutex_lock(&e->lock);
+		eng_lock(e);
 	}
 out:
 	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
 		eng_consume(e, f);
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }

@@ -50,7 +50,9 @@ struct tfile_ops {
 struct tfile {
 	struct engine *eng;
 	const struct tfile_ops *ops;
-	pthread_mutex_t lock;		/* orders operations on this file */
+	pthread_mutex_t lock;		/* orders operations on this file; rank
+					 * LR_TFILE (lockorder.h): the outermost
+					 * lock, taken by the tfile_* calls */
 	/* below: protected by eng->lock */
 	struct copy *copy[TIER_MAX];	/* cached copy per tier, or NULL */
 	uint64_t size;			/* logical size, authoritative if dirty */

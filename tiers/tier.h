@@ -10,10 +10,11 @@
  *
  * Locking: one engine mutex (struct engine.lock) protects every allocation
  * table, every copy's state and every file's copy pointers.  It is held for
- * bookkeeping only: bytes move with the lock dropped, under a pin
- * (copy.pins) that keeps the copy from being evicted or moved.  Per-file
- * mutexes (struct tfile.lock) order operations on one file; lock order is
- * tfile.lock -> engine.lock.
+ * bookkeeping only: bytes move with the lock dropped, under a lease
+ * (copy.pins; the rule is in engine_int.h) that keeps the copy from being
+ * evicted or moved.  Per-file mutexes (struct tfile.lock) order operations
+ * on one file.  The order of all locks, fs ones included, is in
+ * lockorder.h: tfile.lock -> fs.nslock -> fs.lock -> engine.lock.
  *
  * Nothing here depends on FUSE or CUDA: tiers/ is testable on its own.
  */
@@ -104,17 +105,26 @@ struct evict_cost {
 	uint64_t dist;
 };
 
+/*
+ * The caller's inputs to one decision besides the table (the engine's is
+ * in engine_int.h): choose() hands it to every cost() call unchanged and
+ * never looks inside.  May be NULL when cost() needs nothing.
+ */
+struct evict_ctx;
+typedef struct evict_cost (*evict_cost_fn)(struct cache *c, struct frag *fr,
+					   const struct evict_ctx *ctx);
+
 struct evict_policy {
 	const char *name;
 	/*
 	 * Pick a window of consecutive fragments [*first, *last] of the cache
 	 * whose total size is >= need and whose copies can all be evicted
-	 * eventually.  cost(frag) tells each fragment's wait and distance.
-	 * Returns 0 (and *wait_s, the window's summed wait) or -ENOSPC when
-	 * no window qualifies.  Must not modify the table.
+	 * eventually.  cost(c, frag, ctx) tells each fragment's wait and
+	 * distance.  Returns 0 (and *wait_s, the window's summed wait) or
+	 * -ENOSPC when no window qualifies.  Must not modify the table.
 	 */
-	int (*choose)(struct cache *c, uint64_t need,
-		      struct evict_cost (*cost)(struct cache *, struct frag *),
+	int (*choose)(struct cache *c, uint64_t need, evict_cost_fn cost,
+		      const struct evict_ctx *ctx,
 		      struct frag **first, struct frag **last, double *wait_s);
 };
 

@@ -37,62 +37,6 @@ static void touch_mtime(struct tfile *f)
 }
 
 /*
- * Copy the first `len` bytes of the current backing content into fd
- * (sparse-aware: holes stay holes).  Returns 0 or -errno.
- */
-static int copy_backing(struct tfile *f, int dst, uint64_t len)
-{
-	int src = f->ops->data_fd(f, false);
-	off_t pos = 0;
-	int ret = 0;
-
-	if (src < 0)
-		return src == -ENOENT ? 0 : src;
-	while ((uint64_t)pos < len) {
-		off_t data = lseek(src, pos, SEEK_DATA);
-		off_t hole;
-
-		if (data < 0 || (uint64_t)data >= len)
-			break;
-		hole = lseek(src, data, SEEK_HOLE);
-		if (hole < 0 || (uint64_t)hole > len)
-			hole = (off_t)len;
-		loff_t in = data, outp = data;
-		size_t left = (size_t)(hole - data);
-		while (left) {
-			ssize_t n = copy_file_range(src, &in, dst, &outp, left, 0);
-			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-				char buf[65536];
-				ssize_t r = pread(src, buf, left < sizeof(buf) ? left : sizeof(buf), in);
-				if (r <= 0) {
-					ret = r < 0 ? -errno : 0;
-					left = 0;
-					break;
-				}
-				if (pwrite(dst, buf, (size_t)r, outp) != r) {
-					ret = -errno;
-					break;
-				}
-				n = r;
-				in += r;
-				outp += r;
-			} else if (n < 0) {
-				ret = -errno;
-				break;
-			} else if (n == 0) {
-				break;
-			}
-			left -= (size_t)n;
-		}
-		if (ret)
-			break;
-		pos = hole;
-	}
-	f->ops->release_data_fd(f, src);
-	return ret;
-}
-
-/*
  * Switch f to write-through: a new version holding the current content
  * becomes the target of all writes.  e->lock held on entry and exit
  * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
@@ -102,51 +46,30 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	int ci = fastest_copy(e, f);
 	struct copy *cp = ci >= 0 ? f->copy[ci] : NULL;
 	bool direct, inplace;
+	struct lease l;
 	char nb[256];
 	int fd, ret = 0;
 
-	if (cp) {
-		while (cp->flushing)
-			pthread_cond_wait(&e->cond, &e->lock);
-		cp->pins++;
-	}
-	pthread_mutex_unlock(&e->lock);
+	while (cp && cp->flushing)
+		pthread_cond_wait(&e->cond, &e->lock);
+	lease_begin(e, &l, cp, NULL);
 	fd = f->ops->version_open(f, false, &direct, &inplace);
 	if (fd < 0) {
 		ret = fd;
+	} else if (cp && cp->cache->host_addressable) {
+		ret = backing_pwrite(fd, copy_ptr(cp), cp->len, 0);
 	} else if (cp) {
-		uint64_t done = 0;
-		uint8_t *bounce = cp->cache->host_addressable ? NULL : malloc(4u << 20);
-
-		if (!cp->cache->host_addressable && !bounce)
-			ret = -ENOMEM;
-		while (!ret && done < cp->len) {
-			size_t n = cp->len - done;
-			const uint8_t *src = copy_ptr(cp) + done;
-			ssize_t w;
-
-			if (bounce) {
-				n = n < (4u << 20) ? n : (4u << 20);
-				ret = cp->cache->ops->read(cp->cache, cp->frag->off + done, bounce, n);
-				src = bounce;
-			}
-			w = ret ? -1 : pwrite(fd, src, n, (off_t)done);
-			if (w < 0) {
-				ret = ret ? ret : -errno;
-				break;
-			}
-			done += (uint64_t)w;
-		}
-		free(bounce);
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
+				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						   .at = cp->frag->off },
+				   cp->len, NULL);
 	} else if (!inplace) {
-		ret = copy_backing(f, fd, f->size);
+		ret = backing_copy_file(f, fd, f->size);
 	}
 	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
 		ret = -errno;
 	fname(f, nb, sizeof(nb));
-	pthread_mutex_lock(&e->lock);
-	if (cp)
-		cp->pins--;
+	lease_end(e, &l);
 	if (ret) {
 		if (fd >= 0)
 			close(fd);
@@ -172,13 +95,13 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	uint64_t gen = f->gen;
 	int ret = 0;
 
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (durable && fdatasync(fd) < 0)
 		ret = -errno;
 	if (!ret) {
 		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (ret && ret != -ENOENT) {
 		f->flush_err = ret;
 		return ret;		/* shadow stays; fd still ours */
@@ -232,6 +155,7 @@ static uint64_t gpu_limit(struct engine *e)
  */
 struct copies_snap {
 	struct copy *cp[TIER_MAX];	/* f->copy[] before the wait */
+	struct lease l;			/* on them (and the copy being filled) */
 };
 
 /* Is a copy of f in use by a transfer that a writer must not race: being
@@ -248,13 +172,13 @@ static bool copies_busy(struct engine *e, struct tfile *f)
 	return false;
 }
 
-/* e->lock held: remember f's copies and pin them for a wait. */
+/* e->lock held: remember f's copies and lease them for a wait. */
 static void snap_pin(struct engine *e, struct tfile *f, struct copies_snap *s)
 {
+	s->l.n = 0;
 	for (int i = 0; i < TIER_MAX; i++) {
 		s->cp[i] = i < e->ntiers ? f->copy[i] : NULL;
-		if (s->cp[i])
-			s->cp[i]->pins++;
+		lease_take(&s->l, s->cp[i]);
 	}
 }
 
@@ -264,13 +188,10 @@ static bool snap_unpin_holds(struct engine *e, struct tfile *f, struct copies_sn
 {
 	bool same = true;
 
-	for (int i = 0; i < TIER_MAX; i++) {
-		if (s->cp[i])
-			s->cp[i]->pins--;
+	lease_release(e, &s->l);
+	for (int i = 0; i < TIER_MAX; i++)
 		if (i < e->ntiers && f->copy[i] != s->cp[i])
 			same = false;
-	}
-	pthread_cond_broadcast(&e->cond);
 	return same && !copies_busy(e, f);
 }
 
@@ -312,7 +233,6 @@ static bool drop_slower(struct engine *e, struct tfile *f, int t)
 static int fill_copy(struct tfile *f, struct copy *ncp, struct copy *src, uint64_t n)
 {
 	struct cache *c = ncp->cache;
-	uint64_t done = 0;
 	int fd, ret = 0;
 
 	if (!n)
@@ -332,19 +252,7 @@ static int fill_copy(struct tfile *f, struct copy *ncp, struct copy *src, uint64
 	}
 	if (fd < 0)
 		return fd;
-	while (done < n) {
-		ssize_t r = pread(fd, copy_ptr(ncp) + done, n - done, (off_t)done);
-
-		if (r < 0) {
-			ret = -errno;
-			break;
-		}
-		if (r == 0) {		/* past the backing file's end: a hole */
-			memset(copy_ptr(ncp) + done, 0, n - done);
-			break;
-		}
-		done += (uint64_t)r;
-	}
+	ret = backing_pread(fd, copy_ptr(ncp), n, 0);	/* zeros past its end */
 	f->ops->release_data_fd(f, fd);
 	return ret;
 }
@@ -373,19 +281,114 @@ static void install_copy(struct engine *e, struct tfile *f, int t, struct copy *
 	pthread_cond_broadcast(&e->cond);
 }
 
+/* What one step of eng_writable_copy() tells the next (or -errno). */
+enum wc_step {
+	WC_OK = 0,
+	WC_AGAIN,		/* f changed while the lock was dropped: plan anew */
+	WC_NOROOM,		/* the tier has no room, even by eviction */
+};
+
+/* Step 1: the tier the writable copy goes to, from f's copies now; *src
+ * is the newest content (NULL: the backing file). */
+static int wc_target(struct engine *e, struct tfile *f, uint64_t cap, uint64_t keep,
+		     bool host_only, struct copy **src)
+{
+	int hi = host_index(e), t = fastest_copy(e, f);
+
+	*src = t >= 0 ? f->copy[t] : NULL;
+	if (t < 0)	/* new content to the GPU; old content is loaded to the host */
+		t = (e->gpu && keep == 0 && cap <= gpu_limit(e)) ? 0 : hi;
+	if (t < hi && (host_only || cap > gpu_limit(e)))
+		t = hi;
+	return t;
+}
+
+/*
+ * Step 2: a new, unattached copy in tier t with room for at least cap
+ * bytes (twice the old copy when growing it: appends copy O(n) bytes),
+ * f's copies leased while eviction waits.  Returns it, or NULL with *st
+ * WC_AGAIN, WC_NOROOM or -ENOMEM.
+ */
+static struct copy *wc_place(struct engine *e, struct tfile *f, int t,
+			     struct copy *src, uint64_t cap, int *st)
+{
+	struct cache *c = e->tiers[t];
+	struct copy *cp = f->copy[t], *ncp;
+	struct copies_snap s;
+	uint64_t want = cap;
+	int ret;
+
+	ncp = calloc(1, sizeof(*ncp));
+	if (!ncp) {
+		*st = -ENOMEM;
+		return NULL;
+	}
+	ncp->file = f;
+	if (cp && cp == src && want < 2 * copy_cap(cp))
+		want = 2 * copy_cap(cp);
+	if (want > c->size || (t < host_index(e) && want > gpu_limit(e)))
+		want = cap;
+	if (src)
+		make_writable(e, src);	/* no flush may start on it now */
+	snap_pin(e, f, &s);
+	ret = eng_alloc(e, c, ncp, want);
+	if (ret && want > cap)
+		ret = eng_alloc(e, c, ncp, cap);
+	if (!snap_unpin_holds(e, f, &s)) {
+		if (!ret)
+			cache_release(c, ncp);
+		free(ncp);
+		*st = WC_AGAIN;
+		return NULL;
+	}
+	if (ret) {
+		free(ncp);
+		*st = WC_NOROOM;
+		return NULL;
+	}
+	tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
+	return ncp;
+}
+
+/*
+ * Step 3: fill ncp with the first n bytes of f's content, e->lock dropped
+ * and f's copies leased.  Returns WC_OK, or WC_AGAIN or -errno with ncp
+ * released and freed.
+ */
+static int wc_fill(struct engine *e, struct tfile *f, struct copy *ncp,
+		   struct copy *src, uint64_t n)
+{
+	struct copies_snap s;
+	bool holds;
+	int ret;
+
+	snap_pin(e, f, &s);
+	lease_take(&s.l, ncp);
+	eng_unlock(e);		/* under the lease of f's copies and ncp */
+	ret = fill_copy(f, ncp, src, n);
+	eng_lock(e);
+	holds = snap_unpin_holds(e, f, &s);
+	if (holds && !ret)
+		return WC_OK;
+	tier_set_state(&ncp->state, TS_INIT);
+	cache_release(ncp->cache, ncp);
+	free(ncp);
+	return holds ? ret : WC_AGAIN;	/* WC_AGAIN: f changed while the bytes moved */
+}
+
 /*
  * Make sure f has a writable copy of at least `cap` bytes holding the
  * first `keep` bytes of its content (keep <= cap: the rest is the
  * caller's), in state WRITE_IN_PROGRESS, in the fastest tier that can take
  * it; copies in other tiers are dropped (they are stale once the file is
  * written).  e->lock and f->lock held; e->lock is dropped while it waits.
- * Returns the copy, or NULL with *err = 0 when the file must go
- * write-through, or *err < 0 on a real error.
+ * Each step that drops the lock may find f changed (WC_AGAIN): the plan
+ * starts over.  Returns the copy, or NULL with *err = 0 when the file must
+ * go write-through, or *err < 0 on a real error.
  */
 struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
-				  uint64_t cap, uint64_t keep, int *err)
+			       uint64_t cap, uint64_t keep, int *err)
 {
-	int hi = host_index(e);
 	bool host_only = false;	/* the GPU tier had no room */
 
 	*err = 0;
@@ -393,82 +396,40 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 	if (keep > cap)
 		keep = cap;
 	for (;;) {
-		struct copies_snap s;
 		struct copy *cp, *src, *ncp;
-		struct cache *c;
-		uint64_t want, n;
-		int t, si, ret;
-		bool holds;
+		uint64_t n;
+		int t, st;
 
 		if (copies_busy(e, f)) {
 			pthread_cond_wait(&e->cond, &e->lock);
 			continue;
 		}
-		si = fastest_copy(e, f);	/* the newest content */
-		src = si >= 0 ? f->copy[si] : NULL;
-		t = si;
-		if (t < 0)	/* new content to the GPU; old content is loaded to the host */
-			t = (e->gpu && keep == 0 && cap <= gpu_limit(e)) ? 0 : hi;
-		if (t < hi && (host_only || cap > gpu_limit(e)))
-			t = hi;
+		t = wc_target(e, f, cap, keep, host_only, &src);
 		if (drop_slower(e, f, t))
 			continue;
-		c = e->tiers[t];
 		cp = f->copy[t];
 		if (cp && cp == src && (copy_cap(cp) >= cap ||
-					cache_grow_inplace(c, cp, tier_round(cap)) == 0)) {
+					cache_grow_inplace(cp->cache, cp, tier_round(cap)) == 0)) {
 			make_writable(e, cp);
 			return cp;
 		}
-
-		/* a new copy: room first (may wait), then the content */
-		ncp = calloc(1, sizeof(*ncp));
+		ncp = wc_place(e, f, t, src, cap, &st);
+		if (!ncp && st == WC_NOROOM && t < host_index(e)) {
+			host_only = true;
+			continue;
+		}
+		if (!ncp && st == WC_AGAIN)
+			continue;
 		if (!ncp) {
-			*err = -ENOMEM;
+			*err = st == WC_NOROOM ? 0 : st;	/* 0: write-through */
 			return NULL;
 		}
-		ncp->file = f;
-		want = cap;	/* grow geometrically: appends copy O(n) bytes */
-		if (cp && cp == src && want < 2 * copy_cap(cp))
-			want = 2 * copy_cap(cp);
-		if (want > c->size || (t < hi && want > gpu_limit(e)))
-			want = cap;
-		if (src)
-			make_writable(e, src);	/* no flush may start on it now */
-		snap_pin(e, f, &s);
-		ret = eng_alloc(e, c, ncp, want);
-		if (ret && want > cap)
-			ret = eng_alloc(e, c, ncp, cap);
-		if (!snap_unpin_holds(e, f, &s)) {
-			if (!ret)
-				cache_release(c, ncp);
-			free(ncp);
-			continue;	/* f changed while we waited */
-		}
-		if (ret) {
-			free(ncp);
-			if (t < hi) {
-				host_only = true;
-				continue;
-			}
-			return NULL;	/* no room anywhere: write-through */
-		}
-		tier_set_state(&ncp->state, TS_WRITE_IN_PROGRESS);
 		n = src ? (src->len < keep ? src->len : keep) : keep;
-		ncp->pins++;
-		snap_pin(e, f, &s);
-		pthread_mutex_unlock(&e->lock);
-		ret = fill_copy(f, ncp, src, n);
-		pthread_mutex_lock(&e->lock);
-		ncp->pins--;
-		holds = snap_unpin_holds(e, f, &s);
-		if (!holds || ret) {
-			tier_set_state(&ncp->state, TS_INIT);
-			cache_release(c, ncp);
-			free(ncp);
-			if (!holds)
-				continue;	/* f changed while the bytes moved */
-			*err = ret;
+		st = wc_fill(e, f, ncp, src, n);
+		if (st == WC_AGAIN)
+			continue;
+		if (st) {
+			*err = st;
 			return NULL;
 		}
 		ncp->len = n;
@@ -500,41 +461,20 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 	return gpu_copy_dtod((uint64_t)(uintptr_t)(c->base + cp->frag->off + off), dptr, len);
 }
 
-/* pwrite from device memory through a bounce buffer. */
-static ssize_t pwrite_dev(int fd, uint64_t dptr, size_t len, off_t off)
-{
-	const size_t chunk = 8u << 20;
-	uint8_t *b = malloc(len < chunk ? len : chunk);
-	size_t done = 0;
-	int ret = 0;
-
-	if (!b)
-		return -ENOMEM;
-	while (done < len && !ret) {
-		size_t n = len - done < chunk ? len - done : chunk;
-
-		ret = gpu_copy_dtoh(b, dptr + done, n);
-		if (!ret && pwrite(fd, b, n, off + (off_t)done) != (ssize_t)n)
-			ret = errno ? -errno : -EIO;
-		done += n;
-	}
-	free(b);
-	return ret ? ret : (ssize_t)len;
-}
-
 static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t len,
 			off_t off)
 {
 	struct engine *e = f->eng;
 	uint64_t end = (uint64_t)off + len;
 	struct copy *cp;
+	struct lease l;
 	ssize_t ret;
 	int err;
 
 	if (off < 0 || end < (uint64_t)off)
 		return -EINVAL;
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	if (f->shadow_fd < 0) {
 		uint64_t cap = end > f->size ? end : f->size;
 
@@ -547,8 +487,7 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 			goto out;
 		}
 		if (cp) {
-			cp->pins++;
-			pthread_mutex_unlock(&e->lock);
+			lease_begin(e, &l, cp, NULL);
 			if (trace)
 				t1 = now_s();
 			eng_copy_zero(cp, cp->len, (uint64_t)off);
@@ -559,13 +498,9 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 				     "place %.0f us, copy %.0f us", len, cp->cache->name,
 				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
 			}
-			pthread_mutex_lock(&e->lock);
-			if (ret) {
-				cp->pins--;
-				pthread_cond_broadcast(&e->cond);
+			lease_end(e, &l);	/* wakes e->cond */
+			if (ret)
 				goto out;
-			}
-			cp->pins--;
 			if (end > cp->len)
 				cp->len = end;
 			if (end > f->size)
@@ -581,15 +516,18 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 			goto out;
 	}
 	/* write-through */
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (buf) {
 		ret = pwrite(f->shadow_fd, buf, len, off);
 		if (ret < 0)
 			ret = -errno;
 	} else {
-		ret = pwrite_dev(f->shadow_fd, dptr, len, off);
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = f->shadow_fd,
+						   .at = (uint64_t)off },
+				   &(struct bend){ .kind = BEND_DEV, .at = dptr }, len, NULL);
+		ret = ret ? ret : (ssize_t)len;
 	}
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (ret < 0)
 		f->write_err = (int)ret;	/* for fsync, as write-back would */
 	if (ret > 0) {
@@ -600,8 +538,8 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		eng_mark_modified(f);
 	}
 out:
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }
 
@@ -623,8 +561,8 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 	struct copy *cp;
 	int ret = 0, err;
 
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	if (size == f->size && !f->dirty && !f->copy[host_index(e)])
 		goto out;
 	if (f->shadow_fd < 0) {
@@ -647,10 +585,10 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 		if (ret)
 			goto out;
 	}
-	pthread_mutex_unlock(&e->lock);
+	eng_unlock(e);
 	if (ftruncate(f->shadow_fd, (off_t)size) < 0)
 		ret = -errno;
-	pthread_mutex_lock(&e->lock);
+	eng_lock(e);
 	if (!ret) {
 		f->size = size;
 		eng_mark_modified(f);
@@ -658,16 +596,16 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 			ret = commit_shadow(e, f, false);
 	}
 out:
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }
 
 void tfile_open_writer(struct tfile *f)
 {
-	pthread_mutex_lock(&f->eng->lock);
+	eng_lock(f->eng);
 	f->writers++;
-	pthread_mutex_unlock(&f->eng->lock);
+	eng_unlock(f->eng);
 }
 
 /* e->lock held: one writer of f is done; the last one completes the file. */
@@ -687,11 +625,11 @@ void tfile_close_writer(struct tfile *f)
 {
 	struct engine *e = f->eng;
 
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	eng_writer_done(e, f);
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 }
 
 int tfile_fsync(struct tfile *f)
@@ -699,8 +637,8 @@ int tfile_fsync(struct tfile *f)
 	struct engine *e = f->eng;
 	int ret = 0;
 
-	pthread_mutex_lock(&f->lock);
-	pthread_mutex_lock(&e->lock);
+	tfile_lock(f);
+	eng_lock(e);
 	if (f->write_err) {		/* an earlier write failed: say so once */
 		ret = f->write_err;
 		f->write_err = 0;
@@ -732,7 +670,7 @@ int tfile_fsync(struct tfile *f)
 		pthread_cond_wait(&e->cond, &e->lock);
 	}
 out:
-	pthread_mutex_unlock(&e->lock);
-	pthread_mutex_unlock(&f->lock);
+	eng_unlock(e);
+	tfile_unlock(f);
 	return ret;
 }

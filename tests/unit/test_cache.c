@@ -360,7 +360,8 @@ static void op_evict_random(void)
 	evict_and_check(first, last);
 }
 
-static struct evict_cost tc_cost(struct cache *cc, struct frag *f)
+static struct evict_cost tc_cost(struct cache *cc, struct frag *f,
+				     const struct evict_ctx *ctx)
 {
 	struct evict_cost k = { 0, 0 };
 
@@ -390,7 +391,7 @@ static void op_policy_evict(void)
 		copies[i].cp.last_use = rnd_below(1000);
 	}
 	op_name = p->name;
-	ret = p->choose(&c, need, tc_cost, &first, &last, &w);
+	ret = p->choose(&c, need, tc_cost, NULL, &first, &last, &w);
 	ENSURE(cache_check(&c) == 0, "policy changed the table");
 	if (ret == -ENOSPC) {
 		n_nochoice++;

@@ -138,7 +138,8 @@ static struct tcopy *tc_of(struct copy *cp)
 	return (struct tcopy *)((char *)cp - offsetof(struct tcopy, cp));
 }
 
-static struct evict_cost test_cost(struct cache *cc, struct frag *f)
+static struct evict_cost test_cost(struct cache *cc, struct frag *f,
+				     const struct evict_ctx *ctx)
 {
 	struct evict_cost k = { 0, 0 };
 	struct tcopy *t;
@@ -485,7 +486,7 @@ static void check_score(uint64_t need)
 	n_min += by_min;
 
 	before_decision(&nfr, &ngp, &used);
-	ret = evict_score.choose(&c, need, test_cost, &first, &last, &ws);
+	ret = evict_score.choose(&c, need, test_cost, NULL, &first, &last, &ws);
 	after_decision("score", nfr, ngp, used);
 	if (!found) {
 		ENSURE(ret == -ENOSPC, "score: need %" PRIu64 ": got %d, brute "
@@ -594,7 +595,7 @@ static void check_order(const struct evict_policy *p, bool lru,
 
 	want = ref_order(lru, need, &wi, &wl);
 	before_decision(&nfr, &ngp, &used);
-	ret = p->choose(&c, need, test_cost, &first, &last, &ws);
+	ret = p->choose(&c, need, test_cost, NULL, &first, &last, &ws);
 	after_decision(p->name, nfr, ngp, used);
 	if (!want) {
 		ENSURE(ret == -ENOSPC, "%s: need %" PRIu64 ": got %d, want "
@@ -661,15 +662,15 @@ static void fixed_cases(void)
 		copies[i].dist = (uint64_t)i;
 	}
 	nf = 0;
-	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == -ENOSPC, "fifo with nothing ready: %d", ret);
-	ret = evict_lru.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_lru.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == -ENOSPC, "lru with nothing ready: %d", ret);
 	/* score waits: the two copies with the least wait */
 	copies[5].wait = 0.5;
 	copies[6].wait = 0.25;
 	copies[2].wait = 0.25;
-	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[5].cp.frag &&
 	       last == copies[6].cp.frag && ws > 0.75 - 1e-12 &&
@@ -679,23 +680,23 @@ static void fixed_cases(void)
 	for (i = 0; i < 8; i++)
 		copies[i].wait = 0;
 	copies[3].dist = TIER_FAR;
-	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
 	       ws == 0, "score picks the copy without a hint");
 	/* a barrier in the middle: nothing spans it */
 	copies[3].wait = TIER_INF;
-	ret = evict_score.choose(&c, 5 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 5 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == -ENOSPC, "score across a barrier: %d", ret);
-	ret = evict_score.choose(&c, 4 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 4 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[4].cp.frag &&
 	       last == copies[7].cp.frag, "score beside a barrier");
-	ret = evict_fifo.choose(&c, 4 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_fifo.choose(&c, 4 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				&ws);
 	ENSURE(ret == 0 && first == copies[4].cp.frag &&
 	       last == copies[7].cp.frag, "fifo grows right past its run");
-	ret = evict_fifo.choose(&c, 3 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_fifo.choose(&c, 3 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				&ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
 	       last == copies[2].cp.frag, "fifo from the oldest");
@@ -703,7 +704,7 @@ static void fixed_cases(void)
 	copies[1].wait = 1;
 	for (i = 0; i < 8; i++)
 		copies[i].cp.last_use = i == 6 ? 0 : 10 + (uint64_t)i;
-	ret = evict_lru.choose(&c, 3 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_lru.choose(&c, 3 * TIER_ALIGN, test_cost, NULL, &first, &last,
 			       &ws);
 	ENSURE(ret == 0 && first == copies[5].cp.frag &&
 	       last == copies[7].cp.frag, "lru grows left");
@@ -741,7 +742,7 @@ static void min_dist_case(void)
 	copies[3].dist = 20;
 	ENSURE(cache_check(&c) == 0 && c.nfrags == 4 && c.ngaps == 1,
 	       "min case: table");
-	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
 	       ws == 0, "min case: score picks [%s, %s], want the dist-20 "
@@ -751,12 +752,12 @@ static void min_dist_case(void)
 	       last == copies[3].cp.frag ? "dist 20" : "other");
 	/* with the next-needed copy hinted far, the sum decides again */
 	copies[1].dist = 30;
-	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
 	       last == copies[1].cp.frag, "min case: minima 30 > 20");
 	copies[1].dist = 20;	/* equal minima: the larger sum */
-	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
 	       last == copies[1].cp.frag, "min case: equal minima, sum");
@@ -803,23 +804,23 @@ static void no_hint_cases(void)
 		copies[i].dist = TIER_FAR;
 	}
 	/* one block: the oldest copy (seq 1, at index 3), as fifo takes */
-	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag &&
 	       ws == 0, "no hints: score picks [%d, %d], want the oldest "
 	       "copy [3]", copy_at(first), copy_at(last));
-	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_fifo.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == 0 && first == last && first == copies[3].cp.frag,
 	       "no hints: fifo picks the oldest copy");
 	/* two blocks: the window whose youngest copy is oldest, {5, 3} at
 	 * [0, 1] (fifo takes [3, 4] = {1, 7}, evicting the 2nd newest) */
-	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, &first, &last,
+	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
 	       last == copies[1].cp.frag, "no hints: score picks [%d, %d] "
 	       "for two blocks, want [0, 1]", copy_at(first), copy_at(last));
 	/* one hinted copy, even the oldest: an unhinted one goes first */
 	copies[3].dist = 2;
-	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first, &last, &ws);
+	ret = evict_score.choose(&c, TIER_ALIGN, test_cost, NULL, &first, &last, &ws);
 	ENSURE(ret == 0 && first == last && first == copies[5].cp.frag,
 	       "hint on the oldest: score picks [%d], want the oldest "
 	       "unhinted copy [5]", copy_at(first));
@@ -831,7 +832,7 @@ static void no_hint_cases(void)
 	 * lowest-offset tie-breaking kept recycling block 0 instead.
 	 */
 	for (k = 0; k < 24; k++) {
-		ret = evict_score.choose(&c, TIER_ALIGN, test_cost, &first,
+		ret = evict_score.choose(&c, TIER_ALIGN, test_cost, NULL, &first,
 					 &last, &ws);
 		ENSURE(ret == 0 && first == last, "stream %d: %d", k, ret);
 		fi = copy_at(first);
@@ -861,7 +862,8 @@ static void no_hint_cases(void)
 static struct cache tb_cache;
 static struct copy tb_copies[TB_FRAGS];
 
-static struct evict_cost tb_cost(struct cache *cc, struct frag *f)
+static struct evict_cost tb_cost(struct cache *cc, struct frag *f,
+				     const struct evict_ctx *ctx)
 {
 	struct evict_cost k = { 0, TIER_FAR };
 
@@ -876,9 +878,9 @@ static void *tb_decide(void *arg)
 	double w;
 
 	(void)arg;
-	ENSURE(evict_score.choose(&tb_cache, 8 * TIER_ALIGN, tb_cost, &first, &last, &w) == 0,
+	ENSURE(evict_score.choose(&tb_cache, 8 * TIER_ALIGN, tb_cost, NULL, &first, &last, &w) == 0,
 	       "score decision");
-	ENSURE(evict_fifo.choose(&tb_cache, 8 * TIER_ALIGN, tb_cost, &first, &last, &w) == 0,
+	ENSURE(evict_fifo.choose(&tb_cache, 8 * TIER_ALIGN, tb_cost, NULL, &first, &last, &w) == 0,
 	       "fifo decision");
 	return NULL;
 }

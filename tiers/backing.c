@@ -1,0 +1,162 @@
+/*
+ * backing.c - moving bytes where no cache tier's own copy function does:
+ * between a cache, device memory and a backing file, through one bounce
+ * buffer (backing_move), and the plain file I/O of the engine (reads that
+ * zero-fill past the end of a file, writes that write everything, the
+ * sparse copy of a backing file into a new version).
+ *
+ * Owns nothing and takes no lock: callers hold a lease on any copy they
+ * name (engine_int.h) and have dropped e->lock.  Calls the tiers' copy
+ * functions (struct tier_ops) and gpu/ (gpu_copy_*).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "gpu.h"
+
+#define BOUNCE_MAX	(8u << 20)	/* bytes per bounced chunk */
+
+int backing_pread(int fd, void *buf, size_t n, off_t off)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t r = pread(fd, (char *)buf + done, n - done, off + (off_t)done);
+
+		if (r < 0)
+			return -errno;
+		if (r == 0) {		/* past the file's end: a hole */
+			memset((char *)buf + done, 0, n - done);
+			break;
+		}
+		done += (size_t)r;
+	}
+	return 0;
+}
+
+int backing_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t w = pwrite(fd, (const char *)buf + done, n - done, off + (off_t)done);
+
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;
+		done += (size_t)w;
+	}
+	return 0;
+}
+
+/* Read n bytes at offset `at` (past the end's own start) of end b. */
+static int bend_read(const struct bend *b, uint64_t at, void *buf, size_t n)
+{
+	switch (b->kind) {
+	case BEND_CACHE:
+		return b->cache->ops->read(b->cache, b->at + at, buf, n);
+	case BEND_DEV:
+		return gpu_copy_dtoh(buf, b->at + at, n);
+	case BEND_FD:
+		return backing_pread(b->fd, buf, n, (off_t)(b->at + at));
+	}
+	return -EINVAL;
+}
+
+static int bend_write(const struct bend *b, uint64_t at, const void *buf, size_t n)
+{
+	switch (b->kind) {
+	case BEND_CACHE:
+		return b->cache->ops->write(b->cache, b->at + at, buf, n);
+	case BEND_DEV:
+		return gpu_copy_htod(b->at + at, buf, n);
+	case BEND_FD:
+		return backing_pwrite(b->fd, buf, n, (off_t)(b->at + at));
+	}
+	return -EINVAL;
+}
+
+int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
+		 uint64_t *progress)
+{
+	size_t cap = len < BOUNCE_MAX ? (size_t)len : BOUNCE_MAX;
+	uint64_t done = 0;
+	uint8_t *b;
+	int ret = 0;
+
+	if (!len)
+		return 0;
+	b = malloc(cap);
+	if (!b)
+		return -ENOMEM;
+	while (done < len && !ret) {
+		size_t n = len - done < cap ? (size_t)(len - done) : cap;
+
+		ret = bend_read(src, done, b, n);
+		if (!ret)
+			ret = bend_write(dst, done, b, n);
+		done += n;
+		if (progress)
+			__atomic_store_n(progress, done, __ATOMIC_RELAXED);
+	}
+	free(b);
+	return ret;
+}
+
+int backing_copy_file(struct tfile *f, int dst, uint64_t len)
+{
+	int src = f->ops->data_fd(f, false);
+	off_t pos = 0;
+	int ret = 0;
+
+	if (src < 0)
+		return src == -ENOENT ? 0 : src;
+	while ((uint64_t)pos < len) {
+		off_t data = lseek(src, pos, SEEK_DATA);
+		off_t hole;
+
+		if (data < 0 || (uint64_t)data >= len)
+			break;
+		hole = lseek(src, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > len)
+			hole = (off_t)len;
+		loff_t in = data, outp = data;
+		size_t left = (size_t)(hole - data);
+		while (left) {
+			ssize_t n = copy_file_range(src, &in, dst, &outp, left, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+				char buf[65536];
+				ssize_t r = pread(src, buf, left < sizeof(buf) ? left : sizeof(buf), in);
+				if (r <= 0) {
+					ret = r < 0 ? -errno : 0;
+					left = 0;
+					break;
+				}
+				if (pwrite(dst, buf, (size_t)r, outp) != r) {
+					ret = -errno;
+					break;
+				}
+				n = r;
+				in += r;
+				outp += r;
+			} else if (n < 0) {
+				ret = -errno;
+				break;
+			} else if (n == 0) {
+				break;
+			}
+			left -= (size_t)n;
+		}
+		if (ret)
+			break;
+		pos = hole;
+	}
+	f->ops->release_data_fd(f, src);
+	return ret;
+}

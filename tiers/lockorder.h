@@ -1,0 +1,62 @@
+/*
+ * lockorder.h - the locks of tierfs and the one order in which they nest.
+ *
+ * A thread holding a lock may take only locks of a higher rank.  Two locks
+ * of one rank are never held together.  This is what the code does today
+ * (the fs entries included, since fs code calls into tiers/ and tiers/
+ * calls back into fs code through struct tfile_ops):
+ *
+ * rank lock            guards                                  held while calling
+ *  1   tfile.lock      the order of operations on one file     ops->version_commit (commit_shadow:
+ *      (tiers/)        (writes, truncate, fsync, close)        writer_done, truncate, fsync),
+ *                                                              ops->version_open, ops->data_fd
+ *  2   fs.nslock       namespace changes in the backing        -
+ *      (fs/fs.h)       directory (rename, unlink, link,
+ *                      version commits)
+ *  3   fs.lock         the inode table, names, reference       tfile_destroy() (inode_free),
+ *      (fs/fs.h)       counts                                  tfile_unlinked() (name_removed)
+ *  4   engine.lock     every cache table, copy and the         ops->get (an atomic increment)
+ *      (tiers/)        tfile fields marked "eng->lock"
+ *  5   fdc.lock        the descriptor cache (fs/fs_fd.c):      nothing (innermost)
+ *      (fs/fs_fd.c)    never held with engine.lock
+ *
+ * So tfile.lock -> fs.nslock -> fs.lock -> engine.lock, and
+ * fs.nslock -> fs.lock -> fdc.lock.  Consequences:
+ *  - tiers/ never calls a tfile_ops function that may take fs.lock
+ *    (version_open, version_commit, data_fd, put, name) with engine.lock
+ *    held; references go through eng_defer_put() and are dropped by a
+ *    flusher with no lock held.
+ *  - the fs side never takes a tfile.lock itself and never calls a tfile_*
+ *    function that takes one (write, read, truncate, fsync, close_writer,
+ *    span_begin, read_dev, write_dev) while holding fs.nslock, fs.lock or
+ *    fdc.lock.
+ *  - engine threads (flushers, cascade, prefetcher) never take a
+ *    tfile.lock.
+ * share.lock (fs_share.c) and ipc_cache.lock (fs_ioctl.c) are leaves: no
+ * tiers/ call is made under them.
+ *
+ * Debug builds (NDEBUG not defined) check the order where tiers/ takes its
+ * locks: lock_rank_take() asserts that the thread holds no lock of the
+ * same or a higher rank.  fs code may call it for its own locks too.
+ */
+#ifndef TIERFS_LOCKORDER_H
+#define TIERFS_LOCKORDER_H
+
+enum lock_rank {
+	LR_TFILE = 1,		/* tfile.lock */
+	LR_FS_NS,		/* fs.nslock */
+	LR_FS,			/* fs.lock */
+	LR_ENGINE,		/* engine.lock */
+	LR_FS_FD,		/* fdc.lock */
+};
+
+#ifndef NDEBUG
+/* The thread is about to take a lock of rank r / has released it. */
+void lock_rank_take(enum lock_rank r);
+void lock_rank_drop(enum lock_rank r);
+#else
+static inline void lock_rank_take(enum lock_rank r) { (void)r; }
+static inline void lock_rank_drop(enum lock_rank r) { (void)r; }
+#endif
+
+#endif /* TIERFS_LOCKORDER_H */
