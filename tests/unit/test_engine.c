@@ -1,0 +1,373 @@
+/*
+ * test_engine.c - the engine end to end, without FUSE and without a GPU:
+ * fake tfile_ops over a temporary directory (one backing file per tfile,
+ * versions written beside it and renamed over it), the real io_uring
+ * flushers and prefetcher, a host cache much smaller than the data.
+ *
+ * Checks: writes read back (from the cache and, once evicted, from the
+ * backing files); eviction under pressure; fsync leaves the content in the
+ * backing file; a file bigger than the cache is written through; restore
+ * hints make the prefetcher bring evicted files back; truncate; several
+ * threads writing and reading at once.  Exit 0 pass, 1 fail, 77 skip (no
+ * io_uring).  Runs under ASan and TSan as built.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define FAIL(...) do {							\
+	fprintf(stderr, "test_engine: %s:%d: ", __FILE__, __LINE__);	\
+	fprintf(stderr, __VA_ARGS__);					\
+	fputc('\n', stderr);						\
+	exit(1);							\
+} while (0)
+#define ENSURE(c, ...) do { if (!(c)) FAIL(__VA_ARGS__); } while (0)
+
+#define NFILES	40
+#define FSIZE	(256u << 10)		/* bytes per file */
+#define CACHE	(4u << 20)		/* host cache: 16 files of 40 */
+#define NTHREADS 4
+
+struct tf {
+	struct tfile tf;		/* first: the engine's view */
+	char path[PATH_MAX];		/* the backing file */
+	int refs;			/* ops->get / ops->put */
+	int id;
+};
+
+static char dir[PATH_MAX];
+static struct tf files[NFILES + 1];	/* + one bigger than the cache */
+static unsigned vseq;
+
+static struct tf *tf_of(struct tfile *f)
+{
+	return (struct tf *)f;
+}
+
+static int open_maybe_direct(const char *p, int flags, bool want, bool *direct)
+{
+	int fd = want ? open(p, flags | O_DIRECT, 0644) : -1;
+
+	*direct = fd >= 0;
+	if (fd < 0)
+		fd = open(p, flags, 0644);
+	return fd < 0 ? -errno : fd;
+}
+
+static int f_version_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace)
+{
+	char p[PATH_MAX + 32];
+
+	snprintf(p, sizeof(p), "%s.v%u", tf_of(f)->path,
+		 __atomic_add_fetch(&vseq, 1, __ATOMIC_RELAXED));
+	*inplace = false;
+	return open_maybe_direct(p, O_WRONLY | O_CREAT | O_TRUNC, want_direct, direct);
+}
+
+static int f_version_commit(struct tfile *f, int fd, bool inplace, bool durable)
+{
+	char link[64], p[PATH_MAX + 32];
+	ssize_t n;
+	int ret = 0;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, p, sizeof(p) - 1);
+	if (n < 0) {
+		ret = -errno;
+		close(fd);
+		return ret;
+	}
+	p[n] = 0;
+	if (durable && fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	if (!ret && rename(p, tf_of(f)->path) < 0)
+		ret = -errno;
+	return ret;
+}
+
+static int f_data_fd(struct tfile *f, bool direct)
+{
+	bool d;
+
+	return open_maybe_direct(tf_of(f)->path, O_RDONLY, direct, &d);
+}
+
+static void f_release_data_fd(struct tfile *f, int fd)
+{
+	close(fd);
+}
+
+static void f_get(struct tfile *f)
+{
+	__atomic_add_fetch(&tf_of(f)->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+static void f_put(struct tfile *f)
+{
+	__atomic_sub_fetch(&tf_of(f)->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+static const char *f_name(struct tfile *f, char *buf, size_t len)
+{
+	snprintf(buf, len, "file%d", tf_of(f)->id);
+	return buf;
+}
+
+static const struct tfile_ops fake_ops = {
+	.version_open = f_version_open,
+	.version_commit = f_version_commit,
+	.data_fd = f_data_fd,
+	.release_data_fd = f_release_data_fd,
+	.get = f_get,
+	.put = f_put,
+	.name = f_name,
+};
+
+/* Byte i of file id's content, generation g. */
+static uint8_t pat(int id, unsigned g, uint64_t i)
+{
+	return (uint8_t)(id * 131 + g * 17 + (i >> 12) * 7 + (i & 0xff));
+}
+
+static void fill(uint8_t *b, int id, unsigned g, uint64_t off, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = pat(id, g, off + i);
+}
+
+static void check(const uint8_t *b, int id, unsigned g, uint64_t off, size_t n,
+		  const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != pat(id, g, off + i))
+			FAIL("%s: file %d byte %" PRIu64 ": %u, expected %u", what, id,
+			     off + i, b[i], pat(id, g, off + i));
+}
+
+/* Write file t (size bytes, generation g) in 64 KiB writes, as one writer. */
+static void write_file(struct tf *t, unsigned g, uint64_t size)
+{
+	static __thread uint8_t b[64 << 10];
+
+	tfile_open_writer(&t->tf);
+	ENSURE(tfile_truncate(&t->tf, 0) == 0, "truncate file %d", t->id);	/* O_TRUNC */
+	for (uint64_t off = 0; off < size; off += sizeof(b)) {
+		size_t n = size - off < sizeof(b) ? (size_t)(size - off) : sizeof(b);
+
+		fill(b, t->id, g, off, n);
+		ENSURE(tfile_write(&t->tf, b, n, (off_t)off) == (ssize_t)n,
+		       "write file %d at %" PRIu64, t->id, off);
+	}
+	tfile_close_writer(&t->tf);
+}
+
+static void read_file(struct tf *t, unsigned g, uint64_t size, const char *what)
+{
+	uint8_t *b = malloc(size + 1);
+	uint64_t sz;
+	struct timespec mt;
+
+	ENSURE(b, "malloc");
+	tfile_attr(&t->tf, &sz, &mt);
+	ENSURE(sz == size, "%s: file %d size %" PRIu64 ", expected %" PRIu64, what,
+	       t->id, sz, size);
+	ENSURE(tfile_read(&t->tf, b, size + 1, 0) == (ssize_t)size, "%s: read file %d",
+	       what, t->id);
+	check(b, t->id, g, 0, size, what);
+	free(b);
+}
+
+/* The backing file of t holds generation g. */
+static void check_backing(struct tf *t, unsigned g, uint64_t size)
+{
+	uint8_t *b = malloc(size ? size : 1);
+	int fd = open(t->path, O_RDONLY);
+	struct stat st;
+
+	ENSURE(b && fd >= 0, "open %s: %s", t->path, strerror(errno));
+	ENSURE(fstat(fd, &st) == 0 && (uint64_t)st.st_size == size,
+	       "backing file %d: %jd bytes, expected %" PRIu64, t->id,
+	       (intmax_t)st.st_size, size);
+	ENSURE(pread(fd, b, size, 0) == (ssize_t)size, "pread");
+	check(b, t->id, g, 0, size, "backing file");
+	close(fd);
+	free(b);
+}
+
+/* A counter from the stats JSON: the first "key":N after `after`. */
+static uint64_t stat_u64(struct engine *e, const char *after, const char *key)
+{
+	static char buf[8192];
+	char k[64];
+	const char *p;
+
+	ENSURE(engine_stats_json(e, buf, sizeof(buf)) > 0, "stats");
+	p = strstr(buf, after);
+	ENSURE(p, "stats: no %s in %s", after, buf);
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	p = strstr(p, k);
+	ENSURE(p, "stats: no %s in %s", key, buf);
+	return strtoull(p + strlen(k), NULL, 10);
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+struct worker {
+	struct engine *e;
+	int first;				/* files first, first + NTHREADS, ... */
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	for (int round = 0; round < 2; round++)
+		for (int i = w->first; i < NFILES; i += NTHREADS) {
+			write_file(&files[i], 2 + round, FSIZE / 2 + (uint64_t)i * 4096);
+			read_file(&files[i], 2 + round, FSIZE / 2 + (uint64_t)i * 4096,
+				  "concurrent");
+		}
+	return NULL;
+}
+
+int main(void)
+{
+	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+	struct engine_config cfg = {
+		.host_cache = CACHE, .policy = &evict_score, .flush_threads = 2,
+		.queue_depth = 8, .gpu_dev = -1,
+	};
+	struct tf *big = &files[NFILES];
+	const char *order[8];
+	struct tfile *hinted[8];
+	char names[8][16];
+	struct engine *e;
+	int ret, i;
+
+	snprintf(dir, sizeof(dir), "%s/test_engine.XXXXXX", tmp);
+	ENSURE(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
+	ret = engine_create(&e, &cfg);
+	if (ret == -ENOSYS || ret == -EPERM) {
+		fprintf(stderr, "test_engine: no io_uring (%s): skipped\n", strerror(-ret));
+		rmdir(dir);
+		return 77;
+	}
+	ENSURE(ret == 0, "engine_create: %s", strerror(-ret));
+	for (i = 0; i <= NFILES; i++) {
+		files[i].id = i;
+		snprintf(files[i].path, sizeof(files[i].path), "%.4000s/f%d", dir, i);
+		tfile_init(&files[i].tf, e, &fake_ops, 0);
+	}
+
+	/* writes, and reads while the data is cached */
+	for (i = 0; i < NFILES; i++) {
+		write_file(&files[i], 1, FSIZE);
+		read_file(&files[i], 1, FSIZE, "after write");
+	}
+	/* eviction under pressure: 10 MiB through a 4 MiB cache */
+	ENSURE(stat_u64(e, "\"host\"", "evictions") > 0, "no eviction");
+	for (i = 0; i < NFILES; i++)
+		read_file(&files[i], 1, FSIZE, "after eviction");
+
+	/* flush: fsync makes the backing file current */
+	for (i = 0; i < NFILES; i++) {
+		ENSURE(tfile_fsync(&files[i].tf) == 0, "fsync file %d", i);
+		check_backing(&files[i], 1, FSIZE);
+	}
+
+	/* bigger than the cache: written through to a shadow version */
+	write_file(big, 1, 2 * CACHE + 12345);
+	ENSURE(tfile_fsync(&big->tf) == 0, "fsync big");
+	check_backing(big, 1, 2 * CACHE + 12345);
+	ENSURE(stat_u64(e, "\"ssd\"", "files_written_through") >= 1, "no write-through");
+	read_file(big, 1, 2 * CACHE + 12345, "written through");
+
+	/* prefetch: hint the first files (evicted by now), then read them */
+	for (i = 0; i < 8; i++) {
+		snprintf(names[i], sizeof(names[i]), "f%d", i);
+		order[i] = names[i];
+		hinted[i] = &files[i].tf;
+		f_get(hinted[i]);	/* the queue takes it over */
+	}
+	ENSURE(engine_hint_append(e, 1, order, hinted, 8) == 0, "hint_append");
+	engine_prefetch_set(e, true);
+	for (i = 0; i < 500 && stat_u64(e, "\"prefetch\"", "files_prefetched") < 4; i++)
+		sleep_ms(10);
+	ENSURE(stat_u64(e, "\"prefetch\"", "files_prefetched") >= 4, "prefetched %" PRIu64,
+	       stat_u64(e, "\"prefetch\"", "files_prefetched"));
+	for (i = 0; i < 8; i++)
+		read_file(&files[i], 1, FSIZE, "prefetched");
+	ENSURE(stat_u64(e, "\"prefetch\"", "consumed") == 8, "consumed");
+
+	/* truncate */
+	ENSURE(tfile_truncate(&files[0].tf, FSIZE / 4) == 0, "truncate");
+	read_file(&files[0], 1, FSIZE / 4, "truncated");
+	ENSURE(tfile_fsync(&files[0].tf) == 0, "fsync truncated");
+	check_backing(&files[0], 1, FSIZE / 4);
+
+	/* several writers and readers at once */
+	{
+		struct worker w[NTHREADS];
+		pthread_t th[NTHREADS];
+
+		for (i = 0; i < NTHREADS; i++) {
+			w[i].e = e;
+			w[i].first = i;
+			ENSURE(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0, "thread");
+		}
+		for (i = 0; i < NTHREADS; i++)
+			pthread_join(th[i], NULL);
+	}
+	for (i = 0; i < NFILES; i++) {
+		ENSURE(tfile_fsync(&files[i].tf) == 0, "fsync file %d", i);
+		check_backing(&files[i], 3, FSIZE / 2 + (uint64_t)i * 4096);
+	}
+
+	/* the files go: their copies and hints drop their references, which
+	 * the flushers put; then nothing of the engine holds them */
+	for (i = 0; i <= NFILES; i++)
+		tfile_unlinked(&files[i].tf);
+	for (i = 0; i < 1000; i++) {
+		int held = 0;
+
+		for (int j = 0; j <= NFILES; j++)
+			held += __atomic_load_n(&files[j].refs, __ATOMIC_ACQUIRE) != 0;
+		if (!held)
+			break;
+		sleep_ms(10);
+	}
+	ENSURE(i < 1000, "references still held after 10 s");
+	for (i = 0; i <= NFILES; i++)
+		tfile_destroy(&files[i].tf);
+	engine_destroy(e);
+	{
+		DIR *d = opendir(dir);
+		struct dirent *de;
+
+		while (d && (de = readdir(d)))
+			if (de->d_name[0] != '.')
+				unlinkat(dirfd(d), de->d_name, 0);
+		if (d)
+			closedir(d);
+	}
+	ENSURE(rmdir(dir) == 0, "rmdir %s: %s", dir, strerror(errno));
+	printf("test_engine: ok\n");
+	return 0;
+}
