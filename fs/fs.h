@@ -129,6 +129,8 @@ fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
 int fs_proc_path(int fd, char *buf, size_t len);
+/* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
+void fs_redo_journal(void);
 /* The inode table, keyed by backing (st_dev, st_ino); fs.lock held. */
 void fs_table_insert(struct fs_inode *in);
 void fs_table_remove(struct fs_inode *in);

@@ -955,6 +955,7 @@ int main(int argc, char *argv[])
 	if (fs.root_fd < 0)
 		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
 	lock_backing();
+	fs_redo_journal();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
 	fs.root.dev = st.st_dev;

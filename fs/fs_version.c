@@ -5,19 +5,24 @@
  * next to the file (version_open), filled and synced by the engine, then
  * made current (version_commit) by linking it under a temporary name and
  * renaming it over the old one, so that the backing directory only ever
- * holds complete versions.  The inode moves to the new version's backing
+ * holds complete versions.  A hard-linked file's new version is copied
+ * over it through a redo journal instead (copy_journalled).  The inode moves to the new version's backing
  * object before its name does (swap_fd).
  *
  * Locking: fs.nslock is held across a commit (names steady); fs.lock only
  * around table and descriptor bookkeeping; the syscalls that change the
  * backing directory run without fs.lock (see v_commit).
  */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -25,6 +30,20 @@
 #include <unistd.h>
 
 #include "fs.h"
+
+/*
+ * Test hook: TIERFS_FAULT=POINT makes the daemon kill itself (SIGKILL) at
+ * that point, for the tests of what a restart finds.  Points:
+ * inplace_copy (half way through copying a version over a hard-linked
+ * file), new_linked (a new version linked under its temporary name, not
+ * yet renamed over the file).
+ */
+static bool fault_at(const char *point)
+{
+	const char *f = getenv("TIERFS_FAULT");
+
+	return f && strcmp(f, point) == 0;
+}
 
 static struct fs_inode *in_of(struct tfile *f)
 {
@@ -76,6 +95,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 {
 	struct fs_inode *in = in_of(f), *dir = NULL;
 	struct stat st;
+	bool gone;
 	int ret = 0, fd;
 
 	/*
@@ -86,7 +106,8 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	 */
 	*inplace = false;
 	pthread_mutex_lock(&fs.lock);
-	if (in->unlinked) {
+	gone = in->unlinked;
+	if (gone) {
 		/* anonymous storage for a file that has no name any more */
 		dir = &fs.root;
 	} else {
@@ -97,6 +118,8 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 			ret = -errno;
 		else if (st.st_nlink == 1 && in->name && in->parent)
 			dir = in->parent;
+		else		/* hard links: copied in place at commit */
+			dir = &fs.root;
 		fs_fd_release(in);
 	}
 	if (dir)
@@ -104,14 +127,9 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	pthread_mutex_unlock(&fs.lock);
 	if (ret)
 		return ret;
-	if (!dir) {
-		/* hard links: the file itself, in place */
-		*inplace = true;
-		return open_held(in, O_RDWR, want_direct, direct);
-	}
 	ret = open_held(dir, O_TMPFILE | O_RDWR, want_direct, direct);
-	if (ret < 0 && dir != &fs.root && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
-		/* no O_TMPFILE here: the file itself, in place */
+	if (ret < 0 && !gone && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
+		/* no O_TMPFILE here: the file itself, in place (not atomic) */
 		*inplace = true;
 		ret = open_held(in, O_RDWR, want_direct, direct);
 	}
@@ -171,12 +189,18 @@ static int copy_in_place(int ofd, int fd, bool durable)
 		return ret;
 	}
 	loff_t i = 0, o = 0;
-	bool plain = false;
+	bool plain = false, fault = fault_at("inplace_copy");
 	while (i < st.st_size) {
 		ssize_t n = -1;
 
+		if (fault && i >= st.st_size / 2)
+			raise(SIGKILL);
 		if (!plain) {
-			n = copy_file_range(src, &i, dst, &o, (size_t)(st.st_size - i), 0);
+			size_t len = (size_t)(st.st_size - i);
+
+			if (fault && i < st.st_size / 2)
+				len = (size_t)(st.st_size / 2 - i);
+			n = copy_file_range(src, &i, dst, &o, len, 0);
 			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
 				      errno == ENOSYS)) {
 				plain = true;
@@ -203,6 +227,280 @@ static int copy_in_place(int ofd, int fd, bool durable)
 	close(dst);
 	close(src);
 	return ret;
+}
+
+/*
+ * The redo journal of in-place copies.
+ *
+ * A file with several names cannot be replaced by a rename (the other
+ * names would keep the old version): its new version is copied over it.
+ * A kill in the middle of that copy would leave it torn, so the copy is
+ * journalled.  The complete, synced new version (an O_TMPFILE in the
+ * backing root) is linked as BACKING/.tierfs.redo.N, then a record
+ * BACKING/.tierfs.redo.N.h saying which file it is for
+ *
+ *	"tierfs-redo 1\n" DEV " " INO " " SIZE "\n" PATH
+ *
+ * (PATH relative to BACKING, to the end of the record) is written under a
+ * temporary name, synced and renamed into place: that rename is the commit
+ * point.  Then the version is copied over the file, the file is synced,
+ * the record removed and the directory synced (a record that came back
+ * after a power failure would replay an old version over a newer one),
+ * and the version removed.  fs.nslock is held throughout, so PATH keeps
+ * naming the file.
+ *
+ * At start-up, fs_redo_journal() replays every record whose version is
+ * there, complete, and whose PATH still names the file DEV INO, and
+ * removes every .tierfs.redo.* and .tierfs.new.* in BACKING: versions that
+ * were never committed.
+ */
+#define REDO_PREFIX	FS_HIDDEN_PREFIX ".redo."
+#define NEW_PREFIX	FS_HIDDEN_PREFIX ".new."
+#define REDO_MAGIC	"tierfs-redo 1\n"
+
+static bool has_prefix(const char *s, const char *prefix)
+{
+	return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* fd's path relative to the backing root into rel (NUL-terminated), or -errno. */
+static int rel_path(int fd, char *rel, size_t len)
+{
+	char proc[64], root[PATH_MAX], path[PATH_MAX];
+	ssize_t rn, pn;
+
+	fs_proc_path(fs.root_fd, proc, sizeof(proc));
+	rn = readlink(proc, root, sizeof(root) - 1);
+	fs_proc_path(fd, proc, sizeof(proc));
+	pn = readlink(proc, path, sizeof(path) - 1);
+	if (rn <= 0 || pn <= 0)
+		return -errno;
+	root[rn] = path[pn] = 0;
+	if (strcmp(root, "/") == 0)
+		rn = 0;
+	if (strncmp(path, root, (size_t)rn) || path[rn] != '/' || !path[rn + 1] ||
+	    (size_t)(pn - rn) > len)
+		return -ENOENT;		/* elsewhere, or " (deleted)" */
+	memcpy(rel, path + rn + 1, (size_t)(pn - rn));
+	return 0;
+}
+
+/* Write the record of version `vname` for old (at rel) as `rname`, durably. */
+static int redo_record(const char *rname, const struct stat *old, uint64_t size,
+		       const char *rel)
+{
+	char tmp[128], head[128];
+	int fd, ret = 0, hn;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", rname);
+	hn = snprintf(head, sizeof(head), REDO_MAGIC "%ju %ju %" PRIu64 "\n",
+		      (uintmax_t)old->st_dev, (uintmax_t)old->st_ino, size);
+	fd = fs_fd_openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return fd;
+	if (write(fd, head, (size_t)hn) != hn || write(fd, rel, strlen(rel)) != (ssize_t)strlen(rel))
+		ret = errno ? -errno : -EIO;
+	if (!ret && fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	if (!ret && renameat(fs.root_fd, tmp, fs.root_fd, rname) < 0)
+		ret = -errno;
+	if (ret)
+		unlinkat(fs.root_fd, tmp, 0);
+	return ret;
+}
+
+static int sync_root(void)
+{
+	int dfd = fs_fd_openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+	int ret = 0;
+
+	if (dfd < 0)
+		return dfd;
+	if (fsync(dfd) < 0)
+		ret = -errno;
+	close(dfd);
+	return ret;
+}
+
+/* The record is gone for good (synced), then its version. */
+static void redo_done(const char *vname, const char *rname)
+{
+	unlinkat(fs.root_fd, rname, 0);
+	sync_root();
+	unlinkat(fs.root_fd, vname, 0);
+}
+
+/*
+ * Copy version fd over the file ofd (held; old: its stat) through the
+ * journal.  dir/name: a name of it (may be NULL).  fs.nslock held.
+ */
+static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int fd,
+			   const struct stat *old)
+{
+	static unsigned long counter;
+	char rel[PATH_MAX], vname[96], rname[104], path[64];
+	struct stat st;
+	int ret = -ENOENT;
+
+	if (dir && name) {
+		int pfd = fs_fd_hold(dir);
+		struct stat nst;
+
+		if (pfd >= 0 && fstatat(pfd, name, &nst, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    nst.st_ino == old->st_ino && nst.st_dev == old->st_dev) {
+			rel[0] = 0;
+			ret = dir == &fs.root ? 0 : rel_path(pfd, rel, sizeof(rel) - NAME_MAX - 2);
+			if (!ret && rel[0])
+				strcat(rel, "/");
+			if (!ret)
+				strncat(rel, name, NAME_MAX);
+		}
+		fs_fd_release(dir);
+	}
+	if (ret)
+		ret = rel_path(ofd, rel, sizeof(rel));
+	if (ret) {
+		tlog(LOG_WARNING, "inode %ju: no name found for its journal: its new "
+		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
+		return copy_in_place(ofd, fd, true);
+	}
+	if (fsync(fd) < 0 || fstat(fd, &st) < 0)
+		return -errno;
+	unsigned long n = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+	snprintf(vname, sizeof(vname), REDO_PREFIX "%lx.%lu", (unsigned long)getpid(), n);
+	snprintf(rname, sizeof(rname), "%s.h", vname);
+	fs_proc_path(fd, path, sizeof(path));
+	if (linkat(AT_FDCWD, path, fs.root_fd, vname, AT_SYMLINK_FOLLOW) < 0) {
+		ret = -errno;
+		tlog(LOG_WARNING, "%s: cannot journal its new version (%s): copied in "
+		     "place unjournalled", rel, strerror(-ret));
+		return copy_in_place(ofd, fd, true);
+	}
+	ret = redo_record(rname, old, (uint64_t)st.st_size, rel);
+	if (!ret)
+		ret = sync_root();
+	if (ret) {
+		unlinkat(fs.root_fd, rname, 0);
+		unlinkat(fs.root_fd, vname, 0);
+		return ret;
+	}
+	ret = copy_in_place(ofd, fd, true);
+	if (ret) {
+		/* the record stays: the next start-up finishes the copy */
+		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); "
+		     "journalled as %s", rel, strerror(-ret), rname);
+		return ret;
+	}
+	redo_done(vname, rname);
+	return 0;
+}
+
+/* Replay record `rname` (see above) if it is complete and still applies. */
+static void redo_one(int dfd, const char *rname)
+{
+	char buf[PATH_MAX + 128], vname[96], *rel, *end;
+	uintmax_t dev, ino;
+	uint64_t size;
+	struct stat vst, tst;
+	ssize_t n;
+	int rfd, vfd = -1, tfd = -1, ret;
+
+	snprintf(vname, sizeof(vname), "%.*s", (int)(strlen(rname) - 2), rname);
+	rfd = openat(dfd, rname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (rfd < 0)
+		return;
+	n = read(rfd, buf, sizeof(buf) - 1);
+	close(rfd);
+	if (n <= 0)
+		goto bad;
+	buf[n] = 0;
+	if (!has_prefix(buf, REDO_MAGIC) ||
+	    sscanf(buf + strlen(REDO_MAGIC), "%ju %ju %" SCNu64, &dev, &ino, &size) != 3)
+		goto bad;
+	end = strchr(buf + strlen(REDO_MAGIC), '\n');
+	if (!end || !end[1])
+		goto bad;
+	rel = end + 1;
+	vfd = openat(dfd, vname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (vfd < 0 || fstat(vfd, &vst) < 0 || (uint64_t)vst.st_size != size) {
+		tlog(LOG_ERR, "journal %s: its version %s is %s; %s keeps what it holds",
+		     rname, vname, vfd < 0 ? "missing" : "incomplete", rel);
+		goto drop;
+	}
+	tfd = openat(dfd, rel, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (tfd < 0 || fstat(tfd, &tst) < 0 || tst.st_ino != (ino_t)ino ||
+	    tst.st_dev != (dev_t)dev || !S_ISREG(tst.st_mode)) {
+		tlog(LOG_WARNING, "journal %s: %s is no longer the file it was written "
+		     "for; not replayed", rname, rel);
+		goto drop;
+	}
+	ret = copy_in_place(tfd, vfd, true);
+	if (ret) {
+		tlog(LOG_ERR, "journal %s: cannot finish the update of %s: %s (kept; "
+		     "retried at the next start)", rname, rel, strerror(-ret));
+		goto out;
+	}
+	tlog(LOG_NOTICE, "%s: finished an update cut short by the previous daemon's "
+	     "end (%" PRIu64 " bytes)", rel, size);
+drop:
+	redo_done(vname, rname);
+out:
+	if (vfd >= 0)
+		close(vfd);
+	if (tfd >= 0)
+		close(tfd);
+	return;
+bad:
+	tlog(LOG_WARNING, "journal %s: unreadable record; removed", rname);
+	goto drop;
+}
+
+void fs_redo_journal(void)
+{
+	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	char **names = NULL;
+	size_t n = 0, cap = 0, i;
+	DIR *d;
+
+	if (dfd < 0 || !(d = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		tlog(LOG_ERR, "cannot read the backing directory for its journal: %s",
+		     strerror(errno));
+		return;
+	}
+	while ((de = readdir(d))) {
+		if (!has_prefix(de->d_name, REDO_PREFIX) && !has_prefix(de->d_name, NEW_PREFIX))
+			continue;
+		if (n == cap) {
+			char **nn = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof(*nn));
+
+			if (!nn)
+				break;
+			names = nn;
+		}
+		if (!(names[n] = strdup(de->d_name)))
+			break;
+		n++;
+	}
+	for (i = 0; i < n; i++) {
+		size_t l = strlen(names[i]);
+
+		if (has_prefix(names[i], REDO_PREFIX) && l > 2 && !strcmp(names[i] + l - 2, ".h"))
+			redo_one(dirfd(d), names[i]);
+	}
+	for (i = 0; i < n; i++) {	/* versions never committed */
+		size_t l = strlen(names[i]);
+
+		if (!(has_prefix(names[i], REDO_PREFIX) && l > 2 &&
+		      !strcmp(names[i] + l - 2, ".h")))
+			unlinkat(dirfd(d), names[i], 0);
+		free(names[i]);
+	}
+	free(names);
+	closedir(d);
 }
 
 /*
@@ -295,9 +593,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		goto out_locked;
 	}
 	if (old.st_nlink > 1 || !name) {
-		/* hard-linked since the version was started, or no name of
-		 * it is known: copy it in place */
-		ret = copy_in_place(ofd, fd, durable);
+		/* hard-linked, or no name of it is known: copy it in place */
+		ret = copy_journalled(dir, name, ofd, fd, &old);
 		fs_fd_release(in);
 		goto out_close;
 	}
@@ -313,7 +610,18 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
 		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	if (linkat(AT_FDCWD, path, pfd, tmp, AT_SYMLINK_FOLLOW) < 0) {
+	/*
+	 * The temporary name is in the backing root, where the next start-up
+	 * removes it if a kill comes before the rename (fs_redo_journal); in
+	 * the file's own directory only where that is another file system.
+	 */
+	int tdir = fs.root_fd, r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
+
+	if (r < 0 && errno == EXDEV) {
+		tdir = pfd;
+		r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
+	}
+	if (r < 0) {
 		ret = -errno;
 		fs_fd_release(dir);
 		goto out_close;
@@ -327,7 +635,9 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
 	 * stays an unnamed one.
 	 */
-	int nfd = fs_fd_openat(pfd, tmp, O_PATH | O_NOFOLLOW, 0);
+	if (fault_at("new_linked"))
+		raise(SIGKILL);
+	int nfd = fs_fd_openat(tdir, tmp, O_PATH | O_NOFOLLOW, 0);
 	if (nfd >= 0) {
 		close(fd);
 		fd = nfd;
@@ -336,11 +646,11 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	swap_fd(in, fd, closing);
 	pthread_mutex_unlock(&fs.lock);
 	fd = -1;
-	if (renameat(pfd, tmp, pfd, name) < 0) {
+	if (renameat(tdir, tmp, pfd, name) < 0) {
 		int back[2] = { -1, -1 };
 
 		ret = -errno;
-		unlinkat(pfd, tmp, 0);
+		unlinkat(tdir, tmp, 0);
 		/* the name keeps the old version: the inode goes back to it */
 		nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
 		if (nfd >= 0) {

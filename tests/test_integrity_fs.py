@@ -327,3 +327,108 @@ def test_daemon_out_of_descriptors_is_emfile(mount):
         p = os.path.join(d, f"d{i}", "f")
         util.write_file(p, b"x" * i)
         assert util.read_file(p) == b"x" * i
+
+
+def test_hardlinked_rewrite_survives_kill(tmp_path, monkeypatch):
+    """A file with two names cannot be replaced by a rename: its new version
+    is copied over it in place.  A kill in the middle of that copy must not
+    leave it torn (half new, half old): after the restart both names read
+    one whole version (the new one: it was journalled before the copy), and
+    the journal is gone from the backing directory."""
+    util.require_daemon("kills the daemon")
+    size = 8 * MiB
+    old, new = b"\x01" * size, b"\x02" * size
+    m = util.Mount(tmp_path).start()
+    a, b = os.path.join(m.mnt, "a"), os.path.join(m.mnt, "b")
+    with open(a, "wb") as f:
+        f.write(old)
+        os.fsync(f.fileno())
+    os.link(a, b)
+    m.umount()
+
+    monkeypatch.setenv("TIERFS_FAULT", "inplace_copy")
+    m.start()
+    try:
+        with open(a, "r+b") as f:
+            f.write(new)
+            os.fsync(f.fileno())
+    except OSError:
+        pass                    # the daemon died under the fsync
+    assert m.wait_death() == -9, m.log(tail=50)
+    monkeypatch.delenv("TIERFS_FAULT")
+
+    m.start()
+    for path in (a, b):
+        with open(path, "rb") as f:
+            got = f.read()
+        assert len(got) == size
+        ones = got.count(1)
+        assert got == new, (f"{os.path.basename(path)} after the kill: {ones} bytes of "
+                            f"the old version, {size - ones} of the new one")
+    assert os.stat(a).st_ino == os.stat(b).st_ino
+    assert "finished an update cut short" in m.log(), m.log(tail=20)
+    m.umount()
+    left = [n for n in os.listdir(m.backing) if n.startswith(".tierfs")]
+    assert left == [], left
+
+
+def test_kill_before_rename_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A new version is linked under a temporary name, then renamed over the
+    file.  A kill in between must leave the old version under the file's
+    name and, after the restart, no temporary name anywhere in the backing
+    directory (its blocks would be lost for good)."""
+    util.require_daemon("kills the daemon")
+    m = util.Mount(tmp_path).start()
+    os.mkdir(os.path.join(m.mnt, "d"))
+    path = os.path.join(m.mnt, "d", "a")
+    with open(path, "wb") as f:
+        f.write(b"\x01" * MiB)
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "new_linked")
+    m.start()
+    try:
+        with open(path, "r+b") as f:
+            f.write(b"\x02" * MiB)
+            os.fsync(f.fileno())
+    except OSError:
+        pass
+    assert m.wait_death() == -9, m.log(tail=50)
+    monkeypatch.delenv("TIERFS_FAULT")
+    m.start()
+    with open(path, "rb") as f:
+        assert f.read() == b"\x01" * MiB
+    m.umount()
+    left = [os.path.join(d, n) for d, _, names in os.walk(m.backing)
+            for n in names if n.startswith(".tierfs")]
+    assert left == [], left
+
+
+def test_startup_drops_uncommitted_journal_entries(tmp_path):
+    """What a previous daemon left half done: a version whose record was
+    never written, a record that cannot be read, a record for a file that
+    has been replaced since.  None of it may touch a file; all of it goes."""
+    util.require_daemon("reads the daemon log")
+    m = util.Mount(tmp_path)
+    b = m.backing
+    with open(os.path.join(b, "f"), "wb") as f:
+        f.write(b"keep")
+    st = os.stat(os.path.join(b, "f"))
+    with open(os.path.join(b, ".tierfs.redo.1.1"), "wb") as f:
+        f.write(b"orphan version")
+    with open(os.path.join(b, ".tierfs.redo.1.2.h"), "wb") as f:
+        f.write(b"garbage\n")
+    with open(os.path.join(b, ".tierfs.redo.1.3"), "wb") as f:
+        f.write(b"XXXX")
+    with open(os.path.join(b, ".tierfs.redo.1.3.h"), "wb") as f:
+        f.write(f"tierfs-redo 1\n{st.st_dev} {st.st_ino + 12345} 4\nf".encode())
+    with open(os.path.join(b, ".tierfs.new.1.1"), "wb") as f:
+        f.write(b"never renamed")
+    m.expect_errors()
+    m.start()
+    with open(os.path.join(m.mnt, "f"), "rb") as f:
+        assert f.read() == b"keep"
+    log = m.log()
+    assert "unreadable record" in log and "no longer the file" in log, log
+    m.umount()
+    left = sorted(n for n in os.listdir(b) if n.startswith(".tierfs"))
+    assert left == [], left

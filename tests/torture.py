@@ -1672,6 +1672,14 @@ class Run:
             return
         if not self.failures:
             self.check_tree(self.mount.backing, results, "backing directory after unmount")
+        if not self.failures:
+            # tierfs's own names (new versions, the journal, the lock) are
+            # gone after a clean unmount, kills before it or not
+            left = [os.path.join(d, n) for d, _, names in os.walk(self.mount.backing)
+                    for n in names if n.startswith(".tierfs")]
+            if left:
+                self.fail(f"backing directory after unmount: tierfs left {sorted(left)[:10]}"
+                          f" ({len(left)} names)")
 
     def check_tree(self, root, results, what):
         names = Names(self.cfg.nworkers, self.cfg.shared)

@@ -313,6 +313,22 @@ class Mount:
         if problems:
             raise DaemonError("\n".join(problems) + "\n" + self.log(tail=200))
 
+    def wait_death(self, timeout=60):
+        """Wait for the daemon to kill itself (a TIERFS_FAULT point) and detach
+        the dead mount; its death is not held against it."""
+        require_daemon("kills the daemon")
+        proc = self.proc
+        assert proc is not None, "daemon not running"
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DaemonError(f"the daemon did not reach its fault point in {timeout}s\n"
+                              f"{self.log(tail=50)}")
+        self.runs[-1][3] = "SIGKILL"
+        self.proc = None
+        lazy_umount(self.mnt)
+        return proc.returncode
+
     # -- checks
     def _run_problems(self, run):
         cmd, logpath, proc, how = run
