@@ -123,17 +123,36 @@ extern struct fs fs;
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 extern const struct tfile_ops fs_tfile_ops;
 
-/* fs_ops.c */
+/* fs_inode.c: the inode table, names, lookups (fs.lock: see the top) */
 struct fs_inode *fs_inode_of(fuse_ino_t ino);
 fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
+void fs_maybe_free(struct fs_inode *in);	/* fs.lock held: free it if unused */
 int fs_proc_path(int fd, char *buf, size_t len);
-/* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
-void fs_redo_journal(void);
+/* .tierfs*: reserved in every directory, never shown through the mount */
+bool fs_hidden_name(const char *name);
+int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */
+/* The key that names directory `dir` in the restore queue. */
+uint64_t fs_dir_key(const struct fs_inode *dir);
 /* The inode table, keyed by backing (st_dev, st_ino); fs.lock held. */
+struct fs_inode *fs_table_find(dev_t dev, ino_t ino);
 void fs_table_insert(struct fs_inode *in);
 void fs_table_remove(struct fs_inode *in);
+/* A regular file's names (fs.lock held): its name, its aliases. */
+void fs_set_name(struct fs_inode *in, struct fs_inode *parent, const char *name);
+void fs_drop_aliases(struct fs_inode *in);
+void fs_add_name(struct fs_inode *in, struct fs_inode *parent, const char *name);
+bool fs_move_name(struct fs_inode *in, struct fs_inode *parent, const char *name,
+		  struct fs_inode *np, const char *nn);
+/* stat of in as the mount shows it (size and mtime from the engine). */
+int fs_stat_inode(struct fs_inode *in, struct stat *st);
+/* Look parent/name up, making its inode known (+1 kernel reference).
+ * fs.nslock not held. */
+int fs_lookup(struct fs_inode *parent, const char *name, struct fuse_entry_param *e);
+void fs_forget_one(fuse_ino_t ino, uint64_t n);
+/* chown a new backing object to the request's caller. */
+void fs_own_new(struct fs_inode *parent, const char *name, fuse_req_t req);
 /* The file `name` in dir, referenced, or NULL if there is none yet;
  * -EINVAL if it is not a regular file. */
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
@@ -141,6 +160,30 @@ int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
  * written.  give_up: log each of those with its size and drop its cached
  * data, so that the engine can stop (unmount always ends). */
 int fs_sync_all(bool give_up);
+
+/* fs_loop.c: serve requests until unmount or a signal; the I/O of the
+ * session (set with fuse_session_custom_io before the loop). */
+int fs_run_loop(void);
+#define FS_POLL_US_DEFAULT	200	/* -o poll_us default... */
+#define FS_POLL_MIN_CPUS	8	/* ...on machines with this many CPUs */
+extern const struct fuse_custom_io fs_io;
+
+/* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
+void fs_redo_journal(void);
+
+/* fs_file.c: the content handlers of fs_ll_ops */
+void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		  struct fuse_file_info *fi);
+void fs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		struct fuse_file_info *fi);
+void fs_ll_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		 struct fuse_file_info *fi);
+void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t length,
+		     struct fuse_file_info *fi);
 
 /* In a polling loop: let the other hardware thread of the core run. */
 static inline void fs_cpu_relax(void)
@@ -221,8 +264,8 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		 size_t in_bufsz, size_t out_bufsz);
 /* Close the cached IPC mappings; after the session loop has returned. */
 void fs_ioctl_shutdown(void);
-/* The GPU wrote [off, off + n) of ino (from device address src): drop the
- * kernel's cached pages and attributes, tell it a grown size. */
+/* fs_file.c: the GPU wrote [off, off + n) of ino (from device address src):
+ * drop the kernel's cached pages and attributes, tell it a grown size. */
 void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off, uint64_t n,
 		       uint64_t before);
 

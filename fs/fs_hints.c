@@ -24,11 +24,6 @@
 #include "fs_hints.h"
 #include "tierfs.h"
 
-uint64_t fs_dir_key(const struct fs_inode *dir)
-{
-	return (uint64_t)dir->ino ^ ((uint64_t)dir->dev << 44) ^ ((uint64_t)dir->dev >> 20);
-}
-
 /* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
 static bool utf8_ok(const unsigned char *s, size_t n)
 {

@@ -15,7 +15,5 @@ int fs_hints_get(struct fs_inode *in, const char *name, char *buf, size_t len);
 
 /* Remove a user.tierfs.* attribute (restore_order: drop the entries). */
 int fs_hints_remove(struct fs_inode *in, const char *name);
-/* The key that names directory `dir` in the restore queue. */
-uint64_t fs_dir_key(const struct fs_inode *dir);
 
 #endif

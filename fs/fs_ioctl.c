@@ -280,44 +280,6 @@ void fs_ioctl_shutdown(void)
 		entry_close(dead[i]);
 }
 
-/*
- * Tell the kernel that the GPU wrote [off, off + n) of ino behind its back,
- * from device address src: drop its cached pages of the range and its
- * cached attributes, and when the write grew the file past `before` (the
- * size before it) grow the kernel's size too.  Without the writeback cache
- * (the default) the kernel takes the size from the next getattr once its
- * attributes are dropped.  With it (-o writeback) the kernel keeps a
- * regular file's size itself and never takes the daemon's; storing the
- * file's new last byte into its page cache moves it (forward only; an
- * empty store does not).  The notifications are done when they return, so
- * before the reply.
- */
-void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
-		       uint64_t n, uint64_t before)
-{
-	struct fuse_bufvec last = FUSE_BUFVEC_INIT(1);
-	uint8_t byte;
-	int ret;
-
-	if (fs.opts.writeback && off + n > before) {
-		ret = gpu_copy_dtoh(&byte, src + n - 1, 1);
-		if (!ret) {
-			last.buf[0].mem = &byte;
-			ret = fuse_lowlevel_notify_store(fs.se, ino,
-							 (off_t)(off + n - 1),
-							 &last, 0);
-		}
-		if (ret && ret != -ENOENT)
-			tlog(LOG_WARNING, "gpu ioctl: cannot tell the kernel the "
-			     "new size: %s", strerror(-ret));
-	}
-	ret = fuse_lowlevel_notify_inval_inode(fs.se, ino, (off_t)off,
-					       (off_t)n);
-	if (ret && ret != -ENOENT)
-		tlog(LOG_WARNING, "gpu ioctl: cannot drop the kernel's cached "
-		     "pages: %s", strerror(-ret));
-}
-
 /* The checks that need no GPU; 0 or a positive errno. */
 static int check_request(struct fs_inode *in, bool write,
 			 const struct fuse_file_info *fi,

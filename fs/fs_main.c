@@ -1,8 +1,8 @@
 /*
  * fs_main.c - the tierfs daemon: options, start-up checks (one daemon per
  * backing directory), where messages go (stderr, syslog, -o logfile), the
- * mount, the multithreaded FUSE loop, and the orderly shutdown that
- * flushes every cached file to the backing directory.
+ * mount, and the orderly shutdown that flushes every cached file to the
+ * backing directory.  The request loop is in fs_loop.c.
  */
 #include <errno.h>
 #include <poll.h>
@@ -266,242 +266,6 @@ static void raise_nofile(void)
 	}
 }
 
-/*
- * The request loop.  Instead of libfuse's loop, a fixed pool of workers,
- * each with a receive buffer of its own that is allocated once and, with
- * a GPU tier, registered with CUDA once: writes then copy host -> device
- * from pinned memory.  Signals go to the main thread only.
- */
-#define FS_WORKERS	16
-#define FS_RECV_SIZE	((1u << 20) + (64u << 10))	/* > libfuse's bufsize */
-
-/*
- * Direct I/O with mmap.  Handles opened with FOPEN_DIRECT_IO skip the
- * page cache (one copy from the cache to the reader's buffer instead of
- * page-cache allocation and two copies), but a kernel refuses MAP_SHARED
- * mmap of them unless the daemon answers FUSE_INIT with
- * FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+; the kernel then writes back and
- * invalidates mmap()ed pages around direct reads and writes).  libfuse
- * 3.14 cannot ask for it (its capability word is 32 bits), so the INIT
- * reply is amended on its way out: the request is noted when it arrives
- * (its unique id, and whether the kernel offers the flag), and our writev
- * sets the flag in the reply with that id.  fs.dio_mmap says it was done;
- * open() uses direct I/O for every handle only then.
- */
-#ifndef FUSE_DIRECT_IO_ALLOW_MMAP
-#define FUSE_DIRECT_IO_ALLOW_MMAP	(1ULL << 36)
-#endif
-
-static uint64_t init_unique;		/* FUSE_INIT's id, while pending */
-
-static void note_init(const void *mem, size_t len)
-{
-	const struct fuse_in_header *h = mem;
-	const struct fuse_init_in *in = (const void *)(h + 1);
-
-	if (len < sizeof(*h) + offsetof(struct fuse_init_in, flags2) + sizeof(in->flags2) ||
-	    h->opcode != FUSE_INIT)
-		return;
-	if ((in->flags & FUSE_INIT_EXT) && (in->flags2 & (FUSE_DIRECT_IO_ALLOW_MMAP >> 32)))
-		__atomic_store_n(&init_unique, h->unique, __ATOMIC_RELEASE);
-}
-
-static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
-{
-	uint64_t id = __atomic_load_n(&init_unique, __ATOMIC_ACQUIRE);
-
-	(void)userdata;
-	if (id && count >= 2 && iov[0].iov_len >= sizeof(struct fuse_out_header)) {
-		struct fuse_out_header *oh = iov[0].iov_base;
-		struct fuse_init_out *out = iov[1].iov_base;
-
-		if (oh->unique == id) {
-			if (!oh->error && iov[1].iov_len >= offsetof(struct fuse_init_out, flags2) +
-							     sizeof(out->flags2)) {
-				out->flags |= FUSE_INIT_EXT;
-				out->flags2 |= (uint32_t)(FUSE_DIRECT_IO_ALLOW_MMAP >> 32);
-				fs.dio_mmap = true;
-				tlog(LOG_INFO, "kernel mmaps direct-I/O files: %s",
-				     fs.opts.direct_reads ? "reads bypass the page cache"
-							  : "but no_direct_reads is set");
-			}
-			__atomic_store_n(&init_unique, 0, __ATOMIC_RELEASE);
-		}
-	}
-	return writev(fd, iov, count);
-}
-
-/*
- * Polling for the next request (-o poll_us).  A worker that sleeps in
- * read() on /dev/fuse for a while takes 50-500 us to wake when a request
- * comes, on an idle machine (more than a 128 MiB device copy takes).  So
- * the worker that finishes a request, if no other worker is polling,
- * polls /dev/fuse for poll_us before it sleeps: a request that follows
- * within that time (the ioctl after an open, a read after a stat) is
- * picked up at once.  One worker polls at a time; the cost is at most
- * poll_us of one CPU after each request.
- */
-#define POLL_US_DEFAULT	200
-#define POLL_MIN_CPUS	8		/* ...on machines with this many CPUs */
-
-static int polling;			/* atomic: a worker polls */
-
-static void poll_for_request(int fd)
-{
-	if (fs.opts.poll_us > 0 && !__atomic_exchange_n(&polling, 1, __ATOMIC_ACQUIRE)) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		double until = fs_now() + fs.opts.poll_us * 1e-6;
-
-		while (poll(&p, 1, 0) == 0 && fs_now() < until)
-			fs_cpu_relax();
-		__atomic_store_n(&polling, 0, __ATOMIC_RELEASE);
-	}
-}
-
-static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
-{
-	(void)userdata;
-	poll_for_request(fd);
-	return read(fd, buf, len);
-}
-
-static ssize_t io_splice(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
-			 unsigned int flags, void *userdata)
-{
-	(void)userdata;
-	return splice(fdin, offin, fdout, offout, len, flags);
-}
-
-static ssize_t io_splice_receive(int fdin, off_t *offin, int fdout, off_t *offout,
-				 size_t len, unsigned int flags, void *userdata)
-{
-	poll_for_request(fdin);
-	return io_splice(fdin, offin, fdout, offout, len, flags, userdata);
-}
-
-static const struct fuse_custom_io fs_io = {
-	.writev = io_writev,
-	.read = io_read,
-	.splice_receive = io_splice_receive,
-	.splice_send = io_splice,
-};
-
-/* Requests that take longer are logged (level info), with their opcode. */
-#define SLOW_REQUEST_S	0.05
-
-struct fs_worker {
-	pthread_t th;			/* the thread */
-	struct fuse_buf buf;		/* its receive buffer */
-	bool registered;		/* buf.mem is pinned */
-};
-
-static void *worker_main(void *arg)
-{
-	struct fs_worker *w = arg;
-	sigset_t all;
-	double t0;
-	int res, old;
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, NULL);
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-	while (!fuse_session_exited(fs.se)) {
-		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
-		res = fuse_session_receive_buf(fs.se, &w->buf);
-		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-		if (res == -EINTR || res == -EAGAIN)
-			continue;
-		if (res <= 0) {
-			if (res < 0 && res != -ENODEV)
-				tlog(LOG_ERR, "reading /dev/fuse: %s", strerror(-res));
-			fuse_session_exit(fs.se);
-			break;
-		}
-		if (!(w->buf.flags & FUSE_BUF_IS_FD))
-			note_init(w->buf.mem, (size_t)res);
-		t0 = fs_now();
-		fuse_session_process_buf(fs.se, &w->buf);
-		t0 = fs_now() - t0;
-		if (t0 > SLOW_REQUEST_S && !(w->buf.flags & FUSE_BUF_IS_FD))
-			tlog(LOG_INFO, "slow request: opcode %u took %.0f ms",
-			     ((const struct fuse_in_header *)w->buf.mem)->opcode, t0 * 1e3);
-	}
-	return NULL;
-}
-
-/*
- * The kernel gives a FUSE mount 128 KiB of readahead; sequential reads of
- * cached checkpoints run much faster with more (bench/RESULTS.md).  Needs
- * the loop running: stat() of the mount point is a request to us.
- */
-static void set_readahead(void)
-{
-	char path[128], val[32];
-	struct stat st;
-	int fd;
-
-	if (fs.opts.readahead_kb <= 0 || stat(fs.opts.mountpoint, &st) < 0)
-		return;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 major(st.st_dev), minor(st.st_dev));
-	snprintf(val, sizeof(val), "%d", fs.opts.readahead_kb);
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0 || write(fd, val, strlen(val)) < 0)
-		tlog(LOG_INFO, "cannot set readahead to %d KiB (%s): %s", fs.opts.readahead_kb,
-		     path, strerror(errno));
-	if (fd >= 0)
-		close(fd);
-}
-
-static int run_loop(void)
-{
-	struct fs_worker *w = calloc(FS_WORKERS, sizeof(*w));
-	int i, n = 0, pinned = 0;
-
-	if (!w)
-		return -ENOMEM;
-	for (i = 0; i < FS_WORKERS; i++) {
-		w[i].buf.mem = aligned_alloc(4096, FS_RECV_SIZE);
-		w[i].buf.size = FS_RECV_SIZE;
-		if (!w[i].buf.mem)
-			break;
-		memset(w[i].buf.mem, 0, FS_RECV_SIZE);		/* fault it in */
-		if (pthread_create(&w[i].th, NULL, worker_main, &w[i]) != 0) {
-			free(w[i].buf.mem);
-			break;
-		}
-		n++;
-	}
-	/* last: faulting the host cache in and loading the CUDA driver stall
-	 * thread creation (see engine_start_background) */
-	engine_start_background(fs.eng);
-	set_readahead();
-	while (n && !fuse_session_exited(fs.se)) {
-		/* the GPU tier comes up in the background: pin the request
-		 * buffers once, when it is there */
-		if (pinned == 0 && engine_has_gpu(fs.eng)) {
-			for (i = 0; i < n; i++)
-				if (gpu_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
-					w[i].registered = true;
-					pinned++;
-				}
-			tlog(LOG_INFO, "%d request buffers pinned for host -> GPU copies", pinned);
-			if (!pinned)
-				pinned = -1;	/* do not try again */
-		}
-		usleep(20 * 1000);	/* signals and worker exits end this */
-	}
-	for (i = 0; i < n; i++)
-		pthread_cancel(w[i].th);
-	for (i = 0; i < n; i++) {
-		pthread_join(w[i].th, NULL);
-		if (w[i].registered)
-			gpu_host_unregister(w[i].buf.mem);
-		free(w[i].buf.mem);
-	}
-	free(w);
-	return n ? 0 : -EAGAIN;
-}
 
 /*
  * Where messages go.  tierfs_log() writes to stderr until the daemon is
@@ -849,12 +613,136 @@ static void daemon_ready(void)
 	ready_pipe = -1;
 }
 
+/* The options that configure the engine, checked (exits on a bad one). */
+static void check_options(struct engine_config *ecfg, uint64_t ram)
+{
+	ecfg->host_cache = ram / 4;
+	if (host_cache_str && (parse_size(host_cache_str, ram, &ecfg->host_cache) ||
+			       ecfg->host_cache < TIER_ALIGN))
+		die("bad host_cache '%s': give a size like 512M, 8G or 25%%%s", host_cache_str, "");
+	if (ecfg->host_cache > ram)
+		die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
+	ecfg->policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
+	if (!ecfg->policy)
+		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
+	if (fs.opts.flush_threads < 0 || fs.opts.flush_threads > 64)
+		die("flush_threads must be 1..64%s%s", "", "");
+	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
+		die("readahead_kb must be 0..65536%s%s", "", "");
+	if (fs.opts.poll_us == -1)	/* default: where a CPU can be spared */
+		fs.opts.poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= FS_POLL_MIN_CPUS ?
+				 FS_POLL_US_DEFAULT : 0;
+	if (fs.opts.poll_us < 0 || fs.opts.poll_us > 100000)
+		die("poll_us must be 0..100000%s%s", "", "");
+	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
+		die("queue_depth must be 1..256%s%s", "", "");
+	if (exit_timeout_str) {
+		char *end;
+
+		errno = 0;
+		exit_timeout = strtol(exit_timeout_str, &end, 10);
+		if (errno || end == exit_timeout_str || *end || exit_timeout < 0 ||
+		    exit_timeout > 7 * 24 * 3600)
+			die("exit_timeout must be 0..604800 seconds, not '%s'%s",
+			    exit_timeout_str, "");
+	}
+	ecfg->flush_threads = fs.opts.flush_threads;
+	ecfg->queue_depth = (unsigned)fs.opts.queue_depth;
+	ecfg->hugepages = true;
+	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
+		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
+	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") != 0) {
+		char *end;
+		long dev = strtol(fs.opts.gpu, &end, 10);
+
+		if (*end || dev < 0)
+			die("bad gpu '%s': a device number or none%s", fs.opts.gpu, "");
+	}
+}
+
+/*
+ * The backing directory: checked, locked (one daemon), what a killed
+ * daemon left finished (fs_redo_journal), the root inode and the table.
+ */
+static void open_backing(void)
+{
+	struct stat st;
+
+	if (stat(fs.opts.backing, &st) < 0)
+		die("cannot use backing directory %s: %s", fs.opts.backing, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		die("backing directory %s is not a directory%s", fs.opts.backing, "");
+	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
+		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
+	check_mountpoint(&st);
+	if (stat(fs.opts.mountpoint, &st) < 0 || !S_ISDIR(st.st_mode))
+		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
+
+	umask(0);
+	raise_nofile();
+	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fs.root_fd < 0)
+		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	lock_backing();
+	fs_redo_journal();
+	fstat(fs.root_fd, &st);
+	fs.root.fd = fs.root_fd;
+	fs.root.dev = st.st_dev;
+	fs.root.ino = st.st_ino;
+	fs.root.type = S_IFDIR;
+	fs.root.data_fd = -1;
+	fs.root.nlookup = 2;
+	pthread_mutex_init(&fs.lock, NULL);
+	pthread_mutex_init(&fs.nslock, NULL);
+	fs.hsize = 1024;
+	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
+	if (!fs.htab)
+		die("out of memory%s%s", "", "");
+	if (fs.opts.max_fds < 0 || (fs.opts.max_fds > 0 && fs.opts.max_fds < 16))
+		die("max_fds must be 16 or more%s%s", "", "");
+	fs_fd_setup(fs.opts.max_fds);
+}
+
+/* The engine (host cache, flushers; the GPU tier where there is one). */
+static int start_engine(struct engine_config *ecfg)
+{
+	char sz[32];
+	int ret;
+
+	/* GPU tier: the engine builds it when a GPU is usable */
+	ecfg->gpu_dev = -1;
+	ecfg->gpu_cache = fs.opts.gpu_cache;
+	ecfg->gpu_share = fs.opts.gpu_share;
+	ecfg->later = true;		/* fs_run_loop starts the background work */
+	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
+		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
+	} else if (!gpu_built()) {
+		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
+	} else {
+		/* built in the background; the engine logs what it found */
+		ecfg->gpu_dev = fs.opts.gpu ? atoi(fs.opts.gpu) : 0;
+	}
+
+	ret = engine_create(&fs.eng, ecfg);
+	if (ret) {
+		tlog(LOG_ERR, "cannot create the cache: %s", strerror(-ret));
+		return ret;
+	}
+	uint64_t hc = engine_host_cache_size(fs.eng);
+	if (hc >= (1ull << 30))
+		snprintf(sz, sizeof(sz), "%.1f GiB", (double)hc / (1 << 30));
+	else
+		snprintf(sz, sizeof(sz), "%.0f MiB", (double)hc / (1 << 20));
+	tlog(LOG_NOTICE, "host cache: %s%s, eviction %s, backing %s", sz,
+	     host_cache_str ? "" : " (default: 25% of RAM)", ecfg->policy->name,
+	     fs.opts.backing);
+	return 0;
+}
+
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct engine_config ecfg = { 0 };
-	struct stat st;
-	char sz[32];
 	uint64_t ram = total_ram();
 	int ret = 1, level;
 
@@ -897,81 +785,8 @@ int main(int argc, char *argv[])
 			die("cannot open log file '%s': %s", logfile_path, strerror(-r));
 	}
 
-	ecfg.host_cache = ram / 4;
-	if (host_cache_str && (parse_size(host_cache_str, ram, &ecfg.host_cache) ||
-			       ecfg.host_cache < TIER_ALIGN))
-		die("bad host_cache '%s': give a size like 512M, 8G or 25%%%s", host_cache_str, "");
-	if (ecfg.host_cache > ram)
-		die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
-	ecfg.policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
-	if (!ecfg.policy)
-		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
-	if (fs.opts.flush_threads < 0 || fs.opts.flush_threads > 64)
-		die("flush_threads must be 1..64%s%s", "", "");
-	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
-		die("readahead_kb must be 0..65536%s%s", "", "");
-	if (fs.opts.poll_us == -1)	/* default: where a CPU can be spared */
-		fs.opts.poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= POLL_MIN_CPUS ? POLL_US_DEFAULT : 0;
-	if (fs.opts.poll_us < 0 || fs.opts.poll_us > 100000)
-		die("poll_us must be 0..100000%s%s", "", "");
-	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
-		die("queue_depth must be 1..256%s%s", "", "");
-	if (exit_timeout_str) {
-		char *end;
-
-		errno = 0;
-		exit_timeout = strtol(exit_timeout_str, &end, 10);
-		if (errno || end == exit_timeout_str || *end || exit_timeout < 0 ||
-		    exit_timeout > 7 * 24 * 3600)
-			die("exit_timeout must be 0..604800 seconds, not '%s'%s",
-			    exit_timeout_str, "");
-	}
-	ecfg.flush_threads = fs.opts.flush_threads;
-	ecfg.queue_depth = (unsigned)fs.opts.queue_depth;
-	ecfg.hugepages = true;
-	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
-		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
-	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") != 0) {
-		char *end;
-		long dev = strtol(fs.opts.gpu, &end, 10);
-
-		if (*end || dev < 0)
-			die("bad gpu '%s': a device number or none%s", fs.opts.gpu, "");
-	}
-
-	if (stat(fs.opts.backing, &st) < 0)
-		die("cannot use backing directory %s: %s", fs.opts.backing, strerror(errno));
-	if (!S_ISDIR(st.st_mode))
-		die("backing directory %s is not a directory%s", fs.opts.backing, "");
-	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
-		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
-	check_mountpoint(&st);
-	if (stat(fs.opts.mountpoint, &st) < 0 || !S_ISDIR(st.st_mode))
-		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
-
-	umask(0);
-	raise_nofile();
-	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (fs.root_fd < 0)
-		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
-	lock_backing();
-	fs_redo_journal();
-	fstat(fs.root_fd, &st);
-	fs.root.fd = fs.root_fd;
-	fs.root.dev = st.st_dev;
-	fs.root.ino = st.st_ino;
-	fs.root.type = S_IFDIR;
-	fs.root.data_fd = -1;
-	fs.root.nlookup = 2;
-	pthread_mutex_init(&fs.lock, NULL);
-	pthread_mutex_init(&fs.nslock, NULL);
-	fs.hsize = 1024;
-	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
-	if (!fs.htab)
-		die("out of memory%s%s", "", "");
-	if (fs.opts.max_fds < 0 || (fs.opts.max_fds > 0 && fs.opts.max_fds < 16))
-		die("max_fds must be 16 or more%s%s", "", "");
-	fs_fd_setup(fs.opts.max_fds);
+	check_options(&ecfg, ram);
+	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fuse_opt_add_arg(&args, "-ofsname=tierfs");
@@ -1009,41 +824,15 @@ int main(int argc, char *argv[])
 		tlog(LOG_WARNING, "chdir /: %s", strerror(errno));
 	lock_note();			/* the daemon's PID */
 
-	/* GPU tier: the engine builds it when a GPU is usable */
-	ecfg.gpu_dev = -1;
-	ecfg.gpu_cache = fs.opts.gpu_cache;
-	ecfg.gpu_share = fs.opts.gpu_share;
-	ecfg.later = true;		/* run_loop starts the background work */
-	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
-		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
-	} else if (!gpu_built()) {
-		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
-	} else {
-		/* built in the background; the engine logs what it found */
-		ecfg.gpu_dev = fs.opts.gpu ? atoi(fs.opts.gpu) : 0;
-	}
-
-	ret = engine_create(&fs.eng, &ecfg);
-	if (ret) {
-		tlog(LOG_ERR, "cannot create the cache: %s", strerror(-ret));
+	if (start_engine(&ecfg)) {
 		fuse_session_unmount(fs.se);
 		ret = 1;
 		goto out_signals;
 	}
-	uint64_t hc = engine_host_cache_size(fs.eng);
-	if (hc >= (1ull << 30))
-		snprintf(sz, sizeof(sz), "%.1f GiB", (double)hc / (1 << 30));
-	else
-		snprintf(sz, sizeof(sz), "%.0f MiB", (double)hc / (1 << 20));
-	tlog(LOG_NOTICE, "host cache: %s%s, eviction %s, backing %s", sz,
-	     host_cache_str ? "" : " (default: 25% of RAM)", ecfg.policy->name,
-	     fs.opts.backing);
-
-
 	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
 		fs_share_start();	/* failing, the daemon copies */
 	daemon_ready();
-	ret = run_loop() ? 1 : 0;	/* a signal is an orderly stop */
+	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
 	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
 	fuse_session_unmount(fs.se);

@@ -525,6 +525,91 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
 }
 
 /*
+ * Link version fd (consumed) under a temporary name and rename it over
+ * dir/name, moving in to it first.  fs.nslock held.  closing: the fds that
+ * swap_fd replaced, for the caller to close; *dfd: with durable, the
+ * directory for the caller to sync.
+ */
+static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name, int fd,
+		     bool durable, int closing[2], int *dfd)
+{
+	static unsigned long counter;
+	char path[64], tmp[64];
+	int ret = 0, pfd, nfd;
+
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0) {
+		ret = pfd;
+		goto out;
+	}
+	fs_proc_path(fd, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
+		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+	/*
+	 * The temporary name is in the backing root, where the next start-up
+	 * removes it if a kill comes before the rename (fs_redo_journal); in
+	 * the file's own directory only where that is another file system.
+	 */
+	int tdir = fs.root_fd, r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
+
+	if (r < 0 && errno == EXDEV) {
+		tdir = pfd;
+		r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
+	}
+	if (r < 0) {
+		ret = -errno;
+		goto out;
+	}
+	/*
+	 * The inode moves to the new version before its name does: a stat
+	 * of it in between sees the new version under its temporary name
+	 * (one link), never the old one renamed over (no link left).  A
+	 * lookup of the name in between finds the old version under a key
+	 * the table no longer has, and looks again under fs.nslock, which
+	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
+	 * stays an unnamed one.
+	 */
+	if (fault_at("new_linked"))
+		raise(SIGKILL);
+	nfd = fs_fd_openat(tdir, tmp, O_PATH | O_NOFOLLOW, 0);
+	if (nfd >= 0) {
+		close(fd);
+		fd = nfd;
+	}
+	pthread_mutex_lock(&fs.lock);
+	swap_fd(in, fd, closing);
+	pthread_mutex_unlock(&fs.lock);
+	fd = -1;
+	if (renameat(tdir, tmp, pfd, name) < 0) {
+		int back[2] = { -1, -1 };
+
+		ret = -errno;
+		unlinkat(tdir, tmp, 0);
+		/* the name keeps the old version: the inode goes back to it */
+		nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
+		if (nfd >= 0) {
+			pthread_mutex_lock(&fs.lock);
+			swap_fd(in, nfd, back);
+			pthread_mutex_unlock(&fs.lock);
+			for (int i = 0; i < 2; i++)
+				if (back[i] >= 0)
+					close(back[i]);
+		}
+		goto out;
+	}
+	if (durable) {		/* synced by the caller */
+		*dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
+		if (*dfd < 0)
+			ret = *dfd;
+	}
+out:
+	fs_fd_release(dir);
+	if (fd >= 0)
+		close(fd);
+	return ret;
+}
+
+/*
  * Make version fd (an O_TMPFILE, or with inplace the file itself) current.
  *
  * Locking: fs.nslock, which every change of the backing namespace takes
@@ -538,11 +623,10 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
 	struct fs_inode *in = in_of(f), *dir = NULL;
-	char path[64], tmp[64], *name = NULL;
-	static unsigned long counter;
+	char *name = NULL;
 	struct stat old;
 	bool unlinked, open;
-	int ret = 0, ofd, dfd = -1, pfd, closing[2] = { -1, -1 };
+	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
 		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
@@ -590,7 +674,9 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 			goto out_close;
 		}
 		swap_fd(in, fd, closing);
-		goto out_locked;
+		pthread_mutex_unlock(&fs.lock);
+		fd = -1;
+		goto out_close;
 	}
 	if (old.st_nlink > 1 || !name) {
 		/* hard-linked, or no name of it is known: copy it in place */
@@ -601,78 +687,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	copy_attrs(in, ofd, fd, &old);
 	fs_fd_release(in);
 
-	pfd = fs_fd_hold(dir);
-	if (pfd < 0) {
-		ret = pfd;
-		fs_fd_release(dir);
-		goto out_close;
-	}
-	fs_proc_path(fd, path, sizeof(path));
-	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
-		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	/*
-	 * The temporary name is in the backing root, where the next start-up
-	 * removes it if a kill comes before the rename (fs_redo_journal); in
-	 * the file's own directory only where that is another file system.
-	 */
-	int tdir = fs.root_fd, r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
-
-	if (r < 0 && errno == EXDEV) {
-		tdir = pfd;
-		r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
-	}
-	if (r < 0) {
-		ret = -errno;
-		fs_fd_release(dir);
-		goto out_close;
-	}
-	/*
-	 * The inode moves to the new version before its name does: a stat
-	 * of it in between sees the new version under its temporary name
-	 * (one link), never the old one renamed over (no link left).  A
-	 * lookup of the name in between finds the old version under a key
-	 * the table no longer has, and looks again under fs.nslock, which
-	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
-	 * stays an unnamed one.
-	 */
-	if (fault_at("new_linked"))
-		raise(SIGKILL);
-	int nfd = fs_fd_openat(tdir, tmp, O_PATH | O_NOFOLLOW, 0);
-	if (nfd >= 0) {
-		close(fd);
-		fd = nfd;
-	}
-	pthread_mutex_lock(&fs.lock);
-	swap_fd(in, fd, closing);
-	pthread_mutex_unlock(&fs.lock);
-	fd = -1;
-	if (renameat(tdir, tmp, pfd, name) < 0) {
-		int back[2] = { -1, -1 };
-
-		ret = -errno;
-		unlinkat(tdir, tmp, 0);
-		/* the name keeps the old version: the inode goes back to it */
-		nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
-		if (nfd >= 0) {
-			pthread_mutex_lock(&fs.lock);
-			swap_fd(in, nfd, back);
-			pthread_mutex_unlock(&fs.lock);
-			for (int i = 0; i < 2; i++)
-				if (back[i] >= 0)
-					close(back[i]);
-		}
-		fs_fd_release(dir);
-		goto out_close;
-	}
-	if (durable) {		/* synced at the end */
-		dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
-		if (dfd < 0)
-			ret = dfd;
-	}
-	fs_fd_release(dir);
-	pthread_mutex_lock(&fs.lock);
-out_locked:
-	pthread_mutex_unlock(&fs.lock);
+	ret = rename_in(in, dir, name, fd, durable, closing, &dfd);
 	fd = -1;
 out_close:
 	if (fd >= 0)
