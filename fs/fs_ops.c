@@ -268,19 +268,20 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct fuse_entry_param e;
 	int ret = fs_check_new_name(newname), fd, pfd;
 
-	pthread_mutex_lock(&fs.nslock);
-	pthread_mutex_lock(&fs.lock);
+	pthread_mutex_lock(&fs.nslock);	/* the syscall without fs.lock */
 	fd = fs_fd_hold(in);
 	pfd = fs_fd_hold(p);
 	if (!ret)
 		ret = fd < 0 ? fd : pfd < 0 ? pfd : 0;
 	if (!ret && linkat(fd, "", pfd, newname, AT_EMPTY_PATH) < 0)
 		ret = -errno;
-	if (!ret)
+	if (!ret) {
+		pthread_mutex_lock(&fs.lock);
 		fs_add_name(in, p, newname);
+		pthread_mutex_unlock(&fs.lock);
+	}
 	fs_fd_release(p);
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.lock);
 	pthread_mutex_unlock(&fs.nslock);
 	if (ret) {
 		fuse_reply_err(req, -ret);
@@ -346,48 +347,46 @@ static void put_child(struct fs_inode *in)
 	}
 }
 
-static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+/*
+ * unlink and rmdir.  fs.nslock keeps the name's object steady (every
+ * namespace change takes it, and a lookup makes a new inode only with it:
+ * fs_lookup), so the syscall runs without fs.lock: it needs a journal
+ * handle, which can wait for a commit, and fs.lock is every lookup's,
+ * open's and release's.
+ */
+static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
 	int ret = 0, pfd, fd;
 
 	pthread_mutex_lock(&fs.nslock);
-	pthread_mutex_lock(&fs.lock);
 	pfd = fs_fd_hold(p);
+	pthread_mutex_lock(&fs.lock);
 	in = find_child(pfd, name, &fd);
+	pthread_mutex_unlock(&fs.lock);
 	if (pfd < 0)
 		ret = pfd;
-	else if (unlinkat(pfd, name, 0) < 0)
+	else if (unlinkat(pfd, name, flags) < 0)
 		ret = -errno;
-	else if (in)
+	if (!ret && in) {
+		pthread_mutex_lock(&fs.lock);
 		name_removed(in, fd, p, name);
-	pthread_mutex_unlock(&fs.lock);
+		pthread_mutex_unlock(&fs.lock);
+	}
 	pthread_mutex_unlock(&fs.nslock);
 	fs_fd_release(p);
 	put_child(in);
 	fuse_reply_err(req, -ret);
 }
 
+static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	remove_name(req, parent, name, 0);
+}
+
 static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	struct fs_inode *p = fs_inode_of(parent), *in;
-	int ret = 0, pfd, fd;
-
-	pthread_mutex_lock(&fs.nslock);
-	pthread_mutex_lock(&fs.lock);
-	pfd = fs_fd_hold(p);
-	in = find_child(pfd, name, &fd);
-	if (pfd < 0)
-		ret = pfd;
-	else if (unlinkat(pfd, name, AT_REMOVEDIR) < 0)
-		ret = -errno;
-	else if (in)
-		name_removed(in, fd, p, name);
-	pthread_mutex_unlock(&fs.lock);
-	pthread_mutex_unlock(&fs.nslock);
-	fs_fd_release(p);
-	put_child(in);
-	fuse_reply_err(req, -ret);
+	remove_name(req, parent, name, AT_REMOVEDIR);
 }
 
 static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
@@ -402,20 +401,21 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fuse_reply_err(req, -ret);
 		return;
 	}
+	/* the syscall without fs.lock: see remove_name */
 	pthread_mutex_lock(&fs.nslock);
-	pthread_mutex_lock(&fs.lock);
 	pfd = fs_fd_hold(p);
 	npfd = fs_fd_hold(np);
+	pthread_mutex_lock(&fs.lock);
 	src = find_child(pfd, name, &sfd);
 	dst = find_child(npfd, newname, &dfd);
-	if (pfd < 0 || npfd < 0) {
+	pthread_mutex_unlock(&fs.lock);
+	if (pfd < 0 || npfd < 0)
 		ret = pfd < 0 ? pfd : npfd;
-		goto out;
-	}
-	if (renameat2(pfd, name, npfd, newname, flags) < 0) {
+	else if (renameat2(pfd, name, npfd, newname, flags) < 0)
 		ret = -errno;
+	pthread_mutex_lock(&fs.lock);
+	if (ret)
 		goto out;
-	}
 	if (src == dst)
 		goto out;	/* two names of one file: nothing changed */
 	if (flags & RENAME_EXCHANGE) {
