@@ -322,6 +322,11 @@ class Mount:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            self.runs[-1][3] = "SIGKILL"
+            self.proc = None
+            lazy_umount(self.mnt)
             raise DaemonError(f"the daemon did not reach its fault point in {timeout}s\n"
                               f"{self.log(tail=50)}")
         self.runs[-1][3] = "SIGKILL"
