@@ -600,3 +600,39 @@ def test_read_while_flushing(mount):
     m.umount()
     for i in range(4):
         assert os.path.getsize(j(m.backing, f"fresh{i}")) == 8 * MiB
+
+
+def test_read_that_waited_for_a_prefetch_is_late_not_a_hit(mount):
+    """A read of a file whose prefetch is still copying it in waits for the
+    SSD: the statistics count it as late, never as a hit (issue 18: the
+    counters said every restore was a hit while restores ran at SSD speed)."""
+    m = mount(host_cache="1G")
+    d = j(m.mnt, "ck")
+    os.mkdir(d)
+    size = 512 * MiB
+    with open(j(d, "big"), "wb") as f:
+        block = randbytes(MiB, random.Random(7))
+        for _ in range(size // MiB):
+            f.write(block)
+    m.remount()                                 # empty caches, flushed file
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")                          # the prefetch reads the disk
+    set_order(d, ["big"])
+    before = stats(m)["tiers"]
+    os.setxattr(d, PREFETCH, b"start")
+    deadline = time.monotonic() + 30
+    while "READ_IN_PROGRESS" not in states(j(d, "big")).values():
+        assert time.monotonic() < deadline, "the prefetch never started"
+        if any(s in READABLE for s in states(j(d, "big")).values()):
+            pytest.skip("the prefetch finished before it could be seen running")
+        time.sleep(0.001)
+    fd = os.open(j(d, "big"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == block[:4096]
+    finally:
+        os.close(fd)
+    after = stats(m)["tiers"]
+    delta = {k: sum(after[t].get(k, 0) - before[t].get(k, 0) for t in after)
+             for k in ("hits", "late", "misses")}
+    assert delta["hits"] == 0, f"a read that waited for the prefetch counted as a hit: {delta}"
+    assert delta["late"] == 1, delta

@@ -84,7 +84,8 @@ def assert_size(text, want, what):
 SIZE = r"(?:[0-9.]+ (?:B|KiB|MiB|GiB|TiB)|-)"
 ROW = re.compile(rf"^(?P<tier>\S+)\s+(?P<capacity>{SIZE})\s+(?P<used>{SIZE})\s+"
                  r"(?P<usedpct>[0-9.]+%|-)\s+(?P<frags>\d+|-)\s+(?P<gaps>\d+|-)\s+"
-                 r"(?P<hits>\d+|-)\s+(?P<misses>\d+|-)\s+(?P<hitpct>[0-9.]+%|-)\s+"
+                 r"(?P<hits>\d+|-)\s+(?P<late>\d+|-)\s+(?P<misses>\d+|-)\s+"
+                 r"(?P<hitpct>[0-9.]+%|-)\s+"
                  r"(?P<evictions>\d+|-)\s+(?P<policy>\S+)(?:\s+(?P<notes>.*))?$")
 
 
@@ -134,7 +135,7 @@ def test_table_after_write(tfs):
     rows = tier_rows(out)
     assert list(rows) == list(st["tiers"]), f"tier rows {list(rows)} in:\n{out}"
     assert "host" in rows
-    total_reads = sum(t["hits"] + t["misses"] for t in st["tiers"].values())
+    total_reads = sum(t["hits"] + t["late"] + t["misses"] for t in st["tiers"].values())
     assert total_reads >= 1, "the read of f never reached the daemon"
     for name, row in rows.items():
         t = st["tiers"][name]
@@ -142,7 +143,7 @@ def test_table_after_write(tfs):
         assert_size(row["used"], t["used"], f"{name} used")
         assert float(row["usedpct"][:-1]) == pytest.approx(100 * t["used"] / t["capacity"],
                                                            abs=0.051)
-        for k in ("fragments", "gaps", "hits", "misses", "evictions"):
+        for k in ("fragments", "gaps", "hits", "late", "misses", "evictions"):
             col = {"fragments": "frags"}.get(k, k)
             assert int(row[col]) == t[k], f"{name} {k}: {row[col]} vs {t[k]}"
         assert float(row["hitpct"][:-1]) == pytest.approx(100 * t["hits"] / total_reads,

@@ -406,11 +406,12 @@ static void cache_json(struct cache *c, char *buf, size_t len, size_t *at)
 	*at += (size_t)snprintf(buf + *at, *at < len ? len - *at : 0,
 		"\"%s\":{\"capacity\":%" PRIu64 ",\"usable\":%" PRIu64
 		",\"used\":%" PRIu64 ",\"fragments\":%" PRIu64 ",\"gaps\":%" PRIu64
-		",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"evictions\":%" PRIu64
+		",\"hits\":%" PRIu64 ",\"late\":%" PRIu64 ",\"misses\":%" PRIu64
+		",\"evictions\":%" PRIu64
 		",\"evicted_bytes\":%" PRIu64 ",\"evicted_queued\":%" PRIu64
 		",\"policy\":\"%s\"}",
 		c->name, c->size, c->usable, c->used, c->nfrags, c->ngaps,
-		c->hits, c->misses, c->evictions, c->evicted_bytes, c->evicted_queued,
+		c->hits, c->late, c->misses, c->evictions, c->evicted_bytes, c->evicted_queued,
 		c->policy->name);
 }
 

@@ -23,9 +23,15 @@
 #include "engine_int.h"
 #include "gpu.h"
 
-/* e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS). */
-static void wait_filled(struct engine *e, struct tfile *f)
+/*
+ * e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS).
+ * Returns whether it waited: a read served after such a wait is counted
+ * late, not a hit (it waited for the SSD, only less than a miss does).
+ */
+static bool wait_filled(struct engine *e, struct tfile *f)
 {
+	bool waited = false;
+
 	for (;;) {
 		bool filling = false;
 
@@ -33,9 +39,19 @@ static void wait_filled(struct engine *e, struct tfile *f)
 			if (f->copy[i] && f->copy[i]->state == TS_READ_IN_PROGRESS)
 				filling = true;
 		if (!filling)
-			return;
+			return waited;
+		waited = true;
 		pthread_cond_wait(&e->cond, &e->lock);
 	}
+}
+
+/* Count a read served by cache c: a hit, or late if it waited for a fill. */
+static void count_read(struct cache *c, bool waited)
+{
+	if (waited)
+		c->late++;
+	else
+		c->hits++;
 }
 
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
@@ -43,6 +59,7 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 	struct engine *e = f->eng;
 	struct lease l;
 	ssize_t ret = 0;
+	bool waited;
 	int i;
 
 	if (!e->gpu)
@@ -51,7 +68,7 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		return -EINVAL;
 	tfile_lock(f);
 	eng_lock(e);
-	wait_filled(e, f);	/* a prefetch of it is running */
+	waited = wait_filled(e, f);	/* a prefetch of it is running */
 	if ((uint64_t)off >= f->size)
 		goto out;
 	if ((uint64_t)off + len > f->size)
@@ -63,7 +80,7 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		if (!cp || cp->state == TS_INIT || (uint64_t)off + len > cp->len)
 			continue;
 		c = cp->cache;
-		c->hits++;
+		count_read(c, waited);
 		lease_begin(e, &l, cp, NULL);
 		if (c->host_addressable)
 			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
@@ -146,7 +163,8 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 		eng_copy_zero(cp, cp->len, off);	/* a hole before the span */
 		eng_lock(e);
 	} else {
-		wait_filled(e, f);	/* a prefetch of it is running */
+		bool waited = wait_filled(e, f);	/* a prefetch of it is running */
+
 		if (off >= f->size)
 			goto out;	/* nothing to read: no span */
 		if (end > f->size)
@@ -160,7 +178,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		cp->last_use = ++e->tick;
-		cp->cache->hits++;
+		count_read(cp->cache, waited);
 		e->client_reads++;
 	}
 	s->cp = cp;
@@ -216,6 +234,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 		     const void **p, size_t *n, struct copy **pin)
 {
 	struct engine *e = f->eng;
+	bool waited;
 	int i, ret = 0;
 
 	eng_lock(e);
@@ -229,7 +248,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 	*n = len;
 	if ((uint64_t)off + len > f->size)
 		*n = (size_t)(f->size - (uint64_t)off);
-	wait_filled(e, f);	/* a prefetch of it: quicker to wait for it */
+	waited = wait_filled(e, f);	/* a prefetch of it: quicker to wait for it */
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
@@ -244,7 +263,7 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 		copy_lease(cp);		/* until tfile_read_end() */
 		cp->readers++;	/* writers wait for it (copies_busy) */
 		cp->last_use = ++e->tick;
-		cp->cache->hits++;
+		count_read(cp->cache, waited);
 		*p = copy_ptr(cp) + off;
 		*pin = cp;
 		ret = 1;

@@ -158,6 +158,8 @@ struct cache {
 	void *priv;			/* tier owner's data */
 	/* statistics */
 	uint64_t hits, misses, evictions, evicted_bytes;
+	uint64_t late;			/* reads served after waiting for a
+					 * prefetch of their file (not hits) */
 	uint64_t evicted_queued;	/* evictions of copies still in the restore queue */
 };
 
