@@ -506,8 +506,7 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 			if (end > f->size)
 				f->size = end;
 			cp->last_use = ++e->tick;
-			eng_mark_modified(f);
-			pthread_cond_broadcast(&e->cond);
+			eng_mark_modified(f);	/* lease_end() woke e->cond */
 			ret = (ssize_t)len;
 			goto out;
 		}
