@@ -17,12 +17,16 @@
  * and grow by log N.
  *
  * Hit rates: a cache of 1024 blocks takes a stream of 20000 checkpoints
- * (all 8 blocks, or 1-16 blocks), each flushed at once and without a
- * restore hint (wait 0, TIER_FAR), a full cache evicting through the
- * policy; after each write one of the last 256 checkpoints, drawn
- * uniformly, is read (a hit refreshes last_use; a miss is not cached).
- * A policy that keeps the newest checkpoints hits about as often as the
- * cache holds copies out of 256.
+ * (all 8 blocks, or 1-16 blocks), each flushed at once (wait 0), a full
+ * cache evicting through the policy; after each write one of the last
+ * 256 checkpoints, drawn uniformly, is read (a hit refreshes last_use; a
+ * miss is not cached).  Without restore hints every copy is TIER_FAR: a
+ * policy that keeps the newest checkpoints hits about as often as the
+ * cache holds copies out of 256.  With hints the next 16 or 64 reads are
+ * announced before each decision, as a restore queue: a cached copy's
+ * distance is the position of its first read there, TIER_FAR when it has
+ * none (fifo and lru ignore distances).  Every column replays the same
+ * stream (sizes and reads drawn from the seed).
  *
  * Usage: bench_evict [seed].  No assertions on timings: it only reports.
  */
@@ -185,35 +189,77 @@ static void sim_evicted(struct copy *cp)
 }
 
 /*
+ * Restore hints for the stream: the queue holds the next `queue` reads
+ * (reads[t] .. reads[t + queue - 1]); a cached copy's distance is the
+ * position of its first read there, TIER_FAR when it has none.
+ */
+static void sim_hint(struct bcopy *cps, const long *reads, long t,
+		     long queue)
+{
+	long k;
+
+	for (k = 0; k < t; k++)
+		if (cps[k].cp.frag)
+			cps[k].dist = TIER_FAR;
+	for (k = 0; k < queue && t + k < SIM_WRITES; k++) {
+		struct bcopy *b;
+
+		if (reads[t + k] < 0)
+			continue;
+		b = &cps[reads[t + k]];
+		if (b->cp.frag && b->dist == TIER_FAR)
+			b->dist = (uint64_t)k;
+	}
+}
+
+/*
  * The write stream above through policy p; sizes 8 blocks (uniform) or
- * 1-16.  Returns the read hit rate in percent, or -1 on an error.
+ * 1-16; with `queue` > 0 the next `queue` reads are announced as restore
+ * hints before each decision.  Returns the read hit rate in percent, or
+ * -1 on an error.
  */
 static double sim_hits(const struct evict_policy *p, bool uniform,
-		       uint64_t seed)
+		       long queue, uint64_t seed)
 {
 	struct bcopy *cps = calloc(SIM_WRITES, sizeof(*cps));
+	uint64_t *size = calloc(SIM_WRITES, sizeof(*size));
+	long *reads = calloc(SIM_WRITES, sizeof(*reads));
 	struct cache c;
-	long t, k, hits = 0, reads = 0;
+	long t, k, hits = 0, reads_n = 0;
 	uint64_t tick = 0;
 
-	if (!cps || cache_init(&c, "sim", 0, NULL, SIM_BLOCKS * TIER_ALIGN,
-			       &tier_host_ops, p)) {
+	if (!cps || !size || !reads ||
+	    cache_init(&c, "sim", 0, NULL, SIM_BLOCKS * TIER_ALIGN,
+		       &tier_host_ops, p)) {
 		free(cps);
+		free(size);
+		free(reads);
 		return -1;
 	}
+	/* the stream first (the same draws as the stream itself made) */
 	rng_state = seed;
 	for (t = 0; t < SIM_WRITES; t++) {
+		size[t] = (uniform ? 8 : 1 + rnd_below(16)) * TIER_ALIGN;
+		reads[t] = -1;
+		if (t > 0) {
+			long back = 1 + (long)rnd_below(SIM_WINDOW);
+
+			reads[t] = t >= back ? t - back : 0;
+		}
+	}
+	for (t = 0; t < SIM_WRITES; t++) {
 		struct bcopy *b = &cps[t];
-		uint64_t sz = (uniform ? 8 : 1 + rnd_below(16)) * TIER_ALIGN;
 
 		b->wait = 0;
 		b->dist = TIER_FAR;
-		while (cache_place(&c, &b->cp, sz)) {
+		while (cache_place(&c, &b->cp, size[t])) {
 			struct frag *first, *last;
 			double wait;
 
-			if (p->choose(&c, sz, bench_cost, NULL, &first, &last,
-				      &wait)) {
+			if (queue > 0)
+				sim_hint(cps, reads, t, queue);
+			if (p->choose(&c, size[t], bench_cost, NULL, &first,
+				      &last, &wait)) {
 				t = -1;
 				goto out;
 			}
@@ -221,11 +267,10 @@ static double sim_hits(const struct evict_policy *p, bool uniform,
 		}
 		b->cp.state = TS_FLUSHED;
 		b->cp.last_use = ++tick;
-		if (t > 0) {
-			long back = 1 + (long)rnd_below(SIM_WINDOW);
-			struct bcopy *r = &cps[t >= back ? t - back : 0];
+		if (reads[t] >= 0) {
+			struct bcopy *r = &cps[reads[t]];
 
-			reads++;
+			reads_n++;
 			if (r->cp.frag) {
 				hits++;
 				r->cp.last_use = ++tick;
@@ -238,7 +283,9 @@ out:
 			cache_release(&c, &cps[k].cp);
 	cache_destroy(&c);
 	free(cps);
-	return t < 0 ? -1 : 100.0 * (double)hits / (double)reads;
+	free(size);
+	free(reads);
+	return t < 0 ? -1 : 100.0 * (double)hits / (double)reads_n;
 }
 
 int main(int argc, char **argv)
@@ -291,23 +338,35 @@ int main(int argc, char **argv)
 		}
 	}
 
-	printf("\nno restore hints: %d-block cache, %d writes, each followed "
-	       "by a read of one\nof the last %d checkpoints; read hits in "
-	       "percent\n\n", SIM_BLOCKS, SIM_WRITES, SIM_WINDOW);
-	printf("%-12s %14s %14s\n", "policy", "8 blocks each", "1-16 blocks");
+	printf("\nread hits in percent: %d-block cache, %d writes, each "
+	       "followed by a read of\none of the last %d checkpoints; "
+	       "hints: none, or the next 16 or 64 reads\nannounced as "
+	       "restore hints before each decision (fifo and lru ignore "
+	       "them)\n\n", SIM_BLOCKS, SIM_WRITES, SIM_WINDOW);
+	printf("%-12s %20s %20s\n", "", "8 blocks each", "1-16 blocks");
+	printf("%-12s %6s %6s %6s %6s %6s %6s\n", "policy", "none", "16",
+	       "64", "none", "16", "64");
 	for (p = 0; p < sizeof(pols) / sizeof(pols[0]); p++) {
-		double u, v;
+		static const long queues[] = { 0, 16, 64 };
+		double v[6];
+		int u, q;
 
 		if (p == 1)
 			continue;
-		u = sim_hits(pols[p], true, seed);
-		v = sim_hits(pols[p], false, seed);
-		if (u < 0 || v < 0) {
-			fprintf(stderr, "bench_evict: %s: simulation failed\n",
-				names[p]);
-			return 1;
+		for (u = 0; u < 2; u++) {
+			for (q = 0; q < 3; q++) {
+				v[u * 3 + q] = sim_hits(pols[p], u == 0,
+							queues[q], seed);
+				if (v[u * 3 + q] < 0) {
+					fprintf(stderr, "bench_evict: %s: "
+						"simulation failed\n",
+						names[p]);
+					return 1;
+				}
+			}
 		}
-		printf("%-12s %14.1f %14.1f\n", names[p], u, v);
+		printf("%-12s %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f\n",
+		       names[p], v[0], v[1], v[2], v[3], v[4], v[5]);
 	}
 	return 0;
 }

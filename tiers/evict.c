@@ -19,27 +19,39 @@
  *  2. then the largest minimum prefetch distance over the window's copies
  *     (gaps do not count; a copy without a hint is TIER_FAR, and so is a
  *     window of gaps only);
- *  3. then the largest summed distance (TIER_FAR counts as 2^64-1, sums
- *     are 128-bit so they are exact);
+ *  3. then the least summed urgency, a copy's urgency being 2^63 /
+ *     (distance + 1) and 0 without a hint (gaps count 0; sums are
+ *     128-bit so they are exact);
  *  4. then the oldest window: the least maximum insertion number
  *     (copy.seq) among its copies, gaps counting as oldest (0);
  *  5. then the lowest offset.
  *
- * Why the minimum before the sum: this deviates from hpdc23 Algorithm 1,
- * whose s_score sums the distances.  A sum lets one unhinted copy (e.g. a
- * file already consumed, TIER_FAR) outweigh everything else in its
- * window, so a window holding it and the copy the restore queue needs
- * NEXT beat a window whose every copy is needed late, and score evicted
- * files about to be read.  The minimum is the
- * soonest any copy of the window is needed again: a window that is
- * needed late as a whole goes first; the sum then only breaks its ties
- * (among equal minima it still prefers more and later copies).  Without
- * restore hints every copy is TIER_FAR, all minima tie and the order is
- * decided by the rules below.
+ * Why the minimum, and why urgency rather than distance: this deviates
+ * from hpdc23 Algorithm 1, whose s_score sums the distances.  A sum of
+ * distances lets one unhinted copy (e.g. a file already consumed,
+ * TIER_FAR) outweigh everything else in its window, so a window holding
+ * it and the copy the restore queue needs NEXT beat a window whose every
+ * copy is needed late, and score evicted files about to be read.  The
+ * minimum is the soonest any copy of the window is needed again: a window
+ * that is needed late as a whole goes first.  A sum of distances also
+ * grows with every copy a window holds, so it prefers windows of more
+ * copies: among equal minima it evicted two copies needed soon rather
+ * than one needed late ({10, 50, 60} over {10, 100}), and without hints,
+ * where every copy counted as 2^64-1, it evicted the window of the most
+ * (small, and often young) copies every time, far more copies than fifo
+ * does for the same room.  Urgency orders copies as distance does
+ * (sooner needed, more urgent) but adds up what an eviction loses: each
+ * hinted copy adds to it, an unhinted one (not known to be read again)
+ * adds nothing.  Among equal minima the sum prefers fewer and later
+ * copies, and a window of unhinted copies only ties with every other such
+ * window whatever their number.  Without restore hints every copy is
+ * TIER_FAR, all minima and urgencies tie and the order is decided by the
+ * rules below.
  *
  * The age tie-break matters when restore hints are missing: every copy is
- * TIER_FAR and flushed copies all wait 0, so equal-size windows tie on
- * both sums, and without it the lowest offset would win every time: the
+ * TIER_FAR and flushed copies all wait 0, so all windows tie on the
+ * wait, the minimum and the urgency, and without it the lowest offset
+ * would win every time: the
  * low end of the buffer would be recycled over and over and the newest
  * copies would be the ones evicted.  Why the
  * youngest copy's seq and not the summed (or mean) seq: with equal-size
@@ -48,21 +60,21 @@
  * cache holds the newest copies, and this keeps as many of them as a
  * window can), whereas a summed seq trades one of the newest copies for
  * two middle-aged ones ({1, 100} beats {60, 61}) and grows with the number
- * of copies in a window.  With distances left at TIER_FAR the distance
- * sum, which counts copies, still decides first between windows of
- * different copy counts.  (Hit rates of these choices: bench/RESULTS.md.)
+ * of copies in a window.  With variable sizes it also evicts one old
+ * large copy rather than several younger small ones, as fifo does.  (Hit
+ * rates of these choices: bench/RESULTS.md.)
  *
  * A window's minimum distance is asked for only when its wait does not
- * lose to the best so far, and its age only when it also ties on both
- * distances.  Each comes from a monotonic deque (struct minq, struct
+ * lose to the best so far, and its age only when it also ties on the
+ * minimum and the summed urgency.  Each comes from a monotonic deque (struct minq, struct
  * ageq) brought up to date lazily: as both ends of the window only move
  * forward, each fragment is pushed and popped at most once per decision,
  * so the rules keep the decision O(N) and cost nothing when nothing ties.
  *
  * A window whose left fragment could be dropped while still holding
  * `need` is skipped: its left fragment is a gap or a ready copy that adds
- * nothing but a needless eviction (a larger distance sum bought by
- * evicting a copy that is not in the way).  Each left end and each right
+ * nothing but a needless eviction (a copy evicted that is not in the
+ * way).  Each left end and each right
  * end move forward only, and running sums are updated in O(1), so a
  * decision is O(N).
  *
@@ -75,10 +87,10 @@
  * registers; a barrier ends a block, so the slide looks for barriers once
  * per block rather than once per fragment; and a window is first screened
  * with a few comparisons that rule out nearly every window once a good
- * one is known: the wait, the distance sum, and in place of the minimum
- * the lesser distance of the window's two end fragments, which bounds it
- * from above (score_consider() then makes the exact comparison).  The
- * sums are formed in the same order as in the plain loop (add at the
+ * one is known: the wait, the summed urgency, and in place of the
+ * minimum the lesser distance of the window's two end fragments, which
+ * bounds it from above (score_consider() then makes the exact
+ * comparison).  The sums are formed in the same order as in the plain loop (add at the
  * right end until the window holds need, then look at it and drop its
  * left end), so decisions and summed waits are the same to the bit.
  *
@@ -280,9 +292,20 @@ typedef unsigned __int128 u128;
 struct srec {
 	uint64_t size;		/* bytes below usable */
 	double wait;		/* >= 0, finite; HUGE_VAL for a barrier */
-	uint64_t dist;		/* 0 for gaps: the summed distance */
+	uint64_t urg;		/* urgency(); 0 for gaps: the summed urgency */
 	uint64_t key;		/* TIER_FAR for gaps: the minimum distance */
 };
+
+/*
+ * How soon a copy at prefetch distance dist is needed, in fixed point:
+ * 2^63 / (dist + 1), and 0 without a hint (TIER_FAR).  Window sums of it
+ * are exact (128-bit) and, unlike distances, do not grow with the number
+ * of unhinted copies a window holds.
+ */
+static inline uint64_t urgency(uint64_t dist)
+{
+	return dist == TIER_FAR ? 0 : (UINT64_C(1) << 63) / (dist + 1);
+}
 
 static __thread struct srec *srec_buf;		/* records, table order */
 static __thread struct frag **sfrag_buf;	/* their fragments */
@@ -386,7 +409,7 @@ score_gather(struct cache *c,
 		}
 		r->size = f->size < room ? f->size : room;
 		r->wait = k.wait > 0 ? k.wait : 0;	/* < 0 counts as 0 */
-		r->dist = k.dist;
+		r->urg = f->copy ? urgency(k.dist) : 0;
 		r->key = f->copy ? k.dist : TIER_FAR;
 	}
 	n = r - srec_buf;
@@ -394,7 +417,7 @@ score_gather(struct cache *c,
 	if (f && r < end) {		/* stopped at a barrier */
 		r->size = 0;
 		r->wait = HUGE_VAL;
-		r->dist = 0;
+		r->urg = 0;
 		r->key = TIER_FAR;
 		f = f->next;
 		n++;
@@ -498,7 +521,7 @@ struct best {
 	long i, j;		/* [i, j]; i < 0 while there is none */
 	double w;		/* summed wait */
 	uint64_t m;		/* least distance of a copy (TIER_FAR: none) */
-	u128 d;			/* summed distance */
+	u128 u;			/* summed urgency (all ones: no best) */
 	uint64_t age;		/* valid once asked: aged */
 	bool aged;
 	/*
@@ -513,16 +536,16 @@ struct best {
 };
 
 /*
- * Window [i, j) (summed wait w, distance d), from which no end fragment
+ * Window [i, j) (summed wait w, urgency u), from which no end fragment
  * can be dropped, passed the slide's screen: take it if it beats the best
- * (least wait, then largest minimum distance, then largest summed
- * distance, then oldest; ties stay with the lower offset).  The minimum
+ * (least wait, then largest minimum distance, then least summed urgency,
+ * then oldest; ties stay with the lower offset).  The minimum
  * is asked for whenever the wait does not lose, so minimum queries come
  * in slide order.  Not inlined: it is rarely called, and inlined its
  * registers would crowd the slide's.
  */
 static __attribute__((noinline)) void
-score_consider(struct best *b, long i, long j, double w, u128 d)
+score_consider(struct best *b, long i, long j, double w, u128 u)
 {
 	uint64_t m;
 	bool take = true, by_age = false;
@@ -533,11 +556,11 @@ score_consider(struct best *b, long i, long j, double w, u128 d)
 	if (b->i >= 0 && !wait_less(w, b->w)) {
 		if (m != b->m) {
 			take = m > b->m;
-		} else if (d != b->d) {
-			take = d > b->d;
+		} else if (u != b->u) {
+			take = u < b->u;
 		} else {
 			/*
-			 * Tied on wait and both distances: the older wins.
+			 * Tied on wait, minimum and urgency: the older wins.
 			 * The best's age is asked for first: no query since
 			 * it was found went past its left end.
 			 */
@@ -560,7 +583,7 @@ score_consider(struct best *b, long i, long j, double w, u128 d)
 		b->j = j - 1;
 		b->w = w;
 		b->m = m;
-		b->d = d;
+		b->u = u;
 		b->thr = w * (1 + 1e-6) + 1e-6;
 	}
 }
@@ -575,7 +598,7 @@ static int score_choose(struct cache *c, uint64_t need,
 	long n = 0, bar;		/* records copied; barrier */
 	uint64_t size = 0;		/* window sums: */
 	double wsum = 0;		/* double: x87 long double is slow */
-	uint64_t dlo = 0, dhi = 0;	/* distance, low and high 64 bits */
+	uint64_t ulo = 0, uhi = 0;	/* urgency, low and high 64 bits */
 	long nwait = 0;			/* fragments with wait > 0 */
 	struct best b;
 
@@ -586,7 +609,7 @@ static int score_choose(struct cache *c, uint64_t need,
 	b.i = b.j = -1;
 	b.w = 0;
 	b.m = 0;
-	b.d = 0;
+	b.u = ~(u128)0;
 	b.age = 0;
 	b.aged = false;
 	b.thr = HUGE_VAL;
@@ -606,7 +629,7 @@ static int score_choose(struct cache *c, uint64_t need,
 		need = 1;
 	for (;;) {
 		uint64_t s, d, k;
-		u128 dsum;
+		u128 usum;
 		double w;
 
 		/* grow the window to need; nothing spans a barrier */
@@ -618,7 +641,7 @@ static int score_choose(struct cache *c, uint64_t need,
 					lim = r + n;
 					size = 0;
 					wsum = 0;
-					dlo = dhi = 0;
+					ulo = uhi = 0;
 					nwait = 0;
 					continue;
 				}
@@ -631,11 +654,11 @@ static int score_choose(struct cache *c, uint64_t need,
 				continue;
 			}
 			w = rj->wait;
-			d = rj->dist;
+			d = rj->urg;
 			size += rj->size;
 			wsum += w;
-			dlo += d;
-			dhi += dlo < d;
+			ulo += d;
+			uhi += ulo < d;
 			nwait += w > 0;
 			rj++;
 		}
@@ -646,22 +669,23 @@ static int score_choose(struct cache *c, uint64_t need,
 		 * clearly more is at most b.thr (see struct best); the least
 		 * key of its end fragments, k, bounds its minimum distance
 		 * from above, so a window that ties on wait and beats or ties
-		 * b.m has k > b.m, or k == b.m and then needs the summed
-		 * distance.  One branch for all of it: each test alone would
+		 * b.m has k > b.m, or k == b.m and then needs a summed
+		 * urgency of at most b.u (all ones while there is no best).
+		 * One branch for all of it: each test alone would
 		 * often mispredict.
 		 */
 		s = ri->size;
 		w = ri->wait;
-		d = ri->dist;
+		d = ri->urg;
 		k = ri->key < rj[-1].key ? ri->key : rj[-1].key;
-		dsum = (u128)dhi << 64 | dlo;
+		usum = (u128)uhi << 64 | ulo;
 		if ((size - s < need) & (wsum <= b.thr) &
-		    ((wsum < b.w) | (k > b.m) | ((k == b.m) & (dsum >= b.d))))
-			score_consider(&b, ri - r, rj - r, wsum, dsum);
+		    ((wsum < b.w) | (k > b.m) | ((k == b.m) & (usum <= b.u))))
+			score_consider(&b, ri - r, rj - r, wsum, usum);
 		size -= s;
 		wsum -= w;
-		dhi -= dlo < d;
-		dlo -= d;
+		uhi -= ulo < d;
+		ulo -= d;
 		nwait -= w > 0;
 		if (nwait == 0)
 			wsum = 0;	/* drop rounding residue exactly */

@@ -15,7 +15,8 @@
  *    fragments (no barrier, >= need, and minimal: dropping either end
  *    fragment leaves < need) and keeps the least summed wait, then the
  *    largest minimum distance over its copies (gaps do not count; TIER_FAR
- *    when it holds none), then the largest summed distance, then the least
+ *    when it holds none), then the least summed urgency (2^63 / (distance
+ *    + 1) per hinted copy, 0 for unhinted copies and gaps), then the least
  *    age (maximum seq of its copies, 0 for gaps), then the lowest offset.
  *    The policy must find a window exactly when the brute force does, its
  *    window must itself qualify, its sums, minimum and age must equal the
@@ -29,6 +30,8 @@
  *    -ENOSPC comes exactly when no such window exists.
  *  - every policy calls cost() at most once per fragment, never for a gap,
  *    and leaves the table as it was.
+ *  - a replay of a small write stream without hints, copies of 1-8 blocks:
+ *    score must hit at least as often as fifo.
  *
  * Usage: test_evict [seed].  The seed is printed; exit 0 pass, 1 fail.
  */
@@ -68,15 +71,15 @@ static struct frag *fr[MAXFRAG];
 static uint64_t fsz[MAXFRAG];		/* clipped to usable */
 static bool fbar[MAXFRAG];
 static long double fw[MAXFRAG];
-static uint64_t fd[MAXFRAG];		/* 0 for gaps */
+static uint64_t fd[MAXFRAG];		/* urgency; 0 for gaps */
 static uint64_t fkey[MAXFRAG];		/* distance, TIER_FAR for gaps */
 static uint64_t fseq[MAXFRAG];		/* copy.seq, 0 for gaps */
 static int nf;
 
 static long n_found[3], n_nospc[3];
 static long n_age;		/* score decisions the age tie-break settled */
-static long n_min;		/* ... where the old rule (summed distance
-				 * before minimum) would have chosen another */
+static long n_min;		/* ... where the summed urgency alone would
+				 * have chosen another */
 
 static uint64_t rnd(void)
 {
@@ -108,7 +111,7 @@ static void dump_table(void)
 			continue;
 		}
 		fprintf(stderr, " wait %g dist %" PRIu64 " seq %" PRIu64
-			" last_use %" PRIu64 "%s\n", (double)fw[i], fd[i],
+			" last_use %" PRIu64 "%s\n", (double)fw[i], fkey[i],
 			fr[i]->copy->seq, fr[i]->copy->last_use,
 			fbar[i] ? " BARRIER" : "");
 	}
@@ -298,7 +301,8 @@ static void build_table(void)
 
 			fbar[nf] = !(t->wait < TIER_INF);	/* also NaN */
 			fw[nf] = fbar[nf] || !(t->wait > 0) ? 0 : t->wait;
-			fd[nf] = t->dist;
+			fd[nf] = t->dist == TIER_FAR ? 0 :
+				 (UINT64_C(1) << 63) / (t->dist + 1);
 			fkey[nf] = t->dist;
 			fseq[nf] = f->copy->seq;
 		}
@@ -399,7 +403,7 @@ static void after_decision(const char *pol, uint64_t nfr, uint64_t ngp,
 
 /*
  * The 4-level order: least wait, then largest minimum distance, then
- * largest summed distance, then least age.
+ * least summed urgency, then least age.
  */
 static bool better(long double w, uint64_t m, u128 d, uint64_t age,
 		   long double bw, uint64_t bm, u128 bd, uint64_t bage)
@@ -411,7 +415,7 @@ static bool better(long double w, uint64_t m, u128 d, uint64_t age,
 	if (m != bm)
 		return m > bm;
 	if (d != bd)
-		return d > bd;
+		return d < bd;
 	return age < bage;
 }
 
@@ -458,7 +462,7 @@ static void check_score(uint64_t need)
 	}
 
 	/* coverage: did another window tie on wait, minimum and summed
-	 * distance, or tie on wait with a larger summed distance? */
+	 * urgency, or tie on wait with a less summed urgency? */
 	for (i = 0; found && i < nf; i++) {
 		sz = 0;
 		w = 0;
@@ -479,7 +483,7 @@ static void check_score(uint64_t need)
 				continue;
 			by_age |= m == best_m && d == best_d &&
 				  age != best_age;
-			by_min |= d > best_d;
+			by_min |= d < best_d;
 		}
 	}
 	n_age += by_age;
@@ -506,7 +510,7 @@ static void check_score(uint64_t need)
 	       best_w);
 	ENSURE(m == best_m, "score: window [%d, %d] minimum distance %"
 	       PRIu64 ", optimum %" PRIu64, fi, li, m, best_m);
-	ENSURE(d == best_d, "score: window [%d, %d] distance %.6Le, optimum "
+	ENSURE(d == best_d, "score: window [%d, %d] urgency %.6Le, optimum "
 	       "%.6Le", fi, li, (long double)d, (long double)best_d);
 	ENSURE(age == best_age, "score: window [%d, %d] age (max seq) %"
 	       PRIu64 ", optimum %" PRIu64, fi, li, age, best_age);
@@ -676,7 +680,7 @@ static void fixed_cases(void)
 	       last == copies[6].cp.frag && ws > 0.75 - 1e-12 &&
 	       ws < 0.75 + 1e-12,
 	       "score picks [5, 6]: %d", ret);
-	/* equal wait: the larger distance sum wins (TIER_FAR is largest) */
+	/* equal wait: the larger minimum distance wins (TIER_FAR is largest) */
 	for (i = 0; i < 8; i++)
 		copies[i].wait = 0;
 	copies[3].dist = TIER_FAR;
@@ -750,17 +754,19 @@ static void min_dist_case(void)
 	       first == copies[1].cp.frag ? "next" : "other",
 	       last == copies[1].cp.frag ? "next" :
 	       last == copies[3].cp.frag ? "dist 20" : "other");
-	/* with the next-needed copy hinted far, the sum decides again */
+	/* with the next-needed copy hinted far, its window's minimum wins */
 	copies[1].dist = 30;
 	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
 	       last == copies[1].cp.frag, "min case: minima 30 > 20");
-	copies[1].dist = 20;	/* equal minima: the larger sum */
+	/* equal minima: the unhinted copy adds no urgency, so the windows
+	 * tie on it too, and the older ([consumed, next], seq 2) wins */
+	copies[1].dist = 20;
 	ret = evict_score.choose(&c, 2 * TIER_ALIGN, test_cost, NULL, &first, &last,
 				 &ws);
 	ENSURE(ret == 0 && first == copies[0].cp.frag &&
-	       last == copies[1].cp.frag, "min case: equal minima, sum");
+	       last == copies[1].cp.frag, "min case: equal minima, age");
 	for (i = 0; i < 4; i++)
 		if (copies[i].cp.frag)
 			cache_release(&c, &copies[i].cp);
@@ -776,6 +782,144 @@ static int copy_at(const struct frag *f)
 		if (copies[i].cp.frag == f)
 			return i;
 	return -1;
+}
+
+/*
+ * The summed urgency among equal minima: [d 50, 1 block][d 60, 1 block]
+ * [d 10, 2 blocks][d 100, 2 blocks], need 4 blocks.  The minimal windows
+ * [50, 60, 10] and [10, 100] both hold the d-10 copy; a summed distance
+ * (120 > 110) evicts three copies, two of them needed before the d-100
+ * one; the least summed urgency keeps them and evicts [10, 100].
+ */
+static void urgency_case(void)
+{
+	static const uint64_t dist[4] = { 50, 60, 10, 100 };
+	static const uint64_t blocks[4] = { 1, 1, 2, 2 };
+	struct frag *first, *last;
+	double ws;
+	int i, ret;
+
+	table_no = -4;
+	ENSURE(cache_init(&c, "u", 0, NULL, 6 * TIER_ALIGN, &tier_host_ops,
+			  &evict_score) == 0, "init");
+	for (i = 0; i < 4; i++) {
+		memset(&copies[i], 0, sizeof(copies[i]));
+		ENSURE(cache_place(&c, &copies[i].cp, blocks[i] * TIER_ALIGN)
+		       == 0, "place");
+		copies[i].cp.seq = (uint64_t)i + 1;
+		copies[i].dist = dist[i];
+	}
+	ret = evict_score.choose(&c, 4 * TIER_ALIGN, test_cost, NULL, &first,
+				 &last, &ws);
+	ENSURE(ret == 0 && first == copies[2].cp.frag &&
+	       last == copies[3].cp.frag, "urgency case: score picks [%d, %d], "
+	       "want [2, 3]", copy_at(first), copy_at(last));
+	for (i = 0; i < 4; i++)
+		cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
+/*
+ * No hints, variable sizes: [4 one-block copies, seq 10-13][one 4-block
+ * copy, seq 5], need 4 blocks.  Every copy is TIER_FAR; counting each as
+ * a distance of 2^64 - 1 made the four young copies the larger sum, and
+ * score evicted them rather than the one old copy that fifo evicts.
+ */
+static void no_hint_sizes_case(void)
+{
+	struct frag *first, *last;
+	double ws;
+	int i, ret;
+
+	table_no = -5;
+	ENSURE(cache_init(&c, "v", 0, NULL, 8 * TIER_ALIGN, &tier_host_ops,
+			  &evict_score) == 0, "init");
+	for (i = 0; i < 5; i++) {
+		memset(&copies[i], 0, sizeof(copies[i]));
+		ENSURE(cache_place(&c, &copies[i].cp, (i == 4 ? 4 : 1) *
+				   TIER_ALIGN) == 0, "place");
+		copies[i].cp.state = TS_FLUSHED;
+		copies[i].cp.seq = i == 4 ? 5 : 10 + (uint64_t)i;
+		copies[i].dist = TIER_FAR;
+	}
+	ret = evict_score.choose(&c, 4 * TIER_ALIGN, test_cost, NULL, &first,
+				 &last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[4].cp.frag,
+	       "no hints, sizes: score picks [%d, %d], want the old 4-block "
+	       "copy [4]", copy_at(first), copy_at(last));
+	ret = evict_fifo.choose(&c, 4 * TIER_ALIGN, test_cost, NULL, &first,
+				&last, &ws);
+	ENSURE(ret == 0 && first == last && first == copies[4].cp.frag,
+	       "no hints, sizes: fifo picks the old copy");
+	for (i = 0; i < 5; i++)
+		cache_release(&c, &copies[i].cp);
+	cache_destroy(&c);
+}
+
+/*
+ * A write stream without restore hints, as a mount sees it: a 64-block
+ * cache, REPLAY_WRITES copies of 1-8 blocks (flushed at once: wait 0,
+ * TIER_FAR), each followed by a read of one of the last 32.  Returns the
+ * hits of policy p (a miss is not cached, a hit refreshes last_use).
+ */
+#define REPLAY_WRITES	3000
+
+static long replay_hits(const struct evict_policy *p)
+{
+	static struct tcopy rc[REPLAY_WRITES];
+	uint64_t rs = 0x9e3779b97f4a7c15ULL, tick = 0;
+	long t, hits = 0;
+
+	memset(rc, 0, sizeof(rc));
+	ENSURE(cache_init(&c, "r", 0, NULL, 64 * TIER_ALIGN, &tier_host_ops,
+			  p) == 0, "init");
+	for (t = 0; t < REPLAY_WRITES; t++) {
+		uint64_t sz;
+
+		rs ^= rs << 13;
+		rs ^= rs >> 7;
+		rs ^= rs << 17;
+		sz = (1 + rs % 8) * TIER_ALIGN;
+		rc[t].dist = TIER_FAR;
+		while (cache_place(&c, &rc[t].cp, sz)) {
+			struct frag *first, *last;
+			double ws;
+
+			ENSURE(p->choose(&c, sz, test_cost, NULL, &first, &last,
+					 &ws) == 0, "replay %s: write %ld: no "
+			       "window", p->name, t);
+			cache_evict_window(&c, first, last, NULL);
+		}
+		rc[t].cp.state = TS_FLUSHED;
+		rc[t].cp.last_use = ++tick;
+		if (t > 0) {
+			long back = 1 + (long)((rs >> 32) % 32);
+			struct tcopy *r = &rc[t >= back ? t - back : 0];
+
+			if (r->cp.frag) {
+				hits++;
+				r->cp.last_use = ++tick;
+			}
+		}
+	}
+	ENSURE(cache_check(&c) == 0, "replay %s: table", p->name);
+	for (t = 0; t < REPLAY_WRITES; t++)
+		if (rc[t].cp.frag)
+			cache_release(&c, &rc[t].cp);
+	cache_destroy(&c);
+	return hits;
+}
+
+static void no_hint_replay(void)
+{
+	long hs, hf;
+
+	table_no = -6;
+	hs = replay_hits(&evict_score);
+	hf = replay_hits(&evict_fifo);
+	printf("test_evict: no-hint replay, %d writes of 1-8 blocks: score %ld "
+	       "hits, fifo %ld\n", REPLAY_WRITES, hs, hf);
+	ENSURE(hs >= hf, "no-hint replay: score %ld hits < fifo %ld", hs, hf);
 }
 
 /*
@@ -935,6 +1079,9 @@ int main(int argc, char **argv)
 	thread_buffers_freed();
 	no_hint_cases();
 	min_dist_case();
+	urgency_case();
+	no_hint_sizes_case();
+	no_hint_replay();
 	for (t = 0; t < TABLES; t++) {
 		int q;
 
