@@ -1,6 +1,7 @@
 /*
- * flush.c - the two flush queues and their threads (a queue, its thread
- * and its wake-ups per job, as Redis's bio.c):
+ * flush.c - the two flush queues and their threads (a queue and its
+ * threads per job, as Redis's bio.c; the wake-ups still go through the
+ * engine's one e->cond):
  *  - the SSD flush queue (e->q_head): flushers write a file's newest
  *    complete copy into a new version of its backing file with O_DIRECT
  *    through io_uring, fdatasync it and ask the fs side to commit it
