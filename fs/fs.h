@@ -195,15 +195,6 @@ static inline void fs_cpu_relax(void)
 #endif
 }
 
-/* Seconds on the monotonic clock (request and ioctl timings). */
-static inline double fs_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /*
  * fs_fd.c: the descriptor budget (max_fds).
  *

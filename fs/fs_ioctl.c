@@ -118,14 +118,6 @@ static struct {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
-static time_t now_sec(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec;
-}
-
 static void entry_close(struct ipc_entry *ent)
 {
 	int ret = gpu_ipc_close(ent->base);
@@ -197,7 +189,7 @@ static struct ipc_entry *table_get(const uint8_t *handle, time_t now)
 static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
 {
 	struct ipc_entry *dead[IPC_CACHE_MAX], *ent = NULL, *mine;
-	time_t now = now_sec();
+	time_t now = (time_t)tier_now();
 	int i, ndead, ret;
 
 	pthread_mutex_lock(&ipc_cache.lock);
@@ -392,7 +384,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		return;
 	}
 	if (trace)
-		t[0] = fs_now();
+		t[0] = tier_now();
 	memcpy(&io, in_buf, sizeof(io));	/* in_buf need not be aligned */
 	err = check_request(in, write, fi, &io);
 	if (err || io.len == 0) {
@@ -420,13 +412,13 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 	}
 	len = io.len < TIERFS_GPU_IO_MAX ? io.len : TIERFS_GPU_IO_MAX;
 	if (trace)
-		t[1] = fs_now();
+		t[1] = tier_now();
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
 		n = tfile_write_dev(&in->tf, ent->base + io.handle_off,
 				    (size_t)len, (off_t)io.file_off);
 		if (trace)
-			t[2] = fs_now();
+			t[2] = tier_now();
 		if (n > 0)
 			fs_kernel_written(ino, ent->base + io.handle_off,
 					  io.file_off, (uint64_t)n, before);
@@ -434,13 +426,13 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
 				   (size_t)len, (off_t)io.file_off);
 		if (trace)
-			t[2] = fs_now();
+			t[2] = tier_now();
 	}
 	ipc_put(ent);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu ioctl %s of %" PRIu64 " B: checks+handle %.0f us, "
 		     "data %.0f us, kernel notify %.0f us", write ? "write" : "read", len,
-		     (t[1] - t[0]) * 1e6, (t[2] - t[1]) * 1e6, (fs_now() - t[2]) * 1e6);
+		     (t[1] - t[0]) * 1e6, (t[2] - t[1]) * 1e6, (tier_now() - t[2]) * 1e6);
 	if (n < 0)
 		fuse_reply_err(req, (int)-n);
 	else

@@ -109,9 +109,9 @@ static void poll_for_request(int fd)
 {
 	if (fs.opts.poll_us > 0 && !__atomic_exchange_n(&polling, 1, __ATOMIC_ACQUIRE)) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
-		double until = fs_now() + fs.opts.poll_us * 1e-6;
+		double until = tier_now() + fs.opts.poll_us * 1e-6;
 
-		while (poll(&p, 1, 0) == 0 && fs_now() < until)
+		while (poll(&p, 1, 0) == 0 && tier_now() < until)
 			fs_cpu_relax();
 		__atomic_store_n(&polling, 0, __ATOMIC_RELEASE);
 	}
@@ -178,9 +178,9 @@ static void *worker_main(void *arg)
 		}
 		if (!(w->buf.flags & FUSE_BUF_IS_FD))
 			note_init(w->buf.mem, (size_t)res);
-		t0 = fs_now();
+		t0 = tier_now();
 		fuse_session_process_buf(fs.se, &w->buf);
-		t0 = fs_now() - t0;
+		t0 = tier_now() - t0;
 		if (t0 > SLOW_REQUEST_S && !(w->buf.flags & FUSE_BUF_IS_FD))
 			tlog(LOG_INFO, "slow request: opcode %u took %.0f ms",
 			     ((const struct fuse_in_header *)w->buf.mem)->opcode, t0 * 1e3);

@@ -375,13 +375,13 @@ static long exit_timeout = EXIT_TIMEOUT_DEFAULT;
 
 static int sync_before_exit(void)
 {
-	double until = fs_now() + (double)exit_timeout;
+	double until = tier_now() + (double)exit_timeout;
 	int failed = fs_sync_all(false);
 
 	if (failed)
 		tlog(LOG_WARNING, "%d file(s) cannot be written to %s; retrying for up to "
 		     "%ld s (exit_timeout)", failed, fs.opts.backing, exit_timeout);
-	while (failed && fs_now() < until) {
+	while (failed && tier_now() < until) {
 		sleep(1);
 		failed = fs_sync_all(false);
 	}

@@ -204,13 +204,13 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 		return ESTALE;
 	}
 	tfile_attr(&in->tf, &ent->before, &mt);
-	t0 = trace ? fs_now() : 0;
+	t0 = trace ? tier_now() : 0;
 	ret = -tfile_span_begin(&in->tf, sp->flags & TIERFS_SPAN_WRITE,
 				sp->file_off, sp->len, &ent->s, &cache_off);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B: placed in %.1f us",
 		     sp->flags & TIERFS_SPAN_WRITE ? "write" : "read", sp->len,
-		     (fs_now() - t0) * 1e6);
+		     (tier_now() - t0) * 1e6);
 	pthread_mutex_lock(&share.lock);
 	dead = c->dead;
 	if (!ret && ent->s.cp && !dead) {
@@ -252,18 +252,18 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 static int64_t span_finish(struct span_ent *ent, bool ok)
 {
 	bool trace = tierfs_log_level >= LOG_DEBUG;
-	double t0 = trace ? fs_now() : 0, t1 = 0;
+	double t0 = trace ? tier_now() : 0, t1 = 0;
 	ssize_t n = tfile_span_end(&ent->in->tf, &ent->s, ok);
 
 	__atomic_sub_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
-	t1 = trace ? fs_now() : 0;
+	t1 = trace ? tier_now() : 0;
 	if (ent->s.write)
 		fs_kernel_written(fs_ino_of(ent->in), ent->dptr, ent->s.off,
 				  ent->s.len, ent->before);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B ended: commit %.1f us, "
 		     "kernel notify %.1f us", ent->s.write ? "write" : "read", ent->s.len,
-		     (t1 - t0) * 1e6, (fs_now() - t1) * 1e6);
+		     (t1 - t0) * 1e6, (tier_now() - t1) * 1e6);
 	fs_inode_put(ent->in);
 	free(ent);
 	return n;
@@ -465,7 +465,7 @@ static bool span_open(struct conn *c, uint64_t token)
 void fs_share_poll(struct share_poll *poll)
 {
 	struct conn *c = poll->c;
-	double t0 = fs_now(), until, mib = (double)poll->len / (1 << 20);
+	double t0 = tier_now(), until, mib = (double)poll->len / (1 << 20);
 	bool open, free_conn, trace = tierfs_log_level >= LOG_DEBUG;
 	long served = 0;
 	int r = 0;
@@ -474,7 +474,7 @@ void fs_share_poll(struct share_poll *poll)
 		return;
 	until = POLL_MIN_US + mib * POLL_US_PER_MIB;
 	until = t0 + (until < POLL_MAX_US ? until : POLL_MAX_US) * 1e-6;
-	while ((open = span_open(c, poll->token)) && r >= 0 && fs_now() < until) {
+	while ((open = span_open(c, poll->token)) && r >= 0 && tier_now() < until) {
 		r = serve_one(c);
 		served += r > 0;
 		if (r == 0)
@@ -488,20 +488,12 @@ void fs_share_poll(struct share_poll *poll)
 	}
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: worker polled %.1f us, answered %ld, span %s",
-		     (fs_now() - t0) * 1e6, served, open ? "left to the socket thread" : "ended");
+		     (tier_now() - t0) * 1e6, served, open ? "left to the socket thread" : "ended");
 	pthread_mutex_lock(&share.lock);
 	free_conn = --c->busy == 0 && c->dead;
 	pthread_mutex_unlock(&share.lock);
 	if (free_conn)
 		conn_free(c);
-}
-
-static double mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static void *share_main(void *arg)
@@ -517,8 +509,8 @@ static void *share_main(void *arg)
 		timeout = -1;
 		if (__atomic_load_n(&share.open_spans, __ATOMIC_RELAXED) > 0) {
 			if (!spin_from)
-				spin_from = mono_ms();
-			if (mono_ms() - spin_from < SPIN_MAX_MS)
+				spin_from = (tier_now() * 1e3);
+			if ((tier_now() * 1e3) - spin_from < SPIN_MAX_MS)
 				timeout = 0;
 		} else {
 			spin_from = 0;

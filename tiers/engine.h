@@ -17,6 +17,7 @@
 #include "tier.h"
 #include "tfile.h"
 #include "log.h"
+#include "clock.h"
 
 struct engine;
 

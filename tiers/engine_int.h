@@ -217,14 +217,6 @@ static inline bool read_to_end(const struct tfile *f, off_t off, size_t n)
 	return (uint64_t)off + n >= f->size;
 }
 
-static inline double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Wait on e->cond for at most ms milliseconds.  e->lock held. */
 static inline void cond_wait_ms(struct engine *e, long ms)
 {

@@ -116,7 +116,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
-	t0 = now_s();
+	t0 = tier_now();
 	fd = f->ops->version_open(f, cp->cache->host_addressable, &direct, &inplace);
 	if (fd < 0) {
 		ret = fd;
@@ -152,7 +152,7 @@ out:
 	e->busy--;
 	cp->flushing = false;
 	if (ret == 0) {
-		double dt = now_s() - t0;
+		double dt = tier_now() - t0;
 
 		if (len >= (1u << 20) && dt > 0)
 			e->flush_bw = e->flush_bw > 0 ?
@@ -179,8 +179,7 @@ out:
 			tlog(LOG_ERR, "%s: flush to SSD failed: %s; data stays cached, retrying",
 			     nb, strerror(-ret));
 		f->flush_err = ret;
-		clock_gettime(CLOCK_MONOTONIC, &f->retry_at);
-		f->retry_at.tv_sec += FLUSH_RETRY_S;
+		f->retry_at = tier_now() + FLUSH_RETRY_S;
 		eng_queue_flush(e, f, false);
 	}
 	pthread_cond_broadcast(&e->cond);
@@ -189,13 +188,7 @@ out:
 
 static bool retry_due(struct tfile *f)
 {
-	struct timespec ts;
-
-	if (!f->flush_err)
-		return true;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec > f->retry_at.tv_sec ||
-	       (ts.tv_sec == f->retry_at.tv_sec && ts.tv_nsec >= f->retry_at.tv_nsec);
+	return !f->flush_err || tier_now() >= f->retry_at;
 }
 
 #define QLINK(f, off)	(*(struct tfile **)((char *)(f) + (off)))
@@ -332,13 +325,13 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
 	lease_take(&l, hcp);
 	eng_unlock(e);		/* under the lease of cp and hcp */
-	t0 = now_s();
+	t0 = tier_now();
 	ret = eng_copy_bounds(hcp, 0, len);
 	if (!ret)
 		ret = eng_copy_bounds(cp, 0, len);
 	if (!ret)
 		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
-	t0 = now_s() - t0;
+	t0 = tier_now() - t0;
 	lease_end(e, &l);
 	cp->flushing = false;
 	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||

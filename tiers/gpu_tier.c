@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "clock.h"
 #include "gpu.h"
 #include "gpu_tier.h"
 
@@ -50,14 +51,6 @@ struct gpu_tier {
 	int mapping_err;		/* its result; valid once mapping_done */
 	int oob_logged;			/* atomic: an out-of-range copy was logged */
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static struct gpu_tier *tier_of(struct cache *c)
 {
@@ -137,7 +130,7 @@ static void *watcher_main(void *arg)
 	__atomic_store_n(&g->mapping_done, true, __ATOMIC_RELEASE);
 	if (!ret)
 		tlog(LOG_INFO, "gpu cache: %llu MiB mapped in %.2f s",
-		     MiB(mapped), now_s() - g->t0);
+		     MiB(mapped), tier_now() - g->t0);
 	else if (ret != -ECANCELED)
 		tlog(LOG_WARNING, "gpu cache: mapping stopped at %llu of %llu "
 		     "MiB (%s): the GPU cache stays that size", MiB(mapped),
@@ -209,7 +202,7 @@ int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
 	if (!g)
 		return -ENOMEM;
 	g->dev = dev;
-	g->t0 = now_s();
+	g->t0 = tier_now();
 	snprintf(g->name, sizeof(g->name), "%s", name);
 	ret = gpu_vmm_create(&g->vmm, size, shareable);
 	if (ret) {
@@ -378,14 +371,14 @@ int gpu_tier_pin_host(void *buf, uint64_t size, const char *lockpath,
 	if (!lockpath || !*lockpath)
 		lockpath = gpu_tier_pin_lock_path();
 
-	t0 = now_s();
+	t0 = tier_now();
 	fd = gpu_pin_lock(lockpath);
 	if (fd < 0)
 		tlog(LOG_WARNING, "host cache: pin lock %s: %s; pinning without "
 		     "it", lockpath, strerror(-fd));
-	t1 = now_s();
+	t1 = tier_now();
 	ret = gpu_host_register(buf, size);
-	t2 = now_s();
+	t2 = tier_now();
 	gpu_pin_unlock(fd);
 	if (ret) {
 		tlog(LOG_WARNING, "host cache: cannot pin %.2f GiB: %s%s; it "

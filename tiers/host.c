@@ -53,7 +53,7 @@ void *eng_toucher_main(void *arg)
 {
 	struct engine *e = arg;
 	uint64_t chunk = 8ull << 20, off;	/* short holds of the mm lock */
-	double t0 = now_s();
+	double t0 = tier_now();
 	bool populate = true;
 
 	for (off = 0; off < e->host.size; off += chunk) {
@@ -73,7 +73,7 @@ void *eng_toucher_main(void *arg)
 		__atomic_store_n(&e->touched, off + n, __ATOMIC_RELAXED);
 	}
 	tlog(LOG_INFO, "host cache: %.1f GiB touched in %.2f s",
-	     (double)e->host.size / (1 << 30), now_s() - t0);
+	     (double)e->host.size / (1 << 30), tier_now() - t0);
 	eng_pin_host_once(e);
 	return NULL;
 }

@@ -237,7 +237,7 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		   uint64_t size, double max_wait, uint64_t protect_below)
 {
 	struct evict_ctx ctx = { .protect_below = protect_below };
-	double t0 = now_s(), give_up = t0 + max_wait;
+	double t0 = tier_now(), give_up = t0 + max_wait;
 	/* what the last wait was for (copied: the copy may go meanwhile) */
 	enum tier_state bstate = TS_INIT;
 	bool bpinned = false, bflushing = false;
@@ -255,10 +255,10 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		if (e->gpu && c == e->tiers[0])
 			gpu_tier_update_usable(e->gpu);
 		if (cache_place(c, cp, size) == 0) {
-			if (waits && now_s() - t0 > 0.05)
+			if (waits && tier_now() - t0 > 0.05)
 				tlog(LOG_INFO, "%s cache: %.0f ms to make room for %" PRIu64
 				     " bytes (%d waits; the last for a copy %s%s%s)", c->name,
-				     (now_s() - t0) * 1e3, size, waits,
+				     (tier_now() - t0) * 1e3, size, waits,
 				     tier_state_name(bstate), bpinned ? ", pinned" : "",
 				     bflushing ? ", being copied out" : "");
 			return 0;
@@ -302,7 +302,7 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 			continue;
 		}
 		/* wait for the window's flushes, then decide again */
-		if (now_s() > give_up) {
+		if (tier_now() > give_up) {
 			if (max_wait >= 1)
 				tlog(LOG_WARNING, "%s cache: no room after %.0f s of waiting; "
 				     "%s", c->name, max_wait, c == &e->host ?

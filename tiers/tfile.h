@@ -73,7 +73,7 @@ struct tfile {
 	struct tfile *fq_next;		/* flush queue link */
 	struct tfile *gq_next;		/* GPU -> host queue link */
 	bool gqueued;			/* on the GPU -> host queue */
-	struct timespec retry_at;	/* after a failed flush */
+	double retry_at;		/* after a failed flush (tier_now) */
 };
 
 void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,

@@ -479,7 +479,7 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		uint64_t cap = end > f->size ? end : f->size;
 
 		bool trace = !buf && tierfs_log_level >= LOG_DEBUG;
-		double t0 = trace ? now_s() : 0, t1 = 0, t2 = 0;
+		double t0 = trace ? tier_now() : 0, t1 = 0, t2 = 0;
 
 		cp = eng_writable_copy(e, f, cap, f->size, &err);
 		if (!cp && err) {
@@ -489,11 +489,11 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		if (cp) {
 			lease_begin(e, &l, cp, NULL);
 			if (trace)
-				t1 = now_s();
+				t1 = tier_now();
 			eng_copy_zero(cp, cp->len, (uint64_t)off);
 			ret = copy_in(cp, (uint64_t)off, buf, dptr, len);
 			if (trace) {
-				t2 = now_s();
+				t2 = tier_now();
 				tlog(LOG_DEBUG, "device write of %zu B into the %s cache: "
 				     "place %.0f us, copy %.0f us", len, cp->cache->name,
 				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
@@ -656,7 +656,7 @@ int tfile_fsync(struct tfile *f)
 	uint64_t target = f->gen;
 	eng_complete_copy(e, f, true);
 	/* a failed flush is retried now, and its result reported */
-	f->retry_at.tv_sec = 0;
+	f->retry_at = 0;
 	uint64_t errs = e->flush_errors;
 	pthread_cond_broadcast(&e->cond);
 	while (f->flushed_gen < target && !f->unlinked) {
