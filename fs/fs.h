@@ -9,15 +9,19 @@
  * file rekeys its inode.
  *
  * Locks: fs.lock protects the inode table, every inode's names, and
- * reference counts; fs_fd.c's lock the descriptors (innermost; order
- * fs.nslock -> fs.lock -> descriptor lock).  fs.nslock, taken before fs.lock,
- * serialises namespace changes in the backing directory (rename, unlink,
- * rmdir, link, version commits); a version commit holds only nslock while
- * it links and renames (journal operations that can wait for a commit),
- * so lookups, creates, opens and releases never wait for those.  Order:
- * tfile.lock -> fs.lock -> engine.lock is never needed; fs.lock is taken
- * without holding the others except from version_commit (engine lock not
- * held there).
+ * reference counts; fs_fd.c's fdc.lock the descriptors.  fs.nslock,
+ * taken before fs.lock, serialises namespace changes in the backing
+ * directory (rename, unlink, rmdir, link, version commits); the syscalls
+ * that change the backing directory run with nslock only (journal
+ * operations that can wait for a commit), so lookups, creates, opens and
+ * releases never wait for those.  The order of all locks is the table of
+ * tiers/lockorder.h: tfile.lock -> fs.nslock -> fs.lock -> engine.lock, and
+ * fs.nslock -> fs.lock -> fdc.lock (fdc.lock never with engine.lock).
+ * version_commit runs with tfile.lock held and engine.lock not held; the
+ * fs side calls tfile_destroy() and tfile_unlinked() (engine.lock) under
+ * fs.lock, and never calls a tfile_* function that takes tfile.lock while
+ * it holds fs.nslock, fs.lock or fdc.lock.  fs_lock()/fs_ns_lock() (and
+ * fs_fd.c's fdc_lock()) take them through the debug-build rank check.
  */
 #ifndef TIERFS_FS_H
 #define TIERFS_FS_H
@@ -32,6 +36,7 @@
 #include <time.h>
 
 #include "../tiers/engine.h"
+#include "../tiers/lockorder.h"
 
 #define FS_HIDDEN_PREFIX ".tierfs"	/* backing-dir names tierfs keeps to itself */
 
@@ -120,6 +125,31 @@ struct fs {
 };
 
 extern struct fs fs;
+
+/* fs.lock and fs.nslock, through the lock-order check (lockorder.h). */
+static inline void fs_lock(void)
+{
+	lock_rank_take(LR_FS);
+	pthread_mutex_lock(&fs.lock);
+}
+
+static inline void fs_unlock(void)
+{
+	pthread_mutex_unlock(&fs.lock);
+	lock_rank_drop(LR_FS);
+}
+
+static inline void fs_ns_lock(void)
+{
+	lock_rank_take(LR_FS_NS);
+	pthread_mutex_lock(&fs.nslock);
+}
+
+static inline void fs_ns_unlock(void)
+{
+	pthread_mutex_unlock(&fs.nslock);
+	lock_rank_drop(LR_FS_NS);
+}
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 extern const struct tfile_ops fs_tfile_ops;
 

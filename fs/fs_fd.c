@@ -59,6 +59,19 @@ static struct {
 	bool warned;			/* "over budget" logged */
 } fdc = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
+/* fdc.lock, through the lock-order check (innermost; lockorder.h). */
+static void fdc_lock(void)
+{
+	lock_rank_take(LR_FS_FD);
+	pthread_mutex_lock(&fdc.lock);
+}
+
+static void fdc_unlock(void)
+{
+	pthread_mutex_unlock(&fdc.lock);
+	lock_rank_drop(LR_FS_FD);
+}
+
 /* Descriptors closed after fdc.lock is dropped. */
 struct closing {
 	int fd[64];
@@ -180,7 +193,7 @@ static void shrink(void)
 	struct closing c = { .n = 0 };
 
 	for (;;) {
-		pthread_mutex_lock(&fdc.lock);
+		fdc_lock();
 		/* a little below the budget, so that this runs in batches */
 		unsigned target = fdc.max - fdc.max / 16;
 		int closed = fdc.open > fdc.max ? shrink_locked(target, &c) : 0;
@@ -191,7 +204,7 @@ static void shrink(void)
 			tlog(LOG_WARNING, "%u descriptors in use, more than max_fds=%u "
 			     "(open files and directories)", fdc.open, fdc.max);
 		}
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 		closing_run(&c);
 		if (!over || !closed)
 			return;
@@ -205,9 +218,9 @@ bool fs_fd_reclaim(int err)
 
 	if (err != EMFILE && err != ENFILE && err != -EMFILE && err != -ENFILE)
 		return false;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	closed = shrink_locked(fdc.open / 2, &c);
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 	if (closed)
 		tlog(LOG_INFO, "out of descriptors (%s): closed %d cached ones",
@@ -299,11 +312,11 @@ int fs_fd_setup(int max_fds)
 
 void fs_fd_stats(unsigned *open, unsigned *max, unsigned *peak)
 {
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	*open = fdc.open;
 	*max = fdc.max;
 	*peak = fdc.peak;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 }
 
 /* ---- inodes ------------------------------------------------------------- */
@@ -312,12 +325,12 @@ void fs_fd_attach(struct fs_inode *in, int fd)
 {
 	in->fh = fdc.handles ? handle_of(fd) : NULL;
 	in->data_fd = -1;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	in->fd = fd;
 	count_up();
 	lru_touch(in);
 	bool over = fdc.open > fdc.max;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	if (over)
 		shrink();
 }
@@ -326,7 +339,7 @@ void fs_fd_offer(struct fs_inode *in, int fd)
 {
 	bool over = false;
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (in->fd < 0 && !in->fd_gone && in != &fs.root) {
 		in->fd = fd;
 		fd = -1;
@@ -334,7 +347,7 @@ void fs_fd_offer(struct fs_inode *in, int fd)
 		lru_touch(in);
 		over = fdc.open > fdc.max;
 	}
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	if (fd >= 0)
 		close(fd);
 	if (over)
@@ -346,7 +359,7 @@ void fs_fd_detach(struct fs_inode *in)
 	struct closing c = { .n = 0 };
 	struct oldfd *o, *next;
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	drop_fds(in, &c);
 	for (o = in->old_paths; o; o = next) {	/* no holder is left */
 		next = o->next;
@@ -362,7 +375,7 @@ void fs_fd_detach(struct fs_inode *in)
 		free(o);
 	}
 	in->old_fds = NULL;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 	free(in->fh);
 	in->fh = NULL;
@@ -425,23 +438,23 @@ int fs_fd_hold(struct fs_inode *in)
 	bool over = false;
 	int fd;
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	in->fd_users++;
 	if (in->fd >= 0) {
 		lru_touch(in);
 		fd = in->fd;
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 		return fd;
 	}
 	if (in->fd_gone || !in->fh) {
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 		return -ENOENT;
 	}
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	fd = reopen(in);
 	if (fd < 0)
 		return fd;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (in->fd >= 0) {		/* another holder was first */
 		closing_add(&c, fd);
 	} else {
@@ -451,7 +464,7 @@ int fs_fd_hold(struct fs_inode *in)
 		over = fdc.open > fdc.max;
 	}
 	fd = in->fd;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 	if (over)
 		shrink();
@@ -462,21 +475,21 @@ void fs_fd_release(struct fs_inode *in)
 {
 	struct closing c = { .n = 0 };
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	in->fd_users--;
 	if (!in->fd_users)
 		close_old_paths(in, &c);
 	release_gone(in, &c);
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 }
 
 void fs_fd_pin(struct fs_inode *in)
 {
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	in->fd_pinned = true;
 	lru_unlink(in);
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 }
 
 void fs_fd_gone(struct fs_inode *in)
@@ -485,12 +498,12 @@ void fs_fd_gone(struct fs_inode *in)
 
 	if (in == &fs.root)
 		return;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	in->fd_pinned = false;
 	in->fd_gone = true;
 	lru_unlink(in);
 	release_gone(in, &c);
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 }
 
@@ -498,11 +511,11 @@ bool fs_fd_gone_stat(struct fs_inode *in, struct stat *st)
 {
 	bool ok;
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	ok = in->fd_gone && in->gone_st;
 	if (ok)
 		*st = *in->gone_st;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	return ok;
 }
 
@@ -519,7 +532,7 @@ int fs_fd_replace(struct fs_inode *in, int fd, int old[2])
 	 * holder keeps using the descriptor it got; the old one is closed
 	 * once nobody holds the inode's descriptor (fs_fd_release).
 	 */
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	old[0] = in->fd;
 	if (old[0] < 0)
 		count_up();
@@ -565,7 +578,7 @@ int fs_fd_replace(struct fs_inode *in, int fd, int old[2])
 		lru_unlink(in);
 	else
 		lru_touch(in);
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	free(o);
 	return 0;
 }
@@ -583,13 +596,13 @@ int fs_data_fd_get(struct fs_inode *in)
 		fs_fd_release(in);
 		return pfd;
 	}
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (in->data_fd >= 0) {
 		in->data_users++;
 		fd = in->data_fd;
 		lru_touch(in);
 	}
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	if (fd >= 0) {
 		fs_fd_release(in);
 		return fd;
@@ -607,11 +620,11 @@ int fs_data_fd_get(struct fs_inode *in)
 		fs_fd_release(in);
 		return fd;
 	}
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (in->fd != pfd) {
 		/* a new version replaced pfd while we opened it: this fd
 		 * reads the old one; start again from the new */
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 		close(fd);
 		fs_fd_release(in);
 		return fs_data_fd_get(in);
@@ -621,7 +634,7 @@ int fs_data_fd_get(struct fs_inode *in)
 
 		fd = in->data_fd;
 		in->data_users++;
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 		close(extra);
 	} else {
 		in->data_fd = fd;
@@ -629,7 +642,7 @@ int fs_data_fd_get(struct fs_inode *in)
 		count_up();
 		lru_touch(in);
 		over = fdc.open > fdc.max;
-		pthread_mutex_unlock(&fdc.lock);
+		fdc_unlock();
 	}
 	fs_fd_release(in);
 	if (over)
@@ -642,7 +655,7 @@ void fs_data_fd_put(struct fs_inode *in, int fd)
 	struct closing c = { .n = 0 };
 	struct oldfd **pp;
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (fd == in->data_fd && in->data_users > 0) {
 		in->data_users--;
 		release_gone(in, &c);
@@ -663,7 +676,7 @@ void fs_data_fd_put(struct fs_inode *in, int fd)
 	}
 	closing_add(&c, fd);		/* one of its own (O_DIRECT) */
 out:
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 }
 
@@ -671,7 +684,7 @@ void fs_data_fd_drop(struct fs_inode *in)
 {
 	struct closing c = { .n = 0 };
 
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	if (in->data_fd >= 0 && !in->data_users) {
 		closing_add(&c, in->data_fd);
 		in->data_fd = -1;
@@ -679,7 +692,7 @@ void fs_data_fd_drop(struct fs_inode *in)
 		if (in->fd < 0)
 			lru_unlink(in);
 	}
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	closing_run(&c);
 }
 
@@ -694,10 +707,10 @@ int fs_fd_opendir(struct fs_inode *in)
 	fs_fd_release(in);
 	if (fd < 0)
 		return fd;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	count_up();
 	bool over = fdc.open > fdc.max;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	if (over)
 		shrink();
 	return fd;
@@ -705,9 +718,9 @@ int fs_fd_opendir(struct fs_inode *in)
 
 void fs_fd_closedir(void)
 {
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	fdc.open--;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 }
 
 int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode)
@@ -731,10 +744,10 @@ bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode)
 
 	if ((mode & S_IFMT) != in->type)
 		return false;
-	pthread_mutex_lock(&fdc.lock);
+	fdc_lock();
 	known = !in->fd_gone && (in->fd >= 0 || !in->fh);
 	same = !in->fd_gone;
-	pthread_mutex_unlock(&fdc.lock);
+	fdc_unlock();
 	if (known || !same)
 		return same;	/* an open fd keeps its object (and number) */
 	fh = handle_of(fd);

@@ -32,15 +32,15 @@ static bool writable(int flags)
 
 static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 {
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	if (in->fd_gone) {
 		/* removed, closed and let go (an O_PATH descriptor reopened
 		 * through /proc): nothing is left to open */
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 		return -ENOENT;
 	}
 	in->nopen++;
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (writable(fi->flags))
 		tfile_open_writer(&in->tf);
 	fi->fh = FS_FH_FLAGS | (uint32_t)fi->flags;	/* for fs_ll_ioctl */
@@ -81,9 +81,9 @@ void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		if (ret) {
 			if (writable(fi->flags))
 				tfile_close_writer(&in->tf);
-			pthread_mutex_lock(&fs.lock);
+			fs_lock();
 			in->nopen--;
-			pthread_mutex_unlock(&fs.lock);
+			fs_unlock();
 			fuse_reply_err(req, -ret);
 			return;
 		}
@@ -91,10 +91,10 @@ void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (fuse_reply_open(req, fi) == -ENOENT) {
 		if (writable(fi->flags))
 			tfile_close_writer(&in->tf);
-		pthread_mutex_lock(&fs.lock);
+		fs_lock();
 		in->nopen--;
 		fs_maybe_free(in);
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 	}
 }
 
@@ -144,9 +144,9 @@ void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
 		if (writable(fi->flags))
 			tfile_close_writer(&in->tf);
-		pthread_mutex_lock(&fs.lock);
+		fs_lock();
 		in->nopen--;
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 		fs_forget_one(e.ino, 1);
 	}
 }
@@ -233,7 +233,7 @@ static void touch_atime(struct fs_inode *in)
 		return;
 	/* not while a new version copies the attributes (v_commit): the
 	 * time would land on the version being replaced */
-	pthread_mutex_lock(&fs.nslock);
+	fs_ns_lock();
 	fs_fd_hold(in);
 	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0) {
 		clock_gettime(CLOCK_REALTIME, &now);
@@ -251,7 +251,7 @@ static void touch_atime(struct fs_inode *in)
 		}
 	}
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 }
 
 void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -264,7 +264,7 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		touch_atime(in);
 	if (writable(fi->flags))
 		tfile_close_writer(&in->tf);
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	in->nopen--;
 	last = !in->nopen;
 	gone = last && in->unlinked;
@@ -278,7 +278,7 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fs_fd_hold(in);
 		fs_fd_gone(in);
 	}
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (last) {
 		if (gone)
 			fs_fd_release(in);

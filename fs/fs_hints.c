@@ -160,14 +160,14 @@ static int set_restore_next(struct fs_inode *in)
 
 	if (!S_ISREG(in->type))
 		return -EINVAL;
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	if (!in->name || !in->parent) {
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 		return in->unlinked ? -ENOENT : -EINVAL;
 	}
 	n = strdup(in->name);
 	key = fs_dir_key(in->parent);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (!n)
 		return -ENOMEM;
 	name = n;

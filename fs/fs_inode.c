@@ -288,10 +288,10 @@ void fs_inode_get(struct fs_inode *in)
 
 void fs_inode_put(struct fs_inode *in)
 {
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	__atomic_sub_fetch(&in->refs, 1, __ATOMIC_ACQ_REL);
 	fs_maybe_free(in);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 }
 
 int fs_stat_inode(struct fs_inode *in, struct stat *st)
@@ -364,7 +364,7 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 		close(fd);
 		return ret;
 	}
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	in = fs_table_find(st.st_dev, st.st_ino);
 	if (in && in != &fs.root && !fs_fd_same(in, fd, st.st_mode)) {
 		/* its backing object is gone and the number reused: the old
@@ -386,13 +386,13 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 			fs_set_name(in, parent, name);
 		}
 	} else if (!ns) {
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 		close(fd);
 		return -EAGAIN;
 	} else {
 		in = calloc(1, sizeof(*in));
 		if (!in) {
-			pthread_mutex_unlock(&fs.lock);
+			fs_unlock();
 			close(fd);
 			return -ENOMEM;
 		}
@@ -409,12 +409,12 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 		fs_table_insert(in);
 		if (S_ISREG(in->type)) {
 			/* the kernel's reference keeps it alive across the bind */
-			pthread_mutex_unlock(&fs.lock);
+			fs_unlock();
 			engine_hint_bind(fs.eng, fs_dir_key(parent), name, &in->tf);
-			pthread_mutex_lock(&fs.lock);
+			fs_lock();
 		}
 	}
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	ret = fs_stat_inode(in, &e->attr);
 	if (ret)
 		e->attr = st;
@@ -432,9 +432,9 @@ int fs_lookup(struct fs_inode *parent, const char *name,
 	int ret = lookup_once(parent, name, e, false);
 
 	if (ret == -EAGAIN) {
-		pthread_mutex_lock(&fs.nslock);
+		fs_ns_lock();
 		ret = lookup_once(parent, name, e, true);
-		pthread_mutex_unlock(&fs.nslock);
+		fs_ns_unlock();
 	}
 	return ret;
 }
@@ -470,10 +470,10 @@ void fs_forget_one(fuse_ino_t ino, uint64_t n)
 
 	if (in == &fs.root)
 		return;
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	in->nlookup -= n <= in->nlookup ? n : in->nlookup;
 	fs_maybe_free(in);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 }
 
 int fs_sync_all(bool give_up)
@@ -482,7 +482,7 @@ int fs_sync_all(bool give_up)
 	size_t n = 0, cap = 0, i;
 	int failed = 0;
 
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	for (i = 0; i < fs.hsize; i++) {
 		struct fs_inode *in;
 
@@ -500,7 +500,7 @@ int fs_sync_all(bool give_up)
 			list[n++] = in;
 		}
 	}
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	for (i = 0; i < n; i++) {
 		struct tfile *f = &list[i]->tf;
 		int r = tfile_fsync(f);

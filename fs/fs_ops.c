@@ -114,7 +114,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 
 	(void)fi;
 	/* attributes: not while a new version copies them (v_commit) */
-	pthread_mutex_lock(&fs.nslock);
+	fs_ns_lock();
 	ret = fs_fd_hold(in);
 	ret = ret < 0 ? ret : 0;
 	fs_proc_path(in->fd, path, sizeof(path));
@@ -132,7 +132,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			ret = -errno;
 	}
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	if (ret)
 		goto out;
 	if (valid & FUSE_SET_ATTR_SIZE) {
@@ -164,7 +164,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		 * (AT_SYMLINK_NOFOLLOW on the /proc path would set the times
 		 * of /proc's own link: a silent no-op.)
 		 */
-		pthread_mutex_lock(&fs.nslock);
+		fs_ns_lock();
 		fs_fd_hold(in);
 		if (utimensat(in->fd, "", tv, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 			ret = -errno;
@@ -173,7 +173,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 				ret = utimensat(AT_FDCWD, path, tv, 0) < 0 ? -errno : 0;
 		}
 		fs_fd_release(in);
-		pthread_mutex_unlock(&fs.nslock);
+		fs_ns_unlock();
 		if (ret)
 			goto out;
 		if (S_ISREG(in->type) && (valid & FUSE_SET_ATTR_MTIME))
@@ -268,7 +268,7 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct fuse_entry_param e;
 	int ret = fs_check_new_name(newname), fd, pfd;
 
-	pthread_mutex_lock(&fs.nslock);	/* the syscall without fs.lock */
+	fs_ns_lock();	/* the syscall without fs.lock */
 	fd = fs_fd_hold(in);
 	pfd = fs_fd_hold(p);
 	if (!ret)
@@ -276,13 +276,13 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	if (!ret && linkat(fd, "", pfd, newname, AT_EMPTY_PATH) < 0)
 		ret = -errno;
 	if (!ret) {
-		pthread_mutex_lock(&fs.lock);
+		fs_lock();
 		fs_add_name(in, p, newname);
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 	}
 	fs_fd_release(p);
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -359,21 +359,21 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	struct fs_inode *p = fs_inode_of(parent), *in;
 	int ret = 0, pfd, fd;
 
-	pthread_mutex_lock(&fs.nslock);
+	fs_ns_lock();
 	pfd = fs_fd_hold(p);
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	in = find_child(pfd, name, &fd);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (pfd < 0)
 		ret = pfd;
 	else if (unlinkat(pfd, name, flags) < 0)
 		ret = -errno;
 	if (!ret && in) {
-		pthread_mutex_lock(&fs.lock);
+		fs_lock();
 		name_removed(in, fd, p, name);
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 	}
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	fs_fd_release(p);
 	put_child(in);
 	fuse_reply_err(req, -ret);
@@ -402,18 +402,18 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		return;
 	}
 	/* the syscall without fs.lock: see remove_name */
-	pthread_mutex_lock(&fs.nslock);
+	fs_ns_lock();
 	pfd = fs_fd_hold(p);
 	npfd = fs_fd_hold(np);
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	src = find_child(pfd, name, &sfd);
 	dst = find_child(npfd, newname, &dfd);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (pfd < 0 || npfd < 0)
 		ret = pfd < 0 ? pfd : npfd;
 	else if (renameat2(pfd, name, npfd, newname, flags) < 0)
 		ret = -errno;
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	if (ret)
 		goto out;
 	if (src == dst)
@@ -430,8 +430,8 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	if (src && S_ISREG(src->type) && !fs_move_name(src, p, name, np, newname))
 		fs_set_name(src, np, newname);
 out:
-	pthread_mutex_unlock(&fs.lock);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_unlock();
+	fs_ns_unlock();
 	fs_fd_release(np);
 	fs_fd_release(p);
 	/* every descriptor first: a put takes fs.lock */

@@ -105,7 +105,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	 * whole mount take fs.lock.
 	 */
 	*inplace = false;
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	gone = in->unlinked;
 	if (gone) {
 		/* anonymous storage for a file that has no name any more */
@@ -124,7 +124,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	}
 	if (dir)
 		fs_inode_get(dir);	/* it keeps its fd reopenable */
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (ret)
 		return ret;
 	ret = open_held(dir, O_TMPFILE | O_RDWR, want_direct, direct);
@@ -576,9 +576,9 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 		close(fd);
 		fd = nfd;
 	}
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	swap_fd(in, fd, closing);
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	fd = -1;
 	if (renameat(tdir, tmp, pfd, name) < 0) {
 		int back[2] = { -1, -1 };
@@ -588,9 +588,9 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 		/* the name keeps the old version: the inode goes back to it */
 		nfd = fs_fd_openat(pfd, name, O_PATH | O_NOFOLLOW, 0);
 		if (nfd >= 0) {
-			pthread_mutex_lock(&fs.lock);
+			fs_lock();
 			swap_fd(in, nfd, back);
-			pthread_mutex_unlock(&fs.lock);
+			fs_unlock();
 			for (int i = 0; i < 2; i++)
 				if (back[i] >= 0)
 					close(back[i]);
@@ -638,8 +638,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		close(fd);
 		return ret;
 	}
-	pthread_mutex_lock(&fs.nslock);
-	pthread_mutex_lock(&fs.lock);
+	fs_ns_lock();
+	fs_lock();
 	unlinked = in->unlinked;
 	open = in->nopen > 0;
 	if (!unlinked && in->name && in->parent) {
@@ -647,7 +647,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		dir = in->parent;
 		fs_inode_get(dir);
 	}
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	if (unlinked && !open) {
 		ret = -ENOENT;	/* removed, and nobody can read it any more */
 		goto out_close;
@@ -667,14 +667,14 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		 * owner, xattrs and times (fstat of an open removed file) */
 		copy_attrs(in, ofd, fd, &old);
 		fs_fd_release(in);
-		pthread_mutex_lock(&fs.lock);
+		fs_lock();
 		if (!in->nopen) {
-			pthread_mutex_unlock(&fs.lock);
+			fs_unlock();
 			ret = -ENOENT;
 			goto out_close;
 		}
 		swap_fd(in, fd, closing);
-		pthread_mutex_unlock(&fs.lock);
+		fs_unlock();
 		fd = -1;
 		goto out_close;
 	}
@@ -692,7 +692,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 out_close:
 	if (fd >= 0)
 		close(fd);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	free(name);
 	if (dir)
 		fs_inode_put(dir);
@@ -738,9 +738,9 @@ static const char *v_name(struct tfile *f, char *buf, size_t len)
 {
 	struct fs_inode *in = in_of(f);
 
-	pthread_mutex_lock(&fs.lock);
+	fs_lock();
 	snprintf(buf, len, "%s", in->name ? in->name : "(unlinked file)");
-	pthread_mutex_unlock(&fs.lock);
+	fs_unlock();
 	return buf;
 }
 

@@ -125,13 +125,13 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fuse_reply_err(req, EPERM);
 		return;
 	}
-	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
+	fs_ns_lock();	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	fs_proc_path(in->fd, path, sizeof(path));
 	if (ret >= 0)
 		ret = setxattr(path, name, value, size, flags) < 0 ? -errno : 0;
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	fuse_reply_err(req, -ret);
 }
 
@@ -191,12 +191,12 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
-	pthread_mutex_lock(&fs.nslock);	/* not while a new version is committed */
+	fs_ns_lock();	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	fs_proc_path(in->fd, path, sizeof(path));
 	if (ret >= 0)
 		ret = removexattr(path, name) < 0 ? -errno : 0;
 	fs_fd_release(in);
-	pthread_mutex_unlock(&fs.nslock);
+	fs_ns_unlock();
 	fuse_reply_err(req, -ret);
 }
