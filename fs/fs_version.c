@@ -167,9 +167,10 @@ static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *
  * Copy version fd's content over the file itself (ofd, held; a file with
  * other names).  The version fd may be O_DIRECT, which copy_file_range
  * (a splice underneath) refuses for lengths that are not block multiples:
- * both ends are reopened buffered.
+ * both ends are reopened buffered.  The file is synced: the journal that
+ * guards the copy is removed after it.
  */
-static int copy_in_place(int ofd, int fd, bool durable)
+static int copy_in_place(int ofd, int fd)
 {
 	char path[64], buf[65536];
 	struct stat st;
@@ -222,7 +223,7 @@ static int copy_in_place(int ofd, int fd, bool durable)
 	}
 	if (!ret && ftruncate(dst, st.st_size) < 0)
 		ret = -errno;
-	if (!ret && durable && fsync(dst) < 0)
+	if (!ret && fsync(dst) < 0)
 		ret = -errno;
 	close(dst);
 	close(src);
@@ -263,6 +264,14 @@ static bool has_prefix(const char *s, const char *prefix)
 	return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* Is backing-root entry `name` a journal record (.tierfs.redo.N.h)? */
+static bool is_record(const char *name)
+{
+	size_t l = strlen(name);
+
+	return has_prefix(name, REDO_PREFIX) && l > 2 && strcmp(name + l - 2, ".h") == 0;
+}
+
 /* fd's path relative to the backing root into rel (NUL-terminated), or -errno. */
 static int rel_path(int fd, char *rel, size_t len)
 {
@@ -298,8 +307,9 @@ static int redo_record(const char *rname, const struct stat *old, uint64_t size,
 	fd = fs_fd_openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return fd;
+	errno = EIO;		/* a short write sets none */
 	if (write(fd, head, (size_t)hn) != hn || write(fd, rel, strlen(rel)) != (ssize_t)strlen(rel))
-		ret = errno ? -errno : -EIO;
+		ret = -errno;
 	if (!ret && fsync(fd) < 0)
 		ret = -errno;
 	close(fd);
@@ -363,7 +373,7 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 	if (ret) {
 		tlog(LOG_WARNING, "inode %ju: no name found for its journal: its new "
 		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
-		return copy_in_place(ofd, fd, true);
+		return copy_in_place(ofd, fd);
 	}
 	if (fsync(fd) < 0 || fstat(fd, &st) < 0)
 		return -errno;
@@ -375,7 +385,7 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 		ret = -errno;
 		tlog(LOG_WARNING, "%s: cannot journal its new version (%s): copied in "
 		     "place unjournalled", rel, strerror(-ret));
-		return copy_in_place(ofd, fd, true);
+		return copy_in_place(ofd, fd);
 	}
 	ret = redo_record(rname, old, (uint64_t)st.st_size, rel);
 	if (!ret)
@@ -385,7 +395,7 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 		unlinkat(fs.root_fd, vname, 0);
 		return ret;
 	}
-	ret = copy_in_place(ofd, fd, true);
+	ret = copy_in_place(ofd, fd);
 	if (ret) {
 		/* the record stays: the next start-up finishes the copy */
 		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); "
@@ -435,7 +445,7 @@ static void redo_one(int dfd, const char *rname)
 		     "for; not replayed", rname, rel);
 		goto drop;
 	}
-	ret = copy_in_place(tfd, vfd, true);
+	ret = copy_in_place(tfd, vfd);
 	if (ret) {
 		tlog(LOG_ERR, "journal %s: cannot finish the update of %s: %s (kept; "
 		     "retried at the next start)", rname, rel, strerror(-ret));
@@ -485,17 +495,19 @@ void fs_redo_journal(void)
 			break;
 		n++;
 	}
-	for (i = 0; i < n; i++) {
-		size_t l = strlen(names[i]);
-
-		if (has_prefix(names[i], REDO_PREFIX) && l > 2 && !strcmp(names[i] + l - 2, ".h"))
+	for (i = 0; i < n; i++)
+		if (is_record(names[i]))
 			redo_one(dirfd(d), names[i]);
-	}
-	for (i = 0; i < n; i++) {	/* versions never committed */
-		size_t l = strlen(names[i]);
+	for (i = 0; i < n; i++) {
+		char rname[NAME_MAX + 1];
+		struct stat st;
 
-		if (!(has_prefix(names[i], REDO_PREFIX) && l > 2 &&
-		      !strcmp(names[i] + l - 2, ".h")))
+		/* versions never committed, and leftovers of renames; a version
+		 * whose record is still there (its update could not be
+		 * finished: retried at the next start) stays */
+		snprintf(rname, sizeof(rname), "%s.h", names[i]);
+		if (!is_record(names[i]) &&
+		    fstatat(dirfd(d), rname, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			unlinkat(dirfd(d), names[i], 0);
 		free(names[i]);
 	}

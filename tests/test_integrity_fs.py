@@ -432,3 +432,37 @@ def test_startup_drops_uncommitted_journal_entries(tmp_path):
     m.umount()
     left = sorted(n for n in os.listdir(b) if n.startswith(".tierfs"))
     assert left == [], left
+
+
+def test_startup_keeps_journal_entry_it_cannot_finish(tmp_path):
+    """A journalled update that start-up cannot finish (here: the file is
+    immutable) stays journalled, version included, and the next start-up
+    finishes it."""
+    util.require_daemon("reads the daemon log")
+    m = util.Mount(tmp_path)
+    b = m.backing
+    target = os.path.join(b, "f")
+    with open(target, "wb") as f:
+        f.write(b"old!")
+    os.link(target, os.path.join(b, "g"))
+    st = os.stat(target)
+    with open(os.path.join(b, ".tierfs.redo.1.1"), "wb") as f:
+        f.write(b"new!")
+    with open(os.path.join(b, ".tierfs.redo.1.1.h"), "wb") as f:
+        f.write(f"tierfs-redo 1\n{st.st_dev} {st.st_ino} 4\nf".encode())
+    import subprocess
+    if subprocess.run(["chattr", "+i", target], capture_output=True).returncode:
+        pytest.skip("chattr +i does not work here")
+    try:
+        m.expect_errors("cannot finish the update")
+        m.start()
+        m.umount()
+    finally:
+        subprocess.run(["chattr", "-i", target], check=True)
+    left = sorted(n for n in os.listdir(b) if n.startswith(".tierfs"))
+    assert left == [".tierfs.redo.1.1", ".tierfs.redo.1.1.h"], left
+    m.start()
+    with open(os.path.join(m.mnt, "g"), "rb") as f:
+        assert f.read() == b"new!"
+    m.umount()
+    assert not [n for n in os.listdir(b) if n.startswith(".tierfs")]
