@@ -434,6 +434,8 @@ static int serve_one(struct conn *c)
 		pthread_mutex_unlock(&share.lock);
 		if (ent)
 			res.result = span_finish(ent, req.ok == 1);
+		if (req.flags & SHARE_END_NOREPLY)
+			return 1;	/* a read's end: nobody waits for it */
 	}
 	return send(c->fd, &res, sizeof(res), MSG_NOSIGNAL) == sizeof(res) ? 1 : -1;
 }

@@ -36,7 +36,8 @@
 #include <sys/ioctl.h>
 
 #define SHARE_MAGIC		0x48534654u	/* "TFSH" */
-#define SHARE_VERSION		1
+#define SHARE_VERSION		2	/* 2: SHARE_END_NOREPLY */
+#define SHARE_VERSION_MIN	1	/* the oldest a client still speaks */
 #define SHARE_NAME_MAX		64
 #define SHARE_BATCH_MAX		64
 
@@ -80,10 +81,17 @@ struct share_batch {
 	uint32_t count;			/* descriptors attached */
 };
 
+/*
+ * SHARE_END_NOREPLY (version 2): the daemon sends no share_result.  A read
+ * span's end only releases the range (its bytes are already copied), so
+ * the client need not wait for it; a write's end commits and is answered.
+ */
+#define SHARE_END_NOREPLY	1u
+
 struct share_end {
 	uint64_t token;
 	int32_t ok;			/* 1: the copy completed */
-	uint32_t reserved;
+	uint32_t flags;			/* SHARE_END_NOREPLY or 0 */
 };
 
 struct share_result {

@@ -398,6 +398,7 @@ struct share {
 	int sock;
 	int device;
 	uint64_t conn_id, cache_id, va, size, chunk, mapped;
+	bool noreply;		/* the daemon takes SHARE_END_NOREPLY */
 	pthread_mutex_t io;	/* one span end at a time on sock */
 };
 
@@ -519,13 +520,15 @@ static int share_setup(struct share *sh, int fd)
 		return -errno;
 	if (recv(sh->sock, &h, sizeof(h), 0) != sizeof(h))
 		return -EPROTO;
-	if (h.magic != SHARE_MAGIC || h.version != SHARE_VERSION)
+	if (h.magic != SHARE_MAGIC || h.version < SHARE_VERSION_MIN ||
+	    h.version > SHARE_VERSION)
 		return -EPROTO;
 	if (h.err)
 		return -h.err;
 	if (!h.size || !h.chunk || h.cache_id != info.cache_id)
 		return -EPROTO;
 	sh->device = h.device;
+	sh->noreply = h.version >= 2;
 	sh->conn_id = h.conn_id;
 	sh->cache_id = h.cache_id;
 	sh->size = h.size;
@@ -621,15 +624,27 @@ static struct share *share_get(int fd, dev_t dev, uint64_t mnt_id)
 	return sh;
 }
 
-/* End span `token` on the socket; the daemon's result (bytes or -errno). */
-static int64_t share_end(struct share *sh, uint64_t token, bool ok)
+/*
+ * End span `token` on the socket; the daemon's result (bytes or -errno).
+ * A read span that copied its n bytes is ended without waiting for the
+ * answer (it only releases the range): returns n.
+ */
+static int64_t share_end(struct share *sh, uint64_t token, bool ok, bool write,
+			 uint64_t n_read)
 {
 	struct share_end req = { .token = token, .ok = ok ? 1 : 0 };
 	struct share_result res;
+	bool noreply = !write && ok && sh->noreply;
 	ssize_t n;
 
+	if (noreply)
+		req.flags = SHARE_END_NOREPLY;
 	pthread_mutex_lock(&sh->io);
 	n = send(sh->sock, &req, sizeof(req), MSG_NOSIGNAL);
+	if (n == sizeof(req) && noreply) {
+		pthread_mutex_unlock(&sh->io);
+		return (int64_t)n_read;
+	}
 	if (n == sizeof(req)) {
 		/* the answer takes microseconds: poll for it a while before
 		 * sleeping (waking up costs tens of microseconds) */
@@ -697,7 +712,7 @@ static int share_io(struct share *sh, int fd, uint64_t p, void *ctx,
 		if (sp.n == 0)
 			return 1;		/* end of file */
 		if (sp.cache_id != sh->cache_id) {
-			share_end(sh, sp.token, false);
+			share_end(sh, sp.token, false, write, 0);
 			share_kill(sh);
 			return 0;
 		}
@@ -706,7 +721,7 @@ static int share_io(struct share *sh, int fd, uint64_t p, void *ctx,
 		ret = write ? gpu_share_copy(sh->device, ctx, dev_at, p + *done, sp.n)
 			    : gpu_share_copy(sh->device, ctx, p + *done, dev_at, sp.n);
 		t[2] = trace ? mono_s() : 0;
-		res = share_end(sh, sp.token, ret == 0);
+		res = share_end(sh, sp.token, ret == 0, write, sp.n);
 		if (trace) {
 			t[3] = mono_s();
 			fprintf(stderr, "libtierfs: shared %s of %" PRIu64 " B: span %.1f us, "

@@ -371,8 +371,13 @@ def share_connect(name):
     return s, hello, fds
 
 
-def share_end(s, token, ok):
-    s.send(SHARE_END.pack(token, 1 if ok else 0, 0))
+SHARE_END_NOREPLY = 1
+
+
+def share_end(s, token, ok, flags=0):
+    s.send(SHARE_END.pack(token, 1 if ok else 0, flags))
+    if flags & SHARE_END_NOREPLY:
+        return None
     return SHARE_RESULT.unpack(s.recv(SHARE_RESULT.size))[0]
 
 
@@ -391,7 +396,7 @@ def test_gpu_share_protocol(mount):
         assert name.startswith(b"tierfs-share-") and device == int(util.GPU)
         s, hello, fds = share_connect(name)
         magic, version, err, hdev, hcache, conn, size, chunk, nchunks = hello
-        assert (magic, version, err, hdev, hcache) == (0x48534654, 1, 0, device, cache_id)
+        assert (magic, version, err, hdev, hcache) == (0x48534654, 2, 0, device, cache_id)
         assert nchunks == (size + chunk - 1) // chunk == len(fds) and size > 0
         for f in fds:
             os.close(f)
@@ -422,6 +427,16 @@ def test_gpu_share_protocol(mount):
         assert n == 4096 and token
         time.sleep(0.05)
         assert share_end(s, token, True) == 4096
+        # a read's end without an answer (version 2): it still unpins
+        # the range, and the next end gets its own answer, not that one's
+        cid, token, off, n = span(rofd, conn, 0, 4096)
+        assert n == 4096 and token
+        assert share_end(s, token, True, SHARE_END_NOREPLY) is None
+        cid, token2, off, n = span(rofd, conn, 0, 100)
+        assert n == 100 and token2 != token
+        s.settimeout(5)
+        assert share_end(s, token2, True) == 100
+        s.settimeout(None)
 
         # a write span that fails: the size stays, and a write() to the
         # file waits for the span, then goes through
