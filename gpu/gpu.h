@@ -106,4 +106,38 @@ void gpu_share_release(int dev, uint64_t va, uint64_t mapped, uint64_t chunk,
  * context) on its legacy default stream; waits for it. */
 int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len);
 
+/* ---- chunk hashing (gpu_hash.c, kernels in gpu_hash.cu) ------------- */
+
+#define GPU_HASH_SIZE		16		/* bytes of one hash */
+#define GPU_HASH_CHUNK_MIN	4096u		/* chunk sizes: powers of two */
+#define GPU_HASH_CHUNK_MAX	(1u << 20)
+
+/* Kernels of gpu_hash_chunks_dev(): AUTO is what gpu_hash_chunks() uses
+ * (U4 up to 16 KiB chunks, U8 above); U4 and U8 keep 4 or 8 KiB of loads
+ * in flight per chunk (benchmarks compare them). */
+enum { GPU_HASH_VARIANT_AUTO = 0, GPU_HASH_VARIANT_U4, GPU_HASH_VARIANT_U8 };
+
+/*
+ * XXH3-128 (seed 0, default secret: libxxhash's XXH3_128bits()) of each
+ * chunk of [src, src + len) on the device: chunk i is the `chunk` bytes at
+ * src + i * chunk, the last one possibly shorter (len need not be a
+ * multiple).  out[i] (host memory, ceil(len / chunk) entries) receives
+ * XXH128_canonicalFromHash() of chunk i's hash: high64 then low64, each
+ * big-endian, i.e. memcmp() orders hashes as numbers.  src must be 16-byte
+ * aligned; chunk a power of two in [GPU_HASH_CHUNK_MIN, GPU_HASH_CHUNK_MAX].
+ * Synchronous; calls are serialised.  Returns 0, -EINVAL, -ENODEV (no
+ * gpu_init()), -ENOMEM or -EIO; -EOPNOTSUPP without CUDA.
+ */
+int gpu_hash_chunks(uint64_t src, uint64_t len, uint64_t chunk,
+		    uint8_t (*out)[GPU_HASH_SIZE]);
+/* The same into device memory dst (16-byte aligned), with a given kernel
+ * (GPU_HASH_VARIANT_*). */
+int gpu_hash_chunks_dev(uint64_t src, uint64_t len, uint64_t chunk,
+			uint64_t dst, int variant);
+/* Read [src, src + len) once and discard it (both 16-byte multiples): the
+ * device's read bandwidth, the roofline of the hash (benchmarks). */
+int gpu_hash_readbw(uint64_t src, uint64_t len);
+/* One line on the loaded kernels (registers, code version, SMs). */
+int gpu_hash_describe(char *buf, size_t len);
+
 #endif /* TIERFS_GPU_H */

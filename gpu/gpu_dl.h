@@ -90,7 +90,11 @@
 	X(cuIpcOpenMemHandle)			\
 	X(cuIpcCloseMemHandle)			\
 	X(cuMemExportToShareableHandle)		\
-	X(cuMemImportFromShareableHandle)
+	X(cuMemImportFromShareableHandle)	\
+	X(cuModuleLoadData)			\
+	X(cuModuleGetFunction)			\
+	X(cuFuncGetAttribute)			\
+	X(cuLaunchKernel)
 
 /* One pointer per function, named by the exported (expanded) symbol. */
 #define GPU_CU_MEMBER(f) __typeof__(f) *f;
@@ -159,6 +163,12 @@ bool gpu_dl_loaded(void);
 #define cuIpcCloseMemHandle		(gpu_cu.cuIpcCloseMemHandle)
 #define cuMemExportToShareableHandle	(gpu_cu.cuMemExportToShareableHandle)
 #define cuMemImportFromShareableHandle	(gpu_cu.cuMemImportFromShareableHandle)
+#define cuModuleLoadData		(gpu_cu.cuModuleLoadData)
+#define cuModuleGetFunction		(gpu_cu.cuModuleGetFunction)
+#define cuFuncGetAttribute		(gpu_cu.cuFuncGetAttribute)
+/* cuda.h: cuLaunchKernel -> __CUDA_API_PTSZ(cuLaunchKernel): as above. */
+#undef cuLaunchKernel
+#define cuLaunchKernel			(gpu_cu.cuLaunchKernel)
 #endif /* GPU_DL_NO_REDIRECT */
 
 #endif /* TIERFS_GPU_DL_H */

@@ -227,3 +227,40 @@ int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len)
 	(void)len;
 	return -EOPNOTSUPP;
 }
+
+/* gpu_hash_chunks - -EOPNOTSUPP: hash on the host instead; out untouched. */
+int gpu_hash_chunks(uint64_t src, uint64_t len, uint64_t chunk,
+		    uint8_t (*out)[GPU_HASH_SIZE])
+{
+	(void)src;
+	(void)len;
+	(void)chunk;
+	(void)out;
+	return -EOPNOTSUPP;
+}
+
+int gpu_hash_chunks_dev(uint64_t src, uint64_t len, uint64_t chunk,
+			uint64_t dst, int variant)
+{
+	(void)src;
+	(void)len;
+	(void)chunk;
+	(void)dst;
+	(void)variant;
+	return -EOPNOTSUPP;
+}
+
+int gpu_hash_readbw(uint64_t src, uint64_t len)
+{
+	(void)src;
+	(void)len;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_hash_describe - -EOPNOTSUPP, with "built without CUDA" in buf. */
+int gpu_hash_describe(char *buf, size_t len)
+{
+	if (buf && len)
+		snprintf(buf, len, "built without CUDA");
+	return -EOPNOTSUPP;
+}

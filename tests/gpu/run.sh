@@ -18,8 +18,9 @@
 #                           installs, maybe no fusermount3: the tests then
 #                           unmount with umount), with build-gpu/ and
 #                           .devlibs/ carried along: records nvidia-smi, runs
-#                           every program in build-gpu/tests/unit/ and
-#                           build-gpu/tests/gpu/gpu_selftest, then the pytest
+#                           every program in build-gpu/tests/unit/,
+#                           build-gpu/tests/gpu/gpu_selftest and
+#                           build-gpu/tests/gpu/test_gpu_hash, then the pytest
 #                           suites against build-gpu/tierfs with a GPU tier,
 #                           and prints a summary.  Exit 0 when nothing failed.
 #
@@ -40,6 +41,9 @@
 #                           the default 50,000 so that the suite fits)
 #   TIERFS_TEST_TIMEOUT     per-test hang guard of conftest.py [BUDGET]
 #   SKIP_UNIT=1, SKIP_PYTEST=1   leave a half out
+#   UNITS=                  run only these unit programs (space-separated,
+#                           paths under build-gpu/, e.g.
+#                           UNITS=tests/gpu/test_gpu_hash)
 #
 # usage: tests/gpu/run.sh [prep]
 #
@@ -175,9 +179,16 @@ gpu_run() {
 
 	if [ -z "${SKIP_UNIT:-}" ]; then
 		: >"$OUT/unit.log"
-		for prog in "$BUILD"/tests/unit/* "$BUILD"/tests/gpu/gpu_selftest; do
+		for prog in "$BUILD"/tests/unit/* "$BUILD"/tests/gpu/gpu_selftest \
+			    "$BUILD"/tests/gpu/test_gpu_hash; do
 			{ [ -f "$prog" ] && [ -x "$prog" ]; } || continue
 			case $prog in *.o|*.a|*.sh|*.log|*.trs) continue ;; esac
+			if [ -n "${UNITS:-}" ]; then
+				case " $UNITS " in
+				*" ${prog#"$BUILD"/} "*) ;;
+				*) continue ;;
+				esac
+			fi
 			run_unit "$prog"
 		done
 	fi
