@@ -133,7 +133,7 @@ static __device__ __forceinline__ void hash_long(const uint8_t *base,
 	uint64_t d0, d1, mlo, mhi;
 	ulonglong2 buf[U][2];
 	uint32_t b0;
-	int j;
+	unsigned j;
 
 	/* the last stripe's two words of this pair, early: off the path */
 	d0 = ld64_any(last);
