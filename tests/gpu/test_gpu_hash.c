@@ -35,7 +35,8 @@
  * the traffic).
  *
  * Environment: TIERFS_GPU_DEV (device, default 0), TIERFS_HASH_SEED
- * (random seed, printed either way), TIERFS_HASH_REPS (timed runs, 9).
+ * (random seed, printed either way), TIERFS_HASH_REPS (timed runs, 9),
+ * TIERFS_HASH_BENCH_MIB (benchmark size, default 1024, at least 256).
  *
  * Built by `make check` (CUDA build with libxxhash-dev); libxxhash is
  * linked statically, libcuda is loaded at run time (gpu/gpu_dl.c).
@@ -59,7 +60,7 @@
 #define KiB		((uint64_t)1 << 10)
 #define MiB		((uint64_t)1 << 20)
 #define GiB		((uint64_t)1 << 30)
-#define BIG		GiB		/* benchmark size */
+#define BIG		T.big		/* benchmark size, >= 256 MiB */
 #define PAD		(8 * KiB)	/* room for offsets past BIG */
 #define MAX_HASHES	(BIG / GPU_HASH_CHUNK_MIN)
 
@@ -171,6 +172,7 @@ static const char *const kern_names[K_COUNT] = {
 };
 
 static struct {
+	uint64_t big;		/* benchmark bytes (TIERFS_HASH_BENCH_MIB) */
 	uint64_t vbase;		/* VMM range: the data */
 	uint64_t dhash;		/* device hashes, MAX_HASHES * 16 bytes */
 	uint64_t dcopy;		/* cuMemAlloc'ed BIG + PAD: copy target */
@@ -274,17 +276,18 @@ static void test_sizes(void)
 static void test_lengths(void)
 {
 	uint64_t len, off, chunk;
-	char why[512] = "";
+	char why[512] = "", first[512] = "";
 	int bad = 0, i, k;
 
 	for (len = 1; len <= 4200; len++)
 		if (!hash_matches(K_AUTO_HOST, 0, len, 4096, false, why,
 				  sizeof(why)) && !bad++)
-			printf("  first mismatch: %s\n", why);
+			memcpy(first, why, sizeof(first));
 	check(!bad, "every length 1..4200, chunk 4 KiB: %d wrong%s%s", bad,
-	      bad ? ": " : "", bad ? why : "");
+	      bad ? ", the first: " : "", first);
 
 	bad = 0;
+	first[0] = '\0';
 	for (i = 0; i < 200; i++) {
 		chunk = GPU_HASH_CHUNK_MIN << (rng() % 9);
 		len = 1 + rng() % (8 * MiB);
@@ -292,10 +295,10 @@ static void test_lengths(void)
 		k = (int)(rng() % K_COUNT);
 		if (!hash_matches(k, off, len, chunk, false, why,
 				  sizeof(why)) && !bad++)
-			printf("  first mismatch: %s\n", why);
+			memcpy(first, why, sizeof(first));
 	}
-	check(!bad, "200 random lengths (<= 8 MiB), offsets, chunk sizes, kernels: %d wrong",
-	      bad);
+	check(!bad, "200 random lengths (<= 8 MiB), offsets, chunk sizes, kernels: %d wrong%s%s",
+	      bad, bad ? ", the first: " : "", first);
 }
 
 /* Constant data, in the copy buffer: zeros then ones, 1 MiB + 5. */
@@ -463,9 +466,9 @@ static void bench(int reps)
 		       gbs(t_k[K_U4]), gbs(t_k[K_U8]), gbs(t_k[K_AUTO_HOST]),
 		       gbs(t_host), t_read / best, t_copy / best,
 		       t_host / best);
-		check(!bad, "1 GiB in %" PRIu64 " KiB chunks: all %" PRIu64
+		check(!bad, "%" PRIu64 " MiB in %" PRIu64 " KiB chunks: all %" PRIu64
 		      " hashes of the 3 kernels equal XXH3_128bits%s%s",
-		      chunk / KiB, n, bad ? ": " : "", why);
+		      BIG / MiB, chunk / KiB, n, bad ? ": " : "", why);
 	}
 	printf("INFO: U4/U8 dev: kernel alone, hashes left in device memory; "
 	       "->host: gpu_hash_chunks, hashes copied to pageable host memory "
@@ -493,6 +496,9 @@ int main(void)
 	reps = (int)env_u64("TIERFS_HASH_REPS", 9);
 	if (reps < 1)
 		reps = 1;
+	T.big = env_u64("TIERFS_HASH_BENCH_MIB", 1024) * MiB;
+	if (T.big < 256 * MiB)
+		T.big = 256 * MiB;
 	rng_state = seed | 1;
 	printf("INFO: test_gpu_hash: XXH3-128 of device chunks against "
 	       "libxxhash %u; seed %" PRIu64 " (TIERFS_HASH_SEED to repeat)\n",
