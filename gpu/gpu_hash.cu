@@ -30,7 +30,7 @@
  *     pairs with two more shuffles.  Lane 0 writes the hash.
  *
  * The loads of the next U blocks are in flight while a block is summed (a
- * ring of registers, U = 4 or 8), so that a warp keeps 8-16 KiB moving:
+ * ring of registers, U = 4 or 8), so that a warp keeps 4-8 KiB moving:
  * with 1 MiB chunks there are only about eight warps per SM for a GiB.
  * Bulk loads are ld.global.cs (streamed: read once, evicted first).
  *
