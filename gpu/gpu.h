@@ -113,7 +113,7 @@ int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len);
 #define GPU_HASH_CHUNK_MAX	(1u << 20)
 
 /* Kernels of gpu_hash_chunks_dev(): AUTO is what gpu_hash_chunks() uses
- * (U4 up to 16 KiB chunks, U8 above); U4 and U8 keep 4 or 8 KiB of loads
+ * (U8 at 8 KiB chunks, U4 at the others); U4 and U8 keep 4 or 8 KiB of loads
  * in flight per chunk (benchmarks compare them). */
 enum { GPU_HASH_VARIANT_AUTO = 0, GPU_HASH_VARIANT_U4, GPU_HASH_VARIANT_U8 };
 

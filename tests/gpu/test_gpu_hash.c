@@ -472,7 +472,7 @@ static void bench(int reps)
 	}
 	printf("INFO: U4/U8 dev: kernel alone, hashes left in device memory; "
 	       "->host: gpu_hash_chunks, hashes copied to pageable host memory "
-	       "(what tierfs calls; U4 up to 16 KiB chunks, U8 above); host 1thr: "
+	       "(what tierfs calls; U8 at 8 KiB chunks, U4 at the others); host 1thr: "
 	       "XXH3_128bits on one CPU thread; best/rd, best/cp: the faster "
 	       "kernel's GB/s over the read-only pass and over the copy; "
 	       "best/cpu: its speed-up over one CPU thread\n");
