@@ -112,10 +112,40 @@ static int gpu_tier_move(struct cache *c, uint64_t dst, uint64_t src,
 	return gpu_copy_dtod(g->dbase + dst, g->dbase + src, len);
 }
 
+/* Chunk hashes on the GPU (gpu_hash_chunks: canonical, big-endian high
+ * half first), turned into { low, high } pairs. */
+static int gpu_tier_hash(struct cache *c, uint64_t off, uint64_t len, uint64_t chunk,
+			 uint64_t (*out)[2])
+{
+	struct gpu_tier *g = tier_of(c);
+	uint64_t n = (len + chunk - 1) / chunk;
+	int ret;
+
+	if (!len)
+		return 0;
+	if (!range_ok(g, "hash", off, len))
+		return -EFAULT;
+	/* out has 16 bytes per chunk: the canonical form first, in place */
+	ret = gpu_hash_chunks(g->dbase + off, len, chunk, (uint8_t (*)[16])out);
+	for (uint64_t i = 0; !ret && i < n; i++) {
+		const uint8_t *b = (const uint8_t *)out[i];
+		uint64_t hi = 0, lo = 0;
+
+		for (int k = 0; k < 8; k++) {
+			hi = hi << 8 | b[k];
+			lo = lo << 8 | b[8 + k];
+		}
+		out[i][0] = lo;
+		out[i][1] = hi;
+	}
+	return ret;
+}
+
 static const struct tier_ops gpu_tier_ops = {
 	.write = gpu_tier_write,
 	.read = gpu_tier_read,
 	.move = gpu_tier_move,
+	.hash = gpu_tier_hash,
 };
 
 /* ---- mapping ---------------------------------------------------------- */

@@ -140,6 +140,13 @@ struct tier_ops {
 	int (*read)(struct cache *c, uint64_t off, void *dst, size_t len);
 	/* copy inside the buffer (reallocation) */
 	int (*move)(struct cache *c, uint64_t dst, uint64_t src, size_t len);
+	/*
+	 * Optional (NULL: hash on the host): XXH3-128 of each chunk-byte
+	 * piece of [off, off + len) into out[i] = { low 64, high 64 bits },
+	 * the last piece short.  0 or -errno.
+	 */
+	int (*hash)(struct cache *c, uint64_t off, uint64_t len, uint64_t chunk,
+		    uint64_t (*out)[2]);
 };
 
 struct cache {
