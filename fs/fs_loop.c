@@ -154,6 +154,8 @@ struct fs_worker {
 	bool registered;		/* buf.mem is pinned */
 };
 
+static bool conn_aborted_said;
+
 static void *worker_main(void *arg)
 {
 	struct fs_worker *w = arg;
@@ -171,7 +173,17 @@ static void *worker_main(void *arg)
 		if (res == -EINTR || res == -EAGAIN)
 			continue;
 		if (res <= 0) {
-			if (res < 0 && res != -ENODEV)
+			/*
+			 * The connection ended: ENODEV, or ECONNABORTED where
+			 * the kernel aborts it (a fusectl abort; an unmount
+			 * that finds requests still queued, such as the
+			 * background RELEASEs of many closes).  Said once.
+			 */
+			if (res == -ECONNABORTED && !__atomic_exchange_n(&conn_aborted_said, true,
+									 __ATOMIC_RELAXED))
+				tlog(LOG_NOTICE, "the kernel aborted the connection (unmounted "
+				     "with requests queued, or aborted through fusectl)");
+			else if (res < 0 && res != -ENODEV && res != -ECONNABORTED)
 				tlog(LOG_ERR, "reading /dev/fuse: %s", strerror(-res));
 			fuse_session_exit(fs.se);
 			break;
