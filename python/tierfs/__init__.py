@@ -1,0 +1,439 @@
+"""tierfs - steer and observe a tierfs mount from Python.
+
+A thin layer over the extended attributes of tierfs-hints(7); only the
+standard library is used.  Example, an adjoint computation that writes its
+checkpoints forwards and reads them back backwards::
+
+    import tierfs
+
+    names = [f"ckpt-{i:04d}" for i in range(100)]
+    with tierfs.prefetch(d, False):          # forward: no prefetch
+        for n in names:
+            write_checkpoint(os.path.join(d, n))
+    with tierfs.restore_order(d, reversed(names)):
+        for n in reversed(names):            # backward: prefetched
+            read_checkpoint(os.path.join(d, n))
+
+    tierfs.wait_flushed(d)                   # everything on the SSD
+
+Errors are OSError subclasses: NotTierfsError for a path that is not on a
+tierfs mount, BadNameError (also a ValueError) for a restore-order name the
+daemon would refuse; it names the bad line.  Other failures of the calls
+(ENOENT, EPERM, ...) are raised as the OSError of the system call.
+"""
+
+import errno
+import json
+import os
+import stat as _stat
+import time
+
+__all__ = [
+    "TierfsError", "NotTierfsError", "BadNameError",
+    "restore_order", "queued", "clear", "restore_next", "prefetch",
+    "tier", "state", "stats", "wait_flushed", "is_tierfs", "mount_of",
+    "daemon_pid", "check_names",
+]
+
+__version__ = "0.1.0"
+
+PREFIX = "user.tierfs."
+XATTR_RESTORE_ORDER = PREFIX + "restore_order"
+XATTR_PREFETCH = PREFIX + "prefetch"
+XATTR_RESTORE_NEXT = PREFIX + "restore_next"
+XATTR_TIER = PREFIX + "tier"
+XATTR_STATE = PREFIX + "state"
+XATTR_STATS = PREFIX + "stats"
+
+HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
+LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT"
+NAME_MAX = 255
+VALUE_MAX = 64 * 1024           # the kernel's limit on an attribute value
+
+FSTYPE = "fuse.tierfs"
+
+
+class TierfsError(OSError):
+    """Base class of the errors this module raises itself."""
+
+
+class NotTierfsError(TierfsError):
+    """The path is not on a tierfs mount (or not its root, where one is
+    needed)."""
+
+
+class BadNameError(TierfsError, ValueError):
+    """A restore-order name that tierfs would refuse.
+
+    Attributes: line (1-based line of the list), name (as given), reason."""
+
+    def __init__(self, line, name, reason):
+        self.line, self.name, self.reason = line, name, reason
+        super().__init__(errno.EINVAL, f"restore order line {line}: {name!r}: {reason}")
+
+    def __str__(self):
+        return self.strerror
+
+
+# ---------------------------------------------------------------- mounts
+
+def _unescape(s):
+    """mountinfo's octal escapes (\\040 for a space, ...)."""
+    out, i = bytearray(), 0
+    b = s.encode("utf-8", "surrogateescape")
+    while i < len(b):
+        if b[i:i + 1] == b"\\" and i + 3 < len(b) and b[i + 1:i + 4].isdigit():
+            out.append(int(b[i + 1:i + 4], 8))
+            i += 4
+        else:
+            out.append(b[i])
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _mounts():
+    """[(mount point, fstype, source)] of /proc/self/mountinfo, in order."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, sep, right = line.partition(" - ")
+            fields = left.split()
+            if not sep or len(fields) < 5:
+                continue
+            r = right.split()
+            out.append((_unescape(fields[4]), r[0] if r else "",
+                        _unescape(r[1]) if len(r) > 1 else ""))
+    return out
+
+
+def mount_of(path):
+    """The mount point of the tierfs mount holding `path`.
+
+    Raises NotTierfsError if `path` is on another file system, and the
+    OSError of stat(2) if it does not exist."""
+    os.stat(path)                       # ENOENT, EACCES, ... as they are
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    for mp, fst, _ in _mounts():        # the last mount over a place wins
+        if real == mp or real.startswith(mp.rstrip("/") + "/"):
+            if len(mp) >= len(best):
+                best, fstype = mp, fst
+    if fstype != FSTYPE:
+        raise NotTierfsError(errno.ENOTSUP, f"{path} is not on a tierfs mount"
+                             + (f" (it is on {best}, {fstype})" if best else ""))
+    return best
+
+
+def is_tierfs(path):
+    """True if `path` (a file or directory) is on a tierfs mount."""
+    try:
+        mount_of(path)
+        return True
+    except OSError:
+        return False
+
+
+def _need_tierfs(path):
+    mount_of(path)
+
+
+# ---------------------------------------------------------------- names
+
+def _as_bytes(name):
+    if isinstance(name, bytes):
+        return name
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+        if isinstance(name, bytes):
+            return name
+    if not isinstance(name, str):
+        raise TypeError(f"a name must be str or bytes, not {type(name).__name__}")
+    return os.fsencode(name)
+
+
+def check_names(names, dir=None):
+    """Check restore-order names as the daemon does (fs/fs_hints.c) and
+    return them as a list of bytes.
+
+    A name must be a plain name inside the directory: no "/", not "." or
+    "..", not beginning with ".tierfs", at most 255 bytes, valid UTF-8, no
+    NUL byte, no newline.  Empty names are refused here (the daemon skips
+    empty lines; here they are mistakes).  With `dir`, a name that exists
+    there must be a regular file (names of files not written yet are fine).
+    Raises BadNameError naming the first bad line (1-based)."""
+    out = []
+    for i, name in enumerate(names, 1):
+        b = _as_bytes(name)
+        if not b:
+            reason = "empty name"
+        elif b"\n" in b:
+            reason = "contains a newline"
+        elif b"\0" in b:
+            reason = "contains a NUL byte"
+        elif b"/" in b:
+            reason = "contains '/': only plain names inside the directory"
+        elif b in (b".", b".."):
+            reason = "'.' and '..' are not files"
+        elif b.startswith(HIDDEN_PREFIX):
+            reason = "names beginning with '.tierfs' are tierfs's own"
+        elif len(b) > NAME_MAX:
+            reason = f"longer than {NAME_MAX} bytes ({len(b)})"
+        else:
+            try:
+                b.decode("utf-8", "strict")
+                reason = None
+            except UnicodeDecodeError:
+                reason = "not valid UTF-8"
+            if reason is None and dir is not None:
+                try:
+                    st = os.lstat(os.path.join(os.fsencode(dir), b))
+                    if not _stat.S_ISREG(st.st_mode):
+                        reason = "exists and is not a regular file"
+                except FileNotFoundError:
+                    pass
+        if reason:
+            raise BadNameError(i, name, reason)
+        out.append(b)
+    return out
+
+
+def _chunks(names):
+    """Newline-separated values of at most VALUE_MAX bytes."""
+    chunk, size = [], 0
+    for b in names:
+        if chunk and size + len(b) + 1 > VALUE_MAX:
+            yield b"\n".join(chunk) + b"\n"
+            chunk, size = [], 0
+        chunk.append(b)
+        size += len(b) + 1
+    if chunk:
+        yield b"\n".join(chunk) + b"\n"
+
+
+# ---------------------------------------------------------------- hints
+
+class _Order:
+    """What restore_order() returns: usable as a context manager, whose
+    exit drops what is left of the directory's restore queue."""
+
+    def __init__(self, dir, names):
+        self.dir, self.names = dir, names
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            clear(self.dir)
+        except OSError:
+            if exc[0] is None:
+                raise
+        return False
+
+    def __repr__(self):
+        return f"<tierfs.restore_order {self.dir!r}: {len(self.names)} names>"
+
+
+def restore_order(dir, names):
+    """Append `names` (files of directory `dir`, in the order they will be
+    read back) to the mount's restore queue; tierfs prefetches them ahead
+    of the reads.
+
+    Names are checked first (see check_names): a bad one raises
+    BadNameError and nothing is queued.  Names of files that do not exist
+    yet are fine.  Lists longer than the kernel's 64 KiB per attribute are
+    sent in several writes.
+
+    Returns an object that can be used in a `with` statement: leaving it
+    drops what is left of this directory's queue (clear(dir)), including
+    entries queued by earlier calls."""
+    _need_tierfs(dir)
+    if not os.path.isdir(dir):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", dir)
+    if isinstance(names, (str, bytes)):
+        raise TypeError("names must be a list of names, not one string")
+    checked = check_names(list(names), dir)
+    if not checked:
+        raise BadNameError(0, "", "no names")
+    for value in _chunks(checked):
+        os.setxattr(dir, XATTR_RESTORE_ORDER, value)
+    return _Order(dir, checked)
+
+
+def queued(dir):
+    """The names of `dir` still in the restore queue, in order (str).
+
+    A listing longer than 64 KiB cannot be read (OSError E2BIG): the length
+    of the queue is in stats()["prefetch"]["queue"]."""
+    _need_tierfs(dir)
+    v = os.getxattr(dir, XATTR_RESTORE_ORDER)
+    return [os.fsdecode(n) for n in v.split(b"\n") if n]
+
+
+def clear(dir):
+    """Drop the restore-queue entries of directory `dir`."""
+    _need_tierfs(dir)
+    os.removexattr(dir, XATTR_RESTORE_ORDER)
+
+
+def restore_next(path):
+    """Append file `path` to the restore queue (single-hint mode)."""
+    _need_tierfs(path)
+    os.setxattr(path, XATTR_RESTORE_NEXT, b"")
+
+
+class _Prefetch:
+    """What prefetch() returns: truthy when prefetching is on; as a context
+    manager it restores the previous setting on exit."""
+
+    def __init__(self, dir, before, now):
+        self.dir, self.before, self.now = dir, before, now
+
+    def __bool__(self):
+        return self.now
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.before != self.now:
+            try:
+                _set_prefetch(self.dir, self.before)
+            except OSError:
+                if exc[0] is None:
+                    raise
+        return False
+
+    def __repr__(self):
+        return f"<tierfs.prefetch {'start' if self.now else 'stop'}>"
+
+
+def _get_prefetch(dir):
+    return os.getxattr(dir, XATTR_PREFETCH).strip() == b"start"
+
+
+def _set_prefetch(dir, on):
+    os.setxattr(dir, XATTR_PREFETCH, b"start" if on else b"stop")
+
+
+def prefetch(dir, on=None):
+    """Start (on=True) or hold (on=False) prefetching, mount-wide; `dir` is
+    any directory of the mount.  With on=None only reads the setting.
+
+    Returns an object that is true when prefetching is on, and that as a
+    context manager puts the previous setting back on exit::
+
+        with tierfs.prefetch(d, False):   # forward pass: flushes first
+            ...
+
+    Setting it needs root or the owner of the mount's root (EPERM)."""
+    _need_tierfs(dir)
+    before = _get_prefetch(dir)
+    if on is None:
+        return _Prefetch(dir, before, before)
+    _set_prefetch(dir, bool(on))
+    return _Prefetch(dir, before, bool(on))
+
+
+# ---------------------------------------------------------------- reports
+
+def tier(path):
+    """The tiers holding a copy of file `path`, fastest first, e.g.
+    ["host", "ssd"] or ["gpu", "host"]."""
+    _need_tierfs(path)
+    v = os.getxattr(path, XATTR_TIER).decode()
+    return [t for t in v.strip().split(",") if t]
+
+
+def state(path):
+    """The life-cycle state of each tier's copy of file `path`, fastest
+    first: {"host": "FLUSHED", "ssd": "CURRENT"} (see tierfs-hints(7))."""
+    _need_tierfs(path)
+    v = os.getxattr(path, XATTR_STATE).decode()
+    out = {}
+    for item in v.strip().split(","):
+        t, sep, s = item.partition(":")
+        if sep:
+            out[t] = s
+    return out
+
+
+def stats(mount):
+    """The statistics of the mount as a dict (user.tierfs.stats).  `mount`
+    may be any path on the mount: its mount point is found."""
+    root = mount_of(mount)
+    return json.loads(os.getxattr(root, XATTR_STATS))
+
+
+def daemon_pid(mount):
+    """The process id of the daemon serving the tierfs mount holding
+    `mount`, or None if it cannot be found (not root, daemon gone).
+
+    The daemon holds BACKING/.tierfs.lock open and writes "PID MOUNTPOINT"
+    into it: processes holding such a file are matched against the mount
+    point."""
+    return _find_daemon(os.path.realpath(mount_of(mount)))
+
+
+def _find_daemon(mnt):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        d = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{d}/{fd}")
+            except OSError:
+                continue
+            if not target.endswith("/" + LOCK_NAME):
+                continue
+            try:
+                with open(f"{d}/{fd}", "rb") as f:   # the daemon's own open file
+                    who, _, where = f.read(8192).decode("utf-8", "surrogateescape") \
+                        .strip().partition(" ")
+            except OSError:
+                continue
+            if who == pid and os.path.realpath(where) == mnt:
+                return int(pid)
+    return None
+
+
+def _file_flushed(path):
+    st = state(path)
+    ssd = st.get("ssd")
+    dirty = ("INIT", "WRITE_IN_PROGRESS", "WRITE_COMPLETE")
+    return ssd == "CURRENT" and not any(s in dirty for s in st.values())
+
+
+def _mount_flushed(root):
+    s = json.loads(os.getxattr(root, XATTR_STATS)).get("ssd", {})
+    return s.get("flush_backlog") == 0 and not s.get("flushes_running")
+
+
+def wait_flushed(path_or_mount, timeout=None, interval=0.05):
+    """Wait until what was written is on the SSD.
+
+    For a regular file: until its SSD copy is current (state ssd:CURRENT).
+    For a directory (the mount point or any directory of the mount): until
+    the whole mount's flush backlog is empty and no flush is running.
+    Returns True; raises TimeoutError after `timeout` seconds (None: wait
+    for ever).  A file written again meanwhile is waited for again."""
+    st = os.stat(path_or_mount)
+    root = mount_of(path_or_mount)
+    if _stat.S_ISREG(st.st_mode):
+        done = lambda: _file_flushed(path_or_mount)     # noqa: E731
+    else:
+        done = lambda: _mount_flushed(root)             # noqa: E731
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = min(interval, 0.005)
+    while not done():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(errno.ETIMEDOUT,
+                               f"{path_or_mount}: not flushed after {timeout} s")
+        time.sleep(pause)
+        pause = min(pause * 2, interval)
+    return True

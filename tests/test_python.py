@@ -1,0 +1,214 @@
+"""The Python package tierfs (python/tierfs) against a real tierfs mount.
+
+The package is imported from the source tree (python/), as an installed one
+would be from the site directory.
+"""
+
+import errno
+import os
+import sys
+import threading
+
+import pytest
+
+import util
+from util import MiB, randbytes, read_file, write_file
+
+sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+import tierfs  # noqa: E402
+
+
+# ---------------------------------------------------------------- names (no mount)
+
+@pytest.mark.parametrize("names, line, what", [
+    (["a", "b/c"], 2, "'/'"),
+    (["."], 1, "'.' and '..'"),
+    (["x", "y", ".."], 3, "'.' and '..'"),
+    ([".tierfs-x"], 1, ".tierfs"),
+    (["a" * 256], 1, "255 bytes"),
+    ([b"ok", b"\xff\xfe"], 2, "UTF-8"),
+    (["a\0b"], 1, "NUL"),
+    (["a\nb"], 1, "newline"),
+    (["a", ""], 2, "empty"),
+])
+def test_check_names_rejects_what_the_daemon_rejects(names, line, what):
+    with pytest.raises(tierfs.BadNameError) as ei:
+        tierfs.check_names(names)
+    e = ei.value
+    assert e.line == line and e.errno == errno.EINVAL
+    assert f"line {line}" in str(e) and what in str(e)
+    assert isinstance(e, ValueError) and isinstance(e, OSError)
+
+
+def test_check_names_accepts():
+    long = "é" * 127                                      # 254 bytes
+    assert tierfs.check_names(["a", "ckpt-0001", long, b"raw", ".hidden"]) == [
+        b"a", b"ckpt-0001", long.encode(), b"raw", b".hidden"]
+
+
+def test_not_tierfs(tmp_path):
+    assert not tierfs.is_tierfs(str(tmp_path))
+    assert not tierfs.is_tierfs(str(tmp_path / "missing"))
+    with pytest.raises(tierfs.NotTierfsError) as ei:
+        tierfs.restore_order(str(tmp_path), ["a"])
+    assert str(tmp_path) in str(ei.value)
+    with pytest.raises(tierfs.NotTierfsError):
+        tierfs.stats(str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        tierfs.stats(str(tmp_path / "missing"))
+
+
+# ---------------------------------------------------------------- against a mount
+
+@pytest.mark.daemon
+def test_is_tierfs_and_mount_of(tfs):
+    d = os.path.join(tfs.mnt, "d")
+    os.mkdir(d)
+    write_file(os.path.join(d, "f"), b"x")
+    for p in (tfs.mnt, d, os.path.join(d, "f")):
+        assert tierfs.is_tierfs(p)
+        assert tierfs.mount_of(p) == os.path.realpath(tfs.mnt)
+    assert not tierfs.is_tierfs(tfs.backing)
+
+
+@pytest.mark.daemon
+def test_restore_order_queues_and_context_clears(tfs):
+    d = os.path.join(tfs.mnt, "run")
+    os.mkdir(d)
+    names = [f"ckpt-{i:03d}" for i in range(5)]
+    with tierfs.prefetch(d, False):
+        assert not tierfs.prefetch(d)
+        for n in names:
+            write_file(os.path.join(d, n), randbytes(MiB))
+        with tierfs.restore_order(d, reversed(names)) as order:
+            assert tierfs.queued(d) == names[::-1]
+            assert len(order.names) == 5
+            assert tierfs.stats(tfs.mnt)["prefetch"]["queue"] == 5
+            read_file(os.path.join(d, names[-1]))         # consumes its entry
+            assert tierfs.queued(d) == names[-2::-1]
+        assert tierfs.queued(d) == []                     # the rest dropped
+    assert tierfs.prefetch(d)                             # back to start
+
+
+@pytest.mark.daemon
+def test_bad_name_sends_nothing(tfs):
+    d = os.path.join(tfs.mnt, "run")
+    os.mkdir(d)
+    os.mkdir(os.path.join(d, "sub"))
+    with pytest.raises(tierfs.BadNameError) as ei:
+        tierfs.restore_order(d, ["a", "b", "sub"])       # a directory
+    assert ei.value.line == 3 and "not a regular file" in str(ei.value)
+    with pytest.raises(tierfs.BadNameError) as ei:
+        tierfs.restore_order(d, ["a", "../x"])
+    assert ei.value.line == 2
+    assert tierfs.queued(d) == []
+    with pytest.raises(TypeError):
+        tierfs.restore_order(d, "one string")
+
+
+@pytest.mark.daemon
+def test_long_list_is_sent_in_pieces(tfs):
+    """More than the kernel's 64 KiB per value: several writes, one queue."""
+    d = tfs.mnt
+    names = [f"{i:0200d}" for i in range(600)]           # ~120 KiB
+    tierfs.restore_order(d, names)
+    assert tierfs.stats(d)["prefetch"]["queue"] == 600
+    with pytest.raises(OSError) as ei:                    # so is the listing
+        tierfs.queued(d)
+    assert ei.value.errno == errno.E2BIG
+    tierfs.clear(d)
+    assert tierfs.queued(d) == []
+
+
+@pytest.mark.daemon
+def test_restore_next_tier_state_wait_flushed(tfs):
+    p = os.path.join(tfs.mnt, "f")
+    data = randbytes(2 * MiB)
+    write_file(p, data)
+    assert tierfs.tier(p)[0] == "host"
+    st = tierfs.state(p)
+    assert list(st)[-1] == "ssd" and "host" in st
+    assert tierfs.wait_flushed(p, timeout=60)
+    assert tierfs.state(p)["ssd"] == "CURRENT"
+    assert "ssd" in tierfs.tier(p)
+    tierfs.restore_next(p)
+    assert tierfs.queued(tfs.mnt) == ["f"]
+    assert read_file(p) == data
+    assert tierfs.queued(tfs.mnt) == []
+    with pytest.raises(OSError) as ei:
+        tierfs.tier(tfs.mnt)                              # a directory
+    assert ei.value.errno == errno.ENODATA
+
+
+@pytest.mark.daemon
+def test_wait_flushed_mount(tfs):
+    for i in range(4):
+        write_file(os.path.join(tfs.mnt, f"g{i}"), randbytes(4 * MiB))
+    assert tierfs.wait_flushed(tfs.mnt, timeout=120)
+    s = tierfs.stats(tfs.mnt)
+    assert s["ssd"]["flush_backlog"] == 0 and s["ssd"]["files_flushed"] >= 4
+    # stats from a subdirectory finds the mount root
+    os.mkdir(os.path.join(tfs.mnt, "sub"))
+    assert "tiers" in tierfs.stats(os.path.join(tfs.mnt, "sub"))
+
+
+@pytest.mark.daemon
+def test_wait_flushed_times_out(tfs):
+    """A file held open and rewritten has a copy that is not flushed."""
+    p = os.path.join(tfs.mnt, "f")
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 4096)
+        if tierfs.state(p).get("ssd") == "CURRENT":
+            pytest.skip("flushed while open")
+        with pytest.raises(TimeoutError):
+            tierfs.wait_flushed(p, timeout=0.2)
+    finally:
+        os.close(fd)
+    assert tierfs.wait_flushed(p, timeout=60)
+
+
+@pytest.mark.daemon
+def test_daemon_pid(tfs):
+    assert tierfs.daemon_pid(tfs.mnt) == tfs.proc.pid
+    os.mkdir(os.path.join(tfs.mnt, "d"))
+    assert tierfs.daemon_pid(os.path.join(tfs.mnt, "d")) == tfs.proc.pid
+
+
+@pytest.mark.daemon
+def test_daemon_pid_of_two_mounts(mount):
+    a, b = mount(), mount()
+    assert tierfs.daemon_pid(a.mnt) == a.proc.pid
+    assert tierfs.daemon_pid(b.mnt) == b.proc.pid
+
+
+@pytest.mark.daemon
+def test_prefetch_context_restores_on_error(tfs):
+    with pytest.raises(RuntimeError):
+        with tierfs.prefetch(tfs.mnt, False):
+            raise RuntimeError("boom")
+    assert tierfs.prefetch(tfs.mnt)
+
+
+@pytest.mark.daemon
+def test_threads_share_a_mount(tfs):
+    """The functions keep no state: threads may call them at once."""
+    errors = []
+
+    def work(k):
+        try:
+            d = os.path.join(tfs.mnt, f"t{k}")
+            os.mkdir(d)
+            names = [f"n{i}" for i in range(20)]
+            tierfs.restore_order(d, names)
+            assert tierfs.queued(d) == names
+            tierfs.clear(d)
+        except Exception as e:          # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
