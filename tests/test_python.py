@@ -6,6 +6,7 @@ would be from the site directory.
 
 import errno
 import os
+import subprocess
 import sys
 import threading
 
@@ -212,3 +213,35 @@ def test_threads_share_a_mount(tfs):
     for t in ts:
         t.join()
     assert not errors, errors
+
+
+def test_make_install_puts_the_package_where_python_finds_it(tmp_path):
+    """`make install` (DESTDIR) installs the package, tierfsctl and its man
+    page; the installed tierfsctl finds the installed package."""
+    build = os.path.dirname(util.tierfs_bin())
+    if not os.path.isfile(os.path.join(build, "Makefile")):
+        pytest.skip("TIERFS_BIN is not in a configured build directory")
+    dest = str(tmp_path / "dest")
+    r = subprocess.run(["make", "-s", "-C", build, "install-exec", "install-data",
+                        f"DESTDIR={dest}"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = {}
+    for root, _, files in os.walk(dest):
+        for n in files:
+            found.setdefault(n, []).append(os.path.join(root, n))
+    assert "tierfsctl" in found and "tierfs-stat" in found and "tierfsctl.1" in found
+    inits = [p for p in found["__init__.py"] if p.endswith("/tierfs/__init__.py")]
+    assert len(inits) == 1, found["__init__.py"]
+    pkgdir = os.path.dirname(os.path.dirname(inits[0]))
+    tool = [p for p in found["tierfsctl"] if "/bin/" in p][0]
+    with open(tool) as f:
+        text = f.read()
+    pythondir = pkgdir[len(dest):]
+    assert f'PYTHONDIR = "{pythondir}"' in text
+    # the installed tool, its PYTHONDIR pointed into DESTDIR
+    local = str(tmp_path / "tierfsctl")
+    with open(local, "w") as f:
+        f.write(text.replace(f'"{pythondir}"', f'"{pkgdir}"'))
+    r = subprocess.run([sys.executable, "-S", local, "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"tierfsctl {tierfs.__version__}", r

@@ -1,0 +1,322 @@
+"""tierfs.statview - the statistics of a tierfs mount as text: the table of
+`tierfsctl stats` (and tierfs-stat), and the Prometheus text format.
+
+Keys the daemon does not report (an older or newer tierfs) are shown as "-";
+keys this module does not know are ignored.
+"""
+
+import errno
+import json
+import os
+import time
+
+XATTR = "user.tierfs.stats"
+
+class StatError(Exception):
+    """A message for stderr; the program exits 1."""
+
+
+# ---------------------------------------------------------------- reading
+
+def _mount_of(path):
+    """(mount point, fstype) of the mount holding `path`, from mountinfo."""
+    try:
+        real = os.path.realpath(path)
+        best = ("", "")
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                mp = _unescape(fields[4])
+                fstype = line.split(" - ", 1)[1].split()[0]
+                inside = real == mp or real.startswith(mp.rstrip("/") + "/")
+                if inside and len(mp) >= len(best[0]):
+                    best = (mp, fstype)
+        return best
+    except OSError:
+        return ("", "")
+
+
+def _unescape(s):
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 3 < len(s) and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def read_stats(mnt, prog="tierfsctl"):
+    """The parsed statistics of the tierfs mounted at `mnt` (its mount
+    point, not a directory inside it); StatError with a message naming
+    `prog` otherwise."""
+    if not os.path.lexists(mnt):
+        raise StatError(f"{prog}: {mnt}: No such file or directory")
+    try:
+        raw = os.getxattr(mnt, XATTR)
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            msg = f"{prog}: {mnt} is not a tierfs mount"
+            mp, fstype = _mount_of(mnt)
+            if fstype.endswith("tierfs") and mp and \
+                    os.path.realpath(mnt) != mp:
+                msg += f"\n{prog}: (it is inside the tierfs mount {mp}: give that directory)"
+            raise StatError(msg) from None
+        raise StatError(f"{prog}: {mnt}: {os.strerror(e.errno)}") from None
+    try:
+        stats = json.loads(raw.decode("utf-8", errors="replace"))
+    except ValueError as e:
+        raise StatError(f"{prog}: {mnt}: unreadable statistics ({e})") from None
+    if not isinstance(stats, dict):
+        raise StatError(f"{prog}: {mnt}: unreadable statistics (not a JSON object)")
+    return stats
+
+
+# ---------------------------------------------------------------- formatting
+
+def num(v):
+    """A number from the JSON, or None (missing, or not a number)."""
+    if isinstance(v, bool):
+        return None
+    return v if isinstance(v, (int, float)) else None
+
+
+def human(n, suffix=""):
+    """1536 -> '1.5 KiB'; None -> '-'."""
+    n = num(n)
+    if n is None:
+        return "-"
+    if abs(n) < 1024:
+        return f"{n:.0f} B{suffix}"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024.0
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}{suffix}"
+    return "-"   # not reached
+
+
+def count(v):
+    v = num(v)
+    return "-" if v is None else f"{v:.0f}"
+
+
+def pct(part, whole):
+    part, whole = num(part), num(whole)
+    if part is None or whole is None or whole <= 0:
+        return "-"
+    return f"{100.0 * part / whole:.1f}%"
+
+
+def sub(d, key):
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def tiers_of(stats):
+    tiers = sub(stats, "tiers")
+    return [(name, t if isinstance(t, dict) else {}) for name, t in tiers.items()]
+
+
+def total_reads(stats):
+    """All read requests the daemon saw: hits, late reads and misses."""
+    total, seen = 0, False
+    for _, t in tiers_of(stats):
+        for k in ("hits", "late", "misses"):
+            v = num(t.get(k))
+            if v is not None:
+                total += v
+                seen = True
+    return total if seen else None
+
+
+def tier_rows(stats):
+    header = ["tier", "capacity", "used", "used%", "frags", "gaps", "hits",
+              "late", "misses", "hit%", "evictions", "policy", "notes"]
+    rows = [header]
+    reads = total_reads(stats)
+    for name, t in tiers_of(stats):
+        cap = t.get("capacity")
+        notes = []
+        usable = num(t.get("usable"))
+        if usable is not None and num(cap) is not None and usable != cap:
+            notes.append(f"usable {human(usable)}")
+        if "mapped" in t:
+            notes.append(f"mapped {human(t.get('mapped'))}")
+        if "pinned" in t:
+            pinned = t.get("pinned")
+            notes.append(f"pinned {human(pinned)}" if num(pinned) is not None
+                         else f"pinned {'yes' if pinned else 'no'}")
+        touched = num(stats.get("host_touched"))
+        if name == "host" and touched is not None and num(cap) is not None \
+                and touched < cap:
+            notes.append(f"touched {pct(touched, cap)}")
+        if num(t.get("evicted_bytes")):
+            notes.append(f"evicted {human(t.get('evicted_bytes'))}")
+        if num(t.get("evicted_queued")):        # still wanted by the restore queue
+            notes.append(f"{count(t.get('evicted_queued'))} evicted while queued")
+        if num(t.get("bytes_to_host")):
+            note = f"to host {human(t.get('bytes_to_host'))}"
+            if num(t.get("to_host_bandwidth")):
+                note += f" at {human(t.get('to_host_bandwidth'), '/s')}"
+            notes.append(note)
+        policy = t.get("policy")
+        rows.append([name, human(cap), human(t.get("used")), pct(t.get("used"), cap),
+                     count(t.get("fragments")), count(t.get("gaps")),
+                     count(t.get("hits")), count(t.get("late")), count(t.get("misses")),
+                     pct(t.get("hits"), reads), count(t.get("evictions")),
+                     policy if isinstance(policy, str) else "-", ", ".join(notes)])
+    return rows
+
+
+def table(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    left = {0, 11, 12}                       # tier, policy, notes
+    out = []
+    for r in rows:
+        cells = [c.ljust(w) if i in left else c.rjust(w)
+                 for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def ssd_line(stats):
+    s = sub(stats, "ssd")
+    if not s:
+        return "ssd       -"
+    files = num(s.get("files_flushed"))
+    wt_files = num(s.get("files_written_through"))
+    return ("ssd       flushed {} ({} files), backlog {}, running {}, "
+            "bandwidth {}, errors {}, written-through {} ({} files)").format(
+        human(s.get("bytes_flushed")), count(files), human(s.get("flush_backlog")),
+        count(s.get("flushes_running")), human(s.get("flush_bandwidth"), "/s"),
+        count(s.get("flush_errors")), human(s.get("bytes_written_through")),
+        count(wt_files))
+
+
+def prefetch_line(stats):
+    p = sub(stats, "prefetch")
+    if not p:
+        return "prefetch  -"
+    state = p.get("state")
+    queue = count(p.get("queue"))
+    if num(p.get("unbound")):                  # entries whose file does not exist yet
+        queue += f" ({count(p.get('unbound'))} without a file yet)"
+    line = ("prefetch  state {}, queue {}, prefetched {} files / {}, "
+            "distance {}").format(
+        state if isinstance(state, str) else "-", queue,
+        count(p.get("files_prefetched")), human(p.get("bytes_prefetched")),
+        count(p.get("distance")))
+    if num(p.get("files_to_gpu")):             # host -> GPU promotions
+        line += (f", to the GPU {count(p.get('files_to_gpu'))} files / "
+                 f"{human(p.get('bytes_to_gpu'))}")
+    if "consumed" in p:
+        line += f", consumed {count(p.get('consumed'))}"
+    return line
+
+
+def reads_line(stats):
+    reads = total_reads(stats)
+    if reads is None:
+        return "reads     -"
+    hits = sum(num(t.get("hits")) or 0 for _, t in tiers_of(stats))
+    late = sum(num(t.get("late")) or 0 for _, t in tiers_of(stats))
+    line = f"reads     {reads:.0f} requests, {pct(hits, reads)} from a cache tier"
+    if late:
+        line += f", {pct(late, reads)} late (waited for a prefetch)"
+    return line
+
+
+def rates_line(prev, cur, dt):
+    """Per-second rates between two samples (watch mode)."""
+    if prev is None or dt <= 0:
+        return "rates     -"
+
+    def delta(get):
+        a, b = get(prev), get(cur)
+        return None if a is None or b is None else max(b - a, 0) / dt
+
+    def ssd(k):
+        return lambda s: num(sub(s, "ssd").get(k))
+
+    def pf(k):
+        return lambda s: num(sub(s, "prefetch").get(k))
+
+    reads = delta(total_reads)
+    flushed = delta(ssd("bytes_flushed"))
+    prefetched = delta(pf("bytes_prefetched"))
+    return "rates     reads {}/s, flushed {}, prefetched {}".format(
+        "-" if reads is None else f"{reads:.0f}", human(flushed, "/s"),
+        human(prefetched, "/s"))
+
+
+def render(mnt, stats, prev=None, dt=0.0, watch=False):
+    lines = [f"tierfs {mnt}" + (time.strftime("   %H:%M:%S") if watch else ""), ""]
+    if tiers_of(stats):
+        lines += table(tier_rows(stats))
+    else:
+        lines.append("(no cache tiers reported)")
+    lines += ["", ssd_line(stats), prefetch_line(stats), reads_line(stats)]
+    if watch:
+        lines.append(rates_line(prev, stats, dt))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- Prometheus
+
+# Keys that only grow (Prometheus counters); every other number is a gauge.
+COUNTERS = {"hits", "late", "misses", "evictions", "evicted_bytes", "evicted_queued",
+            "bytes_to_host", "bytes_flushed", "files_flushed", "flush_errors",
+            "bytes_written_through", "files_written_through", "files_prefetched",
+            "bytes_prefetched", "files_to_gpu", "bytes_to_gpu", "consumed"}
+
+
+def _label(v):
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _value(v):
+    if isinstance(v, bool):
+        return 1 if v else 0
+    return num(v)
+
+
+def prometheus(mnt, stats):
+    """The statistics in the Prometheus text exposition format (version
+    0.0.4): tierfs_tier_KEY{mount,tier}, tierfs_ssd_KEY{mount},
+    tierfs_prefetch_KEY{mount}; counters end in _total.  Booleans are 0/1;
+    prefetch's state is tierfs_prefetch_running; other strings are left
+    out."""
+    series = {}             # metric name -> (type, [(labels, value)])
+
+    def put(name, key, labels, v):
+        v = _value(v)
+        if v is None:
+            return
+        kind = "counter" if key in COUNTERS else "gauge"
+        if kind == "counter":
+            name += "_total"
+        series.setdefault(name, (kind, []))[1].append((labels, v))
+
+    m = {"mount": mnt}
+    for tname, t in tiers_of(stats):
+        for k, v in t.items():
+            put(f"tierfs_tier_{k}", k, dict(m, tier=tname), v)
+    for section in ("ssd", "prefetch"):
+        for k, v in sub(stats, section).items():
+            put(f"tierfs_{section}_{k}", k, m, v)
+    state = sub(stats, "prefetch").get("state")
+    if isinstance(state, str):
+        put("tierfs_prefetch_running", "running", m, state == "start")
+    out = []
+    for name in sorted(series):
+        kind, samples = series[name]
+        out.append(f"# TYPE {name} {kind}")
+        for labels, v in samples:
+            lab = ",".join(f'{k}="{_label(x)}"' for k, x in labels.items())
+            out.append(f"{name}{{{lab}}} {v:.17g}" if isinstance(v, float)
+                       else f"{name}{{{lab}}} {v}")
+    return "\n".join(out) + "\n"

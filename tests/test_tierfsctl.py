@@ -1,0 +1,249 @@
+"""tools/tierfsctl against real tierfs mounts.
+
+The tool is run with the interpreter running pytest; it imports the tierfs
+package from the source tree (python/).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import util
+from util import MiB, randbytes, read_file, write_file
+
+TOOL = os.path.join(util.REPO_DIR, "tools", "tierfsctl")
+STAT_TOOL = os.path.join(util.REPO_DIR, "tools", "tierfs-stat")
+
+sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+import tierfs  # noqa: E402
+
+
+def ctl(*args, timeout=120, tool=TOOL):
+    return subprocess.run([sys.executable, tool, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok(*args, **kw):
+    r = ctl(*args, **kw)
+    assert r.returncode == 0, f"tierfsctl {' '.join(args)}: rc {r.returncode}\n{r.stderr}"
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def one_line_error(r, *words):
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tierfsctl: "), r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_executable_and_help():
+    with open(TOOL, "rb") as f:
+        assert f.readline() == b"#!/usr/bin/env python3\n"
+    assert os.access(TOOL, os.X_OK)
+    r = ok("--help")
+    for c in ("order", "next", "prefetch", "info", "wait", "stats", "warmup",
+              "record", "plot"):
+        assert c in r.stdout
+    assert ctl().returncode == 2
+    assert ctl("stats", "/", "--watch", "0").returncode == 2
+
+
+def test_not_tierfs(tmp_path):
+    one_line_error(ctl("order", str(tmp_path), "a"), str(tmp_path), "not on a tierfs")
+    one_line_error(ctl("info", str(tmp_path / "nothing")), "No such file")
+    one_line_error(ctl("stats", str(tmp_path)), "not a tierfs mount")
+
+
+@pytest.mark.daemon
+def test_order_next_prefetch(tfs):
+    d = os.path.join(tfs.mnt, "run")
+    os.mkdir(d)
+    ok("order", d, "c", "b", "a")
+    assert ok("order", d).stdout == "c\nb\na\n"
+    r = ctl("order", d, "x", "y/z")
+    one_line_error(r, "line 2", "y/z")
+    assert tierfs.queued(d) == ["c", "b", "a"]                # nothing appended
+    names = "".join(f"n{i}\n" for i in range(5))
+    r = subprocess.run([sys.executable, TOOL, "order", d, "--clear", "--from", "-"],
+                       input=names, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert tierfs.queued(d) == [f"n{i}" for i in range(5)]
+    ok("order", d, "--clear")
+    assert tierfs.queued(d) == []
+    write_file(os.path.join(d, "f"), b"data")
+    ok("next", os.path.join(d, "f"))
+    assert tierfs.queued(d) == ["f"]
+    assert ok("prefetch", "status", d).stdout == "start\n"
+    ok("prefetch", "stop", d)
+    assert ok("prefetch", "status", tfs.mnt).stdout == "stop\n"
+    ok("prefetch", "start", tfs.mnt)
+    assert tierfs.prefetch(d)
+
+
+@pytest.mark.daemon
+def test_info(tfs):
+    d = os.path.join(tfs.mnt, "d")
+    os.makedirs(os.path.join(d, "sub"))
+    write_file(os.path.join(d, "a"), randbytes(MiB))
+    write_file(os.path.join(d, "sub", "b"), randbytes(2 * MiB))
+    tierfs.wait_flushed(tfs.mnt, timeout=60)
+    out = ok("info", d).stdout.splitlines()
+    assert out[0].split() == ["file", "size", "tiers", "states"]
+    rows = {ln.split()[0]: ln.split() for ln in out[1:]}
+    a, b = os.path.join(d, "a"), os.path.join(d, "sub", "b")
+    assert set(rows) == {a, b}
+    assert rows[a][1:3] == ["1.0", "MiB"] and rows[b][1:3] == ["2.0", "MiB"]
+    assert rows[a][3] == ",".join(tierfs.tier(a))
+    assert rows[a][4:] == [f"{t}:{s}" for t, s in tierfs.state(a).items()]
+    assert "ssd:CURRENT" in rows[a]
+
+
+@pytest.mark.daemon
+def test_stats_json_prometheus_and_alias(tfs):
+    write_file(os.path.join(tfs.mnt, "f"), randbytes(MiB))
+    tierfs.wait_flushed(tfs.mnt, timeout=60)
+    s = tierfs.stats(tfs.mnt)
+    table = ok("stats", tfs.mnt).stdout
+    assert table.startswith(f"tierfs {tfs.mnt}\n") and "\nssd " in table
+    assert ctl(tfs.mnt, tool=STAT_TOOL).stdout == table       # the alias
+    assert json.loads(ok("stats", tfs.mnt, "--json").stdout)["tiers"]["host"][
+        "capacity"] == s["tiers"]["host"]["capacity"]
+    prom = ok("stats", tfs.mnt, "--prometheus").stdout
+    mnt = os.path.realpath(tfs.mnt)
+    want = f'tierfs_tier_capacity{{mount="{mnt}",tier="host"}} {s["tiers"]["host"]["capacity"]}'
+    assert want in prom.splitlines(), prom
+    assert "# TYPE tierfs_ssd_files_flushed_total counter" in prom
+    m = re.search(rf'^tierfs_ssd_files_flushed_total{{mount="{re.escape(mnt)}"}} (\d+)$',
+                  prom, re.M)
+    assert m and int(m.group(1)) >= 1
+    assert f'tierfs_prefetch_running{{mount="{mnt}"}} 1' in prom
+    for line in prom.splitlines():          # the text format, line by line
+        assert line.startswith("# TYPE ") or re.fullmatch(
+            r'[a-z_]+\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\} -?[0-9.e+-]+', line), line
+    sub = os.path.join(tfs.mnt, "sub")
+    os.mkdir(sub)
+    r = ctl("stats", sub)                   # not the mount root: an error, rc 1
+    assert r.returncode == 1 and "not a tierfs mount" in r.stderr
+
+
+@pytest.mark.daemon
+def test_wait_mounted(tfs):
+    for i in range(4):
+        write_file(os.path.join(tfs.mnt, f"f{i}"), randbytes(8 * MiB))
+    ok("wait", tfs.mnt)
+    assert tierfs.stats(tfs.mnt)["ssd"]["flush_backlog"] == 0
+
+
+@pytest.mark.daemon
+def test_wait_after_umount(mount):
+    """umount returns before the daemon has flushed; wait follows the daemon
+    of that mount (not another one) until it exits."""
+    a, b = mount(), mount()
+    for i in range(6):
+        write_file(os.path.join(a.mnt, f"f{i}"), randbytes(8 * MiB))
+    proc_a, proc_b = a.proc, b.proc
+    r = subprocess.run(["umount", a.mnt], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ok("wait", a.mnt)
+    assert proc_a.poll() is not None, "wait returned before the daemon exited"
+    assert proc_a.returncode == 0
+    assert proc_b.poll() is None
+    for i in range(6):
+        assert os.path.getsize(os.path.join(a.backing, f"f{i}")) == 8 * MiB
+    ok("wait", a.mnt)                       # no daemon: nothing to wait for
+
+
+@pytest.mark.daemon
+def test_warmup(mount):
+    m = mount(host_cache="32M")
+    cold = cold_files(m, 8)                   # 64 MiB through a 32 MiB cache
+    assert len(cold) >= 2
+    paths = sorted(cold)[:2]
+    r = ok("warmup", "--progress", *paths)
+    assert "100.0%" in r.stderr and "2/2 files" in r.stderr, r.stderr
+    for p in paths:
+        assert tierfs.tier(p)[0] == "host", tierfs.tier(p)
+    before = tierfs.stats(m.mnt)["tiers"]["host"]["hits"]
+    for p in paths:
+        assert read_file(p) == cold[p]
+    assert tierfs.stats(m.mnt)["tiers"]["host"]["hits"] > before
+
+
+def cold_files(m, n, size=8 * MiB):
+    """Write n files through m's cache (32 MiB) and return those that were
+    evicted from it (tier ssd only), with their data."""
+    data = {}
+    for i in range(n):
+        p = os.path.join(m.mnt, f"c{i}")
+        data[p] = randbytes(size)
+        write_file(p, data[p])
+    tierfs.wait_flushed(m.mnt, timeout=120)
+    return {p: d for p, d in data.items() if tierfs.tier(p) == ["ssd"]}
+
+
+@pytest.mark.daemon
+def test_warmup_stalls_when_prefetch_is_held(mount):
+    m = mount(host_cache="32M")
+    cold = cold_files(m, 8)
+    assert cold
+    p = sorted(cold)[0]
+    tierfs.prefetch(m.mnt, False)
+    r = ctl("warmup", "--stall", "0.5", p)
+    assert r.returncode == 3, r.stderr
+    assert "warning: prefetching is stopped" in r.stderr
+    assert "1 of 1 files not cached" in r.stderr
+    assert tierfs.queued(m.mnt) == [os.path.basename(p)]     # left queued
+    tierfs.prefetch(m.mnt, True)
+    ok("warmup", p)                                         # now it comes in
+    assert tierfs.tier(p)[0] == "host"
+
+
+@pytest.mark.daemon
+def test_record_and_plot(tfs, tmp_path):
+    rec = str(tmp_path / "run.jsonl")
+    p = subprocess.Popen([sys.executable, TOOL, "record", tfs.mnt, rec, "--interval", "0.05"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for i in range(6):
+            write_file(os.path.join(tfs.mnt, f"f{i}"), randbytes(4 * MiB))
+        tierfs.restore_order(tfs.mnt, [f"f{i}" for i in range(6)])
+        for i in range(6):
+            read_file(os.path.join(tfs.mnt, f"f{i}"))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(rec) or sum(1 for _ in open(rec)) < 5:
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read()
+            time.sleep(0.05)
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    assert p.returncode == 0, p.stderr.read()
+    lines = [json.loads(ln) for ln in open(rec)]
+    assert len(lines) >= 5
+    ts = [ln["t"] for ln in lines]
+    assert ts == sorted(ts)
+    assert all("tiers" in ln["stats"] for ln in lines)
+    assert lines[-1]["stats"]["ssd"]["bytes_flushed"] >= lines[0]["stats"]["ssd"]["bytes_flushed"]
+    # --count
+    rec2 = str(tmp_path / "two.jsonl")
+    ok("record", tfs.mnt, rec2, "--count", "2", "--interval", "0.01")
+    assert sum(1 for _ in open(rec2)) == 2
+
+    pytest.importorskip("matplotlib")
+    png = str(tmp_path / "run.png")
+    ok("plot", rec, png)
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(png) > 10000
+
+
+def test_plot_bad_record(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 1, "stats": {}}\nnot json\n')
+    one_line_error(ctl("plot", str(bad), str(tmp_path / "x.png")), "bad.jsonl:2")
