@@ -238,10 +238,22 @@ static void usage(const char *prog)
 	fuse_lowlevel_help();
 }
 
+/* While fuse_session_new() parses the options, libfuse's complaints are
+ * kept here, to be said on one line if it fails (it splits one unknown
+ * option over three). */
+static char fuse_complaint[512];
+static bool fuse_capture;
+
 static void fuse_log_to_tierfs(enum fuse_log_level level, const char *fmt, va_list ap)
 {
 	char line[1024];
 
+	if (fuse_capture) {
+		size_t n = strlen(fuse_complaint);
+
+		vsnprintf(fuse_complaint + n, sizeof(fuse_complaint) - n, fmt, ap);
+		return;
+	}
 	if ((int)level > tierfs_log_level)
 		return;
 	vsnprintf(line, sizeof(line), fmt, ap);
@@ -613,6 +625,50 @@ static void daemon_ready(void)
 	ready_pipe = -1;
 }
 
+/* The mount's source (df, findmnt, /proc/mounts): the backing directory,
+ * its commas escaped for libfuse's option parser. */
+static void add_fsname(struct fuse_args *args)
+{
+	const char *p = fs.opts.backing;
+	char *opt = malloc(strlen(p) * 2 + sizeof("-ofsname="));
+	char *q;
+
+	if (!opt) {
+		fuse_opt_add_arg(args, "-ofsname=tierfs");
+		return;
+	}
+	q = stpcpy(opt, "-ofsname=");
+	for (; *p; p++) {
+		if (*p == ',' || *p == '\\')
+			*q++ = '\\';
+		*q++ = *p;
+	}
+	*q = 0;
+	fuse_opt_add_arg(args, opt);
+	free(opt);
+}
+
+/* libfuse's complaint about the options, on one line. */
+static void say_fuse_complaint(void)
+{
+	char *r = fuse_complaint, *w = fuse_complaint;
+
+	for (; *r; r++) {
+		char c = *r == '\n' || *r == '\t' ? ' ' : *r;
+
+		if (c == ' ' && (w == fuse_complaint || w[-1] == ' '))
+			continue;
+		*w++ = c;
+	}
+	while (w > fuse_complaint && w[-1] == ' ')
+		w--;
+	*w = 0;
+	r = fuse_complaint;
+	while (!strncmp(r, "fuse: ", 6))
+		r += 6;
+	fprintf(stderr, "tierfs: %s (see tierfs --help)\n", *r ? r : "bad FUSE options");
+}
+
 /* The options that configure the engine, checked (exits on a bad one). */
 static void check_options(struct engine_config *ecfg, uint64_t ram)
 {
@@ -625,7 +681,9 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	ecfg->policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
 	if (!ecfg->policy)
 		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
-	if (fs.opts.flush_threads < 0 || fs.opts.flush_threads > 64)
+	if (fs.opts.flush_threads == -1)	/* not given: the engine's default */
+		fs.opts.flush_threads = 0;
+	else if (fs.opts.flush_threads < 1 || fs.opts.flush_threads > 64)
 		die("flush_threads must be 1..64%s%s", "", "");
 	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
 		die("readahead_kb must be 0..65536%s%s", "", "");
@@ -634,7 +692,9 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 				 FS_POLL_US_DEFAULT : 0;
 	if (fs.opts.poll_us < 0 || fs.opts.poll_us > 100000)
 		die("poll_us must be 0..100000%s%s", "", "");
-	if (fs.opts.queue_depth < 0 || fs.opts.queue_depth > 256)
+	if (fs.opts.queue_depth == -1)		/* not given: the engine's default */
+		fs.opts.queue_depth = 0;
+	else if (fs.opts.queue_depth < 1 || fs.opts.queue_depth > 256)
 		die("queue_depth must be 1..256%s%s", "", "");
 	if (exit_timeout_str) {
 		char *end;
@@ -751,6 +811,8 @@ int main(int argc, char *argv[])
 	fs.opts.direct_reads = 1;
 	fs.opts.readahead_kb = 1024;
 	fs.opts.poll_us = -1;
+	fs.opts.flush_threads = -1;		/* -1: not given */
+	fs.opts.queue_depth = -1;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
 	if (fs.opts.show_help) {
@@ -789,12 +851,14 @@ int main(int argc, char *argv[])
 	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
-	fuse_opt_add_arg(&args, "-ofsname=tierfs");
+	add_fsname(&args);
 	fuse_opt_add_arg(&args, "-osubtype=tierfs");
+	fuse_capture = true;
 	fs.se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), NULL);
+	fuse_capture = false;
 	if (!fs.se) {
-		fprintf(stderr, "tierfs: bad FUSE options (see --help)\n");
-		ret = 1;
+		say_fuse_complaint();
+		ret = 2;
 		goto out_unlock;
 	}
 	if (fuse_set_signal_handlers(fs.se) != 0) {
@@ -849,7 +913,8 @@ out_session:
 	}
 out_unlock:
 	unlock_backing();
-	tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
+	if (ret != 2)		/* a usage error has said its one line */
+		tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
 	fuse_opt_free_args(&args);
 	return ret;
 }

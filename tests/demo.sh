@@ -236,8 +236,8 @@ sys.exit(1 if bad else 0)
 EOF
 
 # ---- 7. statistics -----------------------------------------------------------
-say "statistics: getfattr -n user.tierfs.stats $MNT"
-xattr user.tierfs.stats "$MNT" | python3 -m json.tool | sed 's/^/    /'
+say "statistics: tools/tierfsctl stats $MNT (getfattr -n user.tierfs.stats $MNT as a table)"
+python3 "$TOP/tools/tierfsctl" stats "$MNT" | sed 's/^/    /'
 
 # ---- 8. unmount ----------------------------------------------------------------
 say "unmounting: umount returns at once; the daemon writes whatever is still cached, then exits"

@@ -397,7 +397,9 @@ def _find_daemon(mnt):
                         .strip().partition(" ")
             except OSError:
                 continue
-            if who == pid and os.path.realpath(where) == mnt:
+            # the daemon wrote its mount point resolved; never resolve it
+            # here: another mount may hang (a stuck daemon) and stat with it
+            if who == pid and where == mnt:
                 return int(pid)
     return None
 

@@ -1,0 +1,166 @@
+"""Mount integration: mount.tierfs (mount -t tierfs, fstab lines through
+`mount -T FILE`), the mount's source and type, option errors.
+
+mount(8) runs helpers from /sbin only: the helper tests run in a private
+mount namespace (unshare -m) where an overlay puts tools/mount.tierfs into
+/sbin, so nothing outside the test changes.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import util
+
+HELPER = os.path.join(util.REPO_DIR, "tools", "mount.tierfs")
+TOOL = os.path.join(util.REPO_DIR, "tools", "tierfsctl")
+
+
+def findmnt(path, cols="SOURCE,FSTYPE"):
+    r = subprocess.run(["findmnt", "-n", "-o", cols, "--mountpoint", path],
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+@pytest.mark.daemon
+def test_source_is_the_backing_directory(tmp_path, mount):
+    m = mount(backing=str(tmp_path / "ssd, with a comma"))
+    line = findmnt(m.mnt)
+    assert line.rsplit(None, 1) == [m.backing, "fuse.tierfs"], line
+
+
+def run_daemon(tmp_path, *opts):
+    b, mnt = tmp_path / "b", tmp_path / "m"
+    b.mkdir(exist_ok=True)
+    mnt.mkdir(exist_ok=True)
+    r = subprocess.run([util.tierfs_bin(), str(b), str(mnt), "-o", ",".join(opts)],
+                       capture_output=True, text=True, timeout=60)
+    if util.is_mounted(str(mnt)):
+        util.lazy_umount(str(mnt))
+        pytest.fail(f"mounted with {opts}")
+    return r
+
+
+@pytest.mark.daemon
+def test_unknown_option_is_one_line(tmp_path):
+    r = run_daemon(tmp_path, "host_cache=64M", "bogus=1")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "tierfs: unknown option(s): `-o bogus=1' (see tierfs --help)"], r.stderr
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("opt, msg", [
+    ("flush_threads=0", "flush_threads must be 1..64"),
+    ("flush_threads=65", "flush_threads must be 1..64"),
+    ("queue_depth=0", "queue_depth must be 1..256"),
+    ("queue_depth=257", "queue_depth must be 1..256"),
+])
+def test_option_ranges(tmp_path, opt, msg):
+    r = run_daemon(tmp_path, "host_cache=64M", opt)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [f"tierfs: {msg}"], r.stderr
+
+
+@pytest.mark.daemon
+def test_option_range_ends_accepted(mount):
+    m = mount(flush_threads=1, queue_depth=256)
+    util.write_file(os.path.join(m.mnt, "f"), b"x" * 4096)
+
+
+def test_helper_drops_mount_options(tmp_path):
+    """-f (fake) -v prints the daemon command line without running it."""
+    r = subprocess.run(["sh", HELPER, "/ssd/ckpt", "/mnt/ckpt", "-f", "-v", "-o",
+                        "rw,defaults,noauto,nofail,_netdev,x-systemd.requires=a,"
+                        "comment=z,host_cache=64G,ro,users"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "mount.tierfs: tierfs /ssd/ckpt /mnt/ckpt -o host_cache=64G,ro\n"
+    r = subprocess.run(["sh", HELPER, "/a", "/b", "-f", "-v", "-o", "defaults"],
+                       capture_output=True, text=True)
+    assert r.stderr == "mount.tierfs: tierfs /a /b\n"
+    r = subprocess.run(["sh", HELPER, "/a"], capture_output=True, text=True)
+    assert r.returncode == 1 and "usage" in r.stderr
+
+
+SCRIPT = r'''
+set -u
+# helpers: /sbin is searched by mount(8); put mount.tierfs there (overlay)
+sbin=$(readlink -f /sbin)
+mount -t overlay overlay -o "lowerdir=$HELPERS:$sbin" "$sbin" || exit 90
+trap 'umount -l "$MNT" 2>/dev/null' EXIT
+step() { echo "== $*"; }
+step fstab
+mount -T "$FSTAB" "$MNT" || exit 91
+findmnt -n -o SOURCE,FSTYPE --mountpoint "$MNT"
+head -c 3000000 /dev/urandom > "$MNT/f"
+cmp "$MNT/f" "$MNT/f" || exit 92
+"$PY" "$TOOL" info "$MNT/f" | tail -n 1 | awk '{print $1}'
+umount "$MNT" || exit 93
+"$PY" "$TOOL" wait "$MNT" || exit 94
+test -s "$BACKING/f" || exit 95
+step mount -t tierfs
+mount -t tierfs "$BACKING" "$MNT" -o host_cache=64M,gpu=none,nofail || exit 96
+findmnt -n -o SOURCE,FSTYPE --mountpoint "$MNT"
+cmp "$MNT/f" "$BACKING/f" || exit 97
+umount "$MNT" && "$PY" "$TOOL" wait "$MNT" || exit 98
+step bad option
+mount -t tierfs "$BACKING" "$MNT" -o host_cache=64M,bogus=1 2>&1
+echo "rc $?"
+step done
+'''
+
+
+@pytest.mark.daemon
+def test_fstab_and_mount_t(tmp_path):
+    if not shutil.which("unshare") or not shutil.which("findmnt"):
+        pytest.skip("needs unshare and findmnt (util-linux)")
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    with open(HELPER) as f:
+        text = f.read()
+    assert "\nTIERFS_DAEMON=tierfs " in text          # what make install rewrites
+    text = text.replace("\nTIERFS_DAEMON=tierfs ", f"\nTIERFS_DAEMON={util.tierfs_bin()} ")
+    (helpers / "mount.tierfs").write_text(text)
+    os.chmod(helpers / "mount.tierfs", 0o755)
+    backing, mnt = tmp_path / "ssd", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"# test fstab\n{backing}  {mnt}  tierfs  "
+                     "host_cache=64M,gpu=none,flush_threads=2,nofail,noauto  0 0\n")
+    env = dict(os.environ, HELPERS=str(helpers), FSTAB=str(fstab), MNT=str(mnt),
+               BACKING=str(backing), PY=sys.executable, TOOL=TOOL)
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", SCRIPT],
+                       capture_output=True, text=True, env=env, timeout=300)
+    if r.returncode == 90:
+        pytest.skip(f"no overlay mount here: {r.stderr.strip()}")
+    assert r.returncode == 0, f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+    out = r.stdout.split("== ")
+    assert out[1].splitlines()[1:] == [f"{backing} fuse.tierfs", f"{mnt}/f"], r.stdout
+    assert out[2].splitlines()[1:] == [f"{backing} fuse.tierfs"], r.stdout
+    bad = out[3].splitlines()[1:]
+    assert bad[0] == "tierfs: unknown option(s): `-o bogus=1' (see tierfs --help)", r.stdout
+    assert bad[-1] != "rc 0" and len(bad) == 2, r.stdout
+    assert not util.is_mounted(str(mnt))
+
+
+@pytest.mark.daemon
+def test_read_only(tmp_path, mount):
+    import errno
+    backing = tmp_path / "ssd"
+    backing.mkdir()
+    (backing / "f").write_bytes(b"data")
+    m = mount(backing=str(backing), ro=True, noexec=True)
+    assert findmnt(m.mnt, "OPTIONS").split(",")[:1] == ["ro"]
+    assert "noexec" in findmnt(m.mnt, "OPTIONS").split(",")
+    assert util.read_file(os.path.join(m.mnt, "f")) == b"data"
+    assert os.getxattr(os.path.join(m.mnt, "f"), "user.tierfs.tier") == b"ssd"
+    for fn, args in ((open, (os.path.join(m.mnt, "g"), "wb")),
+                     (os.setxattr, (m.mnt, "user.tierfs.restore_order", b"f"))):
+        with pytest.raises(OSError) as ei:
+            fn(*args)
+        assert ei.value.errno == errno.EROFS
