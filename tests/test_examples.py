@@ -1,0 +1,80 @@
+"""The examples in examples/, run against a real tierfs so that they cannot
+rot: the C adjoint (stdio checkpoints, a restore order through setxattr)
+and the PyTorch training loop (torch.save, hints through the Python
+package; skipped where torch cannot be imported)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import util
+
+sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+import tierfs  # noqa: E402
+
+
+@pytest.mark.daemon
+def test_adjoint(mount):
+    exe = os.path.join(os.path.dirname(util.tierfs_bin()), "examples", "adjoint")
+    if not os.access(exe, os.X_OK):
+        pytest.skip(f"{exe} not built (make in the build directory)")
+    m = mount(host_cache="8M")              # 12 checkpoints of 1 MiB and the
+    d = os.path.join(m.mnt, "rtm")          # flushes: some come from the SSD
+    os.mkdir(d)
+    r = subprocess.run([exe, d, "65536", "120", "10"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "restore order set: 12 checkpoints, newest first" in out, out
+    reads = re.findall(r"read fwd-(\d+) \(([a-z,]+)\)", out)
+    assert [int(k) for k, _ in reads] == list(range(11, -1, -1)), out
+    assert all(t in ("host", "host,ssd", "ssd", "gpu", "gpu,host", "gpu,ssd",
+                     "gpu,host,ssd") for _, t in reads), out
+    assert "all 120 recomputed states match the forward pass" in out, out
+    s = tierfs.stats(m.mnt)
+    assert s["prefetch"]["consumed"] >= 12, s["prefetch"]
+    assert tierfs.queued(d) == []
+    tierfs.wait_flushed(m.mnt, timeout=120)
+    for k in range(12):
+        assert os.path.getsize(os.path.join(m.backing, "rtm", f"fwd-{k:05d}")) == 2 * 65536 * 8
+
+
+def test_adjoint_plain_directory(tmp_path):
+    exe = os.path.join(os.path.dirname(util.tierfs_bin()), "examples", "adjoint")
+    if not os.access(exe, os.X_OK):
+        pytest.skip(f"{exe} not built")
+    r = subprocess.run([exe, str(tmp_path), "4096", "30", "7"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restore order not set" in r.stdout
+    assert "all 30 recomputed states match" in r.stdout
+
+
+@pytest.mark.daemon
+def test_torch_checkpoint(mount):
+    try:
+        subprocess.run([sys.executable, "-c", "import torch"], check=True,
+                       capture_output=True, timeout=120)
+    except subprocess.CalledProcessError:
+        pytest.skip("torch cannot be imported (Debian: python3-torch)")
+    m = mount(host_cache="8M")
+    d = os.path.join(m.mnt, "train")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, os.path.join(util.REPO_DIR, "examples",
+                                                     "torch_checkpoint.py"),
+                        d, "--steps", "30", "--every", "5", "--width", "256"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "all 6 checkpoints restored identical" in out, out
+    restored = re.findall(r"restored ckpt-(\d+)\.pt \(step (\d+)\) from ([a-z,]+): identical",
+                          out)
+    assert [int(a) for a, _, _ in restored] == [30, 25, 20, 15, 10, 5], out
+    assert "all on the SSD" in out
+    assert tierfs.queued(d) == []                      # the context dropped the rest
+    assert tierfs.prefetch(d)                          # held only while training
+    for step in range(5, 31, 5):
+        assert os.path.isfile(os.path.join(m.backing, "train", f"ckpt-{step:05d}.pt"))
