@@ -110,6 +110,36 @@ ssize_t tierfs_pread_gpu(int fd, void *dev_ptr, size_t len, off_t off);
  */
 int tierfs_is_tierfs(int fd);
 
+/*
+ * Restore hints and statistics (tierfs-hints(7)); plain attribute calls,
+ * no GPU needed.  ENOTSUP: the path is not on a tierfs mount.
+ *
+ * tierfs_restore_order - append names[0..n) (files of directory dir, in
+ * the order they will be read back; files not written yet are fine) to the
+ * mount's restore queue.  Every name is checked first as the daemon checks
+ * it (a plain name: no '/', newline, not "." or "..", not beginning with
+ * ".tierfs", 1 to 255 bytes of UTF-8; an existing one a regular file): on
+ * a bad one nothing is sent, *bad (if bad is not NULL) is its index, and
+ * the call fails with EINVAL.  Lists longer than the kernel's 64 KiB per
+ * value go in several writes.  Returns 0 or -1 with errno.
+ */
+int tierfs_restore_order(const char *dir, const char *const *names, size_t n, size_t *bad);
+/*
+ * tierfs_stats - the statistics of the mount whose mount point (root
+ * directory) is mount, as JSON text (see tierfs-hints(7), STATISTICS):
+ * a NUL-terminated string to free(), or NULL with errno (ENODATA: mount is
+ * a directory inside the mount, not its root).
+ */
+char *tierfs_stats(const char *mount);
+/*
+ * tierfs_wait_flushed - wait until what was written is on the SSD: for a
+ * regular file, until its SSD copy is current; for a directory (any one of
+ * the mount), until the whole mount's flush backlog is empty and no flush
+ * runs.  timeout_ms < 0 waits for ever.  Returns 0, or -1 with errno
+ * (ETIMEDOUT after timeout_ms).
+ */
+int tierfs_wait_flushed(const char *path, int timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

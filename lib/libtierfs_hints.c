@@ -1,0 +1,297 @@
+/*
+ * libtierfs_hints.c - the restore hints and statistics of tierfs-hints(7)
+ * as C calls (fs/tierfs.h): tierfs_restore_order(), tierfs_stats(),
+ * tierfs_wait_flushed().  Plain extended-attribute calls: no CUDA, no
+ * state, thread-safe.
+ *
+ * Names are checked here as the daemon checks them (fs/fs_hints.c), so a
+ * bad one is found, and named, before anything is sent, also when a long
+ * list goes in several writes (the kernel takes at most 64 KiB a value).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tierfs.h"
+
+#define TIERFS_EXPORT __attribute__((visibility("default")))
+
+#define VALUE_MAX	(64 * 1024)	/* the kernel's limit on one value */
+#define HIDDEN_PREFIX	".tierfs"	/* names tierfs keeps to itself */
+
+/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)?  As fs_hints.c. */
+static bool utf8_ok(const unsigned char *s, size_t n)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		unsigned c = s[i], need, min, cp;
+
+		if (c < 0x80) {
+			i++;
+			continue;
+		}
+		if ((c & 0xe0) == 0xc0) {
+			need = 1; min = 0x80; cp = c & 0x1f;
+		} else if ((c & 0xf0) == 0xe0) {
+			need = 2; min = 0x800; cp = c & 0x0f;
+		} else if ((c & 0xf8) == 0xf0) {
+			need = 3; min = 0x10000; cp = c & 0x07;
+		} else {
+			return false;
+		}
+		for (unsigned k = 1; k <= need; k++) {
+			if (i + k >= n || (s[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = (cp << 6) | (s[i + k] & 0x3f);
+		}
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += need + 1;
+	}
+	return true;
+}
+
+/* A name the daemon accepts, and, if it exists in dirfd, a regular file. */
+static bool name_ok(int dirfd, const char *name)
+{
+	size_t len = name ? strlen(name) : 0;
+	struct stat st;
+
+	if (len == 0 || len > 255 || strchr(name, '/') || strchr(name, '\n'))
+		return false;
+	if (!strcmp(name, ".") || !strcmp(name, ".."))
+		return false;
+	if (!strncmp(name, HIDDEN_PREFIX, sizeof(HIDDEN_PREFIX) - 1))
+		return false;
+	if (!utf8_ok((const unsigned char *)name, len))
+		return false;
+	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+		return false;
+	return true;
+}
+
+static int open_tierfs(const char *path, int flags)
+{
+	int fd = open(path, flags | O_RDONLY | O_CLOEXEC), r;
+
+	if (fd < 0)
+		return -1;
+	r = tierfs_is_tierfs(fd);
+	if (r == 1)
+		return fd;
+	close(fd);
+	if (r == 0)
+		errno = ENOTSUP;
+	return -1;
+}
+
+TIERFS_EXPORT int tierfs_restore_order(const char *dir, const char *const *names,
+				       size_t n, size_t *bad)
+{
+	char *buf;
+	size_t i, len = 0;
+	int fd, ret = 0, err = 0;
+
+	if (n == 0 || !names) {
+		errno = EINVAL;
+		return -1;
+	}
+	fd = open_tierfs(dir, O_DIRECTORY);
+	if (fd < 0)
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (!name_ok(fd, names[i])) {
+			if (bad)
+				*bad = i;
+			close(fd);
+			errno = EINVAL;
+			return -1;
+		}
+	}
+	buf = malloc(VALUE_MAX);
+	if (!buf) {
+		close(fd);
+		return -1;
+	}
+	for (i = 0; i <= n && !ret; i++) {
+		size_t l = i < n ? strlen(names[i]) + 1 : 0;
+
+		if (len && (i == n || len + l > VALUE_MAX)) {	/* send what is there */
+			ret = fsetxattr(fd, TIERFS_XATTR_RESTORE_ORDER, buf, len, 0);
+			err = errno;
+			len = 0;
+		}
+		if (i < n) {
+			memcpy(buf + len, names[i], l - 1);
+			buf[len + l - 1] = '\n';
+			len += l;
+		}
+	}
+	free(buf);
+	close(fd);
+	errno = ret ? err : errno;
+	return ret ? -1 : 0;
+}
+
+TIERFS_EXPORT char *tierfs_stats(const char *mount)
+{
+	ssize_t n, size = 4096;
+	char *buf = NULL;
+	int fd = open_tierfs(mount, O_DIRECTORY), err;
+
+	if (fd < 0)
+		return NULL;
+	for (;;) {
+		char *nb = realloc(buf, (size_t)size + 1);
+
+		if (!nb) {
+			err = errno;
+			break;
+		}
+		buf = nb;
+		n = fgetxattr(fd, TIERFS_XATTR_STATS, buf, (size_t)size);
+		if (n >= 0) {
+			buf[n] = 0;
+			close(fd);
+			return buf;
+		}
+		err = errno;
+		if (errno != ERANGE || size >= (1 << 24))
+			break;
+		size *= 4;
+	}
+	free(buf);
+	close(fd);
+	errno = err;
+	return NULL;
+}
+
+/* The value of "key": N in the JSON text s (first occurrence), or -1. */
+static long long json_num(const char *s, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(s, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	while (*p == ' ')
+		p++;
+	return strtoll(p, NULL, 10);
+}
+
+/* Is the regular file fd's newest data on the SSD (ssd:CURRENT, no copy
+ * being written or waiting for a flush)? 1, 0, or -1 with errno. */
+static int file_flushed(int fd)
+{
+	char st[512];
+	ssize_t n = fgetxattr(fd, TIERFS_XATTR_STATE, st, sizeof(st) - 1);
+
+	if (n < 0)
+		return -1;
+	st[n] = 0;
+	if (!strstr(st, "ssd:CURRENT"))
+		return 0;
+	return !strstr(st, ":INIT") && !strstr(st, ":WRITE_IN_PROGRESS") &&
+	       !strstr(st, ":WRITE_COMPLETE");
+}
+
+/* The mount's flush backlog empty, nothing flushing? 1, 0, -1. */
+static int mount_flushed(int rootfd)
+{
+	char buf[1 << 16];
+	ssize_t n = fgetxattr(rootfd, TIERFS_XATTR_STATS, buf, sizeof(buf) - 1);
+
+	if (n < 0)
+		return -1;
+	buf[n] = 0;
+	return json_num(buf, "flush_backlog") == 0 && json_num(buf, "flushes_running") <= 0;
+}
+
+/* The root of the mount holding directory fd: climb while ".." is on the
+ * same device.  Takes fd; returns the root's fd or -1. */
+static int mount_root(int fd)
+{
+	struct stat st, up;
+
+	if (fstat(fd, &st) < 0) {
+		close(fd);
+		return -1;
+	}
+	for (;;) {
+		int pfd = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (pfd < 0 || fstat(pfd, &up) < 0 || up.st_dev != st.st_dev ||
+		    up.st_ino == st.st_ino) {
+			if (pfd >= 0)
+				close(pfd);
+			return fd;
+		}
+		close(fd);
+		fd = pfd;
+		st = up;
+	}
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+TIERFS_EXPORT int tierfs_wait_flushed(const char *path, int timeout_ms)
+{
+	struct stat st;
+	double end = now() + timeout_ms / 1000.0;
+	useconds_t pause = 1000;
+	bool file;
+	int fd = open_tierfs(path, 0), r, err;
+
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &st) < 0)
+		goto fail;
+	file = S_ISREG(st.st_mode);
+	if (!file && !S_ISDIR(st.st_mode)) {
+		errno = EINVAL;
+		goto fail;
+	}
+	if (!file) {
+		fd = mount_root(fd);
+		if (fd < 0)
+			return -1;
+	}
+	while ((r = file ? file_flushed(fd) : mount_flushed(fd)) == 0) {
+		if (timeout_ms >= 0 && now() >= end) {
+			errno = ETIMEDOUT;
+			goto fail;
+		}
+		usleep(pause);
+		if (pause < 50000)
+			pause *= 2;
+	}
+	if (r < 0)
+		goto fail;
+	close(fd);
+	return 0;
+fail:
+	err = errno;
+	close(fd);
+	errno = err;
+	return -1;
+}
