@@ -179,6 +179,14 @@ static int set_restore_next(struct fs_inode *in)
 	return ret;
 }
 
+/* Drop the file's cached copies that the SSD holds (tierfsctl evict). */
+static int set_evict(struct fs_inode *in)
+{
+	if (!S_ISREG(in->type))
+		return -EINVAL;
+	return engine_evict_file(fs.eng, &in->tf);
+}
+
 /* Mount-wide controls: root, or the owner of the mount's root. */
 static int may_steer_mount(uid_t uid)
 {
@@ -221,6 +229,8 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 		return set_prefetch(in, value, size, uid);
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_NEXT))
 		return set_restore_next(in);
+	if (!strcmp(name, TIERFS_XATTR_EVICT))
+		return set_evict(in);
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||
 	    !strcmp(name, TIERFS_XATTR_STATS))
 		return -EPERM;

@@ -21,6 +21,9 @@
 #define TIERFS_XATTR_TIER		"user.tierfs.tier"
 /** File, read-only: life-cycle state per tier ("host:FLUSHED,ssd:CURRENT"). */
 #define TIERFS_XATTR_STATE		"user.tierfs.state"
+/** File, write (any value): drop its cached copies that are on the SSD
+ *  (EBUSY: a copy is not flushed yet, or in use). */
+#define TIERFS_XATTR_EVICT		"user.tierfs.evict"
 /** Mount root, read-only: statistics as JSON. */
 #define TIERFS_XATTR_STATS		"user.tierfs.stats"
 

@@ -247,3 +247,53 @@ def test_plot_bad_record(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"t": 1, "stats": {}}\nnot json\n')
     one_line_error(ctl("plot", str(bad), str(tmp_path / "x.png")), "bad.jsonl:2")
+
+
+@pytest.mark.daemon
+def test_evict(mount):
+    m = mount(host_cache="32M")
+    d = os.path.join(m.mnt, "d")
+    os.mkdir(d)
+    data = {}
+    for i in range(3):
+        p = os.path.join(d, f"e{i}")
+        data[p] = randbytes(4 * MiB)
+        write_file(p, data[p])
+    used = tierfs.stats(m.mnt)["tiers"]["host"]["used"]
+    ok("evict", d)                           # waits for the flushes first
+    for p in data:
+        assert tierfs.tier(p) == ["ssd"], tierfs.tier(p)
+        assert tierfs.state(p) == {"ssd": "CURRENT"}
+    s = tierfs.stats(m.mnt)["tiers"]["host"]
+    assert s["used"] <= used - 12 * MiB and s["evictions"] >= 3
+    for p, want in data.items():             # read back from the SSD
+        assert read_file(p) == want
+    ok("evict", d)                           # nothing cached: fine
+
+
+@pytest.mark.daemon
+def test_evict_refuses_a_copy_in_use(mount):
+    """A file prefetched for the restore queue and not read yet stays."""
+    m = mount(host_cache="32M")
+    cold = cold_files(m, 8)
+    p = sorted(cold)[0]
+    ok("warmup", p)
+    assert tierfs.tier(p)[0] == "host"
+    r = ctl("evict", p)
+    assert r.returncode == 1 and "in use" in r.stderr, r.stderr
+    assert tierfs.tier(p)[0] == "host"
+    assert read_file(p) == cold[p]           # consumes it: now it may go
+    ok("evict", p)
+    assert tierfs.tier(p) == ["ssd"]
+
+
+def test_bash_completion_knows_every_command():
+    comp = os.path.join(util.REPO_DIR, "tools", "tierfsctl.bash")
+    script = (f"source {comp}; COMP_WORDS=(tierfsctl ''); COMP_CWORD=1; _tierfsctl; "
+              "echo ${COMPREPLY[@]}")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    words = set(r.stdout.split()) - {"--help", "--version"}
+    from tierfs import ctl
+    sub = next(a for a in ctl.parser()._actions if a.dest == "cmd")
+    assert words == set(sub.choices), (words, set(sub.choices))

@@ -69,6 +69,14 @@ void engine_hint_drop_dir(struct engine *e, uint64_t dir);
 void engine_prefetch_set(struct engine *e, bool on);
 bool engine_prefetch_get(struct engine *e);
 
+/*
+ * Drop f's cached copies that hold nothing the slower tiers lack (as the
+ * eviction policy would): 0 when none is left, -EBUSY when one stays
+ * (being written, not flushed yet, or in use: wait for the flush and ask
+ * again).  Never waits.
+ */
+int engine_evict_file(struct engine *e, struct tfile *f);
+
 /* Statistics as JSON into buf; returns length or -ERANGE. */
 int engine_stats_json(struct engine *e, char *buf, size_t len);
 uint64_t engine_host_cache_size(struct engine *e);

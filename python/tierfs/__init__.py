@@ -31,7 +31,7 @@ import time
 __all__ = [
     "TierfsError", "NotTierfsError", "BadNameError",
     "restore_order", "queued", "clear", "restore_next", "prefetch",
-    "tier", "state", "stats", "wait_flushed", "is_tierfs", "mount_of",
+    "tier", "state", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
     "daemon_pid", "check_names",
 ]
 
@@ -44,6 +44,7 @@ XATTR_RESTORE_NEXT = PREFIX + "restore_next"
 XATTR_TIER = PREFIX + "tier"
 XATTR_STATE = PREFIX + "state"
 XATTR_STATS = PREFIX + "stats"
+XATTR_EVICT = PREFIX + "evict"
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
 LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT"
@@ -439,3 +440,18 @@ def wait_flushed(path_or_mount, timeout=None, interval=0.05):
         time.sleep(pause)
         pause = min(pause * 2, interval)
     return True
+
+
+def evict(path, wait=True, timeout=None):
+    """Drop the cached copies of file `path` (GPU and host caches); the
+    file stays on the SSD and reads come from there until it is cached
+    again.
+
+    With wait=True (the default) first waits until the file is flushed
+    (wait_flushed, with `timeout`): a copy that is not on the SSD yet is
+    never dropped.  A copy in use (being read, or prefetched for the
+    restore queue and not read yet) stays: OSError EBUSY."""
+    _need_tierfs(path)
+    if wait:
+        wait_flushed(path, timeout=timeout)
+    os.setxattr(path, XATTR_EVICT, b"")

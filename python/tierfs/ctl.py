@@ -7,6 +7,7 @@
     tierfsctl wait MOUNT [--timeout SECONDS]
     tierfsctl stats MOUNT [--watch [SECONDS]] [--json | --prometheus]
     tierfsctl warmup PATH... [--stall SECONDS] [--no-progress]
+    tierfsctl evict PATH... [--timeout SECONDS]
     tierfsctl record MOUNT FILE [--interval SECONDS] [--count N]
     tierfsctl plot FILE OUT.png
 
@@ -288,6 +289,26 @@ def cmd_warmup(a):
     return 0
 
 
+# ---------------------------------------------------------------- evict
+
+def cmd_evict(a):
+    """Drop the cached copies of files (after their flush); files in use or
+    queued for restore stay, and are named."""
+    busy = 0
+    for p, _ in files_under(a.paths):
+        try:
+            tierfs.evict(p, timeout=a.timeout)
+        except TimeoutError:
+            raise Fail(f"{p}: not flushed after {a.timeout:g} s", 3) from None
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            busy += 1
+            print(f"tierfsctl: {p}: in use (being read, or prefetched for the restore "
+                  "queue): left cached", file=sys.stderr)
+    return 1 if busy else 0
+
+
 # ---------------------------------------------------------------- record, plot
 
 def cmd_record(a):
@@ -459,6 +480,13 @@ def parser(prog="tierfsctl"):
                    help="show the progress bar (default: when stderr is a terminal)")
     g.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(fn=cmd_warmup)
+
+    p = sp.add_parser("evict", help="drop files' cached copies (after their flush; "
+                      "directories: their files)")
+    p.add_argument("paths", metavar="PATH", nargs="+")
+    p.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                   help="give up waiting for a flush after SECONDS (exit status 3)")
+    p.set_defaults(fn=cmd_evict)
 
     p = sp.add_parser("record", help="append a statistics sample to FILE (JSON "
                       "lines) every interval until Ctrl-C or the unmount")
