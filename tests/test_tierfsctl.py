@@ -162,7 +162,7 @@ def test_wait_after_umount(mount):
 
 @pytest.mark.daemon
 def test_warmup(mount):
-    m = mount(host_cache="32M")
+    m = mount(host_cache="32M", gpu="none")    # cold files: no GPU tier
     cold = cold_files(m, 8)                   # 64 MiB through a 32 MiB cache
     assert len(cold) >= 2
     paths = sorted(cold)[:2]
@@ -190,7 +190,7 @@ def cold_files(m, n, size=8 * MiB):
 
 @pytest.mark.daemon
 def test_warmup_stalls_when_prefetch_is_held(mount):
-    m = mount(host_cache="32M")
+    m = mount(host_cache="32M", gpu="none")    # cold files: no GPU tier
     cold = cold_files(m, 8)
     assert cold
     p = sorted(cold)[0]
@@ -251,7 +251,7 @@ def test_plot_bad_record(tmp_path):
 
 @pytest.mark.daemon
 def test_evict(mount):
-    m = mount(host_cache="32M")
+    m = mount(host_cache="32M", gpu="none")    # cold files: no GPU tier
     d = os.path.join(m.mnt, "d")
     os.mkdir(d)
     data = {}
@@ -274,7 +274,7 @@ def test_evict(mount):
 @pytest.mark.daemon
 def test_evict_refuses_a_copy_in_use(mount):
     """A file prefetched for the restore queue and not read yet stays."""
-    m = mount(host_cache="32M")
+    m = mount(host_cache="32M", gpu="none")    # cold files: no GPU tier
     cold = cold_files(m, 8)
     p = sorted(cold)[0]
     ok("warmup", p)
