@@ -861,6 +861,8 @@ int main(int argc, char *argv[])
 		ret = 2;
 		goto out_unlock;
 	}
+	if (*fuse_complaint)		/* said, but not fatal */
+		tlog(LOG_WARNING, "fuse: %s", fuse_complaint);
 	if (fuse_set_signal_handlers(fs.se) != 0) {
 		ret = 1;
 		goto out_session;

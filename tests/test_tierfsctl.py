@@ -139,6 +139,31 @@ def test_wait_mounted(tfs):
         write_file(os.path.join(tfs.mnt, f"f{i}"), randbytes(8 * MiB))
     ok("wait", tfs.mnt)
     assert tierfs.stats(tfs.mnt)["ssd"]["flush_backlog"] == 0
+    sub = os.path.join(tfs.mnt, "sub")           # a directory inside: its mount
+    os.mkdir(sub)
+    write_file(os.path.join(sub, "g"), randbytes(8 * MiB))
+    ok("wait", sub)
+    assert tierfs.stats(tfs.mnt)["ssd"]["flush_backlog"] == 0
+
+
+@pytest.mark.daemon
+def test_record_ends_with_the_mount(tfs, tmp_path):
+    rec = str(tmp_path / "r.jsonl")
+    p = subprocess.Popen([sys.executable, TOOL, "record", tfs.mnt, rec, "--interval", "0.05"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(rec) or os.path.getsize(rec) == 0:
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read()
+            time.sleep(0.05)
+        tfs.umount()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "Traceback" not in p.stderr.read()
+    assert all("stats" in json.loads(ln) for ln in open(rec))
 
 
 @pytest.mark.daemon

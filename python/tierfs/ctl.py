@@ -161,14 +161,14 @@ def cmd_wait(a):
     pid = tierfs._find_daemon(mnt)
     while True:
         try:
-            root = tierfs.mount_of(mnt)
-            mounted = root == mnt
+            root = tierfs.mount_of(mnt)     # MOUNT, or a directory inside it
+            mounted = True
         except OSError:
             mounted = False
         if mounted:
             try:
                 if tierfs.wait_flushed(
-                        mnt, timeout=1.0 if left() is None else min(left(), 1.0)):
+                        root, timeout=1.0 if left() is None else min(left(), 1.0)):
                     return 0
             except TimeoutError:
                 pass
