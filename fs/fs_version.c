@@ -36,7 +36,8 @@
  * that point, for the tests of what a restart finds.  Points:
  * inplace_copy (half way through copying a version over a hard-linked
  * file), new_linked (a new version linked under its temporary name, not
- * yet renamed over the file).
+ * yet renamed over the file), small_written (a small first version
+ * written into its empty backing file, not yet synced: v_small).
  */
 static bool fault_at(const char *point)
 {
@@ -721,6 +722,84 @@ out_close:
 	return ret;
 }
 
+/*
+ * A small first version, in place (tfile_ops.version_small).
+ *
+ * A file created through the mount has an empty backing file until its
+ * first flush.  When that first version fits in one page, it is written
+ * into the backing file itself with ONE pwrite at offset 0, instead of a
+ * new O_TMPFILE inode linked and renamed over the name (two inode
+ * allocations and a free per small file, where a local file system
+ * spends one).  Why that keeps "after a kill or crash each file is some
+ * complete version":
+ *  - a kill of the daemon: a buffered write that fits in one page is
+ *    copied in one step; the kernel checks for a fatal signal only
+ *    between pages, and a short copy into a page that is not up to date
+ *    is thrown away whole (block_write_end).  The file is either still
+ *    empty (its previous version) or holds all of the new one.  A short
+ *    write (an error) is truncated back to empty.
+ *  - a crash of the machine before the fdatasync below: ext4 with
+ *    data=ordered (its default) allocates the block and sets the on-disk
+ *    size at writeback, in the transaction that the data is ordered
+ *    before: the file is empty or complete, as with a rename.  (Without
+ *    a journal, or with data=writeback, nothing is promised across a
+ *    power loss, for a rename either.)
+ *  - only an empty, singly linked regular file qualifies: nothing of an
+ *    earlier version can show through, and no other name needs the
+ *    journalled copy.  The test and the write are made under fs.nslock,
+ *    which every commit of a version of this file takes: two flushes
+ *    cannot both find it empty.
+ * The fd is synced as the flusher syncs a new version; the mtime is the
+ * cached one; mode, owner and xattrs are the file's own already.
+ */
+static int v_small(struct tfile *f, const void *buf, uint64_t len)
+{
+	struct fs_inode *in = in_of(f);
+	struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
+	struct stat st;
+	bool gone, d;
+	ssize_t n = 0;
+	int fd, ret = 1;
+
+	if (len > (uint64_t)sysconf(_SC_PAGESIZE))
+		return 0;
+	fs_ns_lock();
+	fs_lock();
+	gone = in->unlinked || !in->name || !in->parent;
+	fs_unlock();
+	if (gone) {
+		fs_ns_unlock();
+		return 0;	/* the usual path adopts or drops it */
+	}
+	fd = open_held(in, O_RDWR, false, &d);
+	if (fd < 0) {
+		fs_ns_unlock();
+		return fd;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_size) {
+		fs_ns_unlock();
+		close(fd);
+		return 0;
+	}
+	if (len)
+		n = pwrite(fd, buf, (size_t)len, 0);
+	if (fault_at("small_written"))
+		raise(SIGKILL);
+	if (n != (ssize_t)len) {
+		ret = n < 0 ? -errno : -EIO;
+		if (n > 0 && ftruncate(fd, 0) < 0)	/* back to its version */
+			tlog(LOG_ERR, "inode %ju: a short write of its first version "
+			     "could not be undone: %s", (uintmax_t)st.st_ino, strerror(errno));
+	}
+	if (ret > 0 && (tv[1].tv_sec || tv[1].tv_nsec))
+		futimens(fd, tv);
+	fs_ns_unlock();
+	if (ret > 0 && fdatasync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
 static int v_data_fd(struct tfile *f, bool direct)
 {
 	struct fs_inode *in = in_of(f);
@@ -759,6 +838,7 @@ static const char *v_name(struct tfile *f, char *buf, size_t len)
 const struct tfile_ops fs_tfile_ops = {
 	.version_open	= v_open,
 	.version_commit	= v_commit,
+	.version_small	= v_small,
 	.data_fd	= v_data_fd,
 	.release_data_fd = v_release_data_fd,
 	.get		= v_get,

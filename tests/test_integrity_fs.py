@@ -466,3 +466,89 @@ def test_startup_keeps_journal_entry_it_cannot_finish(tmp_path):
         assert f.read() == b"new!"
     m.umount()
     assert not [n for n in os.listdir(b) if n.startswith(".tierfs")]
+
+
+# ------------------------------------------- small first versions, in place
+
+def backing_stat(m, name):
+    return os.stat(os.path.join(m.backing, name))
+
+
+def wait_flushed(m, name, size):
+    """Wait until the backing file has its new size (the kernel sends the
+    release that queues the flush after close() returned), then settle."""
+    assert wait_for(lambda: backing_stat(m, name).st_size == size), name
+    settle(m)
+
+
+def test_small_first_version_written_in_place(mount):
+    """A new file whose first version fits in one page is written into the
+    empty backing file that its create made: the same inode, its mode and
+    xattrs, the cached mtime, no new version (no second inode)."""
+    m = mount()
+    p = os.path.join(m.mnt, "small")
+    data = util.randbytes(3000)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    ino = backing_stat(m, "small").st_ino
+    os.setxattr(p, "user.k", b"v")
+    os.write(fd, data)
+    os.close(fd)
+    mtime = os.stat(p).st_mtime_ns
+    wait_flushed(m, "small", len(data))
+    st = backing_stat(m, "small")
+    assert st.st_ino == ino, "a new inode for a one-page first version"
+    assert (st.st_size, st.st_nlink, stat.S_IMODE(st.st_mode)) == (len(data), 1, 0o640)
+    assert st.st_mtime_ns == mtime
+    assert os.getxattr(os.path.join(m.backing, "small"), "user.k") == b"v"
+    with open(os.path.join(m.backing, "small"), "rb") as f:
+        assert f.read() == data
+    m.umount()
+    assert backing_stat(m, "small").st_ino == ino
+
+
+def test_versions_that_cannot_go_in_place_are_renamed(mount):
+    """Only an empty, singly linked backing file takes a one-page version in
+    place: a larger first version, a rewrite of a non-empty file and a file
+    with two names get a new version (renamed over it, or the journalled
+    copy), and every name reads the whole new content."""
+    m = mount()
+    big, again, linked = (os.path.join(m.mnt, n) for n in ("big", "again", "linked"))
+    for path in (big, again, linked):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+    settle(m)
+    ino = {n: backing_stat(m, n).st_ino for n in ("big", "again", "linked")}
+    os.link(linked, os.path.join(m.mnt, "other"))
+    util.write_file(big, b"b" * 5000)
+    util.write_file(again, b"a" * 100)
+    wait_flushed(m, "big", 5000)
+    wait_flushed(m, "again", 100)
+    assert backing_stat(m, "big").st_ino != ino["big"]
+    assert backing_stat(m, "again").st_ino == ino["again"]
+    util.write_file(again, b"A" * 50)          # non-empty now: a new version
+    util.write_file(linked, b"l" * 200)        # two names: the journalled copy
+    wait_flushed(m, "again", 50)
+    wait_flushed(m, "linked", 200)
+    assert backing_stat(m, "again").st_ino != ino["again"]
+    assert backing_stat(m, "linked").st_ino == backing_stat(m, "other").st_ino
+    m.umount()
+    for name, want in (("big", b"b" * 5000), ("again", b"A" * 50),
+                       ("linked", b"l" * 200), ("other", b"l" * 200)):
+        with open(os.path.join(m.backing, name), "rb") as f:
+            assert f.read() == want, name
+
+
+def test_kill_after_small_first_version(tmp_path, monkeypatch):
+    """A kill right after a one-page first version went into its empty
+    backing file (before the sync): the file reads the whole version."""
+    util.require_daemon("kills the daemon")
+    monkeypatch.setenv("TIERFS_FAULT", "small_written")
+    m = util.Mount(tmp_path).start()
+    p = os.path.join(m.mnt, "f")
+    data = util.randbytes(4096)
+    util.write_file(p, data)
+    assert m.wait_death() == -9, m.log(tail=50)
+    monkeypatch.delenv("TIERFS_FAULT")
+    m.start()
+    with open(p, "rb") as f:
+        assert f.read() == data
+    m.umount()

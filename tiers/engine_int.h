@@ -36,6 +36,13 @@
 #include "lockorder.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
+/*
+ * Versions up to this size are flushed with buffered writes: O_DIRECT
+ * would write a rounded-up block and truncate it back, which zeroes (and
+ * first reads) the partial last block; small files gain nothing from
+ * bypassing the page cache.
+ */
+#define FLUSH_BUFFERED_MAX	(256u << 10)
 
 struct ssd_ring;
 

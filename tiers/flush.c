@@ -101,7 +101,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
 			cp = f->copy[t];
 	uint64_t gen, len;
-	bool direct, inplace;
+	bool direct, inplace, small;
 	struct lease l;
 	double t0;
 	int fd, ret;
@@ -117,7 +117,17 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	lease_begin(e, &l, cp, NULL);
 
 	t0 = tier_now();
-	fd = f->ops->version_open(f, cp->cache->host_addressable, &direct, &inplace);
+	small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
+	if (small && f->ops->version_small) {
+		ret = eng_copy_bounds(cp, 0, len);
+		if (!ret)
+			ret = f->ops->version_small(f, copy_ptr(cp), len);
+		if (ret > 0)
+			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+		if (ret)
+			goto out_small;
+	}
+	fd = f->ops->version_open(f, cp->cache->host_addressable && !small, &direct, &inplace);
 	if (fd < 0) {
 		ret = fd;
 		goto out;
@@ -135,17 +145,26 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	else if (direct)
 		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
 				&cp->flushed_bytes);
-	else
+	else if (small) {
+		/* a few pages: one plain write, not a trip through io-wq */
+		ret = backing_pwrite(fd, copy_ptr(cp), len, 0);
+		if (!ret)
+			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	} else
 		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
-	if (!ret && ftruncate(fd, (off_t)len) < 0)
+	/* a fresh version written with plain writes already has its size */
+	if (!ret && !(small && !inplace) && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
 	if (!ret)
-		ret = ssd_fdatasync(ring, fd);
+		ret = small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
 	if (ret) {
 		close(fd);
 		goto out;
 	}
 	ret = f->ops->version_commit(f, fd, inplace, false);
+out_small:
+	if (ret > 0)
+		ret = 0;	/* version_small did it */
 out:
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
 	lease_end(e, &l);

@@ -36,6 +36,14 @@ struct tfile_ops {
 	 * fd in every case.  durable: also fsync the directory.
 	 */
 	int (*version_commit)(struct tfile *f, int fd, bool inplace, bool durable);
+	/*
+	 * Optional.  Make buf (len bytes, a complete version of f) its
+	 * content durably without a new version, where the fs side can do
+	 * that atomically (a small first version of an empty file).  Returns
+	 * 1 when done, 0 when it cannot (the caller writes a new version), or
+	 * -errno.
+	 */
+	int (*version_small)(struct tfile *f, const void *buf, uint64_t len);
 	/* An fd reading f's current backing content, owned by the fs side
 	 * (valid until release_data_fd).  Returns fd or -errno. */
 	int (*data_fd)(struct tfile *f, bool direct);
