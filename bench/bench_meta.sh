@@ -10,7 +10,7 @@
 # mkdir, rmdir, rename, unlink, link, chmod, truncate, stat, append,
 # readdir, write+fsync, read) and, where dbench is installed, dbench with C
 # clients for T seconds.  Each cell is the median of R runs, with the
-# spread (min-max).
+# spread (min-max); the runs go round the targets in turn.
 #
 # usage: bench/bench_meta.sh BUILD
 #
@@ -75,24 +75,29 @@ configs="plain"
 [ -n "$PT" ] && configs="$configs passthrough_ll"
 configs="$configs tierfs=$BUILD/tierfs ${TIERFS_BINS:-}"
 
-printf "%-22s %-26s %s\n" "target" "bench_meta ops/s (P=$P)" "dbench MB/s (C=$C, ${T}s)"
-for cfg in $configs; do
-	label=${cfg%%=*}; bin=${cfg#*=}
-	kind=$label; case $cfg in *=*) kind=tierfs ;; esac
-	m=""; d=""
-	for _ in $(seq "$R"); do
+# Round-robin: run r of every target before run r+1 of any, so that a
+# change in the machine's load (it is shared) falls on all targets alike.
+declare -A M D
+for _ in $(seq "$R"); do
+	for cfg in $configs; do
+		label=${cfg%%=*}; bin=${cfg#*=}
+		kind=$label; case $cfg in *=*) kind=tierfs ;; esac
 		dir=$(mount_it "$kind" "$bin")
-		m="$m $("$WORK/bench_meta" "$dir" -p "$P" -n "$N" | awk '{ print $(NF-1) }')"
+		M[$label]="${M[$label]:-} $("$WORK/bench_meta" "$dir" -p "$P" -n "$N" | awk '{ print $(NF-1) }')"
 		unmount_it
-	done
-	if [ "$T" -gt 0 ] && command -v dbench >/dev/null; then
-		for _ in $(seq "$R"); do
+		if [ "$T" -gt 0 ] && command -v dbench >/dev/null; then
 			dir=$(mount_it "$kind" "$bin")
-			d="$d $(dbench -D "$dir" -t "$T" "$C" 2>/dev/null |
+			D[$label]="${D[$label]:-} $(dbench -D "$dir" -t "$T" "$C" 2>/dev/null |
 				awk '/^Throughput/ { print $2 }')"
 			unmount_it
-		done
-	fi
+		fi
+	done
+done
+
+printf "%-22s %-26s %s\n" "target" "bench_meta ops/s (P=$P)" "dbench MB/s (C=$C, ${T}s)"
+for cfg in $configs; do
+	label=${cfg%%=*}
+	m=${M[$label]}; d=${D[$label]:-}
 	printf "%-22s %-26s %s\n" "$label" "$(echo $m | tr ' ' '\n' | median)" \
 		"$( [ -n "$d" ] && echo $d | tr ' ' '\n' | median || echo -)"
 done
