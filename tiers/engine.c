@@ -88,7 +88,7 @@ static void stop_threads(struct engine *e)
 
 	eng_lock(e);
 	e->stop = true;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	eng_unlock(e);
 	if (e->gbuilder_started)
 		pthread_join(e->gbuilder, NULL);
@@ -122,6 +122,7 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		e->cfg.policy = &evict_fifo;
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cond, NULL);
+	pthread_cond_init(&e->idle, NULL);
 	e->flush_bw = 1e9;
 
 	uint64_t size = tier_round(cfg->host_cache);
@@ -337,7 +338,7 @@ void tfile_unlinked(struct tfile *f)
 		}
 	f->hint_seq = 0;
 	eng_hint_head_update(e);
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	eng_unlock(e);
 }
 

@@ -23,6 +23,12 @@
  * marked "protected by eng->lock".  It is held for bookkeeping only; bytes
  * move with it dropped, under a lease on the copies involved (below).
  * e->cond is signalled on any state change a waiter may be waiting for.
+ * The background threads (flushers, cascade, prefetcher) sleep on e->idle
+ * when they have nothing to do; eng_wake() signals both, a lease's end
+ * (every cached write and read) only e->cond: waking them all for each
+ * request cost about eight futex calls and as many context switches per
+ * 4 KiB write (bench/RESULTS.md, 8b).  Their idle waits are timed: a
+ * change they are not woken for is seen within 50-1100 ms.
  */
 #ifndef TIERFS_ENGINE_INT_H
 #define TIERFS_ENGINE_INT_H
@@ -51,6 +57,7 @@ struct engine {
 					 * (lockorder.h): taken after tfile.lock
 					 * and fs.lock, never before them */
 	pthread_cond_t cond;		/* any state change */
+	pthread_cond_t idle;		/* background threads with nothing to do */
 	struct engine_config cfg;
 	struct cache host;		/* host cache tier */
 	void *host_buf;			/* its mmap'ed buffer */
@@ -224,8 +231,8 @@ static inline bool read_to_end(const struct tfile *f, off_t off, size_t n)
 	return (uint64_t)off + n >= f->size;
 }
 
-/* Wait on e->cond for at most ms milliseconds.  e->lock held. */
-static inline void cond_wait_ms(struct engine *e, long ms)
+/* Wait on cond for at most ms milliseconds.  e->lock held. */
+static inline void wait_ms(struct engine *e, pthread_cond_t *cond, long ms)
 {
 	struct timespec ts;
 
@@ -236,7 +243,26 @@ static inline void cond_wait_ms(struct engine *e, long ms)
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000;
 	}
-	pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+	pthread_cond_timedwait(cond, &e->lock, &ts);
+}
+
+/* Wait on e->cond for at most ms milliseconds.  e->lock held. */
+static inline void cond_wait_ms(struct engine *e, long ms)
+{
+	wait_ms(e, &e->cond, ms);
+}
+
+/* A background thread with nothing to do: wait for eng_wake(), at most ms. */
+static inline void idle_wait_ms(struct engine *e, long ms)
+{
+	wait_ms(e, &e->idle, ms);
+}
+
+/* Wake every waiter: e->cond's and the idle background threads. */
+static inline void eng_wake(struct engine *e)
+{
+	pthread_cond_broadcast(&e->cond);
+	pthread_cond_broadcast(&e->idle);
 }
 
 static inline const char *fname(struct tfile *f, char *buf, size_t len)

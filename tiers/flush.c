@@ -1,7 +1,7 @@
 /*
  * flush.c - the two flush queues and their threads (a queue and its
- * threads per job, as Redis's bio.c; the wake-ups still go through the
- * engine's one e->cond):
+ * threads per job, as Redis's bio.c; their idle waits are on e->idle,
+ * woken by eng_wake(), not by every lease's end):
  *  - the SSD flush queue (e->q_head): flushers write a file's newest
  *    complete copy into a new version of its backing file with O_DIRECT
  *    through io_uring, fdatasync it and ask the fs side to commit it
@@ -48,7 +48,7 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 		e->q_tail->fq_next = f;
 		e->q_tail = f;
 	}
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /* Queue f for the GPU -> host cascade. */
@@ -64,7 +64,7 @@ static void queue_gpu_flush(struct engine *e, struct tfile *f)
 	else
 		e->gq_head = f;
 	e->gq_tail = f;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /* Mark the newest copy complete and queue it for flushing. */
@@ -201,7 +201,7 @@ out:
 		f->retry_at = tier_now() + FLUSH_RETRY_S;
 		eng_queue_flush(e, f, false);
 	}
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	return ret;
 }
 
@@ -262,7 +262,7 @@ void *eng_flusher_main(void *arg)
 		if (!f) {
 			if (e->stop && !e->q_head && !e->nreap)
 				break;
-			cond_wait_ms(e, e->q_head ? 100 : 1100);
+			idle_wait_ms(e, e->q_head ? 100 : 1100);
 			continue;
 		}
 		f->queued = false;
@@ -338,7 +338,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			eng_queue_flush(e, f, false);
 		else if (ret != -EEXIST)
 			flush_one(e, ring, f);
-		pthread_cond_broadcast(&e->cond);
+		eng_wake(e);
 		return;
 	}
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
@@ -360,7 +360,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		tier_set_state(&hcp->state, TS_INIT);
 		cache_release(&e->host, hcp);
 		free(hcp);
-		pthread_cond_broadcast(&e->cond);
+		eng_wake(e);
 		return;
 	}
 	if (ret) {
@@ -368,7 +368,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		cache_release(&e->host, hcp);
 		free(hcp);
 		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
-		pthread_cond_broadcast(&e->cond);
+		eng_wake(e);
 		return;
 	}
 	hcp->len = len;
@@ -382,7 +382,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	e->bytes_to_host += len;
 	e->to_host_s += t0;
 	eng_queue_flush(e, f, false);
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 void *eng_gflusher_main(void *arg)
@@ -402,7 +402,7 @@ void *eng_gflusher_main(void *arg)
 		if (!f) {
 			if (e->stop && !e->gq_head)
 				break;
-			cond_wait_ms(e, 50);
+			idle_wait_ms(e, 50);
 			continue;
 		}
 		f->gqueued = false;

@@ -24,7 +24,7 @@
 void eng_hint_head_update(struct engine *e)
 {
 	e->hint_head = e->hq_head ? e->hq_head->seq : e->hint_next;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /* e->lock held: set f->hint_seq to its first remaining entry. */
@@ -113,7 +113,7 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 		if (!f->hint_seq || h->seq < f->hint_seq)
 			f->hint_seq = h->seq;
 	}
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 out:
 	eng_unlock(e);
 }
@@ -162,7 +162,7 @@ void engine_prefetch_set(struct engine *e, bool on)
 {
 	eng_lock(e);
 	e->prefetch_on = on;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	eng_unlock(e);
 }
 

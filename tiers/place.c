@@ -188,7 +188,7 @@ void eng_defer_put(struct engine *e, struct tfile *f)
 		e->reapcap = n;
 	}
 	e->reap[e->nreap++] = f;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /*
@@ -342,7 +342,7 @@ void eng_drop_copy(struct engine *e, struct tfile *f, int i)
 	wait_unpinned(e, cp);
 	cache_release(cp->cache, cp);
 	eng_copy_evicted(cp);
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /* e->lock held: f's copy in tier i is stale (f is being written); free it. */

@@ -97,7 +97,7 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 			tier_set_state(&gcp->state, TS_INIT);
 			eng_drop_copy(e, f, 0);
 		}
-		pthread_cond_broadcast(&e->cond);
+		eng_wake(e);
 		return 0;
 	}
 	gcp->len = size;
@@ -110,7 +110,7 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	hcp->promoted = false;
 	e->files_to_gpu++;
 	e->bytes_to_gpu += size;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	return 1;
 }
 
@@ -193,7 +193,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			tier_set_state(&cp->state, TS_INIT);
 			eng_drop_copy(e, f, hi);
 		}
-		pthread_cond_broadcast(&e->cond);
+		eng_wake(e);
 		eng_unlock(e);
 		f->ops->put(f);
 		eng_lock(e);
@@ -204,7 +204,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	cp->promoted = true;
 	e->files_prefetched++;
 	e->bytes_prefetched += size;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	eng_unlock(e);
 	f->ops->put(f);
 	eng_lock(e);
@@ -250,7 +250,7 @@ void *eng_prefetcher_main(void *arg)
 		}
 		if (did)
 			continue;
-		cond_wait_ms(e, 50);
+		idle_wait_ms(e, 50);
 	}
 	eng_unlock(e);
 	ssd_ring_exit(&ring);

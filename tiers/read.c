@@ -224,7 +224,7 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		if (read_to_end(f, (off_t)s->off, (size_t)s->len))
 			eng_consume(e, f);
 	}
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	eng_unlock(e);
 	s->cp = NULL;
 	return ret;

@@ -278,7 +278,7 @@ static void install_copy(struct engine *e, struct tfile *f, int t, struct copy *
 	for (int i = 0; i < e->ntiers; i++)
 		if (i != t && f->copy[i])
 			eng_discard_copy(e, f, i);
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 }
 
 /* What one step of eng_writable_copy() tells the next (or -errno). */
@@ -658,7 +658,7 @@ int tfile_fsync(struct tfile *f)
 	/* a failed flush is retried now, and its result reported */
 	f->retry_at = 0;
 	uint64_t errs = e->flush_errors;
-	pthread_cond_broadcast(&e->cond);
+	eng_wake(e);
 	while (f->flushed_gen < target && !f->unlinked) {
 		if (e->flush_errors != errs && f->flush_err) {
 			ret = f->flush_err;
