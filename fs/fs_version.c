@@ -771,15 +771,24 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 		fs_ns_unlock();
 		return 0;	/* the usual path adopts or drops it */
 	}
-	fd = open_held(in, O_RDWR, false, &d);
-	if (fd < 0) {
-		fs_ns_unlock();
-		return fd;
-	}
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_size) {
-		fs_ns_unlock();
+	/* most small flushes are rewrites: look before opening */
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 ? -errno : 1;
+	fs_fd_release(in);
+	if (ret > 0 && (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_size))
+		ret = 0;
+	if (ret > 0)
+		fd = open_held(in, O_RDWR, false, &d);
+	if (ret > 0 && fd < 0)
+		ret = fd;
+	/* the same file, still empty: an open through /proc is of the inode */
+	if (ret > 0 && (fstat(fd, &st) < 0 || st.st_nlink != 1 || st.st_size)) {
 		close(fd);
-		return 0;
+		ret = 0;
+	}
+	if (ret <= 0) {
+		fs_ns_unlock();
+		return ret;
 	}
 	if (len)
 		n = pwrite(fd, buf, (size_t)len, 0);

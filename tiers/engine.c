@@ -122,7 +122,8 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		e->cfg.policy = &evict_fifo;
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cond, NULL);
-	pthread_cond_init(&e->idle, NULL);
+	pthread_cond_init(&e->events, NULL);
+	pthread_cond_init(&e->flushed, NULL);
 	e->flush_bw = 1e9;
 
 	uint64_t size = tier_round(cfg->host_cache);
@@ -339,6 +340,7 @@ void tfile_unlinked(struct tfile *f)
 	f->hint_seq = 0;
 	eng_hint_head_update(e);
 	eng_wake(e);
+	eng_flushed(e);
 	eng_unlock(e);
 }
 

@@ -23,12 +23,15 @@
  * marked "protected by eng->lock".  It is held for bookkeeping only; bytes
  * move with it dropped, under a lease on the copies involved (below).
  * e->cond is signalled on any state change a waiter may be waiting for.
- * The background threads (flushers, cascade, prefetcher) sleep on e->idle
- * when they have nothing to do; eng_wake() signals both, a lease's end
- * (every cached write and read) only e->cond: waking them all for each
- * request cost about eight futex calls and as many context switches per
- * 4 KiB write (bench/RESULTS.md, 8b).  Their idle waits are timed: a
- * change they are not woken for is seen within 50-1100 ms.
+ * Waiters that do not wait for a lease to end sleep on e->events instead:
+ * the background threads (flushers, cascade, prefetcher) when they have
+ * nothing to do.  fsync waits for its flush on e->flushed, which only the
+ * end of a flush and a removal signal (eng_flushed()).  eng_wake() signals
+ * e->cond and e->events, a lease's end (every cached write and read) only e->cond: waking
+ * them all for each request cost about eight futex calls and as many
+ * context switches per 4 KiB write, and most of a metadata workload's
+ * (bench/RESULTS.md, 8b).  Their waits are timed: a change they are not
+ * woken for is seen within 50-1100 ms.
  */
 #ifndef TIERFS_ENGINE_INT_H
 #define TIERFS_ENGINE_INT_H
@@ -57,7 +60,8 @@ struct engine {
 					 * (lockorder.h): taken after tfile.lock
 					 * and fs.lock, never before them */
 	pthread_cond_t cond;		/* any state change */
-	pthread_cond_t idle;		/* background threads with nothing to do */
+	pthread_cond_t events;		/* changes other than a lease's end */
+	pthread_cond_t flushed;		/* a flush ended, a file was removed */
 	struct engine_config cfg;
 	struct cache host;		/* host cache tier */
 	void *host_buf;			/* its mmap'ed buffer */
@@ -252,17 +256,23 @@ static inline void cond_wait_ms(struct engine *e, long ms)
 	wait_ms(e, &e->cond, ms);
 }
 
-/* A background thread with nothing to do: wait for eng_wake(), at most ms. */
-static inline void idle_wait_ms(struct engine *e, long ms)
+/* Wait for eng_wake() (not for a lease's end), at most ms. */
+static inline void events_wait_ms(struct engine *e, long ms)
 {
-	wait_ms(e, &e->idle, ms);
+	wait_ms(e, &e->events, ms);
 }
 
-/* Wake every waiter: e->cond's and the idle background threads. */
+/* A flush ended or a file was removed: wake fsync (and everybody). */
+static inline void eng_flushed(struct engine *e)
+{
+	pthread_cond_broadcast(&e->flushed);
+}
+
+/* Wake every waiter: e->cond's and e->events'. */
 static inline void eng_wake(struct engine *e)
 {
 	pthread_cond_broadcast(&e->cond);
-	pthread_cond_broadcast(&e->idle);
+	pthread_cond_broadcast(&e->events);
 }
 
 static inline const char *fname(struct tfile *f, char *buf, size_t len)

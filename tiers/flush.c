@@ -1,6 +1,6 @@
 /*
  * flush.c - the two flush queues and their threads (a queue and its
- * threads per job, as Redis's bio.c; their idle waits are on e->idle,
+ * threads per job, as Redis's bio.c; their idle waits are on e->events,
  * woken by eng_wake(), not by every lease's end):
  *  - the SSD flush queue (e->q_head): flushers write a file's newest
  *    complete copy into a new version of its backing file with O_DIRECT
@@ -202,6 +202,7 @@ out:
 		eng_queue_flush(e, f, false);
 	}
 	eng_wake(e);
+	eng_flushed(e);
 	return ret;
 }
 
@@ -262,7 +263,7 @@ void *eng_flusher_main(void *arg)
 		if (!f) {
 			if (e->stop && !e->q_head && !e->nreap)
 				break;
-			idle_wait_ms(e, e->q_head ? 100 : 1100);
+			events_wait_ms(e, e->q_head ? 100 : 1100);
 			continue;
 		}
 		f->queued = false;
@@ -402,7 +403,7 @@ void *eng_gflusher_main(void *arg)
 		if (!f) {
 			if (e->stop && !e->gq_head)
 				break;
-			idle_wait_ms(e, 50);
+			events_wait_ms(e, 50);
 			continue;
 		}
 		f->gqueued = false;

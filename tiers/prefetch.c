@@ -250,7 +250,7 @@ void *eng_prefetcher_main(void *arg)
 		}
 		if (did)
 			continue;
-		idle_wait_ms(e, 50);
+		events_wait_ms(e, 50);
 	}
 	eng_unlock(e);
 	ssd_ring_exit(&ring);

@@ -666,7 +666,9 @@ int tfile_fsync(struct tfile *f)
 		}
 		if (fastest_copy(e, f) < 0 && f->shadow_fd < 0)
 			break;
-		pthread_cond_wait(&e->cond, &e->lock);
+		/* flush_one() and tfile_unlinked() signal it; a copy that
+		 * went away otherwise is seen at the timeout */
+		wait_ms(e, &e->flushed, 100);
 	}
 out:
 	eng_unlock(e);
