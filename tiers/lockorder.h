@@ -24,8 +24,7 @@
  * fs.nslock -> fs.lock -> fdc.lock.  Consequences:
  *  - tiers/ never calls a tfile_ops function that may take fs.lock
  *    (version_open, version_commit, version_small, data_fd, put, name) with
- *    engine.lock
- *    held; references go through eng_defer_put() and are dropped by a
+ *    engine.lock held; references go through eng_defer_put() and are dropped by a
  *    flusher with no lock held.
  *  - the fs side never takes a tfile.lock itself and never calls a tfile_*
  *    function that takes one (write, read, truncate, fsync, close_writer,
