@@ -50,7 +50,7 @@ int engine_evict_file(struct engine *e, struct tfile *f)
 		dropped = true;
 	}
 	if (dropped)
-		pthread_cond_broadcast(&e->cond);	/* room for waiting writers */
+		eng_wake(e);	/* room: writers and the background threads */
 	eng_unlock(e);
 	return busy ? -EBUSY : 0;
 }
