@@ -53,6 +53,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("no_direct_reads", direct_reads, 0),
 	OPT("gpu_share", gpu_share, 1),
 	OPT("no_gpu_share", gpu_share, 0),
+	OPT("dedup=%s", dedup, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -199,6 +200,11 @@ static void usage(const char *prog)
 "    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
+"    -o dedup=auto|on|off   flush files changed in place incrementally,\n"
+"                           sharing unchanged extents with the backing\n"
+"                           file's earlier version (reflink: XFS, btrfs);\n"
+"                           auto (default): where BACKING_DIR can; on: refuse\n"
+"                           to mount where it cannot\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
@@ -703,6 +709,34 @@ static void open_backing(void)
 	fs_fd_setup(fs.opts.max_fds);
 }
 
+/*
+ * -o dedup: can the backing directory share extents?  auto: on where it
+ * can (one line says why not elsewhere); on: refuse to mount where not.
+ */
+static void probe_dedup(struct engine_config *ecfg)
+{
+	const char *mode = fs.opts.dedup ? fs.opts.dedup : "auto";
+	char why[160];
+	uint32_t blk = 0;
+
+	if (strcmp(mode, "off") == 0)
+		return;
+	if (strcmp(mode, "auto") && strcmp(mode, "on"))
+		die("bad dedup '%s': auto, on or off%s", mode, "");
+	if (dedup_probe(fs.root_fd, &blk, why, sizeof(why)) == 0) {
+		ecfg->dedup = true;
+		ecfg->dedup_block = blk;
+		tlog(LOG_NOTICE, "dedup: on (%s shares extents; block %u bytes)",
+		     fs.opts.backing, blk);
+		return;
+	}
+	if (strcmp(mode, "on") == 0) {
+		unlock_backing();
+		die("dedup=on: %s cannot be used: %s", fs.opts.backing, why);
+	}
+	tlog(LOG_NOTICE, "dedup: off (%s: %s)", fs.opts.backing, why);
+}
+
 /* The engine (host cache, flushers; the GPU tier where there is one). */
 static int start_engine(struct engine_config *ecfg)
 {
@@ -787,6 +821,7 @@ int main(int argc, char *argv[])
 
 	check_options(&ecfg, ram);
 	open_backing();
+	probe_dedup(&ecfg);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	fuse_opt_add_arg(&args, "-ofsname=tierfs");

@@ -290,6 +290,7 @@ void tfile_destroy(struct tfile *f)
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
+	dset_free(&f->dd_ranges);
 	pthread_mutex_destroy(&f->lock);
 }
 
@@ -471,6 +472,15 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
 		e->files_prefetched, e->bytes_prefetched, eng_prefetch_distance(e),
 		e->files_to_gpu, e->bytes_to_gpu, e->files_consumed);
+	if (at)
+		at--;			/* reopen the outer object */
+	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+		",\"dedup\":{\"on\":%s,\"block\":%u,\"bytes_logical\":%" PRIu64
+		",\"bytes_written\":%" PRIu64 ",\"bytes_cloned\":%" PRIu64
+		",\"files_incremental\":%" PRIu64 ",\"files_full\":%" PRIu64 "}}",
+		e->cfg.dedup ? "true" : "false", e->cfg.dedup_block, e->dd_bytes_logical,
+		e->dd_bytes_written, e->dd_bytes_cloned, e->dd_files_incremental,
+		e->dd_files_full);
 	eng_unlock(e);
 	return at >= len ? -ERANGE : (int)at;
 }

@@ -89,6 +89,11 @@ struct engine {
 	pthread_t toucher;		/* pre-faults the host buffer */
 	bool toucher_started;
 	uint64_t touched;		/* host bytes touched so far */
+	/* dedup statistics (flush.c) */
+	uint64_t dd_bytes_logical;	/* bytes of the versions flushed */
+	uint64_t dd_bytes_written;	/* of which written to the SSD */
+	uint64_t dd_bytes_cloned;	/* of which shared with earlier versions */
+	uint64_t dd_files_incremental, dd_files_full;
 };
 
 /* One entry of the restore queue. */
@@ -322,6 +327,14 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			       uint64_t cap, uint64_t keep, int *err);
 void eng_writer_done(struct engine *e, struct tfile *f);
 void eng_mark_modified(struct tfile *f);
+/*
+ * e->lock held, before bytes [start, end) of f's copy change (a write, a
+ * hole zeroed, a client span): record them for an incremental flush.  The
+ * first change of a file that is not dirty starts from its backing file.
+ */
+void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t end);
+/* e->lock held: f is being cut or extended to size (its copy cp). */
+void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint64_t size);
 void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
 
 /* ---- flush.c ---------------------------------------------------------- */

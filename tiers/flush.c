@@ -21,11 +21,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "engine_int.h"
 #include "ssd.h"
@@ -86,6 +88,127 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
 		eng_queue_flush(e, f, front);
 }
 
+/* ---- incremental flushes (-o dedup) ------------------------------------ */
+
+/*
+ * What an incremental flush needs, taken under e->lock when the flush
+ * starts: the ranges changed since the base and how much of the base may
+ * be cloned.
+ */
+struct incr {
+	bool on;
+	struct drange *r;
+	uint32_t n;
+	uint64_t base_len;	/* the size the base must have */
+	uint64_t clone;		/* clone [0, clone) from the base */
+	uint64_t align;		/* ranges rounded out to this */
+	uint64_t written;	/* statistics: bytes written, */
+	uint64_t cloned;	/* and bytes shared with the base */
+};
+
+/* e->lock held: plan an incremental flush of len bytes of f, if it can be. */
+static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct incr *in)
+{
+	uint64_t blk = e->cfg.dedup_block, c;
+
+	memset(in, 0, sizeof(*in));
+	if (!e->cfg.dedup || !blk || !f->dd_valid)
+		return;
+	/* O_DIRECT writes want TIER_ALIGN; blocks are powers of two */
+	blk = blk < TIER_ALIGN ? TIER_ALIGN : blk;
+	c = f->dd_clean_len < f->dd_base_len ? f->dd_clean_len : f->dd_base_len;
+	if (c > len)
+		c = len;
+	c -= c % blk;
+	if (!c || dset_dup(&f->dd_ranges, &in->r, &in->n))
+		return;		/* nothing to share, or no memory: all written */
+	in->base_len = f->dd_base_len;
+	in->clone = c;
+	in->align = blk;
+	in->on = true;
+}
+
+/*
+ * Test hook, as fs_version.c's: TIERFS_FAULT=incr_write kills the daemon
+ * in an incremental flush, after the clone and the first changed range.
+ */
+static void fault_at(const char *point)
+{
+	const char *f = getenv("TIERFS_FAULT");
+
+	if (f && strcmp(f, point) == 0)
+		raise(SIGKILL);
+}
+
+/* Write bytes [a, b) of cp at the same offset of fd. */
+static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+		       uint64_t b, uint64_t *progress)
+{
+	if (b <= a)
+		return 0;
+	if (!cp->cache->host_addressable)
+		return backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .at = a },
+				    &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						    .at = cp->frag->off + a },
+				    b - a, NULL);
+	return ssd_write(ring, fd, copy_ptr(cp) + a, b - a, a, progress);
+}
+
+/*
+ * Fill version fd with cp's len bytes incrementally: clone the base's
+ * unchanged blocks, write the changed ranges and the tail.  e->lock not
+ * held, cp leased.  Returns 0, -EAGAIN when the base is not what the plan
+ * says (nothing written: the caller writes it all), or -errno.
+ */
+static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, int fd,
+		      bool direct, uint64_t len, struct incr *in)
+{
+	uint64_t end = direct ? tier_round(len) : len, done = 0;
+	struct stat st;
+	int src, ret;
+
+	src = f->ops->data_fd(f, false);
+	if (src < 0)
+		return -EAGAIN;
+	if (fstat(src, &st) < 0 || (uint64_t)st.st_size != in->base_len)
+		ret = -EAGAIN;	/* not the base the ranges were kept against */
+	else
+		ret = dedup_clone(fd, 0, src, 0, in->clone);
+	f->ops->release_data_fd(f, src);
+	if (ret)
+		return -EAGAIN;
+	uint64_t inner = 0, last = 0;
+
+	for (uint32_t i = 0; i < in->n && !ret; i++) {
+		uint64_t a = in->r[i].start, b = in->r[i].end;
+
+		a -= a % in->align;
+		if (a < last)
+			a = last;	/* neighbours rounded into each other */
+		if (b % in->align)
+			b += in->align - b % in->align;
+		if (b > in->clone)
+			b = in->clone;	/* the rest goes with the tail */
+		if (a >= b)
+			continue;
+		ret = write_range(ring, fd, cp, a, b, &done);
+		inner += b - a;
+		last = b;
+		fault_at("incr_write");
+	}
+	if (!ret)
+		ret = write_range(ring, fd, cp, in->clone, end, &done);
+	in->written = inner + (end > in->clone ? end - in->clone : 0);
+	in->cloned = in->clone - inner;
+	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	/* fsync, not fdatasync: the clone changed the version's extent map */
+	if (!ret && fsync(fd) < 0)
+		ret = -errno;
+	return ret;
+}
+
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -102,6 +225,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 			cp = f->copy[t];
 	uint64_t gen, len;
 	bool direct, inplace;
+	struct incr incr;
 	struct lease l;
 	double t0;
 	int fd, ret;
@@ -113,6 +237,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	gen = f->gen;
 	len = cp->len;
+	incr_plan(e, f, len, &incr);
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
@@ -127,6 +252,12 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		close(fd);
 	if (ret)
 		goto out;
+	if (incr.on && !inplace) {
+		ret = flush_incr(ring, f, cp, fd, direct, len, &incr);
+		if (ret != -EAGAIN)
+			goto written;
+		incr.on = false;	/* the whole file, over what was cloned */
+	}
 	if (!cp->cache->host_addressable)
 		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
@@ -141,12 +272,14 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		ret = -errno;
 	if (!ret)
 		ret = ssd_fdatasync(ring, fd);
+written:
 	if (ret) {
 		close(fd);
 		goto out;
 	}
 	ret = f->ops->version_commit(f, fd, inplace, false);
 out:
+	free(incr.r);
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
 	lease_end(e, &l);
 	e->busy--;
@@ -160,12 +293,25 @@ out:
 				(double)len / dt;
 		e->bytes_flushed += len;
 		e->files_flushed++;
+		if (e->cfg.dedup) {
+			e->dd_bytes_logical += len;
+			e->dd_bytes_written += incr.on ? incr.written : len;
+			e->dd_bytes_cloned += incr.on ? incr.cloned : 0;
+			if (incr.on)
+				e->dd_files_incremental++;
+			else
+				e->dd_files_full++;
+		}
+		/* the base is this version now (any change made since is a
+		 * change against it too: the ranges are kept) */
+		f->dd_base_len = len;
 		f->flushed_gen = gen;
 		if (f->flush_err)
 			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
 		f->flush_err = 0;
 		if (f->gen == gen) {
 			backlog_del(e, cp);
+			f->dd_taint = false;
 			f->dirty = false;
 			tier_set_state(&cp->state, TS_FLUSHED);
 			if (cp->promoted)
