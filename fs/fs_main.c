@@ -69,10 +69,16 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("strictatime", 8),
 	FUSE_OPT_KEY("logfile=", 9),
 	FUSE_OPT_KEY("exit_timeout=", 10),
+	FUSE_OPT_KEY("dedup_chunk=", 11),
+	FUSE_OPT_KEY("dedup_index=", 12),
 	FUSE_OPT_END
 };
 
 static int nonopts;
+static char *dedup_chunk_str, *dedup_index_str;
+
+#define DEDUP_CHUNK_DEFAULT	(64u << 10)	/* bench/RESULTS.md section 9 */
+#define DEDUP_INDEX_DEFAULT	(64u << 20)
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 {
@@ -112,6 +118,14 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	case 10:
 		free(exit_timeout_str);
 		exit_timeout_str = strdup(arg + strlen("exit_timeout="));
+		return 0;
+	case 11:
+		free(dedup_chunk_str);
+		dedup_chunk_str = strdup(arg + strlen("dedup_chunk="));
+		return 0;
+	case 12:
+		free(dedup_index_str);
+		dedup_index_str = strdup(arg + strlen("dedup_index="));
 		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
@@ -205,6 +219,10 @@ static void usage(const char *prog)
 "                           file's earlier version (reflink: XFS, btrfs);\n"
 "                           auto (default): where BACKING_DIR can; on: refuse\n"
 "                           to mount where it cannot\n"
+"    -o dedup_chunk=SIZE    chunk of content de-duplication of whole new\n"
+"                           files: a power of two, 4K..64M (default 64K)\n"
+"    -o dedup_index=SIZE    memory of its index of chunks (default 64M;\n"
+"                           0: whole new files are written whole)\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
@@ -717,17 +735,29 @@ static void probe_dedup(struct engine_config *ecfg)
 {
 	const char *mode = fs.opts.dedup ? fs.opts.dedup : "auto";
 	char why[160];
+	uint64_t chunk = DEDUP_CHUNK_DEFAULT, index = DEDUP_INDEX_DEFAULT;
 	uint32_t blk = 0;
 
+	if (dedup_chunk_str && (parse_size(dedup_chunk_str, 0, &chunk) || chunk < 4096 ||
+				chunk > (64u << 20) || (chunk & (chunk - 1))))
+		die("bad dedup_chunk '%s': a power of two from 4K to 64M%s", dedup_chunk_str, "");
+	if (dedup_index_str && parse_size(dedup_index_str, total_ram(), &index))
+		die("bad dedup_index '%s': a size like 64M, or 0 (no index)%s",
+		    dedup_index_str, "");
 	if (strcmp(mode, "off") == 0)
 		return;
 	if (strcmp(mode, "auto") && strcmp(mode, "on"))
 		die("bad dedup '%s': auto, on or off%s", mode, "");
 	if (dedup_probe(fs.root_fd, &blk, why, sizeof(why)) == 0) {
+		if (chunk < blk)
+			chunk = blk;
 		ecfg->dedup = true;
 		ecfg->dedup_block = blk;
-		tlog(LOG_NOTICE, "dedup: on (%s shares extents; block %u bytes)",
-		     fs.opts.backing, blk);
+		ecfg->dedup_chunk = chunk;
+		ecfg->dedup_index = index;
+		tlog(LOG_NOTICE, "dedup: on (%s shares extents; block %u bytes, chunk %" PRIu64
+		     " KiB, index %" PRIu64 " MiB)", fs.opts.backing, blk, chunk >> 10,
+		     index >> 20);
 		return;
 	}
 	if (strcmp(mode, "on") == 0) {

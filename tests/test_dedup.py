@@ -344,3 +344,164 @@ def test_kill_during_incremental_flush(xfs, tmp_path, monkeypatch, point):
         assert util.tierfs_internals(backing) == []
     finally:
         m.finish()
+
+
+# ---------------------------------------------------------------- whole new files
+
+def write_sync(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
+    """ckpt.2 is ckpt.1 with a few chunks changed: its flush clones the
+    others from ckpt.1 (shared extents) and writes only those chunks."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    C, size = 64 * KiB, 32 * MiB + 1000          # a partial last chunk
+    one = bytearray(util.randbytes(size, random.Random(7)))
+    write_sync(os.path.join(m.mnt, "ckpt.1"), bytes(one))
+    s0 = dstats(m)
+    two = bytearray(one)
+    two[3 * C + 5:3 * C + 9] = b"abcd"                       # chunk 3
+    two[100 * C - 2:100 * C + 2] = b"wxyz"                   # chunks 99 and 100
+    write_sync(os.path.join(m.mnt, "ckpt.2"), bytes(two))
+    s1 = dstats(m)
+    n = size // C
+    assert s1["files_dedup"] == s0["files_dedup"] + 1, s1
+    assert s1["chunks_found"] - s0["chunks_found"] == n - 3, s1
+    assert s1["bytes_cloned"] - s0["bytes_cloned"] == (n - 3) * C, s1
+    assert s1["bytes_written"] - s0["bytes_written"] == 3 * C + (size - n * C + 4095) // 4096 * 4096
+    b1, b2 = os.path.join(m.backing, "ckpt.1"), os.path.join(m.backing, "ckpt.2")
+    assert shared_bytes(b2) >= (n - 3) * C
+    util.assert_same(util.read_file(b2), bytes(two), "ckpt.2")
+    util.assert_same(util.read_file(b1), bytes(one), "ckpt.1")
+    # a third one like the second: found in ckpt.2 and ckpt.1
+    write_sync(os.path.join(m.mnt, "ckpt.3"), bytes(two))
+    s2 = dstats(m)
+    assert s2["chunks_found"] - s1["chunks_found"] == n
+    m.umount()
+    for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", two)):
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_sources_that_change_or_go_are_not_cloned(xfs, mount):
+    """Chunks of a version that was replaced (rewritten in place, O_TRUNC)
+    or removed are never cloned; the new files are byte-exact."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    rng = random.Random(8)
+    a = util.randbytes(8 * MiB, rng)
+    pa = os.path.join(m.mnt, "a")
+    write_sync(pa, a)
+    # a's version is replaced by an in-place change: its chunks leave the index
+    with open(pa, "r+b") as f:
+        f.seek(MiB)
+        f.write(b"!" * 10)
+        f.flush()
+        os.fsync(f.fileno())
+    s0 = dstats(m)
+    write_sync(os.path.join(m.mnt, "b"), a)
+    s1 = dstats(m)
+    assert s1["chunks_found"] == s0["chunks_found"], "cloned from a replaced version"
+    util.assert_same(util.read_file(os.path.join(m.backing, "b")), a, "b")
+    # b removed: a file like it finds nothing
+    os.unlink(os.path.join(m.mnt, "b"))
+    write_sync(os.path.join(m.mnt, "c"), a)
+    s2 = dstats(m)
+    assert s2["chunks_found"] == s1["chunks_found"], "cloned from a removed file"
+    # c rewritten with O_TRUNC and other content; d like old c finds nothing
+    write_sync(os.path.join(m.mnt, "c"), util.randbytes(8 * MiB, rng))
+    write_sync(os.path.join(m.mnt, "d"), a)
+    s3 = dstats(m)
+    assert s3["chunks_found"] == s2["chunks_found"]
+    util.assert_same(util.read_file(os.path.join(m.backing, "d")), a, "d")
+    # e like d: d followed all-new files, so only its first chunks were
+    # hashed (and indexed); e finds those, then hashes all of itself
+    write_sync(os.path.join(m.mnt, "e"), a)
+    s4 = dstats(m)
+    assert s4["chunks_found"] > s3["chunks_found"]
+    # and g like e finds every chunk
+    write_sync(os.path.join(m.mnt, "g"), a)
+    assert dstats(m)["chunks_found"] == s4["chunks_found"] + 8 * MiB // (64 * KiB)
+    m.umount()
+    for name in "deg":
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), a, name)
+
+
+def test_chunks_are_not_shared_between_owners(xfs, mount):
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", allow_other=True)
+    d = os.path.join(m.mnt, "d")
+    os.mkdir(d)
+    os.chmod(d, 0o777)
+    data = util.randbytes(4 * MiB, random.Random(9))
+
+    def as_user(name):
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)     # the child cannot
+        try:                                                # traverse tmp_path
+            ok, text = util.in_child(write_sync, name, data, uid=1000, gid=1000,
+                                     cwd_fd=dfd)
+        finally:
+            os.close(dfd)
+        assert ok, text
+    as_user("theirs")
+    assert os.stat(os.path.join(m.backing, "d", "theirs")).st_uid == 1000
+    s0 = dstats(m)
+    write_sync(os.path.join(d, "mine"), data)
+    s1 = dstats(m)
+    assert s1["chunks_found"] == s0["chunks_found"], "shared across owners"
+    as_user("theirs.2")
+    assert dstats(m)["chunks_found"] == s1["chunks_found"] + 4 * MiB // (64 * KiB)
+    util.assert_same(util.read_file(os.path.join(m.backing, "d", "theirs.2")), data)
+
+
+def test_all_new_series_stops_hashing(xfs, mount):
+    """Files that are all new: after a few, each is sampled (a few chunks
+    hashed) and written without hashing the rest."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    rng = random.Random(10)
+    files = {}
+    for i in range(8):
+        files[i] = util.randbytes(4 * MiB, rng)
+        write_sync(os.path.join(m.mnt, f"new.{i}"), files[i])
+    s = dstats(m)
+    assert s["sampled_out"] == 7, s          # all but the first
+    assert s["chunks_found"] == 0 and s["bytes_cloned"] == 0
+    # a repeat is still found by its first chunks
+    write_sync(os.path.join(m.mnt, "again"), files[7])
+    s2 = dstats(m)
+    assert s2["chunks_found"] > 0, s2
+    m.umount()
+    for i, data in files.items():
+        util.assert_same(util.read_file(os.path.join(m.backing, f"new.{i}")), data)
+    util.assert_same(util.read_file(os.path.join(m.backing, "again")), files[7])
+
+
+def test_kill_during_dedup_flush(xfs, tmp_path, monkeypatch):
+    backing = backing_in(xfs)
+    one = util.randbytes(8 * MiB, random.Random(11))
+    two = one[:MiB] + b"\x07" * 64 * KiB + one[MiB + 64 * KiB:]
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K"}, backing=backing)
+    try:
+        m.start()
+        write_sync(os.path.join(m.mnt, "one"), one)
+        m.umount()
+        # the index lives in the mount: ckpt "one" is flushed again first
+        monkeypatch.setenv("TIERFS_FAULT", "dedup_write")
+        m.start()
+        write_sync(os.path.join(m.mnt, "one.b"), one)
+        try:
+            write_sync(os.path.join(m.mnt, "two"), two)
+        except OSError:
+            pass
+        assert m.wait_death() == -9, m.log(tail=50)
+        monkeypatch.delenv("TIERFS_FAULT")
+        got = util.read_file(os.path.join(backing, "two"))
+        assert got in (b"", two), "torn after the kill"
+        m.start()
+        assert util.read_file(os.path.join(m.mnt, "one")) == one
+        m.umount()
+        assert util.tierfs_internals(backing) == []
+    finally:
+        m.finish()

@@ -11,10 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
 #include <unistd.h>
 #include <sys/ioctl.h>
 #include <sys/vfs.h>
 #include <linux/fs.h>
+
+#include <xxhash.h>
 
 #include "dedup.h"
 
@@ -186,4 +189,114 @@ out:
 	unlinkat(dirfd, a, 0);
 	unlinkat(dirfd, b, 0);
 	return ret;
+}
+
+/* ---- the chunk index ----------------------------------------------------- */
+
+#define DD_NONE	UINT32_MAX
+
+int dd_index_init(struct dd_index *x, uint64_t bytes)
+{
+	uint64_t per = sizeof(struct dd_ent) + 2 * sizeof(uint32_t);
+	uint64_t cap = bytes / per;
+
+	memset(x, 0, sizeof(*x));
+	if (cap < 16)
+		return 0;
+	if (cap > UINT32_MAX / 2)
+		cap = UINT32_MAX / 2;
+	x->ent = calloc(cap, sizeof(*x->ent));
+	x->bucket = malloc(2 * cap * sizeof(*x->bucket));
+	if (!x->ent || !x->bucket) {
+		dd_index_free(x);
+		return -ENOMEM;
+	}
+	x->cap = (uint32_t)cap;
+	x->nbucket = (uint32_t)(2 * cap);
+	memset(x->bucket, 0xff, x->nbucket * sizeof(*x->bucket));
+	return 0;
+}
+
+void dd_index_free(struct dd_index *x)
+{
+	free(x->ent);
+	free(x->bucket);
+	memset(x, 0, sizeof(*x));
+}
+
+static uint32_t dd_bucket(const struct dd_index *x, const struct dd_hash *h)
+{
+	return (uint32_t)(h->lo % x->nbucket);
+}
+
+/* Unlink entry i (about to be overwritten) from its chain. */
+static void dd_unchain(struct dd_index *x, uint32_t i)
+{
+	uint32_t *p = &x->bucket[dd_bucket(x, &x->ent[i].h)];
+
+	while (*p != DD_NONE && *p != i)
+		p = &x->ent[*p].next;
+	if (*p == i)
+		*p = x->ent[i].next;
+}
+
+struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
+			    struct dd_src *src, uint64_t off)
+{
+	struct dd_src *gone = NULL;
+	uint32_t i, b;
+
+	if (!x->cap)
+		return NULL;
+	i = x->head;
+	x->head = (x->head + 1) % x->cap;
+	if (x->count == x->cap) {	/* the oldest goes */
+		struct dd_src *o = x->ent[i].src;
+
+		dd_unchain(x, i);
+		if (o && !o->retired)
+			x->live--;
+		if (o && --o->refs == 0)
+			gone = o;
+	} else {
+		x->count++;
+	}
+	b = dd_bucket(x, h);
+	x->ent[i] = (struct dd_ent){ .h = *h, .src = src, .off = off, .next = x->bucket[b] };
+	x->bucket[b] = i;
+	src->refs++;
+	x->live++;
+	return gone;
+}
+
+const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_hash *h,
+				   uint32_t uid)
+{
+	if (!x->cap)
+		return NULL;
+	for (uint32_t i = x->bucket[dd_bucket(x, h)]; i != DD_NONE; i = x->ent[i].next) {
+		const struct dd_ent *d = &x->ent[i];
+
+		if (d->src && !d->src->retired && d->src->uid == uid &&
+		    d->h.lo == h->lo && d->h.hi == h->hi)
+			return d;
+	}
+	return NULL;
+}
+
+uint64_t dd_index_bytes(const struct dd_index *x)
+{
+	return (uint64_t)x->cap * sizeof(*x->ent) + (uint64_t)x->nbucket * sizeof(*x->bucket);
+}
+
+void dd_hash_chunks(const uint8_t *p, uint64_t len, uint64_t chunk, struct dd_hash *out,
+		    uint64_t first, uint64_t n)
+{
+	for (uint64_t i = first; i < first + n; i++) {
+		uint64_t at = i * chunk, l = len - at < chunk ? len - at : chunk;
+		XXH128_hash_t h = XXH3_128bits(p + at, l);
+
+		out[i].lo = h.low64;
+		out[i].hi = h.high64;
+	}
 }

@@ -13,6 +13,7 @@
 #ifndef TIERFS_DEDUP_H
 #define TIERFS_DEDUP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,5 +50,63 @@ int dedup_probe(int dirfd, uint32_t *blk, char *why, size_t wl);
 
 /* FICLONERANGE of len bytes at soff of src to doff of dst: 0 or -errno. */
 int dedup_clone(int dst, uint64_t doff, int src, uint64_t soff, uint64_t len);
+
+
+/* ---- the chunk index (content de-duplication of whole new files) ------ */
+
+/* A chunk's 128-bit hash (XXH3-128). */
+struct dd_hash {
+	uint64_t lo, hi;
+};
+
+/*
+ * One flushed version of a file that chunks may be cloned from: a read
+ * descriptor of that version, held while it is the file's current one.
+ * It is retired (fd queued for closing, entries dead) before anything can
+ * change it: when its file's next flush or write-through starts, when the
+ * file is removed or freed, or when too many are open.  The index keeps no
+ * pointer to a file, only to these.
+ */
+struct dd_src {
+	int fd;				/* O_RDONLY of the version */
+	uint32_t uid;			/* its owner: chunks are shared only
+					 * between files of one owner */
+	uint32_t refs;			/* index entries + cloners using it */
+	bool retired;
+	void *owner;			/* its struct tfile while live */
+	struct dd_src *prev, *next;	/* the live ones, oldest first */
+};
+
+/* Where a chunk was flushed: version src, at offset off. */
+struct dd_ent {
+	struct dd_hash h;
+	struct dd_src *src;		/* NULL: a free slot */
+	uint64_t off;
+	uint32_t next;			/* hash chain, UINT32_MAX: end */
+};
+
+struct dd_index {
+	struct dd_ent *ent;		/* a ring: the oldest is overwritten */
+	uint32_t *bucket;
+	uint32_t cap, nbucket, head, count;
+	uint64_t live;			/* entries of live versions (approximate) */
+};
+
+/* Size the index for `bytes` of memory (0: none).  0 or -ENOMEM. */
+int dd_index_init(struct dd_index *x, uint64_t bytes);
+void dd_index_free(struct dd_index *x);
+/* Add an entry (takes a reference on src), evicting the oldest when full.
+ * Returns a version whose last reference went (to free), or NULL. */
+struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
+			    struct dd_src *src, uint64_t off);
+/* The newest entry of h from a live version of owner uid, or NULL. */
+const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_hash *h,
+				   uint32_t uid);
+/* Memory the index holds. */
+uint64_t dd_index_bytes(const struct dd_index *x);
+
+/* XXH3-128 of chunks [first, first + n) of `chunk` bytes of p (len bytes). */
+void dd_hash_chunks(const uint8_t *p, uint64_t len, uint64_t chunk, struct dd_hash *out,
+		    uint64_t first, uint64_t n);
 
 #endif /* TIERFS_DEDUP_H */

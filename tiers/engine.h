@@ -35,6 +35,8 @@ struct engine_config {
 	bool dedup;			/* the backing directory shares extents:
 					 * flush changed files incrementally */
 	uint32_t dedup_block;		/* its file system's block size */
+	uint64_t dedup_chunk;		/* chunk of content de-duplication */
+	uint64_t dedup_index;		/* memory of its index, bytes */
 };
 
 /* Create the engine: the host cache buffer and the flusher threads. */

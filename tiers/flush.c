@@ -130,7 +130,8 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 
 /*
  * Test hook, as fs_version.c's: TIERFS_FAULT=incr_write kills the daemon
- * in an incremental flush, after the clone and the first changed range.
+ * in an incremental flush, after the clone and the first changed range;
+ * dedup_write in a flush by chunks, after the first run cloned.
  */
 static void fault_at(const char *point)
 {
@@ -209,6 +210,315 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 	return ret;
 }
 
+/* ---- content de-duplication of whole new files (-o dedup) -------------- */
+
+#define DD_SRC_MAX	1024	/* versions held open for cloning */
+#define DD_SAMPLE	8	/* chunks hashed first when recent files were new */
+#define DD_LOW		0.03	/* "almost all new": less than this found */
+
+/* e->lock held: drop a reference on s; the last one frees it. */
+static void dd_src_put(struct dd_src *s)
+{
+	if (--s->refs == 0)
+		free(s);
+}
+
+/* e->lock held: s's chunks may not be cloned any more; its fd is closed
+ * by a flusher (the last close of a replaced version frees its blocks, a
+ * journal operation: never under e->lock). */
+static void dd_src_retire(struct engine *e, struct dd_src *s)
+{
+	if (s->retired)
+		return;
+	s->retired = true;
+	((struct tfile *)s->owner)->dd_src = NULL;
+	s->owner = NULL;
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		e->dd_live = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	else
+		e->dd_live_tail = s->prev;
+	e->dd_nlive--;
+	if (e->dd_nclose == e->dd_closecap) {
+		size_t cap = e->dd_closecap ? 2 * e->dd_closecap : 16;
+		int *c = realloc(e->dd_close, cap * sizeof(*c));
+
+		if (c) {
+			e->dd_close = c;
+			e->dd_closecap = cap;
+		}
+	}
+	if (e->dd_nclose < e->dd_closecap)
+		e->dd_close[e->dd_nclose++] = s->fd;
+	else
+		close(s->fd);	/* no memory: rather a slow close than a leak */
+	s->fd = -1;
+	dd_src_put(s);		/* the owner's reference */
+	pthread_cond_broadcast(&e->cond);
+}
+
+void eng_dd_retire(struct engine *e, struct tfile *f)
+{
+	if (f->dd_src)
+		dd_src_retire(e, f->dd_src);
+}
+
+void eng_dd_destroy(struct engine *e)
+{
+	struct dd_index *x = &e->ddx;
+
+	while (e->dd_live)
+		dd_src_retire(e, e->dd_live);
+	for (uint32_t i = 0; i < x->count; i++)
+		if (x->ent[i].src)
+			dd_src_put(x->ent[i].src);
+	dd_index_free(x);
+	while (e->dd_nclose)
+		close(e->dd_close[--e->dd_nclose]);
+	free(e->dd_close);
+	e->dd_close = NULL;
+}
+
+/* A whole new file's flush by chunks: the plan, and what it found. */
+struct ddf {
+	bool on;
+	bool sample;		/* recent files were new: hash a few first */
+	uint64_t chunk, n;	/* chunk size, full chunks */
+	uint32_t uid;
+	struct dd_hash *h;	/* hashes of chunks [0, nhashed) */
+	uint64_t nhashed;
+	struct dd_src **src;	/* per chunk: a version holding it (referenced) */
+	uint64_t *soff;		/* and where */
+	uint64_t found, written, cloned;
+	int vfd;		/* after the commit: the new version, read */
+};
+
+/* e->lock held: plan a flush by chunks of f's copy cp (len bytes). */
+static void ddf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+		     struct ddf *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->vfd = -1;
+	d->chunk = e->cfg.dedup_chunk;
+	if (!e->cfg.dedup || !e->ddx.cap || !d->chunk || !cp->cache->host_addressable ||
+	    !f->dd_valid || f->dd_clean_len || len < d->chunk)
+		return;		/* not a whole new file in host memory */
+	d->n = len / d->chunk;
+	d->sample = e->dd_dup < DD_LOW;
+	d->on = true;
+}
+
+/* e->lock held: look chunks [a, b) up, referencing the versions found. */
+static void ddf_lookup(struct engine *e, struct ddf *d, uint64_t a, uint64_t b)
+{
+	for (uint64_t i = a; i < b; i++) {
+		const struct dd_ent *x = dd_index_find(&e->ddx, &d->h[i], d->uid);
+
+		if (x) {
+			d->src[i] = x->src;
+			d->soff[i] = x->off;
+			x->src->refs++;
+			d->found++;
+		}
+	}
+}
+
+/*
+ * Clone len bytes at soff of version s into fd at off.  e->lock not held.
+ * Returns 0, or -errno (the caller writes those bytes instead): s was
+ * retired before the clone was over (its content may have changed).
+ */
+static int ddf_clone(struct engine *e, int fd, uint64_t off, struct dd_src *s, uint64_t soff,
+		     uint64_t len)
+{
+	int sfd, ret;
+
+	eng_lock(e);
+	sfd = s->retired ? -1 : dup(s->fd);
+	eng_unlock(e);
+	if (sfd < 0)
+		return -ESTALE;
+	ret = dedup_clone(fd, off, sfd, soff, len);
+	close(sfd);
+	eng_lock(e);
+	if (!ret && s->retired)
+		ret = -ESTALE;	/* retired before anything of it changes:
+				 * not retired now, the clone has its bytes */
+	eng_unlock(e);
+	return ret;
+}
+
+/*
+ * Hashes of d's chunks [0, n): computed here with XXH3-128 from the host
+ * copy, sampling first when recent files were new.  The place where a
+ * caller that has the hashes already (a GPU hashing kernel over the GPU
+ * copy) would hand them in: ddf_write() takes them from d->h.
+ */
+static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf *d)
+{
+	uint64_t m = d->sample && d->n > DD_SAMPLE ? DD_SAMPLE : d->n;
+	double t0 = tier_now();
+
+	dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, m);
+	eng_lock(e);
+	ddf_lookup(e, d, 0, m);
+	eng_unlock(e);
+	d->nhashed = m;
+	if (m < d->n && d->found) {	/* not all new after all */
+		dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, m, d->n - m);
+		eng_lock(e);
+		ddf_lookup(e, d, m, d->n);
+		eng_unlock(e);
+		d->nhashed = d->n;
+	}
+	eng_lock(e);
+	e->dd_hash_s += tier_now() - t0;
+	e->dd_chunks_hashed += d->nhashed;
+	e->dd_bytes_hashed += d->nhashed * d->chunk;
+	e->dd_chunks_found += d->found;
+	if (d->nhashed < d->n)
+		e->dd_sampled_out++;
+	e->dd_dup = (double)d->found / (double)d->nhashed;	/* the last file says */
+	eng_unlock(e);
+}
+
+/*
+ * Write cp's len bytes into fd: runs of chunks found in the index are
+ * cloned (one FICLONERANGE per run that is contiguous in one version),
+ * the rest written.  e->lock not held.
+ */
+static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
+		     bool direct, uint64_t len, struct ddf *d)
+{
+	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
+	int ret = 0;
+
+	while (i < d->nhashed && !ret) {
+		uint64_t j = i + 1;
+
+		if (d->src[i]) {
+			while (j < d->nhashed && d->src[j] == d->src[i] &&
+			       d->soff[j] == d->soff[i] + (j - i) * C)
+				j++;
+			if (ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
+				d->cloned += (j - i) * C;
+				i = j;
+				fault_at("dedup_write");
+				continue;
+			}
+		} else {
+			while (j < d->nhashed && !d->src[j])
+				j++;
+		}
+		ret = write_range(ring, fd, cp, i * C, j * C, &done);
+		d->written += (j - i) * C;
+		i = j;
+	}
+	if (!ret)
+		ret = write_range(ring, fd, cp, i * C, end, &done);
+	d->written += end > i * C ? end - i * C : 0;
+	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	if (!ret && fsync(fd) < 0)	/* clones changed the extent map */
+		ret = -errno;
+	return ret;
+}
+
+/* Flush f's whole new content by chunks.  e->lock not held.  -EAGAIN: the
+ * caller writes it all (nothing was done). */
+static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+		       struct copy *cp, int fd, bool direct, uint64_t len, struct ddf *d)
+{
+	struct stat st;
+	int sfd = f->ops->data_fd(f, false);
+
+	/* the owner: the backing file's (the new version is still ours) */
+	if (sfd < 0)
+		return -EAGAIN;
+	if (fstat(sfd, &st) < 0) {
+		f->ops->release_data_fd(f, sfd);
+		return -EAGAIN;
+	}
+	f->ops->release_data_fd(f, sfd);
+	d->uid = st.st_uid;
+	d->h = malloc(d->n * sizeof(*d->h));
+	d->src = calloc(d->n, sizeof(*d->src));
+	d->soff = malloc(d->n * sizeof(*d->soff));
+	if (!d->h || !d->src || !d->soff)
+		return -EAGAIN;		/* freed by ddf_done() */
+	ddf_hash(e, cp, len, d);
+	return ddf_write(e, ring, cp, fd, direct, len, d);
+}
+
+/*
+ * e->lock held, after the flush: on success index the new version's
+ * chunks (d->vfd, taken over), and drop the references of the lookup.
+ */
+static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
+{
+	struct dd_src *s = NULL;
+
+	if (d->src)
+		for (uint64_t i = 0; i < d->n; i++)
+			if (d->src[i])
+				dd_src_put(d->src[i]);
+	if (ok && d->vfd >= 0 && d->nhashed && !f->unlinked && !f->dd_src)
+		s = calloc(1, sizeof(*s));
+	if (s) {
+		s->fd = d->vfd;
+		d->vfd = -1;
+		s->uid = d->uid;
+		s->refs = 1;
+		s->owner = f;
+		f->dd_src = s;
+		s->prev = e->dd_live_tail;
+		if (e->dd_live_tail)
+			e->dd_live_tail->next = s;
+		else
+			e->dd_live = s;
+		e->dd_live_tail = s;
+		if (++e->dd_nlive > DD_SRC_MAX)
+			dd_src_retire(e, e->dd_live);
+		for (uint64_t i = 0; i < d->nhashed; i++) {
+			struct dd_src *gone = dd_index_add(&e->ddx, &d->h[i], s, i * d->chunk);
+
+			if (gone)
+				free(gone);	/* retired, its last entry gone */
+		}
+	}
+	if (d->vfd >= 0) {	/* not kept: closed like a retired one */
+		if (e->dd_nclose < e->dd_closecap)
+			e->dd_close[e->dd_nclose++] = d->vfd;
+		else
+			close(d->vfd);
+		d->vfd = -1;
+	}
+	free(d->h);
+	free(d->src);
+	free(d->soff);
+	d->h = NULL;
+	d->src = NULL;
+	d->soff = NULL;
+}
+
+/* The new version just committed, opened for reading (-1: none). */
+static int open_version(struct tfile *f)
+{
+	char path[64];
+	int fd = f->ops->data_fd(f, false), nfd;
+
+	if (fd < 0)
+		return -1;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	nfd = open(path, O_RDONLY | O_CLOEXEC);
+	f->ops->release_data_fd(f, fd);
+	return nfd;
+}
+
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -226,6 +536,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	uint64_t gen, len;
 	bool direct, inplace;
 	struct incr incr;
+	struct ddf ddf;
 	struct lease l;
 	double t0;
 	int fd, ret;
@@ -237,7 +548,11 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	gen = f->gen;
 	len = cp->len;
+	eng_dd_retire(e, f);	/* its backing version is about to change */
 	incr_plan(e, f, len, &incr);
+	ddf_plan(e, f, cp, len, &ddf);
+	if (incr.on)
+		ddf.on = false;
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
@@ -258,6 +573,12 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 			goto written;
 		incr.on = false;	/* the whole file, over what was cloned */
 	}
+	if (ddf.on && !inplace) {
+		ret = flush_dedup(e, ring, f, cp, fd, direct, len, &ddf);
+		if (ret != -EAGAIN)
+			goto written;
+	}
+	ddf.on = false;
 	if (!cp->cache->host_addressable)
 		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
@@ -278,12 +599,15 @@ written:
 		goto out;
 	}
 	ret = f->ops->version_commit(f, fd, inplace, false);
+	if (!ret && ddf.on && ddf.nhashed)
+		ddf.vfd = open_version(f);
 out:
 	free(incr.r);
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
 	lease_end(e, &l);
 	e->busy--;
 	cp->flushing = false;
+	ddf_done(e, f, &ddf, ret == 0);
 	if (ret == 0) {
 		double dt = tier_now() - t0;
 
@@ -295,10 +619,12 @@ out:
 		e->files_flushed++;
 		if (e->cfg.dedup) {
 			e->dd_bytes_logical += len;
-			e->dd_bytes_written += incr.on ? incr.written : len;
-			e->dd_bytes_cloned += incr.on ? incr.cloned : 0;
+			e->dd_bytes_written += incr.on ? incr.written : ddf.on ? ddf.written : len;
+			e->dd_bytes_cloned += incr.on ? incr.cloned : ddf.on ? ddf.cloned : 0;
 			if (incr.on)
 				e->dd_files_incremental++;
+			else if (ddf.on && ddf.cloned)
+				e->dd_files_dedup++;
 			else
 				e->dd_files_full++;
 		}
@@ -382,6 +708,14 @@ void *eng_flusher_main(void *arg)
 
 			eng_unlock(e);
 			r->ops->put(r);
+			eng_lock(e);
+			continue;
+		}
+		if (e->dd_nclose) {	/* retired versions (dd_src_retire) */
+			int fd = e->dd_close[--e->dd_nclose];
+
+			eng_unlock(e);
+			close(fd);
 			eng_lock(e);
 			continue;
 		}

@@ -85,6 +85,7 @@ struct tfile {
 	struct dset dd_ranges;
 	uint64_t dd_base_len, dd_clean_len;
 	bool dd_valid;
+	struct dd_src *dd_src;		/* its current version in the chunk index */
 	bool dd_taint;			/* a copy may differ from the base although
 					 * the file is not dirty (a failed write):
 					 * no base until a full flush */

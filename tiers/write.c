@@ -80,6 +80,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 		if (f->copy[i])
 			eng_discard_copy(e, f, i);
 	f->dd_valid = false;	/* the shadow is written whole */
+	eng_dd_retire(e, f);	/* and may be the backing file itself */
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
 	f->dirty = true;
