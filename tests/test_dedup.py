@@ -22,6 +22,7 @@ import random
 import shutil
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -381,6 +382,10 @@ def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
     write_sync(os.path.join(m.mnt, "ckpt.3"), bytes(two))
     s2 = dstats(m)
     assert s2["chunks_found"] - s1["chunks_found"] == n
+    out = _run([sys.executable, os.path.join(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt])
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("dedup"))
+    assert "2 by chunks" in line and "found" in line, line
     m.umount()
     for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", two)):
         util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)

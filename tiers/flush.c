@@ -352,10 +352,27 @@ static int ddf_clone(struct engine *e, int fd, uint64_t off, struct dd_src *s, u
 }
 
 /*
- * Hashes of d's chunks [0, n): computed here with XXH3-128 from the host
- * copy, sampling first when recent files were new.  The place where a
- * caller that has the hashes already (a GPU hashing kernel over the GPU
- * copy) would hand them in: ddf_write() takes them from d->h.
+ * Take the hashes h of chunks [a, b) of the file being flushed (XXH3-128
+ * of each d->chunk bytes, in order) and look them up.  e->lock not held.
+ * The entry point for hashes computed elsewhere: a GPU kernel over the
+ * file's GPU copy hands its array here (chunks [0, d->n)), and ddf_write()
+ * then clones and writes as for hashes computed on the host.
+ */
+static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_hash *h,
+			    uint64_t a, uint64_t b)
+{
+	if (h != d->h + a)
+		memcpy(d->h + a, h, (b - a) * sizeof(*h));
+	eng_lock(e);
+	ddf_lookup(e, d, a, b);
+	eng_unlock(e);
+	d->nhashed = b;
+}
+
+/*
+ * Hashes of d's chunks [0, n), computed on the host with XXH3-128 from the
+ * host copy: when the last file hashed was almost all new, a sample first,
+ * and the rest only if the sample found something.
  */
 static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf *d)
 {
@@ -363,16 +380,10 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 	double t0 = tier_now();
 
 	dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, m);
-	eng_lock(e);
-	ddf_lookup(e, d, 0, m);
-	eng_unlock(e);
-	d->nhashed = m;
+	ddf_take_hashes(e, d, d->h, 0, m);
 	if (m < d->n && d->found) {	/* not all new after all */
 		dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, m, d->n - m);
-		eng_lock(e);
-		ddf_lookup(e, d, m, d->n);
-		eng_unlock(e);
-		d->nhashed = d->n;
+		ddf_take_hashes(e, d, d->h + m, m, d->n);
 	}
 	eng_lock(e);
 	e->dd_hash_s += tier_now() - t0;
