@@ -29,7 +29,7 @@ struct dset {
 
 /* At most this many ranges: past it the two closest are merged (a range
  * then covers some unchanged bytes, which are written: still correct). */
-#define DSET_MAX	1024
+#define DSET_MAX	8192
 
 /* Add [start, end), merging what it touches.  0 or -ENOMEM (d unchanged). */
 int dset_add(struct dset *d, uint64_t start, uint64_t end);

@@ -215,6 +215,9 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 #define DD_SRC_MAX	1024	/* versions held open for cloning */
 #define DD_SAMPLE	8	/* chunks hashed first when recent files were new */
 #define DD_LOW		0.03	/* "almost all new": less than this found */
+#define DD_MIN_RUN	(64u << 10)	/* shorter runs of found chunks are
+					 * written: a FICLONERANGE costs more
+					 * than writing a few blocks */
 
 /* e->lock held: drop a reference on s; the last one frees it. */
 static void dd_src_put(struct dd_src *s)
@@ -414,7 +417,8 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && d->src[j] == d->src[i] &&
 			       d->soff[j] == d->soff[i] + (j - i) * C)
 				j++;
-			if (ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
+			if ((j - i) * C >= DD_MIN_RUN &&
+			    ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
 				d->cloned += (j - i) * C;
 				i = j;
 				fault_at("dedup_write");
