@@ -77,7 +77,7 @@ static const struct fuse_opt opt_spec[] = {
 static int nonopts;
 static char *dedup_chunk_str, *dedup_index_str;
 
-#define DEDUP_CHUNK_DEFAULT	(64u << 10)	/* bench/RESULTS.md section 9 */
+#define DEDUP_CHUNK_DEFAULT	(16u << 10)	/* bench/RESULTS.md section 9 */
 #define DEDUP_INDEX_DEFAULT	(64u << 20)
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
@@ -220,7 +220,7 @@ static void usage(const char *prog)
 "                           auto (default): where BACKING_DIR can; on: refuse\n"
 "                           to mount where it cannot\n"
 "    -o dedup_chunk=SIZE    chunk of content de-duplication of whole new\n"
-"                           files: a power of two, 4K..64M (default 64K)\n"
+"                           files: a power of two, 4K..64M (default 16K)\n"
 "    -o dedup_index=SIZE    memory of its index of chunks (default 64M;\n"
 "                           0: whole new files are written whole)\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"

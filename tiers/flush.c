@@ -408,6 +408,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		     bool direct, uint64_t len, struct ddf *d)
 {
 	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
+	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
 	int ret = 0;
 
 	while (i < d->nhashed && !ret) {
@@ -417,24 +418,26 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && d->src[j] == d->src[i] &&
 			       d->soff[j] == d->soff[i] + (j - i) * C)
 				j++;
-			if ((j - i) * C >= DD_MIN_RUN &&
-			    ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
-				d->cloned += (j - i) * C;
-				i = j;
-				fault_at("dedup_write");
-				continue;
+			if ((j - i) * C >= DD_MIN_RUN) {
+				ret = write_range(ring, fd, cp, ws, i * C, &done);
+				d->written += i * C - ws;
+				ws = i * C;
+				if (!ret && ddf_clone(e, fd, i * C, d->src[i], d->soff[i],
+						      (j - i) * C) == 0) {
+					d->cloned += (j - i) * C;
+					ws = j * C;
+					fault_at("dedup_write");
+				}
 			}
 		} else {
 			while (j < d->nhashed && !d->src[j])
 				j++;
 		}
-		ret = write_range(ring, fd, cp, i * C, j * C, &done);
-		d->written += (j - i) * C;
-		i = j;
+		i = j;		/* not cloned: joins the bytes to write */
 	}
 	if (!ret)
-		ret = write_range(ring, fd, cp, i * C, end, &done);
-	d->written += end > i * C ? end - i * C : 0;
+		ret = write_range(ring, fd, cp, ws, end, &done);
+	d->written += end > ws ? end - ws : 0;
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
