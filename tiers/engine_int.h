@@ -17,6 +17,8 @@
  *   prefetch.c  the prefetcher thread
  *   host.c      the host buffer's toucher and pinning
  *   backing.c   byte movers between caches, device memory and backing files
+ *   dedup.c     -o dedup's reflink probe, changed-range sets, chunk index
+ *               (flush.c does the incremental and chunked flushes)
  *
  * Locks (lockorder.h has the table): e->lock guards everything in struct
  * engine below it and every cache's table, every copy and every tfile field
