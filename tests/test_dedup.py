@@ -22,6 +22,7 @@ import random
 import shutil
 import struct
 import subprocess
+import time
 import sys
 
 import pytest
@@ -510,3 +511,45 @@ def test_kill_during_dedup_flush(xfs, tmp_path, monkeypatch):
         assert util.tierfs_internals(backing) == []
     finally:
         m.finish()
+
+
+def test_removed_and_replaced_versions_free_their_space(xfs, mount):
+    """The index holds a descriptor of each version it may clone from; a
+    version replaced or removed must let its blocks go (its descriptor is
+    closed), or the backing file system would fill up."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+
+    def used():
+        s = os.statvfs(xfs)
+        return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+    def settle(want_open):
+        for _ in range(300):                 # the flushers close them
+            if dstats(m)["versions_open"] == want_open:
+                break
+            time.sleep(0.05)
+        assert dstats(m)["versions_open"] == want_open, dstats(m)
+
+    def used_below(limit):                   # closes and XFS's inode
+        for _ in range(300):                 # inactivation run in the
+            if used() - base < limit:        # background
+                return True
+            time.sleep(0.05)
+        return False
+
+    base = used()
+    rng = random.Random(12)
+    for i in range(4):
+        write_sync(os.path.join(m.mnt, f"f{i}"), util.randbytes(16 * MiB, rng))
+    settle(4)
+    assert used() - base >= 64 * MiB
+    for i in range(2):                       # replaced: O_TRUNC, other data
+        write_sync(os.path.join(m.mnt, f"f{i}"), util.randbytes(16 * MiB, rng))
+    for i in range(2, 4):
+        os.unlink(os.path.join(m.mnt, f"f{i}"))
+    settle(2)                                # f0, f1's new versions
+    assert used_below(40 * MiB), (used() - base) / MiB
+    for i in range(2):
+        os.unlink(os.path.join(m.mnt, f"f{i}"))
+    settle(0)
+    assert used_below(8 * MiB), (used() - base) / MiB
