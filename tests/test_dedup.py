@@ -553,3 +553,75 @@ def test_removed_and_replaced_versions_free_their_space(xfs, mount):
         os.unlink(os.path.join(m.mnt, f"f{i}"))
     settle(0)
     assert used_below(8 * MiB), (used() - base) / MiB
+
+
+def test_chunk_churn_against_a_model(xfs, mount):
+    """Threads write files made of chunks from a small pool (so most chunks
+    are found), rewrite them (O_TRUNC), change them in place, rename and
+    remove them while the index clones from their versions: every file is
+    byte-exact through the mount and in the backing directory."""
+    import threading
+    C = 64 * KiB
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="128M")
+    pool = [util.randbytes(C, random.Random(100 + i)) for i in range(24)]
+    models, errors = [], []
+
+    def worker(w):
+        rng = random.Random(1000 + w)
+        model = {}
+        models.append(model)
+        names = [f"w{w}.{i}" for i in range(5)]
+        try:
+            for _ in range(60):
+                name = rng.choice(names)
+                path = os.path.join(m.mnt, name)
+                op = rng.choice(["new", "new", "inplace", "rename", "unlink"])
+                if op == "new":
+                    data = b"".join(rng.choice(pool) for _ in range(rng.randint(1, 40)))
+                    data += rng.choice(pool)[:rng.randrange(C)]
+                    write_sync(path, data) if rng.random() < 0.7 else util.write_file(path, data)
+                    model[name] = data
+                elif op == "inplace" and name in model and len(model[name]) >= C:
+                    at = rng.randrange(len(model[name]) // C) * C + rng.choice([0, 100])
+                    buf = rng.choice(pool)[:rng.choice([10, 4096, C])]
+                    with open(path, "r+b") as f:
+                        f.seek(at)
+                        f.write(buf)
+                        f.flush()
+                        if rng.random() < 0.5:
+                            os.fsync(f.fileno())
+                    d = bytearray(model[name])
+                    end = at + len(buf)
+                    if end > len(d):
+                        d.extend(b"\0" * (end - len(d)))
+                    d[at:end] = buf
+                    model[name] = bytes(d)
+                elif op == "rename" and name in model:
+                    to = rng.choice(names)
+                    os.rename(path, os.path.join(m.mnt, to))
+                    model[to] = model.pop(name)
+                elif op == "unlink" and name in model:
+                    os.unlink(path)
+                    del model[name]
+        except Exception as e:          # reported by the main thread
+            errors.append(f"worker {w}: {e!r}")
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for model in models:
+        for name, data in model.items():
+            util.assert_same(util.read_file(os.path.join(m.mnt, name)), data, name)
+    s = dstats(m)
+    assert s["chunks_found"] > 0 and s["files_dedup"] > 0, s
+    m.umount()
+    names = set()
+    for model in models:
+        for name, data in model.items():
+            util.assert_same(util.read_file(os.path.join(m.backing, name)), data,
+                             f"backing {name}")
+            names.add(name)
+    assert set(os.listdir(m.backing)) == names
