@@ -87,7 +87,8 @@ static void stop_threads(struct engine *e)
 	int i;
 
 	eng_lock(e);
-	e->stop = true;
+	/* atomic: the toucher reads it without the lock (host.c) */
+	__atomic_store_n(&e->stop, true, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&e->cond);
 	eng_unlock(e);
 	if (e->gbuilder_started)
