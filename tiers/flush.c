@@ -179,7 +179,12 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 	if (ret)
 		return -EAGAIN;
 	uint64_t inner = 0, last = 0;
+	bool host = cp->cache->host_addressable;
+	struct ssd_seg *seg = host ? malloc((in->n + 1) * sizeof(*seg)) : NULL;
+	unsigned ns = 0;
 
+	if (host && !seg)
+		return -ENOMEM;		/* retried, like any failed flush */
 	for (uint32_t i = 0; i < in->n && !ret; i++) {
 		uint64_t a = in->r[i].start, b = in->r[i].end;
 
@@ -192,11 +197,24 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 			b = in->clone;	/* the rest goes with the tail */
 		if (a >= b)
 			continue;
-		ret = write_range(ring, fd, cp, a, b, &done);
 		inner += b - a;
 		last = b;
+		if (host) {		/* written together, below */
+			seg[ns++] = (struct ssd_seg){ .off = a, .len = b - a,
+						      .buf = copy_ptr(cp) + a };
+			continue;
+		}
+		ret = write_range(ring, fd, cp, a, b, &done);
 		fault_at("incr_write");
 	}
+	if (host && !ret && ns) {
+		/* the first range alone first: the test hook's kill point */
+		ret = ssd_write_segs(ring, fd, seg, 1, &done);
+		fault_at("incr_write");
+		if (!ret)
+			ret = ssd_write_segs(ring, fd, seg + 1, ns - 1, &done);
+	}
+	free(seg);
 	if (!ret)
 		ret = write_range(ring, fd, cp, in->clone, end, &done);
 	in->written = inner + (end > in->clone ? end - in->clone : 0);
