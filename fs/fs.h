@@ -107,6 +107,7 @@ struct fs_opts {
 	int flush_threads;
 	int queue_depth;
 	int gpu_share;			/* clients may map the GPU cache */
+	char *dedup;			/* auto (default), on, off */
 	int show_help, show_version;
 };
 

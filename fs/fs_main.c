@@ -53,6 +53,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("no_direct_reads", direct_reads, 0),
 	OPT("gpu_share", gpu_share, 1),
 	OPT("no_gpu_share", gpu_share, 0),
+	OPT("dedup=%s", dedup, 0),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -68,10 +69,16 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("strictatime", 8),
 	FUSE_OPT_KEY("logfile=", 9),
 	FUSE_OPT_KEY("exit_timeout=", 10),
+	FUSE_OPT_KEY("dedup_chunk=", 11),
+	FUSE_OPT_KEY("dedup_index=", 12),
 	FUSE_OPT_END
 };
 
 static int nonopts;
+static char *dedup_chunk_str, *dedup_index_str;
+
+#define DEDUP_CHUNK_DEFAULT	(16u << 10)	/* bench/RESULTS.md section 9 */
+#define DEDUP_INDEX_DEFAULT	(64u << 20)
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 {
@@ -111,6 +118,14 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	case 10:
 		free(exit_timeout_str);
 		exit_timeout_str = strdup(arg + strlen("exit_timeout="));
+		return 0;
+	case 11:
+		free(dedup_chunk_str);
+		dedup_chunk_str = strdup(arg + strlen("dedup_chunk="));
+		return 0;
+	case 12:
+		free(dedup_index_str);
+		dedup_index_str = strdup(arg + strlen("dedup_index="));
 		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
@@ -199,6 +214,15 @@ static void usage(const char *prog)
 "    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
+"    -o dedup=auto|on|off   flush files changed in place incrementally,\n"
+"                           sharing unchanged extents with the backing\n"
+"                           file's earlier version (reflink: XFS, btrfs);\n"
+"                           auto (default): where BACKING_DIR can; on: refuse\n"
+"                           to mount where it cannot\n"
+"    -o dedup_chunk=SIZE    chunk of content de-duplication of whole new\n"
+"                           files: a power of two, 4K..64M (default 16K)\n"
+"    -o dedup_index=SIZE    memory of its index of chunks (default 64M;\n"
+"                           0: whole new files are written whole)\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
@@ -763,6 +787,46 @@ static void open_backing(void)
 	fs_fd_setup(fs.opts.max_fds);
 }
 
+/*
+ * -o dedup: can the backing directory share extents?  auto: on where it
+ * can (one line says why not elsewhere); on: refuse to mount where not.
+ */
+static void probe_dedup(struct engine_config *ecfg)
+{
+	const char *mode = fs.opts.dedup ? fs.opts.dedup : "auto";
+	char why[160];
+	uint64_t chunk = DEDUP_CHUNK_DEFAULT, index = DEDUP_INDEX_DEFAULT;
+	uint32_t blk = 0;
+
+	if (dedup_chunk_str && (parse_size(dedup_chunk_str, 0, &chunk) || chunk < 4096 ||
+				chunk > (64u << 20) || (chunk & (chunk - 1))))
+		die("bad dedup_chunk '%s': a power of two from 4K to 64M%s", dedup_chunk_str, "");
+	if (dedup_index_str && parse_size(dedup_index_str, total_ram(), &index))
+		die("bad dedup_index '%s': a size like 64M, or 0 (no index)%s",
+		    dedup_index_str, "");
+	if (strcmp(mode, "off") == 0)
+		return;
+	if (strcmp(mode, "auto") && strcmp(mode, "on"))
+		die("bad dedup '%s': auto, on or off%s", mode, "");
+	if (dedup_probe(fs.root_fd, &blk, why, sizeof(why)) == 0) {
+		if (chunk < blk)
+			chunk = blk;
+		ecfg->dedup = true;
+		ecfg->dedup_block = blk;
+		ecfg->dedup_chunk = chunk;
+		ecfg->dedup_index = index;
+		tlog(LOG_NOTICE, "dedup: on (%s shares extents; block %u bytes, chunk %" PRIu64
+		     " KiB, index %" PRIu64 " MiB)", fs.opts.backing, blk, chunk >> 10,
+		     index >> 20);
+		return;
+	}
+	if (strcmp(mode, "on") == 0) {
+		unlock_backing();
+		die("dedup=on: %s cannot be used: %s", fs.opts.backing, why);
+	}
+	tlog(LOG_NOTICE, "dedup: off (%s: %s)", fs.opts.backing, why);
+}
+
 /* The engine (host cache, flushers; the GPU tier where there is one). */
 static int start_engine(struct engine_config *ecfg)
 {
@@ -849,6 +913,7 @@ int main(int argc, char *argv[])
 
 	check_options(&ecfg, ram);
 	open_backing();
+	probe_dedup(&ecfg);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	add_fsname(&args);

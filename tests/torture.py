@@ -73,6 +73,7 @@ import argparse
 import array
 import collections
 import errno
+import json
 import mmap
 import multiprocessing
 import os
@@ -1423,7 +1424,11 @@ class Run:
             k, _, v = item.partition("=")
             opts[k] = v if v else True
         util.PLAIN = False          # a daemon, whatever TIERFS_TEST_PLAIN says
-        self.mount = util.Mount(os.path.join(cfg.workdir, "tierfs"), opts)
+        backing = None
+        if cfg.backing:             # e.g. on a reflink file system, for -o dedup
+            backing = os.path.join(cfg.backing, f"torture.{os.getpid()}")
+            os.makedirs(backing)
+        self.mount = util.Mount(os.path.join(cfg.workdir, "tierfs"), opts, backing=backing)
         self.mount.start()
         cfg.root = self.mount.mnt
 
@@ -1662,6 +1667,12 @@ class Run:
             return
         try:
             if self.mount.proc is not None:
+                try:                # what -o dedup did, in this daemon's life
+                    d = json.loads(os.getxattr(self.mount.mnt, "user.tierfs.stats"))
+                    if d.get("dedup", {}).get("on"):
+                        self.out(f"torture: dedup: {json.dumps(d['dedup'])}")
+                except (OSError, ValueError):
+                    pass
                 self.mount.umount()
             else:
                 problems = self.mount.finish()
@@ -1728,6 +1739,8 @@ class Run:
                      + (f", {self.crashes} crashes" if cfg.crash else ""))
             if not cfg.keep:
                 shutil.rmtree(cfg.workdir, ignore_errors=True)
+                if cfg.backing and self.mount is not None:
+                    shutil.rmtree(self.mount.backing, ignore_errors=True)
             return 0
         head = (f"torture: FAIL seed {cfg.seed} after {ops} operations, {elapsed:.0f}s"
                 + (f", {self.crashes} crashes" if cfg.crash else ""))
@@ -1780,6 +1793,9 @@ def main(argv=None):
     ap.add_argument("--crash-interval", type=float, default=3.0,
                     help="mean seconds between kills (default 3)")
     ap.add_argument("--plain", metavar="DIR", help="no daemon: run on an ordinary directory")
+    ap.add_argument("--backing", metavar="DIR",
+                    help="make the backing directory inside DIR (default: in the work dir), "
+                    "e.g. on an XFS reflink file system with --mount-opts dedup=on")
     ap.add_argument("--workdir", help="operation logs and the mount (default: a new dir in /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after a pass")
     ap.add_argument("--findings", metavar="FILE", help="append a failure report to FILE")

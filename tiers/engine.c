@@ -87,7 +87,8 @@ static void stop_threads(struct engine *e)
 	int i;
 
 	eng_lock(e);
-	e->stop = true;
+	/* atomic: the toucher reads it without the lock (host.c) */
+	__atomic_store_n(&e->stop, true, __ATOMIC_RELAXED);
 	eng_wake(e);
 	eng_unlock(e);
 	if (e->gbuilder_started)
@@ -118,6 +119,10 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		e->cfg.queue_depth = 32;
 	if (!e->cfg.chunk)
 		e->cfg.chunk = 1u << 20;
+	e->dd_dup = 1.0;	/* until flushes say otherwise */
+	if (e->cfg.dedup && e->cfg.dedup_chunk && dd_index_init(&e->ddx, e->cfg.dedup_index))
+		tlog(LOG_WARNING, "dedup: no memory for the chunk index: whole new files "
+		     "are not de-duplicated");
 	if (!e->cfg.policy)
 		e->cfg.policy = &evict_fifo;
 	pthread_mutex_init(&e->lock, NULL);
@@ -220,6 +225,7 @@ void engine_destroy(struct engine *e)
 		r->ops->put(r);
 	}
 	free(e->reap);
+	eng_dd_destroy(e);
 	/* files still queued hold a reference; the fs frees them */
 	while (e->q_head) {
 		struct tfile *f = e->q_head;
@@ -281,6 +287,7 @@ void tfile_destroy(struct tfile *f)
 
 	eng_lock(e);
 	f->destroying = true;
+	eng_dd_retire(e, f);
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];
 
@@ -292,6 +299,7 @@ void tfile_destroy(struct tfile *f)
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
+	dset_free(&f->dd_ranges);
 	pthread_mutex_destroy(&f->lock);
 }
 
@@ -318,6 +326,7 @@ void tfile_unlinked(struct tfile *f)
 
 	eng_lock(e);
 	f->unlinked = true;
+	eng_dd_retire(e, f);
 	for (int i = 0; i < e->ntiers; i++) {
 		cp = f->copy[i];
 		if (!cp)
@@ -474,6 +483,21 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
 		e->files_prefetched, e->bytes_prefetched, eng_prefetch_distance(e),
 		e->files_to_gpu, e->bytes_to_gpu, e->files_consumed);
+	if (at)
+		at--;			/* reopen the outer object */
+	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
+		",\"dedup\":{\"on\":%s,\"block\":%u,\"bytes_logical\":%" PRIu64
+		",\"bytes_written\":%" PRIu64 ",\"bytes_cloned\":%" PRIu64
+		",\"files_incremental\":%" PRIu64 ",\"files_full\":%" PRIu64
+		",\"files_dedup\":%" PRIu64 ",\"chunk\":%" PRIu64 ",\"chunks_hashed\":%" PRIu64
+		",\"chunks_found\":%" PRIu64 ",\"hash_bandwidth\":%.0f,\"sampled_out\":%" PRIu64
+		",\"index_entries\":%" PRIu64 ",\"index_bytes\":%" PRIu64
+		",\"versions_open\":%u}}",
+		e->cfg.dedup ? "true" : "false", e->cfg.dedup_block, e->dd_bytes_logical,
+		e->dd_bytes_written, e->dd_bytes_cloned, e->dd_files_incremental,
+		e->dd_files_full, e->dd_files_dedup, e->cfg.dedup_chunk, e->dd_chunks_hashed,
+		e->dd_chunks_found, e->dd_hash_s > 0 ? (double)e->dd_bytes_hashed / e->dd_hash_s : 0.0,
+		e->dd_sampled_out, e->ddx.live, dd_index_bytes(&e->ddx), e->dd_nlive);
 	eng_unlock(e);
 	return at >= len ? -ERANGE : (int)at;
 }

@@ -32,6 +32,11 @@ struct engine_config {
 	uint64_t gpu_cache;		/* its size, 0: default */
 	bool gpu_share;			/* chunks exportable (-o gpu_share) */
 	bool later;			/* the caller calls engine_start_background() */
+	bool dedup;			/* the backing directory shares extents:
+					 * flush changed files incrementally */
+	uint32_t dedup_block;		/* its file system's block size */
+	uint64_t dedup_chunk;		/* chunk of content de-duplication */
+	uint64_t dedup_index;		/* memory of its index, bytes */
 };
 
 /* Create the engine: the host cache buffer and the flusher threads. */

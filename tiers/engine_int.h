@@ -17,6 +17,8 @@
  *   prefetch.c  the prefetcher thread
  *   host.c      the host buffer's toucher and pinning
  *   backing.c   byte movers between caches, device memory and backing files
+ *   dedup.c     -o dedup's reflink probe, changed-range sets, chunk index
+ *               (flush.c does the incremental and chunked flushes)
  *
  * Locks (lockorder.h has the table): e->lock guards everything in struct
  * engine below it and every cache's table, every copy and every tfile field
@@ -107,6 +109,22 @@ struct engine {
 	pthread_t toucher;		/* pre-faults the host buffer */
 	bool toucher_started;
 	uint64_t touched;		/* host bytes touched so far */
+	/* dedup statistics (flush.c) */
+	uint64_t dd_bytes_logical;	/* bytes of the versions flushed */
+	uint64_t dd_bytes_written;	/* of which written to the SSD */
+	uint64_t dd_bytes_cloned;	/* of which shared with earlier versions */
+	uint64_t dd_files_incremental, dd_files_full;
+	/* content de-duplication (flush.c) */
+	struct dd_index ddx;		/* chunks of versions flushed */
+	struct dd_src *dd_live, *dd_live_tail;	/* live versions, oldest first */
+	uint32_t dd_nlive;
+	int *dd_close;			/* fds of retired versions, closed by
+					 * a flusher without e->lock */
+	size_t dd_nclose, dd_closecap;
+	double dd_dup;			/* share of chunks found, recent flushes */
+	uint64_t dd_files_dedup, dd_chunks_hashed, dd_chunks_found, dd_sampled_out;
+	uint64_t dd_bytes_hashed;
+	double dd_hash_s;
 };
 
 /* One entry of the restore queue. */
@@ -365,6 +383,19 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			       uint64_t cap, uint64_t keep, int *err);
 void eng_writer_done(struct engine *e, struct tfile *f);
 void eng_mark_modified(struct tfile *f);
+/* e->lock held: f's backing version is about to change or go: its chunks
+ * leave the index (flush.c). */
+void eng_dd_retire(struct engine *e, struct tfile *f);
+/* Free every indexed version (engine_destroy, no thread left). */
+void eng_dd_destroy(struct engine *e);
+/*
+ * e->lock held, before bytes [start, end) of f's copy change (a write, a
+ * hole zeroed, a client span): record them for an incremental flush.  The
+ * first change of a file that is not dirty starts from its backing file.
+ */
+void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t end);
+/* e->lock held: f is being cut or extended to size (its copy cp). */
+void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint64_t size);
 void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
 
 /* ---- flush.c ---------------------------------------------------------- */

@@ -21,11 +21,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "engine_int.h"
 #include "ssd.h"
@@ -86,6 +88,473 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
 		eng_queue_flush(e, f, front);
 }
 
+/* ---- incremental flushes (-o dedup) ------------------------------------ */
+
+/*
+ * What an incremental flush needs, taken under e->lock when the flush
+ * starts: the ranges changed since the base and how much of the base may
+ * be cloned.
+ */
+struct incr {
+	bool on;
+	struct drange *r;
+	uint32_t n;
+	uint64_t base_len;	/* the size the base must have */
+	uint64_t clone;		/* clone [0, clone) from the base */
+	uint64_t align;		/* ranges rounded out to this */
+	uint64_t written;	/* statistics: bytes written, */
+	uint64_t cloned;	/* and bytes shared with the base */
+};
+
+/* e->lock held: plan an incremental flush of len bytes of f, if it can be. */
+static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct incr *in)
+{
+	uint64_t blk = e->cfg.dedup_block, c;
+
+	memset(in, 0, sizeof(*in));
+	if (!e->cfg.dedup || !blk || !f->dd_valid)
+		return;
+	/* O_DIRECT writes want TIER_ALIGN; blocks are powers of two */
+	blk = blk < TIER_ALIGN ? TIER_ALIGN : blk;
+	c = f->dd_clean_len < f->dd_base_len ? f->dd_clean_len : f->dd_base_len;
+	if (c > len)
+		c = len;
+	c -= c % blk;
+	if (!c || dset_dup(&f->dd_ranges, &in->r, &in->n))
+		return;		/* nothing to share, or no memory: all written */
+	in->base_len = f->dd_base_len;
+	in->clone = c;
+	in->align = blk;
+	in->on = true;
+}
+
+/*
+ * Test hook, as fs_version.c's: TIERFS_FAULT=incr_write kills the daemon
+ * in an incremental flush, after the clone and the first changed range;
+ * dedup_write in a flush by chunks, after the first run cloned.
+ */
+static void fault_at(const char *point)
+{
+	const char *f = getenv("TIERFS_FAULT");
+
+	if (f && strcmp(f, point) == 0)
+		raise(SIGKILL);
+}
+
+/* Write bytes [a, b) of cp at the same offset of fd. */
+static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+		       uint64_t b, uint64_t *progress)
+{
+	if (b <= a)
+		return 0;
+	if (!cp->cache->host_addressable)
+		return backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .at = a },
+				    &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						    .at = cp->frag->off + a },
+				    b - a, NULL);
+	return ssd_write(ring, fd, copy_ptr(cp) + a, b - a, a, progress);
+}
+
+/*
+ * Fill version fd with cp's len bytes incrementally: clone the base's
+ * unchanged blocks, write the changed ranges and the tail.  e->lock not
+ * held, cp leased.  Returns 0, -EAGAIN when the base is not what the plan
+ * says (nothing written: the caller writes it all), or -errno.
+ */
+static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, int fd,
+		      bool direct, uint64_t len, struct incr *in)
+{
+	uint64_t end = direct ? tier_round(len) : len, done = 0;
+	struct stat st;
+	int src, ret;
+
+	src = f->ops->data_fd(f, false);
+	if (src < 0)
+		return -EAGAIN;
+	if (fstat(src, &st) < 0 || (uint64_t)st.st_size != in->base_len)
+		ret = -EAGAIN;	/* not the base the ranges were kept against */
+	else
+		ret = dedup_clone(fd, 0, src, 0, in->clone);
+	f->ops->release_data_fd(f, src);
+	if (ret)
+		return -EAGAIN;
+	uint64_t inner = 0, last = 0;
+	bool host = cp->cache->host_addressable;
+	struct ssd_seg *seg = host ? malloc((in->n + 1) * sizeof(*seg)) : NULL;
+	unsigned ns = 0;
+
+	if (host && !seg)
+		return -ENOMEM;		/* retried, like any failed flush */
+	for (uint32_t i = 0; i < in->n && !ret; i++) {
+		uint64_t a = in->r[i].start, b = in->r[i].end;
+
+		a -= a % in->align;
+		if (a < last)
+			a = last;	/* neighbours rounded into each other */
+		if (b % in->align)
+			b += in->align - b % in->align;
+		if (b > in->clone)
+			b = in->clone;	/* the rest goes with the tail */
+		if (a >= b)
+			continue;
+		inner += b - a;
+		last = b;
+		if (host) {		/* written together, below */
+			seg[ns++] = (struct ssd_seg){ .off = a, .len = b - a,
+						      .buf = copy_ptr(cp) + a };
+			continue;
+		}
+		ret = write_range(ring, fd, cp, a, b, &done);
+		fault_at("incr_write");
+	}
+	if (host && !ret && ns) {
+		/* the first range alone first: the test hook's kill point */
+		ret = ssd_write_segs(ring, fd, seg, 1, &done);
+		fault_at("incr_write");
+		if (!ret)
+			ret = ssd_write_segs(ring, fd, seg + 1, ns - 1, &done);
+	}
+	free(seg);
+	if (!ret)
+		ret = write_range(ring, fd, cp, in->clone, end, &done);
+	in->written = inner + (end > in->clone ? end - in->clone : 0);
+	in->cloned = in->clone - inner;
+	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	/* fsync, not fdatasync: the clone changed the version's extent map */
+	if (!ret && fsync(fd) < 0)
+		ret = -errno;
+	return ret;
+}
+
+/* ---- content de-duplication of whole new files (-o dedup) -------------- */
+
+#define DD_SRC_MAX	1024	/* versions held open for cloning */
+#define DD_SAMPLE	8	/* chunks hashed first when recent files were new */
+#define DD_LOW		0.03	/* "almost all new": less than this found */
+#define DD_MIN_RUN	(64u << 10)	/* shorter runs of found chunks are
+					 * written: a FICLONERANGE costs more
+					 * than writing a few blocks */
+
+/* e->lock held: drop a reference on s; the last one frees it. */
+static void dd_src_put(struct dd_src *s)
+{
+	if (--s->refs == 0)
+		free(s);
+}
+
+/* e->lock held: s's chunks may not be cloned any more; its fd is closed
+ * by a flusher (the last close of a replaced version frees its blocks, a
+ * journal operation: never under e->lock). */
+static void dd_src_retire(struct engine *e, struct dd_src *s)
+{
+	if (s->retired)
+		return;
+	s->retired = true;
+	((struct tfile *)s->owner)->dd_src = NULL;
+	s->owner = NULL;
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		e->dd_live = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	else
+		e->dd_live_tail = s->prev;
+	e->dd_nlive--;
+	if (e->dd_nclose == e->dd_closecap) {
+		size_t cap = e->dd_closecap ? 2 * e->dd_closecap : 16;
+		int *c = realloc(e->dd_close, cap * sizeof(*c));
+
+		if (c) {
+			e->dd_close = c;
+			e->dd_closecap = cap;
+		}
+	}
+	if (e->dd_nclose < e->dd_closecap)
+		e->dd_close[e->dd_nclose++] = s->fd;
+	else
+		close(s->fd);	/* no memory: rather a slow close than a leak */
+	s->fd = -1;
+	dd_src_put(s);		/* the owner's reference */
+	pthread_cond_broadcast(&e->cond);
+}
+
+void eng_dd_retire(struct engine *e, struct tfile *f)
+{
+	if (f->dd_src)
+		dd_src_retire(e, f->dd_src);
+}
+
+void eng_dd_destroy(struct engine *e)
+{
+	struct dd_index *x = &e->ddx;
+
+	while (e->dd_live)
+		dd_src_retire(e, e->dd_live);
+	for (uint32_t i = 0; i < x->count; i++)
+		if (x->ent[i].src)
+			dd_src_put(x->ent[i].src);
+	dd_index_free(x);
+	while (e->dd_nclose)
+		close(e->dd_close[--e->dd_nclose]);
+	free(e->dd_close);
+	e->dd_close = NULL;
+}
+
+/* A whole new file's flush by chunks: the plan, and what it found. */
+struct ddf {
+	bool on;
+	bool sample;		/* recent files were new: hash a few first */
+	uint64_t chunk, n;	/* chunk size, full chunks */
+	uint32_t uid;
+	struct dd_hash *h;	/* hashes of chunks [0, nhashed) */
+	uint64_t nhashed;
+	struct dd_src **src;	/* per chunk: a version holding it (referenced) */
+	uint64_t *soff;		/* and where */
+	uint64_t found, written, cloned;
+	int vfd;		/* after the commit: the new version, read */
+};
+
+/* e->lock held: plan a flush by chunks of f's copy cp (len bytes). */
+static void ddf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+		     struct ddf *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->vfd = -1;
+	d->chunk = e->cfg.dedup_chunk;
+	if (!e->cfg.dedup || !e->ddx.cap || !d->chunk || !cp->cache->host_addressable ||
+	    !f->dd_valid || f->dd_clean_len || len < d->chunk)
+		return;		/* not a whole new file in host memory */
+	d->n = len / d->chunk;
+	d->sample = e->dd_dup < DD_LOW;
+	d->on = true;
+}
+
+/* e->lock held: look chunks [a, b) up, referencing the versions found. */
+static void ddf_lookup(struct engine *e, struct ddf *d, uint64_t a, uint64_t b)
+{
+	for (uint64_t i = a; i < b; i++) {
+		const struct dd_ent *x = dd_index_find(&e->ddx, &d->h[i], d->uid);
+
+		if (x) {
+			d->src[i] = x->src;
+			d->soff[i] = x->off;
+			x->src->refs++;
+			d->found++;
+		}
+	}
+}
+
+/*
+ * Clone len bytes at soff of version s into fd at off.  e->lock not held.
+ * Returns 0, or -errno (the caller writes those bytes instead): s was
+ * retired before the clone was over (its content may have changed).
+ */
+static int ddf_clone(struct engine *e, int fd, uint64_t off, struct dd_src *s, uint64_t soff,
+		     uint64_t len)
+{
+	int sfd, ret;
+
+	eng_lock(e);
+	sfd = s->retired ? -1 : dup(s->fd);
+	eng_unlock(e);
+	if (sfd < 0)
+		return -ESTALE;
+	ret = dedup_clone(fd, off, sfd, soff, len);
+	close(sfd);
+	eng_lock(e);
+	if (!ret && s->retired)
+		ret = -ESTALE;	/* retired before anything of it changes:
+				 * not retired now, the clone has its bytes */
+	eng_unlock(e);
+	return ret;
+}
+
+/*
+ * Take the hashes h of chunks [a, b) of the file being flushed (XXH3-128
+ * of each d->chunk bytes, in order) and look them up.  e->lock not held.
+ * The entry point for hashes computed elsewhere: a GPU kernel over the
+ * file's GPU copy hands its array here (chunks [0, d->n)), and ddf_write()
+ * then clones and writes as for hashes computed on the host.
+ */
+static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_hash *h,
+			    uint64_t a, uint64_t b)
+{
+	if (h != d->h + a)
+		memcpy(d->h + a, h, (b - a) * sizeof(*h));
+	eng_lock(e);
+	ddf_lookup(e, d, a, b);
+	eng_unlock(e);
+	d->nhashed = b;
+}
+
+/*
+ * Hashes of d's chunks [0, n), computed on the host with XXH3-128 from the
+ * host copy: when the last file hashed was almost all new, a sample first,
+ * and the rest only if the sample found something.
+ */
+static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf *d)
+{
+	uint64_t m = d->sample && d->n > DD_SAMPLE ? DD_SAMPLE : d->n;
+	double t0 = tier_now();
+
+	dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, m);
+	ddf_take_hashes(e, d, d->h, 0, m);
+	if (m < d->n && d->found) {	/* not all new after all */
+		dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, m, d->n - m);
+		ddf_take_hashes(e, d, d->h + m, m, d->n);
+	}
+	eng_lock(e);
+	e->dd_hash_s += tier_now() - t0;
+	e->dd_chunks_hashed += d->nhashed;
+	e->dd_bytes_hashed += d->nhashed * d->chunk;
+	e->dd_chunks_found += d->found;
+	if (d->nhashed < d->n)
+		e->dd_sampled_out++;
+	e->dd_dup = (double)d->found / (double)d->nhashed;	/* the last file says */
+	eng_unlock(e);
+}
+
+/*
+ * Write cp's len bytes into fd: runs of chunks found in the index are
+ * cloned (one FICLONERANGE per run that is contiguous in one version),
+ * the rest written.  e->lock not held.
+ */
+static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
+		     bool direct, uint64_t len, struct ddf *d)
+{
+	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
+	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
+	int ret = 0;
+
+	while (i < d->nhashed && !ret) {
+		uint64_t j = i + 1;
+
+		if (d->src[i]) {
+			while (j < d->nhashed && d->src[j] == d->src[i] &&
+			       d->soff[j] == d->soff[i] + (j - i) * C)
+				j++;
+			if ((j - i) * C >= DD_MIN_RUN) {
+				ret = write_range(ring, fd, cp, ws, i * C, &done);
+				d->written += i * C - ws;
+				ws = i * C;
+				if (!ret && ddf_clone(e, fd, i * C, d->src[i], d->soff[i],
+						      (j - i) * C) == 0) {
+					d->cloned += (j - i) * C;
+					ws = j * C;
+					fault_at("dedup_write");
+				}
+			}
+		} else {
+			while (j < d->nhashed && !d->src[j])
+				j++;
+		}
+		i = j;		/* not cloned: joins the bytes to write */
+	}
+	if (!ret)
+		ret = write_range(ring, fd, cp, ws, end, &done);
+	d->written += end > ws ? end - ws : 0;
+	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	if (!ret && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	if (!ret && fsync(fd) < 0)	/* clones changed the extent map */
+		ret = -errno;
+	return ret;
+}
+
+/* Flush f's whole new content by chunks.  e->lock not held.  -EAGAIN: the
+ * caller writes it all (nothing was done). */
+static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+		       struct copy *cp, int fd, bool direct, uint64_t len, struct ddf *d)
+{
+	struct stat st;
+	int sfd = f->ops->data_fd(f, false);
+
+	/* the owner: the backing file's (the new version is still ours) */
+	if (sfd < 0)
+		return -EAGAIN;
+	if (fstat(sfd, &st) < 0) {
+		f->ops->release_data_fd(f, sfd);
+		return -EAGAIN;
+	}
+	f->ops->release_data_fd(f, sfd);
+	d->uid = st.st_uid;
+	d->h = malloc(d->n * sizeof(*d->h));
+	d->src = calloc(d->n, sizeof(*d->src));
+	d->soff = malloc(d->n * sizeof(*d->soff));
+	if (!d->h || !d->src || !d->soff)
+		return -EAGAIN;		/* freed by ddf_done() */
+	ddf_hash(e, cp, len, d);
+	return ddf_write(e, ring, cp, fd, direct, len, d);
+}
+
+/*
+ * e->lock held, after the flush: on success index the new version's
+ * chunks (d->vfd, taken over), and drop the references of the lookup.
+ */
+static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
+{
+	struct dd_src *s = NULL;
+
+	if (d->src)
+		for (uint64_t i = 0; i < d->n; i++)
+			if (d->src[i])
+				dd_src_put(d->src[i]);
+	if (ok && d->vfd >= 0 && d->nhashed && !f->unlinked && !f->dd_src)
+		s = calloc(1, sizeof(*s));
+	if (s) {
+		s->fd = d->vfd;
+		d->vfd = -1;
+		s->uid = d->uid;
+		s->refs = 1;
+		s->owner = f;
+		f->dd_src = s;
+		s->prev = e->dd_live_tail;
+		if (e->dd_live_tail)
+			e->dd_live_tail->next = s;
+		else
+			e->dd_live = s;
+		e->dd_live_tail = s;
+		if (++e->dd_nlive > DD_SRC_MAX)
+			dd_src_retire(e, e->dd_live);
+		for (uint64_t i = 0; i < d->nhashed; i++) {
+			struct dd_src *gone = dd_index_add(&e->ddx, &d->h[i], s, i * d->chunk);
+
+			if (gone)
+				free(gone);	/* retired, its last entry gone */
+		}
+	}
+	if (d->vfd >= 0) {	/* not kept: closed like a retired one */
+		if (e->dd_nclose < e->dd_closecap)
+			e->dd_close[e->dd_nclose++] = d->vfd;
+		else
+			close(d->vfd);
+		d->vfd = -1;
+	}
+	free(d->h);
+	free(d->src);
+	free(d->soff);
+	d->h = NULL;
+	d->src = NULL;
+	d->soff = NULL;
+}
+
+/* The new version just committed, opened for reading (-1: none). */
+static int open_version(struct tfile *f)
+{
+	char path[64];
+	int fd = f->ops->data_fd(f, false), nfd;
+
+	if (fd < 0)
+		return -1;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	nfd = open(path, O_RDONLY | O_CLOEXEC);
+	f->ops->release_data_fd(f, fd);
+	return nfd;
+}
+
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -102,6 +571,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 			cp = f->copy[t];
 	uint64_t gen, len;
 	bool direct, inplace, small;
+	struct incr incr;
+	struct ddf ddf;
 	struct lease l;
 	double t0;
 	int fd, ret;
@@ -113,6 +584,11 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	gen = f->gen;
 	len = cp->len;
+	eng_dd_retire(e, f);	/* its backing version is about to change */
+	incr_plan(e, f, len, &incr);
+	ddf_plan(e, f, cp, len, &ddf);
+	if (incr.on)
+		ddf.on = false;
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
@@ -137,6 +613,18 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		close(fd);
 	if (ret)
 		goto out;
+	if (incr.on && !inplace) {
+		ret = flush_incr(ring, f, cp, fd, direct, len, &incr);
+		if (ret != -EAGAIN)
+			goto written;
+		incr.on = false;	/* the whole file, over what was cloned */
+	}
+	if (ddf.on && !inplace) {
+		ret = flush_dedup(e, ring, f, cp, fd, direct, len, &ddf);
+		if (ret != -EAGAIN)
+			goto written;
+	}
+	ddf.on = false;
 	if (!cp->cache->host_addressable)
 		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
@@ -157,19 +645,24 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		ret = -errno;
 	if (!ret)
 		ret = small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+written:
 	if (ret) {
 		close(fd);
 		goto out;
 	}
 	ret = f->ops->version_commit(f, fd, inplace, false);
+	if (!ret && ddf.on && ddf.nhashed)
+		ddf.vfd = open_version(f);
 out_small:
 	if (ret > 0)
 		ret = 0;	/* version_small did it */
 out:
+	free(incr.r);
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
 	lease_end(e, &l);
 	e->busy--;
 	cp->flushing = false;
+	ddf_done(e, f, &ddf, ret == 0);
 	if (ret == 0) {
 		double dt = tier_now() - t0;
 
@@ -179,12 +672,27 @@ out:
 				(double)len / dt;
 		e->bytes_flushed += len;
 		e->files_flushed++;
+		if (e->cfg.dedup) {
+			e->dd_bytes_logical += len;
+			e->dd_bytes_written += incr.on ? incr.written : ddf.on ? ddf.written : len;
+			e->dd_bytes_cloned += incr.on ? incr.cloned : ddf.on ? ddf.cloned : 0;
+			if (incr.on)
+				e->dd_files_incremental++;
+			else if (ddf.on && ddf.cloned)
+				e->dd_files_dedup++;
+			else
+				e->dd_files_full++;
+		}
+		/* the base is this version now (any change made since is a
+		 * change against it too: the ranges are kept) */
+		f->dd_base_len = len;
 		f->flushed_gen = gen;
 		if (f->flush_err)
 			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
 		f->flush_err = 0;
 		if (f->gen == gen) {
 			backlog_del(e, cp);
+			f->dd_taint = false;
 			f->dirty = false;
 			tier_set_state(&cp->state, TS_FLUSHED);
 			if (cp->promoted)
@@ -256,6 +764,14 @@ void *eng_flusher_main(void *arg)
 
 			eng_unlock(e);
 			r->ops->put(r);
+			eng_lock(e);
+			continue;
+		}
+		if (e->dd_nclose) {	/* retired versions (dd_src_retire) */
+			int fd = e->dd_close[--e->dd_nclose];
+
+			eng_unlock(e);
+			close(fd);
 			eng_lock(e);
 			continue;
 		}

@@ -155,6 +155,7 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* not in the GPU tier */
 			goto out;
 		}
+		eng_note_change(e, f, cp->len < off ? cp->len : off, end);
 		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		f->writers++;

@@ -34,24 +34,31 @@ struct ssd_req {
 	uint8_t *buf;			/* memory */
 };
 
-static int ssd_xfer(struct ssd_ring *r, int fd, uint8_t *buf, uint64_t len,
-		    uint64_t off, bool write, uint64_t *progress)
+/*
+ * Move the segments seg[0..nseg) (each len bytes between buf and the file
+ * at off), up to the ring's depth of requests in flight across all of
+ * them: many small segments cost one wait for the slowest, not one each.
+ */
+static int ssd_xfer_segs(struct ssd_ring *r, int fd, const struct ssd_seg *seg,
+			 unsigned nseg, bool write, uint64_t *progress)
 {
 	struct ssd_req reqs[256];
 	unsigned depth = r->depth > 256 ? 256 : r->depth;
-	unsigned inflight = 0, i;
-	uint64_t next = 0;		/* bytes handed out so far */
+	unsigned inflight = 0, i, si = 0;
+	uint64_t next = 0;		/* bytes of seg[si] handed out so far */
 	int err = 0;
 	bool free_slot[256];
 
 	for (i = 0; i < depth; i++)
 		free_slot[i] = true;
+	while (si < nseg && !seg[si].len)
+		si++;
 
-	while ((next < len && !err) || inflight) {
+	while ((si < nseg && !err) || inflight) {
 		/* top up the queue */
-		while (!err && next < len && inflight < depth) {
+		while (!err && si < nseg && inflight < depth) {
 			struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-			uint64_t n = len - next;
+			uint64_t n = seg[si].len - next;
 
 			if (!sqe)
 				break;
@@ -60,7 +67,7 @@ static int ssd_xfer(struct ssd_ring *r, int fd, uint8_t *buf, uint64_t len,
 			for (i = 0; !free_slot[i]; i++)
 				;
 			free_slot[i] = false;
-			reqs[i] = (struct ssd_req){ off + next, n, buf + next };
+			reqs[i] = (struct ssd_req){ seg[si].off + next, n, seg[si].buf + next };
 			if (write)
 				io_uring_prep_write(sqe, fd, reqs[i].buf, n, reqs[i].off);
 			else
@@ -68,6 +75,11 @@ static int ssd_xfer(struct ssd_ring *r, int fd, uint8_t *buf, uint64_t len,
 			io_uring_sqe_set_data64(sqe, i);
 			next += n;
 			inflight++;
+			if (next == seg[si].len) {
+				next = 0;
+				while (++si < nseg && !seg[si].len)
+					;
+			}
 		}
 		int ret = io_uring_submit_and_wait(&r->ring, 1);
 		if (ret < 0 && ret != -EINTR) {
@@ -130,12 +142,22 @@ static int ssd_xfer(struct ssd_ring *r, int fd, uint8_t *buf, uint64_t len,
 int ssd_write(struct ssd_ring *r, int fd, const void *buf, uint64_t len,
 	      uint64_t off, uint64_t *progress)
 {
-	return ssd_xfer(r, fd, (uint8_t *)buf, len, off, true, progress);
+	struct ssd_seg s = { .off = off, .len = len, .buf = (uint8_t *)buf };
+
+	return ssd_xfer_segs(r, fd, &s, 1, true, progress);
+}
+
+int ssd_write_segs(struct ssd_ring *r, int fd, const struct ssd_seg *seg, unsigned n,
+		   uint64_t *progress)
+{
+	return ssd_xfer_segs(r, fd, seg, n, true, progress);
 }
 
 int ssd_read(struct ssd_ring *r, int fd, void *buf, uint64_t len, uint64_t off)
 {
-	return ssd_xfer(r, fd, buf, len, off, false, NULL);
+	struct ssd_seg s = { .off = off, .len = len, .buf = buf };
+
+	return ssd_xfer_segs(r, fd, &s, 1, false, NULL);
 }
 
 int ssd_fdatasync(struct ssd_ring *r, int fd)

@@ -27,6 +27,14 @@ void ssd_ring_exit(struct ssd_ring *r);
  */
 int ssd_write(struct ssd_ring *r, int fd, const void *buf, uint64_t len,
 	      uint64_t off, uint64_t *progress);
+/* A piece of a vectored write: len bytes of buf to file offset off. */
+struct ssd_seg {
+	uint64_t off, len;
+	uint8_t *buf;
+};
+/* ssd_write() of every segment, their requests in flight together. */
+int ssd_write_segs(struct ssd_ring *r, int fd, const struct ssd_seg *seg, unsigned n,
+		   uint64_t *progress);
 /* Read len bytes at off into buf; short reads past EOF zero-fill. */
 int ssd_read(struct ssd_ring *r, int fd, void *buf, uint64_t len, uint64_t off);
 /* fdatasync through the ring. */

@@ -79,6 +79,8 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	for (int i = 0; i < e->ntiers; i++)
 		if (f->copy[i])
 			eng_discard_copy(e, f, i);
+	f->dd_valid = false;	/* the shadow is written whole */
+	eng_dd_retire(e, f);	/* and may be the backing file itself */
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
 	f->dirty = true;
@@ -438,6 +440,41 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 	}
 }
 
+void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t end)
+{
+	uint64_t blk = e->cfg.dedup_block ? e->cfg.dedup_block : TIER_ALIGN;
+
+	if (!e->cfg.dedup)
+		return;
+	if (!f->dirty && f->shadow_fd < 0 && !f->dd_taint) {
+		/* not dirty: every copy holds what the backing file holds */
+		dset_clear(&f->dd_ranges);
+		f->dd_base_len = f->dd_clean_len = f->size;
+		f->dd_valid = true;
+	}
+	if (!f->dd_valid || end <= start)
+		return;
+	start -= start % blk;
+	if (start >= f->dd_clean_len)
+		return;		/* past the base's bytes: always written */
+	end = end + blk - 1 < end ? UINT64_MAX : (end + blk - 1) / blk * blk;
+	if (dset_add(&f->dd_ranges, start, end))
+		f->dd_valid = false;	/* no memory: the next flush writes all */
+}
+
+void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint64_t size)
+{
+	uint64_t have = cp && cp->len < f->size ? cp->len : f->size;
+
+	eng_note_change(e, f, size, size);	/* only starts from the base */
+	if (!e->cfg.dedup || !f->dd_valid)
+		return;
+	if (size > have)	/* zeros: different from what the base had there */
+		eng_note_change(e, f, have, size);
+	if (size < f->dd_clean_len)
+		f->dd_clean_len = size;
+}
+
 void eng_mark_modified(struct tfile *f)
 {
 	f->dirty = true;
@@ -487,6 +524,8 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 			goto out;
 		}
 		if (cp) {
+			eng_note_change(e, f, cp->len < (uint64_t)off ? cp->len : (uint64_t)off,
+					end);
 			lease_begin(e, &l, cp, NULL);
 			if (trace)
 				t1 = tier_now();
@@ -499,8 +538,11 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
 			}
 			lease_end(e, &l);	/* wakes e->cond */
-			if (ret)
+			if (ret) {
+				f->dd_valid = false;	/* some bytes may have changed */
+				f->dd_taint = true;
 				goto out;
+			}
 			if (end > cp->len)
 				cp->len = end;
 			if (end > f->size)
@@ -572,6 +614,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 			goto out;
 		}
 		if (cp) {
+			eng_note_truncate(e, f, cp, size);
 			eng_copy_zero(cp, cp->len, size);
 			cp->len = size;
 			f->size = size;

@@ -197,6 +197,24 @@ def ssd_line(stats):
         count(wt_files))
 
 
+def dedup_line(stats):
+    d = sub(stats, "dedup")
+    if not d:
+        return "dedup     -"
+    if d.get("on") is False:
+        return "dedup     off"
+    line = ("dedup     flushed {}: written {}, cloned {}; files {} incremental, "
+            "{} by chunks, {} whole").format(
+        human(d.get("bytes_logical")), human(d.get("bytes_written")),
+        human(d.get("bytes_cloned")), count(d.get("files_incremental")),
+        count(d.get("files_dedup")), count(d.get("files_full")))
+    if num(d.get("chunks_hashed")):
+        line += ", chunks {} hashed / {} found, index {}".format(
+            count(d.get("chunks_hashed")), count(d.get("chunks_found")),
+            human(d.get("index_bytes")))
+    return line
+
+
 def prefetch_line(stats):
     p = sub(stats, "prefetch")
     if not p:
@@ -259,7 +277,8 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
         lines += table(tier_rows(stats))
     else:
         lines.append("(no cache tiers reported)")
-    lines += ["", ssd_line(stats), prefetch_line(stats), reads_line(stats)]
+    lines += ["", ssd_line(stats), dedup_line(stats), prefetch_line(stats),
+              reads_line(stats)]
     if watch:
         lines.append(rates_line(prev, stats, dt))
     return "\n".join(lines) + "\n"

@@ -10,8 +10,9 @@
 #                           `make check TESTS=`, which builds the check
 #                           programs without running them), builds
 #                           build-gpu/tests/unit/test_gpu_tier if the
-#                           Makefile does not, and copies libfuse3.so.3 and
-#                           liburing.so.2 into .devlibs/ (git-ignored).
+#                           Makefile does not, and copies libfuse3.so.3,
+#                           liburing.so.2 and libxxhash.so.0 into .devlibs/
+#                           (git-ignored).
 #
 #   tests/gpu/run.sh        on the GPU machine (root, /dev/fuse, CUDA driver,
 #                           python3 with pytest; no autotools, no package
@@ -90,14 +91,14 @@ prep() {
 			    -I. -I../tiers -I../gpu \
 			    -o tests/unit/test_gpu_tier \
 			    ../tests/unit/test_gpu_tier.c ../tiers/gpu_tier.c \
-			    libtiers.a libgpucuda.a -ldl -lpthread \
+			    libtiers.a libgpucuda.a -lxxhash -ldl -lpthread \
 			    $(pkg-config --libs liburing) || exit 1
 		fi
 	) || die "building $BUILD failed"
 
 	[ -x "$BUILD/tierfs" ] || die "$BUILD/tierfs was not built"
 	mkdir -p "$LIBDIR" || die "cannot create $LIBDIR"
-	for lib in libfuse3.so.3 liburing.so.2; do
+	for lib in libfuse3.so.3 liburing.so.2 libxxhash.so.0; do
 		path=$(ldd "$BUILD/tierfs" | awk -v l="$lib" '$1 == l { print $3 }')
 		if [ -z "$path" ] || [ ! -f "$path" ]; then
 			die "$BUILD/tierfs does not load $lib from a file (ldd)"

@@ -1,0 +1,263 @@
+#!/bin/sh
+# bench_dedup.sh - what -o dedup saves, against dedup=off in the same run.
+#
+# usage: bench/bench_dedup.sh [SIZE_MIB [CHECKPOINTS]]     (root: loop mount)
+#
+# LOOP_DIO=1: the loop device does direct I/O to its file (the disk below
+# sees the writes); QUICK=1: only p = 1% (16K chunks) and the sqlite case.
+#
+# Makes an XFS file system with reflink on a loop file (IMG_GIB, default 6)
+# and runs tierfs (TIERFS_BIN, default ./tierfs) over a directory in it:
+#
+#  1. series: CHECKPOINTS (default 6) checkpoints of SIZE_MIB (default 128),
+#     each a new file; between two, a share p of the 4 KiB blocks is touched
+#     by a 4-64 byte update at a random place (p = 100%: all new data);
+#     dedup=off, and dedup=on with chunks of 4K .. 1M;
+#  2. in place: one file of SIZE_MIB changed in place the same way and
+#     fsynced, CHECKPOINTS times;
+#  3. sqlite: 100 single-row commits on a ~7.4 MB database.
+#
+# Columns: SSD bytes written (what the loop device was asked to write,
+# metadata included, after syncfs; in all and from the second checkpoint
+# on, with its ratio to dedup=off), space used in the file system, the
+# bytes flushed by tierfs as its statistics count them (written / cloned),
+# time to durable (write + fsync of each checkpoint, summed; in all and
+# from the second checkpoint on, with its ratio to dedup=off), the fsync
+# alone (the flush: from the second checkpoint on), hashing
+# bandwidth, the chunk index's memory, and whether every file read back
+# byte-exact.
+set -eu
+
+size=${1:-128}
+n=${2:-6}
+tierfs=${TIERFS_BIN:-./tierfs}
+[ -x "$tierfs" ] || { echo "no tierfs binary at $tierfs (set TIERFS_BIN)" >&2; exit 77; }
+command -v mkfs.xfs >/dev/null || { echo "mkfs.xfs missing (xfsprogs)" >&2; exit 77; }
+
+work=$(mktemp -d /tmp/bench_dedup.XXXXXX)
+loopdev=
+cleanup() {
+	umount "$work/xfs" 2>/dev/null || umount -l "$work/xfs" 2>/dev/null || true
+	[ -z "$loopdev" ] || losetup -d "$loopdev" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+truncate -s "${IMG_GIB:-6}G" "$work/xfs.img"
+mkfs.xfs -q -m reflink=1 "$work/xfs.img"
+mkdir "$work/xfs" "$work/mnt"
+if [ -n "${LOOP_DIO:-}" ]; then
+	# the loop device writes to its file with O_DIRECT: the bytes reach the
+	# disk under the file, not only the host's page cache
+	loopdev=$(losetup --direct-io=on -f --show "$work/xfs.img")
+	mount "$loopdev" "$work/xfs"
+else
+	mount -o loop "$work/xfs.img" "$work/xfs"
+fi
+dev=$(findmnt -n -o SOURCE "$work/xfs")
+
+python3 - "$tierfs" "$work" "$dev" "$size" "$n" <<'EOF'
+import json, os, random, shutil, sqlite3, subprocess, sys, time
+
+tierfs, work, dev, size_mib, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+MiB = 1 << 20
+SIZE = size_mib * MiB
+xfs, mnt = os.path.join(work, "xfs"), os.path.join(work, "mnt")
+sysstat = f"/sys/block/{os.path.basename(dev)}/stat"
+
+
+def dev_written():
+    fd = os.open(xfs, os.O_RDONLY)
+    os.syncfs(fd) if hasattr(os, "syncfs") else os.sync()
+    os.close(fd)
+    os.sync()
+    with open(sysstat) as f:
+        return int(f.read().split()[6]) * 512
+
+
+def used():
+    s = os.statvfs(xfs)
+    return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+
+class Tierfs:
+    def __init__(self, opts):
+        self.back = os.path.join(xfs, "b")
+        shutil.rmtree(self.back, ignore_errors=True)
+        os.makedirs(self.back)
+        self.log = open(os.path.join(work, "log"), "ab")
+        self.p = subprocess.Popen([tierfs, self.back, mnt, "-f", "-o",
+                                   "gpu=none,host_cache=2G," + opts],
+                                  stdout=self.log, stderr=self.log)
+        t = time.time()
+        while not os.path.ismount(mnt):
+            if self.p.poll() is not None or time.time() - t > 20:
+                sys.exit("tierfs did not mount: see " + self.log.name)
+            time.sleep(0.02)
+
+    def stats(self):
+        return json.loads(os.getxattr(mnt, "user.tierfs.stats"))
+
+    def stop(self):
+        subprocess.run(["fusermount3", "-u", mnt], check=True)
+        self.p.wait()
+
+
+def rbytes(rng, n):
+    """rng.randbytes in pieces (one call takes less than 256 MiB)."""
+    return b"".join(rng.randbytes(min(64 * MiB, n - i)) for i in range(0, n, 64 * MiB))
+
+
+def touch(data, p, rng):
+    """p of the 4 KiB blocks get a 4-64 byte update (p = 1: all new)."""
+    if p >= 1:
+        return bytearray(rbytes(rng, len(data)))
+    nblk = len(data) // 4096
+    for b in rng.sample(range(nblk), max(1, int(nblk * p))):
+        ln = rng.randint(4, 64)
+        at = b * 4096 + rng.randrange(4096 - ln)
+        data[at:at + ln] = rng.randbytes(ln)
+    return data
+
+
+def flushed(st):
+    d, s = st.get("dedup", {}), st["ssd"]
+    if d.get("on"):
+        return d["bytes_written"] + s["bytes_written_through"], d["bytes_cloned"]
+    return s["bytes_flushed"] + s["bytes_written_through"], 0
+
+
+def series(opts, p, inplace=False):
+    rng = random.Random(42)
+    data = bytearray(rbytes(rng, SIZE))
+    w0, u0 = dev_written(), used()
+    t = Tierfs(opts)
+    durable, kept, w1, d1, fs = 0.0, [], 0, 0.0, 0.0
+    path = os.path.join(mnt, "f")
+    for i in range(n):
+        if i == 1:              # the first checkpoint is all new in every case
+            w1, d1 = dev_written(), durable
+        if i:
+            data = touch(data, p, rng)
+        t0 = time.perf_counter()
+        if inplace:
+            if i == 0:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, data)
+            else:
+                fd = os.open(path, os.O_RDWR)
+                # rewrite only what changed: compare with the last version
+                mv, old = memoryview(data), kept[-1]
+                for b in range(0, SIZE, 4096):
+                    if mv[b:b + 4096] != old[b:b + 4096]:
+                        os.pwrite(fd, mv[b:b + 4096], b)
+        else:
+            fd = os.open(os.path.join(mnt, f"ckpt.{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+        t1 = time.perf_counter()
+        os.fsync(fd)
+        os.close(fd)
+        durable += time.perf_counter() - t0
+        if i:
+            fs += time.perf_counter() - t1
+        kept.append(bytes(data)) if inplace else kept.append(bytes(data))
+        if inplace and len(kept) > 2:
+            kept.pop(0)
+    st = t.stats()
+    t.stop()
+    wrote, cloned = flushed(st)
+    ok = True
+    if inplace:
+        ok = open(os.path.join(t.back, "f"), "rb").read() == kept[-1]
+    else:
+        rng2 = random.Random(42)
+        d2 = bytearray(rbytes(rng2, SIZE))
+        for i in range(n):
+            if i:
+                d2 = touch(d2, p, rng2)
+            ok = ok and open(os.path.join(t.back, f"ckpt.{i}"), "rb").read() == d2
+    d = st.get("dedup", {})
+    w2 = dev_written()
+    row = dict(dev=w2 - w0, later=w2 - w1, used=used() - u0, wrote=wrote, cloned=cloned,
+               durable=durable, dlater=durable - d1, fsync=fs, hash=d.get("hash_bandwidth", 0) if d.get("on") else 0,
+               index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
+               found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0))
+    shutil.rmtree(t.back)
+    return row
+
+
+def fmt_b(x):
+    for u, s in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if x >= u:
+            return f"{x / u:.1f} {s}"
+    return f"{x} B"
+
+
+def table(title, rows):
+    print(f"\n{title}")
+    print(f"{'case':<22} {'SSD written':>11} {'2nd..':>10} {'vs off':>6} {'space used':>10} "
+          f"{'flushed':>10} {'cloned':>10} {'durable s':>9} {'2nd.. s':>7} {'vs off':>6} "
+          f"{'fsync s':>7} {'vs off':>6} "
+          f"{'hash GB/s':>9} {'index':>9} {'exact':>5}")
+    base = {}
+    for name, key, r in rows:
+        if name.startswith("off"):
+            base[key] = r
+        b = base.get(key)
+        ratio = f"{b['later'] / r['later']:.1f}x" if b and r["later"] else "-"
+        tratio = f"{b['dlater'] / r['dlater']:.1f}x" if b and r["dlater"] else "-"
+        fratio = f"{b['fsync'] / r['fsync']:.1f}x" if b and r["fsync"] else "-"
+        print(f"{name:<22} {fmt_b(r['dev']):>11} {fmt_b(r['later']):>10} {ratio:>6} "
+              f"{fmt_b(r['used']):>10} {fmt_b(r['wrote']):>10} {fmt_b(r['cloned']):>10} "
+              f"{r['durable']:>9.2f} {r['dlater']:>7.2f} {tratio:>6} "
+              f"{r['fsync']:>7.2f} {fratio:>6} "
+              f"{r['hash'] / 1e9 if r['hash'] else 0:>9.1f} {fmt_b(r['index']):>9} "
+              f"{'yes' if r['ok'] else 'NO':>5}")
+    sys.stdout.flush()
+
+
+print(f"bench_dedup: {n} checkpoints of {size_mib} MiB on XFS reflink ({dev}), "
+      f"{os.cpu_count()} CPUs")
+chunks = ["4K", "16K", "64K", "256K", "1M"]
+quick = bool(os.environ.get("QUICK"))
+rows = []
+for p in ((0.01,) if quick else (0.001, 0.01, 0.1, 1.0)):
+    key = f"p={p * 100:g}%"
+    rows.append((f"off {key}", key, series("dedup=off", p)))
+    for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
+        rows.append((f"on chunk {c} {key}", key, series(f"dedup=on,dedup_chunk={c}", p)))
+table("series of new checkpoint files (SSD written: by the loop device; 2nd..: from the "
+      "second checkpoint on, the first being all new in every case; vs off: dedup=off's / this)",
+      rows)
+
+rows = []
+for p in ((0.01,) if quick else (0.001, 0.01, 0.1)):
+    key = f"p={p * 100:g}%"
+    rows.append((f"off {key}", key, series("dedup=off", p, inplace=True)))
+    rows.append((f"on {key}", key, series("dedup=on", p, inplace=True)))
+table("one file changed in place and fsynced", rows)
+
+print("\nsqlite: 100 single-row commits (UPDATE of a 1000-byte row) on a database of "
+      "7000 such rows")
+for opts in ("dedup=off", "dedup=on"):
+    t = Tierfs(opts)
+    db = os.path.join(mnt, "db.sqlite")
+    con = sqlite3.connect(db)
+    con.execute("create table t (id integer primary key, v blob)")
+    con.executemany("insert into t values (?, randomblob(1000))", [(i,) for i in range(7000)])
+    con.commit()
+    dbsize = os.path.getsize(db)
+    w0, f0 = dev_written(), flushed(t.stats())[0]
+    t0 = time.perf_counter()
+    for i in range(100):
+        con.execute("update t set v = randomblob(1000) where id = ?", (i * 61 % 7000,))
+        con.commit()
+    dt = time.perf_counter() - t0
+    con.close()
+    st = t.stats()
+    f1 = flushed(st)[0]
+    w1 = dev_written()
+    t.stop()
+    print(f"  {opts:<10} database {fmt_b(dbsize)}: flushed {fmt_b(f1 - f0)} "
+          f"({fmt_b((f1 - f0) / 100)} a commit), SSD written {fmt_b(w1 - w0)}, "
+          f"{dt:.2f} s for the 100 commits")
+EOF

@@ -1,0 +1,682 @@
+"""-o dedup: incremental flushes that share unchanged extents (reflink).
+
+The backing directory is an XFS file system made with reflink=1 on a loop
+file by the `xfs` fixture (skipped cleanly where mkfs.xfs or loop devices
+are missing).  What is checked:
+
+- dedup=on refuses a backing directory that cannot share extents (tmpfs),
+  auto turns it off there with one log line and the data is still right;
+- a file changed in place is flushed as a new version that writes only the
+  changed blocks (the statistics) and shares the rest with the old version
+  (FIEMAP_EXTENT_SHARED), byte-exact; truncates, extensions, mmap writes
+  and hard links against a model;
+- a kill during an incremental flush leaves the old or the new version.
+"""
+
+import ctypes
+import fcntl
+import json
+import mmap
+import os
+import random
+import shutil
+import struct
+import subprocess
+import time
+import sys
+
+import pytest
+
+import util
+from util import MiB, KiB
+
+pytestmark = pytest.mark.daemon
+
+
+def _run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.fixture
+def xfs(tmp_path):
+    """An XFS file system with reflink on a loop file; yields its root."""
+    util.require_daemon()
+    if not shutil.which("mkfs.xfs"):
+        pytest.skip("mkfs.xfs not installed (xfsprogs)")
+    img, root = tmp_path / "xfs.img", tmp_path / "xfs"
+    with open(img, "wb") as f:
+        f.truncate(512 * MiB)
+    r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
+    if r.returncode:
+        pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
+    root.mkdir()
+    r = _run(["mount", "-o", "loop", str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount a loop device: {r.stderr.strip()}")
+    yield str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+@pytest.fixture
+def btrfs(tmp_path):
+    """A btrfs file system on a loop file (reflink always on); yields its root."""
+    util.require_daemon()
+    if not shutil.which("mkfs.btrfs"):
+        pytest.skip("mkfs.btrfs not installed (btrfs-progs)")
+    img, root = tmp_path / "btrfs.img", tmp_path / "btrfs"
+    with open(img, "wb") as f:
+        f.truncate(512 * MiB)
+    r = _run(["mkfs.btrfs", "-q", str(img)])
+    if r.returncode:
+        pytest.skip(f"mkfs.btrfs failed: {r.stderr.strip()}")
+    root.mkdir()
+    r = _run(["mount", "-o", "loop", str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount btrfs on a loop device: {r.stderr.strip()}")
+    yield str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    root = tmp_path / "tmpfs"
+    root.mkdir()
+    r = _run(["mount", "-t", "tmpfs", "-o", "size=256M", "tmpfs", str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount tmpfs: {r.stderr.strip()}")
+    yield str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+def backing_in(fsroot, name="b"):
+    path = os.path.join(fsroot, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def dstats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["dedup"]
+
+
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_FLAG_SYNC = 1
+FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_SHARED = 0x2000
+
+
+def extents(path):
+    """[(logical, length, flags)] of path (FS_IOC_FIEMAP)."""
+    out, start, n = [], 0, 256
+    with open(path, "rb") as f:
+        while True:
+            buf = bytearray(struct.pack("QQIIII", start, (1 << 64) - 1 - start,
+                                        FIEMAP_FLAG_SYNC, 0, n, 0) + b"\0" * 56 * n)
+            fcntl.ioctl(f.fileno(), FS_IOC_FIEMAP, buf)
+            mapped = struct.unpack_from("I", buf, 20)[0]
+            if not mapped:
+                return out
+            for i in range(mapped):
+                lo, _, ln, _, _, fl = struct.unpack_from("QQQQQI", buf, 32 + 56 * i)
+                out.append((lo, ln, fl))
+            if out[-1][2] & FIEMAP_EXTENT_LAST:
+                return out
+            start = out[-1][0] + out[-1][1]
+
+
+def shared_bytes(path):
+    return sum(ln for _, ln, fl in extents(path) if fl & FIEMAP_EXTENT_SHARED)
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- -o dedup
+
+def test_dedup_on_refuses_a_backing_that_cannot_share(tmp_path, tmpfs):
+    m = util.Mount(tmp_path / "m", {"dedup": "on"}, backing=backing_in(tmpfs))
+    try:
+        with pytest.raises(util.DaemonError) as ei:
+            m.start()
+        assert "dedup=on" in str(ei.value) and "cannot share extents" in str(ei.value)
+    finally:
+        m.finish()
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_dedup_auto_is_off_where_it_cannot(mount, tmpfs):
+    m = mount(backing=backing_in(tmpfs))
+    assert "dedup: off" in m.log(), m.log()
+    assert dstats(m)["on"] is False
+    data = util.randbytes(3 * MiB + 5, random.Random(1))
+    path = os.path.join(m.mnt, "f")
+    util.write_file(path, data)
+    with open(path, "r+b") as f:
+        f.seek(MiB + 3)
+        f.write(b"changed")
+        f.flush()
+        os.fsync(f.fileno())
+    want = data[:MiB + 3] + b"changed" + data[MiB + 10:]
+    util.assert_same(util.read_file(os.path.join(m.backing, "f")), want)
+    s = dstats(m)
+    assert s["files_incremental"] == 0 and s["bytes_cloned"] == 0
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_dedup_bad_value(tmp_path):
+    util.require_daemon()
+    m = util.Mount(tmp_path, {"dedup": "maybe"})
+    try:
+        with pytest.raises(util.DaemonError) as ei:
+            m.start()
+        assert "bad dedup" in str(ei.value)
+    finally:
+        m.finish()
+
+
+# ---------------------------------------------------------------- in place
+
+def test_change_in_place_writes_only_the_changed_blocks(xfs, mount):
+    m = mount(backing=backing_in(xfs), dedup="on", host_cache="256M")
+    assert "dedup: on" in m.log()
+    size = 64 * MiB
+    data = bytearray(util.randbytes(size, random.Random(2)))
+    path, bpath = os.path.join(m.mnt, "ckpt"), os.path.join(m.backing, "ckpt")
+    util.write_file(path, bytes(data))
+    fsync_path(path)
+    s0 = dstats(m)
+    old = os.open(bpath, os.O_RDONLY)   # keeps the old version's blocks referenced
+    try:
+        fd = os.open(path, os.O_RDWR)
+        os.pwrite(fd, b"\xaa" * 4096, 10 * MiB)          # one aligned block
+        os.pwrite(fd, b"\xbb" * 10, 30 * MiB + 4090)     # straddles two blocks
+        os.fsync(fd)
+        os.close(fd)
+        data[10 * MiB:10 * MiB + 4096] = b"\xaa" * 4096
+        data[30 * MiB + 4090:30 * MiB + 4100] = b"\xbb" * 10
+        s1 = dstats(m)
+        assert s1["files_incremental"] == s0["files_incremental"] + 1
+        assert s1["bytes_written"] - s0["bytes_written"] == 3 * 4096
+        assert s1["bytes_cloned"] - s0["bytes_cloned"] == size - 3 * 4096
+        assert s1["bytes_logical"] - s0["bytes_logical"] == size
+        assert shared_bytes(bpath) == size - 3 * 4096
+        assert os.fstat(old).st_ino != os.stat(bpath).st_ino
+    finally:
+        os.close(old)
+    util.assert_same(util.read_file(bpath), bytes(data), "backing file")
+    util.assert_same(util.read_file(path), bytes(data), "through the mount")
+    m.umount()
+    util.assert_same(util.read_file(bpath), bytes(data), "after unmount")
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_truncate_extend_mmap_against_a_model(xfs, mount):
+    """Random in-place changes, cuts and extensions, flushed after each
+    round: the backing file is byte-exact every time, and most flushes are
+    incremental."""
+    m = mount(backing=backing_in(xfs), dedup="on", host_cache="128M")
+    rng = random.Random(3)
+    path, bpath = os.path.join(m.mnt, "f"), os.path.join(m.backing, "f")
+    model = bytearray(util.randbytes(6 * MiB + 123, rng))
+    util.write_file(path, bytes(model))
+    fsync_path(path)
+    for rnd in range(24):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            for _ in range(rng.randint(1, 6)):
+                op = rng.choice(["write", "write", "write", "shrink", "grow", "append",
+                                 "mmap"])
+                if op == "write" and model:
+                    off = rng.randrange(len(model))
+                    buf = util.randbytes(rng.choice([1, 17, 4096, 5000, 70000]), rng)
+                    os.pwrite(fd, buf, off)
+                    end = off + len(buf)
+                    if end > len(model):
+                        model.extend(b"\0" * (end - len(model)))
+                    model[off:end] = buf
+                elif op == "shrink" and model:
+                    n = rng.randrange(len(model))
+                    os.ftruncate(fd, n)
+                    del model[n:]
+                elif op == "grow":
+                    n = len(model) + rng.randrange(1, 3 * MiB)
+                    os.ftruncate(fd, n)
+                    model.extend(b"\0" * (n - len(model)))
+                elif op == "append":
+                    buf = util.randbytes(rng.randrange(1, 200000), rng)
+                    os.pwrite(fd, buf, len(model) + rng.randrange(0, 9000))
+                    at = os.fstat(fd).st_size - len(buf)
+                    model.extend(b"\0" * (at - len(model)))
+                    model.extend(buf)
+                elif op == "mmap" and len(model) > 8192:
+                    with mmap.mmap(fd, len(model)) as mm:
+                        off = rng.randrange(len(model) - 100)
+                        buf = util.randbytes(100, rng)
+                        mm[off:off + 100] = buf
+                        model[off:off + 100] = buf
+                        mm.flush()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        util.assert_same(util.read_file(bpath), bytes(model), f"backing after round {rnd}")
+    util.assert_same(util.read_file(path), bytes(model), "through the mount")
+    s = dstats(m)
+    assert s["files_incremental"] >= 12, s
+    assert s["bytes_written"] < s["bytes_logical"] // 2, s
+    m.umount()
+    util.assert_same(util.read_file(bpath), bytes(model), "after unmount")
+
+
+def test_hard_linked_file_changed_in_place(xfs, mount):
+    """A hard-linked file's new version goes through the redo journal
+    (copied over the file): both names read the new content."""
+    m = mount(backing=backing_in(xfs), dedup="on")
+    a, b = os.path.join(m.mnt, "a"), os.path.join(m.mnt, "b")
+    data = bytearray(util.randbytes(5 * MiB, random.Random(4)))
+    util.write_file(a, bytes(data))
+    os.link(a, b)
+    fsync_path(a)
+    for i in range(3):
+        with open(b, "r+b") as f:
+            f.seek(i * MiB + 7)
+            f.write(b"linked%d" % i)
+            f.flush()
+            os.fsync(f.fileno())
+        data[i * MiB + 7:i * MiB + 14] = b"linked%d" % i
+        for p in (a, b, os.path.join(m.backing, "a"), os.path.join(m.backing, "b")):
+            util.assert_same(util.read_file(p), bytes(data), p)
+    assert os.stat(os.path.join(m.backing, "a")).st_ino == \
+        os.stat(os.path.join(m.backing, "b")).st_ino
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_rename_over_and_reload(xfs, mount):
+    """A file replaced by a rename, and a file whose cached copy was
+    dropped at unmount and reloaded: each flush is byte-exact."""
+    m = mount(backing=backing_in(xfs), dedup="on")
+    rng = random.Random(5)
+    a, b = os.path.join(m.mnt, "a"), os.path.join(m.mnt, "b")
+    da, db = bytearray(util.randbytes(3 * MiB, rng)), util.randbytes(2 * MiB, rng)
+    util.write_file(a, bytes(da))
+    util.write_file(b, db)
+    fsync_path(a)
+    fsync_path(b)
+    os.rename(b, a)
+    with open(a, "r+b") as f:
+        f.seek(4096)
+        f.write(b"x" * 10)
+        f.flush()
+        os.fsync(f.fileno())
+    want = db[:4096] + b"x" * 10 + db[4106:]
+    util.assert_same(util.read_file(os.path.join(m.backing, "a")), want)
+    m.remount()
+    with open(a, "r+b") as f:
+        f.seek(MiB)
+        f.write(b"y" * 5000)
+        f.flush()
+        os.fsync(f.fileno())
+    want = want[:MiB] + b"y" * 5000 + want[MiB + 5000:]
+    util.assert_same(util.read_file(os.path.join(m.backing, "a")), want)
+    assert dstats(m)["files_incremental"] >= 1
+
+
+# ---------------------------------------------------------------- kills
+
+@pytest.mark.parametrize("point", ["incr_write", "new_linked"])
+def test_kill_during_incremental_flush(xfs, tmp_path, monkeypatch, point):
+    """SIGKILL in an incremental flush (after the clone and the first range;
+    after the version is linked, before the rename): after the restart the
+    file is the old or the new version, whole, and nothing is left over."""
+    size = 16 * MiB
+    old = util.randbytes(size, random.Random(6))
+    new = old[:8 * MiB] + b"\x02" * 4096 + old[8 * MiB + 4096:12 * MiB] + \
+        b"\x03" * 100 + old[12 * MiB + 100:]
+    backing = backing_in(xfs)
+    with open(os.path.join(backing, "f"), "wb") as f:     # made without tierfs
+        f.write(old)
+    m = util.Mount(tmp_path / "m", {"dedup": "on"}, backing=backing)
+    try:
+        monkeypatch.setenv("TIERFS_FAULT", point)
+        m.start()
+        path = os.path.join(m.mnt, "f")
+        try:
+            fd = os.open(path, os.O_RDWR)
+            os.pwrite(fd, b"\x02" * 4096, 8 * MiB)
+            os.pwrite(fd, b"\x03" * 100, 12 * MiB)
+            os.fsync(fd)
+            os.close(fd)
+        except OSError:
+            pass                # the daemon died under the fsync
+        assert m.wait_death() == -9, m.log(tail=50)
+        monkeypatch.delenv("TIERFS_FAULT")
+        got = util.read_file(os.path.join(backing, "f"))
+        assert got in (old, new), "torn after the kill"
+        m.start()
+        got = util.read_file(path)
+        assert got in (old, new), "torn after the restart"
+        m.umount()
+        assert util.tierfs_internals(backing) == []
+    finally:
+        m.finish()
+
+
+# ---------------------------------------------------------------- whole new files
+
+def write_sync(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
+    """ckpt.2 is ckpt.1 with a few chunks changed: its flush clones the
+    others from ckpt.1 (shared extents) and writes only those chunks."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    C, size = 64 * KiB, 32 * MiB + 1000          # a partial last chunk
+    one = bytearray(util.randbytes(size, random.Random(7)))
+    write_sync(os.path.join(m.mnt, "ckpt.1"), bytes(one))
+    s0 = dstats(m)
+    two = bytearray(one)
+    two[3 * C + 5:3 * C + 9] = b"abcd"                       # chunk 3
+    two[100 * C - 2:100 * C + 2] = b"wxyz"                   # chunks 99 and 100
+    write_sync(os.path.join(m.mnt, "ckpt.2"), bytes(two))
+    s1 = dstats(m)
+    n = size // C
+    assert s1["files_dedup"] == s0["files_dedup"] + 1, s1
+    assert s1["chunks_found"] - s0["chunks_found"] == n - 3, s1
+    assert s1["bytes_cloned"] - s0["bytes_cloned"] == (n - 3) * C, s1
+    assert s1["bytes_written"] - s0["bytes_written"] == 3 * C + (size - n * C + 4095) // 4096 * 4096
+    b1, b2 = os.path.join(m.backing, "ckpt.1"), os.path.join(m.backing, "ckpt.2")
+    assert shared_bytes(b2) >= (n - 3) * C
+    util.assert_same(util.read_file(b2), bytes(two), "ckpt.2")
+    util.assert_same(util.read_file(b1), bytes(one), "ckpt.1")
+    # a third one like the second: found in ckpt.2 and ckpt.1
+    write_sync(os.path.join(m.mnt, "ckpt.3"), bytes(two))
+    s2 = dstats(m)
+    assert s2["chunks_found"] - s1["chunks_found"] == n
+    out = _run([sys.executable, os.path.join(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt])
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("dedup"))
+    assert "2 by chunks" in line and "found" in line, line
+    m.umount()
+    for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", two)):
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_sources_that_change_or_go_are_not_cloned(xfs, mount):
+    """Chunks of a version that was replaced (rewritten in place, O_TRUNC)
+    or removed are never cloned; the new files are byte-exact."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    rng = random.Random(8)
+    a = util.randbytes(8 * MiB, rng)
+    pa = os.path.join(m.mnt, "a")
+    write_sync(pa, a)
+    # a's version is replaced by an in-place change: its chunks leave the index
+    with open(pa, "r+b") as f:
+        f.seek(MiB)
+        f.write(b"!" * 10)
+        f.flush()
+        os.fsync(f.fileno())
+    s0 = dstats(m)
+    write_sync(os.path.join(m.mnt, "b"), a)
+    s1 = dstats(m)
+    assert s1["chunks_found"] == s0["chunks_found"], "cloned from a replaced version"
+    util.assert_same(util.read_file(os.path.join(m.backing, "b")), a, "b")
+    # b removed: a file like it finds nothing
+    os.unlink(os.path.join(m.mnt, "b"))
+    write_sync(os.path.join(m.mnt, "c"), a)
+    s2 = dstats(m)
+    assert s2["chunks_found"] == s1["chunks_found"], "cloned from a removed file"
+    # c rewritten with O_TRUNC and other content; d like old c finds nothing
+    write_sync(os.path.join(m.mnt, "c"), util.randbytes(8 * MiB, rng))
+    write_sync(os.path.join(m.mnt, "d"), a)
+    s3 = dstats(m)
+    assert s3["chunks_found"] == s2["chunks_found"]
+    util.assert_same(util.read_file(os.path.join(m.backing, "d")), a, "d")
+    # e like d: d followed all-new files, so only its first chunks were
+    # hashed (and indexed); e finds those, then hashes all of itself
+    write_sync(os.path.join(m.mnt, "e"), a)
+    s4 = dstats(m)
+    assert s4["chunks_found"] > s3["chunks_found"]
+    # and g like e finds every chunk
+    write_sync(os.path.join(m.mnt, "g"), a)
+    assert dstats(m)["chunks_found"] == s4["chunks_found"] + 8 * MiB // (64 * KiB)
+    m.umount()
+    for name in "deg":
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), a, name)
+
+
+def test_chunks_are_not_shared_between_owners(xfs, mount):
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", allow_other=True)
+    d = os.path.join(m.mnt, "d")
+    os.mkdir(d)
+    os.chmod(d, 0o777)
+    data = util.randbytes(4 * MiB, random.Random(9))
+
+    def as_user(name):
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)     # the child cannot
+        try:                                                # traverse tmp_path
+            ok, text = util.in_child(write_sync, name, data, uid=1000, gid=1000,
+                                     cwd_fd=dfd)
+        finally:
+            os.close(dfd)
+        assert ok, text
+    as_user("theirs")
+    assert os.stat(os.path.join(m.backing, "d", "theirs")).st_uid == 1000
+    s0 = dstats(m)
+    write_sync(os.path.join(d, "mine"), data)
+    s1 = dstats(m)
+    assert s1["chunks_found"] == s0["chunks_found"], "shared across owners"
+    as_user("theirs.2")
+    assert dstats(m)["chunks_found"] == s1["chunks_found"] + 4 * MiB // (64 * KiB)
+    util.assert_same(util.read_file(os.path.join(m.backing, "d", "theirs.2")), data)
+
+
+def test_all_new_series_stops_hashing(xfs, mount):
+    """Files that are all new: after a few, each is sampled (a few chunks
+    hashed) and written without hashing the rest."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    rng = random.Random(10)
+    files = {}
+    for i in range(8):
+        files[i] = util.randbytes(4 * MiB, rng)
+        write_sync(os.path.join(m.mnt, f"new.{i}"), files[i])
+    s = dstats(m)
+    assert s["sampled_out"] == 7, s          # all but the first
+    assert s["chunks_found"] == 0 and s["bytes_cloned"] == 0
+    # a repeat is still found by its first chunks
+    write_sync(os.path.join(m.mnt, "again"), files[7])
+    s2 = dstats(m)
+    assert s2["chunks_found"] > 0, s2
+    m.umount()
+    for i, data in files.items():
+        util.assert_same(util.read_file(os.path.join(m.backing, f"new.{i}")), data)
+    util.assert_same(util.read_file(os.path.join(m.backing, "again")), files[7])
+
+
+def test_kill_during_dedup_flush(xfs, tmp_path, monkeypatch):
+    backing = backing_in(xfs)
+    one = util.randbytes(8 * MiB, random.Random(11))
+    two = one[:MiB] + b"\x07" * 64 * KiB + one[MiB + 64 * KiB:]
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K"}, backing=backing)
+    try:
+        m.start()
+        write_sync(os.path.join(m.mnt, "one"), one)
+        m.umount()
+        # the index lives in the mount: ckpt "one" is flushed again first
+        monkeypatch.setenv("TIERFS_FAULT", "dedup_write")
+        m.start()
+        write_sync(os.path.join(m.mnt, "one.b"), one)
+        try:
+            write_sync(os.path.join(m.mnt, "two"), two)
+        except OSError:
+            pass
+        assert m.wait_death() == -9, m.log(tail=50)
+        monkeypatch.delenv("TIERFS_FAULT")
+        got = util.read_file(os.path.join(backing, "two"))
+        assert got in (b"", two), "torn after the kill"
+        m.start()
+        assert util.read_file(os.path.join(m.mnt, "one")) == one
+        m.umount()
+        assert util.tierfs_internals(backing) == []
+    finally:
+        m.finish()
+
+
+def test_removed_and_replaced_versions_free_their_space(xfs, mount):
+    """The index holds a descriptor of each version it may clone from; a
+    version replaced or removed must let its blocks go (its descriptor is
+    closed), or the backing file system would fill up."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+
+    def used():
+        s = os.statvfs(xfs)
+        return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+    def settle(want_open):
+        for _ in range(300):                 # the flushers close them
+            if dstats(m)["versions_open"] == want_open:
+                break
+            time.sleep(0.05)
+        assert dstats(m)["versions_open"] == want_open, dstats(m)
+
+    def used_below(limit):                   # closes and XFS's inode
+        for _ in range(300):                 # inactivation run in the
+            if used() - base < limit:        # background
+                return True
+            time.sleep(0.05)
+        return False
+
+    base = used()
+    rng = random.Random(12)
+    for i in range(4):
+        write_sync(os.path.join(m.mnt, f"f{i}"), util.randbytes(16 * MiB, rng))
+    settle(4)
+    assert used() - base >= 64 * MiB
+    for i in range(2):                       # replaced: O_TRUNC, other data
+        write_sync(os.path.join(m.mnt, f"f{i}"), util.randbytes(16 * MiB, rng))
+    for i in range(2, 4):
+        os.unlink(os.path.join(m.mnt, f"f{i}"))
+    settle(2)                                # f0, f1's new versions
+    assert used_below(40 * MiB), (used() - base) / MiB
+    for i in range(2):
+        os.unlink(os.path.join(m.mnt, f"f{i}"))
+    settle(0)
+    assert used_below(8 * MiB), (used() - base) / MiB
+
+
+def test_chunk_churn_against_a_model(xfs, mount):
+    """Threads write files made of chunks from a small pool (so most chunks
+    are found), rewrite them (O_TRUNC), change them in place, rename and
+    remove them while the index clones from their versions: every file is
+    byte-exact through the mount and in the backing directory."""
+    import threading
+    C = 64 * KiB
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="128M")
+    pool = [util.randbytes(C, random.Random(100 + i)) for i in range(24)]
+    models, errors = [], []
+
+    def worker(w):
+        rng = random.Random(1000 + w)
+        model = {}
+        models.append(model)
+        names = [f"w{w}.{i}" for i in range(5)]
+        try:
+            for _ in range(60):
+                name = rng.choice(names)
+                path = os.path.join(m.mnt, name)
+                op = rng.choice(["new", "new", "inplace", "rename", "unlink"])
+                if op == "new":
+                    data = b"".join(rng.choice(pool) for _ in range(rng.randint(1, 40)))
+                    data += rng.choice(pool)[:rng.randrange(C)]
+                    write_sync(path, data) if rng.random() < 0.7 else util.write_file(path, data)
+                    model[name] = data
+                elif op == "inplace" and name in model and len(model[name]) >= C:
+                    at = rng.randrange(len(model[name]) // C) * C + rng.choice([0, 100])
+                    buf = rng.choice(pool)[:rng.choice([10, 4096, C])]
+                    with open(path, "r+b") as f:
+                        f.seek(at)
+                        f.write(buf)
+                        f.flush()
+                        if rng.random() < 0.5:
+                            os.fsync(f.fileno())
+                    d = bytearray(model[name])
+                    end = at + len(buf)
+                    if end > len(d):
+                        d.extend(b"\0" * (end - len(d)))
+                    d[at:end] = buf
+                    model[name] = bytes(d)
+                elif op == "rename" and name in model:
+                    to = rng.choice(names)
+                    os.rename(path, os.path.join(m.mnt, to))
+                    model[to] = model.pop(name)
+                elif op == "unlink" and name in model:
+                    os.unlink(path)
+                    del model[name]
+        except Exception as e:          # reported by the main thread
+            errors.append(f"worker {w}: {e!r}")
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for model in models:
+        for name, data in model.items():
+            util.assert_same(util.read_file(os.path.join(m.mnt, name)), data, name)
+    s = dstats(m)
+    assert s["chunks_found"] > 0 and s["files_dedup"] > 0, s
+    m.umount()
+    names = set()
+    for model in models:
+        for name, data in model.items():
+            util.assert_same(util.read_file(os.path.join(m.backing, name)), data,
+                             f"backing {name}")
+            names.add(name)
+    assert set(os.listdir(m.backing)) == names
+
+
+def test_btrfs_in_place_and_by_chunks(btrfs, mount):
+    """The same on btrfs: an in-place change writes its blocks only, a
+    repeated checkpoint is cloned, both byte-exact and sharing extents."""
+    m = mount(backing=backing_in(btrfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    assert "dedup: on" in m.log()
+    size = 16 * MiB
+    data = bytearray(util.randbytes(size, random.Random(13)))
+    path, bpath = os.path.join(m.mnt, "f"), os.path.join(m.backing, "f")
+    write_sync(path, bytes(data))
+    s = dstats(m)
+    write_sync(os.path.join(m.mnt, "g"), bytes(data))     # a repeat: cloned
+    g = bytes(data)
+    s0 = dstats(m)
+    assert s0["chunks_found"] - s["chunks_found"] == size // (64 * KiB)
+    assert shared_bytes(os.path.join(m.backing, "g")) == size
+    old = os.open(bpath, os.O_RDONLY)
+    try:
+        with open(path, "r+b") as f:
+            f.seek(5 * MiB)
+            f.write(b"\x11" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        data[5 * MiB:5 * MiB + 4096] = b"\x11" * 4096
+        s1 = dstats(m)
+        assert s1["files_incremental"] == s0["files_incremental"] + 1
+        assert s1["bytes_written"] - s0["bytes_written"] == 4096
+        assert shared_bytes(bpath) >= size - 4096
+    finally:
+        os.close(old)
+    m.umount()
+    util.assert_same(util.read_file(bpath), bytes(data), "f")
+    util.assert_same(util.read_file(os.path.join(m.backing, "g")), g, "g")

@@ -1,0 +1,112 @@
+/*
+ * dedup.h - sharing extents with earlier versions (-o dedup): the reflink
+ * probe and the set of changed ranges a file keeps between flushes.
+ *
+ * A flush normally writes a file's whole content into its new version.
+ * Where the backing file system can share extents (FICLONERANGE: XFS with
+ * reflink=1, btrfs), a file that was loaded from its backing file and then
+ * changed in place is flushed incrementally: the new version first clones
+ * the old version's unchanged blocks, then gets the changed ranges
+ * written.  The version is still a complete, plain file, committed by
+ * rename as before.
+ */
+#ifndef TIERFS_DEDUP_H
+#define TIERFS_DEDUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A set of disjoint, sorted byte ranges [start, end). */
+struct drange {
+	uint64_t start, end;
+};
+
+struct dset {
+	struct drange *r;
+	uint32_t n, cap;
+};
+
+/* At most this many ranges: past it the two closest are merged (a range
+ * then covers some unchanged bytes, which are written: still correct). */
+#define DSET_MAX	8192
+
+/* Add [start, end), merging what it touches.  0 or -ENOMEM (d unchanged). */
+int dset_add(struct dset *d, uint64_t start, uint64_t end);
+void dset_clear(struct dset *d);
+void dset_free(struct dset *d);
+/* Copy of src's ranges into a new array (*out, *n); 0 or -ENOMEM. */
+int dset_dup(const struct dset *src, struct drange **out, uint32_t *n);
+/* Bytes covered by the set. */
+uint64_t dset_bytes(const struct dset *d);
+
+/*
+ * Can files in directory dirfd share extents?  Clones one block between
+ * two temporary files (.tierfs.new.probe.*, removed; a start-up after a
+ * kill removes leftovers).  Returns 0 with *blk the file system's block
+ * size, or -errno with a reason in why.
+ */
+int dedup_probe(int dirfd, uint32_t *blk, char *why, size_t wl);
+
+/* FICLONERANGE of len bytes at soff of src to doff of dst: 0 or -errno. */
+int dedup_clone(int dst, uint64_t doff, int src, uint64_t soff, uint64_t len);
+
+
+/* ---- the chunk index (content de-duplication of whole new files) ------ */
+
+/* A chunk's 128-bit hash (XXH3-128). */
+struct dd_hash {
+	uint64_t lo, hi;
+};
+
+/*
+ * One flushed version of a file that chunks may be cloned from: a read
+ * descriptor of that version, held while it is the file's current one.
+ * It is retired (fd queued for closing, entries dead) before anything can
+ * change it: when its file's next flush or write-through starts, when the
+ * file is removed or freed, or when too many are open.  The index keeps no
+ * pointer to a file, only to these.
+ */
+struct dd_src {
+	int fd;				/* O_RDONLY of the version */
+	uint32_t uid;			/* its owner: chunks are shared only
+					 * between files of one owner */
+	uint32_t refs;			/* index entries + cloners using it */
+	bool retired;
+	void *owner;			/* its struct tfile while live */
+	struct dd_src *prev, *next;	/* the live ones, oldest first */
+};
+
+/* Where a chunk was flushed: version src, at offset off. */
+struct dd_ent {
+	struct dd_hash h;
+	struct dd_src *src;		/* NULL: a free slot */
+	uint64_t off;
+	uint32_t next;			/* hash chain, UINT32_MAX: end */
+};
+
+struct dd_index {
+	struct dd_ent *ent;		/* a ring: the oldest is overwritten */
+	uint32_t *bucket;
+	uint32_t cap, nbucket, head, count;
+	uint64_t live;			/* entries of live versions (approximate) */
+};
+
+/* Size the index for `bytes` of memory (0: none).  0 or -ENOMEM. */
+int dd_index_init(struct dd_index *x, uint64_t bytes);
+void dd_index_free(struct dd_index *x);
+/* Add an entry (takes a reference on src), evicting the oldest when full.
+ * Returns a version whose last reference went (to free), or NULL. */
+struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
+			    struct dd_src *src, uint64_t off);
+/* The newest entry of h from a live version of owner uid, or NULL. */
+const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_hash *h,
+				   uint32_t uid);
+/* Memory the index holds. */
+uint64_t dd_index_bytes(const struct dd_index *x);
+
+/* XXH3-128 of chunks [first, first + n) of `chunk` bytes of p (len bytes). */
+void dd_hash_chunks(const uint8_t *p, uint64_t len, uint64_t chunk, struct dd_hash *out,
+		    uint64_t first, uint64_t n);
+
+#endif /* TIERFS_DEDUP_H */
