@@ -555,6 +555,36 @@ static int open_version(struct tfile *f)
 	return nfd;
 }
 
+/* Write all len bytes of cp into version fd, size it and sync it.  e->lock
+ * not held, cp leased. */
+static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t len,
+		       bool direct, bool small, bool inplace)
+{
+	int ret;
+
+	if (!cp->cache->host_addressable)
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
+				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						   .at = cp->frag->off },
+				   len, &cp->flushed_bytes);
+	else if (direct)
+		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
+				&cp->flushed_bytes);
+	else if (small) {
+		/* a few pages: one plain write, not a trip through io-wq */
+		ret = backing_pwrite(fd, copy_ptr(cp), len, 0);
+		if (!ret)
+			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+	} else
+		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
+	/* a fresh version written with plain writes already has its size */
+	if (!ret && !(small && !inplace) && ftruncate(fd, (off_t)len) < 0)
+		ret = -errno;
+	if (!ret)
+		ret = small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+	return ret;
+}
+
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -625,26 +655,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 			goto written;
 	}
 	ddf.on = false;
-	if (!cp->cache->host_addressable)
-		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
-				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
-						   .at = cp->frag->off },
-				   len, &cp->flushed_bytes);
-	else if (direct)
-		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
-				&cp->flushed_bytes);
-	else if (small) {
-		/* a few pages: one plain write, not a trip through io-wq */
-		ret = backing_pwrite(fd, copy_ptr(cp), len, 0);
-		if (!ret)
-			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
-	} else
-		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
-	/* a fresh version written with plain writes already has its size */
-	if (!ret && !(small && !inplace) && ftruncate(fd, (off_t)len) < 0)
-		ret = -errno;
-	if (!ret)
-		ret = small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+	ret = flush_whole(ring, cp, fd, len, direct, small, inplace);
 written:
 	if (ret) {
 		close(fd);
