@@ -125,6 +125,8 @@ struct engine {
 	uint64_t dd_files_dedup, dd_chunks_hashed, dd_chunks_found, dd_sampled_out;
 	uint64_t dd_bytes_hashed;
 	double dd_hash_s;
+	uint64_t dd_gpu_chunks, dd_gpu_bytes;	/* hashed on the GPU */
+	double dd_gpu_s;
 };
 
 /* One entry of the restore queue. */

@@ -315,7 +315,47 @@ struct ddf {
 	uint64_t *soff;		/* and where */
 	uint64_t found, written, cloned;
 	int vfd;		/* after the commit: the new version, read */
+	struct dd_hash *gh;	/* all n hashes, computed by the cascade on
+				 * the GPU (owned; NULL: hash here) */
 };
+
+/* e->lock held: is f's content of len bytes whole new (no base to clone
+ * from), so that it is flushed by chunks? */
+static bool ddf_whole_new(struct engine *e, struct tfile *f, uint64_t len)
+{
+	return e->cfg.dedup && e->ddx.cap && e->cfg.dedup_chunk && f->dd_valid &&
+	       !f->dd_clean_len && len >= e->cfg.dedup_chunk;
+}
+
+/*
+ * Chunk hashes of the n full chunks of cp's first n * chunk bytes by its
+ * cache's own hash operation (the GPU tier's kernel), or NULL.  e->lock
+ * not held; cp leased.
+ */
+static struct dd_hash *ddf_cache_hash(struct engine *e, struct copy *cp, uint64_t n,
+				      uint64_t chunk)
+{
+	struct dd_hash *h;
+	double t0 = tier_now();
+
+	if (!cp->cache->ops->hash || !n)
+		return NULL;
+	h = malloc(n * sizeof(*h));
+	/* struct dd_hash is { low, high }, as the operation's pairs */
+	if (h && cp->cache->ops->hash(cp->cache, cp->frag->off, n * chunk, chunk,
+				      (uint64_t (*)[2])h)) {
+		free(h);
+		return NULL;
+	}
+	if (h) {
+		eng_lock(e);
+		e->dd_gpu_chunks += n;
+		e->dd_gpu_bytes += n * chunk;
+		e->dd_gpu_s += tier_now() - t0;
+		eng_unlock(e);
+	}
+	return h;
+}
 
 /* e->lock held: plan a flush by chunks of f's copy cp (len bytes). */
 static void ddf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
@@ -324,12 +364,20 @@ static void ddf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_
 	memset(d, 0, sizeof(*d));
 	d->vfd = -1;
 	d->chunk = e->cfg.dedup_chunk;
-	if (!e->cfg.dedup || !e->ddx.cap || !d->chunk || !cp->cache->host_addressable ||
-	    !f->dd_valid || f->dd_clean_len || len < d->chunk)
-		return;		/* not a whole new file in host memory */
+	if (!ddf_whole_new(e, f, len) ||
+	    (!cp->cache->host_addressable && !cp->cache->ops->hash))
+		return;		/* not a whole new file we can hash */
 	d->n = len / d->chunk;
 	d->sample = e->dd_dup < DD_LOW;
 	d->on = true;
+	/* hashes the cascade computed on the GPU, if they are of this content */
+	if (f->dd_gh && f->dd_gh_gen == f->gen && f->dd_gh_epoch == f->dd_wepoch &&
+	    f->dd_gh_chunk == d->chunk && f->dd_gh_n == d->n && f->dd_gh_len == len) {
+		d->gh = f->dd_gh;
+		f->dd_gh = NULL;
+	}
+	free(f->dd_gh);		/* used or stale: once only */
+	f->dd_gh = NULL;
 }
 
 /* e->lock held: look chunks [a, b) up, referencing the versions found. */
@@ -400,6 +448,21 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 	uint64_t m = d->sample && d->n > DD_SAMPLE ? DD_SAMPLE : d->n;
 	double t0 = tier_now();
 
+	/* GPU hashes (the cascade's, or of a GPU copy flushed from the GPU):
+	 * all of them, hashing costs next to nothing there */
+	if (!d->gh && !cp->cache->host_addressable)
+		d->gh = ddf_cache_hash(e, cp, d->n, d->chunk);
+	if (d->gh || !cp->cache->host_addressable) {
+		if (d->gh)
+			ddf_take_hashes(e, d, d->gh, 0, d->n);
+		eng_lock(e);
+		e->dd_chunks_hashed += d->nhashed;
+		e->dd_chunks_found += d->found;
+		if (d->nhashed)
+			e->dd_dup = (double)d->found / (double)d->nhashed;
+		eng_unlock(e);
+		return;
+	}
 	dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, m);
 	ddf_take_hashes(e, d, d->h, 0, m);
 	if (m < d->n && d->found) {	/* not all new after all */
@@ -536,6 +599,8 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 	free(d->h);
 	free(d->src);
 	free(d->soff);
+	free(d->gh);
+	d->gh = NULL;
 	d->h = NULL;
 	d->src = NULL;
 	d->soff = NULL;
@@ -815,7 +880,8 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	int hi = host_index(e);
 	struct copy *cp = f->copy[0], *hcp;
 	struct lease l = { .n = 0 };
-	uint64_t len;
+	uint64_t len, gh_n = 0, gh_chunk = 0, gh_gen = 0, gh_epoch = 0;
+	struct dd_hash *gh = NULL;
 	double t0;
 	bool kept;
 	int ret;
@@ -871,6 +937,13 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	}
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
 	lease_take(&l, hcp);
+	/* a whole new file is flushed by chunks: hash them here, on the GPU,
+	 * from the bytes the host copy gets (writers wait for cp->flushing) */
+	gh_n = ddf_whole_new(e, f, len) && cp->cache->ops->hash ?
+	       len / e->cfg.dedup_chunk : 0;
+	gh_chunk = e->cfg.dedup_chunk;
+	gh_gen = f->gen;
+	gh_epoch = f->dd_wepoch;
 	eng_unlock(e);		/* under the lease of cp and hcp */
 	t0 = tier_now();
 	ret = eng_copy_bounds(hcp, 0, len);
@@ -879,8 +952,15 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (!ret)
 		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
 	t0 = tier_now() - t0;
+	if (!ret && gh_n)
+		gh = ddf_cache_hash(e, cp, gh_n, gh_chunk);
 	lease_end(e, &l);
 	cp->flushing = false;
+	if (ret || f->copy[hi] || f->copy[0] != cp || f->unlinked ||
+	    cp->state != TS_WRITE_COMPLETE) {
+		free(gh);	/* no host copy of these bytes follows */
+		gh = NULL;
+	}
 	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||
 		     cp->state != TS_WRITE_COMPLETE)) {
 		/* changed while the bytes moved (not by a writer: they wait
@@ -900,6 +980,17 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		return;
 	}
 	hcp->len = len;
+	if (gh && f->gen == gh_gen && f->dd_wepoch == gh_epoch) {
+		free(f->dd_gh);
+		f->dd_gh = gh;	/* for the flush of hcp (ddf_plan) */
+		f->dd_gh_n = gh_n;
+		f->dd_gh_chunk = gh_chunk;
+		f->dd_gh_len = len;
+		f->dd_gh_gen = gh_gen;
+		f->dd_gh_epoch = gh_epoch;
+		gh = NULL;
+	}
+	free(gh);
 	eng_attach_copy(e, f, hi, hcp);
 	tier_set_state(&hcp->state, TS_WRITE_COMPLETE);
 	backlog_del(e, cp);

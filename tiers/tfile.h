@@ -94,6 +94,15 @@ struct tfile {
 	uint64_t dd_base_len, dd_clean_len;
 	bool dd_valid;
 	struct dd_src *dd_src;		/* its current version in the chunk index */
+	/*
+	 * Chunk hashes of the content computed on the GPU by the cascade
+	 * (flush.c): valid while gen and dd_wepoch are what they were then
+	 * (dd_wepoch counts the copies made writable: a failed write may
+	 * change bytes without a new gen).
+	 */
+	struct dd_hash *dd_gh;
+	uint64_t dd_gh_n, dd_gh_chunk, dd_gh_len, dd_gh_gen, dd_gh_epoch;
+	uint64_t dd_wepoch;
 	bool dd_taint;			/* a copy may differ from the base although
 					 * the file is not dirty (a failed write):
 					 * no base until a full flush */

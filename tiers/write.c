@@ -200,6 +200,7 @@ static bool snap_unpin_holds(struct engine *e, struct tfile *f, struct copies_sn
 /* e->lock held: cp is about to be written (no flush may start on it). */
 static void make_writable(struct engine *e, struct copy *cp)
 {
+	cp->file->dd_wepoch++;	/* chunk hashes of the old bytes are stale */
 	if (cp->state != TS_WRITE_IN_PROGRESS) {
 		backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
