@@ -913,7 +913,6 @@ int main(int argc, char *argv[])
 
 	check_options(&ecfg, ram);
 	open_backing();
-	probe_dedup(&ecfg);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	add_fsname(&args);
@@ -928,6 +927,7 @@ int main(int argc, char *argv[])
 	}
 	if (*fuse_complaint)		/* said, but not fatal */
 		tlog(LOG_WARNING, "fuse: %s", fuse_complaint);
+	probe_dedup(&ecfg);		/* after the options' complaints */
 	if (fuse_set_signal_handlers(fs.se) != 0) {
 		ret = 1;
 		goto out_session;
