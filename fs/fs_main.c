@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "fs.h"
+#include "fs_persist.h"
 #include "../gpu/gpu.h"
 
 extern int tierfs_log_syslog;
@@ -786,6 +787,7 @@ int main(int argc, char *argv[])
 	}
 
 	check_options(&ecfg, ram);
+	fs_persist_setup(&args);	/* -o persist=DIR and its options */
 	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
@@ -831,6 +833,7 @@ int main(int argc, char *argv[])
 	}
 	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
 		fs_share_start();	/* failing, the daemon copies */
+	fs_persist_start();
 	daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
@@ -845,6 +848,7 @@ out_session:
 	if (fs.eng) {
 		if (sync_before_exit())
 			ret = 1;
+		fs_persist_stop();	/* after the last flush: waits persist_wait */
 		engine_destroy(fs.eng);
 	}
 out_unlock:

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 
 struct fs fs;
 
@@ -366,6 +367,8 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	fs_unlock();
 	if (pfd < 0)
 		ret = pfd;
+	else if ((flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
+		;	/* DIR has entries in it that the mount shows */
 	else if (unlinkat(pfd, name, flags) < 0)
 		ret = -errno;
 	if (!ret && in) {
@@ -373,6 +376,8 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 		name_removed(in, fd, p, name);
 		fs_unlock();
 	}
+	if (!ret)
+		fs_persist_removed(p, name, flags & AT_REMOVEDIR);
 	fs_ns_unlock();
 	fs_fd_release(p);
 	put_child(in);
@@ -431,6 +436,8 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fs_set_name(src, np, newname);
 out:
 	fs_unlock();
+	if (!ret)
+		fs_persist_renamed(p, name, np, newname, flags);
 	fs_ns_unlock();
 	fs_fd_release(np);
 	fs_fd_release(p);
@@ -451,6 +458,7 @@ struct fs_dir {
 	DIR *dp;			/* open directory stream */
 	off_t off;			/* position of the next entry */
 	struct dirent *ent;		/* entry read but not yet returned */
+	struct fs_psnap *snap;		/* merged with -o persist's DIR, or NULL */
 };
 
 static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -475,6 +483,8 @@ static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		fuse_reply_err(req, err);
 		return;
 	}
+	if (fs_persist_on())
+		d->snap = fs_persist_snapshot(in, d->dp);
 	fi->fh = (uint64_t)(uintptr_t)d;
 	fi->cache_readdir = 0;
 	fuse_reply_open(req, fi);
@@ -490,6 +500,11 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 	(void)ino;
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (d->snap) {
+		fuse_reply_buf(req, buf, fs_persist_readdir(req, d->snap, buf, size, off));
+		free(buf);
 		return;
 	}
 	if (off != d->off) {
@@ -531,6 +546,7 @@ static void fs_ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_in
 	(void)ino;
 	closedir(d->dp);
 	fs_fd_closedir();
+	fs_persist_snap_free(d->snap);
 	free(d);
 	fuse_reply_err(req, 0);
 }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 
 /*
  * Test hook: TIERFS_FAULT=POINT makes the daemon kill itself (SIGKILL) at
@@ -648,6 +649,11 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		if (durable && fsync(fd) < 0)
 			ret = -errno;
 		close(fd);
+		if (!ret && fs_persist_on()) {
+			fs_ns_lock();
+			fs_persist_committed(in);
+			fs_ns_unlock();
+		}
 		return ret;
 	}
 	fs_ns_lock();
@@ -704,6 +710,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 out_close:
 	if (fd >= 0)
 		close(fd);
+	if (!ret && !unlinked)
+		fs_persist_committed(in);	/* in order with renames: nslock */
 	fs_ns_unlock();
 	free(name);
 	if (dir)

@@ -1,0 +1,1352 @@
+/*
+ * fs_persist.c - the persistent tier: -o persist=DIR.
+ *
+ * DIR is a directory on a file system that every node shares (Lustre,
+ * GPFS, NFS...).  A file is persistent when its own user.tierfs.persist
+ * mark, or else its nearest marked directory's, says 1 (or, with
+ * -o persist_all, when no mark says 0); the marks are xattrs of the
+ * backing objects, so they outlive the daemon.
+ *
+ * One ordered queue of operations per mount, drained by one low-priority
+ * thread, the persister:
+ *  - COPY: after each commit of a persistent file's new version to the
+ *    SSD (fs_version.c), copy the backing file (not the cache) to the same
+ *    relative path under DIR: into a temporary .tierfs.persist.* name in
+ *    the target directory, fsync, rename into place, so that DIR only ever
+ *    holds complete versions.  The copy reads through an fd of the version
+ *    it copies (a newer version replaces the name, not that fd); a version
+ *    changed in place meanwhile (a hard-linked file) is copied again.  The
+ *    path is the file's name when the commit was queued; the data is its
+ *    current version when the copy runs, which is newer or the same.
+ *  - UNLINK, RMDIR, RENAME: the namespace changes made through the mount,
+ *    applied to DIR after every operation queued before them.
+ * The hooks queue under fs.nslock, which every namespace change and commit
+ * of the backing directory holds: the queue's order is theirs, and DIR
+ * always holds the state of some prefix of it.
+ *
+ * A failed operation stays at the head and is retried with backoff; the
+ * error is logged once per cause and counted.  Nothing of the mount ever
+ * waits for the persister except user.tierfs.persist=sync and unmount
+ * (at most -o persist_wait seconds; what is left is logged).
+ *
+ * Restart anywhere: a lookup that finds nothing in the backing directory
+ * looks in DIR (fs_persist_fetch): a directory is made, a file is copied
+ * into the backing directory (temporary name, fsync, rename) and then is
+ * an ordinary file.  A name removed or renamed away through the mount, and
+ * not yet so in DIR, is not brought back: the queued operation is its
+ * whiteout.  Listings merge DIR's entries (fs_persist_snapshot).
+ *
+ * Locks: pq.lock guards the queue, the statistics and the inodes' pstate,
+ * perr and pq fields; no other lock is taken while it is held.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_persist.h"
+#include "../tiers/clock.h"
+#include "../tiers/log.h"
+
+#define PCHUNK		(1u << 20)	/* copy buffer */
+#define PBACKOFF_MIN	0.5		/* seconds before the first retry */
+#define PBACKOFF_MAX	8.0
+#define PTMP_PREFIX	FS_HIDDEN_PREFIX ".persist."
+#define PFETCH_PREFIX	FS_HIDDEN_PREFIX ".new.fetch."	/* removed at start-up */
+
+enum { PS_NONE, PS_PENDING, PS_PERSISTED, PS_FAILED };
+enum pkind { P_COPY, P_UNLINK, P_RMDIR, P_RENAME };
+
+struct pwait {
+	struct pwait *next;
+	bool done;
+	int err;
+};
+
+struct pop {
+	struct pop *next;
+	enum pkind kind;
+	struct fs_inode *in;		/* P_COPY: referenced */
+	char *path, *path2;		/* relative to DIR; path2: rename target */
+	unsigned flags;			/* P_RENAME: renameat2 flags */
+	uint64_t bytes;			/* P_COPY: size when queued */
+	bool started;
+	struct pwait *waiters;		/* persist=sync callers */
+};
+
+static struct {
+	char *dir;			/* DIR (absolute), NULL: off */
+	int all;			/* persist_all */
+	double wait_s;			/* persist_wait */
+	uint64_t bw;			/* persist_bw, bytes/s, 0: no cap */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;		/* work queued; stop */
+	pthread_cond_t done;		/* an operation ended (waiters) */
+	struct pop *head, *tail;
+	pthread_t thr;
+	bool started, stop, abort, exited;
+	/* statistics */
+	uint64_t backlog_files, backlog_bytes;
+	uint64_t files, bytes, ops, skipped, errors, retries;
+	uint64_t fetched_files, fetched_bytes;
+	double busy_s;			/* time spent copying */
+	int last_err;			/* the cause last logged, 0: none */
+	char last_what[96];
+} pq = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+	.wait_s = 5.0,
+};
+
+/* ------------------------------------------------------------ options */
+
+struct popts {
+	char *dir;
+	int all;
+	char *wait;
+	char *bw;
+};
+
+#define POPT(t, p, v) { t, offsetof(struct popts, p), v }
+static const struct fuse_opt popt_spec[] = {
+	POPT("persist=%s", dir, 0),
+	POPT("persist_all", all, 1),
+	POPT("persist_wait=%s", wait, 0),
+	POPT("persist_bw=%s", bw, 0),
+	FUSE_OPT_END
+};
+
+static void pdie(const char *what, const char *arg)
+{
+	fprintf(stderr, "tierfs: %s: %s\n", what, arg);
+	exit(2);
+}
+
+/* "100M", "2G", "1048576" (bytes per second) */
+static uint64_t parse_rate(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || v < 0)
+		pdie("bad persist_bw (a rate such as 200M)", s);
+	switch (*end) {
+	case 'k': case 'K': v *= 1 << 10; end++; break;
+	case 'm': case 'M': v *= 1 << 20; end++; break;
+	case 'g': case 'G': v *= 1 << 30; end++; break;
+	}
+	if (*end && strcmp(end, "/s") != 0)
+		pdie("bad persist_bw (a rate such as 200M)", s);
+	return (uint64_t)v;
+}
+
+static bool under(const char *path, const char *top)
+{
+	size_t l = strlen(top);
+
+	return strncmp(path, top, l) == 0 && (path[l] == '/' || path[l] == 0 ||
+					      (l == 1 && top[0] == '/'));
+}
+
+void fs_persist_setup(struct fuse_args *args)
+{
+	struct popts o = { 0 };
+	struct stat st;
+	char *r;
+
+	if (fuse_opt_parse(args, &o, popt_spec, NULL) < 0)
+		exit(2);
+	pq.all = o.all;
+	if (o.wait) {
+		char *end;
+
+		pq.wait_s = strtod(o.wait, &end);
+		if (end == o.wait || *end || pq.wait_s < 0)
+			pdie("bad persist_wait (seconds)", o.wait);
+	}
+	if (o.bw)
+		pq.bw = parse_rate(o.bw);
+	if (!o.dir) {
+		if (o.all || o.wait || o.bw)
+			pdie("persist_all, persist_wait and persist_bw need", "-o persist=DIR");
+		return;
+	}
+	if (stat(o.dir, &st) < 0)
+		pdie(o.dir, "persist directory: cannot stat it (it must exist)");
+	if (!S_ISDIR(st.st_mode))
+		pdie(o.dir, "persist directory: not a directory");
+	r = realpath(o.dir, NULL);
+	if (!r)
+		pdie(o.dir, "persist directory: cannot resolve it");
+	if (fs.opts.backing && (under(r, fs.opts.backing) || under(fs.opts.backing, r)))
+		pdie(r, "persist directory: must not contain or be inside the backing directory");
+	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
+		pdie(r, "persist directory: must not be inside the mount point");
+	pq.dir = r;
+	free(o.dir);
+	free(o.wait);
+	free(o.bw);
+}
+
+bool fs_persist_on(void)
+{
+	return pq.dir != NULL;
+}
+
+/* ------------------------------------------------------------ paths */
+
+static int join(char *out, size_t len, const char *a, const char *b)
+{
+	int n = *a ? snprintf(out, len, "%s/%s", a, b) : snprintf(out, len, "%s", b);
+
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* The path of backing object fd relative to the backing root ("" for it). */
+static int rel_of_fd(int fd, char *rel, size_t len)
+{
+	char proc[64], p[PATH_MAX];
+	size_t bl = strlen(fs.opts.backing);
+	ssize_t n;
+
+	fs_proc_path(fd, proc, sizeof(proc));
+	n = readlink(proc, p, sizeof(p) - 1);
+	if (n < 0)
+		return -errno;
+	p[n] = 0;
+	if (strncmp(p, fs.opts.backing, bl) || (p[bl] && p[bl] != '/'))
+		return -ENOENT;
+	if (n > 10 && strcmp(p + n - 10, " (deleted)") == 0)
+		return -ENOENT;
+	return snprintf(rel, len, "%s", p[bl] ? p + bl + 1 : "") >= (int)len ?
+		-ENAMETOOLONG : 0;
+}
+
+/*
+ * in's path relative to the backing root.  A directory's through its fd
+ * (the kernel follows renames); a regular file's as its directory's plus
+ * its name (a new version's fd may be a tmpfile's).
+ */
+static int rel_of(struct fs_inode *in, char *rel, size_t len)
+{
+	int fd, ret;
+
+	if (in == &fs.root) {
+		rel[0] = 0;
+		return 0;
+	}
+	if (S_ISREG(in->type)) {
+		struct fs_inode *dir = NULL;
+		char name[NAME_MAX + 1], drel[PATH_MAX];
+
+		fs_lock();
+		if (in->name && in->parent && !in->unlinked) {
+			dir = in->parent;
+			fs_inode_get(dir);
+			snprintf(name, sizeof(name), "%s", in->name);
+		}
+		fs_unlock();
+		if (!dir)
+			return -ENOENT;
+		ret = rel_of(dir, drel, sizeof(drel));
+		fs_inode_put(dir);
+		return ret ? ret : join(rel, len, drel, name);
+	}
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : rel_of_fd(fd, rel, len);
+	fs_fd_release(in);
+	return ret;
+}
+
+/* The own mark of a backing path: 1, 0, or -1 for none. */
+static int mark_at(const char *path)
+{
+	char v[8];
+	ssize_t n = lgetxattr(path, TIERFS_XATTR_PERSIST, v, sizeof(v));
+
+	return n <= 0 ? -1 : v[0] == '1';
+}
+
+/* Is the backing object at rel persistent (its mark, its directories')? */
+static bool marked(const char *rel)
+{
+	char path[PATH_MAX];
+	size_t bl = strlen(fs.opts.backing);
+	int m;
+
+	if (join(path, sizeof(path), fs.opts.backing, rel))
+		return false;
+	for (;;) {
+		m = mark_at(path);
+		if (m >= 0)
+			return m;
+		if (strlen(path) <= bl)
+			return pq.all;
+		*strrchr(path, '/') = 0;
+	}
+}
+
+/* rel is path or lies under it */
+static bool covers(const char *path, const char *rel)
+{
+	size_t l = strlen(path);
+
+	return strncmp(path, rel, l) == 0 && (rel[l] == 0 || rel[l] == '/');
+}
+
+/* Is rel removed through the mount, not yet in DIR?  pq.lock held. */
+static bool whiteout(const char *rel)
+{
+	for (struct pop *op = pq.head; op; op = op->next) {
+		if (op->kind == P_COPY)
+			continue;
+		if (covers(op->path, rel))
+			return true;
+		if (op->kind == P_RENAME && (op->flags & RENAME_EXCHANGE) &&
+		    covers(op->path2, rel))
+			return true;
+	}
+	return false;
+}
+
+static bool whiteout_locked(const char *rel)
+{
+	bool w;
+
+	pthread_mutex_lock(&pq.lock);
+	w = whiteout(rel);
+	pthread_mutex_unlock(&pq.lock);
+	return w;
+}
+
+static int open_dir_root(void)
+{
+	int fd = open(pq.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+/* ------------------------------------------------------------ the queue */
+
+static void queue(struct pop *op)
+{
+	op->next = NULL;
+	if (pq.tail)
+		pq.tail->next = op;
+	else
+		pq.head = op;
+	pq.tail = op;
+	pthread_cond_broadcast(&pq.cond);
+}
+
+static void op_free(struct pop *op)
+{
+	if (op->in)
+		fs_inode_put(op->in);
+	free(op->path);
+	free(op->path2);
+	free(op);
+}
+
+/* Queue a copy of in (path rel); w: a waiter for it, or NULL. */
+static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
+{
+	struct pop *op = calloc(1, sizeof(*op));
+	struct stat st;
+	int fd;
+
+	if (!op || !(op->path = strdup(rel))) {
+		free(op);
+		tlog(LOG_ERR, "persist: out of memory queueing %s", rel);
+		if (w) {
+			w->done = true;
+			w->err = -ENOMEM;
+		}
+		return;
+	}
+	fd = fs_fd_hold(in);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0)
+		op->bytes = (uint64_t)st.st_size;
+	fs_fd_release(in);
+	fs_inode_get(in);
+	op->in = in;
+	op->kind = P_COPY;
+	pthread_mutex_lock(&pq.lock);
+	if (in->pq && !in->pq->started && strcmp(in->pq->path, rel) == 0) {
+		/* its queued copy will take the current version: one is enough */
+		if (w) {
+			w->next = in->pq->waiters;
+			in->pq->waiters = w;
+		}
+		pthread_mutex_unlock(&pq.lock);
+		op_free(op);
+		return;
+	}
+	op->waiters = w;
+	in->pq = op;
+	in->pstate = PS_PENDING;
+	pq.backlog_files++;
+	pq.backlog_bytes += op->bytes;
+	queue(op);
+	pthread_mutex_unlock(&pq.lock);
+}
+
+static void queue_ns(enum pkind kind, const char *path, const char *path2, unsigned flags)
+{
+	struct pop *op = calloc(1, sizeof(*op));
+
+	if (!op || !(op->path = strdup(path)) || (path2 && !(op->path2 = strdup(path2)))) {
+		tlog(LOG_ERR, "persist: out of memory: %s not applied to %s", path, pq.dir);
+		if (op)
+			free(op->path);
+		free(op);
+		return;
+	}
+	op->kind = kind;
+	op->flags = flags;
+	pthread_mutex_lock(&pq.lock);
+	queue(op);
+	pthread_mutex_unlock(&pq.lock);
+}
+
+void fs_persist_committed(struct fs_inode *in)
+{
+	char rel[PATH_MAX];
+
+	if (!pq.dir || !S_ISREG(in->type) || rel_of(in, rel, sizeof(rel)) || !marked(rel))
+		return;
+	queue_copy(in, rel, NULL);
+}
+
+void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+
+	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+		return;
+	queue_ns(isdir ? P_RMDIR : P_UNLINK, rel, NULL, 0);
+}
+
+void fs_persist_renamed(struct fs_inode *p, const char *name, struct fs_inode *np,
+			const char *nn, unsigned flags)
+{
+	char a[PATH_MAX], b[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+
+	if (!pq.dir || rel_of(p, a, sizeof(a)) || rel_of(np, b, sizeof(b)) ||
+	    join(ra, sizeof(ra), a, name) || join(rb, sizeof(rb), b, nn))
+		return;
+	queue_ns(P_RENAME, ra, rb, flags);
+}
+
+/* ------------------------------------------------------------ copying */
+
+/* Make the directories of rel (its last component excluded) under root;
+ * returns an fd of rel's directory or -errno.  Modes from the backing
+ * directory's. */
+static int make_dirs(int root, const char *rel)
+{
+	char buf[PATH_MAX], *p = buf, *slash;
+	int fd = dup(root), nfd;
+
+	if (fd < 0)
+		return -errno;
+	snprintf(buf, sizeof(buf), "%s", rel);
+	while ((slash = strchr(p, '/'))) {
+		struct stat st;
+		mode_t mode = 0755;
+
+		*slash = 0;
+		nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (nfd < 0 && errno == ENOENT) {
+			if (fstatat(fs.root_fd, buf, &st, 0) == 0)
+				mode = st.st_mode & 07777;
+			if (mkdirat(fd, p, mode) < 0 && errno != EEXIST) {
+				int err = -errno;
+
+				close(fd);
+				return err;
+			}
+			nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		}
+		if (nfd < 0) {
+			int err = -errno;
+
+			close(fd);
+			return err;
+		}
+		close(fd);
+		fd = nfd;
+		*slash = '/';
+		p = slash + 1;
+	}
+	return fd;
+}
+
+static const char *base_of(const char *rel)
+{
+	const char *s = strrchr(rel, '/');
+
+	return s ? s + 1 : rel;
+}
+
+/*
+ * Copy src (size st->st_size) into wfd with a bounded buffer; bw: cap in
+ * bytes/s (0: none); stop: give up when it turns true.
+ */
+static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop)
+{
+	char *buf = malloc(PCHUNK);
+	uint64_t done = 0;
+	double t0 = tier_now();
+	int ret = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	for (;;) {
+		ssize_t n = pread(src, buf, PCHUNK, (off_t)done), w = 0;
+
+		if (n < 0) {
+			ret = -errno;
+			break;
+		}
+		if (n == 0)
+			break;
+		while (w < n) {
+			ssize_t k = write(wfd, buf + w, (size_t)(n - w));
+
+			if (k < 0) {
+				ret = -errno;
+				goto out;
+			}
+			w += k;
+		}
+		done += (uint64_t)n;
+		if (stop && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
+			ret = -ECANCELED;
+			break;
+		}
+		if (bw) {
+			double ahead = (double)done / (double)bw - (tier_now() - t0);
+
+			if (ahead > 0)
+				usleep((useconds_t)(ahead * 1e6));
+		}
+	}
+out:
+	(void)size;
+	free(buf);
+	return ret;
+}
+
+static bool same_version(const struct stat *a, const struct stat *b)
+{
+	return a->st_size == b->st_size && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+	       a->st_ctim.tv_nsec == b->st_ctim.tv_nsec && a->st_ino == b->st_ino;
+}
+
+/*
+ * Copy src (a version of a backing file) to rel under DIR as a complete
+ * new version.  -EAGAIN: src changed while it was copied.
+ */
+static int copy_out(int src, const struct stat *st, const char *rel)
+{
+	static unsigned long counter;
+	char tmp[NAME_MAX + 1], host[64] = "";
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+	struct stat now;
+	int root, dfd, wfd, ret;
+
+	root = open_dir_root();
+	if (root < 0)
+		return root;
+	dfd = make_dirs(root, rel);
+	close(root);
+	if (dfd < 0)
+		return dfd;
+	gethostname(host, sizeof(host) - 1);
+	snprintf(tmp, sizeof(tmp), PTMP_PREFIX "%.40s.%lu.%lu", host, (unsigned long)getpid(),
+		 ++counter);
+	wfd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (wfd < 0) {
+		ret = -errno;
+		close(dfd);
+		return ret;
+	}
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, pq.bw, &pq.abort);
+	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
+		ret = -errno;
+	if (!ret)
+		futimens(wfd, tv);
+	if (!ret && fsync(wfd) < 0)
+		ret = -errno;
+	if (close(wfd) < 0 && !ret)
+		ret = -errno;
+	if (!ret && (fstat(src, &now) < 0 || !same_version(st, &now)))
+		ret = -EAGAIN;		/* changed in place meanwhile */
+	if (!ret && renameat(dfd, tmp, dfd, base_of(rel)) < 0)
+		ret = -errno;
+	if (ret)
+		unlinkat(dfd, tmp, 0);
+	else if (fsync(dfd) < 0 && errno != EINVAL)
+		ret = -errno;
+	close(dfd);
+	return ret;
+}
+
+/* 0 done, 1 nothing to do (the file is gone), or -errno */
+static int do_copy(struct pop *op)
+{
+	struct fs_inode *in = op->in;
+	char proc[64];
+	struct stat st;
+	bool gone;
+	int hfd, src, ret;
+
+	fs_lock();
+	gone = in->unlinked;
+	fs_unlock();
+	if (gone)
+		return 1;
+	hfd = fs_fd_hold(in);
+	if (hfd < 0) {
+		fs_fd_release(in);
+		return hfd == -ENOENT || hfd == -ESTALE ? 1 : hfd;
+	}
+	fs_proc_path(hfd, proc, sizeof(proc));
+	src = open(proc, O_RDONLY | O_CLOEXEC);
+	ret = src < 0 ? -errno : 0;
+	fs_fd_release(in);
+	if (src < 0)
+		return ret == -ENOENT ? 1 : ret;
+	if (fstat(src, &st) < 0)
+		ret = -errno;
+	else if (st.st_nlink == 0)
+		ret = 1;		/* removed meanwhile */
+	else
+		ret = copy_out(src, &st, op->path);
+	close(src);
+	if (!ret) {
+		pthread_mutex_lock(&pq.lock);
+		pq.bytes += (uint64_t)st.st_size;
+		pthread_mutex_unlock(&pq.lock);
+	}
+	return ret;
+}
+
+static int do_ns(struct pop *op)
+{
+	int root = open_dir_root(), ret = 0, d;
+
+	if (root < 0)
+		return root;
+	switch (op->kind) {
+	case P_UNLINK:
+		if (unlinkat(root, op->path, 0) < 0 && errno != ENOENT)
+			ret = -errno;
+		break;
+	case P_RMDIR:
+		if (unlinkat(root, op->path, AT_REMOVEDIR) < 0 && errno != ENOENT)
+			ret = errno == ENOTEMPTY || errno == EEXIST ? 1 : -errno;
+		if (ret == 1)
+			tlog(LOG_WARNING, "persist: %s/%s: not empty there, kept", pq.dir,
+			     op->path);
+		break;
+	case P_RENAME:
+		d = make_dirs(root, op->path2);
+		if (d < 0) {
+			ret = d;
+			break;
+		}
+		close(d);
+		if (renameat2(root, op->path, root, op->path2,
+			      op->flags & RENAME_EXCHANGE) == 0)
+			break;
+		if (errno != ENOENT)
+			ret = -errno;
+		else if (!(op->flags & RENAME_EXCHANGE) && unlinkat(root, op->path2, 0) < 0 &&
+			 errno != ENOENT && errno != EISDIR)
+			ret = -errno;	/* the target was replaced by a file DIR lacks */
+		break;
+	default:
+		break;
+	}
+	close(root);
+	return ret;
+}
+
+/* Errors that retrying cannot mend: the operation is dropped. */
+static bool permanent(int err)
+{
+	return err == -ENAMETOOLONG || err == -EINVAL || err == -ENOTDIR ||
+	       err == -EISDIR || err == -ELOOP || err == -ENOMEM;
+}
+
+static const char *op_name(enum pkind k)
+{
+	static const char *const n[] = { "copy", "unlink", "rmdir", "rename" };
+
+	return n[k];
+}
+
+static void wake_waiters(struct pop *op, int err, bool final)
+{
+	for (struct pwait *w = op->waiters; w; w = w->next) {
+		w->done = true;
+		w->err = err;
+	}
+	if (final || err)
+		op->waiters = NULL;	/* each waiter sees one outcome */
+	pthread_cond_broadcast(&pq.done);
+}
+
+/* The head operation ended with ret (pq.lock held). */
+static void op_ended(struct pop *op, int ret, double dt)
+{
+	bool failed = ret < 0 && ret != -EAGAIN;
+
+	if (failed && !permanent(ret)) {
+		pq.errors++;
+		if (ret != pq.last_err)
+			tlog(LOG_ERR, "persist: %s %s to %s failed: %s; retrying (logged once)",
+			     op_name(op->kind), op->path, pq.dir, strerror(-ret));
+		pq.last_err = ret;
+		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(-ret));
+		if (op->kind == P_COPY) {
+			op->in->pstate = PS_FAILED;
+			op->in->perr = ret;
+		}
+		wake_waiters(op, ret, false);
+		op->started = false;
+		if (op->kind == P_COPY && !op->in->pq)
+			op->in->pq = op;
+		return;
+	}
+	if (ret == -EAGAIN) {
+		op->started = false;
+		if (op->kind == P_COPY && !op->in->pq)
+			op->in->pq = op;
+		pq.retries++;
+		return;
+	}
+	if (failed) {
+		pq.errors++;
+		tlog(LOG_ERR, "persist: %s %s to %s failed: %s; dropped",
+		     op_name(op->kind), op->path, pq.dir, strerror(-ret));
+	} else if (pq.last_err) {
+		tlog(LOG_NOTICE, "persist: %s writable again", pq.dir);
+		pq.last_err = 0;
+	}
+	pq.head = op->next;
+	if (!pq.head)
+		pq.tail = NULL;
+	if (op->kind == P_COPY) {
+		pq.backlog_files--;
+		pq.backlog_bytes -= op->bytes;
+		if (ret == 0) {
+			pq.files++;
+			pq.busy_s += dt;
+		} else {
+			pq.skipped++;
+		}
+		if (op->in->pq == op)
+			op->in->pq = NULL;
+		if (!op->in->pq)
+			op->in->pstate = failed ? PS_FAILED : ret == 0 ? PS_PERSISTED : PS_NONE;
+		op->in->perr = failed ? ret : 0;
+	} else {
+		pq.ops++;
+	}
+	wake_waiters(op, failed ? ret : 0, true);
+}
+
+/* Low priority: the persister yields CPU and disk to the application. */
+static void lower_priority(void)
+{
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+
+	setpriority(PRIO_PROCESS, (id_t)tid, 10);
+#ifdef SYS_ioprio_set
+	/* IOPRIO_WHO_PROCESS, best effort class, lowest level */
+	syscall(SYS_ioprio_set, 1, tid, (2 << 13) | 7);
+#endif
+}
+
+static void *persister(void *arg)
+{
+	double backoff = 0;
+
+	(void)arg;
+	lower_priority();
+	pthread_mutex_lock(&pq.lock);
+	for (;;) {
+		while (!pq.head && !pq.stop)
+			pthread_cond_wait(&pq.cond, &pq.lock);
+		if (!pq.head || pq.abort)
+			break;
+		struct pop *op = pq.head;
+
+		op->started = true;
+		if (op->kind == P_COPY && op->in->pq == op)
+			op->in->pq = NULL;	/* a new commit queues a new copy */
+		pthread_mutex_unlock(&pq.lock);
+		double t0 = tier_now();
+		int ret = op->kind == P_COPY ? do_copy(op) : do_ns(op);
+		double dt = tier_now() - t0;
+
+		pthread_mutex_lock(&pq.lock);
+		if (ret == -ECANCELED && pq.abort)
+			break;
+		op_ended(op, ret, dt);
+		if (pq.head != op) {
+			backoff = 0;
+			pthread_mutex_unlock(&pq.lock);
+			op_free(op);
+			pthread_mutex_lock(&pq.lock);
+			continue;
+		}
+		if (ret == -EAGAIN)
+			continue;
+		/* failed: wait, then retry the same operation (order) */
+		backoff = backoff ? backoff * 2 : PBACKOFF_MIN;
+		if (backoff > PBACKOFF_MAX)
+			backoff = PBACKOFF_MAX;
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + backoff;
+
+		ts.tv_sec = (time_t)end;
+		ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+		while (!pq.abort && pthread_cond_timedwait(&pq.cond, &pq.lock, &ts) == 0)
+			;
+	}
+	pq.exited = true;
+	pthread_cond_broadcast(&pq.done);
+	pthread_mutex_unlock(&pq.lock);
+	return NULL;
+}
+
+void fs_persist_start(void)
+{
+	int r;
+
+	if (!pq.dir)
+		return;
+	r = pthread_create(&pq.thr, NULL, persister, NULL);
+	if (r) {
+		tlog(LOG_ERR, "persist: cannot start its thread: %s; nothing is persisted",
+		     strerror(r));
+		return;
+	}
+	pq.started = true;
+	tlog(LOG_NOTICE, "persist: marked files drain to %s%s", pq.dir,
+	     pq.all ? " (persist_all)" : "");
+}
+
+void fs_persist_stop(void)
+{
+	struct timespec ts;
+	struct pop *op, *next;
+	unsigned left = 0;
+
+	if (!pq.started)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)pq.wait_s;
+	ts.tv_nsec += (long)((pq.wait_s - (double)(time_t)pq.wait_s) * 1e9);
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&pq.lock);
+	pq.stop = true;
+	pthread_cond_broadcast(&pq.cond);
+	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
+		;
+	pq.abort = true;
+	pthread_cond_broadcast(&pq.cond);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 2;		/* a copy in progress notices within a chunk */
+	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
+		;
+	if (!pq.exited) {
+		pthread_mutex_unlock(&pq.lock);
+		tlog(LOG_ERR, "persist: %s does not answer: exiting without waiting for it",
+		     pq.dir);
+		return;		/* the thread is left; the process ends */
+	}
+	pthread_mutex_unlock(&pq.lock);
+	pthread_join(pq.thr, NULL);
+	for (op = pq.head; op; op = next) {
+		next = op->next;
+		if (left++ < 20)
+			tlog(LOG_ERR, "persist: not in %s at unmount: %s %s%s%s", pq.dir,
+			     op_name(op->kind), op->path, op->path2 ? " -> " : "",
+			     op->path2 ? op->path2 : "");
+		if (op->kind == P_COPY && op->in->pq == op)
+			op->in->pq = NULL;
+		op_free(op);
+	}
+	if (left)
+		tlog(LOG_ERR, "persist: %u operation%s not applied to %s", left,
+		     left == 1 ? "" : "s", pq.dir);
+	else
+		tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
+	pq.head = pq.tail = NULL;
+}
+
+/* ------------------------------------------------------------ restart */
+
+/* Copy DIR's file (src, stat st) into the backing directory dfd as name. */
+static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, const char *name,
+		      const char *rel)
+{
+	static unsigned long counter;
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+	char tmp[64];
+	int wfd, pfd, ret;
+
+	snprintf(tmp, sizeof(tmp), PFETCH_PREFIX "%lu.%lu", (unsigned long)getpid(),
+		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+	wfd = openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (wfd < 0)
+		return -errno;
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, 0, NULL);
+	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
+		ret = -errno;
+	if (!ret && fsetxattr(wfd, TIERFS_XATTR_PERSIST, "1", 1, 0) < 0 && errno != ENOTSUP)
+		ret = -errno;
+	if (!ret)
+		futimens(wfd, tv);
+	if (!ret && fdatasync(wfd) < 0)
+		ret = -errno;
+	if (close(wfd) < 0 && !ret)
+		ret = -errno;
+	if (ret) {
+		unlinkat(fs.root_fd, tmp, 0);
+		return ret;
+	}
+	/* under fs.nslock: no removal through the mount slips in between
+	 * its whiteout check and the rename */
+	fs_ns_lock();
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0)
+		ret = pfd;
+	else if (whiteout_locked(rel))
+		ret = -ENOENT;
+	else if (renameat2(fs.root_fd, tmp, pfd, name, RENAME_NOREPLACE) < 0)
+		ret = errno == EEXIST ? 0 : -errno;	/* EEXIST: someone was first */
+	else
+		tmp[0] = 0;
+	fs_fd_release(dir);
+	fs_ns_unlock();
+	if (tmp[0])
+		unlinkat(fs.root_fd, tmp, 0);
+	if (!ret) {
+		pthread_mutex_lock(&pq.lock);
+		pq.fetched_files++;
+		pq.fetched_bytes += (uint64_t)st->st_size;
+		pthread_mutex_unlock(&pq.lock);
+		tlog(LOG_INFO, "persist: fetched %s from %s", rel, pq.dir);
+	}
+	return ret;
+}
+
+static int fetch_dir(const struct stat *st, struct fs_inode *dir, const char *name,
+		     const char *rel)
+{
+	int pfd, ret = 0;
+
+	fs_ns_lock();
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0)
+		ret = pfd;
+	else if (whiteout_locked(rel))
+		ret = -ENOENT;
+	else if (mkdirat(pfd, name, st->st_mode & 07777) < 0)
+		ret = errno == EEXIST ? 0 : -errno;
+	else {
+		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (fd >= 0) {
+			fsetxattr(fd, TIERFS_XATTR_PERSIST, "1", 1, 0);
+			close(fd);
+		}
+	}
+	fs_fd_release(dir);
+	fs_ns_unlock();
+	return ret;
+}
+
+int fs_persist_fetch(struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+	struct stat st;
+	int root, src, ret;
+
+	if (!pq.dir || fs_hidden_name(name) || rel_of(dir, drel, sizeof(drel)) ||
+	    join(rel, sizeof(rel), drel, name) || whiteout_locked(rel))
+		return -ENOENT;
+	root = open_dir_root();
+	if (root < 0)
+		return -ENOENT;
+	src = openat(root, rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	close(root);
+	if (src < 0)
+		return -ENOENT;
+	if (fstat(src, &st) < 0)
+		ret = -errno;
+	else if (S_ISDIR(st.st_mode))
+		ret = fetch_dir(&st, dir, name, rel);
+	else if (S_ISREG(st.st_mode))
+		ret = fetch_file(src, &st, dir, name, rel);
+	else
+		ret = -ENOENT;
+	close(src);
+	if (ret && ret != -ENOENT)
+		tlog(LOG_WARNING, "persist: cannot fetch %s from %s: %s", rel, pq.dir,
+		     strerror(-ret));
+	return ret ? -ENOENT : 0;
+}
+
+struct pent {
+	char *name;
+	unsigned char type;
+	ino_t ino;
+};
+
+struct fs_psnap {
+	size_t n, cap;
+	struct pent *e;
+};
+
+static int snap_add(struct fs_psnap *s, const char *name, unsigned char type, ino_t ino)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 64;
+		struct pent *e = realloc(s->e, cap * sizeof(*e));
+
+		if (!e)
+			return -ENOMEM;
+		s->e = e;
+		s->cap = cap;
+	}
+	if (!(s->e[s->n].name = strdup(name)))
+		return -ENOMEM;
+	s->e[s->n].type = type;
+	s->e[s->n].ino = ino;
+	s->n++;
+	return 0;
+}
+
+void fs_persist_snap_free(struct fs_psnap *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		free(s->e[i].name);
+	free(s->e);
+	free(s);
+}
+
+/* DIR's directory rel, open as a stream, or NULL */
+static DIR *open_pdir(const char *rel)
+{
+	int root = open_dir_root(), fd;
+	DIR *d;
+
+	if (root < 0)
+		return NULL;
+	fd = openat(root, *rel ? rel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	close(root);
+	if (fd < 0)
+		return NULL;
+	d = fdopendir(fd);
+	if (!d)
+		close(fd);
+	return d;
+}
+
+/* Add DIR's entries of rel that local (a directory fd) lacks; count them. */
+static long add_extras(struct fs_psnap *s, const char *rel, int local)
+{
+	char crel[PATH_MAX];
+	struct dirent *de;
+	struct stat st;
+	long n = 0;
+	DIR *d = open_pdir(rel);
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    fs_hidden_name(de->d_name))
+			continue;
+		if (fstatat(local, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			continue;
+		if (join(crel, sizeof(crel), rel, de->d_name) || whiteout_locked(crel))
+			continue;
+		if (de->d_type != DT_DIR && de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+			continue;	/* only files and directories are fetched */
+		if (s && snap_add(s, de->d_name, de->d_type, de->d_ino))
+			break;
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp)
+{
+	char rel[PATH_MAX];
+	struct fs_psnap *s;
+	struct dirent *de;
+
+	if (!pq.dir || rel_of(in, rel, sizeof(rel)) || add_extras(NULL, rel, dirfd(dp)) == 0)
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	rewinddir(dp);
+	while ((de = readdir(dp)))
+		if (!fs_hidden_name(de->d_name) && snap_add(s, de->d_name, de->d_type, de->d_ino))
+			break;
+	add_extras(s, rel, dirfd(dp));
+	return s;
+}
+
+size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off)
+{
+	size_t used = 0;
+
+	for (size_t i = (size_t)off; i < s->n; i++) {
+		struct stat st = { .st_ino = s->e[i].ino ? s->e[i].ino : 1,
+				   .st_mode = (mode_t)s->e[i].type << 12 };
+		size_t n = fuse_add_direntry(req, buf + used, size - used, s->e[i].name, &st,
+					     (off_t)i + 1);
+
+		if (n > size - used)
+			break;
+		used += n;
+	}
+	return used;
+}
+
+int fs_persist_may_rmdir(struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+	int pfd, fd;
+	long n = 0;
+
+	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+		return 0;
+	pfd = fs_fd_hold(dir);
+	fd = pfd < 0 ? -1 : openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fs_fd_release(dir);
+	if (fd < 0)
+		return 0;
+	n = add_extras(NULL, rel, fd);
+	close(fd);
+	return n ? -ENOTEMPTY : 0;
+}
+
+/* ------------------------------------------------------------ xattrs */
+
+bool fs_persist_xattr(const char *name)
+{
+	return strcmp(name, TIERFS_XATTR_PERSIST) == 0;
+}
+
+int fs_persist_getx(struct fs_inode *in, char *buf, size_t len)
+{
+	char rel[PATH_MAX];
+	int ret = rel_of(in, rel, sizeof(rel));
+
+	if (ret)
+		return ret;
+	return snprintf(buf, len, "%d", marked(rel) ? 1 : 0);
+}
+
+/* persist=sync: durable on the SSD, then in DIR. */
+static int persist_sync(struct fs_inode *in)
+{
+	struct pwait w = { 0 };
+	char rel[PATH_MAX];
+	int ret;
+
+	if (!pq.dir || !pq.started)
+		return -EOPNOTSUPP;
+	if (!S_ISREG(in->type))
+		return -EINVAL;
+	ret = tfile_fsync(&in->tf);
+	if (ret)
+		return ret;
+	fs_ns_lock();
+	ret = rel_of(in, rel, sizeof(rel));
+	if (!ret)
+		queue_copy(in, rel, &w);
+	fs_ns_unlock();
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&pq.lock);
+	while (!w.done && !pq.exited)
+		pthread_cond_wait(&pq.done, &pq.lock);
+	ret = w.done ? w.err : -ECANCELED;
+	/* still queued (a failure): forget the waiter, it is on our stack */
+	for (struct pop *op = pq.head; op; op = op->next) {
+		struct pwait **pp = &op->waiters;
+
+		while (*pp && *pp != &w)
+			pp = &(*pp)->next;
+		if (*pp)
+			*pp = w.next;
+	}
+	pthread_mutex_unlock(&pq.lock);
+	return ret;
+}
+
+int fs_persist_setx(struct fs_inode *in, const char *value, size_t size)
+{
+	char path[64], v[8];
+	int fd, ret;
+
+	if (size >= sizeof(v))
+		return -EINVAL;
+	memcpy(v, value, size);
+	v[size] = 0;
+	if (size && v[size - 1] == '\n')
+		v[size - 1] = 0;
+	if (!strcmp(v, "sync"))
+		return persist_sync(in);
+	if (strcmp(v, "1") && strcmp(v, "0"))
+		return -EINVAL;
+	if (!S_ISREG(in->type) && !S_ISDIR(in->type))
+		return -EINVAL;
+	fs_ns_lock();		/* not while a new version is committed */
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret && setxattr(path, TIERFS_XATTR_PERSIST, v, 1, 0) < 0)
+		ret = -errno;
+	fs_fd_release(in);
+	fs_ns_unlock();
+	/* a file already on the SSD is copied now; a dirty one after its flush */
+	if (!ret && v[0] == '1' && S_ISREG(in->type) && pq.started) {
+		uint64_t sz;
+		struct timespec mt;
+
+		if (!tfile_attr(&in->tf, &sz, &mt)) {
+			char rel[PATH_MAX];
+
+			fs_ns_lock();
+			if (!rel_of(in, rel, sizeof(rel)))
+				queue_copy(in, rel, NULL);
+			fs_ns_unlock();
+		}
+	}
+	return ret;
+}
+
+int fs_persist_removex(struct fs_inode *in)
+{
+	char path[64];
+	int fd, ret;
+
+	fs_ns_lock();
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret && removexattr(path, TIERFS_XATTR_PERSIST) < 0)
+		ret = -errno;
+	fs_fd_release(in);
+	fs_ns_unlock();
+	return ret;
+}
+
+static void append(char *buf, size_t len, const char *s)
+{
+	size_t at = strlen(buf);
+
+	snprintf(buf + at, at < len ? len - at : 0, "%s%s", at ? "," : "", s);
+}
+
+/* A file that no copy of this daemon's went to DIR: is DIR's the same
+ * version (size and modification time; copies keep it)? */
+static bool same_in_dir(struct fs_inode *in)
+{
+	char rel[PATH_MAX];
+	struct stat a, b;
+	int fd, root, ok;
+
+	if (rel_of(in, rel, sizeof(rel)))
+		return false;
+	fd = fs_fd_hold(in);
+	ok = fd >= 0 && fstatat(fd, "", &a, AT_EMPTY_PATH) == 0;
+	fs_fd_release(in);
+	root = open_dir_root();
+	if (root < 0)
+		return false;
+	ok = ok && fstatat(root, rel, &b, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(b.st_mode) &&
+	     a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec &&
+	     a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+	close(root);
+	return ok;
+}
+
+void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state, size_t sl)
+{
+	static const char *const names[] = { "", "PENDING", "PERSISTED", "FAILED" };
+	char s[32];
+	int ps;
+
+	if (!pq.dir || !S_ISREG(in->type))
+		return;
+	pthread_mutex_lock(&pq.lock);
+	ps = in->pstate;
+	pthread_mutex_unlock(&pq.lock);
+	if (ps == PS_NONE && same_in_dir(in))
+		ps = PS_PERSISTED;
+	if (ps == PS_NONE)
+		return;
+	if (ps == PS_PERSISTED)
+		append(tier, tl, "pfs");
+	snprintf(s, sizeof(s), "pfs:%s", names[ps]);
+	append(state, sl, s);
+}
+
+int fs_persist_stats(char *buf, int n, size_t len)
+{
+	char *end;
+	int m;
+
+	if (!pq.dir || n <= 0)
+		return n;
+	end = memrchr(buf, '}', (size_t)n);
+	if (!end)
+		return n;
+	pthread_mutex_lock(&pq.lock);
+	m = snprintf(end, len - (size_t)(end - buf),
+		",\"persist\":{\"dir\":\"%s\",\"backlog_files\":%" PRIu64
+		",\"backlog_bytes\":%" PRIu64 ",\"files_persisted\":%" PRIu64
+		",\"bytes_persisted\":%" PRIu64 ",\"namespace_ops\":%" PRIu64
+		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
+		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
+		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64 "}}",
+		pq.dir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
+		pq.skipped, pq.errors, pq.last_what, pq.last_err ? "retrying" : "ok",
+		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
+		pq.fetched_files, pq.fetched_bytes);
+	pthread_mutex_unlock(&pq.lock);
+	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
+		return -ERANGE;
+	return (int)(end - buf) + m;
+}
