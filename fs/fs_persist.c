@@ -726,7 +726,9 @@ static void op_ended(struct pop *op, int ret, double dt)
 			op->in->pstate = PS_FAILED;
 			op->in->perr = ret;
 		}
-		wake_waiters(op, ret, false);
+		/* every persist=sync caller behind it waits for it: they learn */
+		for (struct pop *o = op; o; o = o->next)
+			wake_waiters(o, ret, false);
 		op->started = false;
 		if (op->kind == P_COPY && !op->in->pq)
 			op->in->pq = op;
