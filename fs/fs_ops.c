@@ -436,7 +436,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fs_set_name(src, np, newname);
 out:
 	fs_unlock();
-	if (!ret)
+	if (!ret && !(src && src == dst))	/* two names of one file: no-op */
 		fs_persist_renamed(p, name, np, newname, flags);
 	fs_ns_unlock();
 	fs_fd_release(np);
