@@ -74,7 +74,7 @@ struct fs_inode {
 	/* the persistent tier (fs_persist.c, under its queue lock) */
 	unsigned char pstate;		/* PS_*: its copy in DIR */
 	int perr;			/* last failure copying it (-errno) */
-	struct pop *pq;			/* its queued copy not yet started */
+	int pq_n;			/* its copies queued or running */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */

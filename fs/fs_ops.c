@@ -280,6 +280,7 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		fs_lock();
 		fs_add_name(in, p, newname);
 		fs_unlock();
+		fs_persist_linked(in, p, newname);
 	}
 	fs_fd_release(p);
 	fs_fd_release(in);

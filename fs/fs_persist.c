@@ -383,18 +383,25 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	op->in = in;
 	op->kind = P_COPY;
 	pthread_mutex_lock(&pq.lock);
-	if (in->pq && !in->pq->started && strcmp(in->pq->path, rel) == 0) {
-		/* its queued copy will take the current version: one is enough */
+	for (struct pop *o = pq.head; o; o = o->next) {
+		if (o->kind != P_COPY || o->in != in || o->started || strcmp(o->path, rel))
+			continue;
+		/*
+		 * A queued copy of in to this name, not started: it will take
+		 * the current version, and the namespace operations queued
+		 * after it move that where in's name went, as they would
+		 * move ours.  One is enough.
+		 */
 		if (w) {
-			w->next = in->pq->waiters;
-			in->pq->waiters = w;
+			w->next = o->waiters;
+			o->waiters = w;
 		}
 		pthread_mutex_unlock(&pq.lock);
 		op_free(op);
 		return;
 	}
 	op->waiters = w;
-	in->pq = op;
+	in->pq_n++;
 	in->pstate = PS_PENDING;
 	pq.backlog_files++;
 	pq.backlog_bytes += op->bytes;
@@ -420,13 +427,110 @@ static void queue_ns(enum pkind kind, const char *path, const char *path2, unsig
 	pthread_mutex_unlock(&pq.lock);
 }
 
+/* Queue a copy of in to its name dir/name if that is persistent. */
+static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+
+	if (!rel_of(dir, drel, sizeof(drel)) && !join(rel, sizeof(rel), drel, name) &&
+	    marked(rel))
+		queue_copy(in, rel, NULL);
+}
+
+#define PNAMES_MAX	16	/* names of a hard-linked file copied per commit */
+
+/*
+ * The daemon knows the names of a file that it saw made or looked up since
+ * its inode was last forgotten: a hard-linked file may have others.  Look
+ * for them in the directories of the known ones (where hard links usually
+ * are): the entries with its inode number.
+ */
+static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names, int n)
+{
+	struct stat st, est;
+	int fd = fs_fd_hold(in), known = n;
+
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink <= (nlink_t)n) {
+		fs_fd_release(in);
+		return n;
+	}
+	fs_fd_release(in);
+	for (int d = 0; d < known && n < PNAMES_MAX; d++) {
+		struct dirent *de;
+		DIR *dp;
+		int dfd, i;
+
+		for (i = 0; i < d && dirs[i] != dirs[d]; i++)
+			;
+		if (i < d)
+			continue;	/* looked through already */
+		dfd = fs_fd_hold(dirs[d]);
+		dfd = dfd < 0 ? -1 : openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fs_fd_release(dirs[d]);
+		if (dfd < 0 || !(dp = fdopendir(dfd))) {
+			if (dfd >= 0)
+				close(dfd);
+			continue;
+		}
+		while (n < PNAMES_MAX && (de = readdir(dp))) {
+			if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) ||
+			    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
+			    est.st_ino != st.st_ino || est.st_dev != st.st_dev)
+				continue;
+			for (i = 0; i < n; i++)
+				if (dirs[i] == dirs[d] && names[i] && !strcmp(names[i], de->d_name))
+					break;
+			if (i < n || !(names[n] = strdup(de->d_name)))
+				continue;
+			dirs[n] = dirs[d];
+			fs_inode_get(dirs[n]);
+			n++;
+		}
+		closedir(dp);
+	}
+	return n;
+}
+
+/*
+ * Every name of in gets the new version: in DIR, hard links are separate
+ * files (a version renamed into place replaces one name).  fs.nslock held:
+ * the names are steady.
+ */
 void fs_persist_committed(struct fs_inode *in)
 {
-	char rel[PATH_MAX];
+	struct fs_inode *dirs[PNAMES_MAX];
+	char *names[PNAMES_MAX];
+	struct fs_alias *a;
+	int n = 0, i;
 
-	if (!pq.dir || !S_ISREG(in->type) || rel_of(in, rel, sizeof(rel)) || !marked(rel))
+	if (!pq.dir || !S_ISREG(in->type))
 		return;
-	queue_copy(in, rel, NULL);
+	fs_lock();
+	if (in->name && in->parent && !in->unlinked) {
+		dirs[n] = in->parent;
+		names[n++] = strdup(in->name);
+	}
+	for (a = in->unlinked ? NULL : in->aliases; a && n < PNAMES_MAX; a = a->next) {
+		dirs[n] = a->parent;
+		names[n++] = strdup(a->name);
+	}
+	for (i = 0; i < n; i++)
+		fs_inode_get(dirs[i]);
+	fs_unlock();
+	if (n)
+		n = more_names(in, dirs, names, n);
+	for (i = 0; i < n; i++) {
+		if (names[i])
+			copy_name(in, dirs[i], names[i]);
+		free(names[i]);
+		fs_inode_put(dirs[i]);
+	}
+}
+
+void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name)
+{
+	if (pq.dir && S_ISREG(in->type))
+		copy_name(in, dir, name);
 }
 
 void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir)
@@ -730,14 +834,10 @@ static void op_ended(struct pop *op, int ret, double dt)
 		for (struct pop *o = op; o; o = o->next)
 			wake_waiters(o, ret, false);
 		op->started = false;
-		if (op->kind == P_COPY && !op->in->pq)
-			op->in->pq = op;
 		return;
 	}
 	if (ret == -EAGAIN) {
 		op->started = false;
-		if (op->kind == P_COPY && !op->in->pq)
-			op->in->pq = op;
 		pq.retries++;
 		return;
 	}
@@ -761,9 +861,7 @@ static void op_ended(struct pop *op, int ret, double dt)
 		} else {
 			pq.skipped++;
 		}
-		if (op->in->pq == op)
-			op->in->pq = NULL;
-		if (!op->in->pq)
+		if (--op->in->pq_n == 0)
 			op->in->pstate = failed ? PS_FAILED : ret == 0 ? PS_PERSISTED : PS_NONE;
 		op->in->perr = failed ? ret : 0;
 	} else {
@@ -798,9 +896,7 @@ static void *persister(void *arg)
 			break;
 		struct pop *op = pq.head;
 
-		op->started = true;
-		if (op->kind == P_COPY && op->in->pq == op)
-			op->in->pq = NULL;	/* a new commit queues a new copy */
+		op->started = true;	/* a new commit queues a new copy */
 		pthread_mutex_unlock(&pq.lock);
 		double t0 = tier_now();
 		int ret = op->kind == P_COPY ? do_copy(op) : do_ns(op);
@@ -896,8 +992,8 @@ void fs_persist_stop(void)
 			tlog(LOG_ERR, "persist: not in %s at unmount: %s %s%s%s", pq.dir,
 			     op_name(op->kind), op->path, op->path2 ? " -> " : "",
 			     op->path2 ? op->path2 : "");
-		if (op->kind == P_COPY && op->in->pq == op)
-			op->in->pq = NULL;
+		if (op->kind == P_COPY)
+			op->in->pq_n--;
 		op_free(op);
 	}
 	if (left)

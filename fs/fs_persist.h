@@ -28,6 +28,8 @@ void fs_persist_stop(void);
 /* Hooks of the namespace, each called with fs.nslock held (it orders
  * them): a new version of in was committed; a name was removed; renamed. */
 void fs_persist_committed(struct fs_inode *in);
+/* a new name of in (link) */
+void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
 void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir);
 void fs_persist_renamed(struct fs_inode *p, const char *name, struct fs_inode *np,
 			const char *nn, unsigned flags);
