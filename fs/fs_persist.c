@@ -76,7 +76,8 @@ struct pwait {
 struct pop {
 	struct pop *next;
 	enum pkind kind;
-	struct fs_inode *in;		/* P_COPY: referenced */
+	struct fs_inode *in;		/* P_COPY: referenced; NULL: the file
+					 * at path (replayed from the journal) */
 	char *path, *path2;		/* relative to DIR; path2: rename target */
 	unsigned flags;			/* P_RENAME: renameat2 flags */
 	uint64_t bytes;			/* P_COPY: size when queued */
@@ -95,6 +96,8 @@ static struct {
 	struct pop *head, *tail;
 	pthread_t thr;
 	bool started, stop, abort, exited;
+	int jfd;			/* the journal, -1: none */
+	bool jerr;			/* a journal write failed (logged) */
 	/* statistics */
 	uint64_t backlog_files, backlog_bytes;
 	uint64_t files, bytes, ops, skipped, errors, retries;
@@ -107,7 +110,38 @@ static struct {
 	.cond = PTHREAD_COND_INITIALIZER,
 	.done = PTHREAD_COND_INITIALIZER,
 	.wait_s = 5.0,
+	.jfd = -1,
 };
+
+/*
+ * The journal, BACKING_DIR/.tierfs.persist.journal: every queued operation
+ * is appended (kind, flags, path, path2, NUL-separated) and the file is
+ * emptied whenever the queue is; a daemon that starts over the same backing
+ * directory queues what it finds there first.  So a kill, or an unmount
+ * that gave up on DIR, loses no copy and no removal: the next mount on
+ * this node resumes them (copies then take the file now at that path).
+ * Not synced: it survives the daemon, not the node (whose SSD is the
+ * backing directory anyway).
+ */
+#define PJOURNAL	FS_HIDDEN_PREFIX ".persist.journal"
+
+static void jappend(const struct pop *op)
+{
+	char rec[2 * PATH_MAX + 32];
+	int n;
+
+	if (pq.jfd < 0)
+		return;
+	n = snprintf(rec, sizeof(rec), "%c%u", "CUDR"[op->kind], op->flags);
+	n++;
+	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path) + 1;
+	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path2 ? op->path2 : "") + 1;
+	if (write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write %s: %s; a restart may miss "
+		     "operations for %s", PJOURNAL, strerror(errno), pq.dir);
+	}
+}
 
 /* ------------------------------------------------------------ options */
 
@@ -341,6 +375,7 @@ static int open_dir_root(void)
 
 static void queue(struct pop *op)
 {
+	jappend(op);
 	op->next = NULL;
 	if (pq.tail)
 		pq.tail->next = op;
@@ -717,6 +752,13 @@ static int do_copy(struct pop *op)
 	bool gone;
 	int hfd, src, ret;
 
+	if (!in) {		/* from the journal: the file now at path */
+		src = openat(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
+			     O_NONBLOCK);
+		if (src < 0)
+			return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? 1 : -errno;
+		goto copy;
+	}
 	fs_lock();
 	gone = in->unlinked;
 	fs_unlock();
@@ -733,9 +775,10 @@ static int do_copy(struct pop *op)
 	fs_fd_release(in);
 	if (src < 0)
 		return ret == -ENOENT ? 1 : ret;
+copy:
 	if (fstat(src, &st) < 0)
 		ret = -errno;
-	else if (st.st_nlink == 0)
+	else if (st.st_nlink == 0 || !S_ISREG(st.st_mode))
 		ret = 1;		/* removed meanwhile */
 	else
 		ret = copy_out(src, &st, op->path);
@@ -826,7 +869,7 @@ static void op_ended(struct pop *op, int ret, double dt)
 			     op_name(op->kind), op->path, pq.dir, strerror(-ret));
 		pq.last_err = ret;
 		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(-ret));
-		if (op->kind == P_COPY) {
+		if (op->kind == P_COPY && op->in) {
 			op->in->pstate = PS_FAILED;
 			op->in->perr = ret;
 		}
@@ -850,8 +893,12 @@ static void op_ended(struct pop *op, int ret, double dt)
 		pq.last_err = 0;
 	}
 	pq.head = op->next;
-	if (!pq.head)
+	if (!pq.head) {
 		pq.tail = NULL;
+		if (pq.jfd >= 0 && ftruncate(pq.jfd, 0) < 0)
+			tlog(LOG_WARNING, "persist: cannot empty %s: %s", PJOURNAL,
+			     strerror(errno));
+	}
 	if (op->kind == P_COPY) {
 		pq.backlog_files--;
 		pq.backlog_bytes -= op->bytes;
@@ -861,9 +908,10 @@ static void op_ended(struct pop *op, int ret, double dt)
 		} else {
 			pq.skipped++;
 		}
-		if (--op->in->pq_n == 0)
+		if (op->in && --op->in->pq_n == 0)
 			op->in->pstate = failed ? PS_FAILED : ret == 0 ? PS_PERSISTED : PS_NONE;
-		op->in->perr = failed ? ret : 0;
+		if (op->in)
+			op->in->perr = failed ? ret : 0;
 	} else {
 		pq.ops++;
 	}
@@ -935,12 +983,77 @@ static void *persister(void *arg)
 	return NULL;
 }
 
+/* Queue what the journal of a previous daemon holds (before any request). */
+static void replay(void)
+{
+	struct stat st;
+	char *buf, *p, *end;
+	unsigned n = 0;
+	ssize_t got;
+
+	if (fstat(pq.jfd, &st) < 0 || st.st_size == 0)
+		return;
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf)
+		return;
+	got = pread(pq.jfd, buf, (size_t)st.st_size, 0);
+	if (got < 0)
+		got = 0;
+	buf[got] = 0;
+	end = buf + got;
+	for (p = buf; p < end;) {
+		char *kf = p, *path, *path2;
+		struct pop *op;
+
+		path = kf + strlen(kf) + 1;
+		if (path >= end)
+			break;
+		path2 = path + strlen(path) + 1;
+		if (path2 >= end)
+			break;
+		p = path2 + strlen(path2) + 1;
+		const char *k = strchr("CUDR", kf[0]);
+
+		if (!k || !*kf || !*path)
+			continue;
+		op = calloc(1, sizeof(*op));
+		if (!op || !(op->path = strdup(path)) ||
+		    (*path2 && !(op->path2 = strdup(path2)))) {
+			if (op)
+				free(op->path);
+			free(op);
+			break;
+		}
+		op->kind = (enum pkind)(k - "CUDR");
+		op->flags = (unsigned)strtoul(kf + 1, NULL, 10);
+		if (op->kind == P_COPY)
+			pq.backlog_files++;
+		op->next = NULL;	/* as queue(), but already in the journal */
+		if (pq.tail)
+			pq.tail->next = op;
+		else
+			pq.head = op;
+		pq.tail = op;
+		n++;
+	}
+	free(buf);
+	if (n)
+		tlog(LOG_NOTICE, "persist: resuming %u operation%s that a previous daemon "
+		     "queued for %s", n, n == 1 ? "" : "s", pq.dir);
+}
+
 void fs_persist_start(void)
 {
 	int r;
 
 	if (!pq.dir)
 		return;
+	pq.jfd = openat(fs.root_fd, PJOURNAL, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (pq.jfd < 0)
+		tlog(LOG_WARNING, "persist: cannot open %s: %s; a restart may miss operations",
+		     PJOURNAL, strerror(errno));
+	else
+		replay();
 	r = pthread_create(&pq.thr, NULL, persister, NULL);
 	if (r) {
 		tlog(LOG_ERR, "persist: cannot start its thread: %s; nothing is persisted",
@@ -992,15 +1105,22 @@ void fs_persist_stop(void)
 			tlog(LOG_ERR, "persist: not in %s at unmount: %s %s%s%s", pq.dir,
 			     op_name(op->kind), op->path, op->path2 ? " -> " : "",
 			     op->path2 ? op->path2 : "");
-		if (op->kind == P_COPY)
+		if (op->kind == P_COPY && op->in)
 			op->in->pq_n--;
 		op_free(op);
 	}
-	if (left)
-		tlog(LOG_ERR, "persist: %u operation%s not applied to %s", left,
-		     left == 1 ? "" : "s", pq.dir);
-	else
+	if (left) {
+		tlog(LOG_ERR, "persist: %u operation%s not applied to %s (the next mount "
+		     "over this backing directory resumes them)", left, left == 1 ? "" : "s",
+		     pq.dir);
+	} else {
 		tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
+		if (pq.jfd >= 0)
+			unlinkat(fs.root_fd, PJOURNAL, 0);
+	}
+	if (pq.jfd >= 0)
+		close(pq.jfd);
+	pq.jfd = -1;
 	pq.head = pq.tail = NULL;
 }
 

@@ -321,11 +321,38 @@ def test_dir_read_only(mount, small_tmpfs):
     assert "operations not applied" in m.log() or "operation not applied" in m.log()
     assert read_file(j(m.backing, "y")) == b"data of y"
     subprocess.run(["mount", "-o", "remount,rw", small_tmpfs], check=True)
-    # the next mount does not know what is missing: sync sends it
+    # the next mount over this backing directory resumes them (its journal)
     m.start()
-    os.setxattr(j(m.mnt, "y"), PX, b"sync")
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed copies")
     assert read_file(j(small_tmpfs, "y")) == b"data of y"
+    assert read_file(j(small_tmpfs, "z")) == b"z"
     m.umount()
+    assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
+
+
+def test_kill_resumes_from_journal(mount, pdir):
+    """Killed with copies and a removal queued: the next daemon over the same
+    backing directory finishes them, and the removed name stays removed."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    write_file(j(m.mnt, "old"), b"old file")
+    os.setxattr(j(m.mnt, "old"), PX, b"sync")
+    assert os.path.exists(j(pdir, "old"))
+    want = {"big": randbytes(6 * MiB), "small": b"small file"}
+    for name, d in want.items():
+        write_file(j(m.mnt, name), d)
+        fd = os.open(j(m.mnt, name), os.O_RDONLY)
+        os.fsync(fd)                   # queued: big first (6 s at 1 MiB/s)
+        os.close(fd)
+    os.unlink(j(m.mnt, "old"))
+    m.kill(signal.SIGKILL)
+    m.start(persist_bw=None)
+    assert not os.path.exists(j(m.mnt, "old"))
+    assert "old" not in os.listdir(m.mnt)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0 and
+             not os.path.exists(j(pdir, "old")), "the resumed queue")
+    m.umount()
+    assert tree(pdir) == want
 
 
 def test_torture_then_dir_matches_backing(tmp_path):
