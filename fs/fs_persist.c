@@ -97,6 +97,8 @@ static struct {
 	pthread_t thr;
 	bool started, stop, abort, exited;
 	int jfd;			/* the journal, -1: none */
+	int intents;			/* commits between intent and hook: the
+					 * journal is not emptied meanwhile */
 	bool jerr;			/* a journal write failed (logged) */
 	/* statistics */
 	uint64_t backlog_files, backlog_bytes;
@@ -125,6 +127,25 @@ static struct {
  */
 #define PJOURNAL	FS_HIDDEN_PREFIX ".persist.journal"
 
+/* Empty the journal if nothing is queued or about to be.  pq.lock held. */
+static void jempty(void)
+{
+	if (pq.jfd >= 0 && !pq.head && !pq.intents && ftruncate(pq.jfd, 0) < 0)
+		tlog(LOG_WARNING, "persist: cannot empty %s: %s", PJOURNAL, strerror(errno));
+}
+
+/* The head operation is done: a marker, so that a replay skips it (the
+ * queue ends operations in order).  pq.lock held. */
+static void jdone(void)
+{
+	static const char rec[] = "X0\0\0";	/* three strings, the last NUL too */
+
+	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(rec)) != sizeof(rec) && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	}
+}
+
 static void jappend(const struct pop *op)
 {
 	char rec[2 * PATH_MAX + 32];
@@ -132,7 +153,7 @@ static void jappend(const struct pop *op)
 
 	if (pq.jfd < 0)
 		return;
-	n = snprintf(rec, sizeof(rec), "%c%u", "CUDR"[op->kind], op->flags);
+	n = snprintf(rec, sizeof(rec), "%c%u", op->started ? 'I' : "CUDR"[op->kind], op->flags);
 	n++;
 	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path) + 1;
 	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path2 ? op->path2 : "") + 1;
@@ -462,14 +483,27 @@ static void queue_ns(enum pkind kind, const char *path, const char *path2, unsig
 	pthread_mutex_unlock(&pq.lock);
 }
 
-/* Queue a copy of in to its name dir/name if that is persistent. */
-static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *name)
+/* Queue a copy of in to its name dir/name (dir NULL: name is the path)
+ * if that is persistent; intent:
+ * only write it in the journal (fs_persist_intent). */
+static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *name,
+		      bool intent)
 {
 	char drel[PATH_MAX], rel[PATH_MAX];
 
-	if (!rel_of(dir, drel, sizeof(drel)) && !join(rel, sizeof(rel), drel, name) &&
-	    marked(rel))
+	if (dir && (rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name)))
+		return;
+	if (!dir)
+		snprintf(rel, sizeof(rel), "%s", name);
+	if (!marked(rel))
+		return;
+	if (!intent) {
 		queue_copy(in, rel, NULL);
+		return;
+	}
+	pthread_mutex_lock(&pq.lock);
+	jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });	/* 'I' */
+	pthread_mutex_unlock(&pq.lock);
 }
 
 #define PNAMES_MAX	16	/* names of a hard-linked file copied per commit */
@@ -531,7 +565,36 @@ static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names,
  * files (a version renamed into place replaces one name).  fs.nslock held:
  * the names are steady.
  */
+static void each_name(struct fs_inode *in, bool intent);
+
 void fs_persist_committed(struct fs_inode *in)
+{
+	each_name(in, false);
+}
+
+void fs_persist_intent(struct fs_inode *in, bool counted)
+{
+	if (pq.jfd < 0 || !S_ISREG(in->type))
+		return;
+	if (counted) {
+		pthread_mutex_lock(&pq.lock);
+		pq.intents++;
+		pthread_mutex_unlock(&pq.lock);
+	}
+	each_name(in, true);
+}
+
+void fs_persist_intent_end(void)
+{
+	if (pq.jfd < 0)
+		return;
+	pthread_mutex_lock(&pq.lock);
+	pq.intents--;
+	jempty();
+	pthread_mutex_unlock(&pq.lock);
+}
+
+static void each_name(struct fs_inode *in, bool intent)
 {
 	struct fs_inode *dirs[PNAMES_MAX];
 	char *names[PNAMES_MAX];
@@ -552,11 +615,21 @@ void fs_persist_committed(struct fs_inode *in)
 	for (i = 0; i < n; i++)
 		fs_inode_get(dirs[i]);
 	fs_unlock();
-	if (n)
+	if (n) {
 		n = more_names(in, dirs, names, n);
+	} else if (!in->unlinked) {
+		/* a hard-linked file whose known names are gone: the name its
+		 * descriptor was opened by, if that still is one */
+		char rel[PATH_MAX];
+		int fd = fs_fd_hold(in), r = fd < 0 ? fd : rel_of_fd(fd, rel, sizeof(rel));
+
+		fs_fd_release(in);
+		if (!r && *rel)
+			copy_name(in, NULL, rel, intent);
+	}
 	for (i = 0; i < n; i++) {
 		if (names[i])
-			copy_name(in, dirs[i], names[i]);
+			copy_name(in, dirs[i], names[i], intent);
 		free(names[i]);
 		fs_inode_put(dirs[i]);
 	}
@@ -565,7 +638,7 @@ void fs_persist_committed(struct fs_inode *in)
 void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name)
 {
 	if (pq.dir && S_ISREG(in->type))
-		copy_name(in, dir, name);
+		copy_name(in, dir, name, false);
 }
 
 void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir)
@@ -816,14 +889,11 @@ static int do_ns(struct pop *op)
 			break;
 		}
 		close(d);
+		/* ENOENT: the source never reached DIR (its copy follows, if it
+		 * is persistent), or a replay of a rename already made */
 		if (renameat2(root, op->path, root, op->path2,
-			      op->flags & RENAME_EXCHANGE) == 0)
-			break;
-		if (errno != ENOENT)
+			      op->flags & RENAME_EXCHANGE) < 0 && errno != ENOENT)
 			ret = -errno;
-		else if (!(op->flags & RENAME_EXCHANGE) && unlinkat(root, op->path2, 0) < 0 &&
-			 errno != ENOENT && errno != EISDIR)
-			ret = -errno;	/* the target was replaced by a file DIR lacks */
 		break;
 	default:
 		break;
@@ -893,12 +963,10 @@ static void op_ended(struct pop *op, int ret, double dt)
 		pq.last_err = 0;
 	}
 	pq.head = op->next;
-	if (!pq.head) {
+	if (!pq.head)
 		pq.tail = NULL;
-		if (pq.jfd >= 0 && ftruncate(pq.jfd, 0) < 0)
-			tlog(LOG_WARNING, "persist: cannot empty %s: %s", PJOURNAL,
-			     strerror(errno));
-	}
+	jdone();
+	jempty();
 	if (op->kind == P_COPY) {
 		pq.backlog_files--;
 		pq.backlog_bytes -= op->bytes;
@@ -983,12 +1051,130 @@ static void *persister(void *arg)
 	return NULL;
 }
 
-/* Queue what the journal of a previous daemon holds (before any request). */
+/*
+ * Where the name cur went through the namespace operations after op: its
+ * new name, or NULL if it was removed or replaced (malloc'ed).
+ */
+static char *final_name(const struct pop *op, const char *cur)
+{
+	char *name = strdup(cur);
+
+	for (; op && name; op = op->next) {
+		const char *from = NULL, *to = NULL;
+
+		if (op->kind == P_UNLINK || op->kind == P_RMDIR) {
+			if (covers(op->path, name)) {
+				free(name);
+				return NULL;
+			}
+			continue;
+		}
+		if (op->kind != P_RENAME)
+			continue;
+		if (covers(op->path, name)) {
+			from = op->path;
+			to = op->path2;
+		} else if ((op->flags & RENAME_EXCHANGE) && covers(op->path2, name)) {
+			from = op->path2;
+			to = op->path;
+		} else if (covers(op->path2, name)) {
+			free(name);	/* replaced by another file */
+			return NULL;
+		}
+		if (from) {
+			char buf[PATH_MAX];
+
+			snprintf(buf, sizeof(buf), "%s%s", to, name + strlen(from));
+			free(name);
+			name = strdup(buf);
+		}
+	}
+	return name;
+}
+
+/*
+ * A copy in the journal names the file by the path it had; the file may
+ * have been renamed after it (the live queue copies by inode, and the
+ * rename moves the copy).  So a replayed copy goes last, to the name its
+ * file has after the replayed renames, or nowhere if it was removed.
+ */
+static void move_copies_last(void)
+{
+	struct pop *op, *next, **pp = &pq.head, *copies = NULL, **ct = &copies;
+
+	for (op = pq.head; op; op = next) {
+		next = op->next;
+		if (op->kind != P_COPY) {
+			pp = &op->next;
+			continue;
+		}
+		*pp = next;
+		char *name = final_name(next, op->path);
+		bool dup = false;
+
+		for (struct pop *c = copies; name && c; c = c->next)
+			dup = dup || !strcmp(c->path, name);
+		if (!name || dup) {
+			free(name);
+			op_free(op);
+			continue;
+		}
+		free(op->path);
+		op->path = name;
+		op->next = NULL;
+		*ct = op;
+		ct = &op->next;
+		pq.backlog_files++;
+	}
+	*pp = copies;
+	pq.tail = NULL;
+	for (op = pq.head; op; op = op->next)
+		pq.tail = op;
+}
+
+/* A journal of the queue as it is now (the replay reordered it), in place
+ * of the old one, so that done-markers count in queue order again. */
+static void jrewrite(void)
+{
+	int fd = openat(fs.root_fd, PJOURNAL ".new", O_RDWR | O_CREAT | O_TRUNC | O_APPEND |
+			O_CLOEXEC, 0600), old = pq.jfd;
+
+	if (fd < 0)
+		return;
+	pq.jfd = fd;
+	for (struct pop *op = pq.head; op; op = op->next)
+		jappend(op);
+	if (pq.jerr || renameat(fs.root_fd, PJOURNAL ".new", fs.root_fd, PJOURNAL) < 0) {
+		tlog(LOG_WARNING, "persist: cannot rewrite %s", PJOURNAL);
+		close(fd);
+		unlinkat(fs.root_fd, PJOURNAL ".new", 0);
+		pq.jfd = old;
+		return;
+	}
+	close(old);
+}
+
+/* The next record of the journal at *p (kind+flags, path, path2), or false. */
+static bool jnext(char **p, char *end, char **kf, char **path, char **path2)
+{
+	*kf = *p;
+	*path = *kf + strlen(*kf) + 1;
+	if (*path >= end)
+		return false;
+	*path2 = *path + strlen(*path) + 1;
+	if (*path2 >= end)
+		return false;
+	*p = *path2 + strlen(*path2) + 1;
+	return true;
+}
+
+/* Queue what the journal of a previous daemon holds (before any request):
+ * its operations less as many as it has done-markers (they end in order). */
 static void replay(void)
 {
+	char *buf, *p, *end, *kf, *path, *path2;
+	unsigned long done = 0, n = 0;
 	struct stat st;
-	char *buf, *p, *end;
-	unsigned n = 0;
 	ssize_t got;
 
 	if (fstat(pq.jfd, &st) < 0 || st.st_size == 0)
@@ -1001,21 +1187,18 @@ static void replay(void)
 		got = 0;
 	buf[got] = 0;
 	end = buf + got;
-	for (p = buf; p < end;) {
-		char *kf = p, *path, *path2;
+	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);)
+		done += kf[0] == 'X';
+	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
+		const char *k = kf[0] ? strchr("CUDRI", kf[0]) : NULL;
 		struct pop *op;
 
-		path = kf + strlen(kf) + 1;
-		if (path >= end)
-			break;
-		path2 = path + strlen(path) + 1;
-		if (path2 >= end)
-			break;
-		p = path2 + strlen(path2) + 1;
-		const char *k = strchr("CUDR", kf[0]);
-
-		if (!k || !*kf || !*path)
+		if (!k || !*path)
+			continue;	/* a marker, or garbage */
+		if (*k != 'I' && done) {	/* an intent is never queued: never done */
+			done--;		/* done */
 			continue;
+		}
 		op = calloc(1, sizeof(*op));
 		if (!op || !(op->path = strdup(path)) ||
 		    (*path2 && !(op->path2 = strdup(path2)))) {
@@ -1024,10 +1207,8 @@ static void replay(void)
 			free(op);
 			break;
 		}
-		op->kind = (enum pkind)(k - "CUDR");
+		op->kind = *k == 'I' ? P_COPY : (enum pkind)(k - "CUDRI");
 		op->flags = (unsigned)strtoul(kf + 1, NULL, 10);
-		if (op->kind == P_COPY)
-			pq.backlog_files++;
 		op->next = NULL;	/* as queue(), but already in the journal */
 		if (pq.tail)
 			pq.tail->next = op;
@@ -1037,8 +1218,10 @@ static void replay(void)
 		n++;
 	}
 	free(buf);
+	move_copies_last();
+	jrewrite();
 	if (n)
-		tlog(LOG_NOTICE, "persist: resuming %u operation%s that a previous daemon "
+		tlog(LOG_NOTICE, "persist: resuming %lu operation%s that a previous daemon "
 		     "queued for %s", n, n == 1 ? "" : "s", pq.dir);
 }
 

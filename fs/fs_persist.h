@@ -28,6 +28,12 @@ void fs_persist_stop(void);
 /* Hooks of the namespace, each called with fs.nslock held (it orders
  * them): a new version of in was committed; a name was removed; renamed. */
 void fs_persist_committed(struct fs_inode *in);
+/* Before a new version of in replaces (or is copied over) its backing
+ * file: the journal says so, should the daemon die before the commit's
+ * hook (a restart then copies whatever version is there). */
+void fs_persist_intent(struct fs_inode *in, bool counted);
+/* the commit of a counted intent is over (after fs_persist_committed) */
+void fs_persist_intent_end(void);
 /* a new name of in (link) */
 void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
 void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir);

@@ -132,6 +132,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	if (ret < 0 && !gone && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
 		/* no O_TMPFILE here: the file itself, in place (not atomic) */
 		*inplace = true;
+		fs_persist_intent(in, false);
 		ret = open_held(in, O_RDWR, want_direct, direct);
 	}
 	fs_inode_put(dir);
@@ -638,7 +639,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	struct fs_inode *in = in_of(f), *dir = NULL;
 	char *name = NULL;
 	struct stat old;
-	bool unlinked, open;
+	bool unlinked, open, intended = false;
 	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
@@ -696,6 +697,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		fd = -1;
 		goto out_close;
 	}
+	fs_persist_intent(in, true);
+	intended = true;
 	if (old.st_nlink > 1 || !name) {
 		/* hard-linked, or no name of it is known: copy it in place */
 		ret = copy_journalled(dir, name, ofd, fd, &old);
@@ -712,6 +715,8 @@ out_close:
 		close(fd);
 	if (!ret && !unlinked)
 		fs_persist_committed(in);	/* in order with renames: nslock */
+	if (intended)
+		fs_persist_intent_end();
 	fs_ns_unlock();
 	free(name);
 	if (dir)
