@@ -359,6 +359,7 @@ static void put_child(struct fs_inode *in)
 static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
+	struct pop *pop = NULL;
 	int ret = 0, pfd, fd;
 
 	fs_ns_lock();
@@ -370,15 +371,17 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 		ret = pfd;
 	else if ((flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
 		;	/* DIR has entries in it that the mount shows */
-	else if (unlinkat(pfd, name, flags) < 0)
-		ret = -errno;
+	else {
+		pop = fs_persist_remove_begin(p, name, flags & AT_REMOVEDIR);
+		if (unlinkat(pfd, name, flags) < 0)
+			ret = -errno;
+	}
 	if (!ret && in) {
 		fs_lock();
 		name_removed(in, fd, p, name);
 		fs_unlock();
 	}
-	if (!ret)
-		fs_persist_removed(p, name, flags & AT_REMOVEDIR);
+	fs_persist_ns_end(pop, !ret);
 	fs_ns_unlock();
 	fs_fd_release(p);
 	put_child(in);
@@ -401,6 +404,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs_inode *p = fs_inode_of(parent), *np = fs_inode_of(newparent);
 	struct fs_inode *src, *dst;
+	struct pop *pop = NULL;
 	int ret = fs_check_new_name(newname), pfd, npfd, sfd, dfd;
 
 	if (ret) {
@@ -417,8 +421,12 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	fs_unlock();
 	if (pfd < 0 || npfd < 0)
 		ret = pfd < 0 ? pfd : npfd;
-	else if (renameat2(pfd, name, npfd, newname, flags) < 0)
-		ret = -errno;
+	else {
+		if (!src || src != dst)	/* two names of one file: a no-op */
+			pop = fs_persist_rename_begin(p, name, np, newname, flags);
+		if (renameat2(pfd, name, npfd, newname, flags) < 0)
+			ret = -errno;
+	}
 	fs_lock();
 	if (ret)
 		goto out;
@@ -437,8 +445,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fs_set_name(src, np, newname);
 out:
 	fs_unlock();
-	if (!ret && !(src && src == dst))	/* two names of one file: no-op */
-		fs_persist_renamed(p, name, np, newname, flags);
+	fs_persist_ns_end(pop, !ret);
 	fs_ns_unlock();
 	fs_fd_release(np);
 	fs_fd_release(p);

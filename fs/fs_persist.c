@@ -82,6 +82,7 @@ struct pop {
 	unsigned flags;			/* P_RENAME: renameat2 flags */
 	uint64_t bytes;			/* P_COPY: size when queued */
 	bool started;
+	bool journaled;			/* in the journal before it was queued */
 	struct pwait *waiters;		/* persist=sync callers */
 };
 
@@ -396,7 +397,8 @@ static int open_dir_root(void)
 
 static void queue(struct pop *op)
 {
-	jappend(op);
+	if (!op->journaled)
+		jappend(op);
 	op->next = NULL;
 	if (pq.tail)
 		pq.tail->next = op;
@@ -461,24 +463,6 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	in->pstate = PS_PENDING;
 	pq.backlog_files++;
 	pq.backlog_bytes += op->bytes;
-	queue(op);
-	pthread_mutex_unlock(&pq.lock);
-}
-
-static void queue_ns(enum pkind kind, const char *path, const char *path2, unsigned flags)
-{
-	struct pop *op = calloc(1, sizeof(*op));
-
-	if (!op || !(op->path = strdup(path)) || (path2 && !(op->path2 = strdup(path2)))) {
-		tlog(LOG_ERR, "persist: out of memory: %s not applied to %s", path, pq.dir);
-		if (op)
-			free(op->path);
-		free(op);
-		return;
-	}
-	op->kind = kind;
-	op->flags = flags;
-	pthread_mutex_lock(&pq.lock);
 	queue(op);
 	pthread_mutex_unlock(&pq.lock);
 }
@@ -641,24 +625,71 @@ void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *na
 		copy_name(in, dir, name, false);
 }
 
-void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir)
+/*
+ * A removal or rename is in the journal before the backing directory
+ * changes (a kill right after the change must not let the old name come
+ * back from DIR), and queued after it; if the change fails, a cancel
+ * record follows.  A replay skips such an operation when the backing
+ * directory still has its (source) name: the change did not happen, or a
+ * new file took the name, whose own operations follow.
+ */
+static struct pop *ns_begin(enum pkind kind, const char *path, const char *path2,
+			    unsigned flags)
+{
+	struct pop *op = calloc(1, sizeof(*op));
+
+	if (!op || !(op->path = strdup(path)) || (path2 && !(op->path2 = strdup(path2)))) {
+		tlog(LOG_ERR, "persist: out of memory: %s not applied to %s", path, pq.dir);
+		if (op)
+			free(op->path);
+		free(op);
+		return NULL;
+	}
+	op->kind = kind;
+	op->flags = flags;
+	pthread_mutex_lock(&pq.lock);
+	jappend(op);
+	pthread_mutex_unlock(&pq.lock);
+	op->journaled = true;
+	return op;
+}
+
+struct pop *fs_persist_remove_begin(struct fs_inode *dir, const char *name, bool isdir)
 {
 	char drel[PATH_MAX], rel[PATH_MAX];
 
 	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
-		return;
-	queue_ns(isdir ? P_RMDIR : P_UNLINK, rel, NULL, 0);
+		return NULL;
+	return ns_begin(isdir ? P_RMDIR : P_UNLINK, rel, NULL, 0);
 }
 
-void fs_persist_renamed(struct fs_inode *p, const char *name, struct fs_inode *np,
-			const char *nn, unsigned flags)
+struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct fs_inode *np,
+				    const char *nn, unsigned flags)
 {
 	char a[PATH_MAX], b[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
 
 	if (!pq.dir || rel_of(p, a, sizeof(a)) || rel_of(np, b, sizeof(b)) ||
 	    join(ra, sizeof(ra), a, name) || join(rb, sizeof(rb), b, nn))
+		return NULL;
+	return ns_begin(P_RENAME, ra, rb, flags);
+}
+
+void fs_persist_ns_end(struct pop *op, bool done)
+{
+	static const char cancel[] = "Z0\0\0";
+
+	if (!op)
 		return;
-	queue_ns(P_RENAME, ra, rb, flags);
+	pthread_mutex_lock(&pq.lock);
+	if (done) {
+		queue(op);
+		op = NULL;
+	} else if (pq.jfd >= 0 && write(pq.jfd, cancel, sizeof(cancel)) != sizeof(cancel)) {
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	}
+	pthread_mutex_unlock(&pq.lock);
+	if (op)
+		op_free(op);
 }
 
 /* ------------------------------------------------------------ copying */
@@ -1190,15 +1221,22 @@ static void replay(void)
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);)
 		done += kf[0] == 'X';
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
-		const char *k = kf[0] ? strchr("CUDRI", kf[0]) : NULL;
+		static const char kinds[] = "CUDRIZ";	/* enum pkind, intent, cancel */
+		const char *k = kf[0] ? strchr(kinds, kf[0]) : NULL;
 		struct pop *op;
 
-		if (!k || !*path)
-			continue;	/* a marker, or garbage */
-		if (*k != 'I' && done) {	/* an intent is never queued: never done */
-			done--;		/* done */
+		if (k && *k == 'Z') {	/* the last removal or rename did not happen */
+			struct pop *last = NULL;
+
+			for (op = pq.head; op; op = op->next)
+				if (op->kind != P_COPY)
+					last = op;
+			if (last)
+				last->started = true;	/* dropped below */
 			continue;
 		}
+		if (!k || !*path)
+			continue;	/* a marker, or garbage */
 		op = calloc(1, sizeof(*op));
 		if (!op || !(op->path = strdup(path)) ||
 		    (*path2 && !(op->path2 = strdup(path2)))) {
@@ -1207,17 +1245,42 @@ static void replay(void)
 			free(op);
 			break;
 		}
-		op->kind = *k == 'I' ? P_COPY : (enum pkind)(k - "CUDRI");
+		op->kind = *k == 'I' ? P_COPY : (enum pkind)(k - kinds);
 		op->flags = (unsigned)strtoul(kf + 1, NULL, 10);
+		op->journaled = *k == 'I';	/* an intent: never queued, never done */
 		op->next = NULL;	/* as queue(), but already in the journal */
 		if (pq.tail)
 			pq.tail->next = op;
 		else
 			pq.head = op;
 		pq.tail = op;
-		n++;
 	}
 	free(buf);
+	/* drop the cancelled, then the done (they end in order), then the
+	 * removals and renames that the backing directory did not make */
+	for (struct pop **pp = &pq.head, *op; (op = *pp);) {
+		struct stat lst;
+		bool drop = op->started;
+
+		if (!drop && !op->journaled && done) {
+			done--;
+			drop = true;
+		}
+		if (!drop && op->kind != P_COPY &&
+		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0)
+			drop = true;
+		if (drop) {
+			*pp = op->next;
+			op_free(op);
+			continue;
+		}
+		op->journaled = false;
+		n++;
+		pp = &op->next;
+	}
+	pq.tail = NULL;
+	for (struct pop *op = pq.head; op; op = op->next)
+		pq.tail = op;
 	move_copies_last();
 	jrewrite();
 	if (n)

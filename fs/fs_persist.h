@@ -26,7 +26,8 @@ void fs_persist_start(void);
 void fs_persist_stop(void);
 
 /* Hooks of the namespace, each called with fs.nslock held (it orders
- * them): a new version of in was committed; a name was removed; renamed. */
+ * them): a new version of in was committed; a name is removed or renamed
+ * (begin before the change of the backing directory, end after it). */
 void fs_persist_committed(struct fs_inode *in);
 /* Before a new version of in replaces (or is copied over) its backing
  * file: the journal says so, should the daemon die before the commit's
@@ -36,9 +37,11 @@ void fs_persist_intent(struct fs_inode *in, bool counted);
 void fs_persist_intent_end(void);
 /* a new name of in (link) */
 void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
-void fs_persist_removed(struct fs_inode *dir, const char *name, bool isdir);
-void fs_persist_renamed(struct fs_inode *p, const char *name, struct fs_inode *np,
-			const char *nn, unsigned flags);
+struct pop;
+struct pop *fs_persist_remove_begin(struct fs_inode *dir, const char *name, bool isdir);
+struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct fs_inode *np,
+				    const char *nn, unsigned flags);
+void fs_persist_ns_end(struct pop *op, bool done);	/* done: the change was made */
 /* rmdir of dir/name: -ENOTEMPTY while DIR has entries in it that the
  * backing directory lacks.  fs.nslock held. */
 int fs_persist_may_rmdir(struct fs_inode *dir, const char *name);
