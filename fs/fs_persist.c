@@ -1267,8 +1267,26 @@ static void replay(void)
 			drop = true;
 		}
 		if (!drop && op->kind != P_COPY &&
-		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0)
-			drop = true;
+		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
+			/*
+			 * Not made, or the name was taken again since: either
+			 * way the names it touches get their current files
+			 * (copies, which go last; a directory is skipped).
+			 */
+			struct pop *c = op->path2 ? calloc(1, sizeof(*c)) : NULL;
+
+			if (c && (c->path = op->path2)) {
+				op->path2 = NULL;
+				c->kind = P_COPY;
+				c->journaled = true;	/* counts no done-marker */
+				c->next = op->next;
+				op->next = c;
+			}
+			free(op->path2);
+			op->path2 = NULL;
+			op->kind = P_COPY;
+			op->flags = 0;
+		}
 		if (drop) {
 			*pp = op->next;
 			op_free(op);
