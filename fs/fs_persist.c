@@ -752,13 +752,29 @@ static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop)
 	char *buf = malloc(PCHUNK);
 	uint64_t done = 0;
 	double t0 = tier_now();
+	bool cfr = true;	/* copy_file_range until it says it cannot */
 	int ret = 0;
 
 	if (!buf)
 		return -ENOMEM;
 	for (;;) {
-		ssize_t n = pread(src, buf, PCHUNK, (off_t)done), w = 0;
+		ssize_t n, w = 0;
 
+		if (cfr) {
+			loff_t in = (loff_t)done;
+
+			/* in the kernel; a reflink or a server-side copy where
+			 * the file systems can (the same one), else EXDEV */
+			n = copy_file_range(src, &in, wfd, NULL, PCHUNK, 0);
+			if (n < 0 && done == 0 && (errno == EXDEV || errno == EINVAL ||
+						   errno == ENOSYS || errno == EOPNOTSUPP)) {
+				cfr = false;
+				continue;
+			}
+			w = n;
+		} else {
+			n = pread(src, buf, PCHUNK, (off_t)done);
+		}
 		if (n < 0) {
 			ret = -errno;
 			break;
