@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 
 int fs_proc_path(int fd, char *buf, size_t len)
 {
@@ -426,8 +427,8 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 }
 
 /* Look parent/name up, making its inode known.  fs.nslock not held. */
-int fs_lookup(struct fs_inode *parent, const char *name,
-		     struct fuse_entry_param *e)
+static int lookup_local(struct fs_inode *parent, const char *name,
+			struct fuse_entry_param *e)
 {
 	int ret = lookup_once(parent, name, e, false);
 
@@ -436,6 +437,17 @@ int fs_lookup(struct fs_inode *parent, const char *name,
 		ret = lookup_once(parent, name, e, true);
 		fs_ns_unlock();
 	}
+	return ret;
+}
+
+/* ...or, with -o persist, brought from its DIR (fs_persist.c) */
+int fs_lookup(struct fs_inode *parent, const char *name,
+		     struct fuse_entry_param *e)
+{
+	int ret = lookup_local(parent, name, e);
+
+	if (ret == -ENOENT && fs_persist_on() && fs_persist_fetch(parent, name) == 0)
+		ret = lookup_local(parent, name, e);
 	return ret;
 }
 

@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "fs.h"
+#include "fs_persist.h"
 #include "../gpu/gpu.h"
 
 extern int tierfs_log_syslog;
@@ -245,6 +246,14 @@ static void usage(const char *prog)
 "    -o poll_us=N           after a request, a worker polls for the next one\n"
 "                           N microseconds before it sleeps (default 200 with\n"
 "                           8 or more CPUs, else 0: off)\n"
+"    -o persist=DIR         persistent tier: copy marked files (xattr\n"
+"                           user.tierfs.persist=1) after their SSD flush to\n"
+"                           DIR on a shared file system; show and fetch what\n"
+"                           DIR has and BACKING_DIR lacks (restart anywhere)\n"
+"    -o persist_all         every file is persistent unless marked 0\n"
+"    -o persist_wait=SECS   at unmount, wait this long for the copies to DIR\n"
+"                           (default 5), then log what is missing\n"
+"    -o persist_bw=RATE     cap the copies to DIR (bytes/s, K/M/G suffixes)\n"
 "    -o noatime|relatime|strictatime   access times (default relatime)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
@@ -912,6 +921,7 @@ int main(int argc, char *argv[])
 	}
 
 	check_options(&ecfg, ram);
+	fs_persist_setup(&args);	/* -o persist=DIR and its options */
 	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
@@ -962,6 +972,7 @@ int main(int argc, char *argv[])
 	}
 	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
 		fs_share_start();	/* failing, the daemon copies */
+	fs_persist_start();
 	daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
@@ -976,6 +987,7 @@ out_session:
 	if (fs.eng) {
 		if (sync_before_exit())
 			ret = 1;
+		fs_persist_stop();	/* after the last flush: waits persist_wait */
 		engine_destroy(fs.eng);
 	}
 out_unlock:

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 
 struct fs fs;
 
@@ -279,6 +280,7 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		fs_lock();
 		fs_add_name(in, p, newname);
 		fs_unlock();
+		fs_persist_linked(in, p, newname);
 	}
 	fs_fd_release(p);
 	fs_fd_release(in);
@@ -357,6 +359,7 @@ static void put_child(struct fs_inode *in)
 static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
+	struct pop *pop = NULL;
 	int ret = 0, pfd, fd;
 
 	fs_ns_lock();
@@ -366,13 +369,19 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	fs_unlock();
 	if (pfd < 0)
 		ret = pfd;
-	else if (unlinkat(pfd, name, flags) < 0)
-		ret = -errno;
+	else if ((flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
+		;	/* DIR has entries in it that the mount shows */
+	else {
+		pop = fs_persist_remove_begin(p, name, flags & AT_REMOVEDIR);
+		if (unlinkat(pfd, name, flags) < 0)
+			ret = -errno;
+	}
 	if (!ret && in) {
 		fs_lock();
 		name_removed(in, fd, p, name);
 		fs_unlock();
 	}
+	fs_persist_ns_end(pop, !ret);
 	fs_ns_unlock();
 	fs_fd_release(p);
 	put_child(in);
@@ -395,6 +404,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs_inode *p = fs_inode_of(parent), *np = fs_inode_of(newparent);
 	struct fs_inode *src, *dst;
+	struct pop *pop = NULL;
 	int ret = fs_check_new_name(newname), pfd, npfd, sfd, dfd;
 
 	if (ret) {
@@ -411,8 +421,12 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	fs_unlock();
 	if (pfd < 0 || npfd < 0)
 		ret = pfd < 0 ? pfd : npfd;
-	else if (renameat2(pfd, name, npfd, newname, flags) < 0)
-		ret = -errno;
+	else {
+		if (!src || src != dst)	/* two names of one file: a no-op */
+			pop = fs_persist_rename_begin(p, name, np, newname, flags);
+		if (renameat2(pfd, name, npfd, newname, flags) < 0)
+			ret = -errno;
+	}
 	fs_lock();
 	if (ret)
 		goto out;
@@ -431,6 +445,7 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fs_set_name(src, np, newname);
 out:
 	fs_unlock();
+	fs_persist_ns_end(pop, !ret);
 	fs_ns_unlock();
 	fs_fd_release(np);
 	fs_fd_release(p);
@@ -451,6 +466,7 @@ struct fs_dir {
 	DIR *dp;			/* open directory stream */
 	off_t off;			/* position of the next entry */
 	struct dirent *ent;		/* entry read but not yet returned */
+	struct fs_psnap *snap;		/* merged with -o persist's DIR, or NULL */
 };
 
 static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -475,6 +491,8 @@ static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		fuse_reply_err(req, err);
 		return;
 	}
+	if (fs_persist_on())
+		d->snap = fs_persist_snapshot(in, d->dp);
 	fi->fh = (uint64_t)(uintptr_t)d;
 	fi->cache_readdir = 0;
 	fuse_reply_open(req, fi);
@@ -490,6 +508,11 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 	(void)ino;
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	if (d->snap) {
+		fuse_reply_buf(req, buf, fs_persist_readdir(req, d->snap, buf, size, off));
+		free(buf);
 		return;
 	}
 	if (off != d->off) {
@@ -531,6 +554,7 @@ static void fs_ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_in
 	(void)ino;
 	closedir(d->dp);
 	fs_fd_closedir();
+	fs_persist_snap_free(d->snap);
 	free(d);
 	fuse_reply_err(req, 0);
 }

@@ -17,6 +17,7 @@
 
 #include "fs.h"
 #include "fs_hints.h"
+#include "fs_persist.h"
 #include "tierfs.h"
 
 static bool tierfs_name(const char *name)
@@ -43,14 +44,17 @@ static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t l
 	if (strcmp(name, TIERFS_XATTR_STATS) == 0) {
 		if (in != &fs.root)
 			return -ENODATA;
-		return engine_stats_json(fs.eng, buf, len);
+		return fs_persist_stats(buf, engine_stats_json(fs.eng, buf, len), len);
 	}
+	if (fs_persist_xattr(name))
+		return fs_persist_getx(in, buf, len);
 	if (strcmp(name, TIERFS_XATTR_TIER) == 0 || strcmp(name, TIERFS_XATTR_STATE) == 0) {
 		if (!S_ISREG(in->type))
 			return -ENODATA;
 		ret = tfile_describe(&in->tf, tier, sizeof(tier), state, sizeof(state));
 		if (ret)
 			return ret;
+		fs_persist_describe(in, tier, sizeof(tier), state, sizeof(state));
 		ret = snprintf(buf, len, "%s", name[12] == 't' ? tier : state);
 		return ret >= (int)len ? -ERANGE : ret;
 	}
@@ -116,6 +120,10 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	char path[64];
 	int ret = 0;
 
+	if (fs_persist_xattr(name)) {
+		fuse_reply_err(req, -fs_persist_setx(in, value, size));
+		return;
+	}
 	if (tierfs_name(name)) {
 		fuse_reply_err(req, -fs_hints_set(in, name, value, size, flags,
 						  fuse_req_ctx(req)->uid));
@@ -183,6 +191,10 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	char path[64];
 	int ret = 0;
 
+	if (fs_persist_xattr(name)) {
+		fuse_reply_err(req, -fs_persist_removex(in));
+		return;
+	}
 	if (tierfs_name(name)) {
 		fuse_reply_err(req, -fs_hints_remove(in, name));
 		return;

@@ -1,0 +1,1850 @@
+/*
+ * fs_persist.c - the persistent tier: -o persist=DIR.
+ *
+ * DIR is a directory on a file system that every node shares (Lustre,
+ * GPFS, NFS...).  A file is persistent when its own user.tierfs.persist
+ * mark, or else its nearest marked directory's, says 1 (or, with
+ * -o persist_all, when no mark says 0); the marks are xattrs of the
+ * backing objects, so they outlive the daemon.
+ *
+ * One ordered queue of operations per mount, drained by one low-priority
+ * thread, the persister:
+ *  - COPY: after each commit of a persistent file's new version to the
+ *    SSD (fs_version.c), copy the backing file (not the cache) to the same
+ *    relative path under DIR: into a temporary .tierfs.persist.* name in
+ *    the target directory, fsync, rename into place, so that DIR only ever
+ *    holds complete versions.  The copy reads through an fd of the version
+ *    it copies (a newer version replaces the name, not that fd); a version
+ *    changed in place meanwhile (a hard-linked file) is copied again.  The
+ *    path is the file's name when the commit was queued; the data is its
+ *    current version when the copy runs, which is newer or the same.
+ *  - UNLINK, RMDIR, RENAME: the namespace changes made through the mount,
+ *    applied to DIR after every operation queued before them.
+ * The hooks queue under fs.nslock, which every namespace change and commit
+ * of the backing directory holds: the queue's order is theirs, and DIR
+ * always holds the state of some prefix of it.
+ *
+ * A failed operation stays at the head and is retried with backoff; the
+ * error is logged once per cause and counted.  Nothing of the mount ever
+ * waits for the persister except user.tierfs.persist=sync and unmount
+ * (at most -o persist_wait seconds; what is left is logged).
+ *
+ * Restart anywhere: a lookup that finds nothing in the backing directory
+ * looks in DIR (fs_persist_fetch): a directory is made, a file is copied
+ * into the backing directory (temporary name, fsync, rename) and then is
+ * an ordinary file.  A name removed or renamed away through the mount, and
+ * not yet so in DIR, is not brought back: the queued operation is its
+ * whiteout.  Listings merge DIR's entries (fs_persist_snapshot).
+ *
+ * Locks: pq.lock guards the queue, the statistics and the inodes' pstate,
+ * perr and pq fields; no other lock is taken while it is held.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_persist.h"
+#include "../tiers/clock.h"
+#include "../tiers/log.h"
+
+#define PCHUNK		(1u << 20)	/* copy buffer */
+#define PBACKOFF_MIN	0.5		/* seconds before the first retry */
+#define PBACKOFF_MAX	8.0
+#define PTMP_PREFIX	FS_HIDDEN_PREFIX ".persist."
+#define PFETCH_PREFIX	FS_HIDDEN_PREFIX ".new.fetch."	/* removed at start-up */
+
+enum { PS_NONE, PS_PENDING, PS_PERSISTED, PS_FAILED };
+enum pkind { P_COPY, P_UNLINK, P_RMDIR, P_RENAME };
+
+struct pwait {
+	struct pwait *next;
+	bool done;
+	int err;
+};
+
+struct pop {
+	struct pop *next;
+	enum pkind kind;
+	struct fs_inode *in;		/* P_COPY: referenced; NULL: the file
+					 * at path (replayed from the journal) */
+	char *path, *path2;		/* relative to DIR; path2: rename target */
+	unsigned flags;			/* P_RENAME: renameat2 flags */
+	uint64_t bytes;			/* P_COPY: size when queued */
+	bool started;
+	bool journaled;			/* in the journal before it was queued */
+	struct pwait *waiters;		/* persist=sync callers */
+};
+
+static struct {
+	char *dir;			/* DIR (absolute), NULL: off */
+	int all;			/* persist_all */
+	double wait_s;			/* persist_wait */
+	uint64_t bw;			/* persist_bw, bytes/s, 0: no cap */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;		/* work queued; stop */
+	pthread_cond_t done;		/* an operation ended (waiters) */
+	struct pop *head, *tail;
+	pthread_t thr;
+	bool started, stop, abort, exited;
+	int jfd;			/* the journal, -1: none */
+	int intents;			/* commits between intent and hook: the
+					 * journal is not emptied meanwhile */
+	bool jerr;			/* a journal write failed (logged) */
+	/* statistics */
+	uint64_t backlog_files, backlog_bytes;
+	uint64_t files, bytes, ops, skipped, errors, retries;
+	uint64_t fetched_files, fetched_bytes;
+	double busy_s;			/* time spent copying */
+	int last_err;			/* the cause last logged, 0: none */
+	char last_what[96];
+} pq = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+	.wait_s = 5.0,
+	.jfd = -1,
+};
+
+/*
+ * The journal, BACKING_DIR/.tierfs.persist.journal: every queued operation
+ * is appended (kind, flags, path, path2, NUL-separated) and the file is
+ * emptied whenever the queue is; a daemon that starts over the same backing
+ * directory queues what it finds there first.  So a kill, or an unmount
+ * that gave up on DIR, loses no copy and no removal: the next mount on
+ * this node resumes them (copies then take the file now at that path).
+ * Not synced: it survives the daemon, not the node (whose SSD is the
+ * backing directory anyway).
+ */
+#define PJOURNAL	FS_HIDDEN_PREFIX ".persist.journal"
+
+/* Empty the journal if nothing is queued or about to be.  pq.lock held. */
+static void jempty(void)
+{
+	if (pq.jfd >= 0 && !pq.head && !pq.intents && ftruncate(pq.jfd, 0) < 0)
+		tlog(LOG_WARNING, "persist: cannot empty %s: %s", PJOURNAL, strerror(errno));
+}
+
+/* The head operation is done: a marker, so that a replay skips it (the
+ * queue ends operations in order).  pq.lock held. */
+static void jdone(void)
+{
+	static const char rec[] = "X0\0\0";	/* three strings, the last NUL too */
+
+	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(rec)) != sizeof(rec) && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	}
+}
+
+static void jappend(const struct pop *op)
+{
+	char rec[2 * PATH_MAX + 32];
+	int n;
+
+	if (pq.jfd < 0)
+		return;
+	n = snprintf(rec, sizeof(rec), "%c%u", op->started ? 'I' : "CUDR"[op->kind], op->flags);
+	n++;
+	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path) + 1;
+	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path2 ? op->path2 : "") + 1;
+	if (write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write %s: %s; a restart may miss "
+		     "operations for %s", PJOURNAL, strerror(errno), pq.dir);
+	}
+}
+
+/* ------------------------------------------------------------ options */
+
+struct popts {
+	char *dir;
+	int all;
+	char *wait;
+	char *bw;
+};
+
+#define POPT(t, p, v) { t, offsetof(struct popts, p), v }
+static const struct fuse_opt popt_spec[] = {
+	POPT("persist=%s", dir, 0),
+	POPT("persist_all", all, 1),
+	POPT("persist_wait=%s", wait, 0),
+	POPT("persist_bw=%s", bw, 0),
+	FUSE_OPT_END
+};
+
+static void pdie(const char *what, const char *arg)
+{
+	fprintf(stderr, "tierfs: %s: %s\n", what, arg);
+	exit(2);
+}
+
+/* "100M", "2G", "1048576" (bytes per second) */
+static uint64_t parse_rate(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || v < 0)
+		pdie("bad persist_bw (a rate such as 200M)", s);
+	switch (*end) {
+	case 'k': case 'K': v *= 1 << 10; end++; break;
+	case 'm': case 'M': v *= 1 << 20; end++; break;
+	case 'g': case 'G': v *= 1 << 30; end++; break;
+	}
+	if (*end && strcmp(end, "/s") != 0)
+		pdie("bad persist_bw (a rate such as 200M)", s);
+	return (uint64_t)v;
+}
+
+static bool under(const char *path, const char *top)
+{
+	size_t l = strlen(top);
+
+	return strncmp(path, top, l) == 0 && (path[l] == '/' || path[l] == 0 ||
+					      (l == 1 && top[0] == '/'));
+}
+
+void fs_persist_setup(struct fuse_args *args)
+{
+	struct popts o = { 0 };
+	struct stat st;
+	char *r;
+
+	if (fuse_opt_parse(args, &o, popt_spec, NULL) < 0)
+		exit(2);
+	pq.all = o.all;
+	if (o.wait) {
+		char *end;
+
+		pq.wait_s = strtod(o.wait, &end);
+		if (end == o.wait || *end || pq.wait_s < 0)
+			pdie("bad persist_wait (seconds)", o.wait);
+	}
+	if (o.bw)
+		pq.bw = parse_rate(o.bw);
+	if (!o.dir) {
+		if (o.all || o.wait || o.bw)
+			pdie("persist_all, persist_wait and persist_bw need", "-o persist=DIR");
+		return;
+	}
+	if (stat(o.dir, &st) < 0)
+		pdie(o.dir, "persist directory: cannot stat it (it must exist)");
+	if (!S_ISDIR(st.st_mode))
+		pdie(o.dir, "persist directory: not a directory");
+	r = realpath(o.dir, NULL);
+	if (!r)
+		pdie(o.dir, "persist directory: cannot resolve it");
+	if (fs.opts.backing && (under(r, fs.opts.backing) || under(fs.opts.backing, r)))
+		pdie(r, "persist directory: must not contain or be inside the backing directory");
+	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
+		pdie(r, "persist directory: must not be inside the mount point");
+	pq.dir = r;
+	free(o.dir);
+	free(o.wait);
+	free(o.bw);
+}
+
+bool fs_persist_on(void)
+{
+	return pq.dir != NULL;
+}
+
+/* ------------------------------------------------------------ paths */
+
+static int join(char *out, size_t len, const char *a, const char *b)
+{
+	int n = *a ? snprintf(out, len, "%s/%s", a, b) : snprintf(out, len, "%s", b);
+
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* The path of backing object fd relative to the backing root ("" for it). */
+static int rel_of_fd(int fd, char *rel, size_t len)
+{
+	char proc[64], p[PATH_MAX];
+	size_t bl = strlen(fs.opts.backing);
+	ssize_t n;
+
+	fs_proc_path(fd, proc, sizeof(proc));
+	n = readlink(proc, p, sizeof(p) - 1);
+	if (n < 0)
+		return -errno;
+	p[n] = 0;
+	if (strncmp(p, fs.opts.backing, bl) || (p[bl] && p[bl] != '/'))
+		return -ENOENT;
+	if (n > 10 && strcmp(p + n - 10, " (deleted)") == 0)
+		return -ENOENT;
+	return snprintf(rel, len, "%s", p[bl] ? p + bl + 1 : "") >= (int)len ?
+		-ENAMETOOLONG : 0;
+}
+
+/*
+ * in's path relative to the backing root.  A directory's through its fd
+ * (the kernel follows renames); a regular file's as its directory's plus
+ * its name (a new version's fd may be a tmpfile's).
+ */
+static int rel_of(struct fs_inode *in, char *rel, size_t len)
+{
+	int fd, ret;
+
+	if (in == &fs.root) {
+		rel[0] = 0;
+		return 0;
+	}
+	if (S_ISREG(in->type)) {
+		struct fs_inode *dir = NULL;
+		char name[NAME_MAX + 1], drel[PATH_MAX];
+
+		fs_lock();
+		if (in->name && in->parent && !in->unlinked) {
+			dir = in->parent;
+			fs_inode_get(dir);
+			snprintf(name, sizeof(name), "%s", in->name);
+		}
+		fs_unlock();
+		if (!dir)
+			return -ENOENT;
+		ret = rel_of(dir, drel, sizeof(drel));
+		fs_inode_put(dir);
+		return ret ? ret : join(rel, len, drel, name);
+	}
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : rel_of_fd(fd, rel, len);
+	fs_fd_release(in);
+	return ret;
+}
+
+/* The own mark of a backing path: 1, 0, or -1 for none. */
+static int mark_at(const char *path)
+{
+	char v[8];
+	ssize_t n = lgetxattr(path, TIERFS_XATTR_PERSIST, v, sizeof(v));
+
+	return n <= 0 ? -1 : v[0] == '1';
+}
+
+/* Is the backing object at rel persistent (its mark, its directories')? */
+static bool marked(const char *rel)
+{
+	char path[PATH_MAX];
+	size_t bl = strlen(fs.opts.backing);
+	int m;
+
+	if (join(path, sizeof(path), fs.opts.backing, rel))
+		return false;
+	for (;;) {
+		m = mark_at(path);
+		if (m >= 0)
+			return m;
+		if (strlen(path) <= bl)
+			return pq.all;
+		*strrchr(path, '/') = 0;
+	}
+}
+
+/* rel is path or lies under it */
+static bool covers(const char *path, const char *rel)
+{
+	size_t l = strlen(path);
+
+	return strncmp(path, rel, l) == 0 && (rel[l] == 0 || rel[l] == '/');
+}
+
+/* Is rel removed through the mount, not yet in DIR?  pq.lock held. */
+static bool whiteout(const char *rel)
+{
+	for (struct pop *op = pq.head; op; op = op->next) {
+		if (op->kind == P_COPY)
+			continue;
+		if (covers(op->path, rel))
+			return true;
+		if (op->kind == P_RENAME && (op->flags & RENAME_EXCHANGE) &&
+		    covers(op->path2, rel))
+			return true;
+	}
+	return false;
+}
+
+static bool whiteout_locked(const char *rel)
+{
+	bool w;
+
+	pthread_mutex_lock(&pq.lock);
+	w = whiteout(rel);
+	pthread_mutex_unlock(&pq.lock);
+	return w;
+}
+
+static int open_dir_root(void)
+{
+	int fd = open(pq.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+/* ------------------------------------------------------------ the queue */
+
+static void queue(struct pop *op)
+{
+	if (!op->journaled)
+		jappend(op);
+	op->next = NULL;
+	if (pq.tail)
+		pq.tail->next = op;
+	else
+		pq.head = op;
+	pq.tail = op;
+	pthread_cond_broadcast(&pq.cond);
+}
+
+static void op_free(struct pop *op)
+{
+	if (op->in)
+		fs_inode_put(op->in);
+	free(op->path);
+	free(op->path2);
+	free(op);
+}
+
+/* Queue a copy of in (path rel); w: a waiter for it, or NULL. */
+static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
+{
+	struct pop *op = calloc(1, sizeof(*op));
+	struct stat st;
+	int fd;
+
+	if (!op || !(op->path = strdup(rel))) {
+		free(op);
+		tlog(LOG_ERR, "persist: out of memory queueing %s", rel);
+		if (w) {
+			w->done = true;
+			w->err = -ENOMEM;
+		}
+		return;
+	}
+	fd = fs_fd_hold(in);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0)
+		op->bytes = (uint64_t)st.st_size;
+	fs_fd_release(in);
+	fs_inode_get(in);
+	op->in = in;
+	op->kind = P_COPY;
+	pthread_mutex_lock(&pq.lock);
+	for (struct pop *o = pq.head; o; o = o->next) {
+		if (o->kind != P_COPY || o->in != in || o->started || strcmp(o->path, rel))
+			continue;
+		/*
+		 * A queued copy of in to this name, not started: it will take
+		 * the current version, and the namespace operations queued
+		 * after it move that where in's name went, as they would
+		 * move ours.  One is enough.
+		 */
+		if (w) {
+			w->next = o->waiters;
+			o->waiters = w;
+		}
+		pthread_mutex_unlock(&pq.lock);
+		op_free(op);
+		return;
+	}
+	op->waiters = w;
+	in->pq_n++;
+	in->pstate = PS_PENDING;
+	pq.backlog_files++;
+	pq.backlog_bytes += op->bytes;
+	queue(op);
+	pthread_mutex_unlock(&pq.lock);
+}
+
+/* Queue a copy of in to its name dir/name (dir NULL: name is the path)
+ * if that is persistent; intent:
+ * only write it in the journal (fs_persist_intent). */
+static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *name,
+		      bool intent)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+
+	if (dir && (rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name)))
+		return;
+	if (!dir)
+		snprintf(rel, sizeof(rel), "%s", name);
+	if (!marked(rel))
+		return;
+	if (!intent) {
+		queue_copy(in, rel, NULL);
+		return;
+	}
+	pthread_mutex_lock(&pq.lock);
+	jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });	/* 'I' */
+	pthread_mutex_unlock(&pq.lock);
+}
+
+#define PNAMES_MAX	16	/* names of a hard-linked file copied per commit */
+
+/*
+ * The daemon knows the names of a file that it saw made or looked up since
+ * its inode was last forgotten: a hard-linked file may have others.  Look
+ * for them in the directories of the known ones (where hard links usually
+ * are): the entries with its inode number.
+ */
+static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names, int n)
+{
+	struct stat st, est;
+	int fd = fs_fd_hold(in), known = n;
+
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink <= (nlink_t)n) {
+		fs_fd_release(in);
+		return n;
+	}
+	fs_fd_release(in);
+	for (int d = 0; d < known && n < PNAMES_MAX; d++) {
+		struct dirent *de;
+		DIR *dp;
+		int dfd, i;
+
+		for (i = 0; i < d && dirs[i] != dirs[d]; i++)
+			;
+		if (i < d)
+			continue;	/* looked through already */
+		dfd = fs_fd_hold(dirs[d]);
+		dfd = dfd < 0 ? -1 : openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		fs_fd_release(dirs[d]);
+		if (dfd < 0 || !(dp = fdopendir(dfd))) {
+			if (dfd >= 0)
+				close(dfd);
+			continue;
+		}
+		while (n < PNAMES_MAX && (de = readdir(dp))) {
+			if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) ||
+			    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
+			    est.st_ino != st.st_ino || est.st_dev != st.st_dev)
+				continue;
+			for (i = 0; i < n; i++)
+				if (dirs[i] == dirs[d] && names[i] && !strcmp(names[i], de->d_name))
+					break;
+			if (i < n || !(names[n] = strdup(de->d_name)))
+				continue;
+			dirs[n] = dirs[d];
+			fs_inode_get(dirs[n]);
+			n++;
+		}
+		closedir(dp);
+	}
+	return n;
+}
+
+/*
+ * Every name of in gets the new version: in DIR, hard links are separate
+ * files (a version renamed into place replaces one name).  fs.nslock held:
+ * the names are steady.
+ */
+static void each_name(struct fs_inode *in, bool intent);
+
+void fs_persist_committed(struct fs_inode *in)
+{
+	each_name(in, false);
+}
+
+void fs_persist_intent(struct fs_inode *in, bool counted)
+{
+	if (pq.jfd < 0 || !S_ISREG(in->type))
+		return;
+	if (counted) {
+		pthread_mutex_lock(&pq.lock);
+		pq.intents++;
+		pthread_mutex_unlock(&pq.lock);
+	}
+	each_name(in, true);
+}
+
+void fs_persist_intent_end(void)
+{
+	if (pq.jfd < 0)
+		return;
+	pthread_mutex_lock(&pq.lock);
+	pq.intents--;
+	jempty();
+	pthread_mutex_unlock(&pq.lock);
+}
+
+static void each_name(struct fs_inode *in, bool intent)
+{
+	struct fs_inode *dirs[PNAMES_MAX];
+	char *names[PNAMES_MAX];
+	struct fs_alias *a;
+	int n = 0, i;
+
+	if (!pq.dir || !S_ISREG(in->type))
+		return;
+	fs_lock();
+	if (in->name && in->parent && !in->unlinked) {
+		dirs[n] = in->parent;
+		names[n++] = strdup(in->name);
+	}
+	for (a = in->unlinked ? NULL : in->aliases; a && n < PNAMES_MAX; a = a->next) {
+		dirs[n] = a->parent;
+		names[n++] = strdup(a->name);
+	}
+	for (i = 0; i < n; i++)
+		fs_inode_get(dirs[i]);
+	fs_unlock();
+	if (n) {
+		n = more_names(in, dirs, names, n);
+	} else if (!in->unlinked) {
+		/* a hard-linked file whose known names are gone: the name its
+		 * descriptor was opened by, if that still is one */
+		char rel[PATH_MAX];
+		int fd = fs_fd_hold(in), r = fd < 0 ? fd : rel_of_fd(fd, rel, sizeof(rel));
+
+		fs_fd_release(in);
+		if (!r && *rel)
+			copy_name(in, NULL, rel, intent);
+	}
+	for (i = 0; i < n; i++) {
+		if (names[i])
+			copy_name(in, dirs[i], names[i], intent);
+		free(names[i]);
+		fs_inode_put(dirs[i]);
+	}
+}
+
+void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name)
+{
+	if (pq.dir && S_ISREG(in->type))
+		copy_name(in, dir, name, false);
+}
+
+/*
+ * A removal or rename is in the journal before the backing directory
+ * changes (a kill right after the change must not let the old name come
+ * back from DIR), and queued after it; if the change fails, a cancel
+ * record follows.  A replay skips such an operation when the backing
+ * directory still has its (source) name: the change did not happen, or a
+ * new file took the name, whose own operations follow.
+ */
+static struct pop *ns_begin(enum pkind kind, const char *path, const char *path2,
+			    unsigned flags)
+{
+	struct pop *op = calloc(1, sizeof(*op));
+
+	if (!op || !(op->path = strdup(path)) || (path2 && !(op->path2 = strdup(path2)))) {
+		tlog(LOG_ERR, "persist: out of memory: %s not applied to %s", path, pq.dir);
+		if (op)
+			free(op->path);
+		free(op);
+		return NULL;
+	}
+	op->kind = kind;
+	op->flags = flags;
+	pthread_mutex_lock(&pq.lock);
+	jappend(op);
+	pthread_mutex_unlock(&pq.lock);
+	op->journaled = true;
+	return op;
+}
+
+struct pop *fs_persist_remove_begin(struct fs_inode *dir, const char *name, bool isdir)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+
+	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+		return NULL;
+	return ns_begin(isdir ? P_RMDIR : P_UNLINK, rel, NULL, 0);
+}
+
+struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct fs_inode *np,
+				    const char *nn, unsigned flags)
+{
+	char a[PATH_MAX], b[PATH_MAX], ra[PATH_MAX], rb[PATH_MAX];
+
+	if (!pq.dir || rel_of(p, a, sizeof(a)) || rel_of(np, b, sizeof(b)) ||
+	    join(ra, sizeof(ra), a, name) || join(rb, sizeof(rb), b, nn))
+		return NULL;
+	return ns_begin(P_RENAME, ra, rb, flags);
+}
+
+void fs_persist_ns_end(struct pop *op, bool done)
+{
+	static const char cancel[] = "Z0\0\0";
+
+	if (!op)
+		return;
+	pthread_mutex_lock(&pq.lock);
+	if (done) {
+		queue(op);
+		op = NULL;
+	} else if (pq.jfd >= 0 && write(pq.jfd, cancel, sizeof(cancel)) != sizeof(cancel)) {
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	}
+	pthread_mutex_unlock(&pq.lock);
+	if (op)
+		op_free(op);
+}
+
+/* ------------------------------------------------------------ copying */
+
+/* Make the directories of rel (its last component excluded) under root;
+ * returns an fd of rel's directory or -errno.  Modes from the backing
+ * directory's. */
+static int make_dirs(int root, const char *rel)
+{
+	char buf[PATH_MAX], *p = buf, *slash;
+	int fd = dup(root), nfd;
+
+	if (fd < 0)
+		return -errno;
+	snprintf(buf, sizeof(buf), "%s", rel);
+	while ((slash = strchr(p, '/'))) {
+		struct stat st;
+		mode_t mode = 0755;
+
+		*slash = 0;
+		nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (nfd < 0 && errno == ENOENT) {
+			if (fstatat(fs.root_fd, buf, &st, 0) == 0)
+				mode = st.st_mode & 07777;
+			if (mkdirat(fd, p, mode) < 0 && errno != EEXIST) {
+				int err = -errno;
+
+				close(fd);
+				return err;
+			}
+			nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		}
+		if (nfd < 0) {
+			int err = -errno;
+
+			close(fd);
+			return err;
+		}
+		close(fd);
+		fd = nfd;
+		*slash = '/';
+		p = slash + 1;
+	}
+	return fd;
+}
+
+static const char *base_of(const char *rel)
+{
+	const char *s = strrchr(rel, '/');
+
+	return s ? s + 1 : rel;
+}
+
+/*
+ * Copy src (size st->st_size) into wfd with a bounded buffer; bw: cap in
+ * bytes/s (0: none); stop: give up when it turns true.
+ */
+static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop)
+{
+	char *buf = malloc(PCHUNK);
+	uint64_t done = 0;
+	double t0 = tier_now();
+	bool cfr = true;	/* copy_file_range until it says it cannot */
+	int ret = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	for (;;) {
+		ssize_t n, w = 0;
+
+		if (cfr) {
+			loff_t in = (loff_t)done;
+
+			/* in the kernel; a reflink or a server-side copy where
+			 * the file systems can (the same one), else EXDEV */
+			n = copy_file_range(src, &in, wfd, NULL, PCHUNK, 0);
+			if (n < 0 && done == 0 && (errno == EXDEV || errno == EINVAL ||
+						   errno == ENOSYS || errno == EOPNOTSUPP)) {
+				cfr = false;
+				continue;
+			}
+			w = n;
+		} else {
+			n = pread(src, buf, PCHUNK, (off_t)done);
+		}
+		if (n < 0) {
+			ret = -errno;
+			break;
+		}
+		if (n == 0)
+			break;
+		while (w < n) {
+			ssize_t k = write(wfd, buf + w, (size_t)(n - w));
+
+			if (k < 0) {
+				ret = -errno;
+				goto out;
+			}
+			w += k;
+		}
+		done += (uint64_t)n;
+		if (stop && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
+			ret = -ECANCELED;
+			break;
+		}
+		if (bw) {
+			double ahead = (double)done / (double)bw - (tier_now() - t0);
+
+			if (ahead > 0)
+				usleep((useconds_t)(ahead * 1e6));
+		}
+	}
+out:
+	(void)size;
+	free(buf);
+	return ret;
+}
+
+static bool same_version(const struct stat *a, const struct stat *b)
+{
+	return a->st_size == b->st_size && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+	       a->st_ctim.tv_nsec == b->st_ctim.tv_nsec && a->st_ino == b->st_ino;
+}
+
+/*
+ * Copy src (a version of a backing file) to rel under DIR as a complete
+ * new version.  -EAGAIN: src changed while it was copied.
+ */
+static int copy_out(int src, const struct stat *st, const char *rel)
+{
+	static unsigned long counter;
+	char tmp[NAME_MAX + 1], host[64] = "";
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+	struct stat now;
+	int root, dfd, wfd, ret;
+
+	root = open_dir_root();
+	if (root < 0)
+		return root;
+	dfd = make_dirs(root, rel);
+	close(root);
+	if (dfd < 0)
+		return dfd;
+	gethostname(host, sizeof(host) - 1);
+	snprintf(tmp, sizeof(tmp), PTMP_PREFIX "%.40s.%lu.%lu", host, (unsigned long)getpid(),
+		 ++counter);
+	wfd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (wfd < 0) {
+		ret = -errno;
+		close(dfd);
+		return ret;
+	}
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, pq.bw, &pq.abort);
+	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
+		ret = -errno;
+	if (!ret)
+		futimens(wfd, tv);
+	if (!ret && fsync(wfd) < 0)
+		ret = -errno;
+	if (close(wfd) < 0 && !ret)
+		ret = -errno;
+	if (!ret && (fstat(src, &now) < 0 || !same_version(st, &now)))
+		ret = -EAGAIN;		/* changed in place meanwhile */
+	if (!ret && renameat(dfd, tmp, dfd, base_of(rel)) < 0)
+		ret = -errno;
+	if (ret)
+		unlinkat(dfd, tmp, 0);
+	else if (fsync(dfd) < 0 && errno != EINVAL)
+		ret = -errno;
+	close(dfd);
+	return ret;
+}
+
+/* 0 done, 1 nothing to do (the file is gone), or -errno */
+static int do_copy(struct pop *op)
+{
+	struct fs_inode *in = op->in;
+	char proc[64];
+	struct stat st;
+	bool gone;
+	int hfd, src, ret;
+
+	if (!in) {		/* from the journal: the file now at path */
+		src = openat(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
+			     O_NONBLOCK);
+		if (src < 0)
+			return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? 1 : -errno;
+		goto copy;
+	}
+	fs_lock();
+	gone = in->unlinked;
+	fs_unlock();
+	if (gone)
+		return 1;
+	hfd = fs_fd_hold(in);
+	if (hfd < 0) {
+		fs_fd_release(in);
+		return hfd == -ENOENT || hfd == -ESTALE ? 1 : hfd;
+	}
+	fs_proc_path(hfd, proc, sizeof(proc));
+	src = open(proc, O_RDONLY | O_CLOEXEC);
+	ret = src < 0 ? -errno : 0;
+	fs_fd_release(in);
+	if (src < 0)
+		return ret == -ENOENT ? 1 : ret;
+copy:
+	if (fstat(src, &st) < 0)
+		ret = -errno;
+	else if (st.st_nlink == 0 || !S_ISREG(st.st_mode))
+		ret = 1;		/* removed meanwhile */
+	else
+		ret = copy_out(src, &st, op->path);
+	close(src);
+	if (!ret) {
+		pthread_mutex_lock(&pq.lock);
+		pq.bytes += (uint64_t)st.st_size;
+		pthread_mutex_unlock(&pq.lock);
+	}
+	return ret;
+}
+
+static int do_ns(struct pop *op)
+{
+	int root = open_dir_root(), ret = 0, d;
+
+	if (root < 0)
+		return root;
+	switch (op->kind) {
+	case P_UNLINK:
+		if (unlinkat(root, op->path, 0) < 0 && errno != ENOENT)
+			ret = -errno;
+		break;
+	case P_RMDIR:
+		if (unlinkat(root, op->path, AT_REMOVEDIR) < 0 && errno != ENOENT)
+			ret = errno == ENOTEMPTY || errno == EEXIST ? 1 : -errno;
+		if (ret == 1)
+			tlog(LOG_WARNING, "persist: %s/%s: not empty there, kept", pq.dir,
+			     op->path);
+		break;
+	case P_RENAME:
+		d = make_dirs(root, op->path2);
+		if (d < 0) {
+			ret = d;
+			break;
+		}
+		close(d);
+		/* ENOENT: the source never reached DIR (its copy follows, if it
+		 * is persistent), or a replay of a rename already made */
+		if (renameat2(root, op->path, root, op->path2,
+			      op->flags & RENAME_EXCHANGE) < 0 && errno != ENOENT)
+			ret = -errno;
+		break;
+	default:
+		break;
+	}
+	close(root);
+	return ret;
+}
+
+/* Errors that retrying cannot mend: the operation is dropped. */
+static bool permanent(int err)
+{
+	return err == -ENAMETOOLONG || err == -EINVAL || err == -ENOTDIR ||
+	       err == -EISDIR || err == -ELOOP || err == -ENOMEM;
+}
+
+static const char *op_name(enum pkind k)
+{
+	static const char *const n[] = { "copy", "unlink", "rmdir", "rename" };
+
+	return n[k];
+}
+
+static void wake_waiters(struct pop *op, int err, bool final)
+{
+	for (struct pwait *w = op->waiters; w; w = w->next) {
+		w->done = true;
+		w->err = err;
+	}
+	if (final || err)
+		op->waiters = NULL;	/* each waiter sees one outcome */
+	pthread_cond_broadcast(&pq.done);
+}
+
+/* The head operation ended with ret (pq.lock held). */
+static void op_ended(struct pop *op, int ret, double dt)
+{
+	bool failed = ret < 0 && ret != -EAGAIN;
+
+	if (failed && !permanent(ret)) {
+		pq.errors++;
+		if (ret != pq.last_err)
+			tlog(LOG_ERR, "persist: %s %s to %s failed: %s; retrying (logged once)",
+			     op_name(op->kind), op->path, pq.dir, strerror(-ret));
+		pq.last_err = ret;
+		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(-ret));
+		if (op->kind == P_COPY && op->in) {
+			op->in->pstate = PS_FAILED;
+			op->in->perr = ret;
+		}
+		/* every persist=sync caller behind it waits for it: they learn */
+		for (struct pop *o = op; o; o = o->next)
+			wake_waiters(o, ret, false);
+		op->started = false;
+		return;
+	}
+	if (ret == -EAGAIN) {
+		op->started = false;
+		pq.retries++;
+		return;
+	}
+	if (failed) {
+		pq.errors++;
+		tlog(LOG_ERR, "persist: %s %s to %s failed: %s; dropped",
+		     op_name(op->kind), op->path, pq.dir, strerror(-ret));
+	} else if (pq.last_err) {
+		tlog(LOG_NOTICE, "persist: %s writable again", pq.dir);
+		pq.last_err = 0;
+	}
+	pq.head = op->next;
+	if (!pq.head)
+		pq.tail = NULL;
+	jdone();
+	jempty();
+	if (op->kind == P_COPY) {
+		pq.backlog_files--;
+		pq.backlog_bytes -= op->bytes;
+		if (ret == 0) {
+			pq.files++;
+			pq.busy_s += dt;
+		} else {
+			pq.skipped++;
+		}
+		if (op->in && --op->in->pq_n == 0)
+			op->in->pstate = failed ? PS_FAILED : ret == 0 ? PS_PERSISTED : PS_NONE;
+		if (op->in)
+			op->in->perr = failed ? ret : 0;
+	} else {
+		pq.ops++;
+	}
+	wake_waiters(op, failed ? ret : 0, true);
+}
+
+/* Low priority: the persister yields CPU and disk to the application. */
+static void lower_priority(void)
+{
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+
+	setpriority(PRIO_PROCESS, (id_t)tid, 10);
+#ifdef SYS_ioprio_set
+	/* IOPRIO_WHO_PROCESS, best effort class, lowest level */
+	syscall(SYS_ioprio_set, 1, tid, (2 << 13) | 7);
+#endif
+}
+
+static void *persister(void *arg)
+{
+	double backoff = 0;
+
+	(void)arg;
+	lower_priority();
+	pthread_mutex_lock(&pq.lock);
+	for (;;) {
+		while (!pq.head && !pq.stop)
+			pthread_cond_wait(&pq.cond, &pq.lock);
+		if (!pq.head || pq.abort)
+			break;
+		struct pop *op = pq.head;
+
+		op->started = true;	/* a new commit queues a new copy */
+		pthread_mutex_unlock(&pq.lock);
+		double t0 = tier_now();
+		int ret = op->kind == P_COPY ? do_copy(op) : do_ns(op);
+		double dt = tier_now() - t0;
+
+		pthread_mutex_lock(&pq.lock);
+		if (ret == -ECANCELED && pq.abort)
+			break;
+		op_ended(op, ret, dt);
+		if (pq.head != op) {
+			backoff = 0;
+			pthread_mutex_unlock(&pq.lock);
+			op_free(op);
+			pthread_mutex_lock(&pq.lock);
+			continue;
+		}
+		if (ret == -EAGAIN)
+			continue;
+		/* failed: wait, then retry the same operation (order) */
+		backoff = backoff ? backoff * 2 : PBACKOFF_MIN;
+		if (backoff > PBACKOFF_MAX)
+			backoff = PBACKOFF_MAX;
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		double end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + backoff;
+
+		ts.tv_sec = (time_t)end;
+		ts.tv_nsec = (long)((end - (double)ts.tv_sec) * 1e9);
+		while (!pq.abort && pthread_cond_timedwait(&pq.cond, &pq.lock, &ts) == 0)
+			;
+	}
+	pq.exited = true;
+	pthread_cond_broadcast(&pq.done);
+	pthread_mutex_unlock(&pq.lock);
+	return NULL;
+}
+
+/*
+ * Where the name cur went through the namespace operations after op: its
+ * new name, or NULL if it was removed or replaced (malloc'ed).
+ */
+static char *final_name(const struct pop *op, const char *cur)
+{
+	char *name = strdup(cur);
+
+	for (; op && name; op = op->next) {
+		const char *from = NULL, *to = NULL;
+
+		if (op->kind == P_UNLINK || op->kind == P_RMDIR) {
+			if (covers(op->path, name)) {
+				free(name);
+				return NULL;
+			}
+			continue;
+		}
+		if (op->kind != P_RENAME)
+			continue;
+		if (covers(op->path, name)) {
+			from = op->path;
+			to = op->path2;
+		} else if ((op->flags & RENAME_EXCHANGE) && covers(op->path2, name)) {
+			from = op->path2;
+			to = op->path;
+		} else if (covers(op->path2, name)) {
+			free(name);	/* replaced by another file */
+			return NULL;
+		}
+		if (from) {
+			char buf[PATH_MAX];
+
+			snprintf(buf, sizeof(buf), "%s%s", to, name + strlen(from));
+			free(name);
+			name = strdup(buf);
+		}
+	}
+	return name;
+}
+
+/*
+ * A copy in the journal names the file by the path it had; the file may
+ * have been renamed after it (the live queue copies by inode, and the
+ * rename moves the copy).  So a replayed copy goes last, to the name its
+ * file has after the replayed renames, or nowhere if it was removed.
+ */
+static void move_copies_last(void)
+{
+	struct pop *op, *next, **pp = &pq.head, *copies = NULL, **ct = &copies;
+
+	for (op = pq.head; op; op = next) {
+		next = op->next;
+		if (op->kind != P_COPY) {
+			pp = &op->next;
+			continue;
+		}
+		*pp = next;
+		char *name = final_name(next, op->path);
+		bool dup = false;
+
+		for (struct pop *c = copies; name && c; c = c->next)
+			dup = dup || !strcmp(c->path, name);
+		if (!name || dup) {
+			free(name);
+			op_free(op);
+			continue;
+		}
+		free(op->path);
+		op->path = name;
+		op->next = NULL;
+		*ct = op;
+		ct = &op->next;
+		pq.backlog_files++;
+	}
+	*pp = copies;
+	pq.tail = NULL;
+	for (op = pq.head; op; op = op->next)
+		pq.tail = op;
+}
+
+/* A journal of the queue as it is now (the replay reordered it), in place
+ * of the old one, so that done-markers count in queue order again. */
+static void jrewrite(void)
+{
+	int fd = openat(fs.root_fd, PJOURNAL ".new", O_RDWR | O_CREAT | O_TRUNC | O_APPEND |
+			O_CLOEXEC, 0600), old = pq.jfd;
+
+	if (fd < 0)
+		return;
+	pq.jfd = fd;
+	for (struct pop *op = pq.head; op; op = op->next)
+		jappend(op);
+	if (pq.jerr || renameat(fs.root_fd, PJOURNAL ".new", fs.root_fd, PJOURNAL) < 0) {
+		tlog(LOG_WARNING, "persist: cannot rewrite %s", PJOURNAL);
+		close(fd);
+		unlinkat(fs.root_fd, PJOURNAL ".new", 0);
+		pq.jfd = old;
+		return;
+	}
+	close(old);
+}
+
+/* The next record of the journal at *p (kind+flags, path, path2), or false. */
+static bool jnext(char **p, char *end, char **kf, char **path, char **path2)
+{
+	*kf = *p;
+	*path = *kf + strlen(*kf) + 1;
+	if (*path >= end)
+		return false;
+	*path2 = *path + strlen(*path) + 1;
+	if (*path2 >= end)
+		return false;
+	*p = *path2 + strlen(*path2) + 1;
+	return true;
+}
+
+/* Queue what the journal of a previous daemon holds (before any request):
+ * its operations less as many as it has done-markers (they end in order). */
+static void replay(void)
+{
+	char *buf, *p, *end, *kf, *path, *path2;
+	unsigned long done = 0, n = 0;
+	struct stat st;
+	ssize_t got;
+
+	if (fstat(pq.jfd, &st) < 0 || st.st_size == 0)
+		return;
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf)
+		return;
+	got = pread(pq.jfd, buf, (size_t)st.st_size, 0);
+	if (got < 0)
+		got = 0;
+	buf[got] = 0;
+	end = buf + got;
+	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);)
+		done += kf[0] == 'X';
+	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
+		static const char kinds[] = "CUDRIZ";	/* enum pkind, intent, cancel */
+		const char *k = kf[0] ? strchr(kinds, kf[0]) : NULL;
+		struct pop *op;
+
+		if (k && *k == 'Z') {	/* the last removal or rename did not happen */
+			struct pop *last = NULL;
+
+			for (op = pq.head; op; op = op->next)
+				if (op->kind != P_COPY)
+					last = op;
+			if (last)
+				last->started = true;	/* dropped below */
+			continue;
+		}
+		if (!k || !*path)
+			continue;	/* a marker, or garbage */
+		op = calloc(1, sizeof(*op));
+		if (!op || !(op->path = strdup(path)) ||
+		    (*path2 && !(op->path2 = strdup(path2)))) {
+			if (op)
+				free(op->path);
+			free(op);
+			break;
+		}
+		op->kind = *k == 'I' ? P_COPY : (enum pkind)(k - kinds);
+		op->flags = (unsigned)strtoul(kf + 1, NULL, 10);
+		op->journaled = *k == 'I';	/* an intent: never queued, never done */
+		op->next = NULL;	/* as queue(), but already in the journal */
+		if (pq.tail)
+			pq.tail->next = op;
+		else
+			pq.head = op;
+		pq.tail = op;
+	}
+	free(buf);
+	/* drop the cancelled, then the done (they end in order), then the
+	 * removals and renames that the backing directory did not make */
+	for (struct pop **pp = &pq.head, *op; (op = *pp);) {
+		struct stat lst;
+		bool drop = op->started;
+
+		if (!drop && !op->journaled && done) {
+			done--;
+			drop = true;
+		}
+		if (!drop && op->kind != P_COPY &&
+		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
+			/*
+			 * Not made, or the name was taken again since: either
+			 * way the names it touches get their current files
+			 * (copies, which go last; a directory is skipped).
+			 */
+			struct pop *c = op->path2 ? calloc(1, sizeof(*c)) : NULL;
+
+			if (c && (c->path = op->path2)) {
+				op->path2 = NULL;
+				c->kind = P_COPY;
+				c->journaled = true;	/* counts no done-marker */
+				c->next = op->next;
+				op->next = c;
+			}
+			free(op->path2);
+			op->path2 = NULL;
+			op->kind = P_COPY;
+			op->flags = 0;
+		}
+		if (drop) {
+			*pp = op->next;
+			op_free(op);
+			continue;
+		}
+		op->journaled = false;
+		n++;
+		pp = &op->next;
+	}
+	pq.tail = NULL;
+	for (struct pop *op = pq.head; op; op = op->next)
+		pq.tail = op;
+	move_copies_last();
+	jrewrite();
+	if (n)
+		tlog(LOG_NOTICE, "persist: resuming %lu operation%s that a previous daemon "
+		     "queued for %s", n, n == 1 ? "" : "s", pq.dir);
+}
+
+void fs_persist_start(void)
+{
+	int r;
+
+	if (!pq.dir)
+		return;
+	pq.jfd = openat(fs.root_fd, PJOURNAL, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (pq.jfd < 0)
+		tlog(LOG_WARNING, "persist: cannot open %s: %s; a restart may miss operations",
+		     PJOURNAL, strerror(errno));
+	else
+		replay();
+	r = pthread_create(&pq.thr, NULL, persister, NULL);
+	if (r) {
+		tlog(LOG_ERR, "persist: cannot start its thread: %s; nothing is persisted",
+		     strerror(r));
+		return;
+	}
+	pq.started = true;
+	tlog(LOG_NOTICE, "persist: marked files drain to %s%s", pq.dir,
+	     pq.all ? " (persist_all)" : "");
+}
+
+void fs_persist_stop(void)
+{
+	struct timespec ts;
+	struct pop *op, *next;
+	unsigned left = 0;
+
+	if (!pq.started)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)pq.wait_s;
+	ts.tv_nsec += (long)((pq.wait_s - (double)(time_t)pq.wait_s) * 1e9);
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&pq.lock);
+	pq.stop = true;
+	pthread_cond_broadcast(&pq.cond);
+	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
+		;
+	pq.abort = true;
+	pthread_cond_broadcast(&pq.cond);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 2;		/* a copy in progress notices within a chunk */
+	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
+		;
+	if (!pq.exited) {
+		pthread_mutex_unlock(&pq.lock);
+		tlog(LOG_ERR, "persist: %s does not answer: exiting without waiting for it",
+		     pq.dir);
+		return;		/* the thread is left; the process ends */
+	}
+	pthread_mutex_unlock(&pq.lock);
+	pthread_join(pq.thr, NULL);
+	for (op = pq.head; op; op = next) {
+		next = op->next;
+		if (left++ < 20)
+			tlog(LOG_ERR, "persist: not in %s at unmount: %s %s%s%s", pq.dir,
+			     op_name(op->kind), op->path, op->path2 ? " -> " : "",
+			     op->path2 ? op->path2 : "");
+		if (op->kind == P_COPY && op->in)
+			op->in->pq_n--;
+		op_free(op);
+	}
+	if (left) {
+		tlog(LOG_ERR, "persist: %u operation%s not applied to %s (the next mount "
+		     "over this backing directory resumes them)", left, left == 1 ? "" : "s",
+		     pq.dir);
+	} else {
+		tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
+		if (pq.jfd >= 0)
+			unlinkat(fs.root_fd, PJOURNAL, 0);
+	}
+	if (pq.jfd >= 0)
+		close(pq.jfd);
+	pq.jfd = -1;
+	pq.head = pq.tail = NULL;
+}
+
+/* ------------------------------------------------------------ restart */
+
+/* Copy DIR's file (src, stat st) into the backing directory dfd as name. */
+static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, const char *name,
+		      const char *rel)
+{
+	static unsigned long counter;
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+	char tmp[64];
+	int wfd, pfd, ret;
+
+	snprintf(tmp, sizeof(tmp), PFETCH_PREFIX "%lu.%lu", (unsigned long)getpid(),
+		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+	wfd = openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (wfd < 0)
+		return -errno;
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, 0, NULL);
+	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
+		ret = -errno;
+	if (!ret && fsetxattr(wfd, TIERFS_XATTR_PERSIST, "1", 1, 0) < 0 && errno != ENOTSUP)
+		ret = -errno;
+	if (!ret)
+		futimens(wfd, tv);
+	if (!ret && fdatasync(wfd) < 0)
+		ret = -errno;
+	if (close(wfd) < 0 && !ret)
+		ret = -errno;
+	if (ret) {
+		unlinkat(fs.root_fd, tmp, 0);
+		return ret;
+	}
+	/* under fs.nslock: no removal through the mount slips in between
+	 * its whiteout check and the rename */
+	fs_ns_lock();
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0)
+		ret = pfd;
+	else if (whiteout_locked(rel))
+		ret = -ENOENT;
+	else if (renameat2(fs.root_fd, tmp, pfd, name, RENAME_NOREPLACE) < 0)
+		ret = errno == EEXIST ? 0 : -errno;	/* EEXIST: someone was first */
+	else
+		tmp[0] = 0;
+	fs_fd_release(dir);
+	fs_ns_unlock();
+	if (tmp[0])
+		unlinkat(fs.root_fd, tmp, 0);
+	if (!ret) {
+		pthread_mutex_lock(&pq.lock);
+		pq.fetched_files++;
+		pq.fetched_bytes += (uint64_t)st->st_size;
+		pthread_mutex_unlock(&pq.lock);
+		tlog(LOG_INFO, "persist: fetched %s from %s", rel, pq.dir);
+	}
+	return ret;
+}
+
+static int fetch_dir(const struct stat *st, struct fs_inode *dir, const char *name,
+		     const char *rel)
+{
+	int pfd, ret = 0;
+
+	fs_ns_lock();
+	pfd = fs_fd_hold(dir);
+	if (pfd < 0)
+		ret = pfd;
+	else if (whiteout_locked(rel))
+		ret = -ENOENT;
+	else if (mkdirat(pfd, name, st->st_mode & 07777) < 0)
+		ret = errno == EEXIST ? 0 : -errno;
+	else {
+		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (fd >= 0) {
+			fsetxattr(fd, TIERFS_XATTR_PERSIST, "1", 1, 0);
+			close(fd);
+		}
+	}
+	fs_fd_release(dir);
+	fs_ns_unlock();
+	return ret;
+}
+
+int fs_persist_fetch(struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+	struct stat st;
+	int root, src, ret;
+
+	if (!pq.dir || fs_hidden_name(name) || rel_of(dir, drel, sizeof(drel)) ||
+	    join(rel, sizeof(rel), drel, name) || whiteout_locked(rel))
+		return -ENOENT;
+	root = open_dir_root();
+	if (root < 0)
+		return -ENOENT;
+	src = openat(root, rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	close(root);
+	if (src < 0)
+		return -ENOENT;
+	if (fstat(src, &st) < 0)
+		ret = -errno;
+	else if (S_ISDIR(st.st_mode))
+		ret = fetch_dir(&st, dir, name, rel);
+	else if (S_ISREG(st.st_mode))
+		ret = fetch_file(src, &st, dir, name, rel);
+	else
+		ret = -ENOENT;
+	close(src);
+	if (ret && ret != -ENOENT)
+		tlog(LOG_WARNING, "persist: cannot fetch %s from %s: %s", rel, pq.dir,
+		     strerror(-ret));
+	return ret ? -ENOENT : 0;
+}
+
+struct pent {
+	char *name;
+	unsigned char type;
+	ino_t ino;
+};
+
+struct fs_psnap {
+	size_t n, cap;
+	struct pent *e;
+};
+
+static int snap_add(struct fs_psnap *s, const char *name, unsigned char type, ino_t ino)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 64;
+		struct pent *e = realloc(s->e, cap * sizeof(*e));
+
+		if (!e)
+			return -ENOMEM;
+		s->e = e;
+		s->cap = cap;
+	}
+	if (!(s->e[s->n].name = strdup(name)))
+		return -ENOMEM;
+	s->e[s->n].type = type;
+	s->e[s->n].ino = ino;
+	s->n++;
+	return 0;
+}
+
+void fs_persist_snap_free(struct fs_psnap *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		free(s->e[i].name);
+	free(s->e);
+	free(s);
+}
+
+/* DIR's directory rel, open as a stream, or NULL */
+static DIR *open_pdir(const char *rel)
+{
+	int root = open_dir_root(), fd;
+	DIR *d;
+
+	if (root < 0)
+		return NULL;
+	fd = openat(root, *rel ? rel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	close(root);
+	if (fd < 0)
+		return NULL;
+	d = fdopendir(fd);
+	if (!d)
+		close(fd);
+	return d;
+}
+
+/* Add DIR's entries of rel that local (a directory fd) lacks; count them. */
+static long add_extras(struct fs_psnap *s, const char *rel, int local)
+{
+	char crel[PATH_MAX];
+	struct dirent *de;
+	struct stat st;
+	long n = 0;
+	DIR *d = open_pdir(rel);
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    fs_hidden_name(de->d_name))
+			continue;
+		if (fstatat(local, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+			continue;
+		if (join(crel, sizeof(crel), rel, de->d_name) || whiteout_locked(crel))
+			continue;
+		if (de->d_type != DT_DIR && de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+			continue;	/* only files and directories are fetched */
+		if (s && snap_add(s, de->d_name, de->d_type, de->d_ino))
+			break;
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp)
+{
+	char rel[PATH_MAX];
+	struct fs_psnap *s;
+	struct dirent *de;
+
+	if (!pq.dir || rel_of(in, rel, sizeof(rel)) || add_extras(NULL, rel, dirfd(dp)) == 0)
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	rewinddir(dp);
+	while ((de = readdir(dp)))
+		if (!fs_hidden_name(de->d_name) && snap_add(s, de->d_name, de->d_type, de->d_ino))
+			break;
+	add_extras(s, rel, dirfd(dp));
+	return s;
+}
+
+size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off)
+{
+	size_t used = 0;
+
+	for (size_t i = (size_t)off; i < s->n; i++) {
+		struct stat st = { .st_ino = s->e[i].ino ? s->e[i].ino : 1,
+				   .st_mode = (mode_t)s->e[i].type << 12 };
+		size_t n = fuse_add_direntry(req, buf + used, size - used, s->e[i].name, &st,
+					     (off_t)i + 1);
+
+		if (n > size - used)
+			break;
+		used += n;
+	}
+	return used;
+}
+
+int fs_persist_may_rmdir(struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+	int pfd, fd;
+	long n = 0;
+
+	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+		return 0;
+	pfd = fs_fd_hold(dir);
+	fd = pfd < 0 ? -1 : openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fs_fd_release(dir);
+	if (fd < 0)
+		return 0;
+	n = add_extras(NULL, rel, fd);
+	close(fd);
+	return n ? -ENOTEMPTY : 0;
+}
+
+/* ------------------------------------------------------------ xattrs */
+
+bool fs_persist_xattr(const char *name)
+{
+	return strcmp(name, TIERFS_XATTR_PERSIST) == 0;
+}
+
+int fs_persist_getx(struct fs_inode *in, char *buf, size_t len)
+{
+	char rel[PATH_MAX];
+	int ret = rel_of(in, rel, sizeof(rel));
+
+	if (ret)
+		return ret;
+	return snprintf(buf, len, "%d", marked(rel) ? 1 : 0);
+}
+
+/* persist=sync: durable on the SSD, then in DIR. */
+static int persist_sync(struct fs_inode *in)
+{
+	struct pwait w = { 0 };
+	char rel[PATH_MAX];
+	int ret;
+
+	if (!pq.dir || !pq.started)
+		return -EOPNOTSUPP;
+	if (!S_ISREG(in->type))
+		return -EINVAL;
+	ret = tfile_fsync(&in->tf);
+	if (ret)
+		return ret;
+	fs_ns_lock();
+	ret = rel_of(in, rel, sizeof(rel));
+	if (!ret)
+		queue_copy(in, rel, &w);
+	fs_ns_unlock();
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&pq.lock);
+	while (!w.done && !pq.exited)
+		pthread_cond_wait(&pq.done, &pq.lock);
+	ret = w.done ? w.err : -ECANCELED;
+	/* still queued (a failure): forget the waiter, it is on our stack */
+	for (struct pop *op = pq.head; op; op = op->next) {
+		struct pwait **pp = &op->waiters;
+
+		while (*pp && *pp != &w)
+			pp = &(*pp)->next;
+		if (*pp)
+			*pp = w.next;
+	}
+	pthread_mutex_unlock(&pq.lock);
+	return ret;
+}
+
+int fs_persist_setx(struct fs_inode *in, const char *value, size_t size)
+{
+	char path[64], v[8];
+	int fd, ret;
+
+	if (size >= sizeof(v))
+		return -EINVAL;
+	memcpy(v, value, size);
+	v[size] = 0;
+	if (size && v[size - 1] == '\n')
+		v[size - 1] = 0;
+	if (!strcmp(v, "sync"))
+		return persist_sync(in);
+	if (strcmp(v, "1") && strcmp(v, "0"))
+		return -EINVAL;
+	if (!S_ISREG(in->type) && !S_ISDIR(in->type))
+		return -EINVAL;
+	fs_ns_lock();		/* not while a new version is committed */
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret && setxattr(path, TIERFS_XATTR_PERSIST, v, 1, 0) < 0)
+		ret = -errno;
+	fs_fd_release(in);
+	fs_ns_unlock();
+	/* a file already on the SSD is copied now; a dirty one after its flush */
+	if (!ret && v[0] == '1' && S_ISREG(in->type) && pq.started) {
+		uint64_t sz;
+		struct timespec mt;
+
+		if (!tfile_attr(&in->tf, &sz, &mt)) {
+			char rel[PATH_MAX];
+
+			fs_ns_lock();
+			if (!rel_of(in, rel, sizeof(rel)))
+				queue_copy(in, rel, NULL);
+			fs_ns_unlock();
+		}
+	}
+	return ret;
+}
+
+int fs_persist_removex(struct fs_inode *in)
+{
+	char path[64];
+	int fd, ret;
+
+	fs_ns_lock();
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret && removexattr(path, TIERFS_XATTR_PERSIST) < 0)
+		ret = -errno;
+	fs_fd_release(in);
+	fs_ns_unlock();
+	return ret;
+}
+
+static void append(char *buf, size_t len, const char *s)
+{
+	size_t at = strlen(buf);
+
+	snprintf(buf + at, at < len ? len - at : 0, "%s%s", at ? "," : "", s);
+}
+
+/* A file that no copy of this daemon's went to DIR: is DIR's the same
+ * version (size and modification time; copies keep it)? */
+static bool same_in_dir(struct fs_inode *in)
+{
+	char rel[PATH_MAX];
+	struct stat a, b;
+	int fd, root, ok;
+
+	if (rel_of(in, rel, sizeof(rel)))
+		return false;
+	fd = fs_fd_hold(in);
+	ok = fd >= 0 && fstatat(fd, "", &a, AT_EMPTY_PATH) == 0;
+	fs_fd_release(in);
+	root = open_dir_root();
+	if (root < 0)
+		return false;
+	ok = ok && fstatat(root, rel, &b, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(b.st_mode) &&
+	     a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec &&
+	     a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
+	close(root);
+	return ok;
+}
+
+void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state, size_t sl)
+{
+	static const char *const names[] = { "", "PENDING", "PERSISTED", "FAILED" };
+	char s[32];
+	int ps;
+
+	if (!pq.dir || !S_ISREG(in->type))
+		return;
+	pthread_mutex_lock(&pq.lock);
+	ps = in->pstate;
+	pthread_mutex_unlock(&pq.lock);
+	if (ps == PS_NONE && same_in_dir(in))
+		ps = PS_PERSISTED;
+	if (ps == PS_NONE)
+		return;
+	if (ps == PS_PERSISTED)
+		append(tier, tl, "pfs");
+	snprintf(s, sizeof(s), "pfs:%s", names[ps]);
+	append(state, sl, s);
+}
+
+int fs_persist_stats(char *buf, int n, size_t len)
+{
+	char *end;
+	int m;
+
+	if (!pq.dir || n <= 0)
+		return n;
+	end = memrchr(buf, '}', (size_t)n);
+	if (!end)
+		return n;
+	pthread_mutex_lock(&pq.lock);
+	m = snprintf(end, len - (size_t)(end - buf),
+		",\"persist\":{\"dir\":\"%s\",\"backlog_files\":%" PRIu64
+		",\"backlog_bytes\":%" PRIu64 ",\"files_persisted\":%" PRIu64
+		",\"bytes_persisted\":%" PRIu64 ",\"namespace_ops\":%" PRIu64
+		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
+		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
+		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64 "}}",
+		pq.dir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
+		pq.skipped, pq.errors, pq.last_what, pq.last_err ? "retrying" : "ok",
+		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
+		pq.fetched_files, pq.fetched_bytes);
+	pthread_mutex_unlock(&pq.lock);
+	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
+		return -ERANGE;
+	return (int)(end - buf) + m;
+}

@@ -1,0 +1,72 @@
+/*
+ * fs_persist.h - the persistent tier (-o persist=DIR, tierfs(8)): marked
+ * files drain after their SSD flush to DIR, a directory on a file system
+ * that all nodes share; a mount whose backing directory lacks what DIR
+ * has shows it and fetches it.  See fs_persist.c.
+ */
+#ifndef TIERFS_FS_PERSIST_H
+#define TIERFS_FS_PERSIST_H
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+struct fs_inode;
+struct fuse_args;
+
+#define TIERFS_XATTR_PERSIST	"user.tierfs.persist"
+
+/* Take the persist options out of args, check DIR (exits on a bad one).
+ * After the main options (backing and mount point known). */
+void fs_persist_setup(struct fuse_args *args);
+bool fs_persist_on(void);
+/* The persister thread: start after the engine; stop after the last
+ * flush (waits at most -o persist_wait, logs what was not persisted). */
+void fs_persist_start(void);
+void fs_persist_stop(void);
+
+/* Hooks of the namespace, each called with fs.nslock held (it orders
+ * them): a new version of in was committed; a name is removed or renamed
+ * (begin before the change of the backing directory, end after it). */
+void fs_persist_committed(struct fs_inode *in);
+/* Before a new version of in replaces (or is copied over) its backing
+ * file: the journal says so, should the daemon die before the commit's
+ * hook (a restart then copies whatever version is there). */
+void fs_persist_intent(struct fs_inode *in, bool counted);
+/* the commit of a counted intent is over (after fs_persist_committed) */
+void fs_persist_intent_end(void);
+/* a new name of in (link) */
+void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
+struct pop;
+struct pop *fs_persist_remove_begin(struct fs_inode *dir, const char *name, bool isdir);
+struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct fs_inode *np,
+				    const char *nn, unsigned flags);
+void fs_persist_ns_end(struct pop *op, bool done);	/* done: the change was made */
+/* rmdir of dir/name: -ENOTEMPTY while DIR has entries in it that the
+ * backing directory lacks.  fs.nslock held. */
+int fs_persist_may_rmdir(struct fs_inode *dir, const char *name);
+
+/* A lookup found no dir/name in the backing directory: bring it from DIR
+ * (0: it is there now; -ENOENT: DIR has none either, or it was removed
+ * through the mount).  fs.nslock not held. */
+int fs_persist_fetch(struct fs_inode *dir, const char *name);
+
+/* Directory listings: DIR's entries that the backing directory (dp, an
+ * open stream of in) lacks.  NULL: none (list the backing directory as
+ * usual); otherwise the whole merged listing, served by
+ * fs_persist_readdir() with offsets of its own. */
+struct fs_psnap;
+struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp);
+size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off);
+void fs_persist_snap_free(struct fs_psnap *s);
+
+/* user.tierfs.persist (get/set/remove) and the additions to tier, state
+ * and stats. */
+bool fs_persist_xattr(const char *name);
+int fs_persist_getx(struct fs_inode *in, char *buf, size_t len);
+int fs_persist_setx(struct fs_inode *in, const char *value, size_t size);
+int fs_persist_removex(struct fs_inode *in);
+void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state, size_t sl);
+int fs_persist_stats(char *buf, int n, size_t len);
+
+#endif /* TIERFS_FS_PERSIST_H */

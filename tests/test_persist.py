@@ -1,0 +1,407 @@
+"""The persistent tier (-o persist=DIR): draining marked files to a shared
+directory, removals and renames in order, restart on another "node" (a second
+mount over an empty backing directory), faults of DIR (full, removed,
+read-only)."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import util
+from util import MiB, assert_same, randbytes, read_file, write_file
+
+PX = "user.tierfs.persist"
+
+
+def j(*parts):
+    return os.path.join(*parts)
+
+
+def pstats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["persist"]
+
+
+def xattr(path, name):
+    return os.getxattr(path, name).decode()
+
+
+def wait_for(cond, what, timeout=60):
+    """Liveness only: poll cond() until true (a test fails after timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def leftovers(top):
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        out += [j(dirpath, n) for n in dirnames + filenames if n.startswith(".tierfs")]
+    return out
+
+
+def tree(top):
+    """{relpath: bytes} of the regular files under top (no .tierfs*)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".tierfs")]
+        for n in filenames:
+            if not n.startswith(".tierfs"):
+                p = j(dirpath, n)
+                out[os.path.relpath(p, top)] = read_file(p)
+    return out
+
+
+@pytest.fixture
+def pdir(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs (a shared file system that fills up or turns read-only)."""
+    d = tmp_path / "tmpfs"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tierfs-test", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    yield str(d)
+    subprocess.run(["umount", "-l", str(d)])
+
+
+def test_bad_persist_dir(mount, tmp_path):
+    util.require_daemon()
+    f = tmp_path / "file"
+    f.write_text("x")
+    for bad, msg in [(str(tmp_path / "missing"), "must exist"),
+                     (str(f), "not a directory")]:
+        with pytest.raises(util.DaemonError) as ei:
+            mount(persist=bad)
+        assert msg in str(ei.value)
+
+
+def test_marked_files_drain(mount, pdir):
+    util.require_daemon()
+    m = mount(persist=pdir)
+    os.mkdir(j(m.mnt, "ck"))
+    os.mkdir(j(m.mnt, "scratch"))
+    os.setxattr(j(m.mnt, "ck"), PX, b"1")
+    os.makedirs(j(m.mnt, "ck", "sub", "deep"))
+    want = {}
+    for i, size in enumerate([0, 1, 4096, 3 * MiB + 17, 9 * MiB]):
+        rel = f"ck/sub/deep/f{i}" if i % 2 else f"ck/f{i}"
+        want[rel] = randbytes(size)
+        write_file(j(m.mnt, rel), want[rel])
+    write_file(j(m.mnt, "scratch", "tmp"), b"local only")
+    os.close(os.open(j(m.mnt, "ck", "excluded"), os.O_CREAT | os.O_WRONLY, 0o644))
+    os.setxattr(j(m.mnt, "ck", "excluded"), PX, b"0")
+    write_file(j(m.mnt, "ck", "excluded"), b"not this one")
+    write_file(j(m.mnt, "lone"), b"a marked file")
+    os.setxattr(j(m.mnt, "lone"), PX, b"1")
+    want["lone"] = b"a marked file"
+    assert xattr(j(m.mnt, "ck", "sub", "deep"), PX) == "1"      # inherited
+    assert xattr(j(m.mnt, "scratch", "tmp"), PX) == "0"
+    for rel in want:
+        os.setxattr(j(m.mnt, rel), PX, b"sync")
+        assert_same(read_file(j(pdir, rel)), want[rel], rel)
+        assert "pfs:PERSISTED" in xattr(j(m.mnt, rel), "user.tierfs.state")
+        assert "pfs" in xattr(j(m.mnt, rel), "user.tierfs.tier").split(",")
+    st = pstats(m)
+    assert st["files_persisted"] >= len(want) and st["errors"] == 0
+    assert st["backlog_files"] == 0
+    m.umount()
+    assert tree(pdir) == want
+    assert leftovers(pdir) == []
+
+
+def test_persist_all_and_namespace_order(mount, pdir):
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    os.makedirs(j(m.mnt, "a", "b"))
+    data = {f"a/b/f{i}": randbytes(100000 + i) for i in range(6)}
+    for rel, d in data.items():
+        write_file(j(m.mnt, rel), d)
+    for rel in data:
+        os.setxattr(j(m.mnt, rel), PX, b"sync")
+    # renames and removals, and new versions between them
+    os.rename(j(m.mnt, "a/b/f0"), j(m.mnt, "a/g0"))
+    os.unlink(j(m.mnt, "a/b/f1"))
+    os.rename(j(m.mnt, "a/b/f2"), j(m.mnt, "a/b/f3"))      # over a persisted file
+    os.rename(j(m.mnt, "a/b"), j(m.mnt, "c"))              # a directory
+    write_file(j(m.mnt, "c/f4"), b"new version of f4")
+    os.mkdir(j(m.mnt, "e"))
+    os.rmdir(j(m.mnt, "e"))
+    m.umount()
+    want = {"a/g0": data["a/b/f0"], "c/f3": data["a/b/f2"], "c/f4": b"new version of f4",
+            "c/f5": data["a/b/f5"]}
+    assert tree(pdir) == want
+    assert tree(m.backing) == want
+    assert leftovers(pdir) == []
+
+
+def write_ckpts(m, rng_seed=7, n=12):
+    os.mkdir(j(m.mnt, "run"))
+    os.setxattr(j(m.mnt, "run"), PX, b"1")
+    want = {}
+    for i in range(n):
+        want[f"run/ckpt-{i:03d}"] = randbytes(((i * 7919) % 5 + 1) * MiB // 2 + i,
+                                             util.rng_for(rng_seed + i))
+        write_file(j(m.mnt, f"run/ckpt-{i:03d}"), want[f"run/ckpt-{i:03d}"])
+    os.makedirs(j(m.mnt, "run", "meta"))
+    want["run/meta/step"] = b"step=1200\n"
+    write_file(j(m.mnt, "run/meta/step"), want["run/meta/step"])
+    return want
+
+
+def test_restart_on_another_node(mount, pdir):
+    """Node A writes and persists, is killed and its SSD lost; node B (an
+    empty backing directory, the same DIR) reads everything back."""
+    util.require_daemon()
+    a = mount(persist=pdir)
+    want = write_ckpts(a)
+    # drain without sync: poll the statistics
+    wait_for(lambda: pstats(a)["files_persisted"] >= len(want) and
+             pstats(a)["backlog_files"] == 0, "the drain")
+    a.kill(signal.SIGKILL)
+    shutil.rmtree(a.backing)
+    b = mount(persist=pdir)
+    assert sorted(os.listdir(j(b.mnt, "run"))) == sorted(
+        [os.path.basename(r) for r in want if r.count("/") == 1] + ["meta"])
+    for rel, d in want.items():
+        assert_same(read_file(j(b.mnt, rel)), d, rel)
+    assert pstats(b)["files_fetched"] == len(want)
+    # fetched files are ordinary files of B now, and stay persistent
+    write_file(j(b.mnt, "run", "ckpt-new"), b"written on B")
+    os.setxattr(j(b.mnt, "run", "ckpt-new"), PX, b"sync")
+    assert read_file(j(pdir, "run", "ckpt-new")) == b"written on B"
+    b.umount()
+    assert leftovers(pdir) == []
+    assert leftovers(b.backing) == []
+
+
+def test_restart_with_restore_order(mount, pdir):
+    util.require_daemon()
+    a = mount(persist=pdir)
+    want = write_ckpts(a, rng_seed=99, n=8)
+    for rel in want:
+        os.setxattr(j(a.mnt, rel), PX, b"sync")
+    a.kill(signal.SIGKILL)
+    shutil.rmtree(a.backing)
+    b = mount(persist=pdir)
+    names = sorted(r for r in want if r.startswith("run/ckpt"))[::-1]
+    os.setxattr(j(b.mnt, "run"), "user.tierfs.restore_order",
+                "\n".join(os.path.basename(r) for r in names).encode())
+    os.setxattr(j(b.mnt, "run"), "user.tierfs.prefetch", b"start")
+    for rel in names:
+        assert_same(read_file(j(b.mnt, rel)), want[rel], rel)
+    st = json.loads(os.getxattr(b.mnt, "user.tierfs.stats"))
+    assert st["persist"]["files_fetched"] >= len(names)
+
+
+def test_removed_name_does_not_come_back(mount, pdir):
+    util.require_daemon()
+    a = mount(persist=pdir)
+    want = write_ckpts(a, n=4)
+    for rel in want:
+        os.setxattr(j(a.mnt, rel), PX, b"sync")
+    a.umount()
+    shutil.rmtree(a.backing)
+    # node B removes and renames names that it only has from DIR; the DIR is
+    # slow (persist_bw), so its queue still holds them while we look
+    b = mount(persist=pdir, persist_bw="1M", persist_wait=60)
+    write_file(j(b.mnt, "run", "big"), randbytes(6 * MiB))
+    fd = os.open(j(b.mnt, "run", "big"), os.O_RDONLY)
+    os.fsync(fd)            # its copy is queued before what follows
+    os.close(fd)
+    os.unlink(j(b.mnt, "run", "ckpt-000"))
+    os.rename(j(b.mnt, "run", "ckpt-001"), j(b.mnt, "run", "moved"))
+    assert "ckpt-000" not in os.listdir(j(b.mnt, "run"))
+    assert "ckpt-001" not in os.listdir(j(b.mnt, "run"))
+    assert not os.path.exists(j(b.mnt, "run", "ckpt-000"))
+    assert not os.path.exists(j(b.mnt, "run", "ckpt-001"))
+    assert read_file(j(b.mnt, "run", "moved")) == want["run/ckpt-001"]
+    # a directory that DIR still fills cannot be removed while it shows that
+    with pytest.raises(OSError) as ei:
+        os.rmdir(j(b.mnt, "run", "meta"))
+    assert ei.value.errno == errno.ENOTEMPTY
+    b.umount()
+    assert not os.path.exists(j(pdir, "run", "ckpt-000"))
+    assert not os.path.exists(j(pdir, "run", "ckpt-001"))
+    assert read_file(j(pdir, "run", "moved")) == want["run/ckpt-001"]
+    # and a third node sees the same
+    shutil.rmtree(b.backing)
+    c = mount(persist=pdir)
+    names = sorted(os.listdir(j(c.mnt, "run")))
+    assert names == sorted(["big", "meta", "moved", "ckpt-002", "ckpt-003"])
+
+
+def test_dir_full(mount, small_tmpfs):
+    """DIR fills up: reported, writes unaffected, retried once there is room."""
+    util.require_daemon()
+    filler = j(small_tmpfs, "filler")
+    write_file(filler, b"\0" * (3 * MiB))
+    m = mount(persist=small_tmpfs, expect_errors=["persist: .*No space left",
+                                                  "persist: not in ",
+                                                  "persist: .* not applied"])
+    os.mkdir(j(m.mnt, "ck"))
+    os.setxattr(j(m.mnt, "ck"), PX, b"1")
+    data = randbytes(2 * MiB)
+    write_file(j(m.mnt, "ck", "a"), data)
+    with pytest.raises(OSError) as ei:
+        os.setxattr(j(m.mnt, "ck", "a"), PX, b"sync")
+    assert ei.value.errno == errno.ENOSPC
+    st = pstats(m)
+    assert st["errors"] >= 1 and "No space" in st["last_error"]
+    assert "pfs:FAILED" in xattr(j(m.mnt, "ck", "a"), "user.tierfs.state")
+    # the mount goes on as usual
+    more = randbytes(5 * MiB)
+    write_file(j(m.mnt, "ck", "b"), more)
+    fd = os.open(j(m.mnt, "ck", "b"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    assert read_file(j(m.mnt, "ck", "b")) == more
+    os.unlink(filler)
+    wait_for(lambda: os.path.exists(j(small_tmpfs, "ck", "a")), "the retry")
+    assert read_file(j(small_tmpfs, "ck", "a")) == data
+    wait_for(lambda: "pfs:PERSISTED" in xattr(j(m.mnt, "ck", "a"), "user.tierfs.state"),
+             "the state")
+    # b (5 MiB) can never fit: unmount gives up after persist_wait, says so
+    m.umount()
+    assert "not in " in m.log() and "ck/b" in m.log()
+    assert leftovers(small_tmpfs) == []
+
+
+def test_dir_removed(mount, tmp_path):
+    util.require_daemon()
+    d = str(tmp_path / "shared")
+    os.mkdir(d)
+    m = mount(persist=d, persist_all=True, expect_errors=["persist: .*No such file"])
+    os.rmdir(d)
+    write_file(j(m.mnt, "x"), b"data of x")
+    with pytest.raises(OSError) as ei:
+        os.setxattr(j(m.mnt, "x"), PX, b"sync")
+    assert ei.value.errno == errno.ENOENT
+    assert read_file(j(m.mnt, "x")) == b"data of x"
+    os.mkdir(d)
+    wait_for(lambda: os.path.exists(j(d, "x")), "the retry")
+    assert read_file(j(d, "x")) == b"data of x"
+    assert pstats(m)["errors"] >= 1
+    m.umount()
+
+
+def test_dir_read_only(mount, small_tmpfs):
+    util.require_daemon()
+    m = mount(persist=small_tmpfs, persist_all=True, persist_wait=1,
+              expect_errors=["persist: .*Read-only", "persist: .*not in ",
+                             "persist: .*not applied"])
+    subprocess.run(["mount", "-o", "remount,ro", small_tmpfs], check=True)
+    write_file(j(m.mnt, "y"), b"data of y")
+    with pytest.raises(OSError) as ei:
+        os.setxattr(j(m.mnt, "y"), PX, b"sync")
+    assert ei.value.errno == errno.EROFS
+    write_file(j(m.mnt, "z"), b"z")          # writes and fsync go on
+    fd = os.open(j(m.mnt, "z"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    assert pstats(m)["state"] == "retrying"
+    # unmount does not wait for ever: it says what is missing
+    m.umount()
+    assert "operations not applied" in m.log() or "operation not applied" in m.log()
+    assert read_file(j(m.backing, "y")) == b"data of y"
+    subprocess.run(["mount", "-o", "remount,rw", small_tmpfs], check=True)
+    # the next mount over this backing directory resumes them (its journal)
+    m.start()
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed copies")
+    assert read_file(j(small_tmpfs, "y")) == b"data of y"
+    assert read_file(j(small_tmpfs, "z")) == b"z"
+    m.umount()
+    assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
+
+
+def test_kill_resumes_from_journal(mount, pdir):
+    """Killed with copies and a removal queued: the next daemon over the same
+    backing directory finishes them, and the removed name stays removed."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    write_file(j(m.mnt, "old"), b"old file")
+    os.setxattr(j(m.mnt, "old"), PX, b"sync")
+    assert os.path.exists(j(pdir, "old"))
+    want = {"big": randbytes(6 * MiB), "small": b"small file"}
+    for name, d in want.items():
+        write_file(j(m.mnt, name), d)
+        fd = os.open(j(m.mnt, name), os.O_RDONLY)
+        os.fsync(fd)                   # queued: big first (6 s at 1 MiB/s)
+        os.close(fd)
+    os.unlink(j(m.mnt, "old"))
+    m.kill(signal.SIGKILL)
+    m.start(persist_bw=None)
+    assert not os.path.exists(j(m.mnt, "old"))
+    assert "old" not in os.listdir(m.mnt)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0 and
+             not os.path.exists(j(pdir, "old")), "the resumed queue")
+    m.umount()
+    assert tree(pdir) == want
+
+
+def test_torture_then_dir_matches_backing(tmp_path):
+    """Every operation of the torture harness (writes in place, truncates,
+    renames over files, links, unlinks of open files...) with persist_all:
+    after a clean unmount DIR holds what the backing directory holds (hard
+    links as separate files), and no temporary."""
+    util.require_daemon()
+    pdir = tmp_path / "shared"
+    pdir.mkdir()
+    work = tmp_path / "work"
+    seconds = os.environ.get("TIERFS_TORTURE_SECONDS", "20")
+    cmd = [sys.executable, j(util.TESTS_DIR, "torture.py"), "--workdir", str(work),
+           "--seconds", seconds, "--rate", "64", "--host-cache", "16M", "--keep",
+           "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
+    seed = os.environ.get("TIERFS_TORTURE_SEED")
+    if seed:
+        cmd += ["--seed", seed]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=600, env=dict(os.environ, TIERFS_BIN=util.tierfs_bin()))
+    assert r.returncode == 0, r.stdout[-20000:]
+    backing = j(str(work), "tierfs", "backing")
+    got, want = tree(str(pdir)), tree(backing)
+    assert sorted(got) == sorted(want)
+    for rel in want:
+        assert_same(got[rel], want[rel], rel)
+    assert leftovers(str(pdir)) == []
+
+
+def test_versions_never_mixed(mount, pdir):
+    """A file rewritten again and again while it drains: DIR's copy is always
+    one whole version (every byte of a version is its number)."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="64M")
+    path, copy = j(m.mnt, "ck"), j(pdir, "ck")
+    size = 3 * MiB
+    seen = set()
+    for v in range(1, 40):
+        with open(path, "r+b" if v > 1 else "wb") as f:
+            f.write(bytes([v]) * size)          # in place: the same file
+            os.fsync(f.fileno())
+        if v == 20:
+            wait_for(lambda: os.path.exists(copy), "a first copy")
+        try:
+            got = read_file(copy)
+        except FileNotFoundError:
+            continue
+        assert len(got) == size and got == bytes([got[0]]) * size, "a mixed copy"
+        seen.add(got[0])
+    os.setxattr(path, PX, b"sync")
+    assert read_file(copy) == bytes([39]) * size
+    assert seen, "no copy was seen while writing"
