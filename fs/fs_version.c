@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 
 /*
  * Test hook: TIERFS_FAULT=POINT makes the daemon kill itself (SIGKILL) at
@@ -132,6 +133,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	if (ret < 0 && !gone && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
 		/* no O_TMPFILE here: the file itself, in place (not atomic) */
 		*inplace = true;
+		fs_persist_intent(in, false);
 		ret = open_held(in, O_RDWR, want_direct, direct);
 	}
 	fs_inode_put(dir);
@@ -638,7 +640,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	struct fs_inode *in = in_of(f), *dir = NULL;
 	char *name = NULL;
 	struct stat old;
-	bool unlinked, open;
+	bool unlinked, open, intended = false;
 	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
@@ -649,6 +651,11 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		if (durable && fsync(fd) < 0)
 			ret = -errno;
 		close(fd);
+		if (!ret && fs_persist_on()) {
+			fs_ns_lock();
+			fs_persist_committed(in);
+			fs_ns_unlock();
+		}
 		return ret;
 	}
 	fs_ns_lock();
@@ -691,6 +698,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		fd = -1;
 		goto out_close;
 	}
+	fs_persist_intent(in, true);
+	intended = true;
 	if (old.st_nlink > 1 || !name) {
 		/* hard-linked, or no name of it is known: copy it in place */
 		ret = copy_journalled(dir, name, ofd, fd, &old);
@@ -705,6 +714,10 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 out_close:
 	if (fd >= 0)
 		close(fd);
+	if (!ret && !unlinked)
+		fs_persist_committed(in);	/* in order with renames: nslock */
+	if (intended)
+		fs_persist_intent_end();
 	fs_ns_unlock();
 	free(name);
 	if (dir)
@@ -790,6 +803,7 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 		fs_ns_unlock();
 		return ret;
 	}
+	fs_persist_intent(in, false);	/* changed in place, as v_open's */
 	if (len)
 		n = pwrite(fd, buf, (size_t)len, 0);
 	if (fault_at("small_written"))
@@ -806,6 +820,11 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 	if (ret > 0 && fdatasync(fd) < 0)
 		ret = -errno;
 	close(fd);
+	if (ret > 0 && fs_persist_on()) {
+		fs_ns_lock();
+		fs_persist_committed(in);	/* in order with renames */
+		fs_ns_unlock();
+	}
 	return ret;
 }
 

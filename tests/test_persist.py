@@ -405,3 +405,22 @@ def test_versions_never_mixed(mount, pdir):
     os.setxattr(path, PX, b"sync")
     assert read_file(copy) == bytes([39]) * size
     assert seen, "no copy was seen while writing"
+
+
+def test_small_first_versions_drain_without_asking(mount, pdir):
+    """A new file of at most a page is flushed into its empty backing file in
+    place (no new version inode): it reaches DIR all the same, without a
+    persist=sync to push it."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    want = {f"s{i}": randbytes(n) for i, n in enumerate([1, 100, 4096])}
+    for rel, data in want.items():
+        write_file(j(m.mnt, rel), data)
+
+    def drained():
+        return all(os.path.exists(j(pdir, rel)) and read_file(j(pdir, rel)) == data
+                   for rel, data in want.items())
+
+    wait_for(drained, "the small files in DIR", timeout=30)
+    m.umount()
+    assert tree(pdir) == want
