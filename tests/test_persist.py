@@ -424,3 +424,21 @@ def test_small_first_versions_drain_without_asking(mount, pdir):
     wait_for(drained, "the small files in DIR", timeout=30)
     m.umount()
     assert tree(pdir) == want
+
+
+def test_python_persist_helpers(mount, pdir):
+    """tierfs.persist() marks and reads the mark; tierfs.persist_sync()
+    returns once the file is in DIR."""
+    util.require_daemon()
+    sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+    import tierfs
+    m = mount(persist=pdir)
+    os.mkdir(j(m.mnt, "ck"))
+    assert tierfs.persist(j(m.mnt, "ck")) is False
+    assert tierfs.persist(j(m.mnt, "ck"), True) is True
+    data = randbytes(3 * MiB + 5)
+    write_file(j(m.mnt, "ck", "a"), data)
+    assert tierfs.persist(j(m.mnt, "ck", "a")) is True          # inherited
+    tierfs.persist_sync(j(m.mnt, "ck", "a"))
+    assert_same(read_file(j(pdir, "ck", "a")), data, "ck/a")
+    m.umount()

@@ -32,7 +32,7 @@ __all__ = [
     "TierfsError", "NotTierfsError", "BadNameError",
     "restore_order", "queued", "clear", "restore_next", "prefetch",
     "tier", "state", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
-    "daemon_pid", "check_names",
+    "daemon_pid", "check_names", "persist", "persist_sync",
 ]
 
 __version__ = "0.1.0"
@@ -45,6 +45,7 @@ XATTR_TIER = PREFIX + "tier"
 XATTR_STATE = PREFIX + "state"
 XATTR_STATS = PREFIX + "stats"
 XATTR_EVICT = PREFIX + "evict"
+XATTR_PERSIST = PREFIX + "persist"
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
 LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT"
@@ -455,3 +456,23 @@ def evict(path, wait=True, timeout=None):
     if wait:
         wait_flushed(path, timeout=timeout)
     os.setxattr(path, XATTR_EVICT, b"")
+
+
+def persist(path, on=None):
+    """Mark file or directory `path` persistent (on=True: copied to the
+    mount's -o persist=DIR after its SSD flush; a directory's mark covers
+    what is created under it) or not (on=False).  Returns the mark in
+    effect (True or False) after the change, or now when on is None.
+    OSError ENOTSUP where the mount has no persist=DIR."""
+    _need_tierfs(path)
+    if on is not None:
+        os.setxattr(path, XATTR_PERSIST, b"1" if on else b"0")
+    return os.getxattr(path, XATTR_PERSIST).strip() == b"1"
+
+
+def persist_sync(path):
+    """Return once file `path` is complete in the mount's persist=DIR (its
+    current content flushed and copied there), or raise the OSError DIR
+    gave (ENOSPC, EROFS, EIO, ...)."""
+    _need_tierfs(path)
+    os.setxattr(path, XATTR_PERSIST, b"sync")
