@@ -1823,7 +1823,7 @@ void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state
 
 int fs_persist_stats(char *buf, int n, size_t len)
 {
-	char *end;
+	char *end, jdir[6 * PATH_MAX + 1], jwhat[6 * 96 + 1];
 	int m;
 
 	if (!pq.dir || n <= 0)
@@ -1832,6 +1832,9 @@ int fs_persist_stats(char *buf, int n, size_t len)
 	if (!end)
 		return n;
 	pthread_mutex_lock(&pq.lock);
+	/* both may hold any byte a path can (quotes, backslashes) */
+	tier_json_string(jdir, sizeof(jdir), pq.dir);
+	tier_json_string(jwhat, sizeof(jwhat), pq.last_what);
 	m = snprintf(end, len - (size_t)(end - buf),
 		",\"persist\":{\"dir\":\"%s\",\"backlog_files\":%" PRIu64
 		",\"backlog_bytes\":%" PRIu64 ",\"files_persisted\":%" PRIu64
@@ -1839,8 +1842,8 @@ int fs_persist_stats(char *buf, int n, size_t len)
 		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
 		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
 		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64 "}}",
-		pq.dir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
-		pq.skipped, pq.errors, pq.last_what, pq.last_err ? "retrying" : "ok",
+		jdir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
+		pq.skipped, pq.errors, jwhat, pq.last_err ? "retrying" : "ok",
 		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
 		pq.fetched_files, pq.fetched_bytes);
 	pthread_mutex_unlock(&pq.lock);

@@ -441,4 +441,23 @@ def test_python_persist_helpers(mount, pdir):
     assert tierfs.persist(j(m.mnt, "ck", "a")) is True          # inherited
     tierfs.persist_sync(j(m.mnt, "ck", "a"))
     assert_same(read_file(j(pdir, "ck", "a")), data, "ck/a")
+    out = subprocess.run([sys.executable, j(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("persist"))
+    assert pdir in line and " files / " in line, line
+    m.umount()
+
+
+def test_stats_are_json_whatever_dir_is_called(mount, tmp_path):
+    """DIR's path and the last error's file name go into user.tierfs.stats
+    as JSON strings: quotes and backslashes in them are escaped."""
+    util.require_daemon()
+    odd = tmp_path / 'p"q'          # (a backslash would be an -o escape)
+    odd.mkdir()
+    m = mount(persist=str(odd), persist_all=True)
+    write_file(j(m.mnt, 'f"\\'), b"x" * 5000)
+    os.setxattr(j(m.mnt, 'f"\\'), PX, b"sync")
+    st = pstats(m)                  # json.loads inside
+    assert st["dir"] == str(odd) and st["files_persisted"] >= 1, st
     m.umount()

@@ -334,34 +334,12 @@ void gpu_tier_destroy(struct gpu_tier *g)
 
 /* ---- statistics ------------------------------------------------------- */
 
-/* s as the inside of a JSON string into buf (always NUL-terminated). */
-static void json_string(char *buf, size_t len, const char *s)
-{
-	size_t at = 0;
-
-	if (!len)
-		return;
-	for (; *s && at + 7 < len; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\') {
-			buf[at++] = '\\';
-			buf[at++] = (char)ch;
-		} else if (ch < 0x20) {
-			at += (size_t)snprintf(buf + at, len - at, "\\u%04x", ch);
-		} else {
-			buf[at++] = (char)ch;
-		}
-	}
-	buf[at] = '\0';
-}
-
 int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len)
 {
 	char name[2 * sizeof(g->name)];
 	int n;
 
-	json_string(name, sizeof(name), g->name);
+	tier_json_string(name, sizeof(name), g->name);
 	n = snprintf(buf, len, ",\"mapped\":%" PRIu64 ",\"fully_mapped\":%s"
 		     ",\"device\":\"%s\",\"device_id\":%d",
 		     gpu_vmm_mapped(g->vmm),

@@ -5,6 +5,7 @@
 #ifndef TIERFS_LOG_H
 #define TIERFS_LOG_H
 
+#include <stddef.h>
 #include <syslog.h>
 
 extern int tierfs_log_level;		/* syslog level, LOG_NOTICE default */
@@ -15,5 +16,9 @@ void tierfs_log(int level, const char *fmt, ...)
 		tierfs_log((level), __VA_ARGS__);			\
 } while (0)
 extern int tierfs_log_syslog;		/* log to syslog (detached daemon) */
+
+/* s as the inside of a JSON string into buf (always NUL-terminated):
+ * quotes, backslashes and control characters escaped. */
+void tier_json_string(char *buf, size_t len, const char *s);
 
 #endif /* TIERFS_LOG_H */

@@ -215,6 +215,23 @@ def dedup_line(stats):
     return line
 
 
+def persist_line(stats):
+    p = sub(stats, "persist")
+    if not p:
+        return None
+    line = ("persist   {}: {} files / {} persisted, backlog {} files / {}, "
+            "{} errors, {}/s").format(
+        p.get("dir", "-"), count(p.get("files_persisted")), human(p.get("bytes_persisted")),
+        count(p.get("backlog_files")), human(p.get("backlog_bytes")),
+        count(p.get("errors")), human(p.get("bandwidth")))
+    if num(p.get("files_fetched")):
+        line += ", fetched {} files / {}".format(count(p.get("files_fetched")),
+                                                 human(p.get("bytes_fetched")))
+    if p.get("state") == "retrying":
+        line += " (retrying: {})".format(p.get("last_error", ""))
+    return line
+
+
 def prefetch_line(stats):
     p = sub(stats, "prefetch")
     if not p:
@@ -277,8 +294,10 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
         lines += table(tier_rows(stats))
     else:
         lines.append("(no cache tiers reported)")
-    lines += ["", ssd_line(stats), dedup_line(stats), prefetch_line(stats),
-              reads_line(stats)]
+    lines += ["", ssd_line(stats), dedup_line(stats)]
+    if persist_line(stats):
+        lines.append(persist_line(stats))
+    lines += [prefetch_line(stats), reads_line(stats)]
     if watch:
         lines.append(rates_line(prev, stats, dt))
     return "\n".join(lines) + "\n"
