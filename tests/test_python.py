@@ -219,6 +219,9 @@ def test_make_install_puts_the_package_where_python_finds_it(tmp_path):
     """`make install` (DESTDIR) installs the package, tierfsctl and its man
     page; the installed tierfsctl finds the installed package."""
     build = os.path.dirname(util.tierfs_bin())
+    if not os.path.isfile(os.path.join(util.REPO_DIR, "build-aux", "missing")):
+        pytest.skip("the source tree is not bootstrapped (autoreconf): a build "
+                    "directory carried without it")
     if not os.path.isfile(os.path.join(build, "Makefile")):
         pytest.skip("TIERFS_BIN is not in a configured build directory")
     dest = str(tmp_path / "dest")
