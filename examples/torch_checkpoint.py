@@ -4,6 +4,7 @@ tierfs mount with torch.save, then restores its checkpoints newest first
 with restore hints (the Python package tierfs).
 
 usage: torch_checkpoint.py DIR [--steps N] [--every K] [--width W] [--device DEV]
+                           [--gpu-io]
 
 The forward part trains a small network (CPU tensors by default; --device
 cuda to train on a GPU) and saves model and optimizer every K steps into
@@ -14,6 +15,12 @@ an adjoint pass: tierfs.restore_order), so tierfs prefetches them from the
 SSD into its caches ahead of the reads; it loads each one with torch.load,
 checks its parameters against those saved, and says which tier served it.
 Then it waits until every checkpoint is on the SSD (tierfs.wait_flushed).
+
+With --device cuda --gpu-io the parameters skip host memory: they are
+saved as one flat CUDA tensor with tierfs.save_gpu (the GPU ioctl of
+libtierfs, device to device into tierfs's GPU cache) next to the
+torch.save of the rest (DIR/ckpt-NNNNN.gpu beside ckpt-NNNNN.pt), and
+restored with tierfs.load_gpu.
 
 On another file system it runs without the hints.  Exit status 0 when every
 checkpoint came back identical, 1 otherwise.
@@ -42,6 +49,10 @@ def digest(model):
     return h.hexdigest()
 
 
+def gpu_name(name):
+    return name[:-len(".pt")] + ".gpu"
+
+
 def make_model(width, device):
     torch.manual_seed(0)
     return torch.nn.Sequential(
@@ -67,9 +78,13 @@ def train(d, args, on_tierfs):
             opt.step()
             if step % args.every == 0:
                 name = f"ckpt-{step:05d}.pt"
-                torch.save({"step": step, "model": model.state_dict(),
-                            "optim": opt.state_dict(), "loss": loss.item()},
-                           os.path.join(d, name))
+                ck = {"step": step, "optim": opt.state_dict(), "loss": loss.item()}
+                if args.gpu_io:         # the parameters device to device
+                    flat = torch.nn.utils.parameters_to_vector(model.parameters())
+                    tierfs.save_gpu(os.path.join(d, gpu_name(name)), flat.contiguous())
+                else:
+                    ck["model"] = model.state_dict()
+                torch.save(ck, os.path.join(d, name))
                 saved[name] = digest(model)
                 print(f"step {step:5d}  loss {loss.item():.5f}  saved {name}")
     finally:
@@ -89,14 +104,22 @@ def restore(d, args, saved, on_tierfs):
             where = ",".join(tierfs.tier(path)) if on_tierfs else "-"
             ck = torch.load(path, map_location=args.device)
             model = make_model(args.width, args.device)
-            model.load_state_dict(ck["model"])
+            if args.gpu_io:
+                flat = torch.nn.utils.parameters_to_vector(model.parameters())
+                tierfs.load_gpu(os.path.join(d, gpu_name(name)), flat)
+                torch.nn.utils.vector_to_parameters(flat, model.parameters())
+                where += " (parameters through the GPU ioctl)"
+            else:
+                model.load_state_dict(ck["model"])
             ok = digest(model) == saved[name]
             bad += not ok
             print(f"restored {name} (step {ck['step']}) from {where}: "
                   f"{'identical' if ok else 'DIFFERENT'}")
 
     if on_tierfs:
-        with tierfs.restore_order(d, names):
+        order = [n for name in names for n in
+                 ((gpu_name(name), name) if args.gpu_io else (name,))]
+        with tierfs.restore_order(d, order):
             load_all()
     else:
         load_all()
@@ -110,7 +133,11 @@ def main():
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--width", type=int, default=512, help="hidden layer width")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--gpu-io", action="store_true",
+                    help="parameters through the GPU ioctl (tierfs.save_gpu/load_gpu)")
     args = ap.parse_args()
+    if args.gpu_io and not args.device.startswith("cuda"):
+        ap.error("--gpu-io needs --device cuda")
     os.makedirs(args.dir, exist_ok=True)
     on_tierfs = tierfs.is_tierfs(args.dir)
     if not on_tierfs:

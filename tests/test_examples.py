@@ -3,6 +3,7 @@ rot: the C adjoint (stdio checkpoints, a restore order through setxattr)
 and the PyTorch training loop (torch.save, hints through the Python
 package; skipped where torch cannot be imported)."""
 
+import glob
 import os
 import re
 import subprocess
@@ -78,3 +79,31 @@ def test_torch_checkpoint(mount):
     assert tierfs.prefetch(d)                          # held only while training
     for step in range(5, 31, 5):
         assert os.path.isfile(os.path.join(m.backing, "train", f"ckpt-{step:05d}.pt"))
+
+
+@pytest.mark.gpu
+def test_torch_checkpoint_cuda_through_the_ioctl(mount):
+    """The PyTorch example on the GPU: CUDA tensors, the parameters saved and
+    restored device to device with tierfs.save_gpu / load_gpu (libtierfs's
+    ioctl), the rest with torch.save; every checkpoint restored identical."""
+    r = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                       capture_output=True, timeout=300)
+    if r.returncode:
+        pytest.skip("torch with CUDA cannot be imported here")
+    lib = glob.glob(os.path.join(os.path.dirname(util.tierfs_bin()), ".libs", "libtierfs.so.*"))
+    if not lib:
+        pytest.skip("no libtierfs.so next to the daemon")
+    m = mount(gpu_cache="256M", host_cache="256M")
+    d = os.path.join(m.mnt, "train")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TIERFS_LIB=sorted(lib)[0],
+               CUDA_VISIBLE_DEVICES=util.GPU)
+    r = subprocess.run([sys.executable, os.path.join(util.REPO_DIR, "examples",
+                                                     "torch_checkpoint.py"),
+                        d, "--steps", "30", "--every", "5", "--width", "256",
+                        "--device", "cuda", "--gpu-io"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all 6 checkpoints restored identical" in r.stdout, r.stdout
+    assert r.stdout.count("(parameters through the GPU ioctl): identical") == 6, r.stdout
+    for step in range(5, 31, 5):
+        assert os.path.isfile(os.path.join(m.backing, "train", f"ckpt-{step:05d}.gpu"))

@@ -33,6 +33,7 @@ __all__ = [
     "restore_order", "queued", "clear", "restore_next", "prefetch",
     "tier", "state", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
     "daemon_pid", "check_names", "persist", "persist_sync",
+    "pwrite_gpu", "pread_gpu", "save_gpu", "load_gpu",
 ]
 
 __version__ = "0.1.0"
@@ -476,3 +477,107 @@ def persist_sync(path):
     gave (ENOSPC, EROFS, EIO, ...)."""
     _need_tierfs(path)
     os.setxattr(path, XATTR_PERSIST, b"sync")
+
+
+# ---- GPU memory through the ioctl (libtierfs, tierfs-gpu(7)) -------------
+
+_lib = None
+
+
+def _libtierfs():
+    """libtierfs (the GPU ioctl's C library): $TIERFS_LIB, else the system's."""
+    global _lib
+    if _lib is None:
+        import ctypes
+        import ctypes.util
+        tried = []
+        for name in (os.environ.get("TIERFS_LIB"), ctypes.util.find_library("tierfs"),
+                     "libtierfs.so.0"):
+            if not name:
+                continue
+            try:
+                lib = ctypes.CDLL(name, use_errno=True)
+            except OSError as e:
+                tried.append(f"{name}: {e}")
+                continue
+            for fn in (lib.tierfs_pwrite_gpu, lib.tierfs_pread_gpu):
+                fn.restype = ctypes.c_ssize_t
+                fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_longlong]
+            _lib = lib
+            break
+        if _lib is None:
+            raise TierfsError("libtierfs not found (set TIERFS_LIB): " + "; ".join(tried))
+    return _lib
+
+
+def _gpu_io(write, fd, ptr, nbytes, offset):
+    import ctypes
+    lib = _libtierfs()
+    fn = lib.tierfs_pwrite_gpu if write else lib.tierfs_pread_gpu
+    done = 0
+    while done < nbytes:
+        r = fn(fd, ptr + done, nbytes - done, offset + done)
+        if r < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        if r == 0:
+            break               # a read at end of file
+        done += r
+    return done
+
+
+def pwrite_gpu(fd, ptr, nbytes, offset=0):
+    """Write nbytes of GPU memory at device address ptr to fd at offset,
+    device to device where the file is in the GPU cache.  Returns nbytes."""
+    return _gpu_io(True, fd, ptr, nbytes, offset)
+
+
+def pread_gpu(fd, ptr, nbytes, offset=0):
+    """Read up to nbytes of fd at offset into GPU memory at ptr.  Returns the
+    bytes read (fewer at end of file)."""
+    return _gpu_io(False, fd, ptr, nbytes, offset)
+
+
+def _tensor_span(t):
+    if not getattr(t, "is_cuda", False) or not t.is_contiguous():
+        raise ValueError("a contiguous CUDA tensor is needed")
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+def save_gpu(path, tensor):
+    """Write the bytes of a contiguous CUDA tensor (PyTorch, or anything with
+    data_ptr/numel/element_size/is_cuda/is_contiguous) to a new file `path`
+    through the ioctl: no copy through host memory.  The tensor's producers
+    are synchronised first (torch.cuda.synchronize)."""
+    ptr, n = _tensor_span(tensor)
+    _sync(tensor)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        pwrite_gpu(fd, ptr, n)
+    finally:
+        os.close(fd)
+
+
+def load_gpu(path, tensor):
+    """Fill a contiguous CUDA tensor from file `path` (written by save_gpu:
+    the same number of bytes) through the ioctl.  Returns the tensor."""
+    ptr, n = _tensor_span(tensor)
+    _sync(tensor)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size != n:
+            raise ValueError(f"{path}: {size} bytes, the tensor has {n}")
+        if pread_gpu(fd, ptr, n) != n:
+            raise OSError(errno.EIO, f"{path}: short read")
+    finally:
+        os.close(fd)
+    return tensor
+
+
+def _sync(tensor):
+    mod = type(tensor).__module__
+    if mod.startswith("torch"):
+        import torch
+        torch.cuda.synchronize(tensor.device)
