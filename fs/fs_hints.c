@@ -22,56 +22,8 @@
 #include <sys/stat.h>
 
 #include "fs_hints.h"
+#include "tierfs_names.h"
 #include "tierfs.h"
-
-/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
-static bool utf8_ok(const unsigned char *s, size_t n)
-{
-	size_t i = 0;
-
-	while (i < n) {
-		unsigned c = s[i], need, min, cp;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if ((c & 0xe0) == 0xc0) {
-			need = 1; min = 0x80; cp = c & 0x1f;
-		} else if ((c & 0xf0) == 0xe0) {
-			need = 2; min = 0x800; cp = c & 0x0f;
-		} else if ((c & 0xf8) == 0xf0) {
-			need = 3; min = 0x10000; cp = c & 0x07;
-		} else {
-			return false;
-		}
-		for (unsigned k = 1; k <= need; k++) {
-			if (i + k >= n || (s[i + k] & 0xc0) != 0x80)
-				return false;
-			cp = (cp << 6) | (s[i + k] & 0x3f);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return false;
-		i += need + 1;
-	}
-	return true;
-}
-
-static int check_name(const char *name, size_t len)
-{
-	if (len == 0)
-		return 1;		/* empty line: skipped */
-	if (len > 255 || memchr(name, '/', len) || memchr(name, 0, len))
-		return -EINVAL;
-	if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
-		return -EINVAL;
-	if (len >= sizeof(FS_HIDDEN_PREFIX) - 1 &&
-	    !memcmp(name, FS_HIDDEN_PREFIX, sizeof(FS_HIDDEN_PREFIX) - 1))
-		return -EINVAL;
-	if (!utf8_ok((const unsigned char *)name, len))
-		return -EINVAL;
-	return 0;
-}
 
 /* Drop the references of files[0..n). */
 static void put_files(struct tfile **files, size_t n)
@@ -106,7 +58,7 @@ static int set_restore_order(struct fs_inode *dir, const char *value, size_t siz
 
 		if (nl)
 			*nl = 0;
-		ret = check_name(p, len);
+		ret = tierfs_hint_name_check(p, len);
 		if (ret < 0)
 			goto out;
 		if (ret == 0) {

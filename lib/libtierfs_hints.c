@@ -23,44 +23,11 @@
 #include <unistd.h>
 
 #include "tierfs.h"
+#include "tierfs_names.h"
 
 #define TIERFS_EXPORT __attribute__((visibility("default")))
 
 #define VALUE_MAX	(64 * 1024)	/* the kernel's limit on one value */
-#define HIDDEN_PREFIX	".tierfs"	/* names tierfs keeps to itself */
-
-/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)?  As fs_hints.c. */
-static bool utf8_ok(const unsigned char *s, size_t n)
-{
-	size_t i = 0;
-
-	while (i < n) {
-		unsigned c = s[i], need, min, cp;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if ((c & 0xe0) == 0xc0) {
-			need = 1; min = 0x80; cp = c & 0x1f;
-		} else if ((c & 0xf0) == 0xe0) {
-			need = 2; min = 0x800; cp = c & 0x0f;
-		} else if ((c & 0xf8) == 0xf0) {
-			need = 3; min = 0x10000; cp = c & 0x07;
-		} else {
-			return false;
-		}
-		for (unsigned k = 1; k <= need; k++) {
-			if (i + k >= n || (s[i + k] & 0xc0) != 0x80)
-				return false;
-			cp = (cp << 6) | (s[i + k] & 0x3f);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return false;
-		i += need + 1;
-	}
-	return true;
-}
 
 /* A name the daemon accepts, and, if it exists in dirfd, a regular file. */
 static bool name_ok(int dirfd, const char *name)
@@ -68,13 +35,9 @@ static bool name_ok(int dirfd, const char *name)
 	size_t len = name ? strlen(name) : 0;
 	struct stat st;
 
-	if (len == 0 || len > 255 || strchr(name, '/') || strchr(name, '\n'))
-		return false;
-	if (!strcmp(name, ".") || !strcmp(name, ".."))
-		return false;
-	if (!strncmp(name, HIDDEN_PREFIX, sizeof(HIDDEN_PREFIX) - 1))
-		return false;
-	if (!utf8_ok((const unsigned char *)name, len))
+	/* the daemon's rule; a newline would split the line, an empty
+	 * name would be skipped */
+	if (len == 0 || strchr(name, '\n') || tierfs_hint_name_check(name, len))
 		return false;
 	if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
 		return false;
