@@ -165,6 +165,35 @@ static void jappend(const struct pop *op)
 	}
 }
 
+/*
+ * A copy's temporary in DIR, before it is created: "T0", its path under
+ * DIR.  Replay removes the temporaries of a killed daemon (a name that was
+ * renamed into place meanwhile no longer exists); they count as no
+ * operation.  The copy's operation is at the queue's head meanwhile, so the
+ * journal is not emptied under it.
+ */
+static void jtemp(const char *rel, const char *tmp)
+{
+	char rec[PATH_MAX + 32];
+	const char *slash = strrchr(rel, '/');
+	int n, m;
+
+	n = snprintf(rec, sizeof(rec), "T0") + 1;
+	m = slash ? snprintf(rec + n, sizeof(rec) - (size_t)n, "%.*s/%s",
+			     (int)(slash - rel), rel, tmp)
+		  : snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", tmp);
+	if (m < 0 || (size_t)(n + m + 2) > sizeof(rec))
+		return;
+	n += m + 1;
+	rec[n++] = 0;
+	pthread_mutex_lock(&pq.lock);
+	if (pq.jfd >= 0 && write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	}
+	pthread_mutex_unlock(&pq.lock);
+}
+
 /* ------------------------------------------------------------ options */
 
 struct popts {
@@ -836,6 +865,7 @@ static int copy_out(int src, const struct stat *st, const char *rel)
 	gethostname(host, sizeof(host) - 1);
 	snprintf(tmp, sizeof(tmp), PTMP_PREFIX "%.40s.%lu.%lu", host, (unsigned long)getpid(),
 		 ++counter);
+	jtemp(rel, tmp);
 	wfd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (wfd < 0) {
 		ret = -errno;
@@ -1215,6 +1245,24 @@ static bool jnext(char **p, char *end, char **kf, char **path, char **path2)
 	return true;
 }
 
+/* A temporary that a killed daemon left in DIR (a journal 'T' record). */
+static void remove_temp(const char *rel)
+{
+	int root = open_dir_root();
+
+	if (strncmp(base_of(rel), PTMP_PREFIX, strlen(PTMP_PREFIX)) != 0 || rel[0] == '/' ||
+	    !strncmp(rel, "../", 3) || strstr(rel, "/../")) {
+		if (root >= 0)
+			close(root);
+		return;		/* not one of ours: garbage */
+	}
+	if (root < 0 || (unlinkat(root, rel, 0) < 0 && errno != ENOENT))
+		tlog(LOG_WARNING, "persist: cannot remove the temporary %s/%s that a previous "
+		     "daemon left: %s", pq.dir, rel, strerror(root < 0 ? -root : errno));
+	if (root >= 0)
+		close(root);
+}
+
 /* Queue what the journal of a previous daemon holds (before any request):
  * its operations less as many as it has done-markers (they end in order). */
 static void replay(void)
@@ -1234,8 +1282,11 @@ static void replay(void)
 		got = 0;
 	buf[got] = 0;
 	end = buf + got;
-	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);)
+	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
 		done += kf[0] == 'X';
+		if (kf[0] == 'T' && *path)
+			remove_temp(path);
+	}
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
 		static const char kinds[] = "CUDRIZ";	/* enum pkind, intent, cancel */
 		const char *k = kf[0] ? strchr(kinds, kf[0]) : NULL;

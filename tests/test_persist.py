@@ -332,7 +332,8 @@ def test_dir_read_only(mount, small_tmpfs):
 
 def test_kill_resumes_from_journal(mount, pdir):
     """Killed with copies and a removal queued: the next daemon over the same
-    backing directory finishes them, and the removed name stays removed."""
+    backing directory finishes them, the removed name stays removed, and the
+    temporary of the copy that the kill cut short does not stay in DIR."""
     util.require_daemon()
     m = mount(persist=pdir, persist_all=True, persist_bw="1M")
     write_file(j(m.mnt, "old"), b"old file")
@@ -353,6 +354,7 @@ def test_kill_resumes_from_journal(mount, pdir):
              not os.path.exists(j(pdir, "old")), "the resumed queue")
     m.umount()
     assert tree(pdir) == want
+    assert leftovers(pdir) == []       # the killed daemon's temporary of "big"
 
 
 def test_torture_then_dir_matches_backing(tmp_path):
