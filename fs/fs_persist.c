@@ -106,6 +106,7 @@ static struct {
 	uint64_t files, bytes, ops, skipped, errors, retries;
 	uint64_t fetched_files, fetched_bytes;
 	double busy_s;			/* time spent copying */
+	uint64_t alive;			/* ms: the copy in progress last moved */
 	int last_err;			/* the cause last logged, 0: none */
 	char last_what[96];
 } pq = {
@@ -114,6 +115,50 @@ static struct {
 	.done = PTHREAD_COND_INITIALIZER,
 	.wait_s = 5.0,
 	.jfd = -1,
+};
+
+/*
+ * DIR in bounded time.  What a request asks of DIR (a lookup that missed
+ * locally, a listing, rmdir's emptiness check, the tier and state xattrs)
+ * runs in a small pool of threads while the request waits at most
+ * -o persist_timeout seconds without progress (a fetch that copies is
+ * progress).  A request that gives up marks DIR as not answering: until
+ * one of those calls comes back, requests do not ask DIR at all (names
+ * that the backing directory lacks are absent, listings are the backing
+ * directory's).  A thread stuck in a hung DIR stays stuck; there are at
+ * most PG_THREADS.
+ */
+#define PG_THREADS	4
+
+struct pjob {
+	struct pjob *next;
+	int (*fn)(struct pjob *);
+	struct fs_inode *in;		/* referenced, or NULL */
+	char name[NAME_MAX + 1];
+	char rel[PATH_MAX];
+	int fd;				/* a local directory (dup), or -1 */
+	struct fs_psnap *snap;		/* out: DIR's extra entries */
+	long n;				/* out: their number */
+	struct stat st;			/* out: DIR's rel */
+	int ret;
+	int refs;			/* the caller's and the pool's */
+	bool done, cancel;
+	uint64_t alive;			/* ms: last progress (atomic) */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t work, done;
+	struct pjob *head, *tail;
+	int threads, idle;
+	bool hung;			/* a request gave up on DIR */
+	double timeout;			/* persist_timeout */
+	uint64_t timeouts;		/* requests that gave up */
+} pg = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.work = PTHREAD_COND_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+	.timeout = 10.0,
 };
 
 /*
@@ -201,6 +246,7 @@ struct popts {
 	int all;
 	char *wait;
 	char *bw;
+	char *timeout;
 };
 
 #define POPT(t, p, v) { t, offsetof(struct popts, p), v }
@@ -209,6 +255,7 @@ static const struct fuse_opt popt_spec[] = {
 	POPT("persist_all", all, 1),
 	POPT("persist_wait=%s", wait, 0),
 	POPT("persist_bw=%s", bw, 0),
+	POPT("persist_timeout=%s", timeout, 0),
 	FUSE_OPT_END
 };
 
@@ -262,9 +309,17 @@ void fs_persist_setup(struct fuse_args *args)
 	}
 	if (o.bw)
 		pq.bw = parse_rate(o.bw);
+	if (o.timeout) {
+		char *end;
+
+		pg.timeout = strtod(o.timeout, &end);
+		if (end == o.timeout || *end || !(pg.timeout > 0) || pg.timeout > 86400)
+			pdie("bad persist_timeout (seconds, more than 0)", o.timeout);
+	}
 	if (!o.dir) {
-		if (o.all || o.wait || o.bw)
-			pdie("persist_all, persist_wait and persist_bw need", "-o persist=DIR");
+		if (o.all || o.wait || o.bw || o.timeout)
+			pdie("persist_all, persist_wait, persist_bw and persist_timeout need",
+			     "-o persist=DIR");
 		return;
 	}
 	if (stat(o.dir, &st) < 0)
@@ -282,6 +337,7 @@ void fs_persist_setup(struct fuse_args *args)
 	free(o.dir);
 	free(o.wait);
 	free(o.bw);
+	free(o.timeout);
 }
 
 bool fs_persist_on(void)
@@ -420,6 +476,145 @@ static int open_dir_root(void)
 	int fd = open(pq.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	return fd < 0 ? -errno : fd;
+}
+
+static uint64_t now_ms(void)
+{
+	return (uint64_t)(tier_now() * 1000.0);
+}
+
+static void pjob_put(struct pjob *j)
+{
+	bool last;
+
+	pthread_mutex_lock(&pg.lock);
+	last = --j->refs == 0;
+	pthread_mutex_unlock(&pg.lock);
+	if (!last)
+		return;
+	if (j->in)
+		fs_inode_put(j->in);
+	if (j->fd >= 0)
+		close(j->fd);
+	fs_persist_snap_free(j->snap);
+	free(j);
+}
+
+static void *pg_thread(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&pg.lock);
+	for (;;) {
+		struct pjob *j;
+
+		pg.idle++;
+		while (!pg.head)
+			pthread_cond_wait(&pg.work, &pg.lock);
+		pg.idle--;
+		j = pg.head;
+		pg.head = j->next;
+		if (!pg.head)
+			pg.tail = NULL;
+		if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
+			pthread_mutex_unlock(&pg.lock);
+			j->ret = j->fn(j);
+			pthread_mutex_lock(&pg.lock);
+			if (pg.hung) {
+				pg.hung = false;
+				tlog(LOG_NOTICE, "persist: %s answers again", pq.dir);
+			}
+		}
+		j->done = true;
+		pthread_cond_broadcast(&pg.done);
+		pthread_mutex_unlock(&pg.lock);
+		pjob_put(j);
+		pthread_mutex_lock(&pg.lock);
+	}
+	return NULL;
+}
+
+/*
+ * Run j->fn in the pool; wait while it makes progress.  True: it ran, and
+ * j->ret and its outputs are j's; false: DIR did not answer (now or
+ * before).  The caller puts j either way.
+ */
+static bool pg_run(struct pjob *j, const char *what)
+{
+	uint64_t limit = (uint64_t)(pg.timeout * 1000.0);
+	bool answered;
+
+	j->alive = now_ms();
+	pthread_mutex_lock(&pg.lock);
+	if (pg.hung) {
+		pthread_mutex_unlock(&pg.lock);
+		return false;
+	}
+	if (!pg.idle && pg.threads < PG_THREADS) {
+		pthread_t t;
+		pthread_attr_t a;
+
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		if (pthread_create(&t, &a, pg_thread, NULL) == 0)
+			pg.threads++;
+		pthread_attr_destroy(&a);
+	}
+	if (!pg.threads) {	/* no thread: ask DIR here, unbounded */
+		pthread_mutex_unlock(&pg.lock);
+		j->ret = j->fn(j);
+		return true;
+	}
+	j->refs++;		/* the pool's */
+	j->next = NULL;
+	if (pg.tail)
+		pg.tail->next = j;
+	else
+		pg.head = j;
+	pg.tail = j;
+	pthread_cond_signal(&pg.work);
+	while (!j->done) {
+		struct timespec ts;
+		uint64_t alive = __atomic_load_n(&j->alive, __ATOMIC_RELAXED), now = now_ms();
+
+		if (now >= alive + limit) {
+			__atomic_store_n(&j->cancel, true, __ATOMIC_RELAXED);
+			pg.timeouts++;
+			if (!pg.hung)
+				tlog(LOG_ERR, "persist: %s does not answer (%s: nothing for %.3g s); "
+				     "until it does, names that the backing directory lacks are "
+				     "absent and listings show the backing directory only", pq.dir,
+				     what, pg.timeout);
+			pg.hung = true;
+			break;
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t wait = alive + limit - now;
+
+		if (wait > 1000)
+			wait = 1000;
+		ts.tv_sec += (time_t)(wait / 1000);
+		ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&pg.done, &pg.lock, &ts);
+	}
+	answered = j->done;
+	pthread_mutex_unlock(&pg.lock);
+	return answered;
+}
+
+static struct pjob *pjob_new(int (*fn)(struct pjob *))
+{
+	struct pjob *j = calloc(1, sizeof(*j));
+
+	if (j) {
+		j->fn = fn;
+		j->fd = -1;
+		j->refs = 1;
+	}
+	return j;
 }
 
 /* ------------------------------------------------------------ the queue */
@@ -774,9 +969,10 @@ static const char *base_of(const char *rel)
 
 /*
  * Copy src (size st->st_size) into wfd with a bounded buffer; bw: cap in
- * bytes/s (0: none); stop: give up when it turns true.
+ * bytes/s (0: none); stop: give up when it turns true; alive: the time of
+ * the last progress (ms), or NULL.
  */
-static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop)
+static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop, uint64_t *alive)
 {
 	char *buf = malloc(PCHUNK);
 	uint64_t done = 0;
@@ -820,6 +1016,8 @@ static int copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop)
 			w += k;
 		}
 		done += (uint64_t)n;
+		if (alive)
+			__atomic_store_n(alive, now_ms(), __ATOMIC_RELAXED);
 		if (stop && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
 			ret = -ECANCELED;
 			break;
@@ -872,7 +1070,8 @@ static int copy_out(int src, const struct stat *st, const char *rel)
 		close(dfd);
 		return ret;
 	}
-	ret = copy_data(src, wfd, (uint64_t)st->st_size, pq.bw, &pq.abort);
+	__atomic_store_n(&pq.alive, now_ms(), __ATOMIC_RELAXED);
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, pq.bw, &pq.abort, &pq.alive);
 	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
 		ret = -errno;
 	if (!ret)
@@ -1090,6 +1289,7 @@ static void *persister(void *arg)
 		struct pop *op = pq.head;
 
 		op->started = true;	/* a new commit queues a new copy */
+		__atomic_store_n(&pq.alive, now_ms(), __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&pq.lock);
 		double t0 = tier_now();
 		int ret = op->kind == P_COPY ? do_copy(op) : do_ns(op);
@@ -1459,7 +1659,7 @@ void fs_persist_stop(void)
 
 /* Copy DIR's file (src, stat st) into the backing directory dfd as name. */
 static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, const char *name,
-		      const char *rel)
+		      const char *rel, struct pjob *j)
 {
 	static unsigned long counter;
 	struct timespec tv[2] = { st->st_atim, st->st_mtim };
@@ -1471,7 +1671,7 @@ static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, cons
 	wfd = openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (wfd < 0)
 		return -errno;
-	ret = copy_data(src, wfd, (uint64_t)st->st_size, 0, NULL);
+	ret = copy_data(src, wfd, (uint64_t)st->st_size, 0, &j->cancel, &j->alive);
 	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
 		ret = -errno;
 	if (!ret && fsetxattr(wfd, TIERFS_XATTR_PERSIST, "1", 1, 0) < 0 && errno != ENOTSUP)
@@ -1494,6 +1694,8 @@ static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, cons
 		ret = pfd;
 	else if (whiteout_locked(rel))
 		ret = -ENOENT;
+	else if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+		ret = -ECANCELED;	/* the lookup said "absent" meanwhile */
 	else if (renameat2(fs.root_fd, tmp, pfd, name, RENAME_NOREPLACE) < 0)
 		ret = errno == EEXIST ? 0 : -errno;	/* EEXIST: someone was first */
 	else
@@ -1538,35 +1740,56 @@ static int fetch_dir(const struct stat *st, struct fs_inode *dir, const char *na
 	return ret;
 }
 
-int fs_persist_fetch(struct fs_inode *dir, const char *name)
+static int job_fetch(struct pjob *j)
 {
-	char drel[PATH_MAX], rel[PATH_MAX];
 	struct stat st;
 	int root, src, ret;
 
-	if (!pq.dir || fs_hidden_name(name) || rel_of(dir, drel, sizeof(drel)) ||
-	    join(rel, sizeof(rel), drel, name) || whiteout_locked(rel))
-		return -ENOENT;
 	root = open_dir_root();
 	if (root < 0)
 		return -ENOENT;
-	src = openat(root, rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	src = openat(root, j->rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
 	close(root);
 	if (src < 0)
 		return -ENOENT;
 	if (fstat(src, &st) < 0)
 		ret = -errno;
 	else if (S_ISDIR(st.st_mode))
-		ret = fetch_dir(&st, dir, name, rel);
+		ret = fetch_dir(&st, j->in, j->name, j->rel);
 	else if (S_ISREG(st.st_mode))
-		ret = fetch_file(src, &st, dir, name, rel);
+		ret = fetch_file(src, &st, j->in, j->name, j->rel, j);
 	else
 		ret = -ENOENT;
 	close(src);
-	if (ret && ret != -ENOENT)
-		tlog(LOG_WARNING, "persist: cannot fetch %s from %s: %s", rel, pq.dir,
+	if (ret && ret != -ENOENT && ret != -ECANCELED)
+		tlog(LOG_WARNING, "persist: cannot fetch %s from %s: %s", j->rel, pq.dir,
 		     strerror(-ret));
-	return ret ? -ENOENT : 0;
+	return ret;
+}
+
+int fs_persist_fetch(struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX];
+	struct pjob *j;
+	int ret = -ENOENT;
+
+	if (!pq.dir || fs_hidden_name(name) || strlen(name) > NAME_MAX ||
+	    rel_of(dir, drel, sizeof(drel)))
+		return -ENOENT;
+	j = pjob_new(job_fetch);
+	if (!j)
+		return -ENOENT;
+	snprintf(j->name, sizeof(j->name), "%s", name);
+	if (join(j->rel, sizeof(j->rel), drel, name) || whiteout_locked(j->rel)) {
+		pjob_put(j);
+		return -ENOENT;
+	}
+	fs_inode_get(dir);
+	j->in = dir;
+	if (pg_run(j, "a lookup") && j->ret == 0)
+		ret = 0;
+	pjob_put(j);
+	return ret;
 }
 
 struct pent {
@@ -1656,22 +1879,37 @@ static long add_extras(struct fs_psnap *s, const char *rel, int local)
 	return n;
 }
 
+static int job_extras(struct pjob *j)
+{
+	if (!j->snap && !(j->snap = calloc(1, sizeof(*j->snap))))
+		return -ENOMEM;
+	j->n = add_extras(j->snap, j->rel, j->fd);
+	return 0;
+}
+
 struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp)
 {
-	char rel[PATH_MAX];
-	struct fs_psnap *s;
+	struct fs_psnap *s = NULL, *x;
 	struct dirent *de;
+	struct pjob *j;
 
-	if (!pq.dir || rel_of(in, rel, sizeof(rel)) || add_extras(NULL, rel, dirfd(dp)) == 0)
+	if (!pq.dir || !(j = pjob_new(job_extras)))
 		return NULL;
-	s = calloc(1, sizeof(*s));
-	if (!s)
-		return NULL;
+	if (rel_of(in, j->rel, sizeof(j->rel)) ||
+	    (j->fd = fcntl(dirfd(dp), F_DUPFD_CLOEXEC, 0)) < 0 ||
+	    !pg_run(j, "a listing") || j->ret || j->n == 0 || !(s = calloc(1, sizeof(*s)))) {
+		pjob_put(j);
+		return s;
+	}
 	rewinddir(dp);
 	while ((de = readdir(dp)))
 		if (!fs_hidden_name(de->d_name) && snap_add(s, de->d_name, de->d_type, de->d_ino))
 			break;
-	add_extras(s, rel, dirfd(dp));
+	x = j->snap;
+	for (size_t i = 0; i < x->n; i++)
+		if (snap_add(s, x->e[i].name, x->e[i].type, x->e[i].ino))
+			break;
+	pjob_put(j);
 	return s;
 }
 
@@ -1692,22 +1930,31 @@ size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size,
 	return used;
 }
 
+static int job_count(struct pjob *j)
+{
+	j->n = add_extras(NULL, j->rel, j->fd);
+	return 0;
+}
+
 int fs_persist_may_rmdir(struct fs_inode *dir, const char *name)
 {
-	char drel[PATH_MAX], rel[PATH_MAX];
-	int pfd, fd;
-	long n = 0;
+	char drel[PATH_MAX];
+	struct pjob *j;
+	int pfd, ret = 0;
 
-	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+	if (!pq.dir || rel_of(dir, drel, sizeof(drel)) || !(j = pjob_new(job_count)))
 		return 0;
+	if (join(j->rel, sizeof(j->rel), drel, name)) {
+		pjob_put(j);
+		return 0;
+	}
 	pfd = fs_fd_hold(dir);
-	fd = pfd < 0 ? -1 : openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	j->fd = pfd < 0 ? -1 : openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	fs_fd_release(dir);
-	if (fd < 0)
-		return 0;
-	n = add_extras(NULL, rel, fd);
-	close(fd);
-	return n ? -ENOTEMPTY : 0;
+	if (j->fd >= 0 && pg_run(j, "rmdir's check") && j->n)
+		ret = -ENOTEMPTY;
+	pjob_put(j);
+	return ret;
 }
 
 /* ------------------------------------------------------------ xattrs */
@@ -1749,9 +1996,23 @@ static int persist_sync(struct fs_inode *in)
 	if (ret)
 		return ret;
 	pthread_mutex_lock(&pq.lock);
-	while (!w.done && !pq.exited)
-		pthread_cond_wait(&pq.done, &pq.lock);
-	ret = w.done ? w.err : -ECANCELED;
+	ret = -ECANCELED;
+	while (!w.done && !pq.exited) {
+		struct timespec ts;
+
+		/* a DIR that hangs in the operation at work: give up */
+		if (pq.head && pq.head->started &&
+		    now_ms() - __atomic_load_n(&pq.alive, __ATOMIC_RELAXED) >
+		    (uint64_t)(pg.timeout * 1000.0)) {
+			ret = -ETIMEDOUT;
+			break;
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec++;
+		pthread_cond_timedwait(&pq.done, &pq.lock, &ts);
+	}
+	if (w.done)
+		ret = w.err;
 	/* still queued (a failure): forget the waiter, it is on our stack */
 	for (struct pop *op = pq.head; op; op = op->next) {
 		struct pwait **pp = &op->waiters;
@@ -1830,24 +2091,38 @@ static void append(char *buf, size_t len, const char *s)
 
 /* A file that no copy of this daemon's went to DIR: is DIR's the same
  * version (size and modification time; copies keep it)? */
+static int job_stat(struct pjob *j)
+{
+	int root = open_dir_root(), ret;
+
+	if (root < 0)
+		return root;
+	ret = fstatat(root, j->rel, &j->st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	close(root);
+	return ret;
+}
+
 static bool same_in_dir(struct fs_inode *in)
 {
-	char rel[PATH_MAX];
-	struct stat a, b;
-	int fd, root, ok;
+	struct stat a, *b;
+	struct pjob *j = pjob_new(job_stat);
+	int fd;
+	bool ok;
 
-	if (rel_of(in, rel, sizeof(rel)))
+	if (!j)
 		return false;
+	if (rel_of(in, j->rel, sizeof(j->rel))) {
+		pjob_put(j);
+		return false;
+	}
 	fd = fs_fd_hold(in);
 	ok = fd >= 0 && fstatat(fd, "", &a, AT_EMPTY_PATH) == 0;
 	fs_fd_release(in);
-	root = open_dir_root();
-	if (root < 0)
-		return false;
-	ok = ok && fstatat(root, rel, &b, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(b.st_mode) &&
-	     a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec &&
-	     a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
-	close(root);
+	b = &j->st;
+	ok = ok && pg_run(j, "the state xattr") && j->ret == 0 && S_ISREG(b->st_mode) &&
+	     a.st_size == b->st_size && a.st_mtim.tv_sec == b->st_mtim.tv_sec &&
+	     a.st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+	pjob_put(j);
 	return ok;
 }
 
@@ -1875,6 +2150,8 @@ void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state
 int fs_persist_stats(char *buf, int n, size_t len)
 {
 	char *end, jdir[6 * PATH_MAX + 1], jwhat[6 * 96 + 1];
+	uint64_t timeouts;
+	bool hung;
 	int m;
 
 	if (!pq.dir || n <= 0)
@@ -1882,6 +2159,10 @@ int fs_persist_stats(char *buf, int n, size_t len)
 	end = memrchr(buf, '}', (size_t)n);
 	if (!end)
 		return n;
+	pthread_mutex_lock(&pg.lock);
+	hung = pg.hung;
+	timeouts = pg.timeouts;
+	pthread_mutex_unlock(&pg.lock);
 	pthread_mutex_lock(&pq.lock);
 	/* both may hold any byte a path can (quotes, backslashes) */
 	tier_json_string(jdir, sizeof(jdir), pq.dir);
@@ -1892,11 +2173,12 @@ int fs_persist_stats(char *buf, int n, size_t len)
 		",\"bytes_persisted\":%" PRIu64 ",\"namespace_ops\":%" PRIu64
 		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
 		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
-		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64 "}}",
+		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64
+		",\"dir_answers\":%s,\"timeouts\":%" PRIu64 "}}",
 		jdir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
-		pq.skipped, pq.errors, jwhat, pq.last_err ? "retrying" : "ok",
+		pq.skipped, pq.errors, jwhat, hung ? "not answering" : pq.last_err ? "retrying" : "ok",
 		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
-		pq.fetched_files, pq.fetched_bytes);
+		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts);
 	pthread_mutex_unlock(&pq.lock);
 	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
 		return -ERANGE;

@@ -4,6 +4,7 @@ mount over an empty backing directory), faults of DIR (full, removed,
 read-only)."""
 
 import errno
+import re
 import json
 import os
 import shutil
@@ -463,3 +464,78 @@ def test_stats_are_json_whatever_dir_is_called(mount, tmp_path):
     st = pstats(m)                  # json.loads inside
     assert st["dir"] == str(odd) and st["files_persisted"] >= 1, st
     m.umount()
+
+
+@pytest.fixture
+def passthrough(tmp_path):
+    """A directory served by libfuse's passthrough_ll example (built from
+    libfuse3-dev's examples): a file system whose server can be stopped.
+    Yields (mount point, pid)."""
+    src = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
+    if not os.path.exists(src):
+        pytest.skip(f"{src} missing (libfuse3-dev)")
+    exe, data, mnt = tmp_path / "passthrough_ll", tmp_path / "pt-data", tmp_path / "pt-mnt"
+    data.mkdir()
+    mnt.mkdir()
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    subprocess.run(["cc", "-O2", "-o", str(exe), src] + flags, check=True)
+    proc = subprocess.Popen([str(exe), "-f", "-o", f"source={data}", str(mnt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: util.is_mounted(str(mnt)), "passthrough_ll's mount", 20)
+        yield str(mnt), proc.pid
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        subprocess.run(["umount", "-l", str(mnt)])
+        proc.kill()
+        proc.wait()
+
+
+def test_dir_hangs(mount, passthrough):
+    """DIR stops answering (a shared file system that hangs: here a FUSE
+    file system whose server is stopped).  Writes, fsync, reads, creates and
+    lookups of names that do not exist go on without waiting for it;
+    unmount ends within persist_wait and a bounded grace, and says what was
+    not persisted.  When DIR answers again, a new mount finishes the job."""
+    util.require_daemon()
+    pmnt, pid = passthrough
+    pdir = j(pmnt, "shared")
+    os.mkdir(pdir)
+    m = mount(persist=pdir, persist_all=True, persist_wait=1, persist_timeout=2,
+              expect_errors=[r"persist"])
+    write_file(j(m.mnt, "before"), b"before the hang")
+    os.setxattr(j(m.mnt, "before"), PX, b"sync")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        data = randbytes(2 * MiB)
+        write_file(j(m.mnt, "during"), data)
+        fd = os.open(j(m.mnt, "during"), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        assert_same(read_file(j(m.mnt, "during")), data, "during")
+        assert not os.path.exists(j(m.mnt, "never-made"))   # a lookup miss
+        os.mkdir(j(m.mnt, "sub"))
+        write_file(j(m.mnt, "sub", "f"), b"in a new directory")
+        assert sorted(os.listdir(m.mnt)) == ["before", "during", "sub"]
+        st = pstats(m)
+        assert st["dir_answers"] is False and st["timeouts"] >= 1, st
+        assert st["state"] == "not answering", st
+        with pytest.raises(OSError) as e:       # bounded, and says why
+            os.setxattr(j(m.mnt, "during"), PX, b"sync")
+        assert e.value.errno == errno.ETIMEDOUT
+        elapsed = time.monotonic() - t0
+        assert elapsed < 30, f"the mount waited {elapsed:.1f} s for a hung DIR"
+        t0 = time.monotonic()
+        m.umount(timeout=30)
+        assert time.monotonic() - t0 < 30
+        assert re.search(r"not in .*: copy during|not applied|does not answer",
+                         m.log()), m.log(tail=40)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    m.start(persist_wait=60)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    assert tree(pdir) == {"before": b"before the hang", "during": data,
+                          "sub/f": b"in a new directory"}
