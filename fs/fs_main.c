@@ -254,6 +254,7 @@ static void usage(const char *prog)
 "    -o persist_wait=SECS   at unmount, wait this long for the copies to DIR\n"
 "                           (default 5), then log what is missing\n"
 "    -o persist_bw=RATE     cap the copies to DIR (bytes/s, K/M/G suffixes)\n"
+"    -o persist_keep=N      each directory of DIR keeps its N newest files\n"
 "    -o persist_timeout=SECS  a DIR silent this long is taken as not\n"
 "                           answering (default 10)\n"
 "    -o noatime|relatime|strictatime   access times (default relatime)\n"

@@ -91,6 +91,7 @@ static struct {
 	int all;			/* persist_all */
 	double wait_s;			/* persist_wait */
 	uint64_t bw;			/* persist_bw, bytes/s, 0: no cap */
+	unsigned keep;			/* persist_keep, 0: keep everything */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;		/* work queued; stop */
 	pthread_cond_t done;		/* an operation ended (waiters) */
@@ -105,6 +106,7 @@ static struct {
 	uint64_t backlog_files, backlog_bytes;
 	uint64_t files, bytes, ops, skipped, errors, retries;
 	uint64_t fetched_files, fetched_bytes;
+	uint64_t pruned;		/* removed from DIR by persist_keep */
 	double busy_s;			/* time spent copying */
 	uint64_t alive;			/* ms: the copy in progress last moved */
 	int last_err;			/* the cause last logged, 0: none */
@@ -247,6 +249,7 @@ struct popts {
 	char *wait;
 	char *bw;
 	char *timeout;
+	char *keep;
 };
 
 #define POPT(t, p, v) { t, offsetof(struct popts, p), v }
@@ -256,6 +259,7 @@ static const struct fuse_opt popt_spec[] = {
 	POPT("persist_wait=%s", wait, 0),
 	POPT("persist_bw=%s", bw, 0),
 	POPT("persist_timeout=%s", timeout, 0),
+	POPT("persist_keep=%s", keep, 0),
 	FUSE_OPT_END
 };
 
@@ -316,10 +320,18 @@ void fs_persist_setup(struct fuse_args *args)
 		if (end == o.timeout || *end || !(pg.timeout > 0) || pg.timeout > 86400)
 			pdie("bad persist_timeout (seconds, more than 0)", o.timeout);
 	}
+	if (o.keep) {
+		char *end;
+		unsigned long k = strtoul(o.keep, &end, 10);
+
+		if (end == o.keep || *end || k == 0 || k > 1000000 || o.keep[0] == '-')
+			pdie("bad persist_keep (a number of files, 1 or more)", o.keep);
+		pq.keep = (unsigned)k;
+	}
 	if (!o.dir) {
-		if (o.all || o.wait || o.bw || o.timeout)
-			pdie("persist_all, persist_wait, persist_bw and persist_timeout need",
-			     "-o persist=DIR");
+		if (o.all || o.wait || o.bw || o.timeout || o.keep)
+			pdie("persist_all, persist_wait, persist_bw, persist_timeout and "
+			     "persist_keep need", "-o persist=DIR");
 		return;
 	}
 	if (stat(o.dir, &st) < 0)
@@ -338,6 +350,7 @@ void fs_persist_setup(struct fuse_args *args)
 	free(o.wait);
 	free(o.bw);
 	free(o.timeout);
+	free(o.keep);
 }
 
 bool fs_persist_on(void)
@@ -1041,6 +1054,81 @@ static bool same_version(const struct stat *a, const struct stat *b)
 	       a->st_ctim.tv_nsec == b->st_ctim.tv_nsec && a->st_ino == b->st_ino;
 }
 
+struct kent {
+	struct timespec mtime;
+	char *name;
+};
+
+static int newer_first(const void *a, const void *b)
+{
+	const struct kent *x = a, *y = b;
+
+	if (x->mtime.tv_sec != y->mtime.tv_sec)
+		return x->mtime.tv_sec < y->mtime.tv_sec ? 1 : -1;
+	if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+		return x->mtime.tv_nsec < y->mtime.tv_nsec ? 1 : -1;
+	return -strcmp(x->name, y->name);
+}
+
+/*
+ * -o persist_keep=N: DIR's directory dfd (rel: its path, for the log) keeps
+ * the N newest regular files (modification time, then name); older ones
+ * are removed there, not in the backing directory.  Subdirectories and
+ * temporaries do not count.
+ */
+static void prune(int dfd, const char *rel)
+{
+	struct kent *e = NULL;
+	size_t n = 0, cap = 0, i;
+	struct dirent *de;
+	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while ((de = readdir(d))) {
+		struct stat st;
+
+		if (fs_hidden_name(de->d_name) || !strcmp(de->d_name, ".") ||
+		    !strcmp(de->d_name, "..") ||
+		    (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) ||
+		    fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode))
+			continue;
+		if (n == cap) {
+			struct kent *ne = realloc(e, (cap = cap ? 2 * cap : 64) * sizeof(*e));
+
+			if (!ne)
+				break;
+			e = ne;
+		}
+		if (!(e[n].name = strdup(de->d_name)))
+			break;
+		e[n++].mtime = st.st_mtim;
+	}
+	closedir(d);
+	if (n > pq.keep)
+		qsort(e, n, sizeof(*e), newer_first);
+	for (i = pq.keep; i < n; i++) {
+		if (unlinkat(dfd, e[i].name, 0) == 0) {
+			pthread_mutex_lock(&pq.lock);
+			pq.pruned++;
+			pthread_mutex_unlock(&pq.lock);
+			tlog(LOG_INFO, "persist: persist_keep=%u: removed %s/%s%s%s", pq.keep,
+			     pq.dir, rel, *rel ? "/" : "", e[i].name);
+		} else if (errno != ENOENT) {
+			tlog(LOG_WARNING, "persist: persist_keep: cannot remove %s/%s%s%s: %s",
+			     pq.dir, rel, *rel ? "/" : "", e[i].name, strerror(errno));
+		}
+	}
+	for (i = 0; i < n; i++)
+		free(e[i].name);
+	free(e);
+}
+
 /*
  * Copy src (a version of a backing file) to rel under DIR as a complete
  * new version.  -EAGAIN: src changed while it was copied.
@@ -1088,6 +1176,13 @@ static int copy_out(int src, const struct stat *st, const char *rel)
 		unlinkat(dfd, tmp, 0);
 	else if (fsync(dfd) < 0 && errno != EINVAL)
 		ret = -errno;
+	if (!ret && pq.keep) {
+		char drel[PATH_MAX];
+		const char *b = base_of(rel);
+
+		snprintf(drel, sizeof(drel), "%.*s", b > rel ? (int)(b - rel - 1) : 0, rel);
+		prune(dfd, drel);
+	}
 	close(dfd);
 	return ret;
 }
@@ -2174,11 +2269,13 @@ int fs_persist_stats(char *buf, int n, size_t len)
 		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
 		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
 		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64
-		",\"dir_answers\":%s,\"timeouts\":%" PRIu64 "}}",
+		",\"dir_answers\":%s,\"timeouts\":%" PRIu64 ",\"pruned\":%" PRIu64
+		",\"keep\":%u}}",
 		jdir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
 		pq.skipped, pq.errors, jwhat, hung ? "not answering" : pq.last_err ? "retrying" : "ok",
 		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
-		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts);
+		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts,
+		pq.pruned, pq.keep);
 	pthread_mutex_unlock(&pq.lock);
 	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
 		return -ERANGE;

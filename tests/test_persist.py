@@ -539,3 +539,42 @@ def test_dir_hangs(mount, passthrough):
     m.umount()
     assert tree(pdir) == {"before": b"before the hang", "during": data,
                           "sub/f": b"in a new directory"}
+
+
+def test_persist_keep_rotates_checkpoints(mount, pdir):
+    """-o persist_keep=3: each directory of DIR keeps the three newest files
+    (checkpoint rotation); the mount keeps all of them, subdirectories are
+    not counted, and the statistics count what was removed."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_keep=3)
+    os.mkdir(j(m.mnt, "run"))
+    os.mkdir(j(m.mnt, "run", "logs"))
+    want = {}
+    for i in range(7):
+        name = f"run/ckpt-{i:03d}"
+        want[name] = randbytes(64 * 1024 + i)
+        write_file(j(m.mnt, name), want[name])
+        os.setxattr(j(m.mnt, name), PX, b"sync")        # in order of mtime
+        time.sleep(0.01)
+    write_file(j(m.mnt, "run", "logs", "a"), b"a log")
+    os.setxattr(j(m.mnt, "run", "logs", "a"), PX, b"sync")
+    st = pstats(m)
+    assert st["keep"] == 3 and st["pruned"] == 4, st
+    got = tree(pdir)
+    assert sorted(got) == ["run/ckpt-004", "run/ckpt-005", "run/ckpt-006", "run/logs/a"]
+    for name in ("run/ckpt-004", "run/ckpt-005", "run/ckpt-006"):
+        assert_same(got[name], want[name], name)
+    assert sorted(os.listdir(j(m.mnt, "run"))) == sorted(
+        [f"ckpt-{i:03d}" for i in range(7)] + ["logs"])
+    for name, data in want.items():
+        assert_same(read_file(j(m.mnt, name)), data, name)
+    m.umount()
+
+
+def test_persist_keep_needs_a_number(tmp_path, pdir):
+    util.require_daemon()
+    for bad in ("0", "-1", "x", "3x"):
+        r = subprocess.run([util.tierfs_bin(), str(tmp_path), str(tmp_path / "m"), "-o",
+                            f"persist={pdir},persist_keep={bad}"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "persist_keep" in r.stderr, (bad, r.stderr)
