@@ -184,7 +184,7 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 	if (!strcmp(name, TIERFS_XATTR_EVICT))
 		return set_evict(in);
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||
-	    !strcmp(name, TIERFS_XATTR_STATS))
+	    !strcmp(name, TIERFS_XATTR_STATS) || !strcmp(name, TIERFS_XATTR_SHARED))
 		return -EPERM;
 	return -EINVAL;
 }

@@ -8,9 +8,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -35,6 +39,69 @@ static void reply_value(fuse_req_t req, const char *val, size_t len, size_t size
 		fuse_reply_buf(req, val, len);
 }
 
+/*
+ * user.tierfs.shared: the bytes of in's backing file whose extents are
+ * shared (FIEMAP_EXTENT_SHARED: a reflink, -o dedup) and the backing
+ * file's size.  What is not flushed yet is not in the backing file; a file
+ * system without FIEMAP shares nothing.
+ */
+static int shared_get(struct fs_inode *in, char *buf, size_t len)
+{
+	enum { N = 128 };
+	struct fiemap *fm = calloc(1, sizeof(*fm) + N * sizeof(struct fiemap_extent));
+	uint64_t shared = 0, start = 0;
+	struct stat st;
+	bool last = false;
+	int fd, ret = 0;
+
+	if (!fm)
+		return -ENOMEM;
+	char proc[64];
+
+	fd = fs_fd_hold(in);	/* may be O_PATH: FIEMAP needs an open file */
+	if (fd >= 0) {
+		fs_proc_path(fd, proc, sizeof(proc));
+		fd = open(proc, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			fd = -errno;
+	}
+	fs_fd_release(in);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		ret = fd < 0 ? fd : -errno;
+		if (fd >= 0)
+			close(fd);
+		free(fm);
+		return ret;
+	}
+	while (!last && start < (uint64_t)st.st_size) {
+		memset(fm, 0, sizeof(*fm));
+		fm->fm_start = start;
+		fm->fm_length = (uint64_t)st.st_size - start;
+		fm->fm_extent_count = N;
+		if (ioctl(fd, FS_IOC_FIEMAP, fm) < 0 || fm->fm_mapped_extents == 0)
+			break;	/* EOPNOTSUPP (tmpfs), or nothing mapped past start */
+		for (unsigned i = 0; i < fm->fm_mapped_extents; i++) {
+			struct fiemap_extent *x = &fm->fm_extents[i];
+			uint64_t lo = x->fe_logical, hi = lo + x->fe_length;
+
+			if (hi > (uint64_t)st.st_size)
+				hi = (uint64_t)st.st_size;
+			if (lo < start)
+				lo = start;
+			if ((x->fe_flags & FIEMAP_EXTENT_SHARED) && hi > lo)
+				shared += hi - lo;
+			if (x->fe_flags & FIEMAP_EXTENT_LAST)
+				last = true;
+			if (x->fe_logical + x->fe_length > start)
+				start = x->fe_logical + x->fe_length;
+		}
+	}
+	close(fd);
+	free(fm);
+	ret = snprintf(buf, len, "%" PRIu64 " %" PRIu64, shared, (uint64_t)st.st_size);
+	return ret >= (int)len ? -ERANGE : ret;
+}
+
 /* Value of a read-only tierfs attribute into buf; length or -errno. */
 static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t len)
 {
@@ -48,6 +115,8 @@ static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t l
 	}
 	if (fs_persist_xattr(name))
 		return fs_persist_getx(in, buf, len);
+	if (strcmp(name, TIERFS_XATTR_SHARED) == 0)
+		return S_ISREG(in->type) ? shared_get(in, buf, len) : -ENODATA;
 	if (strcmp(name, TIERFS_XATTR_TIER) == 0 || strcmp(name, TIERFS_XATTR_STATE) == 0) {
 		if (!S_ISREG(in->type))
 			return -ENODATA;

@@ -24,6 +24,9 @@
 /** File, write (any value): drop its cached copies that are on the SSD
  *  (EBUSY: a copy is not flushed yet, or in use). */
 #define TIERFS_XATTR_EVICT		"user.tierfs.evict"
+/** File, read-only: "SHARED SIZE": bytes of its backing file (as flushed)
+ *  whose extents other files share too (-o dedup), and the file's size. */
+#define TIERFS_XATTR_SHARED		"user.tierfs.shared"
 /** Mount root, read-only: statistics as JSON. */
 #define TIERFS_XATTR_STATS		"user.tierfs.stats"
 

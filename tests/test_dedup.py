@@ -14,6 +14,7 @@ are missing).  What is checked:
 """
 
 import ctypes
+import errno
 import fcntl
 import json
 import mmap
@@ -104,6 +105,9 @@ def backing_in(fsroot, name="b"):
     return path
 
 
+SHARED = "user.tierfs.shared"
+
+
 def dstats(m):
     return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["dedup"]
 
@@ -174,6 +178,7 @@ def test_dedup_auto_is_off_where_it_cannot(mount, tmpfs):
     util.assert_same(util.read_file(os.path.join(m.backing, "f")), want)
     s = dstats(m)
     assert s["files_incremental"] == 0 and s["bytes_cloned"] == 0
+    assert os.getxattr(path, SHARED) == b"0 %d" % len(want)     # tmpfs: no FIEMAP
     m.umount()
     assert util.tierfs_internals(m.backing) == []
 
@@ -405,6 +410,13 @@ def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
     assert s1["bytes_written"] - s0["bytes_written"] == 3 * C + (size - n * C + 4095) // 4096 * 4096
     b1, b2 = os.path.join(m.backing, "ckpt.1"), os.path.join(m.backing, "ckpt.2")
     assert shared_bytes(b2) >= (n - 3) * C
+    # the file's own report: what its backing file shares, and its size
+    sh, sz = map(int, os.getxattr(os.path.join(m.mnt, "ckpt.2"), SHARED).split())
+    assert sz == size and (n - 3) * C <= sh <= size, (sh, sz)
+    write_sync(os.path.join(m.mnt, "other"), util.randbytes(MiB, random.Random(8)))
+    assert os.getxattr(os.path.join(m.mnt, "other"), SHARED) == b"0 %d" % MiB
+    util.expect_errno(errno.EPERM, os.setxattr, os.path.join(m.mnt, "other"), SHARED, b"1")
+    util.expect_errno(errno.ENODATA, os.getxattr, m.mnt, SHARED)
     util.assert_same(util.read_file(b2), bytes(two), "ckpt.2")
     util.assert_same(util.read_file(b1), bytes(one), "ckpt.1")
     # a third one like the second: found in ckpt.2 and ckpt.1

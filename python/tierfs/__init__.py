@@ -31,7 +31,7 @@ import time
 __all__ = [
     "TierfsError", "NotTierfsError", "BadNameError",
     "restore_order", "queued", "clear", "restore_next", "prefetch",
-    "tier", "state", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
+    "tier", "state", "shared", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
     "daemon_pid", "check_names", "persist", "persist_sync",
     "pwrite_gpu", "pread_gpu", "save_gpu", "load_gpu",
 ]
@@ -44,6 +44,7 @@ XATTR_PREFETCH = PREFIX + "prefetch"
 XATTR_RESTORE_NEXT = PREFIX + "restore_next"
 XATTR_TIER = PREFIX + "tier"
 XATTR_STATE = PREFIX + "state"
+XATTR_SHARED = PREFIX + "shared"
 XATTR_STATS = PREFIX + "stats"
 XATTR_EVICT = PREFIX + "evict"
 XATTR_PERSIST = PREFIX + "persist"
@@ -346,6 +347,14 @@ def tier(path):
     _need_tierfs(path)
     v = os.getxattr(path, XATTR_TIER).decode()
     return [t for t in v.strip().split(",") if t]
+
+
+def shared(path):
+    """(shared, size) of file `path`: the bytes of its backing file that
+    share extents with other files (-o dedup: reflinks), and its size."""
+    _need_tierfs(path)
+    a, b = os.getxattr(path, XATTR_SHARED).decode().split()
+    return int(a), int(b)
 
 
 def state(path):
