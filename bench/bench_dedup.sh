@@ -4,7 +4,14 @@
 # usage: bench/bench_dedup.sh [SIZE_MIB [CHECKPOINTS]]     (root: loop mount)
 #
 # LOOP_DIO=1: the loop device does direct I/O to its file (the disk below
-# sees the writes); QUICK=1: only p = 1% (16K chunks) and the sqlite case.
+# sees the writes); QUICK=1: only p = 1% (16K chunks) and the sqlite case;
+# PS="0.01 1": the shares p of the QUICK runs (default 0.01);
+# XFS_IMAGE=FILE.gz: an empty XFS image (reflink=1) to unpack where mkfs.xfs
+# is missing (the file system is then the image's size);
+# GPU=N: also the same series written through the ioctl from GPU memory
+# (torch with CUDA, tierfs.pwrite_gpu; libtierfs via TIERFS_LIB), into a
+# GPU cache on device N (GPU_OPTS, default gpu_cache=4G); such
+# checkpoints are hashed on the GPU; ONLY=gpu: that series alone.
 #
 # Makes an XFS file system with reflink on a loop file (IMG_GIB, default 6)
 # and runs tierfs (TIERFS_BIN, default ./tierfs) over a directory in it:
@@ -32,7 +39,8 @@ size=${1:-128}
 n=${2:-6}
 tierfs=${TIERFS_BIN:-./tierfs}
 [ -x "$tierfs" ] || { echo "no tierfs binary at $tierfs (set TIERFS_BIN)" >&2; exit 77; }
-command -v mkfs.xfs >/dev/null || { echo "mkfs.xfs missing (xfsprogs)" >&2; exit 77; }
+command -v mkfs.xfs >/dev/null || [ -n "${XFS_IMAGE:-}" ] ||
+	{ echo "mkfs.xfs missing (xfsprogs), and no XFS_IMAGE" >&2; exit 77; }
 
 work=$(mktemp -d /tmp/bench_dedup.XXXXXX)
 loopdev=
@@ -42,8 +50,12 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
-truncate -s "${IMG_GIB:-6}G" "$work/xfs.img"
-mkfs.xfs -q -m reflink=1 "$work/xfs.img"
+if command -v mkfs.xfs >/dev/null; then
+	truncate -s "${IMG_GIB:-6}G" "$work/xfs.img"
+	mkfs.xfs -q -m reflink=1 "$work/xfs.img"
+else
+	gzip -dc "$XFS_IMAGE" | cp --sparse=always /dev/stdin "$work/xfs.img"
+fi
 mkdir "$work/xfs" "$work/mnt"
 if [ -n "${LOOP_DIO:-}" ]; then
 	# the loop device writes to its file with O_DIRECT: the bytes reach the
@@ -55,7 +67,7 @@ else
 fi
 dev=$(findmnt -n -o SOURCE "$work/xfs")
 
-python3 - "$tierfs" "$work" "$dev" "$size" "$n" <<'EOF'
+TOP=$(cd "$(dirname "$0")/.." && pwd) python3 - "$tierfs" "$work" "$dev" "$size" "$n" <<'EOF'
 import json, os, random, shutil, sqlite3, subprocess, sys, time
 
 tierfs, work, dev, size_mib, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
@@ -85,20 +97,25 @@ class Tierfs:
         shutil.rmtree(self.back, ignore_errors=True)
         os.makedirs(self.back)
         self.log = open(os.path.join(work, "log"), "ab")
-        self.p = subprocess.Popen([tierfs, self.back, mnt, "-f", "-o",
-                                   "gpu=none,host_cache=2G," + opts],
+        full = "host_cache=2G," + (opts if "gpu=" in opts else "gpu=none," + opts)
+        self.p = subprocess.Popen([tierfs, self.back, mnt, "-f", "-o", full],
                                   stdout=self.log, stderr=self.log)
         t = time.time()
         while not os.path.ismount(mnt):
             if self.p.poll() is not None or time.time() - t > 20:
                 sys.exit("tierfs did not mount: see " + self.log.name)
             time.sleep(0.02)
+        while "gpu=" in opts and b'"fully_mapped":true' not in os.getxattr(mnt, "user.tierfs.stats"):
+            if time.time() - t > 120:
+                sys.exit("the GPU tier did not come up: see " + self.log.name)
+            time.sleep(0.05)
 
     def stats(self):
         return json.loads(os.getxattr(mnt, "user.tierfs.stats"))
 
     def stop(self):
-        subprocess.run(["fusermount3", "-u", mnt], check=True)
+        um = ["fusermount3", "-u", mnt] if shutil.which("fusermount3") else ["umount", mnt]
+        subprocess.run(um, check=True)
         self.p.wait()
 
 
@@ -126,7 +143,16 @@ def flushed(st):
     return s["bytes_flushed"] + s["bytes_written_through"], 0
 
 
-def series(opts, p, inplace=False):
+GPU = os.environ.get("GPU")
+if GPU:
+    sys.path.insert(0, os.path.join(os.environ["TOP"], "python"))
+    import torch
+    import tierfs as tfs
+    gbuf = torch.empty(SIZE, dtype=torch.uint8, device=f"cuda:{GPU}")
+    GPU_OPTS = f"gpu={GPU}," + os.environ.get("GPU_OPTS", "gpu_cache=4G")
+
+
+def series(opts, p, inplace=False, gpu=False):
     rng = random.Random(42)
     data = bytearray(rbytes(rng, SIZE))
     w0, u0 = dev_written(), used()
@@ -138,8 +164,14 @@ def series(opts, p, inplace=False):
             w1, d1 = dev_written(), durable
         if i:
             data = touch(data, p, rng)
+        if gpu:                 # the checkpoint is in GPU memory first
+            gbuf.copy_(torch.frombuffer(data, dtype=torch.uint8))
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if inplace:
+        if gpu:
+            fd = os.open(os.path.join(mnt, f"ckpt.{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            assert tfs.pwrite_gpu(fd, gbuf.data_ptr(), SIZE, 0) == SIZE
+        elif inplace:
             if i == 0:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.write(fd, data)
@@ -180,6 +212,7 @@ def series(opts, p, inplace=False):
     row = dict(dev=w2 - w0, later=w2 - w1, used=used() - u0, wrote=wrote, cloned=cloned,
                durable=durable, dlater=durable - d1, fsync=fs, hash=d.get("hash_bandwidth", 0) if d.get("on") else 0,
                index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
+               ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
                found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0))
     shutil.rmtree(t.back)
     return row
@@ -210,7 +243,7 @@ def table(title, rows):
               f"{fmt_b(r['used']):>10} {fmt_b(r['wrote']):>10} {fmt_b(r['cloned']):>10} "
               f"{r['durable']:>9.2f} {r['dlater']:>7.2f} {tratio:>6} "
               f"{r['fsync']:>7.2f} {fratio:>6} "
-              f"{r['hash'] / 1e9 if r['hash'] else 0:>9.1f} {fmt_b(r['index']):>9} "
+              f"{(r['ghash'] or r['hash']) / 1e9:>9.1f} {fmt_b(r['index']):>9} "
               f"{'yes' if r['ok'] else 'NO':>5}")
     sys.stdout.flush()
 
@@ -219,8 +252,19 @@ print(f"bench_dedup: {n} checkpoints of {size_mib} MiB on XFS reflink ({dev}), "
       f"{os.cpu_count()} CPUs")
 chunks = ["4K", "16K", "64K", "256K", "1M"]
 quick = bool(os.environ.get("QUICK"))
+ps = tuple(float(x) for x in os.environ.get("PS", "0.01").split())
+if GPU:
+    rows = []
+    for p in ps:
+        key = f"p={p * 100:g}%"
+        rows.append((f"off {key}", key, series(GPU_OPTS + ",dedup=off", p, gpu=True)))
+        rows.append((f"on chunk 16K {key}", key, series(GPU_OPTS + ",dedup=on", p, gpu=True)))
+    table(f"series written through the ioctl from GPU memory (tierfs.pwrite_gpu, {GPU_OPTS}): "
+          "hash GB/s = the GPU's", rows)
+    if os.environ.get("ONLY") == "gpu":
+        sys.exit(0)
 rows = []
-for p in ((0.01,) if quick else (0.001, 0.01, 0.1, 1.0)):
+for p in (ps if quick else (0.001, 0.01, 0.1, 1.0)):
     key = f"p={p * 100:g}%"
     rows.append((f"off {key}", key, series("dedup=off", p)))
     for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
@@ -230,7 +274,9 @@ table("series of new checkpoint files (SSD written: by the loop device; 2nd..: f
       rows)
 
 rows = []
-for p in ((0.01,) if quick else (0.001, 0.01, 0.1)):
+for p in (ps if quick else (0.001, 0.01, 0.1)):
+    if p >= 1:
+        continue
     key = f"p={p * 100:g}%"
     rows.append((f"off {key}", key, series("dedup=off", p, inplace=True)))
     rows.append((f"on {key}", key, series("dedup=on", p, inplace=True)))

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include "engine_int.h"
@@ -481,6 +483,124 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 }
 
 /*
+ * The version that holds most of the chunks at their own offsets (the
+ * previous checkpoint of a series), when it holds at least half of them:
+ * the base that ddf_write_based() clones whole.  Referenced by d->src.
+ */
+static struct dd_src *ddf_base(const struct ddf *d)
+{
+	struct dd_src *cand = NULL;
+	uint64_t votes = 0, n = 0;
+
+	for (uint64_t i = 0; i < d->nhashed; i++) {	/* majority vote */
+		struct dd_src *s = d->src[i] && d->soff[i] == i * d->chunk ? d->src[i] : NULL;
+
+		if (!s)
+			continue;
+		if (!votes)
+			cand = s;
+		votes += s == cand ? 1 : (uint64_t)-1;
+	}
+	for (uint64_t i = 0; cand && i < d->nhashed; i++)
+		n += d->src[i] == cand && d->soff[i] == i * d->chunk;
+	return cand && 2 * n >= d->nhashed ? cand : NULL;
+}
+
+/*
+ * ddf_write() for a file most of which is its base b at the same offsets
+ * (a checkpoint in a series): one FICLONERANGE of the base's chunks, then
+ * the chunks that differ (other runs found elsewhere cloned, the rest
+ * written, all of those writes in flight together) and the tail.
+ * -EAGAIN: the base could not be cloned (nothing was written).
+ */
+static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
+			   uint64_t end, struct ddf *d, struct dd_src *b)
+{
+	uint64_t C = d->chunk, m, i, done = 0, inner = 0, cloned;
+	bool host = cp->cache->host_addressable;
+	struct ssd_seg *seg = NULL;
+	struct stat st;
+	unsigned ns = 0;
+	int sfd, ret = 0;
+
+	eng_lock(e);
+	sfd = b->retired ? -1 : dup(b->fd);
+	eng_unlock(e);
+	if (sfd < 0)
+		return -EAGAIN;
+	ret = fstat(sfd, &st) < 0 ? -errno : 0;
+	close(sfd);
+	m = ret ? 0 : (uint64_t)st.st_size / C;
+	if (m > d->nhashed)
+		m = d->nhashed;
+	if (!m)
+		return -EAGAIN;
+	/* the chunks written over the clone are copies on write: XFS would
+	 * reserve its default COW extent (32 blocks) for each, and keep the
+	 * rest while the version is open (the index holds it); one chunk */
+	struct fsxattr fx;
+
+	if (ioctl(fd, FS_IOC_FSGETXATTR, &fx) == 0 && C <= UINT32_MAX) {
+		fx.fsx_xflags |= FS_XFLAG_COWEXTSIZE;
+		fx.fsx_cowextsize = (uint32_t)C;
+		(void)ioctl(fd, FS_IOC_FSSETXATTR, &fx);	/* a hint */
+	}
+	if (ddf_clone(e, fd, 0, b, 0, m * C))
+		return -EAGAIN;
+	cloned = m * C;
+	if (host && !(seg = malloc((d->nhashed + 1) * sizeof(*seg))))
+		return -ENOMEM;		/* retried, like any failed flush */
+	for (i = 0; i < d->nhashed && !ret;) {
+		uint64_t j = i + 1;
+
+		if (i < m && d->src[i] == b && d->soff[i] == i * C) {
+			i = j;		/* in place already */
+			continue;
+		}
+		if (d->src[i]) {	/* found elsewhere: a run of it cloned */
+			while (j < d->nhashed && d->src[j] == d->src[i] &&
+			       d->soff[j] == d->soff[i] + (j - i) * C &&
+			       !(j < m && d->src[j] == b && d->soff[j] == j * C))
+				j++;
+			if ((j - i) * C >= DD_MIN_RUN &&
+			    ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
+				if (j > m)
+					cloned += (j - (i > m ? i : m)) * C;
+				i = j;
+				continue;
+			}
+		}
+		/* written: this chunk (and its neighbours to write, merged) */
+		j = i + 1;
+		while (j < d->nhashed && !(j < m && d->src[j] == b && d->soff[j] == j * C) &&
+		       !d->src[j])
+			j++;
+		if (i < m)
+			cloned -= ((j < m ? j : m) - i) * C;
+		inner += (j - i) * C;
+		if (host) {
+			if (ns && seg[ns - 1].off + seg[ns - 1].len == i * C)
+				seg[ns - 1].len += (j - i) * C;
+			else
+				seg[ns++] = (struct ssd_seg){ .off = i * C, .len = (j - i) * C,
+							      .buf = copy_ptr(cp) + i * C };
+		} else {
+			ret = write_range(ring, fd, cp, i * C, j * C, &done);
+		}
+		i = j;
+	}
+	if (host && !ret && ns)
+		ret = ssd_write_segs(ring, fd, seg, ns, &done);
+	free(seg);
+	fault_at("dedup_write");
+	if (!ret)
+		ret = write_range(ring, fd, cp, d->nhashed * C, end, &done);
+	d->written += inner + (end > d->nhashed * C ? end - d->nhashed * C : 0);
+	d->cloned += cloned;
+	return ret;
+}
+
+/*
  * Write cp's len bytes into fd: runs of chunks found in the index are
  * cloned (one FICLONERANGE per run that is contiguous in one version),
  * the rest written.  e->lock not held.
@@ -490,7 +610,12 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 {
 	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
 	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
+	struct dd_src *base = ddf_base(d);
 	int ret = 0;
+
+	if (base && (ret = ddf_write_based(e, ring, cp, fd, end, d, base)) != -EAGAIN)
+		goto out;
+	ret = 0;
 
 	while (i < d->nhashed && !ret) {
 		uint64_t j = i + 1;
@@ -519,6 +644,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 	if (!ret)
 		ret = write_range(ring, fd, cp, ws, end, &done);
 	d->written += end > ws ? end - ws : 0;
+out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
