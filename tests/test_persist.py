@@ -358,11 +358,14 @@ def test_kill_resumes_from_journal(mount, pdir):
     assert leftovers(pdir) == []       # the killed daemon's temporary of "big"
 
 
-def test_torture_then_dir_matches_backing(tmp_path):
+@pytest.mark.parametrize("crash", [False, True], ids=["clean", "kills"])
+def test_torture_then_dir_matches_backing(tmp_path, crash):
     """Every operation of the torture harness (writes in place, truncates,
-    renames over files, links, unlinks of open files...) with persist_all:
-    after a clean unmount DIR holds what the backing directory holds (hard
-    links as separate files), and no temporary."""
+    renames over files, links, unlinks of open files...) with persist_all,
+    with and without SIGKILLs of the daemon at random moments (each next
+    daemon resumes the journal): after the last, clean unmount DIR holds
+    what the backing directory holds (hard links as separate files), and no
+    temporary (a killed daemon's are removed by the next)."""
     util.require_daemon()
     pdir = tmp_path / "shared"
     pdir.mkdir()
@@ -371,6 +374,8 @@ def test_torture_then_dir_matches_backing(tmp_path):
     cmd = [sys.executable, j(util.TESTS_DIR, "torture.py"), "--workdir", str(work),
            "--seconds", seconds, "--rate", "64", "--host-cache", "16M", "--keep",
            "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
+    if crash:
+        cmd.append("--crash")
     seed = os.environ.get("TIERFS_TORTURE_SEED")
     if seed:
         cmd += ["--seed", seed]
