@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_persist.h"
 #include "../gpu/gpu.h"
 
 static bool writable(int flags)
@@ -105,6 +106,26 @@ void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 }
 
+/*
+ * -o persist: a new, empty file is part of the namespace's history from
+ * its creation (a daemon killed before its first flush must not leave it
+ * out of DIR): queue its copy now, journalled like a link's.  A name that
+ * had content already is persisted by its versions' commits.
+ */
+static void persist_created(struct fs_inode *in, struct fs_inode *p, const char *name)
+{
+	struct stat st;
+	int fd;
+
+	fs_ns_lock();
+	fd = fs_fd_hold(in);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_size == 0 &&
+	    st.st_nlink == 1)
+		fs_persist_linked(in, p, name);
+	fs_fd_release(in);
+	fs_ns_unlock();
+}
+
 void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 			 mode_t mode, struct fuse_file_info *fi)
 {
@@ -140,6 +161,8 @@ void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 		fuse_reply_err(req, EISDIR);
 		return;
 	}
+	if (fs_persist_on())
+		persist_created(in, p, name);
 	ret = open_common(in, fi);
 	if (ret) {
 		fs_forget_one(e.ino, 1);

@@ -815,6 +815,47 @@ void fs_persist_intent_end(void)
 	pthread_mutex_unlock(&pq.lock);
 }
 
+static const char *base_of(const char *rel);
+
+/*
+ * each_name() for a file known only by rel (the name its descriptor was
+ * opened by): rel and the entries of rel's directory with its inode.
+ */
+static void rel_names(struct fs_inode *in, const char *rel, bool intent)
+{
+	const char *b = base_of(rel);
+	char drel[PATH_MAX], name[PATH_MAX];
+	struct stat st, est;
+	struct dirent *de;
+	int fd, dfd, n = 1;
+	DIR *dp;
+
+	copy_name(in, NULL, rel, intent);
+	fd = fs_fd_hold(in);
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink < 2) {
+		fs_fd_release(in);
+		return;
+	}
+	fs_fd_release(in);
+	snprintf(drel, sizeof(drel), "%.*s", b > rel ? (int)(b - rel - 1) : 0, rel);
+	dfd = openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0 || !(dp = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while (n < PNAMES_MAX && (de = readdir(dp))) {
+		if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) || !strcmp(de->d_name, b) ||
+		    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    est.st_ino != st.st_ino || est.st_dev != st.st_dev ||
+		    join(name, sizeof(name), drel, de->d_name))
+			continue;
+		copy_name(in, NULL, name, intent);
+		n++;
+	}
+	closedir(dp);
+}
+
 static void each_name(struct fs_inode *in, bool intent)
 {
 	struct fs_inode *dirs[PNAMES_MAX];
@@ -840,13 +881,14 @@ static void each_name(struct fs_inode *in, bool intent)
 		n = more_names(in, dirs, names, n);
 	} else if (!in->unlinked) {
 		/* a hard-linked file whose known names are gone: the name its
-		 * descriptor was opened by, if that still is one */
+		 * descriptor was opened by, if that still is one, and the
+		 * other names of the file in that directory */
 		char rel[PATH_MAX];
 		int fd = fs_fd_hold(in), r = fd < 0 ? fd : rel_of_fd(fd, rel, sizeof(rel));
 
 		fs_fd_release(in);
 		if (!r && *rel)
-			copy_name(in, NULL, rel, intent);
+			rel_names(in, rel, intent);
 	}
 	for (i = 0; i < n; i++) {
 		if (names[i])

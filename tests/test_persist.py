@@ -375,10 +375,7 @@ def test_torture_then_dir_matches_backing(tmp_path, crash):
            "--seconds", seconds, "--rate", "64", "--host-cache", "16M", "--keep",
            "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
     if crash:
-        # hard links left out: after a kill, the next daemon knows only the
-        # names that the journal recorded, and a name linked meanwhile can
-        # be missing in DIR (an open bug, tierfs(8) BUGS)
-        cmd += ["--crash", "--skip-ops", "link"]
+        cmd.append("--crash")
     seed = os.environ.get("TIERFS_TORTURE_SEED")
     if seed:
         cmd += ["--seed", seed]
@@ -586,3 +583,52 @@ def test_persist_keep_needs_a_number(tmp_path, pdir):
                             f"persist={pdir},persist_keep={bad}"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and "persist_keep" in r.stderr, (bad, r.stderr)
+
+
+def test_hard_linked_names_a_restarted_daemon_does_not_know(mount, pdir):
+    """A file with two names, the daemon restarted (it knows no name), then
+    known by a third name that is renamed away and removed: a new version
+    written through one name reaches both remaining names in DIR."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    os.mkdir(j(m.mnt, "w"))
+    write_file(j(m.mnt, "w", "other"), b"other")
+    write_file(j(m.mnt, "w", "f1"), b"a" * 36864)
+    os.link(j(m.mnt, "w", "f1"), j(m.mnt, "w", "f4"))
+    os.link(j(m.mnt, "w", "f4"), j(m.mnt, "w", "f3"))
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    m.kill(signal.SIGKILL)
+    m.start()
+    read_file(j(m.mnt, "w", "f3"))
+    os.stat(j(m.mnt, "w", "f4"))
+    os.rename(j(m.mnt, "w", "f4"), j(m.mnt, "w", "other"))
+    os.unlink(j(m.mnt, "w", "other"))
+    data = randbytes(MiB + 5)
+    with open(j(m.mnt, "w", "f1"), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    m.umount()
+    got = tree(pdir)
+    assert sorted(got) == ["w/f1", "w/f3"]
+    assert_same(got["w/f1"], data, "w/f1")
+    assert_same(got["w/f3"], data, "w/f3")
+
+
+def test_created_file_killed_before_its_first_flush(mount, pdir):
+    """A file created through the mount and the daemon killed before the
+    file's first flush: the next daemon copies it (as it is in the backing
+    directory) to DIR; DIR has every name the backing directory has."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    write_file(j(m.mnt, "big"), randbytes(4 * MiB))     # keeps the persister busy
+    fd = os.open(j(m.mnt, "big"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    os.close(os.open(j(m.mnt, "empty"), os.O_WRONLY | os.O_CREAT, 0o644))
+    m.kill(signal.SIGKILL)
+    m.start(persist_bw=None)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    assert sorted(tree(pdir)) == sorted(tree(m.backing)) == ["big", "empty"]
