@@ -75,6 +75,8 @@ struct fs_inode {
 	unsigned char pstate;		/* PS_*: its copy in DIR */
 	int perr;			/* last failure copying it (-errno) */
 	int pq_n;			/* its copies queued or running */
+	bool pcreated;			/* made empty through the mount, not
+					 * persisted yet: a counted intent */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */

@@ -108,9 +108,10 @@ void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 /*
  * -o persist: a new, empty file is part of the namespace's history from
- * its creation (a daemon killed before its first flush must not leave it
- * out of DIR): queue its copy now, journalled like a link's.  A name that
- * had content already is persisted by its versions' commits.
+ * its creation: its first commit copies it to DIR, or its last writer's
+ * close if it is still empty then, or, after a kill before either, the
+ * next daemon (the journal's record of the creation).  A name that had
+ * content already is persisted by its versions' commits.
  */
 static void persist_created(struct fs_inode *in, struct fs_inode *p, const char *name)
 {
@@ -121,7 +122,7 @@ static void persist_created(struct fs_inode *in, struct fs_inode *p, const char 
 	fd = fs_fd_hold(in);
 	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_size == 0 &&
 	    st.st_nlink == 1)
-		fs_persist_linked(in, p, name);
+		fs_persist_created(in, p, name);
 	fs_fd_release(in);
 	fs_ns_unlock();
 }
@@ -294,6 +295,8 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		touch_atime(in);
 	if (writable(fi->flags))
 		tfile_close_writer(&in->tf);
+	if (writable(fi->flags) && fs_persist_on())
+		fs_persist_released(in);	/* made and closed empty */
 	fs_lock();
 	in->nopen--;
 	last = !in->nopen;

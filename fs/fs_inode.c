@@ -264,8 +264,10 @@ static void inode_free(struct fs_inode *in)
 {
 	struct fs_inode *parent = in->parent;
 
-	if (S_ISREG(in->type))
+	if (S_ISREG(in->type)) {
+		fs_persist_forget(in);
 		tfile_destroy(&in->tf);
+	}
 	fs_fd_detach(in);
 	fs_drop_aliases(in);
 	free(in->name);

@@ -788,9 +788,74 @@ static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names,
  */
 static void each_name(struct fs_inode *in, bool intent);
 
+/* The counted intent of a created file ends (its copy is queued, or it
+ * will never have one). */
+static void created_done(struct fs_inode *in)
+{
+	if (!pq.dir)
+		return;
+	pthread_mutex_lock(&pq.lock);
+	if (in->pcreated) {
+		in->pcreated = false;
+		pq.intents--;
+		jempty();
+	}
+	pthread_mutex_unlock(&pq.lock);
+}
+
 void fs_persist_committed(struct fs_inode *in)
 {
 	each_name(in, false);
+	created_done(in);
+}
+
+void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name)
+{
+	char drel[PATH_MAX], rel[PATH_MAX];
+
+	if (!pq.dir || !S_ISREG(in->type) || rel_of(dir, drel, sizeof(drel)) ||
+	    join(rel, sizeof(rel), drel, name) || !marked(rel))
+		return;
+	pthread_mutex_lock(&pq.lock);
+	if (!in->pcreated) {
+		in->pcreated = true;
+		pq.intents++;	/* the journal keeps the record until then */
+		jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });
+	}
+	pthread_mutex_unlock(&pq.lock);
+}
+
+void fs_persist_released(struct fs_inode *in)
+{
+	uint64_t size = 0;
+	struct timespec mt;
+	struct stat st;
+	bool pending;
+	int fd;
+
+	if (!pq.dir)
+		return;
+	pthread_mutex_lock(&pq.lock);
+	pending = in->pcreated;
+	pthread_mutex_unlock(&pq.lock);
+	if (!pending)
+		return;
+	/* data not flushed yet: its commit queues the copies */
+	if (tfile_attr(&in->tf, &size, &mt) && size)
+		return;
+	fs_ns_lock();
+	fd = fs_fd_hold(in);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_size == 0) {
+		each_name(in, false);
+		created_done(in);
+	}
+	fs_fd_release(in);
+	fs_ns_unlock();
+}
+
+void fs_persist_forget(struct fs_inode *in)
+{
+	created_done(in);
 }
 
 void fs_persist_intent(struct fs_inode *in, bool counted)

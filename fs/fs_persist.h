@@ -35,6 +35,13 @@ void fs_persist_committed(struct fs_inode *in);
 void fs_persist_intent(struct fs_inode *in, bool counted);
 /* the commit of a counted intent is over (after fs_persist_committed) */
 void fs_persist_intent_end(void);
+/* in was made (empty) as dir/name: a kill before its first commit must
+ * not leave it out of DIR (fs.nslock held); its last writer closed it
+ * (copied now if it is still empty: a file made and closed empty has no
+ * commit); it is forgotten. */
+void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name);
+void fs_persist_released(struct fs_inode *in);
+void fs_persist_forget(struct fs_inode *in);
 /* a new name of in (link) */
 void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
 struct pop;

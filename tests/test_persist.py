@@ -632,3 +632,17 @@ def test_created_file_killed_before_its_first_flush(mount, pdir):
     wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     assert sorted(tree(pdir)) == sorted(tree(m.backing)) == ["big", "empty"]
+
+
+def test_file_made_and_closed_empty_reaches_dir(mount, pdir):
+    """`touch` through the mount: an empty file has no flush, and still
+    reaches DIR (at its close); one marked 0 meanwhile does not."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    os.close(os.open(j(m.mnt, "marker"), os.O_WRONLY | os.O_CREAT, 0o644))
+    fd = os.open(j(m.mnt, "not-this"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.setxattr(j(m.mnt, "not-this"), PX, b"0")
+    os.close(fd)
+    wait_for(lambda: os.path.exists(j(pdir, "marker")), "the empty file in DIR")
+    m.umount()
+    assert tree(pdir) == {"marker": b""}
