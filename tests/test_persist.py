@@ -106,8 +106,9 @@ def test_marked_files_drain(mount, pdir):
         want[rel] = randbytes(size)
         write_file(j(m.mnt, rel), want[rel])
     write_file(j(m.mnt, "scratch", "tmp"), b"local only")
-    os.close(os.open(j(m.mnt, "ck", "excluded"), os.O_CREAT | os.O_WRONLY, 0o644))
-    os.setxattr(j(m.mnt, "ck", "excluded"), PX, b"0")
+    fd = os.open(j(m.mnt, "ck", "excluded"), os.O_CREAT | os.O_WRONLY, 0o644)
+    os.setxattr(j(m.mnt, "ck", "excluded"), PX, b"0")     # before anything reached DIR
+    os.close(fd)
     write_file(j(m.mnt, "ck", "excluded"), b"not this one")
     write_file(j(m.mnt, "lone"), b"a marked file")
     os.setxattr(j(m.mnt, "lone"), PX, b"1")
