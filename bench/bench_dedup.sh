@@ -11,7 +11,8 @@
 # GPU=N: also the same series written through the ioctl from GPU memory
 # (torch with CUDA, tierfs.pwrite_gpu; libtierfs via TIERFS_LIB), into a
 # GPU cache on device N (GPU_OPTS, default gpu_cache=4G); such
-# checkpoints are hashed on the GPU; ONLY=gpu: that series alone.
+# checkpoints are hashed on the GPU; ONLY=gpu: that series alone;
+# PLOT=FILE.png: a plot of the bytes the device took per checkpoint, per case.
 #
 # Makes an XFS file system with reflink on a loop file (IMG_GIB, default 6)
 # and runs tierfs (TIERFS_BIN, default ./tierfs) over a directory in it:
@@ -159,6 +160,7 @@ def series(opts, p, inplace=False, gpu=False):
     t = Tierfs(opts)
     durable, kept, w1, d1, fs = 0.0, [], 0, 0.0, 0.0
     path = os.path.join(mnt, "f")
+    per, prev = [], dev_written()     # bytes the device took per checkpoint
     for i in range(n):
         if i == 1:              # the first checkpoint is all new in every case
             w1, d1 = dev_written(), durable
@@ -191,6 +193,9 @@ def series(opts, p, inplace=False, gpu=False):
         durable += time.perf_counter() - t0
         if i:
             fs += time.perf_counter() - t1
+        now = dev_written()
+        per.append(now - prev)
+        prev = now
         kept.append(bytes(data)) if inplace else kept.append(bytes(data))
         if inplace and len(kept) > 2:
             kept.pop(0)
@@ -213,7 +218,7 @@ def series(opts, p, inplace=False, gpu=False):
                durable=durable, dlater=durable - d1, fsync=fs, hash=d.get("hash_bandwidth", 0) if d.get("on") else 0,
                index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
                ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
-               found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0))
+               found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per)
     shutil.rmtree(t.back)
     return row
 
@@ -225,7 +230,35 @@ def fmt_b(x):
     return f"{x} B"
 
 
+PLOT = os.environ.get("PLOT")       # a PNG: bytes written per checkpoint
+plotted = []
+
+
+def plot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, per in plotted:
+        style = "--" if label.split(": ")[1].startswith("off") else "-"
+        ax.plot(range(1, len(per) + 1), [max(b, 1) / MiB for b in per], style, marker="o",
+                label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("checkpoint")
+    ax.set_ylabel("MiB written to the device (log)")
+    ax.set_title(f"bench_dedup: {n} checkpoints of {size_mib} MiB, p = share of 4 KiB "
+                 "blocks touched")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+    print(f"\nplot: {PLOT}")
+
+
 def table(title, rows):
+    what = "in place" if title.startswith("one file") else \
+        "ioctl" if title.startswith("series written through") else "new files"
+    plotted.extend((f"{what}: {name}", r["per"]) for name, _, r in rows)
     print(f"\n{title}")
     print(f"{'case':<22} {'SSD written':>11} {'2nd..':>10} {'vs off':>6} {'space used':>10} "
           f"{'flushed':>10} {'cloned':>10} {'durable s':>9} {'2nd.. s':>7} {'vs off':>6} "
@@ -262,6 +295,8 @@ if GPU:
     table(f"series written through the ioctl from GPU memory (tierfs.pwrite_gpu, {GPU_OPTS}): "
           "hash GB/s = the GPU's", rows)
     if os.environ.get("ONLY") == "gpu":
+        if PLOT:
+            plot()
         sys.exit(0)
 rows = []
 for p in (ps if quick else (0.001, 0.01, 0.1, 1.0)):
@@ -306,4 +341,6 @@ for opts in ("dedup=off", "dedup=on"):
     print(f"  {opts:<10} database {fmt_b(dbsize)}: flushed {fmt_b(f1 - f0)} "
           f"({fmt_b((f1 - f0) / 100)} a commit), SSD written {fmt_b(w1 - w0)}, "
           f"{dt:.2f} s for the 100 commits")
+if PLOT:
+    plot()
 EOF
