@@ -239,19 +239,32 @@ def plot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5.5))
+    colors = {}
+    off_done = False
     for label, per in plotted:
-        style = "--" if label.split(": ")[1].startswith("off") else "-"
-        ax.plot(range(1, len(per) + 1), [max(b, 1) / MiB for b in per], style, marker="o",
-                label=label)
+        what, name = label.split(": ")
+        p = name.split()[-1]
+        ys = [max(b, 1) / MiB for b in per]
+        xs = range(1, len(per) + 1)
+        if name.startswith("off"):
+            if not off_done:    # dedup off writes everything, whatever the case
+                ax.plot(xs, ys, "k--", label="dedup off (every case)")
+                off_done = True
+            continue
+        c = colors.setdefault(p, f"C{len(colors)}")
+        ax.plot(xs, ys, {"new files": "-", "in place": ":", "ioctl": "-."}[what], color=c,
+                marker="o" if what == "new files" else "s", label=f"{what}, {p}")
     ax.set_yscale("log")
     ax.set_xlabel("checkpoint")
     ax.set_ylabel("MiB written to the device (log)")
-    ax.set_title(f"bench_dedup: {n} checkpoints of {size_mib} MiB, p = share of 4 KiB "
-                 "blocks touched")
+    ax.set_title(f"bench_dedup, dedup on: {n} checkpoints of {size_mib} MiB, "
+                 "p = share of 4 KiB blocks touched")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
+    with open(PLOT + ".json", "w") as f:
+        json.dump(plotted, f)
     print(f"\nplot: {PLOT}")
 
 
