@@ -574,6 +574,11 @@ def test_persist_keep_rotates_checkpoints(mount, pdir):
         [f"ckpt-{i:03d}" for i in range(7)] + ["logs"])
     for name, data in want.items():
         assert_same(read_file(j(m.mnt, name)), data, name)
+    out = subprocess.run([sys.executable, j(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("persist"))
+    assert "4 pruned (keep 3)" in line, line
     m.umount()
 
 

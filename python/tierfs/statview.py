@@ -227,8 +227,12 @@ def persist_line(stats):
     if num(p.get("files_fetched")):
         line += ", fetched {} files / {}".format(count(p.get("files_fetched")),
                                                  human(p.get("bytes_fetched")))
+    if num(p.get("pruned")):
+        line += ", {} pruned (keep {})".format(count(p.get("pruned")), p.get("keep"))
     if p.get("state") == "retrying":
         line += " (retrying: {})".format(p.get("last_error", ""))
+    elif p.get("state") == "not answering":
+        line += " (DIR not answering)"
     return line
 
 
