@@ -388,6 +388,32 @@ static int rel_of_fd(int fd, char *rel, size_t len)
 }
 
 /*
+ * rel_of_fd() that also answers for a name that was removed (the kernel
+ * shows it with " (deleted)" even while the file has other names): *gone
+ * says so, and rel is that old name (its directory is where the file's
+ * other names usually are).
+ */
+static int rel_of_fd_any(int fd, char *rel, size_t len, bool *gone)
+{
+	char proc[64], p[PATH_MAX];
+	size_t bl = strlen(fs.opts.backing);
+	ssize_t n;
+
+	fs_proc_path(fd, proc, sizeof(proc));
+	n = readlink(proc, p, sizeof(p) - 1);
+	if (n < 0)
+		return -errno;
+	p[n] = 0;
+	*gone = n > 10 && strcmp(p + n - 10, " (deleted)") == 0;
+	if (*gone)
+		p[n - 10] = 0;
+	if (strncmp(p, fs.opts.backing, bl) || (p[bl] && p[bl] != '/'))
+		return -ENOENT;
+	return snprintf(rel, len, "%s", p[bl] ? p + bl + 1 : "") >= (int)len ?
+		-ENAMETOOLONG : 0;
+}
+
+/*
  * in's path relative to the backing root.  A directory's through its fd
  * (the kernel follows renames); a regular file's as its directory's plus
  * its name (a new version's fd may be a tmpfile's).
@@ -886,7 +912,7 @@ static const char *base_of(const char *rel);
  * each_name() for a file known only by rel (the name its descriptor was
  * opened by): rel and the entries of rel's directory with its inode.
  */
-static void rel_names(struct fs_inode *in, const char *rel, bool intent)
+static void rel_names(struct fs_inode *in, const char *rel, bool self, bool intent)
 {
 	const char *b = base_of(rel);
 	char drel[PATH_MAX], name[PATH_MAX];
@@ -895,9 +921,10 @@ static void rel_names(struct fs_inode *in, const char *rel, bool intent)
 	int fd, dfd, n = 1;
 	DIR *dp;
 
-	copy_name(in, NULL, rel, intent);
+	if (self)
+		copy_name(in, NULL, rel, intent);
 	fd = fs_fd_hold(in);
-	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink < 2) {
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink < (self ? 2 : 1)) {
 		fs_fd_release(in);
 		return;
 	}
@@ -910,7 +937,8 @@ static void rel_names(struct fs_inode *in, const char *rel, bool intent)
 		return;
 	}
 	while (n < PNAMES_MAX && (de = readdir(dp))) {
-		if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) || !strcmp(de->d_name, b) ||
+		if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) ||
+		    (self && !strcmp(de->d_name, b)) ||
 		    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    est.st_ino != st.st_ino || est.st_dev != st.st_dev ||
 		    join(name, sizeof(name), drel, de->d_name))
@@ -947,13 +975,16 @@ static void each_name(struct fs_inode *in, bool intent)
 	} else if (!in->unlinked) {
 		/* a hard-linked file whose known names are gone: the name its
 		 * descriptor was opened by, if that still is one, and the
-		 * other names of the file in that directory */
+		 * other names of the file in that directory (also when that
+		 * name was removed) */
 		char rel[PATH_MAX];
-		int fd = fs_fd_hold(in), r = fd < 0 ? fd : rel_of_fd(fd, rel, sizeof(rel));
+		bool removed = false;
+		int fd = fs_fd_hold(in),
+		    r = fd < 0 ? fd : rel_of_fd_any(fd, rel, sizeof(rel), &removed);
 
 		fs_fd_release(in);
 		if (!r && *rel)
-			rel_names(in, rel, intent);
+			rel_names(in, rel, !removed, intent);
 	}
 	for (i = 0; i < n; i++) {
 		if (names[i])

@@ -655,3 +655,33 @@ def test_file_made_and_closed_empty_reaches_dir(mount, pdir):
     wait_for(lambda: os.path.exists(j(pdir, "marker")), "the empty file in DIR")
     m.umount()
     assert tree(pdir) == {"marker": b""}
+
+
+def test_hard_linked_file_written_through_a_removed_name(mount, pdir):
+    """A hard-linked file, the daemon restarted (it knows no name), opened by
+    one name that is then removed: a new version written through that open
+    file reaches its other names in DIR (the removed name's directory is
+    searched even though the descriptor's own name is gone)."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    os.mkdir(j(m.mnt, "w"))
+    write_file(j(m.mnt, "w", "f6"), b"a" * 40000)
+    os.link(j(m.mnt, "w", "f6"), j(m.mnt, "w", "f7"))
+    os.link(j(m.mnt, "w", "f7"), j(m.mnt, "w", "f0"))
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    m.kill(signal.SIGKILL)
+    m.start()
+    data = randbytes(MiB + 7)
+    fd = os.open(j(m.mnt, "w", "f6"), os.O_RDWR)
+    try:
+        os.unlink(j(m.mnt, "w", "f6"))
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    m.umount()
+    got = tree(pdir)
+    assert sorted(got) == ["w/f0", "w/f7"]
+    assert_same(got["w/f7"], data, "w/f7")
+    assert_same(got["w/f0"], data, "w/f0")
