@@ -367,31 +367,11 @@ static int join(char *out, size_t len, const char *a, const char *b)
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-/* The path of backing object fd relative to the backing root ("" for it). */
-static int rel_of_fd(int fd, char *rel, size_t len)
-{
-	char proc[64], p[PATH_MAX];
-	size_t bl = strlen(fs.opts.backing);
-	ssize_t n;
-
-	fs_proc_path(fd, proc, sizeof(proc));
-	n = readlink(proc, p, sizeof(p) - 1);
-	if (n < 0)
-		return -errno;
-	p[n] = 0;
-	if (strncmp(p, fs.opts.backing, bl) || (p[bl] && p[bl] != '/'))
-		return -ENOENT;
-	if (n > 10 && strcmp(p + n - 10, " (deleted)") == 0)
-		return -ENOENT;
-	return snprintf(rel, len, "%s", p[bl] ? p + bl + 1 : "") >= (int)len ?
-		-ENAMETOOLONG : 0;
-}
-
 /*
- * rel_of_fd() that also answers for a name that was removed (the kernel
- * shows it with " (deleted)" even while the file has other names): *gone
- * says so, and rel is that old name (its directory is where the file's
- * other names usually are).
+ * The path of fd's name relative to the backing root, also for a name that
+ * was removed (the kernel shows it with " (deleted)" even while the file
+ * has other names): *gone says so, and rel is that old name (its directory
+ * is where the file's other names usually are).
  */
 static int rel_of_fd_any(int fd, char *rel, size_t len, bool *gone)
 {
@@ -411,6 +391,15 @@ static int rel_of_fd_any(int fd, char *rel, size_t len, bool *gone)
 		return -ENOENT;
 	return snprintf(rel, len, "%s", p[bl] ? p + bl + 1 : "") >= (int)len ?
 		-ENAMETOOLONG : 0;
+}
+
+/* The path of backing object fd relative to the backing root ("" for it). */
+static int rel_of_fd(int fd, char *rel, size_t len)
+{
+	bool gone;
+	int ret = rel_of_fd_any(fd, rel, len, &gone);
+
+	return ret ? ret : gone ? -ENOENT : 0;
 }
 
 /*
