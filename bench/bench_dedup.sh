@@ -218,9 +218,20 @@ def series(opts, p, inplace=False, gpu=False):
                durable=durable, dlater=durable - d1, fsync=fs, hash=d.get("hash_bandwidth", 0) if d.get("on") else 0,
                index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
                ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
-               found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per)
+               found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per,
+               stages=stages(st))
     shutil.rmtree(t.back)
     return row
+
+
+def stages(st):
+    """Where the flushes of a series spent their time (stats' ssd.seconds),
+    and the GPU -> host cascade's copies (bytes over bandwidth)."""
+    t = dict(st.get("ssd", {}).get("seconds", {}))
+    g = st.get("tiers", {}).get("gpu", {})
+    bw = g.get("to_host_bandwidth") or 0
+    t["to_host"] = g.get("bytes_to_host", 0) / bw if bw else 0.0
+    return t
 
 
 def fmt_b(x):
@@ -291,6 +302,16 @@ def table(title, rows):
               f"{r['fsync']:>7.2f} {fratio:>6} "
               f"{(r['ghash'] or r['hash']) / 1e9:>9.1f} {fmt_b(r['index']):>9} "
               f"{'yes' if r['ok'] else 'NO':>5}")
+    print("where the flushes spent their time, seconds for the whole series "
+          "(data = flush - clone - sync - commit)")
+    print(f"{'case':<22} {'flush':>7} {'data':>7} {'clone':>7} {'sync':>7} {'commit':>7} "
+          f"{'to host':>7}")
+    for name, key, r in rows:
+        t = r["stages"]
+        tot = t.get("total", 0)
+        data = tot - t.get("clone", 0) - t.get("sync", 0) - t.get("commit", 0)
+        print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
+              f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f}")
     sys.stdout.flush()
 
 

@@ -112,6 +112,10 @@ def dstats(m):
     return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["dedup"]
 
 
+def flush_seconds(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]["seconds"]
+
+
 FS_IOC_FIEMAP = 0xC020660B
 FIEMAP_FLAG_SYNC = 1
 FIEMAP_EXTENT_LAST = 0x1
@@ -205,6 +209,7 @@ def test_change_in_place_writes_only_the_changed_blocks(xfs, mount):
     util.write_file(path, bytes(data))
     fsync_path(path)
     s0 = dstats(m)
+    t0 = flush_seconds(m)
     old = os.open(bpath, os.O_RDONLY)   # keeps the old version's blocks referenced
     try:
         fd = os.open(path, os.O_RDWR)
@@ -221,6 +226,11 @@ def test_change_in_place_writes_only_the_changed_blocks(xfs, mount):
         assert s1["bytes_logical"] - s0["bytes_logical"] == size
         assert shared_bytes(bpath) == size - 3 * 4096
         assert os.fstat(old).st_ino != os.stat(bpath).st_ino
+        # the flush's stages: a clone, the version's fsync, its commit
+        t1 = flush_seconds(m)
+        d = {k: t1[k] - t0[k] for k in t1}
+        assert d["clone"] > 0 and d["sync"] > 0 and d["commit"] > 0, d
+        assert d["total"] >= d["clone"] + d["sync"] + d["commit"], d
     finally:
         os.close(old)
     util.assert_same(util.read_file(bpath), bytes(data), "backing file")

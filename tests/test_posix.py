@@ -6,6 +6,7 @@ xattrs, special files).
 """
 
 import errno
+import json
 import mmap
 import os
 import random
@@ -1123,6 +1124,23 @@ def test_stats_xattr(tfs):
     stats = os.getxattr(tfs.mnt, "user.tierfs.stats")
     assert len(stats) > 0
     stats.decode()                                                # text
+
+
+def test_flush_stage_seconds(tfs):
+    """user.tierfs.stats' ssd.seconds: where the flushes spent their time;
+    an fsynced file was flushed, so its version's sync and commit took time,
+    and the whole flush at least their sum (no clone: no dedup here)."""
+    def secs():
+        return json.loads(os.getxattr(tfs.mnt, "user.tierfs.stats"))["ssd"]["seconds"]
+    t0 = secs()
+    path = j(tfs.mnt, "staged")
+    with open(path, "wb") as f:
+        f.write(randbytes(4 * MiB))
+        os.fsync(f.fileno())
+    t1 = secs()
+    d = {k: t1[k] - t0[k] for k in t1}
+    assert d["sync"] > 0 and d["commit"] > 0, d
+    assert d["total"] >= d["sync"] + d["commit"] + d["clone"], d
 
 
 @pytest.mark.daemon

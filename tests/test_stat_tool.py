@@ -168,6 +168,11 @@ def test_table_after_write(tfs):
     assert int(m.group(2)) == s["files_flushed"]
     assert re.search(r"backlog 0 B\b", ssd), ssd
     assert re.search(r"running 0\b", ssd), ssd
+    # where the flushes spent their time (stats' ssd.seconds)
+    m = re.search(r"time ([\d.]+) s \(sync (\d+)%, clone (\d+)%, commit (\d+)%\)", ssd)
+    assert m, ssd
+    assert abs(float(m.group(1)) - s["seconds"]["total"]) < 0.01
+    assert int(m.group(2)) + int(m.group(3)) + int(m.group(4)) <= 101
     m = re.search(rf"bandwidth ({SIZE})/s", ssd)
     assert m, ssd
     assert_size(m.group(1), s["flush_bandwidth"], "flush bandwidth")

@@ -471,9 +471,11 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		"\"bytes_flushed\":%" PRIu64 ",\"files_flushed\":%" PRIu64
 		",\"flush_errors\":%" PRIu64 ",\"flush_backlog\":%" PRIu64
 		",\"flushes_running\":%d,\"flush_bandwidth\":%.0f"
-		",\"bytes_written_through\":%" PRIu64 ",\"files_written_through\":%" PRIu64 "}}",
+		",\"bytes_written_through\":%" PRIu64 ",\"files_written_through\":%" PRIu64
+		",\"seconds\":{\"total\":%.6f,\"clone\":%.6f,\"sync\":%.6f,\"commit\":%.6f}}}",
 		e->bytes_flushed, e->files_flushed, e->flush_errors, e->backlog,
-		e->busy, e->flush_bw, e->bytes_written_through, e->files_written_through);
+		e->busy, e->flush_bw, e->bytes_written_through, e->files_written_through,
+		e->fl_total_s, e->fl_clone_s, e->fl_sync_s, e->fl_commit_s);
 	if (at)
 		at--;			/* reopen the outer object */
 	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,

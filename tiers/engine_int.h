@@ -127,6 +127,10 @@ struct engine {
 	double dd_hash_s;
 	uint64_t dd_gpu_chunks, dd_gpu_bytes;	/* hashed on the GPU */
 	double dd_gpu_s;
+	/* where the SSD flushes spent their time (flush.c, "ssd":"seconds"):
+	 * all of flush_one, of which in FICLONERANGE, in the version's
+	 * fsync/fdatasync, and in version_commit (rename, directory fsync) */
+	double fl_total_s, fl_clone_s, fl_sync_s, fl_commit_s;
 };
 
 /* One entry of the restore queue. */

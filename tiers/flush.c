@@ -55,6 +55,32 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 	eng_wake(e);
 }
 
+/*
+ * Per-stage times of the flush running on this thread, added to the
+ * engine's totals at the end of flush_one() (one flush per thread at a
+ * time): FICLONERANGE calls and the version's fsync/fdatasync.
+ */
+static __thread double fl_clone_s, fl_sync_s;
+
+static int timed_clone(int dst, uint64_t doff, int src, uint64_t soff, uint64_t len)
+{
+	double t0 = tier_now();
+	int ret = dedup_clone(dst, doff, src, soff, len);
+
+	fl_clone_s += tier_now() - t0;
+	return ret;
+}
+
+/* fsync (datasync false) or fdatasync of fd: 0 or -errno */
+static int timed_sync(int fd, bool datasync)
+{
+	double t0 = tier_now();
+	int ret = (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? -errno : 0;
+
+	fl_sync_s += tier_now() - t0;
+	return ret;
+}
+
 /* Queue f for the GPU -> host cascade. */
 static void queue_gpu_flush(struct engine *e, struct tfile *f)
 {
@@ -176,7 +202,7 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 	if (fstat(src, &st) < 0 || (uint64_t)st.st_size != in->base_len)
 		ret = -EAGAIN;	/* not the base the ranges were kept against */
 	else
-		ret = dedup_clone(fd, 0, src, 0, in->clone);
+		ret = timed_clone(fd, 0, src, 0, in->clone);
 	f->ops->release_data_fd(f, src);
 	if (ret)
 		return -EAGAIN;
@@ -225,8 +251,8 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
 	/* fsync, not fdatasync: the clone changed the version's extent map */
-	if (!ret && fsync(fd) < 0)
-		ret = -errno;
+	if (!ret)
+		ret = timed_sync(fd, false);
 	return ret;
 }
 
@@ -412,7 +438,7 @@ static int ddf_clone(struct engine *e, int fd, uint64_t off, struct dd_src *s, u
 	eng_unlock(e);
 	if (sfd < 0)
 		return -ESTALE;
-	ret = dedup_clone(fd, off, sfd, soff, len);
+	ret = timed_clone(fd, off, sfd, soff, len);
 	close(sfd);
 	eng_lock(e);
 	if (!ret && s->retired)
@@ -648,8 +674,8 @@ out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
-	if (!ret && fsync(fd) < 0)	/* clones changed the extent map */
-		ret = -errno;
+	if (!ret)	/* fsync: clones changed the extent map */
+		ret = timed_sync(fd, false);
 	return ret;
 }
 
@@ -771,8 +797,12 @@ static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t 
 	/* a fresh version written with plain writes already has its size */
 	if (!ret && !(small && !inplace) && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
-	if (!ret)
+	if (!ret) {
+		double t0 = tier_now();
+
 		ret = small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+		fl_sync_s += tier_now() - t0;
+	}
 	return ret;
 }
 
@@ -795,7 +825,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	struct incr incr;
 	struct ddf ddf;
 	struct lease l;
-	double t0;
+	double t0, tc = 0;
 	int fd, ret;
 
 	if (!cp || !f->dirty || f->unlinked || cp->state != TS_WRITE_COMPLETE ||
@@ -814,6 +844,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	lease_begin(e, &l, cp, NULL);
 
 	t0 = tier_now();
+	fl_clone_s = fl_sync_s = 0;
 	small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
 	if (small && f->ops->version_small) {
 		ret = eng_copy_bounds(cp, 0, len);
@@ -852,7 +883,9 @@ written:
 		close(fd);
 		goto out;
 	}
+	tc = tier_now();
 	ret = f->ops->version_commit(f, fd, inplace, false);
+	tc = tier_now() - tc;
 	if (!ret && ddf.on && ddf.nhashed)
 		ddf.vfd = open_version(f);
 out_small:
@@ -865,6 +898,10 @@ out:
 	e->busy--;
 	cp->flushing = false;
 	ddf_done(e, f, &ddf, ret == 0);
+	e->fl_total_s += tier_now() - t0;
+	e->fl_clone_s += fl_clone_s;
+	e->fl_sync_s += fl_sync_s;
+	e->fl_commit_s += tc;
 	if (ret == 0) {
 		double dt = tier_now() - t0;
 

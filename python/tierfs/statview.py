@@ -189,12 +189,20 @@ def ssd_line(stats):
         return "ssd       -"
     files = num(s.get("files_flushed"))
     wt_files = num(s.get("files_written_through"))
-    return ("ssd       flushed {} ({} files), backlog {}, running {}, "
+    line = ("ssd       flushed {} ({} files), backlog {}, running {}, "
             "bandwidth {}, errors {}, written-through {} ({} files)").format(
         human(s.get("bytes_flushed")), count(files), human(s.get("flush_backlog")),
         count(s.get("flushes_running")), human(s.get("flush_bandwidth"), "/s"),
         count(s.get("flush_errors")), human(s.get("bytes_written_through")),
         count(wt_files))
+    t = s.get("seconds")
+    total = num(t.get("total")) if isinstance(t, dict) else None
+    if total:
+        # where the flushes spent their time: the rest is writing the data
+        parts = [(k, num(t.get(k))) for k in ("sync", "clone", "commit")]
+        line += ", time {:.2f} s ({})".format(total, ", ".join(
+            f"{k} {100 * v / total:.0f}%" for k, v in parts if v is not None))
+    return line
 
 
 def dedup_line(stats):
