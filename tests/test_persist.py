@@ -376,10 +376,7 @@ def test_torture_then_dir_matches_backing(tmp_path, crash):
            "--seconds", seconds, "--rate", "64", "--host-cache", "16M", "--keep",
            "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
     if crash:
-        # without hard links until the variant with them has had more runs
-        # under the sanitizers (the hard-link cases found so far are
-        # tested on their own below)
-        cmd += ["--crash", "--skip-ops", "link"]
+        cmd += ["--crash"]
     seed = os.environ.get("TIERFS_TORTURE_SEED")
     if seed:
         cmd += ["--seed", seed]
