@@ -149,3 +149,37 @@ def test_read_reply_outlived_by_inode(mount):
     results = util.in_children([(reader_churn, (m.mnt, w, 400)) for w in range(4)])
     failures = [text for ok, text in results if not ok]
     assert not failures, "\n".join(failures)
+
+
+
+def test_copy_discarded_while_its_flush_runs(mount, monkeypatch):
+    """A file with a GPU copy and a host copy (cascaded, not yet flushed)
+    is truncated past what both caches can hold: it goes write-through,
+    which copies the newest content to a new version and drops every
+    cached copy, the host copy too, although a flusher had meanwhile
+    started flushing it.  That flush then ended by marking its copy FLUSHED
+    while the writer had already dropped it (INIT): the daemon aborted on
+    an illegal life-cycle transition (seen on the GPU machine under the
+    crash torture).  TIERFS_DELAY orders the race: the flusher waits
+    before it picks the host copy, the copy to the write-through version
+    waits until that flush has started, and the flush waits until the
+    copy has been dropped."""
+    gpu = util.gpu_or_fake(monkeypatch)
+    monkeypatch.setenv("TIERFS_DELAY", "flush_start=1000,shadow_copy=1200,flush_write=2000")
+    m = mount(gpu=gpu, gpu_cache="32M", host_cache="16M")
+    monkeypatch.delenv("TIERFS_DELAY")
+    path = os.path.join(m.mnt, "f")
+    data = util.randbytes(8 * MiB)
+    util.write_file(path, data)        # to the GPU tier; its release cascades it
+    deadline = time.monotonic() + 10
+    while b"host" not in os.getxattr(path, "user.tierfs.tier"):
+        assert time.monotonic() < deadline, os.getxattr(path, "user.tierfs.tier")
+        time.sleep(0.01)
+    os.truncate(path, 48 * MiB)       # room in neither cache: write-through
+    want = data + bytes(40 * MiB)
+    util.assert_same(util.read_file(path), want, "through the mount")
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "f")), want, "backing file")

@@ -95,6 +95,18 @@ def test_torture_gpu(tmp_path):
 
 
 @pytest.mark.daemon
+def test_torture_gpu_tier_crash(tmp_path, monkeypatch):
+    """The GPU tier's paths (the cascade, copies in two tiers that writers
+    replace and drop while flushers work on them) under kills, small
+    caches: on the GPU where there is one, else on the build's fake
+    libcuda, so that every machine runs them."""
+    gpu = util.gpu_or_fake(monkeypatch)
+    out = daemon_run(["--host-cache", "16M", "--crash",
+                      "--mount-opts", f"gpu={gpu},gpu_cache=64M"], tmp_path)
+    assert "GPU tier: GPU" in out, "the daemon ran without a GPU tier"
+
+
+@pytest.mark.daemon
 @pytest.mark.skipif(not LONG, reason="the long run: TIERFS_TORTURE_LONG=1")
 def test_torture_long(tmp_path):
     """An hour or 1,000,000 operations, whichever comes first, at full speed

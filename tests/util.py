@@ -98,6 +98,23 @@ def format_options(opts):
     return ",".join(out)
 
 
+def gpu_or_fake(monkeypatch):
+    """A device for -o gpu= in a test of the GPU tier's logic: the real GPU
+    where the suite runs with one (TIERFS_GPU), else the build's fake
+    libcuda (tests/gpu/fake_libcuda.c: "device" memory is host memory,
+    copies are memcpy), put on LD_LIBRARY_PATH for the daemons this test
+    starts.  Skips where neither is there (a build without CUDA headers)."""
+    import pytest
+    if GPU:
+        return GPU
+    fake = os.path.join(os.path.dirname(tierfs_bin()), "tests", "gpu", "fakecuda")
+    if not os.path.exists(os.path.join(fake, "libcuda.so.1")):
+        pytest.skip("no GPU and no fake libcuda (a build without CUDA headers)")
+    old = os.environ.get("LD_LIBRARY_PATH")
+    monkeypatch.setenv("LD_LIBRARY_PATH", fake + (":" + old if old else ""))
+    return "0"
+
+
 def default_options():
     opts = {"host_cache": "64M", "gpu": GPU or "none"}
     extra = os.environ.get("TIERFS_OPTIONS", "")       # e.g. "log=debug"

@@ -292,6 +292,14 @@ static inline void eng_flushed(struct engine *e)
 	pthread_cond_broadcast(&e->flushed);
 }
 
+/*
+ * A test hook for races: TIERFS_DELAY="point=ms[,point=ms...]" makes each
+ * thread that reaches `point` sleep that many milliseconds (e->lock, held
+ * when e is given, is dropped meanwhile: the caller looks at its state
+ * again after).  Unset, it costs one getenv.
+ */
+void eng_delay_at(struct engine *e, const char *point);
+
 /* Wake every waiter: e->cond's and e->events'. */
 static inline void eng_wake(struct engine *e)
 {

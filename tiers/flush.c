@@ -817,6 +817,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	char nb[256];
 	int t;
 
+	eng_delay_at(e, "flush_start");
 	for (t = 0; t < e->ntiers && !cp; t++)	/* the newest complete copy */
 		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
 			cp = f->copy[t];
@@ -843,6 +844,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
+	eng_delay_at(NULL, "flush_write");	/* under cp's lease */
 	t0 = tier_now();
 	fl_clone_s = fl_sync_s = 0;
 	small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
@@ -933,9 +935,19 @@ out:
 			backlog_del(e, cp);
 			f->dd_taint = false;
 			f->dirty = false;
-			tier_set_state(&cp->state, TS_FLUSHED);
-			if (cp->promoted)
-				tier_set_state(&cp->state, TS_READ_COMPLETE);
+			/*
+			 * The version holds f's content (nothing was written
+			 * since), but cp may be f's copy no more: a writer that
+			 * went write-through, or installed a copy in another
+			 * tier, dropped it meanwhile (INIT, waiting for this
+			 * flush's lease).  Only a copy still complete becomes
+			 * FLUSHED (the lease rule: look again after the lease).
+			 */
+			if (cp->state == TS_WRITE_COMPLETE) {
+				tier_set_state(&cp->state, TS_FLUSHED);
+				if (cp->promoted)
+					tier_set_state(&cp->state, TS_READ_COMPLETE);
+			}
 		}
 	} else if (ret == -ENOENT && f->unlinked) {
 		/* unlinked meanwhile: nothing to flush */

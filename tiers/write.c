@@ -53,6 +53,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	while (cp && cp->flushing)
 		pthread_cond_wait(&e->cond, &e->lock);
 	lease_begin(e, &l, cp, NULL);
+	eng_delay_at(NULL, "shadow_copy");
 	fd = f->ops->version_open(f, false, &direct, &inplace);
 	if (fd < 0) {
 		ret = fd;

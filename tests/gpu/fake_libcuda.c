@@ -216,14 +216,15 @@ CUresult cuMemGetAllocationGranularity(size_t *g,
 	return CUDA_SUCCESS;
 }
 
+/* "device" memory is host memory: pinning is nothing to do */
 CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	return p && n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemHostUnregister(void *p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemHostGetFlags(unsigned int *f, void *p)
