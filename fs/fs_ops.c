@@ -219,6 +219,33 @@ static void fs_ll_readlink(fuse_req_t req, fuse_ino_t ino)
  */
 enum new_kind { NEW_NODE, NEW_DIR, NEW_SYMLINK };
 
+/*
+ * -o persist: a regular file made by mknod(2) is empty and has no opener
+ * whose close would copy it: its creation is recorded and its copy queued
+ * at once (as for a file created and closed empty), then the entry is
+ * replied.
+ */
+static void persist_made_empty(fuse_req_t req, struct fs_inode *p, const char *name)
+{
+	struct fuse_entry_param e;
+	struct fs_inode *in;
+	int ret = fs_lookup(p, name, &e);
+
+	if (ret) {
+		fuse_reply_err(req, -ret);
+		return;
+	}
+	in = fs_inode_of(e.ino);
+	if (S_ISREG(in->type)) {
+		fs_ns_lock();		/* its names steady, as at create */
+		fs_persist_created(in, p, name);
+		fs_ns_unlock();
+		fs_persist_released(in);
+	}
+	if (fuse_reply_entry(req, &e) == -ENOENT)
+		fs_forget_one(e.ino, 1);
+}
+
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name,
 		      enum new_kind kind, mode_t mode, dev_t rdev, const char *link)
 {
@@ -241,6 +268,10 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name,
 		return;
 	}
 	fs_own_new(p, name, req);
+	if (kind == NEW_NODE && S_ISREG(mode) && fs_persist_on()) {
+		persist_made_empty(req, p, name);
+		return;
+	}
 	reply_entry_or_err(req, p, name);
 }
 

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -652,6 +653,21 @@ def test_file_made_and_closed_empty_reaches_dir(mount, pdir):
     wait_for(lambda: os.path.exists(j(pdir, "marker")), "the empty file in DIR")
     m.umount()
     assert tree(pdir) == {"marker": b""}
+
+
+def test_file_made_by_mknod_reaches_dir(mount, pdir):
+    """A regular file made by mknod(2) (os.mknod, never opened) reaches DIR,
+    empty, and so does what is written into it later; a FIFO does not (only
+    regular files are persisted)."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    os.mknod(j(m.mnt, "made"), 0o644 | stat.S_IFREG)
+    os.mkfifo(j(m.mnt, "fifo"))
+    wait_for(lambda: os.path.exists(j(pdir, "made")), "the mknod'ed file in DIR")
+    assert read_file(j(pdir, "made")) == b""
+    write_file(j(m.mnt, "made"), b"now with data")
+    m.umount()
+    assert tree(pdir) == {"made": b"now with data"}
 
 
 def test_hard_linked_file_written_through_a_removed_name(mount, pdir):
