@@ -750,9 +750,60 @@ static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *nam
  * for them in the directories of the known ones (where hard links usually
  * are): the entries with its inode number.
  */
+/*
+ * Call fn(arg, name) for each entry of directory dfd (owned: closed here)
+ * that is the inode of st, the hidden names left out, until fn returns
+ * false.  The scan behind every hard-link fallback below.
+ */
+static void each_link_in(int dfd, const struct stat *st, bool (*fn)(void *arg, const char *name),
+			 void *arg)
+{
+	struct stat est;
+	struct dirent *de;
+	DIR *dp;
+
+	if (dfd < 0 || !(dp = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while ((de = readdir(dp))) {
+		if (de->d_ino != st->st_ino || fs_hidden_name(de->d_name) ||
+		    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    est.st_ino != st->st_ino || est.st_dev != st->st_dev)
+			continue;
+		if (!fn(arg, de->d_name))
+			break;
+	}
+	closedir(dp);
+}
+
+struct more_names_scan {
+	struct fs_inode **dirs, *dir;
+	char **names;
+	int n;
+};
+
+/* each_link_in()'s callback of more_names(): a name not known yet */
+static bool more_names_one(void *arg, const char *name)
+{
+	struct more_names_scan *m = arg;
+	int i;
+
+	for (i = 0; i < m->n; i++)
+		if (m->dirs[i] == m->dir && m->names[i] && !strcmp(m->names[i], name))
+			return true;
+	if (!(m->names[m->n] = strdup(name)))
+		return true;
+	m->dirs[m->n] = m->dir;
+	fs_inode_get(m->dir);
+	return ++m->n < PNAMES_MAX;
+}
+
 static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names, int n)
 {
-	struct stat st, est;
+	struct more_names_scan m = { .dirs = dirs, .names = names, .n = n };
+	struct stat st;
 	int fd = fs_fd_hold(in), known = n;
 
 	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink <= (nlink_t)n) {
@@ -760,9 +811,7 @@ static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names,
 		return n;
 	}
 	fs_fd_release(in);
-	for (int d = 0; d < known && n < PNAMES_MAX; d++) {
-		struct dirent *de;
-		DIR *dp;
+	for (int d = 0; d < known && m.n < PNAMES_MAX; d++) {
 		int dfd, i;
 
 		for (i = 0; i < d && dirs[i] != dirs[d]; i++)
@@ -772,28 +821,10 @@ static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names,
 		dfd = fs_fd_hold(dirs[d]);
 		dfd = dfd < 0 ? -1 : openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		fs_fd_release(dirs[d]);
-		if (dfd < 0 || !(dp = fdopendir(dfd))) {
-			if (dfd >= 0)
-				close(dfd);
-			continue;
-		}
-		while (n < PNAMES_MAX && (de = readdir(dp))) {
-			if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) ||
-			    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
-			    est.st_ino != st.st_ino || est.st_dev != st.st_dev)
-				continue;
-			for (i = 0; i < n; i++)
-				if (dirs[i] == dirs[d] && names[i] && !strcmp(names[i], de->d_name))
-					break;
-			if (i < n || !(names[n] = strdup(de->d_name)))
-				continue;
-			dirs[n] = dirs[d];
-			fs_inode_get(dirs[n]);
-			n++;
-		}
-		closedir(dp);
+		m.dir = dirs[d];
+		each_link_in(dfd, &st, more_names_one, &m);
 	}
-	return n;
+	return m.n;
 }
 
 /*
@@ -901,14 +932,33 @@ static const char *base_of(const char *rel);
  * each_name() for a file known only by rel (the name its descriptor was
  * opened by): rel and the entries of rel's directory with its inode.
  */
+struct rel_names_scan {
+	struct fs_inode *in;
+	const char *drel, *skip;
+	bool intent;
+	int n;
+};
+
+/* each_link_in()'s callback of rel_names(): copy drel/name */
+static bool rel_names_one(void *arg, const char *name)
+{
+	struct rel_names_scan *r = arg;
+	char rel[PATH_MAX];
+
+	if ((r->skip && !strcmp(name, r->skip)) || join(rel, sizeof(rel), r->drel, name))
+		return true;
+	copy_name(r->in, NULL, rel, r->intent);
+	return ++r->n < PNAMES_MAX;
+}
+
 static void rel_names(struct fs_inode *in, const char *rel, bool self, bool intent)
 {
 	const char *b = base_of(rel);
-	char drel[PATH_MAX], name[PATH_MAX];
-	struct stat st, est;
-	struct dirent *de;
-	int fd, dfd, n = 1;
-	DIR *dp;
+	char drel[PATH_MAX];
+	struct rel_names_scan r = { .in = in, .drel = drel, .skip = self ? b : NULL,
+				    .intent = intent, .n = 1 };
+	struct stat st;
+	int fd;
 
 	if (self)
 		copy_name(in, NULL, rel, intent);
@@ -919,23 +969,8 @@ static void rel_names(struct fs_inode *in, const char *rel, bool self, bool inte
 	}
 	fs_fd_release(in);
 	snprintf(drel, sizeof(drel), "%.*s", b > rel ? (int)(b - rel - 1) : 0, rel);
-	dfd = openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || !(dp = fdopendir(dfd))) {
-		if (dfd >= 0)
-			close(dfd);
-		return;
-	}
-	while (n < PNAMES_MAX && (de = readdir(dp))) {
-		if (de->d_ino != st.st_ino || fs_hidden_name(de->d_name) ||
-		    (self && !strcmp(de->d_name, b)) ||
-		    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    est.st_ino != st.st_ino || est.st_dev != st.st_dev ||
-		    join(name, sizeof(name), drel, de->d_name))
-			continue;
-		copy_name(in, NULL, name, intent);
-		n++;
-	}
-	closedir(dp);
+	each_link_in(openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+		     &st, rel_names_one, &r);
 }
 
 static void each_name(struct fs_inode *in, bool intent)
