@@ -800,17 +800,19 @@ static bool more_names_one(void *arg, const char *name)
 	return ++m->n < PNAMES_MAX;
 }
 
-static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names, int n)
+/*
+ * The names of in beyond the n known ones in the directories of the known
+ * ones (each scanned once; its (dev, ino) added to done[*ndone]); returns
+ * the number of names in dirs[]/names[] now.  st: in's backing file.
+ */
+static int more_names(const struct stat *st, struct fs_inode **dirs, char **names, int n,
+		      struct stat *done, int *ndone)
 {
 	struct more_names_scan m = { .dirs = dirs, .names = names, .n = n };
-	struct stat st;
-	int fd = fs_fd_hold(in), known = n;
+	int known = n;
 
-	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink <= (nlink_t)n) {
-		fs_fd_release(in);
+	if (st->st_nlink <= (nlink_t)n)
 		return n;
-	}
-	fs_fd_release(in);
 	for (int d = 0; d < known && m.n < PNAMES_MAX; d++) {
 		int dfd, i;
 
@@ -821,10 +823,110 @@ static int more_names(struct fs_inode *in, struct fs_inode **dirs, char **names,
 		dfd = fs_fd_hold(dirs[d]);
 		dfd = dfd < 0 ? -1 : openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		fs_fd_release(dirs[d]);
+		if (dfd >= 0 && fstat(dfd, &done[*ndone]) == 0)
+			(*ndone)++;
 		m.dir = dirs[d];
-		each_link_in(dfd, &st, more_names_one, &m);
+		each_link_in(dfd, st, more_names_one, &m);
 	}
 	return m.n;
+}
+
+/*
+ * The links that the scans of the known names' directories did not find
+ * (st_nlink says how many there are: hard links across directories, seen by
+ * a restarted daemon or made outside the mount): a walk of the whole backing
+ * tree, the directories in done[] left out, that stops once `missing` links
+ * were found.  It costs a walk of the namespace, so it runs only when names
+ * are known to be missing.
+ */
+#define TREE_DEPTH_MAX	256	/* directories deeper than this are not walked */
+
+struct tree_scan {
+	struct fs_inode *in;
+	const struct stat *st;		/* the file's backing file */
+	const struct stat *done;	/* directories scanned already */
+	int ndone;
+	int missing;			/* links still to find */
+	bool intent;
+	char rel[PATH_MAX];		/* the directory being walked */
+};
+
+static void tree_links_in(int dfd, size_t len, struct tree_scan *t, int depth)
+{
+	struct stat dst, est;
+	struct dirent *de;
+	bool scanned = false;
+	DIR *dp;
+
+	if (fstat(dfd, &dst) < 0 || !(dp = fdopendir(dfd))) {
+		close(dfd);
+		return;
+	}
+	for (int i = 0; i < t->ndone; i++)
+		if (t->done[i].st_ino == dst.st_ino && t->done[i].st_dev == dst.st_dev)
+			scanned = true;
+	while (t->missing > 0 && (de = readdir(dp))) {
+		bool dir = de->d_type == DT_DIR;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    fs_hidden_name(de->d_name))
+			continue;
+		if (de->d_type == DT_UNKNOWN) {
+			if (fstatat(dirfd(dp), de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0)
+				continue;
+			dir = S_ISDIR(est.st_mode);
+		}
+		if (dir) {
+			size_t nl = strlen(de->d_name);
+			int cfd;
+
+			if (depth >= TREE_DEPTH_MAX || len + nl + 2 > sizeof(t->rel))
+				continue;
+			cfd = openat(dirfd(dp), de->d_name,
+				     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (cfd < 0)
+				continue;
+			snprintf(t->rel + len, sizeof(t->rel) - len, "%s%s", len ? "/" : "",
+				 de->d_name);
+			tree_links_in(cfd, len + nl + (len ? 1 : 0), t, depth + 1);
+			t->rel[len] = 0;
+			continue;
+		}
+		if (scanned || de->d_ino != t->st->st_ino ||
+		    fstatat(dirfd(dp), de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    est.st_ino != t->st->st_ino || est.st_dev != t->st->st_dev) {
+			continue;
+		}
+		{
+			char rel[PATH_MAX];
+
+			if (join(rel, sizeof(rel), t->rel, de->d_name))
+				continue;
+			copy_name(t->in, NULL, rel, t->intent);
+			t->missing--;
+		}
+	}
+	closedir(dp);
+}
+
+static void tree_links(struct fs_inode *in, const struct stat *st, const struct stat *done,
+		       int ndone, int missing, bool intent)
+{
+	struct tree_scan *t;
+	int dfd;
+
+	if (missing <= 0 || !(t = calloc(1, sizeof(*t))))
+		return;
+	*t = (struct tree_scan){ .in = in, .st = st, .done = done, .ndone = ndone,
+				 .missing = missing > PNAMES_MAX ? PNAMES_MAX : missing,
+				 .intent = intent };
+	dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0)
+		tree_links_in(dfd, 0, t, 0);
+	if (t->missing > 0)
+		tlog(LOG_DEBUG, "persist: %d link(s) of inode %llu not found in the backing tree",
+		     t->missing, (unsigned long long)st->st_ino);
+	free(t);
 }
 
 /*
@@ -951,34 +1053,37 @@ static bool rel_names_one(void *arg, const char *name)
 	return ++r->n < PNAMES_MAX;
 }
 
-static void rel_names(struct fs_inode *in, const char *rel, bool self, bool intent)
+/* Returns the number of names found (rel itself when self); the directory
+ * scanned goes to *done. */
+static int rel_names(struct fs_inode *in, const struct stat *st, const char *rel, bool self,
+		     bool intent, struct stat *done, int *ndone)
 {
 	const char *b = base_of(rel);
 	char drel[PATH_MAX];
 	struct rel_names_scan r = { .in = in, .drel = drel, .skip = self ? b : NULL,
-				    .intent = intent, .n = 1 };
-	struct stat st;
-	int fd;
+				    .intent = intent, .n = self ? 1 : 0 };
+	int dfd;
 
 	if (self)
 		copy_name(in, NULL, rel, intent);
-	fd = fs_fd_hold(in);
-	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 || st.st_nlink < (self ? 2 : 1)) {
-		fs_fd_release(in);
-		return;
-	}
-	fs_fd_release(in);
+	if (st->st_nlink < (self ? 2u : 1u))
+		return r.n;
 	snprintf(drel, sizeof(drel), "%.*s", b > rel ? (int)(b - rel - 1) : 0, rel);
-	each_link_in(openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC),
-		     &st, rel_names_one, &r);
+	dfd = openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0 && fstat(dfd, &done[*ndone]) == 0)
+		(*ndone)++;
+	each_link_in(dfd, st, rel_names_one, &r);
+	return r.n;
 }
 
 static void each_name(struct fs_inode *in, bool intent)
 {
 	struct fs_inode *dirs[PNAMES_MAX];
 	char *names[PNAMES_MAX];
+	struct stat st, done[PNAMES_MAX];
 	struct fs_alias *a;
-	int n = 0, i;
+	int n = 0, i, ndone = 0, found = 0, fd;
+	bool have_st;
 
 	if (!pq.dir || !S_ISREG(in->type))
 		return;
@@ -994,22 +1099,32 @@ static void each_name(struct fs_inode *in, bool intent)
 	for (i = 0; i < n; i++)
 		fs_inode_get(dirs[i]);
 	fs_unlock();
+	fd = fs_fd_hold(in);
+	have_st = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
+	fs_fd_release(in);
 	if (n) {
-		n = more_names(in, dirs, names, n);
-	} else if (!in->unlinked) {
+		if (have_st)
+			n = more_names(&st, dirs, names, n, done, &ndone);
+		found = n;
+	} else if (!in->unlinked && have_st) {
 		/* a hard-linked file whose known names are gone: the name its
 		 * descriptor was opened by, if that still is one, and the
 		 * other names of the file in that directory (also when that
 		 * name was removed) */
 		char rel[PATH_MAX];
 		bool removed = false;
-		int fd = fs_fd_hold(in),
-		    r = fd < 0 ? fd : rel_of_fd_any(fd, rel, sizeof(rel), &removed);
+		int r;
 
+		fd = fs_fd_hold(in);
+		r = fd < 0 ? fd : rel_of_fd_any(fd, rel, sizeof(rel), &removed);
 		fs_fd_release(in);
 		if (!r && *rel)
-			rel_names(in, rel, !removed, intent);
+			found = rel_names(in, &st, rel, !removed, intent, done, &ndone);
 	}
+	/* names in directories that no known name is in */
+	if (have_st && (found || !in->unlinked) && found < PNAMES_MAX &&
+	    st.st_nlink > (nlink_t)found)
+		tree_links(in, &st, done, ndone, (int)(st.st_nlink - found), intent);
 	for (i = 0; i < n; i++) {
 		if (names[i])
 			copy_name(in, dirs[i], names[i], intent);

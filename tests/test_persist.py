@@ -698,3 +698,32 @@ def test_hard_linked_file_written_through_a_removed_name(mount, pdir):
     assert sorted(got) == ["w/f0", "w/f7"]
     assert_same(got["w/f7"], data, "w/f7")
     assert_same(got["w/f0"], data, "w/f0")
+
+
+def test_hard_link_in_another_directory_a_restarted_daemon_does_not_know(mount, pdir):
+    """A file with names in two directories, the daemon restarted (it knows
+    no name): a new version written through the name in one directory
+    reaches the name in the other directory, which the daemon never looked
+    up, in DIR too (the backing tree is searched for the missing links)."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    for d in ("a", "b", "b/deep"):
+        os.mkdir(j(m.mnt, d))
+    write_file(j(m.mnt, "a", "ck"), b"a" * 40000)
+    os.link(j(m.mnt, "a", "ck"), j(m.mnt, "b", "deep", "ck-link"))
+    write_file(j(m.mnt, "b", "other"), b"other")
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    m.kill(signal.SIGKILL)
+    m.start()
+    data = randbytes(MiB + 9)
+    with open(j(m.mnt, "a", "ck"), "r+b") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    m.umount()
+    got = tree(pdir)
+    assert sorted(got) == ["a/ck", "b/deep/ck-link", "b/other"]
+    assert_same(got["a/ck"], data, "a/ck")
+    assert_same(got["b/deep/ck-link"], data, "b/deep/ck-link")
+    assert got["b/other"] == b"other"
