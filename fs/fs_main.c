@@ -36,6 +36,7 @@ extern int tierfs_log_syslog;
 #define OPT(t, p, v) { t, offsetof(struct fs_opts, p), v }
 
 static char *host_cache_str, *gpu_cache_str, *logfile_path, *exit_timeout_str;
+static int gpu_spec(const char *s, int *devs, unsigned *n, bool *all);
 
 static const struct fuse_opt opt_spec[] = {
 	OPT("evict=%s", evict, 0),
@@ -208,10 +209,11 @@ static void usage(const char *prog)
 "    -o host_cache=SIZE     host cache size (K/M/G/T suffix or N%% of RAM;\n"
 "                           default 25%% of RAM)\n"
 "    -o evict=POLICY        eviction policy: score (default), fifo, lru\n"
-"    -o gpu=N|none          GPU for the GPU cache tier (default: 0 when a GPU\n"
-"                           is present)\n"
-"    -o gpu_cache=SIZE      GPU cache size (default 50%% of free GPU memory,\n"
-"                           leaving at least 1 GiB free)\n"
+"    -o gpu=N|N:M...|all|none  GPU(s) for the GPU cache tier (default: 0 when\n"
+"                           a GPU is present); several: one cache over them,\n"
+"                           a part on each (they need peer access)\n"
+"    -o gpu_cache=SIZE      GPU cache size per GPU (default 50%% of its free\n"
+"                           memory, leaving at least 1 GiB free)\n"
 "    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
@@ -748,11 +750,13 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
 		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") != 0) {
-		char *end;
-		long dev = strtol(fs.opts.gpu, &end, 10);
+		int devs[ENGINE_MAX_GPUS];
+		unsigned n;
+		bool all;
 
-		if (*end || dev < 0)
-			die("bad gpu '%s': a device number or none%s", fs.opts.gpu, "");
+		if (gpu_spec(fs.opts.gpu, devs, &n, &all))
+			die("bad gpu '%s': a device number, several joined by ':' "
+			    "(0:1, at most 8, each once), all, or none%s", fs.opts.gpu, "");
 	}
 }
 
@@ -839,6 +843,40 @@ static void probe_dedup(struct engine_config *ecfg)
 	tlog(LOG_NOTICE, "dedup: off (%s: %s)", fs.opts.backing, why);
 }
 
+/*
+ * -o gpu=SPEC: a device number, several joined by ':' (one cache over them,
+ * -o's own ',' being the option separator), or "all".  0 with the devices
+ * in devs[0..*n), or -EINVAL (not numbers, a device twice, more than
+ * ENGINE_MAX_GPUS).  "none" is the caller's.
+ */
+static int gpu_spec(const char *s, int *devs, unsigned *n, bool *all)
+{
+	*n = 0;
+	*all = !strcmp(s, "all");
+	if (*all) {
+		devs[0] = 0;
+		*n = 1;
+		return 0;
+	}
+	for (;;) {
+		char *end;
+		long d;
+
+		errno = 0;
+		d = strtol(s, &end, 10);
+		if (end == s || errno || d < 0 || d > 1023 || (*end && *end != ':') ||
+		    *n >= ENGINE_MAX_GPUS || (*s < '0' || *s > '9'))
+			return -EINVAL;
+		for (unsigned i = 0; i < *n; i++)
+			if (devs[i] == (int)d)
+				return -EINVAL;
+		devs[(*n)++] = (int)d;
+		if (!*end)
+			return 0;
+		s = end + 1;
+	}
+}
+
 /* The engine (host cache, flushers; the GPU tier where there is one). */
 static int start_engine(struct engine_config *ecfg)
 {
@@ -856,7 +894,22 @@ static int start_engine(struct engine_config *ecfg)
 		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
 	} else {
 		/* built in the background; the engine logs what it found */
-		ecfg->gpu_dev = fs.opts.gpu ? atoi(fs.opts.gpu) : 0;
+		int devs[ENGINE_MAX_GPUS] = { 0 };
+		unsigned n = 1;
+		bool all = false;
+
+		if (fs.opts.gpu)
+			gpu_spec(fs.opts.gpu, devs, &n, &all);	/* checked before */
+		ecfg->gpu_dev = devs[0];
+		ecfg->gpu_nmore = n - 1;
+		for (unsigned i = 1; i < n; i++)
+			ecfg->gpu_more[i - 1] = devs[i];
+		ecfg->gpu_all = all;
+		if ((all || n > 1) && ecfg->gpu_share) {
+			tlog(LOG_NOTICE, "gpu_share: off (it serves a cache on one GPU; "
+			     "gpu=%s spans several)", fs.opts.gpu);
+			ecfg->gpu_share = false;
+		}
 	}
 
 	ret = engine_create(&fs.eng, ecfg);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #define GPU_IPC_HANDLE_SIZE 64
+#define GPU_MAX_DEVICES	8	/* devices one cache may span */
 
 /* Was tierfs built with CUDA? */
 bool gpu_built(void);
@@ -30,6 +31,14 @@ int gpu_init(int dev, char *msg, size_t msglen);
 bool gpu_available(void);
 /* Free and total device memory in bytes, name of the device. */
 int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name, size_t namelen);
+/* After gpu_init: the number of CUDA devices, or -errno. */
+int gpu_device_count(void);
+/* After gpu_init: 1 when device a can access device b's memory (peer
+ * access), 0 when not, -ENODEV when either does not exist. */
+int gpu_can_access_peer(int a, int b);
+/* gpu_mem_info() of any device (ordinal dev), after gpu_init. */
+int gpu_dev_mem_info(int dev, uint64_t *free_b, uint64_t *total_b, char *name,
+		     size_t namelen);
 
 /* ---- VMM cache buffer (gpu_vmm.c) ---------------------------------- */
 
@@ -41,6 +50,18 @@ struct gpu_vmm;
  * usable from the start of the range as gpu_vmm_mapped() grows.
  */
 int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable);
+/*
+ * The same over several devices: one range whose i-th part (sizes[i] bytes,
+ * rounded up to whole chunks) is memory of device devs[i], every part
+ * accessible to every device (peer access between each pair is required:
+ * -EOPNOTSUPP otherwise).  gpu_vmm_create() is this with the gpu_init()
+ * device alone.
+ */
+int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *sizes,
+			 unsigned n, bool shareable);
+unsigned gpu_vmm_ndevices(const struct gpu_vmm *v);	/* devices spanned */
+int gpu_vmm_device(const struct gpu_vmm *v, unsigned i);	/* i-th one's ordinal */
+uint64_t gpu_vmm_part_end(const struct gpu_vmm *v, unsigned i);	/* its part's end */
 uint64_t gpu_vmm_base(const struct gpu_vmm *v);	/* device address */
 uint64_t gpu_vmm_size(const struct gpu_vmm *v);	/* reserved bytes */
 uint64_t gpu_vmm_mapped(const struct gpu_vmm *v);	/* mapped so far */

@@ -298,3 +298,78 @@ int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name,
 out:
 	return ret;
 }
+
+/* gpu_device_count - CUDA devices present; -ENODEV before gpu_init(). */
+int gpu_device_count(void)
+{
+	int count = 0, ret;
+
+	ret = gpu_ctx_enter();
+	if (ret)
+		return ret;
+	GPU_CU(cuDeviceGetCount(&count), out);
+	return count;
+out:
+	return ret;
+}
+
+/*
+ * gpu_dev_mem_info - gpu_mem_info() of device `dev` (any ordinal): its
+ * primary context is made current for the query, then the daemon's again.
+ * Returns 0, -ENODEV before gpu_init() or for no such device, or the mapped
+ * driver error (outputs then untouched).
+ */
+int gpu_dev_mem_info(int dev, uint64_t *free_b, uint64_t *total_b, char *name,
+		     size_t namelen)
+{
+	CUcontext ctx;
+	CUdevice d;
+	size_t f = 0, t = 0;
+	int ret, count = gpu_device_count();
+
+	if (count < 0)
+		return count;
+	if (dev < 0 || dev >= count)
+		return -ENODEV;
+	if (dev == gpu_state.ordinal)
+		return gpu_mem_info(free_b, total_b, name, namelen);
+	GPU_CU(cuDeviceGet(&d, dev), out);
+	GPU_CU(cuDevicePrimaryCtxRetain(&ctx, d), out);
+	ret = 0;
+	if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS || cuMemGetInfo(&f, &t) != CUDA_SUCCESS)
+		ret = -EIO;
+	if (!ret && name && namelen &&
+	    cuDeviceGetName(name, (int)(namelen > INT32_MAX ? INT32_MAX : namelen), d) !=
+	    CUDA_SUCCESS)
+		snprintf(name, namelen, "device %d", dev);
+	cuCtxSetCurrent(gpu_state.ctx);
+	cuDevicePrimaryCtxRelease(d);
+	if (ret) {
+		gpu_log(LOG_ERR, "gpu: device %d: no memory information", dev);
+		return ret;
+	}
+	if (free_b)
+		*free_b = f;
+	if (total_b)
+		*total_b = t;
+out:
+	return ret;
+}
+
+/* gpu_can_access_peer - may device a access device b's memory? */
+int gpu_can_access_peer(int a, int b)
+{
+	int count = gpu_device_count(), can = 0, ret;
+	CUdevice da, db;
+
+	if (count < 0)
+		return count;
+	if (a < 0 || b < 0 || a >= count || b >= count)
+		return -ENODEV;
+	GPU_CU(cuDeviceGet(&da, a), out);
+	GPU_CU(cuDeviceGet(&db, b), out);
+	GPU_CU(cuDeviceCanAccessPeer(&can, da, db), out);
+	return can ? 1 : 0;
+out:
+	return ret;
+}

@@ -58,6 +58,7 @@
 	X(cuDeviceGetCount)			\
 	X(cuDeviceGetName)			\
 	X(cuDeviceGetAttribute)			\
+	X(cuDeviceCanAccessPeer)		\
 	X(cuDevicePrimaryCtxRetain)		\
 	X(cuDevicePrimaryCtxRelease)		\
 	X(cuCtxGetCurrent)			\
@@ -127,6 +128,7 @@ bool gpu_dl_loaded(void);
 #define cuDeviceGetCount		(gpu_cu.cuDeviceGetCount)
 #define cuDeviceGetName			(gpu_cu.cuDeviceGetName)
 #define cuDeviceGetAttribute		(gpu_cu.cuDeviceGetAttribute)
+#define cuDeviceCanAccessPeer		(gpu_cu.cuDeviceCanAccessPeer)
 #define cuDevicePrimaryCtxRetain	(gpu_cu.cuDevicePrimaryCtxRetain)
 #define cuDevicePrimaryCtxRelease_v2	(gpu_cu.cuDevicePrimaryCtxRelease_v2)
 #define cuCtxGetCurrent			(gpu_cu.cuCtxGetCurrent)

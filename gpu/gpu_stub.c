@@ -47,6 +47,64 @@ int gpu_mem_info(uint64_t *free_b, uint64_t *total_b, char *name,
 	return -EOPNOTSUPP;
 }
 
+/* gpu_device_count, gpu_can_access_peer, gpu_dev_mem_info - -EOPNOTSUPP. */
+int gpu_can_access_peer(int a, int b)
+{
+	(void)a;
+	(void)b;
+	return -EOPNOTSUPP;
+}
+
+int gpu_device_count(void)
+{
+	return -EOPNOTSUPP;
+}
+
+int gpu_dev_mem_info(int dev, uint64_t *free_b, uint64_t *total_b, char *name,
+		     size_t namelen)
+{
+	(void)dev;
+	(void)free_b;
+	(void)total_b;
+	(void)name;
+	(void)namelen;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_create_multi - -EOPNOTSUPP; *out is NULL. */
+int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *sizes,
+			 unsigned n, bool shareable)
+{
+	(void)devs;
+	(void)sizes;
+	(void)n;
+	(void)shareable;
+	if (out)
+		*out = NULL;
+	return -EOPNOTSUPP;
+}
+
+/* gpu_vmm_ndevices, gpu_vmm_device, gpu_vmm_part_end: no range exists. */
+unsigned gpu_vmm_ndevices(const struct gpu_vmm *v)
+{
+	(void)v;
+	return 0;
+}
+
+int gpu_vmm_device(const struct gpu_vmm *v, unsigned i)
+{
+	(void)v;
+	(void)i;
+	return -1;
+}
+
+uint64_t gpu_vmm_part_end(const struct gpu_vmm *v, unsigned i)
+{
+	(void)v;
+	(void)i;
+	return 0;
+}
+
 /* gpu_vmm_create - -EOPNOTSUPP; *out is NULL. */
 int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable)
 {

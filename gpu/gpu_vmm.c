@@ -20,6 +20,17 @@
  * may be shorter (the size is rounded up to the minimum granularity only).
  * One physical handle per chunk, kept until gpu_vmm_destroy().
  *
+ * Several GPUs (-o gpu=0:1, gpu_vmm_create_multi): the one range spans the
+ * devices.  Its first part is physical memory of the first device, the next
+ * part memory of the second, and so on, each part a whole number of chunks
+ * (the last may end short); every chunk is readable and writable by every
+ * device of the range (cuMemSetAccess with one descriptor per device, which
+ * needs peer access between each pair: checked before anything is
+ * reserved).  The range stays one table for tiers/: a file placed across a
+ * part's end is split between two GPUs, and the copies, which address the
+ * range with unified addresses, reach either one (over NVLink or PCIe peer
+ * to peer).
+ *
  * Sharing (-o gpu_share, tierfs-gpu(7)): a shareable range's chunks are
  * created exportable as POSIX file descriptors, and gpu_vmm_export() hands
  * out one descriptor per mapped chunk; another process imports them and
@@ -50,8 +61,14 @@ struct gpu_vmm {
 	uint64_t size;		/* reserved bytes, granularity multiple */
 	uint64_t chunk;		/* bytes per mapping step, ditto */
 	uint64_t nchunks;	/* ceil(size / chunk) */
-	CUmemAllocationProp prop;	/* pinned memory on our device */
-	CUmemAccessDesc access;	/* read/write for our device */
+	CUmemAllocationProp prop;	/* pinned device memory; location.id is
+					 * set per chunk (chunk_dev) */
+	unsigned ndev;		/* devices the range spans, 1..GPU_MAX_DEVICES */
+	int dev[GPU_MAX_DEVICES];	/* their ordinals, in range order */
+	uint64_t dend[GPU_MAX_DEVICES];	/* end offset of each one's part */
+	CUcontext dctx[GPU_MAX_DEVICES];	/* primary contexts retained for
+						 * devs 1.. (dctx[0] unused) */
+	CUmemAccessDesc access[GPU_MAX_DEVICES];	/* read/write for each */
 	CUmemGenericAllocationHandle *handles;	/* one per mapped chunk */
 	uint64_t nmapped;	/* chunks mapped; the mapper's until joined */
 	_Atomic uint64_t mapped;	/* bytes usable from base; only grows */
@@ -68,17 +85,31 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 	return (x + to - 1) / to * to;
 }
 
+static void release_ctxs(struct gpu_vmm *v);
+
+/* Index (in dev[]) of the device whose part holds offset off. */
+static unsigned part_of(const struct gpu_vmm *v, uint64_t off)
+{
+	unsigned d = 0;
+
+	while (d + 1 < v->ndev && off >= v->dend[d])
+		d++;
+	return d;
+}
+
 /* Create, map and open chunk i.  Returns 0 or -errno, leaving it unmapped. */
 static int vmm_map_chunk(struct gpu_vmm *v, uint64_t i)
 {
 	uint64_t off = i * v->chunk;
 	size_t len = v->size - off < v->chunk ? v->size - off : v->chunk;
 	CUdeviceptr at = v->base + off;
+	CUmemAllocationProp prop = v->prop;
 	CUmemGenericAllocationHandle h;
 	CUresult r;
 	int ret = 0;
 
-	r = cuMemCreate(&h, len, &v->prop, 0);
+	prop.location.id = v->dev[part_of(v, off)];
+	r = cuMemCreate(&h, len, &prop, 0);
 	if (r != CUDA_SUCCESS) {
 		/* Running out of memory is an outcome here, not a bug:
 		 * the caller logs it with the sizes. */
@@ -88,7 +119,7 @@ static int vmm_map_chunk(struct gpu_vmm *v, uint64_t i)
 		return -ENOMEM;
 	}
 	GPU_CU(cuMemMap(at, len, 0, h, 0), out_release);
-	GPU_CU(cuMemSetAccess(at, len, &v->access, 1), out_unmap);
+	GPU_CU(cuMemSetAccess(at, len, v->access, v->ndev), out_unmap);
 	v->handles[i] = h;
 	return 0;
 
@@ -145,78 +176,148 @@ static void *vmm_mapper(void *arg)
 }
 
 /*
- * gpu_vmm_create - reserve `size` bytes (rounded up to the allocation
- * granularity) of device addresses and start the mapper thread; with
- * `shareable`, chunks are created exportable (gpu_vmm_export).  Returns 0
- * with *out set, -EINVAL for size 0, -ENODEV before gpu_init(), -EOPNOTSUPP
- * when the device lacks VMM, or the mapped driver / pthread error; on error
- * *out is NULL and nothing is left reserved.
+ * gpu_vmm_create_multi - reserve sizes[0] + ... + sizes[n - 1] bytes of
+ * device addresses, the first sizes[0] (rounded up to whole chunks, the
+ * last part to the granularity only) to be backed by memory of device
+ * devs[0], the next by devs[1], and so on, and start the mapper thread;
+ * with `shareable`, chunks are created exportable (gpu_vmm_export).  Every
+ * device gets read/write access to the whole range.  Returns 0 with *out
+ * set, -EINVAL for a size 0, n out of 1..GPU_MAX_DEVICES or a device named
+ * twice, -ENODEV before gpu_init() or for a device that does not exist,
+ * -EOPNOTSUPP when a device lacks VMM or two of them cannot reach each
+ * other's memory (peer access), or the mapped driver / pthread error; on
+ * error *out is NULL and nothing is left reserved.
  */
-int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable)
+int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *sizes,
+			 unsigned n, bool shareable)
 {
 	struct gpu_vmm *v;
 	size_t gmin = 0, grec = 0;
 	sigset_t all, old;
-	int vmm_ok = 0, ret;
+	int vmm_ok = 0, ret, count = 0;
+	uint64_t total = 0;
 
 	*out = NULL;
-	if (!size)
+	if (!n || n > GPU_MAX_DEVICES)
 		return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		if (!sizes[i] || sizes[i] > UINT64_MAX / 2 / GPU_MAX_DEVICES)
+			return -EINVAL;
+		for (unsigned j = 0; j < i; j++)
+			if (devs[j] == devs[i])
+				return -EINVAL;
+	}
 	ret = gpu_ctx_enter();
 	if (ret)
 		return ret;
-	GPU_CU(cuDeviceGetAttribute(&vmm_ok,
-			CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-			gpu_cu_device()), out);
-	if (!vmm_ok) {
-		gpu_log(LOG_ERR, "gpu: device %d has no virtual memory management",
-			gpu_cu_ordinal());
-		return -EOPNOTSUPP;
+	GPU_CU(cuDeviceGetCount(&count), out);
+	for (unsigned i = 0; i < n; i++) {
+		CUdevice d;
+
+		if (devs[i] < 0 || devs[i] >= count) {
+			gpu_log(LOG_ERR, "gpu: no device %d (%d CUDA device%s)", devs[i], count,
+				count == 1 ? "" : "s");
+			return -ENODEV;
+		}
+		GPU_CU(cuDeviceGet(&d, devs[i]), out);
+		GPU_CU(cuDeviceGetAttribute(&vmm_ok,
+				CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+				d), out);
+		if (!vmm_ok) {
+			gpu_log(LOG_ERR, "gpu: device %d has no virtual memory management",
+				devs[i]);
+			return -EOPNOTSUPP;
+		}
+		for (unsigned j = 0; j < n; j++) {
+			CUdevice e;
+			int can = 0;
+
+			if (j == i)
+				continue;
+			GPU_CU(cuDeviceGet(&e, devs[j]), out);
+			GPU_CU(cuDeviceCanAccessPeer(&can, d, e), out);
+			if (!can) {
+				gpu_log(LOG_ERR, "gpu: device %d cannot access the memory of "
+					"device %d (no peer access): one cache cannot span them",
+					devs[i], devs[j]);
+				return -EOPNOTSUPP;
+			}
+		}
 	}
 
 	v = calloc(1, sizeof(*v));
 	if (!v)
 		return -ENOMEM;
+	v->ndev = n;
 	v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	v->prop.requestedHandleTypes = shareable ?
 		CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
 	v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	v->prop.location.id = gpu_cu_ordinal();
-	v->access.location = v->prop.location;
-	v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	for (unsigned i = 0; i < n; i++) {
+		size_t dmin = 0, drec = 0;
 
-	GPU_CU(cuMemGetAllocationGranularity(&gmin, &v->prop,
-			CU_MEM_ALLOC_GRANULARITY_MINIMUM), out_free);
-	GPU_CU(cuMemGetAllocationGranularity(&grec, &v->prop,
-			CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), out_free);
+		v->dev[i] = devs[i];
+		v->access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		v->access[i].location.id = devs[i];
+		v->access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+		v->prop.location.id = devs[i];
+		GPU_CU(cuMemGetAllocationGranularity(&dmin, &v->prop,
+				CU_MEM_ALLOC_GRANULARITY_MINIMUM), out_free);
+		GPU_CU(cuMemGetAllocationGranularity(&drec, &v->prop,
+				CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), out_free);
+		if (dmin > gmin)
+			gmin = dmin;
+		if (drec > grec)
+			grec = drec;
+	}
+	v->prop.location.id = devs[0];
 	if (!gmin)
 		gmin = 2ULL << 20;
 	if (grec < gmin)
 		grec = gmin;
-	if (size > UINT64_MAX - grec) {
-		ret = -EINVAL;
-		goto out_free;
-	}
-	v->size = round_up(size, gmin);
 	v->chunk = round_up(round_up(VMM_CHUNK, grec), gmin);
+	for (unsigned i = 0; i < n; i++) {
+		/* whole chunks per part, so that no chunk straddles two
+		 * devices; the last part only to the granularity */
+		total += i + 1 < n ? round_up(sizes[i], v->chunk) : round_up(sizes[i], gmin);
+		v->dend[i] = total;
+	}
+	v->size = total;
 	v->nchunks = (v->size + v->chunk - 1) / v->chunk;
 	v->handles = calloc(v->nchunks, sizeof(*v->handles));
 	if (!v->handles) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
+	for (unsigned i = 1; i < n; i++) {	/* the other devices' driver state */
+		CUdevice d;
+
+		GPU_CU(cuDeviceGet(&d, devs[i]), out_release_ctx);
+		GPU_CU(cuDevicePrimaryCtxRetain(&v->dctx[i], d), out_release_ctx);
+	}
+	ret = gpu_ctx_enter();	/* back to the daemon's context */
+	if (ret)
+		goto out_release_ctx;
 
 	GPU_CU(cuMemAddressReserve(&v->base, v->size, grec, 0, 0),
-	       out_free_handles);
+	       out_release_ctx);
 
 	atomic_init(&v->mapped, 0);
 	atomic_init(&v->stop, false);
 	pthread_mutex_init(&v->lock, NULL);
 	pthread_cond_init(&v->cond, NULL);
 
-	gpu_log(LOG_INFO,
-		"gpu: cache of %llu MiB reserved at 0x%llx, mapping %llu MiB chunks",
-		MiB(v->size), (unsigned long long)v->base, MiB(v->chunk));
+	if (n == 1)
+		gpu_log(LOG_INFO,
+			"gpu: cache of %llu MiB reserved at 0x%llx, mapping %llu MiB chunks",
+			MiB(v->size), (unsigned long long)v->base, MiB(v->chunk));
+	else
+		for (unsigned i = 0; i < n; i++)
+			gpu_log(LOG_INFO, "gpu: cache part %u: %llu MiB on device %d at "
+				"0x%llx (%llu MiB chunks)", i,
+				MiB(v->dend[i] - (i ? v->dend[i - 1] : 0)), devs[i],
+				(unsigned long long)(v->base + (i ? v->dend[i - 1] : 0)),
+				MiB(v->chunk));
 
 	/* The mapper takes no signals: they belong to the daemon's loop. */
 	sigfillset(&all);
@@ -235,12 +336,59 @@ out_addr_free:
 	pthread_cond_destroy(&v->cond);
 	pthread_mutex_destroy(&v->lock);
 	cuMemAddressFree(v->base, v->size);
-out_free_handles:
+out_release_ctx:
+	release_ctxs(v);
 	free(v->handles);
 out_free:
 	free(v);
 out:
 	return ret;
+}
+
+/*
+ * gpu_vmm_create - gpu_vmm_create_multi() on the device gpu_init() picked
+ * alone.
+ */
+int gpu_vmm_create(struct gpu_vmm **out, uint64_t size, bool shareable)
+{
+	int dev = gpu_cu_ordinal();
+
+	*out = NULL;
+	if (!size)
+		return -EINVAL;
+	if (!gpu_available())
+		return -ENODEV;
+	return gpu_vmm_create_multi(out, &dev, &size, 1, shareable);
+}
+
+/* The primary contexts retained for the other devices. */
+static void release_ctxs(struct gpu_vmm *v)
+{
+	for (unsigned i = 1; i < v->ndev; i++) {
+		CUdevice d;
+
+		if (v->dctx[i] && cuDeviceGet(&d, v->dev[i]) == CUDA_SUCCESS)
+			cuDevicePrimaryCtxRelease(d);
+		v->dctx[i] = NULL;
+	}
+}
+
+/* gpu_vmm_ndevices - devices the range spans (1 for gpu_vmm_create). */
+unsigned gpu_vmm_ndevices(const struct gpu_vmm *v)
+{
+	return v->ndev;
+}
+
+/* gpu_vmm_device - the ordinal of the i-th device of the range. */
+int gpu_vmm_device(const struct gpu_vmm *v, unsigned i)
+{
+	return i < v->ndev ? v->dev[i] : -1;
+}
+
+/* gpu_vmm_part_end - the end offset of the i-th device's part. */
+uint64_t gpu_vmm_part_end(const struct gpu_vmm *v, unsigned i)
+{
+	return i < v->ndev ? v->dend[i] : v->size;
 }
 
 /* gpu_vmm_base - device address of the start of the reservation. */
@@ -349,6 +497,7 @@ next:
 	}
 	GPU_CU(cuMemAddressFree(v->base, v->size), out_free);
 out_free:
+	release_ctxs(v);
 	pthread_cond_destroy(&v->cond);
 	pthread_mutex_destroy(&v->lock);
 	free(v->handles);

@@ -107,6 +107,18 @@ def test_torture_gpu_tier_crash(tmp_path, monkeypatch):
 
 
 @pytest.mark.daemon
+def test_torture_gpus_crash(tmp_path, monkeypatch):
+    """One GPU cache over two GPUs (-o gpu=0:1): copies on either part and
+    across the parts' boundary, the cascade and eviction over the whole
+    range, under kills; real GPUs with TIERFS_GPUS=0:1, else the fake
+    libcuda's two devices."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    out = daemon_run(["--host-cache", "16M", "--crash",
+                      "--mount-opts", f"gpu={gpus},gpu_cache=32M"], tmp_path)
+    assert "GPU tier: 2 GPUs" in out, "the daemon ran without a GPU tier over two GPUs"
+
+
+@pytest.mark.daemon
 @pytest.mark.skipif(not LONG, reason="the long run: TIERFS_TORTURE_LONG=1")
 def test_torture_long(tmp_path):
     """An hour or 1,000,000 operations, whichever comes first, at full speed

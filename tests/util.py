@@ -115,6 +115,24 @@ def gpu_or_fake(monkeypatch):
     return "0"
 
 
+def gpus_or_fake(monkeypatch, n=2):
+    """-o gpu= for a mount whose one GPU cache spans n devices: the real ones
+    named by TIERFS_GPUS (e.g. "0:1") where the suite runs on a machine with
+    several; on a one-GPU machine (TIERFS_GPU only) the test is skipped; else
+    the build's fake libcuda with n devices (TIERFS_FAKE_CUDA_DEVICES)."""
+    import pytest
+    real = os.environ.get("TIERFS_GPUS", "").strip()
+    if real:
+        if len(real.split(":")) < n:
+            pytest.skip(f"TIERFS_GPUS={real}: fewer than {n} GPUs")
+        return ":".join(real.split(":")[:n])
+    if GPU:
+        pytest.skip("one GPU here (TIERFS_GPU); several need TIERFS_GPUS=0:1...")
+    gpu_or_fake(monkeypatch)
+    monkeypatch.setenv("TIERFS_FAKE_CUDA_DEVICES", str(n))
+    return ":".join(str(i) for i in range(n))
+
+
 def default_options():
     opts = {"host_cache": "64M", "gpu": GPU or "none"}
     extra = os.environ.get("TIERFS_OPTIONS", "")       # e.g. "log=debug"

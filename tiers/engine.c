@@ -22,6 +22,7 @@
 
 #include "engine_int.h"
 #include "ssd.h"
+#include "gpu.h"
 #include "gpu_tier.h"
 
 static void *gbuilder_main(void *arg);
@@ -51,7 +52,17 @@ static void *gbuilder_main(void *arg)
 	char msg[256] = "";
 	bool ok = false;
 
-	if (gpu_tier_create(&g, e->cfg.gpu_dev, e->cfg.gpu_cache, e->cfg.gpu_share,
+	int devs[ENGINE_MAX_GPUS] = { e->cfg.gpu_dev };
+	unsigned ndev = 1 + e->cfg.gpu_nmore;
+
+	_Static_assert(ENGINE_MAX_GPUS == GPU_MAX_DEVICES, "one limit of GPUs per mount");
+	if (ndev > ENGINE_MAX_GPUS)
+		ndev = ENGINE_MAX_GPUS;
+	for (unsigned i = 1; i < ndev; i++)
+		devs[i] = e->cfg.gpu_more[i - 1];
+	if (e->cfg.gpu_all)
+		ndev = 0;
+	if (gpu_tier_create(&g, devs, ndev, e->cfg.gpu_cache, e->cfg.gpu_share,
 			    e->cfg.policy, msg, sizeof(msg))) {
 		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
 		return NULL;

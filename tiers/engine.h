@@ -21,6 +21,8 @@
 
 struct engine;
 
+#define ENGINE_MAX_GPUS	8		/* GPUs one cache spans (gpu.h's GPU_MAX_DEVICES) */
+
 struct engine_config {
 	uint64_t host_cache;		/* bytes */
 	const struct evict_policy *policy;
@@ -29,7 +31,11 @@ struct engine_config {
 	uint64_t chunk;			/* bytes per I/O */
 	bool hugepages;			/* madvise the host buffer */
 	int gpu_dev;			/* GPU for the GPU tier, -1: none */
-	uint64_t gpu_cache;		/* its size, 0: default */
+	int gpu_more[ENGINE_MAX_GPUS - 1];	/* further GPUs the one GPU cache
+						 * spans (-o gpu=0:1), after gpu_dev */
+	unsigned gpu_nmore;		/* how many */
+	bool gpu_all;			/* every GPU of the machine (-o gpu=all) */
+	uint64_t gpu_cache;		/* its size per GPU, 0: default */
 	bool gpu_share;			/* chunks exportable (-o gpu_share) */
 	bool later;			/* the caller calls engine_start_background() */
 	bool dedup;			/* the backing directory shares extents:

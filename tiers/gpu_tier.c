@@ -181,29 +181,25 @@ uint64_t gpu_tier_default_size(uint64_t free_b)
 	return size;
 }
 
-int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
-		    bool shareable, const struct evict_policy *pol, char *msg,
-		    size_t msglen)
+/* The size of device dev's part: size, or its default; cut to what it has
+ * room for.  0 with a sentence in msg when it has too little. */
+static uint64_t part_size(int dev, uint64_t size, char *name, size_t namelen,
+			  uint64_t *free_out, uint64_t *total_out, char *msg, size_t msglen,
+			  int *err)
 {
-	struct gpu_tier *g;
 	uint64_t free_b = 0, total_b = 0, room;
-	char name[sizeof(g->name)] = "";
-	sigset_t all, old;
 	int ret;
 
-	*out = NULL;
-	if (msg && msglen)
-		msg[0] = '\0';
-	ret = gpu_init(dev, msg, msglen);
-	if (ret)
-		return ret;
-	ret = gpu_mem_info(&free_b, &total_b, name, sizeof(name));
+	ret = gpu_dev_mem_info(dev, &free_b, &total_b, name, namelen);
 	if (ret) {
 		if (msg && msglen)
 			snprintf(msg, msglen, "GPU %d: no memory information: %s",
 				 dev, strerror(-ret));
-		return ret;
+		*err = ret;
+		return 0;
 	}
+	*free_out = free_b;
+	*total_out = total_b;
 	room = free_b > GPU_TIER_RESERVE ? free_b - GPU_TIER_RESERVE : 0;
 	if (!size) {
 		size = gpu_tier_default_size(free_b);
@@ -212,7 +208,8 @@ int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
 				snprintf(msg, msglen, "GPU %d (%s): only %llu MiB "
 					 "free, too little for a GPU cache", dev,
 					 name, MiB(free_b));
-			return -ENOMEM;
+			*err = -ENOMEM;
+			return 0;
 		}
 	} else if (size > room) {
 		if (room < TIER_ALIGN) {
@@ -220,26 +217,98 @@ int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
 				snprintf(msg, msglen, "GPU %d (%s): only %llu MiB "
 					 "free, too little for a GPU cache", dev,
 					 name, MiB(free_b));
-			return -ENOMEM;
+			*err = -ENOMEM;
+			return 0;
 		}
 		tlog(LOG_WARNING, "gpu cache: %llu MiB asked for, GPU %d has "
 		     "%llu MiB free: using %llu MiB", MiB(size), dev,
 		     MiB(free_b), MiB(room));
 		size = room;
 	}
+	return size;
+}
+
+int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
+		    uint64_t size, bool shareable, const struct evict_policy *pol,
+		    char *msg, size_t msglen)
+{
+	struct gpu_tier *g;
+	int devs[GPU_MAX_DEVICES];
+	uint64_t sizes[GPU_MAX_DEVICES], free_b = 0, total_b = 0, free_all = 0, total_all = 0;
+	char name[sizeof(g->name)] = "", other[sizeof(g->name)];
+	sigset_t all, old;
+	int ret = 0, count;
+
+	*out = NULL;
+	if (msg && msglen)
+		msg[0] = '\0';
+	if (ndev > GPU_MAX_DEVICES || (ndev && !devs_in)) {
+		if (msg && msglen)
+			snprintf(msg, msglen, "at most %d GPUs per mount", GPU_MAX_DEVICES);
+		return -EINVAL;
+	}
+	ret = gpu_init(ndev ? devs_in[0] : 0, msg, msglen);
+	if (ret)
+		return ret;
+	if (!ndev) {		/* every device (gpu=all) */
+		count = gpu_device_count();
+		if (count < 1) {
+			if (msg && msglen)
+				snprintf(msg, msglen, "no CUDA device");
+			return -ENODEV;
+		}
+		ndev = (unsigned)count < GPU_MAX_DEVICES ? (unsigned)count : GPU_MAX_DEVICES;
+		for (unsigned i = 0; i < ndev; i++)
+			devs[i] = (int)i;
+	} else {
+		memcpy(devs, devs_in, ndev * sizeof(*devs));
+		count = gpu_device_count();
+		for (unsigned i = 0; i < ndev; i++)
+			if (count >= 0 && (devs[i] < 0 || devs[i] >= count)) {
+				if (msg && msglen)
+					snprintf(msg, msglen, "no device %d (%d CUDA device%s)",
+						 devs[i], count, count == 1 ? "" : "s");
+				return -ENODEV;
+			}
+	}
+	/* one range over several devices: each must reach the others' memory */
+	for (unsigned i = 0; i < ndev; i++)
+		for (unsigned j = 0; j < ndev; j++)
+			if (i != j && gpu_can_access_peer(devs[i], devs[j]) != 1) {
+				if (msg && msglen)
+					snprintf(msg, msglen, "GPU %d cannot access the memory of "
+						 "GPU %d (no peer access): one cache cannot span them; "
+						 "name one of them in gpu=", devs[i], devs[j]);
+				return -EOPNOTSUPP;
+			}
+	for (unsigned i = 0; i < ndev; i++) {
+		sizes[i] = part_size(devs[i], size, i ? other : name,
+				     sizeof(name), &free_b, &total_b, msg, msglen, &ret);
+		if (!sizes[i])
+			return ret;
+		free_all += free_b;
+		total_all += total_b;
+	}
 
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		return -ENOMEM;
-	g->dev = dev;
+	g->dev = devs[0];
 	g->t0 = tier_now();
-	snprintf(g->name, sizeof(g->name), "%s", name);
-	ret = gpu_vmm_create(&g->vmm, size, shareable);
+	if (ndev == 1)
+		snprintf(g->name, sizeof(g->name), "%s", name);
+	else
+		snprintf(g->name, sizeof(g->name), "%u x %s", ndev, name);
+	ret = gpu_vmm_create_multi(&g->vmm, devs, sizes, ndev, shareable);
 	if (ret) {
-		if (msg && msglen)
+		if (msg && msglen && ndev == 1)
 			snprintf(msg, msglen, "GPU %d (%s): cannot reserve a "
-				 "%llu MiB cache: %s", dev, name, MiB(size),
+				 "%llu MiB cache: %s", devs[0], name, MiB(sizes[0]),
 				 strerror(-ret));
+		else if (msg && msglen)
+			snprintf(msg, msglen, "GPUs %d..%d: cannot reserve one cache "
+				 "over them: %s%s", devs[0], devs[ndev - 1], strerror(-ret),
+				 ret == -EOPNOTSUPP ? " (see the log)" : "");
 		goto err_free;
 	}
 	g->dbase = gpu_vmm_base(g->vmm);
@@ -264,10 +333,14 @@ int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
 		tlog(LOG_WARNING, "gpu cache: no mapping watcher: eviction "
 		     "waits for the whole cache to be mapped");
 
-	if (msg && msglen)
+	if (msg && msglen && ndev == 1)
 		snprintf(msg, msglen, "GPU %d (%s): %llu MiB cache, %llu of "
-			 "%llu MiB free", dev, name, MiB(g->cache.size),
-			 MiB(free_b), MiB(total_b));
+			 "%llu MiB free", devs[0], name, MiB(g->cache.size),
+			 MiB(free_all), MiB(total_all));
+	else if (msg && msglen)
+		snprintf(msg, msglen, "%u GPUs (%d..%d, %s): one %llu MiB cache over "
+			 "them, %llu of %llu MiB free", ndev, devs[0], devs[ndev - 1], name,
+			 MiB(g->cache.size), MiB(free_all), MiB(total_all));
 	*out = g;
 	return 0;
 
@@ -291,6 +364,36 @@ struct gpu_vmm *gpu_tier_vmm(struct gpu_tier *g)
 int gpu_tier_device(struct gpu_tier *g)
 {
 	return g->dev;
+}
+
+unsigned gpu_tier_device_use(struct gpu_tier *g, uint64_t *used, unsigned max)
+{
+	unsigned nd = gpu_vmm_ndevices(g->vmm);
+	const struct frag *fr;
+
+	if (nd > max)
+		nd = max;
+	memset(used, 0, nd * sizeof(*used));
+	for (fr = g->cache.head; fr; fr = fr->next) {
+		uint64_t lo = fr->off, hi = fr->off + fr->size;
+
+		if (!fr->copy)
+			continue;	/* a gap */
+		for (unsigned i = 0; i < nd; i++) {
+			uint64_t plo = i ? gpu_vmm_part_end(g->vmm, i - 1) : 0,
+				 phi = gpu_vmm_part_end(g->vmm, i);
+			uint64_t a = lo > plo ? lo : plo, b = hi < phi ? hi : phi;
+
+			if (a < b)
+				used[i] += b - a;
+		}
+	}
+	return nd;
+}
+
+unsigned gpu_tier_ndevices(struct gpu_tier *g)
+{
+	return gpu_vmm_ndevices(g->vmm);
 }
 
 uint64_t gpu_tier_mapped(struct gpu_tier *g)
@@ -346,6 +449,35 @@ int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len)
 		     gpu_tier_fully_mapped(g) ? "true" : "false", name, g->dev);
 	if (n < 0)
 		return -EINVAL;
+	if ((size_t)n >= len)
+		return -ERANGE;
+	if (gpu_vmm_ndevices(g->vmm) > 1) {
+		/* several GPUs: each one's part of the range */
+		uint64_t used[GPU_MAX_DEVICES];
+		unsigned nd = gpu_tier_device_use(g, used, GPU_MAX_DEVICES);
+		int m;
+
+		m = snprintf(buf + n, len - (size_t)n, ",\"devices\":[");
+		for (unsigned i = 0; m >= 0 && (size_t)(n + m) < len && i < nd; i++) {
+			uint64_t lo = i ? gpu_vmm_part_end(g->vmm, i - 1) : 0;
+
+			n += m;
+			m = snprintf(buf + n, len - (size_t)n,
+				     "%s{\"device_id\":%d,\"offset\":%" PRIu64 ",\"size\":%"
+				     PRIu64 ",\"used\":%" PRIu64 "}", i ? "," : "",
+				     gpu_vmm_device(g->vmm, i), lo,
+				     gpu_vmm_part_end(g->vmm, i) - lo, used[i]);
+		}
+		if (m < 0)
+			return -EINVAL;
+		n += m;
+		if ((size_t)n >= len)
+			return -ERANGE;
+		m = snprintf(buf + n, len - (size_t)n, "]");
+		if (m < 0)
+			return -EINVAL;
+		n += m;
+	}
 	return (size_t)n >= len ? -ERANGE : n;
 }
 

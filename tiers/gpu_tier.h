@@ -21,8 +21,8 @@
  *
  * Threads: the copy functions may run on any thread, concurrently, without
  * the engine lock.  gpu_tier_update_usable() writes c->usable: call it with
- * the engine lock held.  gpu_tier_fully_mapped(), gpu_tier_stats_json()
- * read atomics only.  The struct cache lives inside struct gpu_tier: use the
+ * the engine lock held.  gpu_tier_fully_mapped() reads
+ * atomics only.  The struct cache lives inside struct gpu_tier: use the
  * pointer gpu_tier_cache() returns, never a copy of the struct; c->priv is
  * free for the engine.
  */
@@ -43,24 +43,31 @@
 struct gpu_tier;
 
 /*
- * Create the GPU tier on device `dev`: gpu_init(dev), pick the size, reserve
- * it (gpu_vmm_create, which starts mapping in the background) and set up
- * the cache over it with eviction policy `pol`.
+ * Create the GPU tier on devices devs[0..ndev) (ndev 0: every device of the
+ * machine, up to GPU_MAX_DEVICES): gpu_init(the first), pick each device's
+ * size, reserve one range over them (gpu_vmm_create_multi, which starts
+ * mapping in the background) and set up the cache over it with eviction
+ * policy `pol`.  With several devices the cache is one table over one
+ * range of device addresses whose consecutive parts are each device's
+ * memory: a copy placed across a part's end lies on two GPUs.
  *
- * size 0: the default, gpu_tier_default_size(free device memory).  A
- * larger size than the device can hold while leaving GPU_TIER_RESERVE free
- * is cut down to that (with a warning), so that the mapping does not stop
- * midway.  The reservation is rounded up to the device's granularity:
- * the cache's c->size is what it got.  With `shareable` the memory is
- * created exportable (gpu_vmm_export, for -o gpu_share).
+ * size (per device) 0: the default, gpu_tier_default_size(free memory of
+ * that device).  A larger size than a device can hold while leaving
+ * GPU_TIER_RESERVE free is cut down to that (with a warning), so that the
+ * mapping does not stop midway.  The reservation is rounded up to the
+ * devices' granularity: the cache's c->size is what it got.  With
+ * `shareable` the memory is created exportable (gpu_vmm_export, for -o
+ * gpu_share).
  *
  * Returns 0 with *out set, or -errno with a sentence in msg: -ENODEV (no
  * CUDA in this build, no driver, no such device), -ENOMEM (not enough free
- * device memory), -EOPNOTSUPP (the device has no VMM), other driver errors.
+ * device memory), -EOPNOTSUPP (a device has no VMM, or two devices cannot
+ * access each other's memory), -EINVAL (more than GPU_MAX_DEVICES, a device
+ * named twice), other driver errors.
  */
-int gpu_tier_create(struct gpu_tier **out, int dev, uint64_t size,
-		    bool shareable, const struct evict_policy *pol, char *msg,
-		    size_t msglen);
+int gpu_tier_create(struct gpu_tier **out, const int *devs, unsigned ndev,
+		    uint64_t size, bool shareable, const struct evict_policy *pol,
+		    char *msg, size_t msglen);
 
 /*
  * The default size for a device with free_b bytes free: half of it,
@@ -101,10 +108,20 @@ uint64_t gpu_tier_mapped(struct gpu_tier *g);
 void gpu_tier_destroy(struct gpu_tier *g);
 
 /*
+ * Devices the tier spans, and the bytes of cached copies on each (used[i]
+ * for the i-th device of the range, up to max of them); returns how many
+ * were written.  The caller holds the engine lock (the table is walked).
+ */
+unsigned gpu_tier_ndevices(struct gpu_tier *g);
+unsigned gpu_tier_device_use(struct gpu_tier *g, uint64_t *used, unsigned max);
+
+/*
  * Tier-specific statistics as JSON members to append inside the gpu tier's
  * object: ,"mapped":N,"fully_mapped":true|false,"device":"name",
- * "device_id":N.  Returns the length, or -ERANGE when buf is too small
- * (buf then holds a truncated, NUL-terminated string).
+ * "device_id":N (the first device), and with several devices
+ * ,"devices":[{"device_id":N,"offset":N,"size":N,"used":N},...].  The
+ * caller holds the engine lock.  Returns the length, or -ERANGE when buf
+ * is too small (buf then holds a truncated, NUL-terminated string).
  */
 int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len);
 

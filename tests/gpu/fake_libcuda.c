@@ -12,6 +12,13 @@
  * must, computed with libxxhash.  So test_gpu_hash runs end to end on any
  * machine: argument checks, batching, offsets, the comparison and report
  * code; its GB/s are then the CPU's and mean nothing.
+ *
+ * The daemon runs over it too (tests that mount with a GPU tier where there
+ * is no GPU, util.gpu_or_fake): then the environment sets the machine:
+ *   TIERFS_FAKE_CUDA_DEVICES=N   N devices (default 1), all alike
+ *   TIERFS_FAKE_CUDA_NO_PEER=1   no device can access another's memory
+ * cuMemCreate refuses a location that is not a device, and cuMemSetAccess
+ * a descriptor of a device that does not exist, as the driver does.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -55,23 +62,42 @@ CUresult cuGetErrorString(CUresult e, const char **s)
 	return CUDA_SUCCESS;
 }
 
+static int ndevices(void)
+{
+	const char *s = getenv("TIERFS_FAKE_CUDA_DEVICES");
+	int n = s ? atoi(s) : 1;
+
+	return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
 CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
-	if (ordinal)
+	if (ordinal < 0 || ordinal >= ndevices())
 		return CUDA_ERROR_INVALID_DEVICE;
-	*d = 0;
+	*d = ordinal;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetCount(int *n)
 {
-	*n = 1;
+	*n = ndevices();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer)
+{
+	if (d < 0 || d >= ndevices() || peer < 0 || peer >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = d != peer && !getenv("TIERFS_FAKE_CUDA_NO_PEER");
 	return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice d)
 {
-	snprintf(name, len, "FAKE device (tests/gpu/fake_libcuda.c: CPU memory, libxxhash)");
+	if (d)
+		snprintf(name, len, "FAKE device %d (tests/gpu/fake_libcuda.c)", (int)d);
+	else
+		snprintf(name, len, "FAKE device (tests/gpu/fake_libcuda.c: CPU memory, libxxhash)");
 	return CUDA_SUCCESS;
 }
 
@@ -182,6 +208,9 @@ CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags)
 {
+	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    prop->location.id < 0 || prop->location.id >= ndevices())
+		return CUDA_ERROR_INVALID_DEVICE;
 	*h = 1;
 	return CUDA_SUCCESS;
 }
@@ -205,6 +234,9 @@ CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *d,
 			size_t count)
 {
+	for (size_t i = 0; i < count; i++)
+		if (d[i].location.id < 0 || d[i].location.id >= ndevices())
+			return CUDA_ERROR_INVALID_DEVICE;
 	return CUDA_SUCCESS;
 }
 

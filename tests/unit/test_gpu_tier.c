@@ -336,7 +336,7 @@ int main(void)
 	}
 	snprintf(lockpath, sizeof(lockpath), "%s/pin.lock", dir);
 
-	ret = gpu_tier_create(&g, dev, TIER_SIZE, false, &evict_score, msg, sizeof(msg));
+	ret = gpu_tier_create(&g, &dev, 1, TIER_SIZE, false, &evict_score, msg, sizeof(msg));
 	if (ret == -ENODEV || ret == -EOPNOTSUPP) {
 		check(g == NULL && msg[0], "no GPU: gpu_tier_create %d, \"%s\"",
 		      ret, msg);
@@ -395,7 +395,7 @@ int main(void)
 		gpu_mem_info(&free_b, &total_b, NULL, 0);
 		want = gpu_tier_default_size(free_b);
 		t0 = now_s();
-		ret = gpu_tier_create(&g, dev, 0, false, &evict_score, msg, sizeof(msg));
+		ret = gpu_tier_create(&g, &dev, 1, 0, false, &evict_score, msg, sizeof(msg));
 		if (want == 0)
 			check(ret == -ENOMEM, "default-size tier with %" PRIu64
 			      " MiB free: -ENOMEM (got %d \"%s\")",
