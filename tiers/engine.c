@@ -73,7 +73,8 @@ static void *gbuilder_main(void *arg)
 
 		gc->priv = e;
 		e->tiers[0] = gc;	/* the placeholder never held a copy */
-		e->gpu = g;
+		/* published: engine_has_gpu() reads it without e->lock */
+		__atomic_store_n(&e->gpu, g, __ATOMIC_RELEASE);
 		if (pthread_create(&e->gflusher, NULL, eng_gflusher_main, e) == 0)
 			e->gflusher_started = true;
 		ok = true;
@@ -318,7 +319,7 @@ void tfile_destroy(struct tfile *f)
 
 bool engine_has_gpu(struct engine *e)
 {
-	return e->gpu != NULL;
+	return __atomic_load_n(&e->gpu, __ATOMIC_ACQUIRE) != NULL;
 }
 
 struct gpu_tier *engine_gpu_tier(struct engine *e)
@@ -493,7 +494,9 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",
 						       __atomic_load_n(&e->touched, __ATOMIC_RELAXED),
-						       e->host_pinned ? "true" : "false");
+						       __atomic_load_n(&e->host_pinned,
+								       __ATOMIC_ACQUIRE) ?
+						       "true" : "false");
 			}
 			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "}");
 		}

@@ -80,12 +80,16 @@ struct engine {
 	uint64_t bytes_flushed, files_flushed, flush_errors;
 	uint64_t bytes_written_through, files_written_through;
 	uint64_t backlog;		/* bytes queued or being flushed */
-	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet) */
+	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet); set once,
+					 * atomically (engine_has_gpu reads it
+					 * without e->lock) */
 	struct cache gpu_slot;		/* tiers[0] until the GPU tier is built */
 	pthread_t gbuilder;		/* builds the GPU tier in the background */
 	bool gbuilder_started;
 	bool pin_started;		/* the host buffer is being / was pinned */
-	uint64_t host_pinned;		/* host buffer registered with CUDA */
+	uint64_t host_pinned;		/* host buffer registered with CUDA;
+					 * atomic (the pinning thread sets it
+					 * without e->lock) */
 	struct tfile *gq_head, *gq_tail;	/* GPU -> host queue */
 	pthread_t gflusher;		/* its thread */
 	bool gflusher_started;
