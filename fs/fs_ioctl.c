@@ -89,6 +89,9 @@
 #include <time.h>
 
 #include "fs.h"
+
+/* Seconds an ioctl waits for a GPU tier that is still being built. */
+#define FS_GPU_WAIT_S	30.0
 #include "gpu.h"
 #include "tierfs.h"
 #include "tierfs_share.h"
@@ -286,7 +289,8 @@ static int check_request(struct fs_inode *in, bool write,
 	acc = (int)(fi->fh & O_ACCMODE);
 	if (write ? acc == O_RDONLY : acc == O_WRONLY)
 		return EBADF;
-	if (!engine_has_gpu(fs.eng))
+	/* right after mounting, the GPU tier may still be being built */
+	if (!engine_wait_gpu(fs.eng, FS_GPU_WAIT_S))
 		return ENODEV;
 	if (io->flags != 0)
 		return EINVAL;

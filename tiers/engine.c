@@ -44,6 +44,15 @@ void engine_start_background(struct engine *e)
 		e->gbuilder_started = true;
 }
 
+/* The GPU builder has ended, with or without a tier: wake its waiters. */
+static void gpu_decided(struct engine *e)
+{
+	eng_lock(e);
+	e->gpu_decided = true;
+	pthread_cond_broadcast(&e->cond);
+	eng_unlock(e);
+}
+
 /* Build the GPU tier (CUDA start-up, VMM reservation) off the mount's path. */
 static void *gbuilder_main(void *arg)
 {
@@ -65,6 +74,7 @@ static void *gbuilder_main(void *arg)
 	if (gpu_tier_create(&g, devs, ndev, e->cfg.gpu_cache, e->cfg.gpu_share,
 			    e->cfg.policy, msg, sizeof(msg))) {
 		tlog(LOG_NOTICE, "GPU tier: not available (%s); using host + SSD", msg);
+		gpu_decided(e);
 		return NULL;
 	}
 	eng_lock(e);
@@ -79,6 +89,8 @@ static void *gbuilder_main(void *arg)
 			e->gflusher_started = true;
 		ok = true;
 	}
+	e->gpu_decided = true;
+	pthread_cond_broadcast(&e->cond);
 	eng_unlock(e);
 	if (!ok) {
 		gpu_tier_destroy(g);
@@ -320,6 +332,23 @@ void tfile_destroy(struct tfile *f)
 bool engine_has_gpu(struct engine *e)
 {
 	return __atomic_load_n(&e->gpu, __ATOMIC_ACQUIRE) != NULL;
+}
+
+bool engine_wait_gpu(struct engine *e, double max_s)
+{
+	double until = tier_now() + max_s;
+	bool has;
+
+	if (engine_has_gpu(e))
+		return true;
+	if (e->cfg.gpu_dev < 0)
+		return false;	/* no GPU tier was asked for */
+	eng_lock(e);
+	while (!e->gpu && !e->gpu_decided && !e->stop && tier_now() < until)
+		cond_wait_ms(e, 50);
+	has = e->gpu != NULL;
+	eng_unlock(e);
+	return has;
 }
 
 struct gpu_tier *engine_gpu_tier(struct engine *e)

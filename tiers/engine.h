@@ -55,6 +55,13 @@ void engine_destroy(struct engine *e);
 
 /* Does this engine have a GPU tier? */
 bool engine_has_gpu(struct engine *e);
+/*
+ * The same, but while a GPU tier asked for is still being built (the first
+ * seconds after mounting: CUDA start-up, one context per GPU), wait for the
+ * outcome, at most max_s seconds.  Never waits when no GPU tier was asked
+ * for or one exists.
+ */
+bool engine_wait_gpu(struct engine *e, double max_s);
 /* The GPU tier, NULL while there is none (yet). */
 struct gpu_tier;
 struct gpu_tier *engine_gpu_tier(struct engine *e);

@@ -86,6 +86,7 @@ struct engine {
 	struct cache gpu_slot;		/* tiers[0] until the GPU tier is built */
 	pthread_t gbuilder;		/* builds the GPU tier in the background */
 	bool gbuilder_started;
+	bool gpu_decided;		/* the builder has ended (tier or not) */
 	bool pin_started;		/* the host buffer is being / was pinned */
 	uint64_t host_pinned;		/* host buffer registered with CUDA;
 					 * atomic (the pinning thread sets it
