@@ -23,7 +23,8 @@
  * Several GPUs (-o gpu=0:1, gpu_vmm_create_multi): the one range spans the
  * devices.  Its first part is physical memory of the first device, the next
  * part memory of the second, and so on, each part a whole number of chunks
- * (the last may end short); every chunk is readable and writable by every
+ * (the last may end short; a part smaller than 64 MiB makes the chunks its
+ * size, so that it is not rounded up past it); every chunk is readable and writable by every
  * device of the range (cuMemSetAccess with one descriptor per device, which
  * needs peer access between each pair: checked before anything is
  * reserved).  The range stays one table for tiers/: a file placed across a
@@ -276,6 +277,9 @@ int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *
 	if (grec < gmin)
 		grec = gmin;
 	v->chunk = round_up(round_up(VMM_CHUNK, grec), gmin);
+	for (unsigned i = 0; i + 1 < n; i++)	/* a small part: smaller chunks */
+		if (round_up(sizes[i], gmin) < v->chunk)
+			v->chunk = round_up(sizes[i], gmin);
 	for (unsigned i = 0; i < n; i++) {
 		/* whole chunks per part, so that no chunk straddles two
 		 * devices; the last part only to the granularity */

@@ -357,3 +357,24 @@ def test_render_tolerates_missing_and_unknown_keys():
     out = ts.render("/m", {})
     assert "(no cache tiers reported)" in out
     assert line_starting(out, "ssd") == "ssd       -"
+
+
+def test_gpus_line(mount, monkeypatch):
+    """A mount over several GPUs (-o gpu=0:1; the fake libcuda's devices where
+    there are no GPUs): `tierfs-stat` shows each GPU's part of the cache and
+    how much of it holds data; a one-GPU layout has no such line."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    m = mount(gpu=gpus, gpu_cache="32M", host_cache="64M")
+    deadline = time.monotonic() + 60
+    while '"fully_mapped":true' not in os.getxattr(m.mnt, "user.tierfs.stats").decode():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    write_file(os.path.join(m.mnt, "a"), randbytes(40 * MiB))   # past GPU 0's part
+    r = run_tool(m.mnt)
+    assert r.returncode == 0, r.stderr
+    line = line_starting(r.stdout, "gpus")
+    first, second = gpus.split(":")
+    assert re.search(rf"GPU {first}: [\d.]+ MiB of 32\.0 MiB \(100\.0%\), "
+                     rf"GPU {second}: [\d.]+ MiB of 32\.0 MiB", line), line
+    ts = load_tool()
+    assert "gpus" not in ts.render("/m", {"tiers": {"gpu": {"capacity": 1}}})

@@ -244,6 +244,21 @@ def persist_line(stats):
     return line
 
 
+def gpus_line(stats):
+    """With a GPU cache over several GPUs (-o gpu=0:1): each GPU's part."""
+    devs = sub(sub(stats, "tiers"), "gpu").get("devices")
+    if not isinstance(devs, list) or not devs:
+        return None
+    parts = []
+    for d in devs:
+        if not isinstance(d, dict):
+            continue
+        parts.append("GPU {}: {} of {} ({})".format(
+            d.get("device_id", "?"), human(d.get("used")), human(d.get("size")),
+            pct(num(d.get("used")) or 0, num(d.get("size")) or 0)))
+    return "gpus      " + ", ".join(parts) if parts else None
+
+
 def prefetch_line(stats):
     p = sub(stats, "prefetch")
     if not p:
@@ -306,6 +321,8 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
         lines += table(tier_rows(stats))
     else:
         lines.append("(no cache tiers reported)")
+    if gpus_line(stats):
+        lines.append(gpus_line(stats))
     lines += ["", ssd_line(stats), dedup_line(stats)]
     if persist_line(stats):
         lines.append(persist_line(stats))
