@@ -26,18 +26,7 @@ def write(path, data):
         f.write(data)
 
 
-def read_nocache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        out = bytearray()
-        while True:
-            b = os.read(fd, 4 * MiB)
-            if not b:
-                return bytes(out)
-            out += b
-    finally:
-        os.close(fd)
+read_nocache = util.read_uncached
 
 
 def wait_backlog(m, timeout=60):

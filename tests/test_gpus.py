@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 import util
-from util import MiB, assert_same, randbytes, read_file, write_file
+from util import MiB, assert_same, randbytes, read_file, read_uncached, write_file
 
 pytestmark = [pytest.mark.daemon]
 
@@ -42,20 +42,6 @@ def wait_log(m, text, timeout=30):
     while text not in m.log():
         assert time.monotonic() < end, f"no '{text}' in the log: {m.log(20)}"
         time.sleep(0.05)
-
-
-def read_uncached(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        out = bytearray()
-        while True:
-            b = os.read(fd, 4 * MiB)
-            if not b:
-                return bytes(out)
-            out += b
-    finally:
-        os.close(fd)
 
 
 def test_one_cache_over_two_gpus(mount, monkeypatch):
