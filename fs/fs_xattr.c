@@ -156,8 +156,8 @@ void fs_ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
-	fs_fd_hold(in);
-	fs_proc_path(in->fd, path, sizeof(path));
+	/* the held descriptor, not in->fd: a commit may swap in->fd */
+	fs_proc_path(fs_fd_hold(in), path, sizeof(path));
 	if (size == 0) {
 		n = getxattr(path, name, NULL, 0);
 		fs_fd_release(in);
@@ -204,7 +204,8 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 	}
 	fs_ns_lock();	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
-	fs_proc_path(in->fd, path, sizeof(path));
+	if (ret >= 0)
+		fs_proc_path(ret, path, sizeof(path));
 	if (ret >= 0)
 		ret = setxattr(path, name, value, size, flags) < 0 ? -errno : 0;
 	fs_fd_release(in);
@@ -223,8 +224,7 @@ void fs_ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 		reply_value(req, "", 0, size);
 		return;
 	}
-	fs_fd_hold(in);
-	fs_proc_path(in->fd, path, sizeof(path));
+	fs_proc_path(fs_fd_hold(in), path, sizeof(path));	/* not in->fd: see above */
 	n = listxattr(path, NULL, 0);
 	buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
 	if (n < 0 || !buf) {
@@ -274,7 +274,8 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	}
 	fs_ns_lock();	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
-	fs_proc_path(in->fd, path, sizeof(path));
+	if (ret >= 0)
+		fs_proc_path(ret, path, sizeof(path));
 	if (ret >= 0)
 		ret = removexattr(path, name) < 0 ? -errno : 0;
 	fs_fd_release(in);
