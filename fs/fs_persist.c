@@ -755,10 +755,19 @@ static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *nam
  * that is the inode of st, the hidden names left out, until fn returns
  * false.  The scan behind every hard-link fallback below.
  */
+/* Is entry de of directory dfd (not a hidden name) the inode of st? */
+static bool link_of(int dfd, const struct dirent *de, const struct stat *st)
+{
+	struct stat est;
+
+	return de->d_ino == st->st_ino && !fs_hidden_name(de->d_name) &&
+	       fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) == 0 &&
+	       est.st_ino == st->st_ino && est.st_dev == st->st_dev;
+}
+
 static void each_link_in(int dfd, const struct stat *st, bool (*fn)(void *arg, const char *name),
 			 void *arg)
 {
-	struct stat est;
 	struct dirent *de;
 	DIR *dp;
 
@@ -768,9 +777,7 @@ static void each_link_in(int dfd, const struct stat *st, bool (*fn)(void *arg, c
 		return;
 	}
 	while ((de = readdir(dp))) {
-		if (de->d_ino != st->st_ino || fs_hidden_name(de->d_name) ||
-		    fstatat(dfd, de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    est.st_ino != st->st_ino || est.st_dev != st->st_dev)
+		if (!link_of(dfd, de, st))
 			continue;
 		if (!fn(arg, de->d_name))
 			break;
@@ -853,6 +860,7 @@ struct tree_scan {
 
 static void tree_links_in(int dfd, size_t len, struct tree_scan *t, int depth)
 {
+	char rel[PATH_MAX];
 	struct stat dst, est;
 	struct dirent *de;
 	bool scanned = false;
@@ -892,19 +900,11 @@ static void tree_links_in(int dfd, size_t len, struct tree_scan *t, int depth)
 			t->rel[len] = 0;
 			continue;
 		}
-		if (scanned || de->d_ino != t->st->st_ino ||
-		    fstatat(dirfd(dp), de->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    est.st_ino != t->st->st_ino || est.st_dev != t->st->st_dev) {
+		if (scanned || !link_of(dirfd(dp), de, t->st) ||
+		    join(rel, sizeof(rel), t->rel, de->d_name))
 			continue;
-		}
-		{
-			char rel[PATH_MAX];
-
-			if (join(rel, sizeof(rel), t->rel, de->d_name))
-				continue;
-			copy_name(t->in, NULL, rel, t->intent);
-			t->missing--;
-		}
+		copy_name(t->in, NULL, rel, t->intent);
+		t->missing--;
 	}
 	closedir(dp);
 }
@@ -1082,8 +1082,9 @@ static void each_name(struct fs_inode *in, bool intent)
 	char *names[PNAMES_MAX];
 	struct stat st, done[PNAMES_MAX];
 	struct fs_alias *a;
+	char rel[PATH_MAX];
 	int n = 0, i, ndone = 0, found = 0, fd;
-	bool have_st;
+	bool have_st, have_rel, removed = false;
 
 	if (!pq.dir || !S_ISREG(in->type))
 		return;
@@ -1099,27 +1100,21 @@ static void each_name(struct fs_inode *in, bool intent)
 	for (i = 0; i < n; i++)
 		fs_inode_get(dirs[i]);
 	fs_unlock();
+	/* no known name: the name its descriptor was opened by (rel) */
 	fd = fs_fd_hold(in);
 	have_st = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
+	have_rel = have_st && !n && !in->unlinked &&
+		   !rel_of_fd_any(fd, rel, sizeof(rel), &removed) && *rel;
 	fs_fd_release(in);
 	if (n) {
 		if (have_st)
 			n = more_names(&st, dirs, names, n, done, &ndone);
 		found = n;
-	} else if (!in->unlinked && have_st) {
-		/* a hard-linked file whose known names are gone: the name its
-		 * descriptor was opened by, if that still is one, and the
-		 * other names of the file in that directory (also when that
-		 * name was removed) */
-		char rel[PATH_MAX];
-		bool removed = false;
-		int r;
-
-		fd = fs_fd_hold(in);
-		r = fd < 0 ? fd : rel_of_fd_any(fd, rel, sizeof(rel), &removed);
-		fs_fd_release(in);
-		if (!r && *rel)
-			found = rel_names(in, &st, rel, !removed, intent, done, &ndone);
+	} else if (have_rel) {
+		/* a hard-linked file whose known names are gone: rel, if that
+		 * still is one, and the other names of the file in that
+		 * directory (also when that name was removed) */
+		found = rel_names(in, &st, rel, !removed, intent, done, &ndone);
 	}
 	/* names in directories that no known name is in */
 	if (have_st && (found || !in->unlinked) && found < PNAMES_MAX &&
