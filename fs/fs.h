@@ -97,6 +97,7 @@ struct fs_opts {
 	uint64_t host_cache;		/* bytes; 0 = default */
 	char *evict;			/* policy name */
 	char *gpu;			/* "none" or a device number */
+	char *balance;			/* -o balance: host, greedy, maxflow */
 	uint64_t gpu_cache;		/* bytes; 0 = default */
 	char *log;			/* level name */
 	int foreground;

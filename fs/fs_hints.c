@@ -139,6 +139,39 @@ static int set_evict(struct fs_inode *in)
 	return engine_evict_file(fs.eng, &in->tf);
 }
 
+/*
+ * user.tierfs.restore_device: the CUDA ordinal of the GPU that will read
+ * the file back ("1", a newline allowed), or "none" to forget it.  A mount
+ * over several GPUs prefetches the file into that GPU's part of the cache,
+ * and POSIX writes place its GPU copy there.  -EINVAL for anything but a
+ * number below 64 or "none"; -ENODEV when the mount's GPU tier does not
+ * span that GPU.
+ */
+static int set_restore_device(struct fs_inode *in, const char *value, size_t size)
+{
+	char buf[8];
+	char *end;
+	long dev;
+
+	if (!S_ISREG(in->type))
+		return -EINVAL;
+	if (size && value[size - 1] == '\n')
+		size--;
+	if (size == 0 || size >= sizeof(buf))
+		return -EINVAL;
+	memcpy(buf, value, size);
+	buf[size] = '\0';
+	if (!strcmp(buf, "none"))
+		return tfile_set_gpu_device(&in->tf, -1);
+	if (buf[0] < '0' || buf[0] > '9')
+		return -EINVAL;
+	errno = 0;
+	dev = strtol(buf, &end, 10);
+	if (errno || *end || dev < 0 || dev >= 64)
+		return -EINVAL;
+	return tfile_set_gpu_device(&in->tf, (int)dev);
+}
+
 /* Mount-wide controls: root, or the owner of the mount's root. */
 static int may_steer_mount(uid_t uid)
 {
@@ -183,6 +216,8 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 		return set_restore_next(in);
 	if (!strcmp(name, TIERFS_XATTR_EVICT))
 		return set_evict(in);
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_DEVICE))
+		return set_restore_device(in, value, size);
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||
 	    !strcmp(name, TIERFS_XATTR_STATS) || !strcmp(name, TIERFS_XATTR_SHARED))
 		return -EPERM;
@@ -201,6 +236,11 @@ int fs_hints_get(struct fs_inode *in, const char *name, char *buf, size_t len)
 			return -ENODATA;
 		return snprintf(buf, len, "%s", engine_prefetch_get(fs.eng) ? "start" : "stop");
 	}
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_DEVICE)) {
+		int dev = S_ISREG(in->type) ? tfile_gpu_device(&in->tf) : -1;
+
+		return dev < 0 ? -ENODATA : snprintf(buf, len, "%d", dev);
+	}
 	return -ENODATA;
 }
 
@@ -210,5 +250,7 @@ int fs_hints_remove(struct fs_inode *in, const char *name)
 		engine_hint_drop_dir(fs.eng, fs_dir_key(in));
 		return 0;
 	}
+	if (!strcmp(name, TIERFS_XATTR_RESTORE_DEVICE) && S_ISREG(in->type))
+		return tfile_set_gpu_device(&in->tf, -1);
 	return -EPERM;
 }

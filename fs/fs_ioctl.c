@@ -107,6 +107,8 @@ struct ipc_entry {
 	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];
 	uint64_t base;		/* device address of the mapping */
 	uint64_t size;		/* allocation size */
+	int dev;		/* the GPU it was opened on (its own), -1: the
+				 * GPU tier's first (gpu_ipc_open_on) */
 	int refs;		/* ioctls using it */
 	bool cached;		/* in the table (else closed at refs 0) */
 	time_t last_use;	/* CLOCK_MONOTONIC seconds */
@@ -123,7 +125,7 @@ static struct {
 
 static void entry_close(struct ipc_entry *ent)
 {
-	int ret = gpu_ipc_close(ent->base);
+	int ret = gpu_ipc_close_on(ent->dev, ent->base);
 
 	if (ret)
 		tlog(LOG_WARNING, "gpu ioctl: closing an IPC mapping: %s",
@@ -189,7 +191,7 @@ static struct ipc_entry *table_get(const uint8_t *handle, time_t now)
 	return NULL;
 }
 
-static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
+static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 {
 	struct ipc_entry *dead[IPC_CACHE_MAX], *ent = NULL, *mine;
 	time_t now = (time_t)tier_now();
@@ -210,7 +212,11 @@ static int ipc_get(const uint8_t *handle, struct ipc_entry **out)
 	mine = calloc(1, sizeof(*mine));
 	if (!mine)
 		return -ENOMEM;
-	ret = gpu_ipc_open(handle, &mine->base, &mine->size);
+	/* a buffer on one of the mount's GPUs is mapped in its own GPU's
+	 * context, where its copies then run (they never cross a link to
+	 * reach memory of the GPU they run on); any other in the first's */
+	mine->dev = engine_gpu_spans(fs.eng, dev) ? dev : -1;
+	ret = gpu_ipc_open_on(mine->dev, handle, &mine->base, &mine->size);
 	if (ret) {
 		free(mine);
 		return ret;
@@ -399,7 +405,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		return;
 	}
 
-	err = -ipc_get(io.handle, &ent);
+	err = -ipc_get(io.handle, (int)(io.device < 64 ? io.device : 64), &ent);
 	if (err) {
 		tlog(LOG_INFO, "gpu ioctl: IPC handle refused: %s",
 		     strerror(err));
@@ -419,7 +425,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		t[1] = tier_now();
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
-		n = tfile_write_dev(&in->tf, ent->base + io.handle_off,
+		n = tfile_write_dev(&in->tf, ent->base + io.handle_off, ent->dev,
 				    (size_t)len, (off_t)io.file_off);
 		if (trace)
 			t[2] = tier_now();
@@ -427,7 +433,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 			fs_kernel_written(ino, ent->base + io.handle_off,
 					  io.file_off, (uint64_t)n, before);
 	} else {
-		n = tfile_read_dev(&in->tf, ent->base + io.handle_off,
+		n = tfile_read_dev(&in->tf, ent->base + io.handle_off, ent->dev,
 				   (size_t)len, (off_t)io.file_off);
 		if (trace)
 			t[2] = tier_now();

@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <linux/fuse.h>
 
+#include "balance.h"
 #include "config.h"
 #include "fs.h"
 #include "fs_persist.h"
@@ -41,6 +42,7 @@ static int gpu_spec(const char *s, int *devs, unsigned *n, bool *all);
 static const struct fuse_opt opt_spec[] = {
 	OPT("evict=%s", evict, 0),
 	OPT("gpu=%s", gpu, 0),
+	OPT("balance=%s", balance, 0),
 	OPT("log=%s", log, 0),
 	OPT("flush_threads=%d", flush_threads, 0),
 	OPT("queue_depth=%d", queue_depth, 0),
@@ -214,6 +216,11 @@ static void usage(const char *prog)
 "                           a part on each (they need peer access)\n"
 "    -o gpu_cache=SIZE      GPU cache size per GPU (default 50%% of its free\n"
 "                           memory, leaving at least 1 GiB free)\n"
+"    -o balance=POLICY      with several GPUs, where a checkpoint goes that\n"
+"                           does not fit in its GPU's part: maxflow (default:\n"
+"                           the min-time plan over the measured links),\n"
+"                           greedy (the fastest peer with room), host (host\n"
+"                           memory)\n"
 "    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
@@ -749,6 +756,15 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	ecfg->hugepages = true;
 	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
 		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
+	if (fs.opts.balance) {
+		enum balance_policy bp;
+
+		if (balance_policy_parse(fs.opts.balance, &bp) || bp == BALANCE_MINCOST)
+			die("bad balance '%s': maxflow, greedy or host%s", fs.opts.balance, "");
+		ecfg->balance = (int)bp;
+	} else {
+		ecfg->balance = BALANCE_MAXFLOW;
+	}
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") != 0) {
 		int devs[ENGINE_MAX_GPUS];
 		unsigned n;

@@ -17,6 +17,11 @@
 #define TIERFS_XATTR_PREFETCH		"user.tierfs.prefetch"
 /** File, write (any value): enqueue this file (single-hint mode). */
 #define TIERFS_XATTR_RESTORE_NEXT	"user.tierfs.restore_next"
+/** File, read/write: the CUDA ordinal of the GPU that will read it back
+ * ("1"; "none" forgets it).  Read: that, or the GPU its last ioctl write
+ * came from.  A mount over several GPUs (-o gpu=0:1) prefetches the file
+ * into that GPU's part of the cache. */
+#define TIERFS_XATTR_RESTORE_DEVICE	"user.tierfs.restore_device"
 /** File, read-only: tiers holding a copy, fastest first ("host,ssd"). */
 #define TIERFS_XATTR_TIER		"user.tierfs.tier"
 /** File, read-only: life-cycle state per tier ("host:FLUSHED,ssd:CURRENT"). */

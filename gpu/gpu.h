@@ -84,6 +84,10 @@ enum gpu_dir { GPU_H2D = 0, GPU_D2H, GPU_D2D, GPU_NDIRS };
 int gpu_copy_htod(uint64_t dst, const void *src, size_t len);
 int gpu_copy_dtoh(void *dst, uint64_t src, size_t len);
 int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len);
+/* gpu_copy_dtod() issued on device dev (its primary context and a stream
+ * of its own; dev < 0: the gpu_init() device), e.g. the GPU that holds the
+ * source buffer.  Both addresses must be accessible from dev. */
+int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len);
 
 /* ---- host memory pinning (gpu_pin.c) -------------------------------- */
 
@@ -106,6 +110,11 @@ void gpu_pin_unlock(int fd);
  */
 int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size);
 int gpu_ipc_close(uint64_t dptr);
+/* The same in device dev's primary context (dev < 0: the gpu_init()
+ * device): the handle must be memory of device dev (-EXDEV otherwise).
+ * Close with gpu_ipc_close_on() and the same dev. */
+int gpu_ipc_open_on(int dev, const void *handle, uint64_t *dptr, uint64_t *size);
+int gpu_ipc_close_on(int dev, uint64_t dptr);
 
 /* Client side (libtierfs): find the allocation holding dptr and export
  * its handle.  *base and *size describe the allocation. */

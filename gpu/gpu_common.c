@@ -262,6 +262,57 @@ out:
 	return ret;
 }
 
+/*
+ * Other devices' primary contexts (a mount over several GPUs copies in the
+ * context of the GPU that holds the bytes): retained on first use, under
+ * devctx_lock, and kept for the life of the process as gpu_init()'s is.
+ */
+static pthread_mutex_t devctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext devctx[GPU_MAX_ORDINAL];	/* set once, then read-only */
+
+/*
+ * gpu_ctx_enter_dev - make device dev's primary context current in this
+ * thread (dev < 0 or gpu_init()'s device: gpu_ctx_enter()).  Returns 0,
+ * -ENODEV before gpu_init() or for no such device, or the driver's error.
+ */
+int gpu_ctx_enter_dev(int dev)
+{
+	CUcontext ctx, cur = NULL;
+	CUdevice d;
+	int ret = 0, count;
+
+	if (dev < 0 || dev == gpu_state.ordinal)
+		return gpu_ctx_enter();
+	if (!atomic_load(&gpu_state.ready))
+		return -ENODEV;
+	if (dev >= GPU_MAX_ORDINAL)
+		return -ENODEV;
+	ctx = __atomic_load_n(&devctx[dev], __ATOMIC_ACQUIRE);
+	if (!ctx) {
+		count = gpu_device_count();
+		if (count < 0)
+			return count;
+		if (dev >= count)
+			return -ENODEV;
+		pthread_mutex_lock(&devctx_lock);
+		ctx = devctx[dev];
+		if (!ctx) {
+			GPU_CU(cuDeviceGet(&d, dev), out_unlock);
+			GPU_CU(cuDevicePrimaryCtxRetain(&ctx, d), out_unlock);
+			__atomic_store_n(&devctx[dev], ctx, __ATOMIC_RELEASE);
+		}
+out_unlock:
+		pthread_mutex_unlock(&devctx_lock);
+		if (ret)
+			return ret;
+	}
+	if (cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx)
+		return 0;
+	GPU_CU(cuCtxSetCurrent(ctx), out);
+out:
+	return ret;
+}
+
 /* gpu_cu_device - the driver handle of the device gpu_init() picked. */
 CUdevice gpu_cu_device(void)
 {

@@ -34,6 +34,47 @@ static struct gpu_lane {
 };
 
 /*
+ * Device-to-device copies issued in another device's context (a mount over
+ * several GPUs: the copy runs on the GPU that holds the source buffer, so
+ * that a copy from GPU 1's memory into GPU 1's part of the cache never
+ * crosses a link): one lane per device ordinal, its stream created in that
+ * device's primary context.
+ */
+static struct gpu_lane *lane_get(enum gpu_dir dir, int *err);
+
+static struct gpu_lane dtod_lanes[GPU_MAX_ORDINAL] = {
+	[0 ... GPU_MAX_ORDINAL - 1] = { .lock = PTHREAD_MUTEX_INITIALIZER },
+};
+
+/* The locked device-to-device lane of device dev (< 0: the primary one's). */
+static struct gpu_lane *dtod_lane_get(int dev, int *err)
+{
+	struct gpu_lane *l;
+	int ret;
+
+	if (dev < 0 || dev == gpu_cu_ordinal())
+		return lane_get(GPU_D2D, err);
+	if (dev >= GPU_MAX_ORDINAL) {
+		*err = -ENODEV;
+		return NULL;
+	}
+	l = &dtod_lanes[dev];
+	pthread_mutex_lock(&l->lock);
+	ret = gpu_ctx_enter_dev(dev);
+	if (ret)
+		goto out_unlock;
+	if (!l->stream)
+		GPU_CU(cuStreamCreate(&l->stream, CU_STREAM_NON_BLOCKING),
+		       out_unlock);
+	return l;
+
+out_unlock:
+	pthread_mutex_unlock(&l->lock);
+	*err = ret;
+	return NULL;
+}
+
+/*
  * Take direction dir's lane: lock it, make the context current, create its
  * stream if needed.  Returns the locked lane, or NULL with *err set (the
  * lane then unlocked).
@@ -135,12 +176,23 @@ static CUresult dtod_overlap(uint64_t dst, uint64_t src, size_t len,
  */
 int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len)
 {
+	return gpu_copy_dtod_on(-1, dst, src, len);
+}
+
+/*
+ * gpu_copy_dtod_on - gpu_copy_dtod() issued on device dev's own stream, in
+ * its primary context (dev < 0: the primary device's).  Both addresses must
+ * be accessible from dev.  Returns as gpu_copy_htod(), or -ENODEV for no
+ * such device.
+ */
+int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
+{
 	struct gpu_lane *l;
 	int ret = 0;
 
 	if (!len || dst == src)
 		return 0;
-	l = lane_get(GPU_D2D, &ret);
+	l = dtod_lane_get(dev, &ret);
 	if (!l)
 		return ret;
 	if (dst < src + len && src < dst + len)

@@ -67,5 +67,9 @@ int gpu_ctx_enter(void);
  * once gpu_available(). */
 CUdevice gpu_cu_device(void);
 int gpu_cu_ordinal(void);
+/* Device ordinals below this may get a context of their own
+ * (gpu_ctx_enter_dev); others are refused with -ENODEV. */
+#define GPU_MAX_ORDINAL	64
+int gpu_ctx_enter_dev(int dev);
 
 #endif /* TIERFS_GPU_INTERNAL_H */

@@ -44,6 +44,18 @@ _Static_assert(sizeof(CUipcMemHandle) == GPU_IPC_HANDLE_SIZE,
  */
 int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
 {
+	return gpu_ipc_open_on(-1, handle, dptr, size);
+}
+
+/*
+ * gpu_ipc_open_on - gpu_ipc_open() in device dev's primary context (dev < 0:
+ * the gpu_init() device), for memory of device dev: a mount over several
+ * GPUs maps each buffer in its own GPU's context, so that the copies issued
+ * there (gpu_copy_dtod_on) read it locally.  -EXDEV when the buffer is on
+ * another device.
+ */
+int gpu_ipc_open_on(int dev, const void *handle, uint64_t *dptr, uint64_t *size)
+{
 	CUipcMemHandle h;
 	CUdeviceptr d = 0, base = 0;
 	size_t sz = 0;
@@ -53,9 +65,11 @@ int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
 
 	if (!handle || !dptr || !size)
 		return -EINVAL;
-	ret = gpu_ctx_enter();
+	ret = gpu_ctx_enter_dev(dev);
 	if (ret)
 		return ret;
+	if (dev < 0)
+		dev = gpu_cu_ordinal();
 	memcpy(&h, handle, sizeof(h));
 
 	r = cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
@@ -76,7 +90,7 @@ int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
 	case CUDA_ERROR_TOO_MANY_PEERS:
 		gpu_log(LOG_WARNING,
 			"gpu: IPC handle is on a device that device %d cannot map",
-			gpu_cu_ordinal());
+			dev);
 		return -EXDEV;
 	default:
 		return gpu_cu_err("cuIpcOpenMemHandle(&d, h, "
@@ -86,10 +100,10 @@ int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
 	GPU_CU(cuMemGetAddressRange(&base, &sz, d), out_close);
 	GPU_CU(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 				     d), out_close);
-	if (ord != gpu_cu_ordinal()) {
+	if (ord != dev) {
 		gpu_log(LOG_WARNING,
-			"gpu: IPC buffer is on device %d, the cache on device %d",
-			ord, gpu_cu_ordinal());
+			"gpu: IPC buffer is on device %d, not on device %d",
+			ord, dev);
 		ret = -EXDEV;
 		goto out_close;
 	}
@@ -108,9 +122,15 @@ out_close:
  */
 int gpu_ipc_close(uint64_t dptr)
 {
+	return gpu_ipc_close_on(-1, dptr);
+}
+
+/* gpu_ipc_close_on - gpu_ipc_close() of what gpu_ipc_open_on(dev) opened. */
+int gpu_ipc_close_on(int dev, uint64_t dptr)
+{
 	int ret;
 
-	ret = gpu_ctx_enter();
+	ret = gpu_ctx_enter_dev(dev);
 	if (ret)
 		return ret;
 	GPU_CU(cuIpcCloseMemHandle(dptr), out);

@@ -172,6 +172,12 @@ int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len)
 	return -EOPNOTSUPP;
 }
 
+int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
+{
+	(void)dev;
+	return gpu_copy_dtod(dst, src, len);
+}
+
 /* gpu_host_register/unregister - -EOPNOTSUPP: nothing to pin for. */
 int gpu_host_register(void *p, size_t len)
 {
@@ -212,6 +218,18 @@ int gpu_ipc_close(uint64_t dptr)
 {
 	(void)dptr;
 	return -EOPNOTSUPP;
+}
+
+int gpu_ipc_open_on(int dev, const void *handle, uint64_t *dptr, uint64_t *size)
+{
+	(void)dev;
+	return gpu_ipc_open(handle, dptr, size);
+}
+
+int gpu_ipc_close_on(int dev, uint64_t dptr)
+{
+	(void)dev;
+	return gpu_ipc_close(dptr);
 }
 
 int gpu_ipc_export(uint64_t dptr, void *handle, uint64_t *base,

@@ -44,37 +44,194 @@ def wait_log(m, text, timeout=30):
         time.sleep(0.05)
 
 
+DEV = "user.tierfs.restore_device"
+
+
+def write_for(path, data, dev=None):
+    """Create path, name the GPU it belongs to (restore_device) before its
+    first byte, then write it."""
+    with open(path, "wb") as f:
+        if dev is not None:
+            os.setxattr(path, DEV, str(dev).encode())
+        f.write(data)
+
+
 def test_one_cache_over_two_gpus(mount, monkeypatch):
     """gpu=0:1 with 64 MiB per GPU: one 128 MiB cache, its first half on
-    GPU 0 and its second on GPU 1.  Five 24 MiB checkpoints fill it past the
-    first part's end (one of them lies across it, or wholly on GPU 1): every
-    one reads back byte-exact from the GPU tier, both devices hold data and
-    their shares add up to the tier's use; after unmount the backing files
-    are whole."""
+    GPU 0 and its second on GPU 1.  Four 24 MiB checkpoints, two named for
+    each GPU (restore_device), land each in its GPU's part; every one reads
+    back byte-exact from the GPU tier, the devices' shares are what was
+    written to each and add up to the tier's use; after unmount the backing
+    files are whole."""
     gpus = util.gpus_or_fake(monkeypatch, 2)
+    ids = [int(x) for x in gpus.split(":")]
     m = mount(gpu=gpus, gpu_cache="64M", host_cache="32M")
     g = wait_mapped(m)
     devs = g["devices"]
-    assert [d["device_id"] for d in devs] == [int(x) for x in gpus.split(":")]
+    assert [d["device_id"] for d in devs] == ids
     assert devs[0]["offset"] == 0 and devs[1]["offset"] == devs[0]["size"]
     assert devs[0]["size"] >= 64 * MiB and devs[1]["size"] >= 64 * MiB
     assert g["capacity"] == devs[0]["size"] + devs[1]["size"]
     assert "2 GPUs" in m.log() and "one " in m.log()
 
-    data = {f"ck{i}": randbytes(24 * MiB + 4096 * i) for i in range(5)}
-    for name, d in data.items():
-        write_file(os.path.join(m.mnt, name), d)
-    for name, d in data.items():
-        tier = os.getxattr(os.path.join(m.mnt, name), "user.tierfs.tier").decode()
+    data = {f"ck{i}": randbytes(24 * MiB + 4096 * i) for i in range(4)}
+    want = [0, 0]
+    for i, (name, d) in enumerate(data.items()):
+        write_for(os.path.join(m.mnt, name), d, ids[i % 2])
+        want[i % 2] += len(d)
+    for i, (name, d) in enumerate(data.items()):
+        path = os.path.join(m.mnt, name)
+        tier = os.getxattr(path, "user.tierfs.tier").decode()
         assert tier.startswith("gpu"), (name, tier)
-        assert_same(read_uncached(os.path.join(m.mnt, name)), d, name + " from the GPU tier")
+        assert os.getxattr(path, DEV) == str(ids[i % 2]).encode()
+        assert_same(read_uncached(path), d, name + " from the GPU tier")
     g = stats(m)["tiers"]["gpu"]
     used = [d["used"] for d in g["devices"]]
-    assert used[0] > 0 and used[1] > 0, g
+    for i in range(2):          # whole 4 KiB blocks per copy
+        assert want[i] <= used[i] < want[i] + 2 * 4096, (want, g)
     assert sum(used) == g["used"], g
     m.umount()
     for name, d in data.items():
         assert_same(read_file(os.path.join(m.backing, name)), d, name + " backing file")
+
+
+@pytest.mark.parametrize("policy", ["greedy", "host", "maxflow"])
+def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch, policy):
+    """GPU 0's part (64 MiB) holds three 20 MiB files still open for writing
+    (not evictable: nothing of them is safe anywhere else); a fourth 20 MiB
+    checkpoint for GPU 0 does not fit.  balance=greedy puts it in GPU 1's
+    part (the peer has room), balance=host in host memory, and maxflow in
+    one of the two by the measured links; the counters say which, no
+    checkpoint waits, and every byte reads back and reaches the backing
+    directory."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance=policy)
+    wait_mapped(m)
+    held = []
+    data = {}
+    for i in range(3):
+        path = os.path.join(m.mnt, f"open{i}")
+        data[path] = randbytes(20 * MiB)
+        f = open(path, "wb")
+        f.write(data[path])
+        f.flush()
+        held.append(f)
+    g = stats(m)["tiers"]["gpu"]
+    assert g["devices"][0]["used"] >= 60 * MiB and g["devices"][1]["used"] == 0, g
+    extra = os.path.join(m.mnt, "extra")
+    data[extra] = randbytes(20 * MiB)
+    write_file(extra, data[extra])
+    st = stats(m)
+    g, bal = st["tiers"]["gpu"], st["tiers"]["gpu"]["balance"]
+    tier = os.getxattr(extra, "user.tierfs.tier").decode()
+    assert bal["policy"] == policy, bal
+    assert bal["links_measured"] and len(bal["links"]) == 2, bal
+    if policy == "greedy" or (policy == "maxflow" and bal["to_peer"]):
+        # placed whole in GPU 1's part, or grown there from a first part
+        assert bal["to_peer"] >= 1 and bal["to_peer_bytes"] >= MiB, bal
+        assert tier.startswith("gpu"), tier
+        assert g["devices"][1]["used"] >= 20 * MiB, g
+    else:
+        assert bal["to_host"] >= 1 and bal["to_peer"] == 0, bal
+        assert tier.startswith("host"), tier
+        assert g["devices"][1]["used"] == 0, g
+    for f in held:
+        f.close()
+    for path, d in data.items():
+        assert_same(read_uncached(path), d, path)
+    m.umount()
+    for path, d in data.items():
+        assert_same(read_file(os.path.join(m.backing, os.path.basename(path))), d, path)
+
+
+def test_restore_device_prefetches_into_that_gpu(mount, monkeypatch):
+    """A checkpoint written for GPU 0, dropped from the caches, then named
+    for GPU 1 (restore_device) and hinted: the prefetcher brings it into
+    GPU 1's part, and it reads back byte-exact."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    ids = [int(x) for x in gpus.split(":")]
+    m = mount(gpu=gpus, gpu_cache="64M", host_cache="64M")
+    wait_mapped(m)
+    path = os.path.join(m.mnt, "ck")
+    d = randbytes(16 * MiB)
+    write_for(path, d, ids[0])
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)                # on the SSD: the caches may drop it
+    os.close(fd)
+    os.setxattr(path, "user.tierfs.evict", b"1")
+    assert os.getxattr(path, "user.tierfs.tier").decode() == "ssd"
+    os.setxattr(path, DEV, f"{ids[1]}\n".encode())
+    os.setxattr(path, "user.tierfs.restore_next", b"1")
+    import time
+    end = time.monotonic() + 30
+    while not os.getxattr(path, "user.tierfs.tier").decode().startswith("gpu"):
+        assert time.monotonic() < end, (os.getxattr(path, "user.tierfs.tier"), m.log(20))
+        time.sleep(0.02)
+    g = stats(m)["tiers"]["gpu"]
+    assert g["devices"][1]["used"] >= 16 * MiB and g["devices"][0]["used"] == 0, g
+    assert_same(read_uncached(path), d, "prefetched into GPU 1")
+
+
+def test_restore_device_bad_values(mount, monkeypatch):
+    """restore_device takes a GPU the mount spans, or "none"; anything else
+    is refused with a clear errno and changes nothing."""
+    import errno
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    ids = [int(x) for x in gpus.split(":")]
+    m = mount(gpu=gpus, gpu_cache="32M")
+    wait_mapped(m)
+    path = os.path.join(m.mnt, "f")
+    write_file(path, b"x" * 4096)
+    with pytest.raises(OSError) as e:
+        os.getxattr(path, DEV)
+    assert e.value.errno == errno.ENODATA
+    for bad in [b"", b"x", b"-1", b"1.5", b"99", b"64", b" 1", b"1 ", b"01234567", b"\xff"]:
+        with pytest.raises(OSError) as e:
+            os.setxattr(path, DEV, bad)
+        assert e.value.errno == errno.EINVAL, bad
+    missing = max(ids) + 1
+    with pytest.raises(OSError) as e:
+        os.setxattr(path, DEV, str(missing).encode())
+    assert e.value.errno == errno.ENODEV
+    with pytest.raises(OSError) as e:
+        os.setxattr(m.mnt, DEV, b"0")
+    assert e.value.errno == errno.EINVAL     # files only
+    os.setxattr(path, DEV, str(ids[1]).encode())
+    assert os.getxattr(path, DEV) == str(ids[1]).encode()
+    os.setxattr(path, DEV, b"none")
+    with pytest.raises(OSError) as e:
+        os.getxattr(path, DEV)
+    assert e.value.errno == errno.ENODATA
+    os.setxattr(path, DEV, str(ids[0]).encode())
+    os.removexattr(path, DEV)
+    with pytest.raises(OSError) as e:
+        os.getxattr(path, DEV)
+    assert e.value.errno == errno.ENODATA
+    assert read_file(path) == b"x" * 4096
+
+
+def test_restore_device_without_a_gpu_tier(mount):
+    """On a mount without a GPU tier there is no GPU to name."""
+    import errno
+    m = mount(gpu="none")
+    path = os.path.join(m.mnt, "f")
+    write_file(path, b"y")
+    with pytest.raises(OSError) as e:
+        os.setxattr(path, DEV, b"0")
+    assert e.value.errno == errno.ENODEV
+
+
+@pytest.mark.parametrize("policy", ["mincost", "fast", "", "host:greedy"])
+def test_bad_balance_policy(tmp_path, policy):
+    """A malformed balance= stops the mount, naming what is accepted."""
+    util.require_daemon()
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    r = subprocess.run([util.tierfs_bin(), str(b), str(m), "-f", "-o", f"balance={policy}"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0, r
+    assert "maxflow, greedy or host" in r.stderr, r.stderr
 
 
 def test_cache_over_gpus_under_pressure(mount, monkeypatch):

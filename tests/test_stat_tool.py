@@ -369,12 +369,15 @@ def test_gpus_line(mount, monkeypatch):
     while '"fully_mapped":true' not in os.getxattr(m.mnt, "user.tierfs.stats").decode():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    write_file(os.path.join(m.mnt, "a"), randbytes(40 * MiB))   # past GPU 0's part
+    first, second = gpus.split(":")
+    write_file(os.path.join(m.mnt, "a"), randbytes(20 * MiB))   # GPU 0's, the default
+    with open(os.path.join(m.mnt, "b"), "wb") as f:             # named for the second
+        os.setxattr(f.name, "user.tierfs.restore_device", second.encode())
+        f.write(randbytes(12 * MiB))
     r = run_tool(m.mnt)
     assert r.returncode == 0, r.stderr
     line = line_starting(r.stdout, "gpus")
-    first, second = gpus.split(":")
-    assert re.search(rf"GPU {first}: [\d.]+ MiB of 32\.0 MiB \(100\.0%\), "
-                     rf"GPU {second}: [\d.]+ MiB of 32\.0 MiB", line), line
+    assert re.search(rf"GPU {first}: 20\.0 MiB of 32\.0 MiB \(62\.5%\), "
+                     rf"GPU {second}: 12\.0 MiB of 32\.0 MiB \(37\.5%\)", line), line
     ts = load_tool()
     assert "gpus" not in ts.render("/m", {"tiers": {"gpu": {"capacity": 1}}})

@@ -166,31 +166,50 @@ void cache_destroy(struct cache *c)
 
 /*
  * Place cp in the first gap (in offset order) that can hold `size` bytes
- * (rounded up to TIER_ALIGN, at least one block) below c->usable.  The
- * copy's fragment is split off the front of the gap.  Sets cp->frag,
- * cp->cache and cp->seq (next insertion number) and adds to c->used; the
- * copy's other fields are the caller's.  Returns 0, -ENOSPC when no single
- * gap fits, or -ENOMEM; on error nothing changes.
+ * (rounded up to TIER_ALIGN, at least one block) inside [lo, hi), which is
+ * cut to c->usable.  The copy's fragment starts at the gap's start, or at
+ * lo when the gap begins before lo (the gap is then split in two or three).
+ * Sets cp->frag, cp->cache and cp->seq (next insertion number) and adds to
+ * c->used; the copy's other fields are the caller's.  Returns 0, -ENOSPC
+ * when no gap has room inside the range, or -ENOMEM; on error nothing
+ * changes.
  */
-int cache_place(struct cache *c, struct copy *cp, uint64_t size)
+int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
+		   uint64_t lo, uint64_t hi)
 {
-	struct frag *g, *f;
+	struct frag *g, *f, *before = NULL;
+	uint64_t at;
 
 	size = resv_size(size);
-	if (size == 0 || size > c->usable)
+	if (hi > c->usable)
+		hi = c->usable;
+	lo = tier_round(lo);
+	if (size == 0 || lo >= hi || size > hi - lo)
 		return -ENOSPC;
-	for (g = c->head; g && g->off < c->usable; g = g->next) {
-		if (g->copy || g->size < size)
+	for (g = c->head; g && g->off < hi; g = g->next) {
+		if (g->copy || g->off + g->size <= lo)
 			continue;
-		if (g->off + size > c->usable)
+		at = g->off > lo ? g->off : lo;
+		if (g->off + g->size - at < size)
+			continue;
+		if (at + size > hi)
 			break;		/* later gaps start even further up */
-		if (g->size == size) {
+		if (at > g->off) {	/* the gap's front below lo stays a gap */
+			before = frag_new(g->off, at - g->off, NULL);
+			if (!before)
+				return -ENOMEM;
+		}
+		if (g->size - (at - g->off) == size) {
 			f = g;
+			f->off = at;
+			f->size = size;
 			c->ngaps--;
 		} else {
-			f = frag_new(g->off, size, cp);
-			if (!f)
+			f = frag_new(at, size, cp);
+			if (!f) {
+				free(before);
 				return -ENOMEM;
+			}
 			if (g->prev) {
 				frag_link_after(g->prev, f);
 			} else {
@@ -199,8 +218,19 @@ int cache_place(struct cache *c, struct copy *cp, uint64_t size)
 				c->head = f;
 			}
 			c->nfrags++;
-			g->off += size;
-			g->size -= size;
+			g->size -= at + size - g->off;
+			g->off = at + size;
+		}
+		if (before) {
+			if (f->prev) {
+				frag_link_after(f->prev, before);
+			} else {
+				before->next = f;
+				f->prev = before;
+				c->head = before;
+			}
+			c->nfrags++;
+			c->ngaps++;
 		}
 		f->copy = cp;
 		cp->frag = f;
@@ -210,6 +240,32 @@ int cache_place(struct cache *c, struct copy *cp, uint64_t size)
 		return 0;
 	}
 	return -ENOSPC;
+}
+
+int cache_place(struct cache *c, struct copy *cp, uint64_t size)
+{
+	return cache_place_in(c, cp, size, 0, c->usable);
+}
+
+/* The largest gap's bytes inside [lo, hi) (cut to c->usable). */
+uint64_t cache_largest_gap_in(const struct cache *c, uint64_t lo, uint64_t hi)
+{
+	const struct frag *g;
+	uint64_t best = 0;
+
+	if (hi > c->usable)
+		hi = c->usable;
+	for (g = c->head; g && g->off < hi; g = g->next) {
+		uint64_t a, b;
+
+		if (g->copy || g->off + g->size <= lo)
+			continue;
+		a = g->off > lo ? g->off : lo;
+		b = g->off + g->size < hi ? g->off + g->size : hi;
+		if (b > a && b - a > best)
+			best = b - a;
+	}
+	return best & ~(uint64_t)(TIER_ALIGN - 1);
 }
 
 /*

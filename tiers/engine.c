@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 
+#include "balance.h"
 #include "engine_int.h"
 #include "ssd.h"
 #include "gpu.h"
@@ -301,6 +302,8 @@ void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
 	f->ops = ops;
 	f->size = size;
 	f->shadow_fd = -1;
+	f->gpu_wdev = -1;
+	f->gpu_rdev = -1;
 	pthread_mutex_init(&f->lock, NULL);
 }
 
@@ -425,6 +428,93 @@ int tfile_pending_error(struct tfile *f)
 	return ret;
 }
 
+/*
+ * With a GPU cache over several GPUs, ,"balance":{...}: the policy, where
+ * copies went (their GPU's part, a peer's, host memory) and the links
+ * measured at start-up (bytes/s: local, to each peer, to host memory, per
+ * GPU in the parts' order).  "" with one GPU.  e->lock held.  Returns the
+ * length snprintf would have written.
+ */
+static size_t balance_json(struct engine *e, char *buf, size_t len)
+{
+	const struct gpu_links *l = gpu_tier_links(e->gpu);
+	unsigned n = gpu_tier_ndevices(e->gpu);
+	size_t at = 0;
+
+	if (n < 2)
+		return 0;
+#define PUT(...) (at += (size_t)snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__))
+	PUT(",\"balance\":{\"policy\":\"%s\",\"own\":%" PRIu64 ",\"to_peer\":%" PRIu64
+	    ",\"to_peer_bytes\":%" PRIu64 ",\"to_host\":%" PRIu64 ",\"to_host_bytes\":%"
+	    PRIu64 ",\"links_measured\":%s,\"links\":[",
+	    balance_policy_name((enum balance_policy)e->cfg.balance), e->bal_own, e->bal_peer,
+	    e->bal_peer_bytes, e->bal_host, e->bal_host_bytes, l->probed ? "true" : "false");
+	for (unsigned i = 0; i < n && i < GPU_TIER_MAX_DEVICES; i++) {
+		PUT("%s{\"device_id\":%d,\"local\":%.0f,\"host\":%.0f,\"peer\":[", i ? "," : "",
+		    gpu_tier_part_device(e->gpu, i), l->local[i], l->host[i]);
+		for (unsigned j = 0; j < n && j < GPU_TIER_MAX_DEVICES; j++)
+			PUT("%s%.0f", j ? "," : "", i == j ? 0.0 : l->peer[i][j]);
+		PUT("]}");
+	}
+	PUT("]}");
+#undef PUT
+	return at;
+}
+
+/* Does the mount's GPU tier span GPU dev (or, while it is being built,
+ * was it asked to)?  e->lock held. */
+static bool gpu_spans(struct engine *e, int dev)
+{
+	struct gpu_tier *g = __atomic_load_n(&e->gpu, __ATOMIC_ACQUIRE);
+
+	if (dev < 0 || dev >= 64)
+		return false;
+	if (g)
+		return gpu_tier_part_of(g, dev) >= 0;
+	if (e->cfg.gpu_dev < 0 || e->gpu_decided)
+		return false;
+	if (e->cfg.gpu_all || dev == e->cfg.gpu_dev)
+		return true;
+	for (unsigned i = 0; i < e->cfg.gpu_nmore; i++)
+		if (e->cfg.gpu_more[i] == dev)
+			return true;
+	return false;
+}
+
+bool engine_gpu_spans(struct engine *e, int dev)
+{
+	struct gpu_tier *g = __atomic_load_n(&e->gpu, __ATOMIC_ACQUIRE);
+
+	/* the tier's devices never change once it exists: no lock needed */
+	return g && gpu_tier_ndevices(g) > 1 && dev >= 0 && gpu_tier_part_of(g, dev) >= 0;
+}
+
+int tfile_set_gpu_device(struct tfile *f, int dev)
+{
+	struct engine *e = f->eng;
+	int ret = 0;
+
+	eng_lock(e);
+	if (dev < 0)
+		f->gpu_rdev = -1;
+	else if (gpu_spans(e, dev))
+		f->gpu_rdev = dev;
+	else
+		ret = -ENODEV;
+	eng_unlock(e);
+	return ret;
+}
+
+int tfile_gpu_device(struct tfile *f)
+{
+	int dev;
+
+	eng_lock(f->eng);
+	dev = f->gpu_rdev >= 0 ? f->gpu_rdev : f->gpu_wdev;
+	eng_unlock(f->eng);
+	return dev;
+}
+
 int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t sl)
 {
 	struct engine *e = f->eng;
@@ -519,6 +609,7 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 						       e->to_host_s > 0 ? (double)e->bytes_to_host /
 						       e->to_host_s : 0.0, e->client_writes,
 						       e->client_reads, e->client_bytes);
+				at += balance_json(e, buf + at, at < len ? len - at : 0);
 			} else if (e->tiers[i] == &e->host) {
 				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",

@@ -36,6 +36,9 @@ struct engine_config {
 	unsigned gpu_nmore;		/* how many */
 	bool gpu_all;			/* every GPU of the machine (-o gpu=all) */
 	uint64_t gpu_cache;		/* its size per GPU, 0: default */
+	int balance;			/* enum balance_policy: where a copy goes
+					 * that does not fit in its GPU's part of a
+					 * cache over several GPUs (-o balance) */
 	bool gpu_share;			/* chunks exportable (-o gpu_share) */
 	bool later;			/* the caller calls engine_start_background() */
 	bool dedup;			/* the backing directory shares extents:
@@ -62,6 +65,8 @@ bool engine_has_gpu(struct engine *e);
  * for or one exists.
  */
 bool engine_wait_gpu(struct engine *e, double max_s);
+/* Is the GPU tier a cache over several GPUs, GPU dev among them? */
+bool engine_gpu_spans(struct engine *e, int dev);
 /* The GPU tier, NULL while there is none (yet). */
 struct gpu_tier;
 struct gpu_tier *engine_gpu_tier(struct engine *e);

@@ -108,6 +108,9 @@ struct engine {
 	bool prefetcher_started;
 	uint64_t files_prefetched, bytes_prefetched, files_consumed;
 	uint64_t files_to_gpu, bytes_to_gpu;	/* prefetches host -> GPU */
+	/* a cache over several GPUs: copies placed in their GPU's part, in a
+	 * peer's part by the balance schedule, or sent to host memory */
+	uint64_t bal_own, bal_peer, bal_peer_bytes, bal_host, bal_host_bytes;
 	uint64_t client_writes, client_reads, client_bytes;	/* spans */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;
@@ -377,12 +380,16 @@ struct evict_ctx {
 					 * below this are needed sooner than
 					 * the one being placed: never evicted
 					 * (0: no such copies) */
+	uint64_t part_lo, part_hi;	/* part_hi > 0: only fragments wholly
+					 * inside [part_lo, part_hi) may be
+					 * evicted (one GPU's part) */
 	uint64_t gpu_keeps;		/* restore-queue tickets below this are
 					 * of files the GPU tier keeps until
 					 * they are read (eng_gpu_keeps_below;
 					 * 0: none, or this is the GPU tier) */
 };
 uint64_t eng_copy_dist(struct engine *e, struct copy *cp);
+int eng_grow_inplace(struct engine *e, struct copy *cp, uint64_t size);
 uint64_t eng_gpu_keeps_below(struct engine *e);
 uint64_t eng_gpu_unflushed(struct engine *e);
 uint64_t eng_shadow_rank(uint64_t d);

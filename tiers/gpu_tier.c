@@ -36,6 +36,8 @@
 #include "gpu.h"
 #include "gpu_tier.h"
 
+_Static_assert(GPU_TIER_MAX_DEVICES == GPU_MAX_DEVICES, "one limit of GPUs per cache");
+
 #define MiB(x)	((unsigned long long)((x) >> 20))
 
 struct gpu_tier {
@@ -50,6 +52,7 @@ struct gpu_tier {
 	bool mapping_done;		/* atomic: the mapper has ended */
 	int mapping_err;		/* its result; valid once mapping_done */
 	int oob_logged;			/* atomic: an out-of-range copy was logged */
+	struct gpu_links links;		/* probed at creation (several GPUs) */
 };
 
 static struct gpu_tier *tier_of(struct cache *c)
@@ -228,6 +231,120 @@ static uint64_t part_size(int dev, uint64_t size, char *name, size_t namelen,
 	return size;
 }
 
+/* ---- link bandwidths (several GPUs) ----------------------------------- */
+
+#define PROBE_BYTES	(16ull << 20)
+#define PROBE_REPS	3
+
+/* Median of PROBE_REPS timed runs of one copy, as bytes/s (0: it failed). */
+static double probe_one(int on, uint64_t dst, uint64_t src, void *host, bool to_host)
+{
+	double t[PROBE_REPS], x;
+
+	for (int r = 0; r < PROBE_REPS; r++) {
+		double t0 = tier_now();
+		int ret = to_host ? gpu_copy_dtoh(host, src, PROBE_BYTES) :
+				    gpu_copy_dtod_on(on, dst, src, PROBE_BYTES);
+
+		if (ret)
+			return 0;
+		t[r] = tier_now() - t0;
+	}
+	for (int i = 1; i < PROBE_REPS; i++)	/* sort: 3 values */
+		for (int j = i; j > 0 && t[j] < t[j - 1]; j--)
+			x = t[j], t[j] = t[j - 1], t[j - 1] = x;
+	return t[PROBE_REPS / 2] > 0 ? PROBE_BYTES / t[PROBE_REPS / 2] : 0;
+}
+
+/*
+ * Measure the links between the devices of a cache over several GPUs (the
+ * balance schedules' input): a scratch range with a part on each device
+ * (PROBE_BYTES twice), each copy issued on its source device, median of
+ * PROBE_REPS after a warm-up.  Host links: device to a pinned host buffer,
+ * issued on the first device (the cascade's copies are).  What fails to
+ * measure is left 0 (no such link for the schedules); *l->probed says
+ * whether anything was measured.
+ */
+static void probe_links(const int *devs, unsigned n, struct gpu_links *l)
+{
+	uint64_t sizes[GPU_MAX_DEVICES];
+	struct gpu_vmm *v = NULL;
+	void *host = NULL;
+	bool pinned = false;
+	double t0 = tier_now();
+
+	memset(l, 0, sizeof(*l));
+	l->n = n;
+	for (unsigned i = 0; i < n; i++)
+		sizes[i] = 2 * PROBE_BYTES;
+	if (gpu_vmm_create_multi(&v, devs, sizes, n, false) || gpu_vmm_wait(v)) {
+		tlog(LOG_WARNING, "gpu cache: the links between the GPUs could not be "
+		     "measured (no scratch memory): peers are not used for overflow");
+		goto out;
+	}
+	if (posix_memalign(&host, 4096, PROBE_BYTES) == 0) {
+		memset(host, 0, PROBE_BYTES);
+		pinned = gpu_host_register(host, PROBE_BYTES) == 0;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t a = gpu_vmm_base(v) + (i ? gpu_vmm_part_end(v, i - 1) : 0);
+
+		for (unsigned j = 0; j < n; j++) {
+			uint64_t b = gpu_vmm_base(v) + (j ? gpu_vmm_part_end(v, j - 1) : 0);
+
+			if (i == j)
+				b += PROBE_BYTES;
+			probe_one(devs[i], b, a, NULL, false);	/* warm-up */
+			if (i == j)
+				l->local[i] = probe_one(devs[i], b, a, NULL, false);
+			else
+				l->peer[i][j] = probe_one(devs[i], b, a, NULL, false);
+		}
+		if (host && pinned)
+			l->host[i] = probe_one(-1, 0, a, host, true);
+	}
+	l->probed = true;
+	tlog(LOG_INFO, "gpu cache: links measured in %.0f ms (GPU %d: local %.0f GB/s, "
+	     "to GPU %d %.0f GB/s, to host %.1f GB/s)", (tier_now() - t0) * 1e3, devs[0],
+	     l->local[0] / 1e9, devs[1], l->peer[0][1] / 1e9, l->host[0] / 1e9);
+out:
+	if (pinned)
+		gpu_host_unregister(host);
+	free(host);
+	if (v)
+		gpu_vmm_destroy(v);
+}
+
+const struct gpu_links *gpu_tier_links(struct gpu_tier *g)
+{
+	return &g->links;
+}
+
+int gpu_tier_part_of(struct gpu_tier *g, int ordinal)
+{
+	unsigned nd = gpu_vmm_ndevices(g->vmm);
+
+	for (unsigned i = 0; i < nd; i++)
+		if (gpu_vmm_device(g->vmm, i) == ordinal)
+			return (int)i;
+	return -1;
+}
+
+void gpu_tier_part_range(struct gpu_tier *g, unsigned i, uint64_t *lo, uint64_t *hi)
+{
+	*lo = i ? gpu_vmm_part_end(g->vmm, i - 1) : 0;
+	*hi = gpu_vmm_part_end(g->vmm, i);
+	if (*hi > g->cache.size)
+		*hi = g->cache.size;
+}
+
+int gpu_tier_part_device(struct gpu_tier *g, unsigned i)
+{
+	return gpu_vmm_device(g->vmm, i);
+}
+
+/* ---- creation --------------------------------------------------------- */
+
 int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 		    uint64_t size, bool shareable, const struct evict_policy *pol,
 		    char *msg, size_t msglen)
@@ -236,6 +353,7 @@ int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 	int devs[GPU_MAX_DEVICES];
 	uint64_t sizes[GPU_MAX_DEVICES], free_b = 0, total_b = 0, free_all = 0, total_all = 0;
 	char name[sizeof(g->name)] = "", other[sizeof(g->name)];
+	struct gpu_links links = { .n = 1 };
 	sigset_t all, old;
 	int ret = 0, count;
 
@@ -281,6 +399,8 @@ int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 						 "name one of them in gpu=", devs[i], devs[j]);
 				return -EOPNOTSUPP;
 			}
+	if (ndev > 1)
+		probe_links(devs, ndev, &links);
 	for (unsigned i = 0; i < ndev; i++) {
 		sizes[i] = part_size(devs[i], size, i ? other : name,
 				     sizeof(name), &free_b, &total_b, msg, msglen, &ret);
@@ -295,6 +415,7 @@ int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 		return -ENOMEM;
 	g->dev = devs[0];
 	g->t0 = tier_now();
+	g->links = links;
 	if (ndev == 1)
 		snprintf(g->name, sizeof(g->name), "%s", name);
 	else

@@ -35,6 +35,7 @@
 
 #include "tier.h"
 
+#define GPU_TIER_MAX_DEVICES	8	/* gpu.h's GPU_MAX_DEVICES */
 #define GPU_TIER_STEP		(64ull << 20)	/* default sizes are multiples */
 #define GPU_TIER_RESERVE	(1ull << 30)	/* default sizes leave this free */
 #define GPU_TIER_PIN_LOCK	"/run/lock/tierfs-pin.lock"
@@ -114,6 +115,32 @@ void gpu_tier_destroy(struct gpu_tier *g);
  */
 unsigned gpu_tier_ndevices(struct gpu_tier *g);
 unsigned gpu_tier_device_use(struct gpu_tier *g, uint64_t *used, unsigned max);
+
+/*
+ * The parts of a cache over several GPUs: the index of device `ordinal`'s
+ * part (-1: the tier does not span it), part i's offsets [*lo, *hi) in the
+ * cache, and part i's device ordinal.  Constant for the tier's life: no
+ * lock needed.
+ */
+int gpu_tier_part_of(struct gpu_tier *g, int ordinal);
+void gpu_tier_part_range(struct gpu_tier *g, unsigned i, uint64_t *lo, uint64_t *hi);
+int gpu_tier_part_device(struct gpu_tier *g, unsigned i);
+
+/*
+ * The links between the parts' devices in bytes/s, measured when the tier
+ * was created over several GPUs (the input of -o balance): local[i] a copy
+ * inside device i, peer[i][j] from device i to device j, host[i] from
+ * device i to pinned host memory; 0 where not measured.  probed is false
+ * with one device, or when the measurement failed.  Constant.
+ */
+struct gpu_links {
+	unsigned n;
+	bool probed;
+	double local[GPU_TIER_MAX_DEVICES];
+	double peer[GPU_TIER_MAX_DEVICES][GPU_TIER_MAX_DEVICES];
+	double host[GPU_TIER_MAX_DEVICES];
+};
+const struct gpu_links *gpu_tier_links(struct gpu_tier *g);
 
 /*
  * Tier-specific statistics as JSON members to append inside the gpu tier's

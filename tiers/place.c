@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "balance.h"
 #include "engine_int.h"
 #include "gpu_tier.h"
 
@@ -138,6 +139,10 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr,
 	struct evict_cost k = { 0, 0 };
 	uint64_t done;
 
+	if (ctx->part_hi && (fr->off < ctx->part_lo || fr->off + fr->size > ctx->part_hi)) {
+		k.wait = TIER_INF;	/* outside the GPU's part being freed */
+		return k;
+	}
 	if (!cp)
 		return k;
 	k.dist = copy_rank(e, cp, ctx->gpu_keeps);
@@ -224,6 +229,179 @@ void eng_copy_evicted(struct copy *cp)
 	free(cp);
 }
 
+/* ---- a cache over several GPUs (-o gpu=0:1, -o balance) ---------------- */
+
+/*
+ * The part of the GPU cache a copy belongs in: its reader's GPU for a
+ * prefetch (user.tierfs.restore_device, else the GPU it was written from),
+ * its writer's GPU for a write (the ioctl's buffer, else the reader's);
+ * part 0 (the mount's first GPU) when neither is known or the cache does
+ * not span that GPU.
+ */
+static unsigned copy_part(struct engine *e, struct copy *cp)
+{
+	struct tfile *f = cp->file;
+	int dev = cp->for_read ? (f->gpu_rdev >= 0 ? f->gpu_rdev : f->gpu_wdev) :
+				 (f->gpu_wdev >= 0 ? f->gpu_wdev : f->gpu_rdev);
+	int p = dev >= 0 ? gpu_tier_part_of(e->gpu, dev) : 0;
+
+	return p > 0 ? (unsigned)p : 0;
+}
+
+/*
+ * Where a copy of `size` bytes from part d goes when d has no room for it
+ * (a copy is contiguous: whole, into one part): the index of a peer part
+ * with a gap that holds it, or -1 for host memory.  greedy: the peer with
+ * the fastest measured link from d among those with room (MASCOTS'21's
+ * greedy for one checkpoint).  maxflow: the min-time plan of balance.h for
+ * these bytes over the measured links (d's overflow split over the peers
+ * with room and d's host link so that the last byte lands soonest); the
+ * copy goes where that plan sends the most of it: to a peer over NVLink,
+ * to host memory when the peers are behind slower links than the host's.
+ * host: always -1.  e->lock held.
+ */
+static int balance_target(struct engine *e, unsigned d, uint64_t size)
+{
+	const struct gpu_links *l = gpu_tier_links(e->gpu);
+	struct cache *c = e->tiers[0];
+	unsigned n = gpu_tier_ndevices(e->gpu);
+	uint64_t room[GPU_TIER_MAX_DEVICES];
+	struct balance_node node;
+	struct balance_plan plan;
+	int best = -1;
+
+	if (e->cfg.balance == BALANCE_HOST || !l->probed || n < 2 || n > GPU_TIER_MAX_DEVICES)
+		return -1;
+	for (unsigned j = 0; j < n; j++) {
+		uint64_t lo, hi;
+
+		gpu_tier_part_range(e->gpu, j, &lo, &hi);
+		room[j] = j == d ? 0 : cache_largest_gap_in(c, lo, hi);
+		if (room[j] < tier_round(size ? size : 1) || !(l->peer[d][j] > 0))
+			room[j] = 0;	/* only a whole copy's room counts */
+		if (room[j] && (best < 0 || l->peer[d][j] > l->peer[d][best] ||
+				(l->peer[d][j] == l->peer[d][best] && room[j] > room[best])))
+			best = (int)j;
+	}
+	if (best < 0 || e->cfg.balance == BALANCE_GREEDY)
+		return best;
+	memset(&node, 0, sizeof(node));
+	node.n = n;
+	node.ckpt[d] = size;
+	node.host_free = BALANCE_HOST_UNLIMITED;
+	for (unsigned i = 0; i < n; i++) {
+		node.free[i] = room[i] < BALANCE_MAX_BYTES ? room[i] : BALANCE_MAX_BYTES;
+		node.local_bw[i] = l->local[i] > 0 ? l->local[i] : 1e12;
+		node.host_link[i] = i;
+		node.host_bw[i] = l->host[i] > 0 ? l->host[i] : 1e9;
+		for (unsigned j = 0; j < n; j++)
+			node.peer_bw[i][j] = i != j && l->peer[i][j] > 0 ? l->peer[i][j] : 0;
+	}
+	if (balance_plan(&node, (enum balance_policy)e->cfg.balance, &plan))
+		return best;	/* no plan (cannot happen with room): greedy's choice */
+	best = -1;
+	for (unsigned j = 0; j < n; j++)
+		if (j != d && room[j] && plan.to_gpu[d][j] > plan.to_host[d] &&
+		    (best < 0 || plan.to_gpu[d][j] > plan.to_gpu[d][best]))
+			best = (int)j;
+	return best;
+}
+
+/*
+ * Place cp (`size` bytes) in a GPU cache over several GPUs: in its GPU's
+ * part (a gap, or copies there that are safe in host memory already and
+ * are evicted at once), else where the balance schedule says: a peer's
+ * part with room, or -ENOSPC, which sends the copy to host memory.  It
+ * never waits for a flush: a GPU whose part is full of copies still to be
+ * cascaded sends its checkpoint elsewhere instead of blocking on them
+ * (sc22's load balancing).  e->lock held.
+ */
+static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
+			   uint64_t size, struct evict_ctx *ctx)
+{
+	unsigned d = copy_part(e, cp);
+	struct frag *first, *last, *fr;
+	uint64_t lo, hi;
+	double wait;
+	int j;
+
+	gpu_tier_part_range(e->gpu, d, &lo, &hi);
+	for (int round = 0; round < 8; round++) {
+		if (cache_place_in(c, cp, size, lo, hi) == 0) {
+			e->bal_own++;
+			return 0;
+		}
+		if (!gpu_tier_fully_mapped(e->gpu))
+			break;
+		ctx->part_lo = lo;
+		ctx->part_hi = hi;
+		ctx->gpu_keeps = 0;
+		if (c->policy->choose(c, size, copy_cost, ctx, &first, &last, &wait))
+			break;
+		for (fr = first;; fr = fr->next) {
+			if (fr->copy && (fr->copy->pins || !tier_state_evictable(fr->copy->state)))
+				goto balance;	/* would wait: not on a GPU's checkpoint path */
+			if (fr == last)
+				break;
+		}
+		for (fr = first;; fr = fr->next) {
+			if (fr->copy) {
+				c->evictions++;
+				c->evicted_bytes += fr->size;
+				if (eng_copy_dist(e, fr->copy) != TIER_FAR)
+					c->evicted_queued++;
+			}
+			if (fr == last)
+				break;
+		}
+		cache_evict_window(c, first, last, eng_copy_evicted);
+	}
+balance:
+	ctx->part_hi = 0;
+	j = balance_target(e, d, size);
+	if (j >= 0) {
+		gpu_tier_part_range(e->gpu, (unsigned)j, &lo, &hi);
+		if (cache_place_in(c, cp, size, lo, hi) == 0) {
+			e->bal_peer++;
+			e->bal_peer_bytes += size;
+			tlog(LOG_DEBUG, "gpu cache: a copy of %" PRIu64 " bytes for GPU %d "
+			     "placed on GPU %d (balance=%s)", size, gpu_tier_part_device(e->gpu, d),
+			     gpu_tier_part_device(e->gpu, (unsigned)j),
+			     balance_policy_name((enum balance_policy)e->cfg.balance));
+			return 0;
+		}
+	}
+	e->bal_host++;
+	e->bal_host_bytes += size;
+	return -ENOSPC;
+}
+
+/*
+ * cache_grow_inplace(), but in a GPU cache over several GPUs only inside
+ * the part the copy starts in: a copy that grows stays on its GPU (a write
+ * that needs more goes through a new placement, and the balance policy).
+ * e->lock held.
+ */
+int eng_grow_inplace(struct engine *e, struct copy *cp, uint64_t size)
+{
+	struct cache *c = cp->cache;
+
+	if (e->gpu && c == e->tiers[0] && gpu_tier_ndevices(e->gpu) > 1) {
+		unsigned n = gpu_tier_ndevices(e->gpu);
+		uint64_t lo, hi;
+
+		for (unsigned i = 0; i < n; i++) {
+			gpu_tier_part_range(e->gpu, i, &lo, &hi);
+			if (cp->frag->off >= lo && cp->frag->off < hi) {
+				if (size > hi - cp->frag->off)
+					return -ENOSPC;
+				break;
+			}
+		}
+	}
+	return cache_grow_inplace(c, cp, size);
+}
+
 /*
  * Place cp in cache c with `size` bytes, evicting as the policy says,
  * waiting at most max_wait seconds for the chosen window's flushes.
@@ -252,8 +430,11 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		bool ready = true;
 		int ret;
 
-		if (e->gpu && c == e->tiers[0])
+		if (e->gpu && c == e->tiers[0]) {
 			gpu_tier_update_usable(e->gpu);
+			if (gpu_tier_ndevices(e->gpu) > 1)
+				return gpu_place_multi(e, c, cp, size, &ctx);
+		}
 		if (cache_place(c, cp, size) == 0) {
 			if (waits && tier_now() - t0 > 0.05)
 				tlog(LOG_INFO, "%s cache: %.0f ms to make room for %" PRIu64

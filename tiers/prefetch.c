@@ -67,6 +67,7 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	if (!gcp)
 		return -ENOMEM;
 	gcp->file = f;
+	gcp->for_read = true;	/* into the part of the GPU that reads it */
 	lease_take(&l, hcp);	/* eng_alloc_wait() may drop the lock */
 	ret = eng_alloc_wait(e, g, gcp, size, 0.05, dist + 1);
 	if (ret) {

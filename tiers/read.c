@@ -54,7 +54,7 @@ static void count_read(struct cache *c, bool waited)
 		c->hits++;
 }
 
-ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
 	struct lease l;
@@ -85,8 +85,8 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
 		if (c->host_addressable)
 			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
 		else
-			ret = gpu_copy_dtod(dptr, (uint64_t)(uintptr_t)(c->base + cp->frag->off +
-								   (uint64_t)off), len);
+			ret = gpu_copy_dtod_on(dev, dptr, (uint64_t)(uintptr_t)(c->base +
+						cp->frag->off + (uint64_t)off), len);
 		lease_end(e, &l);
 		ret = ret ? ret : (ssize_t)len;
 		goto out;

@@ -79,6 +79,10 @@ struct tfile {
 	uint64_t gen;			/* bumped by every modification */
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
+	int gpu_wdev;			/* the GPU its last GPU write came from
+					 * (the ioctl's buffer), -1: none */
+	int gpu_rdev;			/* the GPU that will read it back
+					 * (user.tierfs.restore_device), -1: none */
 	struct tfile *fq_next;		/* flush queue link */
 	struct tfile *gq_next;		/* GPU -> host queue link */
 	bool gqueued;			/* on the GPU -> host queue */
@@ -136,8 +140,17 @@ int tfile_truncate(struct tfile *f, uint64_t size);
  * first write places it in the GPU tier).  Returns bytes or -errno;
  * -ENODEV when there is no GPU tier.
  */
-ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
-ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off);
+ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off);
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off);
+/*
+ * The GPU that will read f back (user.tierfs.restore_device): a prefetch
+ * into a GPU cache over several GPUs places its copy in that GPU's part,
+ * and so do POSIX writes.  dev -1 forgets it.  Returns 0; -ENODEV when the
+ * mount's GPU tier does not span GPU dev (or there is none yet).
+ */
+int tfile_set_gpu_device(struct tfile *f, int dev);
+/* The GPU recorded for f (restore_device, else its last GPU writer), -1. */
+int tfile_gpu_device(struct tfile *f);
 /*
  * A client copy into or out of the file's GPU cache copy (-o gpu_share):
  * tfile_span_begin() places (write: as a write of [off, off + len) would,

@@ -87,6 +87,8 @@ struct copy {
 	bool flushing;			/* a flush of it to the next tier runs */
 	bool promoted;			/* prefetched and not yet consumed */
 	bool in_backlog;		/* counted in the engine's flush backlog */
+	bool for_read;			/* placed by a prefetch: in the GPU part
+					 * of the file's reader (gpu_rdev) */
 	bool fileref;			/* holds a reference on its file (while
 					 * the file has a name; see attach_copy) */
 	uint64_t flushed_bytes;		/* progress of the running flush */
@@ -185,6 +187,15 @@ void cache_destroy(struct cache *c);
  * when no single gap is big enough (nothing changes then).
  */
 int cache_place(struct cache *c, struct copy *cp, uint64_t size);
+/*
+ * The same inside [lo, hi) only (a GPU's part of a cache over several
+ * GPUs): first fit of the whole copy inside the range, which may start in
+ * the middle of a gap.  cache_place() is this over [0, usable).
+ */
+int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
+		   uint64_t lo, uint64_t hi);
+/* Bytes of the largest gap inside [lo, hi), in whole TIER_ALIGN blocks. */
+uint64_t cache_largest_gap_in(const struct cache *c, uint64_t lo, uint64_t hi);
 /* Turn cp's fragment into a gap (coalesced with neighbours). */
 void cache_release(struct cache *c, struct copy *cp);
 /*

@@ -413,7 +413,7 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			continue;
 		cp = f->copy[t];
 		if (cp && cp == src && (copy_cap(cp) >= cap ||
-					cache_grow_inplace(cp->cache, cp, tier_round(cap)) == 0)) {
+					eng_grow_inplace(e, cp, tier_round(cap)) == 0)) {
 			make_writable(e, cp);
 			return cp;
 		}
@@ -484,9 +484,10 @@ void eng_mark_modified(struct tfile *f)
 	touch_mtime(f);
 }
 
-/* Move len bytes into cp at off from host memory buf or device address dptr. */
+/* Move len bytes into cp at off from host memory buf or device address dptr
+ * (memory of GPU dev, -1: not known; a device copy is issued there). */
 static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr,
-		   size_t len)
+		   int dev, size_t len)
 {
 	struct cache *c = cp->cache;
 	int ret = eng_copy_bounds(cp, off, len);
@@ -497,11 +498,12 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 		return c->ops->write(c, cp->frag->off + off, buf, len);
 	if (c->host_addressable)
 		return gpu_copy_dtoh(copy_ptr(cp) + off, dptr, len);
-	return gpu_copy_dtod((uint64_t)(uintptr_t)(c->base + cp->frag->off + off), dptr, len);
+	return gpu_copy_dtod_on(dev, (uint64_t)(uintptr_t)(c->base + cp->frag->off + off),
+				dptr, len);
 }
 
-static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t len,
-			off_t off)
+static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev,
+			size_t len, off_t off)
 {
 	struct engine *e = f->eng;
 	uint64_t end = (uint64_t)off + len;
@@ -514,6 +516,8 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 		return -EINVAL;
 	tfile_lock(f);
 	eng_lock(e);
+	if (!buf && dev >= 0)
+		f->gpu_wdev = dev;	/* its GPU copy goes to that GPU's part */
 	if (f->shadow_fd < 0) {
 		uint64_t cap = end > f->size ? end : f->size;
 
@@ -532,7 +536,7 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, size_t 
 			if (trace)
 				t1 = tier_now();
 			eng_copy_zero(cp, cp->len, (uint64_t)off);
-			ret = copy_in(cp, (uint64_t)off, buf, dptr, len);
+			ret = copy_in(cp, (uint64_t)off, buf, dptr, dev, len);
 			if (trace) {
 				t2 = tier_now();
 				tlog(LOG_DEBUG, "device write of %zu B into the %s cache: "
@@ -588,14 +592,14 @@ out:
 
 ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off)
 {
-	return do_write(f, buf, 0, len, off);
+	return do_write(f, buf, 0, -1, len, off);
 }
 
-ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, size_t len, off_t off)
+ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off)
 {
 	if (!f->eng->gpu)
 		return -ENODEV;
-	return do_write(f, NULL, dptr, len, off);
+	return do_write(f, NULL, dptr, dev, len, off);
 }
 
 int tfile_truncate(struct tfile *f, uint64_t size)

@@ -563,6 +563,61 @@ static void test_check_catches(void)
 	cache_destroy(&c);
 }
 
+/*
+ * cache_place_in (a GPU's part of a cache over several GPUs): random tables
+ * of up to 64 blocks, random ranges; a placement lies wholly inside the
+ * range, the table stays valid, and -ENOSPC comes exactly when
+ * cache_largest_gap_in says no gap inside the range has room.
+ */
+static void test_place_in(void)
+{
+	enum { NB = 64, NC = 48 };
+	static struct tcopy t[NC];
+	int round, i;
+
+	op_name = "place_in";
+	for (round = 0; round < 2000; round++) {
+		uint64_t usable = (1 + rnd_below(NB)) * TIER_ALIGN;
+		int n = 0;
+
+		ENSURE(cache_init(&c, "part", 0, NULL, NB * TIER_ALIGN, &tier_host_ops,
+				  &evict_score) == 0, "init");
+		c.usable = usable;
+		memset(t, 0, sizeof(t));
+		/* fill, then punch holes, so the gaps lie anywhere */
+		while (n < NC && cache_place(&c, &t[n].cp, (1 + rnd_below(4)) * TIER_ALIGN) == 0)
+			n++;
+		for (i = 0; i < n; i++)
+			if (rnd_below(3) == 0) {
+				cache_release(&c, &t[i].cp);
+				t[i].cp.frag = NULL;
+			}
+		ENSURE(cache_check(&c) == 0, "table before");
+		for (i = 0; i < 8; i++) {
+			struct tcopy x;
+			uint64_t lo = rnd_below(NB + 1) * TIER_ALIGN, hi = rnd_below(NB + 1) * TIER_ALIGN;
+			uint64_t size = (1 + rnd_below(8)) * TIER_ALIGN;
+			uint64_t room = cache_largest_gap_in(&c, lo, hi);
+			int ret;
+
+			memset(&x, 0, sizeof(x));
+			ret = cache_place_in(&c, &x.cp, size, lo, hi);
+			ENSURE((ret == 0) == (room >= size), "placed iff a gap in the range has room");
+			ENSURE(cache_check(&c) == 0, "table after");
+			if (ret == 0) {
+				ENSURE(x.cp.frag->off >= lo && x.cp.frag->off + x.cp.frag->size <= hi &&
+				       x.cp.frag->off + x.cp.frag->size <= c.usable, "inside the range");
+				cache_release(&c, &x.cp);
+				ENSURE(cache_check(&c) == 0, "table after release");
+			}
+		}
+		for (i = 0; i < n; i++)
+			if (t[i].cp.frag)
+				cache_release(&c, &t[i].cp);
+		cache_destroy(&c);
+	}
+}
+
 static void test_host_ops(void)
 {
 	static uint8_t buf[8 * TIER_ALIGN];
@@ -603,6 +658,7 @@ int main(int argc, char **argv)
 		rng_state = 1;
 	test_check_catches();
 	test_host_ops();
+	test_place_in();
 	for (r = 0; r < ROUNDS; r++)
 		run_round();
 	printf("test_cache: ok (%d rounds, %ld operations, %d evictions)\n",
