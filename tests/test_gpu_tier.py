@@ -132,6 +132,12 @@ def test_host_cache_keeps_what_the_gpu_tier_will_not(mount):
     it holding the files needed after the GPU tier's, not second copies of
     the GPU tier's own (which no read would use)."""
     m, d = mount_for_hints(mount, gpu_cache="64M", host_cache="96M")
+    if len(stats(m)["tiers"]["gpu"].get("devices", [])) > 1:
+        # a cache over several GPUs evicts only inside each GPU's part: a
+        # copy that overflowed into a peer's part stays there until that
+        # part needs room (bench/RESULTS.md 12d), so which files the GPU
+        # tier keeps is not the one-GPU order this test checks
+        pytest.skip("one GPU's eviction order; TIERFS_OPTIONS spans several GPUs")
     n = 12                                                 # 192 MiB > 64 + 96 MiB
     names = [f"c{i}" for i in range(n)]
     os.setxattr(d, "user.tierfs.restore_order",
