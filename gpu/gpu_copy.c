@@ -40,25 +40,19 @@ static struct gpu_lane {
  * crosses a link): one lane per device ordinal, its stream created in that
  * device's primary context.
  */
-static struct gpu_lane *lane_get(enum gpu_dir dir, int *err);
-
 static struct gpu_lane dtod_lanes[GPU_MAX_ORDINAL] = {
 	[0 ... GPU_MAX_ORDINAL - 1] = { .lock = PTHREAD_MUTEX_INITIALIZER },
 };
 
-/* The locked device-to-device lane of device dev (< 0: the primary one's). */
-static struct gpu_lane *dtod_lane_get(int dev, int *err)
+/*
+ * Lock lane l, make device dev's primary context current (dev < 0: the
+ * gpu_init() device's), create the lane's stream if needed.  Returns l
+ * locked, or NULL with *err set (the lane then unlocked).
+ */
+static struct gpu_lane *lane_lock(struct gpu_lane *l, int dev, int *err)
 {
-	struct gpu_lane *l;
 	int ret;
 
-	if (dev < 0 || dev == gpu_cu_ordinal())
-		return lane_get(GPU_D2D, err);
-	if (dev >= GPU_MAX_ORDINAL) {
-		*err = -ENODEV;
-		return NULL;
-	}
-	l = &dtod_lanes[dev];
 	pthread_mutex_lock(&l->lock);
 	ret = gpu_ctx_enter_dev(dev);
 	if (ret)
@@ -74,29 +68,22 @@ out_unlock:
 	return NULL;
 }
 
-/*
- * Take direction dir's lane: lock it, make the context current, create its
- * stream if needed.  Returns the locked lane, or NULL with *err set (the
- * lane then unlocked).
- */
+/* Direction dir's lane on the gpu_init() device, locked (lane_lock). */
 static struct gpu_lane *lane_get(enum gpu_dir dir, int *err)
 {
-	struct gpu_lane *l = &gpu_lanes[dir];
-	int ret;
+	return lane_lock(&gpu_lanes[dir], -1, err);
+}
 
-	pthread_mutex_lock(&l->lock);
-	ret = gpu_ctx_enter();
-	if (ret)
-		goto out_unlock;
-	if (!l->stream)
-		GPU_CU(cuStreamCreate(&l->stream, CU_STREAM_NON_BLOCKING),
-		       out_unlock);
-	return l;
-
-out_unlock:
-	pthread_mutex_unlock(&l->lock);
-	*err = ret;
-	return NULL;
+/* The locked device-to-device lane of device dev (< 0: the primary one's). */
+static struct gpu_lane *dtod_lane_get(int dev, int *err)
+{
+	if (dev < 0 || dev == gpu_cu_ordinal())
+		return lane_get(GPU_D2D, err);
+	if (dev >= GPU_MAX_ORDINAL) {
+		*err = -ENODEV;
+		return NULL;
+	}
+	return lane_lock(&dtod_lanes[dev], dev, err);
 }
 
 /*
