@@ -43,6 +43,7 @@
 struct report {
 	double t0, t1;		/* start and end of the checkpoint */
 	double raw_s;		/* the raw copy of the same size */
+	double peer_s;		/* GPU 0 only: a raw cuMemcpyPeer of it to GPU 1 */
 	int ok;			/* read back and matched */
 };
 
@@ -65,7 +66,7 @@ static double now(void)
 } while (0)
 
 /* One GPU's process: set up, say ready, wait for go, checkpoint, check. */
-static void child(const char *mnt, int gpu, int rep, size_t ckpt, size_t fill,
+static void child(const char *mnt, int gpu, int ngpu, int rep, size_t ckpt, size_t fill,
 		  int ready_fd, int go_fd, int out_fd)
 {
 	struct report r = { 0 };
@@ -90,6 +91,26 @@ static void child(const char *mnt, int gpu, int rep, size_t ckpt, size_t fill,
 	CK(cuMemcpyDtoD(scratch, buf, ckpt));
 	CK(cuCtxSynchronize());
 	r.raw_s = now() - r.raw_s;
+	if (gpu == 0 && ngpu > 1) {	/* the raw peer copy of the same size */
+		CUdevice d1;
+		CUcontext c1;
+		CUdeviceptr b1;
+
+		CK(cuDeviceGet(&d1, 1));
+		CK(cuDevicePrimaryCtxRetain(&c1, d1));
+		CK(cuCtxSetCurrent(c1));
+		CK(cuMemAlloc(&b1, ckpt));
+		CK(cuCtxSetCurrent(ctx));
+		CK(cuMemcpyPeer(b1, c1, scratch, ctx, ckpt));	/* warm-up */
+		CK(cuCtxSynchronize());
+		r.peer_s = now();
+		CK(cuMemcpyPeer(b1, c1, buf, ctx, ckpt));
+		CK(cuCtxSynchronize());
+		r.peer_s = now() - r.peer_s;
+		CK(cuCtxSetCurrent(c1));
+		CK(cuMemFree(b1));
+		CK(cuCtxSetCurrent(ctx));
+	}
 	for (size_t done = 0; gpu == 0 && done < fill && nfill < 64; nfill++) {
 		size_t n = fill - done < FILL_FILE ? fill - done : FILL_FILE;
 
@@ -167,8 +188,8 @@ static long long stat_of(const char *mnt, const char *key)
 
 int main(int argc, char **argv)
 {
-	double block[MAXREPS], own[MAXG][MAXREPS], raw[MAXG][MAXREPS];
-	long long peer0, host0;
+	double block[MAXREPS], own[MAXG][MAXREPS], raw[MAXG][MAXREPS], peer[MAXREPS] = { 0 };
+	long long peer0, host0, split0;
 	int ngpu, reps, count = 0, bad = 0;
 	size_t ckpt, fill;
 
@@ -212,6 +233,7 @@ int main(int argc, char **argv)
 	}
 	peer0 = stat_of(argv[1], "to_peer");
 	host0 = stat_of(argv[1], "to_host");
+	split0 = stat_of(argv[1], "split");
 	for (int rep = 0; rep < reps; rep++) {
 		int ready[2], go[2], out[2];
 		double t0 = 1e30, t1 = 0;
@@ -223,7 +245,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < ngpu; i++) {
 			pids[i] = fork();
 			if (pids[i] == 0)
-				child(argv[1], i, rep, ckpt, fill, ready[1], go[0], out[1]);
+				child(argv[1], i, ngpu, rep, ckpt, fill, ready[1], go[0], out[1]);
 		}
 		for (int i = 0; i < ngpu; i++)
 			if (read(ready[0], &c, 1) != 1)
@@ -243,6 +265,8 @@ int main(int argc, char **argv)
 			bad += !r.ok;
 			own[i][rep] = r.t1 - r.t0;
 			raw[i][rep] = r.raw_s;
+			if (r.peer_s > 0)
+				peer[rep] = r.peer_s;
 		}
 		/* reports come in completion order: own[] is per finisher, which is
 		 * enough for the spread below; the group time is exact */
@@ -255,16 +279,20 @@ int main(int argc, char **argv)
 		usleep(300 * 1000);	/* the removed files' copies go */
 	}
 	qsort(block, (size_t)reps, sizeof(double), cmp);
+	qsort(peer, (size_t)reps, sizeof(double), cmp);
 	for (int i = 0; i < ngpu; i++) {
 		qsort(own[i], (size_t)reps, sizeof(double), cmp);
 		qsort(raw[i], (size_t)reps, sizeof(double), cmp);
 	}
 	printf("%d GPUs, %zu MiB each, %zu MiB held open on GPU 0: group blocking %.3f ms "
-	       "(median of %d; fastest GPU %.3f ms, slowest %.3f ms; raw copy %.3f ms); "
-	       "to_peer %lld, to_host %lld; %s\n", ngpu, ckpt / MiB, fill / MiB,
+	       "(median of %d; fastest GPU %.3f ms, slowest %.3f ms; raw copy %.3f ms, "
+	       "raw cuMemcpyPeer 0->1 %.3f ms = %.1f GB/s); to_peer %lld (split %lld), "
+	       "to_host %lld; %s\n", ngpu, ckpt / MiB, fill / MiB,
 	       block[reps / 2] * 1e3, reps, own[0][reps / 2] * 1e3,
 	       own[ngpu - 1][reps / 2] * 1e3, raw[0][reps / 2] * 1e3,
-	       stat_of(argv[1], "to_peer") - peer0, stat_of(argv[1], "to_host") - host0,
-	       bad ? "MISMATCH" : "all read back");
+	       ngpu > 1 ? peer[reps / 2] * 1e3 : 0.0,
+	       ngpu > 1 && peer[reps / 2] > 0 ? ckpt / peer[reps / 2] / 1e9 : 0.0,
+	       stat_of(argv[1], "to_peer") - peer0, stat_of(argv[1], "split") - split0,
+	       stat_of(argv[1], "to_host") - host0, bad ? "MISMATCH" : "all read back");
 	return bad ? 1 : 0;
 }

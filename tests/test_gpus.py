@@ -98,12 +98,14 @@ def test_one_cache_over_two_gpus(mount, monkeypatch):
 @pytest.mark.parametrize("policy", ["greedy", "host", "maxflow"])
 def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch, policy):
     """GPU 0's part (64 MiB) holds three 20 MiB files still open for writing
-    (not evictable: nothing of them is safe anywhere else); a fourth 20 MiB
-    checkpoint for GPU 0 does not fit.  balance=greedy puts it in GPU 1's
-    part (the peer has room), balance=host in host memory, and maxflow in
-    one of the two by the measured links; the counters say which, no
-    checkpoint waits, and every byte reads back and reaches the backing
-    directory."""
+    (not evictable: nothing of them is safe anywhere else), so 4 MiB of it
+    are free, next to GPU 1's empty part.  A fourth 20 MiB checkpoint for
+    GPU 0 does not fit.  balance=greedy splits it: 4 MiB in GPU 0's part and
+    16 MiB across the boundary in GPU 1's (one copy on two GPUs);
+    balance=host sends it to host memory; maxflow takes whichever of those
+    (or GPU 1's part whole) the measured links make fastest.  The counters
+    and the devices' use say which; every byte reads back and reaches the
+    backing directory."""
     gpus = util.gpus_or_fake(monkeypatch, 2)
     m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance=policy)
     wait_mapped(m)
@@ -117,24 +119,30 @@ def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch,
         f.flush()
         held.append(f)
     g = stats(m)["tiers"]["gpu"]
-    assert g["devices"][0]["used"] >= 60 * MiB and g["devices"][1]["used"] == 0, g
+    assert g["devices"][0]["used"] == 60 * MiB and g["devices"][1]["used"] == 0, g
     extra = os.path.join(m.mnt, "extra")
     data[extra] = randbytes(20 * MiB)
-    write_file(extra, data[extra])
+    with open(extra, "wb") as f:
+        f.truncate(20 * MiB)    # one placement of the whole size
+        f.write(data[extra])
     st = stats(m)
     g, bal = st["tiers"]["gpu"], st["tiers"]["gpu"]["balance"]
+    used = [x["used"] for x in g["devices"]]
     tier = os.getxattr(extra, "user.tierfs.tier").decode()
     assert bal["policy"] == policy, bal
     assert bal["links_measured"] and len(bal["links"]) == 2, bal
-    if policy == "greedy" or (policy == "maxflow" and bal["to_peer"]):
-        # placed whole in GPU 1's part, or grown there from a first part
-        assert bal["to_peer"] >= 1 and bal["to_peer_bytes"] >= MiB, bal
-        assert tier.startswith("gpu"), tier
-        assert g["devices"][1]["used"] >= 20 * MiB, g
+    what = (tier, used, bal)
+    if policy == "greedy" or (policy == "maxflow" and bal["split"]):
+        assert bal["to_peer"] == 1 and bal["split"] == 1 and bal["to_host"] == 0, what
+        assert bal["to_peer_bytes"] == 16 * MiB, what
+        assert tier.startswith("gpu") and used == [64 * MiB, 16 * MiB], what
+    elif policy == "maxflow" and bal["to_peer"]:
+        assert bal["to_peer_bytes"] == 20 * MiB and used == [60 * MiB, 20 * MiB], what
     else:
-        assert bal["to_host"] >= 1 and bal["to_peer"] == 0, bal
-        assert tier.startswith("host"), tier
-        assert g["devices"][1]["used"] == 0, g
+        assert bal["to_host"] >= 1 and bal["to_peer"] == 0, what
+        assert tier.startswith("host") and used == [60 * MiB, 0], what
+    for path, d in data.items():
+        assert_same(read_uncached(path), d, path)
     for f in held:
         f.close()
     for path, d in data.items():
@@ -142,6 +150,50 @@ def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch,
     m.umount()
     for path, d in data.items():
         assert_same(read_file(os.path.join(m.backing, os.path.basename(path))), d, path)
+
+
+def test_copies_across_the_boundary_under_pressure(mount, monkeypatch):
+    """Both GPUs write in turns into small parts (24 MiB each) while files
+    stay open, so that checkpoints split across the boundary, go whole to
+    the peer or to host memory, and are evicted, cascaded and overwritten
+    there: every file reads back byte-exact at each step and reaches the
+    backing directory."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    ids = [int(x) for x in gpus.split(":")]
+    m = mount(gpu=gpus, gpu_cache="24M", host_cache="32M", balance="greedy")
+    wait_mapped(m)
+    rng = util.rng_for(7)
+    data, held = {}, []
+    for i in range(24):
+        path = os.path.join(m.mnt, f"f{i}")
+        size = (1 + rng.randrange(7)) * MiB + rng.randrange(4096)
+        data[path] = randbytes(size, rng)
+        f = open(path, "wb")
+        os.setxattr(path, DEV, str(ids[i % 2]).encode())
+        f.truncate(size)
+        f.write(data[path])
+        if i % 3 == 0:
+            held.append(f)      # still being written: not evictable
+        else:
+            f.close()
+        if len(held) > 3:
+            held.pop(0).close()
+        if i % 5 == 4:          # overwrite an earlier one in place
+            victim = os.path.join(m.mnt, f"f{rng.randrange(i)}")
+            patch = randbytes(4096, rng)
+            with open(victim, "r+b") as v:
+                v.seek(8192)
+                v.write(patch)
+            data[victim] = data[victim][:8192] + patch + data[victim][8192 + 4096:]
+        for p, d in data.items():
+            assert_same(read_uncached(p), d, p)
+    bal = stats(m)["tiers"]["gpu"]["balance"]
+    assert bal["split"] >= 1, bal
+    for f in held:
+        f.close()
+    m.umount()
+    for p, d in data.items():
+        assert_same(read_file(os.path.join(m.backing, os.path.basename(p))), d, p)
 
 
 def test_restore_device_prefetches_into_that_gpu(mount, monkeypatch):

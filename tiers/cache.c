@@ -165,86 +165,121 @@ void cache_destroy(struct cache *c)
 }
 
 /*
+ * Turn [at, at + size) of gap g (which holds it; size a reservation size)
+ * into cp's fragment: the gap keeps what lies before and after it (split
+ * in two or three).  Sets cp->frag, cp->cache and cp->seq (next insertion
+ * number) and adds to c->used; the copy's other fields are the caller's.
+ * Returns 0, or -ENOMEM with nothing changed.
+ */
+static int place_at(struct cache *c, struct frag *g, uint64_t at, struct copy *cp,
+		    uint64_t size)
+{
+	struct frag *f, *before = NULL;
+
+	assert(!g->copy && at >= g->off && at + size <= g->off + g->size);
+	if (at > g->off) {	/* the gap's front stays a gap */
+		before = frag_new(g->off, at - g->off, NULL);
+		if (!before)
+			return -ENOMEM;
+	}
+	if (g->off + g->size == at + size) {
+		f = g;
+		f->off = at;
+		f->size = size;
+		c->ngaps--;
+	} else {
+		f = frag_new(at, size, cp);
+		if (!f) {
+			free(before);
+			return -ENOMEM;
+		}
+		if (g->prev) {
+			frag_link_after(g->prev, f);
+		} else {
+			f->next = g;
+			g->prev = f;
+			c->head = f;
+		}
+		c->nfrags++;
+		g->size -= at + size - g->off;
+		g->off = at + size;
+	}
+	if (before) {
+		if (f->prev) {
+			frag_link_after(f->prev, before);
+		} else {
+			before->next = f;
+			f->prev = before;
+			c->head = before;
+		}
+		c->nfrags++;
+		c->ngaps++;
+	}
+	f->copy = cp;
+	cp->frag = f;
+	cp->cache = c;
+	cp->seq = ++c->seq;
+	c->used += size;
+	return 0;
+}
+
+/*
  * Place cp in the first gap (in offset order) that can hold `size` bytes
  * (rounded up to TIER_ALIGN, at least one block) inside [lo, hi), which is
- * cut to c->usable.  The copy's fragment starts at the gap's start, or at
- * lo when the gap begins before lo (the gap is then split in two or three).
- * Sets cp->frag, cp->cache and cp->seq (next insertion number) and adds to
- * c->used; the copy's other fields are the caller's.  Returns 0, -ENOSPC
- * when no gap has room inside the range, or -ENOMEM; on error nothing
- * changes.
+ * cut to c->usable; with `top`, in the last such gap and at the top of the
+ * room it has inside the range (a GPU's part filled from its upper end).
+ * The copy's fragment starts at the gap's start, or at lo when the gap
+ * begins before lo (without top).  Returns 0, -ENOSPC when no gap has room
+ * inside the range, or -ENOMEM; on error nothing changes.
  */
 int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
-		   uint64_t lo, uint64_t hi)
+		   uint64_t lo, uint64_t hi, bool top)
 {
-	struct frag *g, *f, *before = NULL;
-	uint64_t at;
+	struct frag *g, *best = NULL;
+	uint64_t at = 0;
 
 	size = resv_size(size);
 	if (hi > c->usable)
 		hi = c->usable;
 	lo = tier_round(lo);
+	hi &= ~(uint64_t)(TIER_ALIGN - 1);
 	if (size == 0 || lo >= hi || size > hi - lo)
 		return -ENOSPC;
 	for (g = c->head; g && g->off < hi; g = g->next) {
+		uint64_t a, b;
+
 		if (g->copy || g->off + g->size <= lo)
 			continue;
-		at = g->off > lo ? g->off : lo;
-		if (g->off + g->size - at < size)
+		a = g->off > lo ? g->off : lo;
+		b = g->off + g->size < hi ? g->off + g->size : hi;
+		if (b - a < size)
 			continue;
-		if (at + size > hi)
-			break;		/* later gaps start even further up */
-		if (at > g->off) {	/* the gap's front below lo stays a gap */
-			before = frag_new(g->off, at - g->off, NULL);
-			if (!before)
-				return -ENOMEM;
-		}
-		if (g->size - (at - g->off) == size) {
-			f = g;
-			f->off = at;
-			f->size = size;
-			c->ngaps--;
-		} else {
-			f = frag_new(at, size, cp);
-			if (!f) {
-				free(before);
-				return -ENOMEM;
-			}
-			if (g->prev) {
-				frag_link_after(g->prev, f);
-			} else {
-				f->next = g;
-				g->prev = f;
-				c->head = f;
-			}
-			c->nfrags++;
-			g->size -= at + size - g->off;
-			g->off = at + size;
-		}
-		if (before) {
-			if (f->prev) {
-				frag_link_after(f->prev, before);
-			} else {
-				before->next = f;
-				f->prev = before;
-				c->head = before;
-			}
-			c->nfrags++;
-			c->ngaps++;
-		}
-		f->copy = cp;
-		cp->frag = f;
-		cp->cache = c;
-		cp->seq = ++c->seq;
-		c->used += size;
-		return 0;
+		best = g;
+		at = top ? b - size : a;
+		if (!top)
+			break;
 	}
+	if (!best)
+		return -ENOSPC;
+	return place_at(c, best, at, cp, size);
+}
+
+int cache_place_at(struct cache *c, struct copy *cp, uint64_t size, uint64_t at)
+{
+	struct frag *g;
+
+	size = resv_size(size);
+	if (size == 0 || at % TIER_ALIGN || at > c->usable || size > c->usable - at)
+		return -ENOSPC;
+	for (g = c->head; g && g->off <= at; g = g->next)
+		if (!g->copy && at + size <= g->off + g->size)
+			return place_at(c, g, at, cp, size);
 	return -ENOSPC;
 }
 
 int cache_place(struct cache *c, struct copy *cp, uint64_t size)
 {
-	return cache_place_in(c, cp, size, 0, c->usable);
+	return cache_place_in(c, cp, size, 0, c->usable, false);
 }
 
 /* The largest gap's bytes inside [lo, hi) (cut to c->usable). */

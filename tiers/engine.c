@@ -445,10 +445,10 @@ static size_t balance_json(struct engine *e, char *buf, size_t len)
 		return 0;
 #define PUT(...) (at += (size_t)snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__))
 	PUT(",\"balance\":{\"policy\":\"%s\",\"own\":%" PRIu64 ",\"to_peer\":%" PRIu64
-	    ",\"to_peer_bytes\":%" PRIu64 ",\"to_host\":%" PRIu64 ",\"to_host_bytes\":%"
+	    ",\"to_peer_bytes\":%" PRIu64 ",\"split\":%" PRIu64 ",\"to_host\":%" PRIu64 ",\"to_host_bytes\":%"
 	    PRIu64 ",\"links_measured\":%s,\"links\":[",
 	    balance_policy_name((enum balance_policy)e->cfg.balance), e->bal_own, e->bal_peer,
-	    e->bal_peer_bytes, e->bal_host, e->bal_host_bytes, l->probed ? "true" : "false");
+	    e->bal_peer_bytes, e->bal_split, e->bal_host, e->bal_host_bytes, l->probed ? "true" : "false");
 	for (unsigned i = 0; i < n && i < GPU_TIER_MAX_DEVICES; i++) {
 		PUT("%s{\"device_id\":%d,\"local\":%.0f,\"host\":%.0f,\"peer\":[", i ? "," : "",
 		    gpu_tier_part_device(e->gpu, i), l->local[i], l->host[i]);

@@ -111,6 +111,7 @@ struct engine {
 	/* a cache over several GPUs: copies placed in their GPU's part, in a
 	 * peer's part by the balance schedule, or sent to host memory */
 	uint64_t bal_own, bal_peer, bal_peer_bytes, bal_host, bal_host_bytes;
+	uint64_t bal_split;		/* of bal_peer, copies across a boundary */
 	uint64_t client_writes, client_reads, client_bytes;	/* spans */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;

@@ -139,8 +139,11 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr,
 	struct evict_cost k = { 0, 0 };
 	uint64_t done;
 
-	if (ctx->part_hi && (fr->off < ctx->part_lo || fr->off + fr->size > ctx->part_hi)) {
-		k.wait = TIER_INF;	/* outside the GPU's part being freed */
+	/* freeing one GPU's part: a gap must lie inside it, a copy at least
+	 * partly (one across the boundary with the next part goes too) */
+	if (ctx->part_hi && (cp ? fr->off + fr->size <= ctx->part_lo || fr->off >= ctx->part_hi :
+			     fr->off < ctx->part_lo || fr->off + fr->size > ctx->part_hi)) {
+		k.wait = TIER_INF;
 		return k;
 	}
 	if (!cp)
@@ -248,86 +251,173 @@ static unsigned copy_part(struct engine *e, struct copy *cp)
 	return p > 0 ? (unsigned)p : 0;
 }
 
+/* Part i's offsets in the GPU cache (gpu_tier_part_range). */
+static void part_range(struct engine *e, unsigned i, uint64_t *lo, uint64_t *hi)
+{
+	gpu_tier_part_range(e->gpu, i, lo, hi);
+}
+
+/* The gap holding byte `off` of the cache, or NULL (a copy, or past usable). */
+static struct frag *gap_at(struct cache *c, uint64_t off)
+{
+	struct frag *g;
+
+	if (off >= c->usable)
+		return NULL;
+	for (g = c->head; g && g->off <= off; g = g->next)
+		if (off < g->off + g->size)
+			return g->copy ? NULL : g;
+	return NULL;
+}
+
+/* A place for a copy: at offset `at` of the cache, or host memory (!gpu). */
+struct spot {
+	bool gpu;
+	uint64_t at;
+	unsigned peer;			/* the part its other bytes are in */
+	uint64_t local, remote;		/* its bytes in part d and in `peer` */
+	double time;			/* the model's blocking time */
+};
+
 /*
- * Where a copy of `size` bytes from part d goes when d has no room for it
- * (a copy is contiguous: whole, into one part): the index of a peer part
- * with a gap that holds it, or -1 for host memory.  greedy: the peer with
- * the fastest measured link from d among those with room (MASCOTS'21's
- * greedy for one checkpoint).  maxflow: the min-time plan of balance.h for
- * these bytes over the measured links (d's overflow split over the peers
- * with room and d's host link so that the last byte lands soonest); the
- * copy goes where that plan sends the most of it: to a peer over NVLink,
- * to host memory when the peers are behind slower links than the host's.
- * host: always -1.  e->lock held.
+ * The model's blocking time of a placement of GPU d's copy (balance.h:
+ * bytes / bandwidth per link, the slowest link's).  e->lock held.
  */
-static int balance_target(struct engine *e, unsigned d, uint64_t size)
+static double spot_time(struct engine *e, unsigned d, const struct spot *s, uint64_t size)
 {
 	const struct gpu_links *l = gpu_tier_links(e->gpu);
-	struct cache *c = e->tiers[0];
 	unsigned n = gpu_tier_ndevices(e->gpu);
-	uint64_t room[GPU_TIER_MAX_DEVICES];
 	struct balance_node node;
 	struct balance_plan plan;
-	int best = -1;
 
-	if (e->cfg.balance == BALANCE_HOST || !l->probed || n < 2 || n > GPU_TIER_MAX_DEVICES)
-		return -1;
-	for (unsigned j = 0; j < n; j++) {
-		uint64_t lo, hi;
-
-		gpu_tier_part_range(e->gpu, j, &lo, &hi);
-		room[j] = j == d ? 0 : cache_largest_gap_in(c, lo, hi);
-		if (room[j] < tier_round(size ? size : 1) || !(l->peer[d][j] > 0))
-			room[j] = 0;	/* only a whole copy's room counts */
-		if (room[j] && (best < 0 || l->peer[d][j] > l->peer[d][best] ||
-				(l->peer[d][j] == l->peer[d][best] && room[j] > room[best])))
-			best = (int)j;
-	}
-	if (best < 0 || e->cfg.balance == BALANCE_GREEDY)
-		return best;
 	memset(&node, 0, sizeof(node));
-	node.n = n;
+	memset(&plan, 0, sizeof(plan));
+	node.n = plan.n = n;
 	node.ckpt[d] = size;
 	node.host_free = BALANCE_HOST_UNLIMITED;
 	for (unsigned i = 0; i < n; i++) {
-		node.free[i] = room[i] < BALANCE_MAX_BYTES ? room[i] : BALANCE_MAX_BYTES;
+		node.free[i] = BALANCE_MAX_BYTES;
 		node.local_bw[i] = l->local[i] > 0 ? l->local[i] : 1e12;
 		node.host_link[i] = i;
 		node.host_bw[i] = l->host[i] > 0 ? l->host[i] : 1e9;
 		for (unsigned j = 0; j < n; j++)
 			node.peer_bw[i][j] = i != j && l->peer[i][j] > 0 ? l->peer[i][j] : 0;
 	}
-	if (balance_plan(&node, (enum balance_policy)e->cfg.balance, &plan))
-		return best;	/* no plan (cannot happen with room): greedy's choice */
-	best = -1;
-	for (unsigned j = 0; j < n; j++)
-		if (j != d && room[j] && plan.to_gpu[d][j] > plan.to_host[d] &&
-		    (best < 0 || plan.to_gpu[d][j] > plan.to_gpu[d][best]))
-			best = (int)j;
-	return best;
+	if (!s->gpu)
+		plan.to_host[d] = size;
+	else {
+		plan.to_gpu[d][d] = s->local;
+		plan.to_gpu[d][s->peer] += s->remote;
+	}
+	return balance_blocking_time(&node, &plan);
+}
+
+/*
+ * Where GPU d's copy of `size` bytes goes when d's part has no room for it
+ * whole (a copy is contiguous; the cache's parts are adjacent ranges of
+ * device addresses):
+ *   - split: across the boundary between d's part and its pair's (parts
+ *     0|1, 2|3, ...: even parts are filled from their low end and odd ones
+ *     from their high end, so the room of a pair gathers at its boundary):
+ *     what d's part has there, the rest in the neighbour's memory, one
+ *     copy whose bytes lie on two GPUs;
+ *   - whole in a peer's part with a gap that holds it;
+ *   - host memory (*s->gpu false).
+ * greedy (MASCOTS'21): its own room first, then the fastest peer with room,
+ * then host memory.  maxflow: of those placements the one of least blocking
+ * time under balance.h's model over the links measured at start-up (the
+ * byte-level min-time plan of balance_plan(), which may also send part of
+ * a checkpoint to host memory, is what a contiguous copy approximates).
+ * host: host memory.  e->lock held.
+ */
+static void balance_spot(struct engine *e, unsigned d, uint64_t size, struct spot *best)
+{
+	const struct gpu_links *l = gpu_tier_links(e->gpu);
+	struct cache *c = e->tiers[0];
+	unsigned n = gpu_tier_ndevices(e->gpu), p = d ^ 1;
+	struct spot cand;
+
+	size = tier_round(size ? size : 1);
+	memset(best, 0, sizeof(*best));
+	best->time = spot_time(e, d, best, size);	/* host memory */
+	if (e->cfg.balance == BALANCE_HOST || !l->probed || n < 2 || n > GPU_TIER_MAX_DEVICES)
+		return;
+	/* split with the pair's other part */
+	if (p < n && l->peer[d][p] > 0) {
+		uint64_t dlo, dhi, plo, phi, bnd, rd = 0, rp = 0;
+		struct frag *g;
+
+		part_range(e, d, &dlo, &dhi);
+		part_range(e, p, &plo, &phi);
+		bnd = d < p ? dhi : dlo;
+		g = bnd > 0 ? gap_at(c, bnd - 1) : NULL;
+		if (g && g == gap_at(c, bnd)) {		/* free on both sides */
+			uint64_t below = bnd - (g->off > (d < p ? dlo : plo) ? g->off : (d < p ? dlo : plo));
+			uint64_t top = d < p ? phi : dhi;
+			uint64_t above = (g->off + g->size < top ? g->off + g->size : top) - bnd;
+
+			rd = d < p ? below : above;
+			rp = d < p ? above : below;
+		}
+		if (rd && rd < size && rp >= size - rd) {
+			memset(&cand, 0, sizeof(cand));
+			cand.gpu = true;
+			cand.peer = p;
+			cand.local = rd;
+			cand.remote = size - rd;
+			cand.at = d < p ? bnd - rd : bnd + rd - size;
+			cand.time = spot_time(e, d, &cand, size);
+			if (e->cfg.balance == BALANCE_GREEDY || cand.time < best->time) {
+				*best = cand;
+				if (e->cfg.balance == BALANCE_GREEDY)
+					return;
+			}
+		}
+	}
+	/* whole in a peer's part: greedy the fastest link, maxflow the least time */
+	for (unsigned j = 0; j < n; j++) {
+		uint64_t lo, hi;
+
+		if (j == d || !(l->peer[d][j] > 0))
+			continue;
+		part_range(e, j, &lo, &hi);
+		if (cache_largest_gap_in(c, lo, hi) < size)
+			continue;
+		memset(&cand, 0, sizeof(cand));
+		cand.gpu = true;
+		cand.peer = j;
+		cand.remote = size;
+		cand.at = UINT64_MAX;		/* placed in the part by fit */
+		cand.time = spot_time(e, d, &cand, size);
+		if (e->cfg.balance == BALANCE_GREEDY ?
+		    (!best->gpu || l->peer[d][j] > l->peer[d][best->peer]) :
+		    cand.time < best->time)
+			*best = cand;
+	}
 }
 
 /*
  * Place cp (`size` bytes) in a GPU cache over several GPUs: in its GPU's
  * part (a gap, or copies there that are safe in host memory already and
- * are evicted at once), else where the balance schedule says: a peer's
- * part with room, or -ENOSPC, which sends the copy to host memory.  It
- * never waits for a flush: a GPU whose part is full of copies still to be
- * cascaded sends its checkpoint elsewhere instead of blocking on them
- * (sc22's load balancing).  e->lock held.
+ * are evicted at once), else where the balance schedule says: across the
+ * boundary with its pair's part, in a peer's part, or -ENOSPC, which sends
+ * the copy to host memory.  It never waits for a flush: a GPU whose part
+ * is full of copies still to be cascaded sends its checkpoint elsewhere
+ * instead of blocking on them (sc22's load balancing).  e->lock held.
  */
 static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			   uint64_t size, struct evict_ctx *ctx)
 {
 	unsigned d = copy_part(e, cp);
 	struct frag *first, *last, *fr;
+	struct spot s;
 	uint64_t lo, hi;
 	double wait;
-	int j;
+	bool top = d & 1;	/* odd parts fill from their high end */
 
-	gpu_tier_part_range(e->gpu, d, &lo, &hi);
+	part_range(e, d, &lo, &hi);
 	for (int round = 0; round < 8; round++) {
-		if (cache_place_in(c, cp, size, lo, hi) == 0) {
+		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {
 			e->bal_own++;
 			return 0;
 		}
@@ -358,16 +448,25 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 	}
 balance:
 	ctx->part_hi = 0;
-	j = balance_target(e, d, size);
-	if (j >= 0) {
-		gpu_tier_part_range(e->gpu, (unsigned)j, &lo, &hi);
-		if (cache_place_in(c, cp, size, lo, hi) == 0) {
+	if (!gpu_tier_fully_mapped(e->gpu))
+		return -ENOSPC;		/* the parts' room is not known yet */
+	balance_spot(e, d, size, &s);
+	if (s.gpu) {
+		uint64_t plo, phi;
+		int ret;
+
+		part_range(e, s.peer, &plo, &phi);
+		ret = s.at == UINT64_MAX ? cache_place_in(c, cp, size, plo, phi, s.peer & 1) :
+					   cache_place_at(c, cp, size, s.at);
+		if (ret == 0) {
 			e->bal_peer++;
-			e->bal_peer_bytes += size;
-			tlog(LOG_DEBUG, "gpu cache: a copy of %" PRIu64 " bytes for GPU %d "
-			     "placed on GPU %d (balance=%s)", size, gpu_tier_part_device(e->gpu, d),
-			     gpu_tier_part_device(e->gpu, (unsigned)j),
-			     balance_policy_name((enum balance_policy)e->cfg.balance));
+			e->bal_peer_bytes += s.remote;
+			e->bal_split += s.local > 0;
+			tlog(LOG_DEBUG, "gpu cache: a copy of %" PRIu64 " bytes for GPU %d: %" PRIu64
+			     " on it, %" PRIu64 " on GPU %d (balance=%s, model %.3f ms)", size,
+			     gpu_tier_part_device(e->gpu, d), s.local, s.remote,
+			     gpu_tier_part_device(e->gpu, s.peer),
+			     balance_policy_name((enum balance_policy)e->cfg.balance), s.time * 1e3);
 			return 0;
 		}
 	}

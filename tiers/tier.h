@@ -190,10 +190,15 @@ int cache_place(struct cache *c, struct copy *cp, uint64_t size);
 /*
  * The same inside [lo, hi) only (a GPU's part of a cache over several
  * GPUs): first fit of the whole copy inside the range, which may start in
- * the middle of a gap.  cache_place() is this over [0, usable).
+ * the middle of a gap; with `top`, last fit, at the top of the room the
+ * last gap with room has inside the range.  cache_place() is this over
+ * [0, usable) without top.
  */
 int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
-		   uint64_t lo, uint64_t hi);
+		   uint64_t lo, uint64_t hi, bool top);
+/* Place cp at offset `at` (TIER_ALIGN-aligned), which with `size` bytes
+ * must lie inside one gap below usable: 0, -ENOSPC, -ENOMEM. */
+int cache_place_at(struct cache *c, struct copy *cp, uint64_t size, uint64_t at);
 /* Bytes of the largest gap inside [lo, hi), in whole TIER_ALIGN blocks. */
 uint64_t cache_largest_gap_in(const struct cache *c, uint64_t lo, uint64_t hi);
 /* Turn cp's fragment into a gap (coalesced with neighbours). */

@@ -600,15 +600,38 @@ static void test_place_in(void)
 			uint64_t room = cache_largest_gap_in(&c, lo, hi);
 			int ret;
 
+			bool top = rnd_below(2);
+			uint64_t at = rnd_below(NB) * TIER_ALIGN;
+			bool free_at = at + size <= c.usable;
+
 			memset(&x, 0, sizeof(x));
-			ret = cache_place_in(&c, &x.cp, size, lo, hi);
+			ret = cache_place_in(&c, &x.cp, size, lo, hi, top);
 			ENSURE((ret == 0) == (room >= size), "placed iff a gap in the range has room");
 			ENSURE(cache_check(&c) == 0, "table after");
 			if (ret == 0) {
-				ENSURE(x.cp.frag->off >= lo && x.cp.frag->off + x.cp.frag->size <= hi &&
-				       x.cp.frag->off + x.cp.frag->size <= c.usable, "inside the range");
+				uint64_t end = x.cp.frag->off + x.cp.frag->size;
+				struct frag *nx = x.cp.frag->next;
+
+				ENSURE(x.cp.frag->off >= lo && end <= hi && end <= c.usable,
+				       "inside the range");
+				/* top: nothing with room above it in the range */
+				ENSURE(!top || end == hi || end == c.usable || !nx || nx->copy ||
+				       cache_largest_gap_in(&c, end, hi) < size, "top fit is the last");
 				cache_release(&c, &x.cp);
 				ENSURE(cache_check(&c) == 0, "table after release");
+			}
+			/* at a given offset: iff [at, at + size) is inside one gap */
+			for (struct frag *g = c.head; g && free_at; g = g->next)
+				if (g->copy && g->off < at + size && at < g->off + g->size)
+					free_at = false;
+			memset(&x, 0, sizeof(x));
+			ret = cache_place_at(&c, &x.cp, size, at);
+			ENSURE((ret == 0) == free_at, "placed at iff free there");
+			ENSURE(cache_check(&c) == 0, "table after place_at");
+			if (ret == 0) {
+				ENSURE(x.cp.frag->off == at && x.cp.frag->size == size, "placed at at");
+				cache_release(&c, &x.cp);
+				ENSURE(cache_check(&c) == 0, "table after its release");
 			}
 		}
 		for (i = 0; i < n; i++)
