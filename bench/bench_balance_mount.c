@@ -101,6 +101,8 @@ static void child(const char *mnt, int gpu, int ngpu, int rep, size_t ckpt, size
 		CK(cuCtxSetCurrent(c1));
 		CK(cuMemAlloc(&b1, ckpt));
 		CK(cuCtxSetCurrent(ctx));
+		if (cuCtxEnablePeerAccess(c1, 0) != CUDA_SUCCESS)	/* else staged via host */
+			fprintf(stderr, "bench_balance_mount: no peer access 0 -> 1\n");
 		CK(cuMemcpyPeer(b1, c1, scratch, ctx, ckpt));	/* warm-up */
 		CK(cuCtxSynchronize());
 		r.peer_s = now();

@@ -370,9 +370,12 @@ def test_gpus_line(mount, monkeypatch):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     first, second = gpus.split(":")
-    write_file(os.path.join(m.mnt, "a"), randbytes(20 * MiB))   # GPU 0's, the default
+    with open(os.path.join(m.mnt, "a"), "wb") as f:             # GPU 0's, the default
+        f.truncate(20 * MiB)                                    # one copy of its size
+        f.write(randbytes(20 * MiB))
     with open(os.path.join(m.mnt, "b"), "wb") as f:             # named for the second
         os.setxattr(f.name, "user.tierfs.restore_device", second.encode())
+        f.truncate(12 * MiB)
         f.write(randbytes(12 * MiB))
     r = run_tool(m.mnt)
     assert r.returncode == 0, r.stderr

@@ -80,39 +80,88 @@ static bool range_ok(struct gpu_tier *g, const char *what, uint64_t off,
 	return false;
 }
 
+/*
+ * Bytes from cache offset off to the end of the part (the GPU's memory)
+ * it lies in: copies are issued per part, because one copy whose range
+ * spans the memory of two GPUs runs at a fraction of either link's speed
+ * (measured on two H200: 1 GiB across GPU 0's and GPU 1's parts in one
+ * cuMemcpyDtoDAsync took 12.3 ms, the same bytes wholly on GPU 1 3.1 ms).
+ */
+static uint64_t part_left(struct gpu_tier *g, uint64_t off)
+{
+	unsigned n = gpu_vmm_ndevices(g->vmm);
+
+	for (unsigned i = 0; i < n; i++)
+		if (off < gpu_vmm_part_end(g->vmm, i))
+			return gpu_vmm_part_end(g->vmm, i) - off;
+	return UINT64_MAX;
+}
+
 static int gpu_tier_write(struct cache *c, uint64_t off, const void *src,
 			  size_t len)
 {
 	struct gpu_tier *g = tier_of(c);
+	int ret = 0;
 
-	if (!len)
-		return 0;
 	if (!range_ok(g, "write", off, len))
 		return -EFAULT;
-	return gpu_copy_htod(g->dbase + off, src, len);
+	for (size_t at = 0, n; !ret && at < len; at += n) {
+		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		ret = gpu_copy_htod(g->dbase + off + at, (const char *)src + at, n);
+	}
+	return ret;
 }
 
 static int gpu_tier_read(struct cache *c, uint64_t off, void *dst, size_t len)
 {
 	struct gpu_tier *g = tier_of(c);
+	int ret = 0;
 
-	if (!len)
-		return 0;
 	if (!range_ok(g, "read", off, len))
 		return -EFAULT;
-	return gpu_copy_dtoh(dst, g->dbase + off, len);
+	for (size_t at = 0, n; !ret && at < len; at += n) {
+		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		ret = gpu_copy_dtoh((char *)dst + at, g->dbase + off + at, n);
+	}
+	return ret;
 }
 
 static int gpu_tier_move(struct cache *c, uint64_t dst, uint64_t src,
 			 size_t len)
 {
 	struct gpu_tier *g = tier_of(c);
+	int ret = 0;
 
 	if (!len || dst == src)
 		return 0;
 	if (!range_ok(g, "move", dst, len) || !range_ok(g, "move", src, len))
 		return -EFAULT;
-	return gpu_copy_dtod(g->dbase + dst, g->dbase + src, len);
+	if (dst < src + len && src < dst + len)	/* overlapping: memmove order */
+		return gpu_copy_dtod(g->dbase + dst, g->dbase + src, len);
+	for (size_t at = 0, n; !ret && at < len; at += n) {
+		n = len - at;
+		if (n > part_left(g, dst + at))
+			n = part_left(g, dst + at);
+		if (n > part_left(g, src + at))
+			n = part_left(g, src + at);
+		ret = gpu_copy_dtod(g->dbase + dst + at, g->dbase + src + at, n);
+	}
+	return ret;
+}
+
+int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
+		      uint64_t len, bool into_cache)
+{
+	int ret = 0;
+
+	if (!range_ok(g, into_cache ? "device write" : "device read", off, len))
+		return -EFAULT;
+	for (uint64_t at = 0, n; !ret && at < len; at += n) {
+		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		ret = into_cache ? gpu_copy_dtod_on(dev, g->dbase + off + at, dptr + at, n) :
+				   gpu_copy_dtod_on(dev, dptr + at, g->dbase + off + at, n);
+	}
+	return ret;
 }
 
 /* Chunk hashes on the GPU (gpu_hash_chunks: canonical, big-endian high

@@ -127,6 +127,15 @@ void gpu_tier_part_range(struct gpu_tier *g, unsigned i, uint64_t *lo, uint64_t 
 int gpu_tier_part_device(struct gpu_tier *g, unsigned i);
 
 /*
+ * Copy len bytes between cache offset off and device address dptr (an
+ * application's buffer; into the cache when into_cache), issued on device
+ * dev (gpu_copy_dtod_on; -1: the first), one copy per part the range
+ * touches.  0 or -errno (-EFAULT outside what is mapped).
+ */
+int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
+		      uint64_t len, bool into_cache);
+
+/*
  * The links between the parts' devices in bytes/s, measured when the tier
  * was created over several GPUs (the input of -o balance): local[i] a copy
  * inside device i, peer[i][j] from device i to device j, host[i] from

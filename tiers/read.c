@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine_int.h"
+#include "gpu_tier.h"
 #include "gpu.h"
 
 /*
@@ -85,8 +86,8 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_
 		if (c->host_addressable)
 			ret = gpu_copy_htod(dptr, copy_ptr(cp) + off, len);
 		else
-			ret = gpu_copy_dtod_on(dev, dptr, (uint64_t)(uintptr_t)(c->base +
-						cp->frag->off + (uint64_t)off), len);
+			ret = gpu_tier_copy_dev(e->gpu, dev, cp->frag->off + (uint64_t)off,
+						dptr, len, false);
 		lease_end(e, &l);
 		ret = ret ? ret : (ssize_t)len;
 		goto out;

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine_int.h"
+#include "gpu_tier.h"
 #include "gpu.h"
 
 static void touch_mtime(struct tfile *f)
@@ -498,8 +499,7 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 		return c->ops->write(c, cp->frag->off + off, buf, len);
 	if (c->host_addressable)
 		return gpu_copy_dtoh(copy_ptr(cp) + off, dptr, len);
-	return gpu_copy_dtod_on(dev, (uint64_t)(uintptr_t)(c->base + cp->frag->off + off),
-				dptr, len);
+	return gpu_tier_copy_dev(cp->file->eng->gpu, dev, cp->frag->off + off, dptr, len, true);
 }
 
 static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev,
