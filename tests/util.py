@@ -246,7 +246,9 @@ class Mount:
         the GPU cache mapped so far).  Tests that use the GPU tier wait until
         it is fully mapped, or for the daemon's word that there is none.
         A test that wants the moment before asks with wait_gpu=False."""
-        if not str(self.options.get("gpu", "none")).isdigit() or not self.wait_gpu:
+        spec = str(self.options.get("gpu", "none"))
+        is_gpu = spec == "all" or (spec and all(x.isdigit() for x in spec.split(":")))
+        if not is_gpu or not self.wait_gpu:     # "1", "0:1", "all"
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
