@@ -382,5 +382,9 @@ def test_gpus_line(mount, monkeypatch):
     line = line_starting(r.stdout, "gpus")
     assert re.search(rf"GPU {first}: 20\.0 MiB of 32\.0 MiB \(62\.5%\), "
                      rf"GPU {second}: 12\.0 MiB of 32\.0 MiB \(37\.5%\)", line), line
+    line = line_starting(r.stdout, "balance")
+    assert re.search(r"balance   maxflow: 2 in their GPU, 0 to peers \(0 across two GPUs, "
+                     r"0 B on the peer\), 0 to host memory \(0 B\)", line), line
     ts = load_tool()
-    assert "gpus" not in ts.render("/m", {"tiers": {"gpu": {"capacity": 1}}})
+    out = ts.render("/m", {"tiers": {"gpu": {"capacity": 1}}})
+    assert "gpus" not in out and "balance" not in out

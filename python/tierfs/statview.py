@@ -259,6 +259,18 @@ def gpus_line(stats):
     return "gpus      " + ", ".join(parts) if parts else None
 
 
+def balance_line(stats):
+    """With several GPUs: where checkpoints went (-o balance)."""
+    b = sub(sub(stats, "tiers"), "gpu").get("balance")
+    if not isinstance(b, dict):
+        return None
+    return ("balance   {}: {} in their GPU, {} to peers ({} across two GPUs, {} on the peer), "
+            "{} to host memory ({})".format(
+                b.get("policy", "?"), num(b.get("own")) or 0, num(b.get("to_peer")) or 0,
+                num(b.get("split")) or 0, human(b.get("to_peer_bytes")),
+                num(b.get("to_host")) or 0, human(b.get("to_host_bytes"))))
+
+
 def prefetch_line(stats):
     p = sub(stats, "prefetch")
     if not p:
@@ -323,6 +335,8 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
         lines.append("(no cache tiers reported)")
     if gpus_line(stats):
         lines.append(gpus_line(stats))
+    if balance_line(stats):
+        lines.append(balance_line(stats))
     lines += ["", ssd_line(stats), dedup_line(stats)]
     if persist_line(stats):
         lines.append(persist_line(stats))
