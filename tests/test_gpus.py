@@ -196,6 +196,45 @@ def test_copies_across_the_boundary_under_pressure(mount, monkeypatch):
         assert_same(read_file(os.path.join(m.backing, os.path.basename(p))), d, p)
 
 
+def test_eviction_follows_the_restore_order_across_gpus(mount, monkeypatch):
+    """Checkpoints for GPU 0, needed back in reverse order (restore_order set
+    first), twice as many as the two 32 MiB parts hold: when GPU 0's part is
+    full, the copies needed last go wherever they are, on GPU 1 too, so the
+    GPU tier ends holding the files needed first (the newest), over both
+    GPUs, and not older ones that overflowed into GPU 1's part early."""
+    import time
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    m = mount(gpu=gpus, gpu_cache="32M", host_cache="48M")
+    wait_mapped(m)
+    d = os.path.join(m.mnt, "ck")
+    os.mkdir(d)
+    os.setxattr(d, "user.tierfs.prefetch", b"stop")
+    k = stats(m)["tiers"]["gpu"]["capacity"] // (8 * MiB)     # 8 files fit
+    n = 2 * k
+    names = [f"c{i:02d}" for i in range(n)]
+    os.setxattr(d, "user.tierfs.restore_order",
+                "".join(x + "\n" for x in reversed(names)).encode())
+    data = [randbytes(8 * MiB) for _ in range(n)]
+    for x, b in zip(names, data):
+        with open(os.path.join(d, x), "wb") as f:
+            f.truncate(len(b))
+            f.write(b)
+        end = time.monotonic() + 30         # each safe on the SSD before the next
+        while True:
+            ssd = stats(m)["ssd"]
+            if ssd["flush_backlog"] == 0 and not ssd["flushes_running"]:
+                break
+            assert time.monotonic() < end, ssd
+            time.sleep(0.01)
+    tiers = {x: os.getxattr(os.path.join(d, x), "user.tierfs.tier").decode() for x in names}
+    gpu = [x for x in names if "gpu" in tiers[x]]
+    g = stats(m)["tiers"]["gpu"]
+    assert g["devices"][1]["used"] > 0, g
+    assert len(gpu) >= k - 1 and set(gpu) <= set(names[n - k - 1:]), (gpu, tiers)
+    for x, b in zip(names, data):
+        assert_same(read_uncached(os.path.join(d, x)), b, x)
+
+
 def test_restore_device_prefetches_into_that_gpu(mount, monkeypatch):
     """A checkpoint written for GPU 0, dropped from the caches, then named
     for GPU 1 (restore_device) and hinted: the prefetcher brings it into

@@ -397,23 +397,96 @@ static void balance_spot(struct engine *e, unsigned d, uint64_t size, struct spo
 }
 
 /*
+ * Can the window [first, last] be evicted now (no copy in it pinned or not
+ * yet safe elsewhere)?  *need: the soonest restore-queue distance of its
+ * copies (TIER_FAR: none hinted).
+ */
+static bool window_ready(struct engine *e, struct frag *first, struct frag *last,
+			 uint64_t *need)
+{
+	*need = TIER_FAR;
+	for (struct frag *fr = first;; fr = fr->next) {
+		if (fr->copy) {
+			uint64_t dist = eng_copy_dist(e, fr->copy);
+
+			if (fr->copy->pins || !tier_state_evictable(fr->copy->state))
+				return false;
+			if (dist < *need)
+				*need = dist;
+		}
+		if (fr == last)
+			return true;
+	}
+}
+
+/* Evict the window [first, last] (window_ready() said yes); the gap. */
+static struct frag *evict_now(struct engine *e, struct cache *c, struct frag *first,
+			      struct frag *last)
+{
+	for (struct frag *fr = first;; fr = fr->next) {
+		if (fr->copy) {
+			c->evictions++;
+			c->evicted_bytes += fr->size;
+			if (eng_copy_dist(e, fr->copy) != TIER_FAR)
+				c->evicted_queued++;
+		}
+		if (fr == last)
+			break;
+	}
+	return cache_evict_window(c, first, last, eng_copy_evicted);
+}
+
+/*
+ * Evict the window [first, last] and place cp in the gap it leaves (a peer's
+ * part, or across parts): counted as sent to a peer.  0 or -ENOSPC.
+ */
+static int place_evicting(struct engine *e, struct cache *c, struct copy *cp, uint64_t size,
+			  unsigned d, struct frag *first, struct frag *last)
+{
+	struct frag *gap = evict_now(e, c, first, last);
+	uint64_t lo, hi;
+
+	if (cache_place_in(c, cp, size, gap->off, gap->off + gap->size, false))
+		return -ENOSPC;
+	part_range(e, d, &lo, &hi);
+	if (cp->frag->off >= lo && cp->frag->off + cp->frag->size <= hi) {
+		e->bal_own++;	/* the window was in its own GPU's part */
+		return 0;
+	}
+	e->bal_peer++;
+	e->bal_peer_bytes += size;
+	tlog(LOG_DEBUG, "gpu cache: a copy of %" PRIu64 " bytes for GPU %d placed where "
+	     "evictable copies were (offset %" PRIu64 ")", size, gpu_tier_part_device(e->gpu, d),
+	     cp->frag->off);
+	return 0;
+}
+
+/*
  * Place cp (`size` bytes) in a GPU cache over several GPUs: in its GPU's
- * part (a gap, or copies there that are safe in host memory already and
- * are evicted at once), else where the balance schedule says: across the
- * boundary with its pair's part, in a peer's part, or -ENOSPC, which sends
- * the copy to host memory.  It never waits for a flush: a GPU whose part
- * is full of copies still to be cascaded sends its checkpoint elsewhere
- * instead of blocking on them (sc22's load balancing).  e->lock held.
+ * part (a gap, or copies that are safe in host memory already, evicted at
+ * once), else where the balance schedule says: across the boundary with
+ * its pair's part, in a peer's part, or -ENOSPC, which sends the copy to
+ * host memory.  It never waits for a flush: a GPU whose part is full of
+ * copies still to be cascaded sends its checkpoint elsewhere instead of
+ * blocking on them (sc22's load balancing).
+ *
+ * Eviction follows the restore order across the GPUs: when the policy's
+ * best window over the whole cache holds copies needed later than the
+ * best window in the GPU's own part (its soonest restore-queue distance is
+ * larger), that window goes and the copy is placed there, on a peer if
+ * that is where it is; without hints, or at equal need, the own part's
+ * (the checkpoint stays on its GPU).  e->lock held.
  */
 static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			   uint64_t size, struct evict_ctx *ctx)
 {
 	unsigned d = copy_part(e, cp);
-	struct frag *first, *last, *fr;
+	struct frag *first, *last, *gfirst, *glast;
 	struct spot s;
-	uint64_t lo, hi;
+	uint64_t lo, hi, need, gneed;
 	double wait;
 	bool top = d & 1;	/* odd parts fill from their high end */
+	bool own, glob;
 
 	part_range(e, d, &lo, &hi);
 	for (int round = 0; round < 8; round++) {
@@ -422,34 +495,23 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			return 0;
 		}
 		if (!gpu_tier_fully_mapped(e->gpu))
-			break;
+			return -ENOSPC;		/* the parts' room is not known yet */
+		ctx->gpu_keeps = 0;
 		ctx->part_lo = lo;
 		ctx->part_hi = hi;
-		ctx->gpu_keeps = 0;
-		if (c->policy->choose(c, size, copy_cost, ctx, &first, &last, &wait))
-			break;
-		for (fr = first;; fr = fr->next) {
-			if (fr->copy && (fr->copy->pins || !tier_state_evictable(fr->copy->state)))
-				goto balance;	/* would wait: not on a GPU's checkpoint path */
-			if (fr == last)
-				break;
-		}
-		for (fr = first;; fr = fr->next) {
-			if (fr->copy) {
-				c->evictions++;
-				c->evicted_bytes += fr->size;
-				if (eng_copy_dist(e, fr->copy) != TIER_FAR)
-					c->evicted_queued++;
-			}
-			if (fr == last)
-				break;
-		}
-		cache_evict_window(c, first, last, eng_copy_evicted);
+		own = c->policy->choose(c, size, copy_cost, ctx, &first, &last, &wait) == 0 &&
+		      window_ready(e, first, last, &need);
+		ctx->part_hi = 0;
+		glob = e->cfg.balance != BALANCE_HOST &&
+		       c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
+		       window_ready(e, gfirst, glast, &gneed);
+		if (!own)
+			break;		/* would wait: not on a GPU's checkpoint path */
+		if (glob && gneed > need)
+			return place_evicting(e, c, cp, size, d, gfirst, glast);
+		evict_now(e, c, first, last);
 	}
-balance:
-	ctx->part_hi = 0;
-	if (!gpu_tier_fully_mapped(e->gpu))
-		return -ENOSPC;		/* the parts' room is not known yet */
+	/* no room on the GPU without waiting: free room elsewhere first */
 	balance_spot(e, d, size, &s);
 	if (s.gpu) {
 		uint64_t plo, phi;
@@ -469,6 +531,14 @@ balance:
 			     balance_policy_name((enum balance_policy)e->cfg.balance), s.time * 1e3);
 			return 0;
 		}
+	}
+	/* then copies a peer holds that are safe in host memory already */
+	if (e->cfg.balance != BALANCE_HOST && gpu_tier_fully_mapped(e->gpu)) {
+		ctx->part_hi = 0;
+		if (c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
+		    window_ready(e, gfirst, glast, &gneed) &&
+		    place_evicting(e, c, cp, size, d, gfirst, glast) == 0)
+			return 0;
 	}
 	e->bal_host++;
 	e->bal_host_bytes += size;
