@@ -152,6 +152,41 @@ def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch,
         assert_same(read_file(os.path.join(m.backing, os.path.basename(path))), d, path)
 
 
+def test_maxflow_sends_to_host_memory_when_its_links_are_faster(mount, monkeypatch):
+    """Device copies slower than host copies (the fake's
+    TIERFS_FAKE_CUDA_DTOD_GBPS; as under a sanitizer): with GPU 0's part
+    full of open files, maxflow sends the next checkpoint to host memory,
+    neither across the boundary nor to GPU 1 by evicting or filling its
+    part, and the links it measured say why."""
+    if os.environ.get("TIERFS_GPUS") or util.GPU:
+        pytest.skip("needs the fake devices")
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    monkeypatch.setenv("TIERFS_FAKE_CUDA_DTOD_GBPS", "0.5")
+    m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance="maxflow")
+    wait_mapped(m)
+    held = []
+    for i in range(3):
+        f = open(os.path.join(m.mnt, f"open{i}"), "wb")
+        f.truncate(20 * MiB)
+        f.write(b"o" * (20 * MiB))
+        f.flush()
+        held.append(f)
+    extra = os.path.join(m.mnt, "extra")
+    d = randbytes(20 * MiB)
+    with open(extra, "wb") as f:
+        f.truncate(len(d))
+        f.write(d)
+    g = stats(m)["tiers"]["gpu"]
+    bal, link = g["balance"], g["balance"]["links"][0]
+    assert link["host"] > link["peer"][1], link
+    assert bal["to_host"] >= 1 and bal["to_peer"] == 0 and bal["split"] == 0, bal
+    assert os.getxattr(extra, "user.tierfs.tier").decode().startswith("host")
+    assert [x["used"] for x in g["devices"]] == [60 * MiB, 0], g
+    assert_same(read_uncached(extra), d, "extra")
+    for f in held:
+        f.close()
+
+
 def test_copies_across_the_boundary_under_pressure(mount, monkeypatch):
     """Both GPUs write in turns into small parts (24 MiB each) while files
     stay open, so that checkpoints split across the boundary, go whole to

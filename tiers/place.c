@@ -399,11 +399,14 @@ static void balance_spot(struct engine *e, unsigned d, uint64_t size, struct spo
 /*
  * Can the window [first, last] be evicted now (no copy in it pinned or not
  * yet safe elsewhere)?  *need: the soonest restore-queue distance of its
- * copies (TIER_FAR: none hinted).
+ * copies (TIER_FAR: none hinted).  With `copies`, a window of gaps alone
+ * does not count (free room is the balance policy's to judge).
  */
 static bool window_ready(struct engine *e, struct frag *first, struct frag *last,
-			 uint64_t *need)
+			 uint64_t *need, bool copies)
 {
+	bool any = false;
+
 	*need = TIER_FAR;
 	for (struct frag *fr = first;; fr = fr->next) {
 		if (fr->copy) {
@@ -413,9 +416,10 @@ static bool window_ready(struct engine *e, struct frag *first, struct frag *last
 				return false;
 			if (dist < *need)
 				*need = dist;
+			any = true;
 		}
 		if (fr == last)
-			return true;
+			return any || !copies;
 	}
 }
 
@@ -500,11 +504,11 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 		ctx->part_lo = lo;
 		ctx->part_hi = hi;
 		own = c->policy->choose(c, size, copy_cost, ctx, &first, &last, &wait) == 0 &&
-		      window_ready(e, first, last, &need);
+		      window_ready(e, first, last, &need, false);
 		ctx->part_hi = 0;
 		glob = e->cfg.balance != BALANCE_HOST &&
 		       c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
-		       window_ready(e, gfirst, glast, &gneed);
+		       window_ready(e, gfirst, glast, &gneed, true);
 		if (!own)
 			break;		/* would wait: not on a GPU's checkpoint path */
 		if (glob && gneed > need)
@@ -532,13 +536,34 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			return 0;
 		}
 	}
-	/* then copies a peer holds that are safe in host memory already */
-	if (e->cfg.balance != BALANCE_HOST && gpu_tier_fully_mapped(e->gpu)) {
+	/*
+	 * No free room on a GPU that beats host memory: then copies a peer
+	 * holds that are safe in host memory already, if the policy would send
+	 * the checkpoint to that peer (greedy: always; maxflow: when the
+	 * model's time over the link to it beats host memory's).
+	 */
+	if (e->cfg.balance != BALANCE_HOST && !s.gpu) {
 		ctx->part_hi = 0;
 		if (c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
-		    window_ready(e, gfirst, glast, &gneed) &&
-		    place_evicting(e, c, cp, size, d, gfirst, glast) == 0)
-			return 0;
+		    window_ready(e, gfirst, glast, &gneed, true)) {
+			struct spot w = { .gpu = true, .remote = tier_round(size ? size : 1) };
+
+			for (unsigned j = 0; j < gpu_tier_ndevices(e->gpu); j++) {
+				uint64_t plo, phi;
+
+				part_range(e, j, &plo, &phi);
+				if (gfirst->off >= plo && gfirst->off < phi)
+					w.peer = j;
+			}
+			if (w.peer == d) {
+				w.local = w.remote;
+				w.remote = 0;
+			}
+			if ((e->cfg.balance == BALANCE_GREEDY ||
+			     spot_time(e, d, &w, w.local + w.remote) < s.time) &&
+			    place_evicting(e, c, cp, size, d, gfirst, glast) == 0)
+				return 0;
+		}
 	}
 	e->bal_host++;
 	e->bal_host_bytes += size;

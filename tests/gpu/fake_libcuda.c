@@ -17,6 +17,8 @@
  * is no GPU, util.gpu_or_fake): then the environment sets the machine:
  *   TIERFS_FAKE_CUDA_DEVICES=N   N devices (default 1), all alike
  *   TIERFS_FAKE_CUDA_NO_PEER=1   no device can access another's memory
+ *   TIERFS_FAKE_CUDA_DTOD_GBPS=X device-to-device copies take at least
+ *                                bytes / X GB/s (slower links than host's)
  * cuMemCreate refuses a location that is not a device, and cuMemSetAccess
  * a descriptor of a device that does not exist, as the driver does.
  */
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <cuda.h>
 #include <xxhash.h>
@@ -279,7 +282,15 @@ CUresult cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st)
 CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n,
 			   CUstream st)
 {
+	const char *gbps = getenv("TIERFS_FAKE_CUDA_DTOD_GBPS");
+
 	memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+	if (gbps && atof(gbps) > 0) {	/* device copies this slow (GB/s) */
+		double sec = (double)n / (atof(gbps) * 1e9);
+		struct timespec ts = { (time_t)sec, (long)((sec - (time_t)sec) * 1e9) };
+
+		nanosleep(&ts, NULL);
+	}
 	return CUDA_SUCCESS;
 }
 
