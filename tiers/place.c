@@ -466,57 +466,54 @@ static int place_evicting(struct engine *e, struct cache *c, struct copy *cp, ui
 }
 
 /*
- * Place cp (`size` bytes) in a GPU cache over several GPUs: in its GPU's
- * part (a gap, or copies that are safe in host memory already, evicted at
- * once), else where the balance schedule says: across the boundary with
- * its pair's part, in a peer's part, or -ENOSPC, which sends the copy to
- * host memory.  It never waits for a flush: a GPU whose part is full of
- * copies still to be cascaded sends its checkpoint elsewhere instead of
- * blocking on them (sc22's load balancing).
- *
- * Eviction follows the restore order across the GPUs: when the policy's
- * best window over the whole cache holds copies needed later than the
- * best window in the GPU's own part (its soonest restore-queue distance is
- * larger), that window goes and the copy is placed there, on a peer if
- * that is where it is; without hints, or at equal need, the own part's
- * (the checkpoint stays on its GPU).  e->lock held.
+ * Place cp (`size` bytes) in a GPU cache over several GPUs.  In order:
+ *   1. a gap in its GPU's part;
+ *   2. copies in that part that no restore hint needs and that are safe in
+ *      host memory already, evicted at once;
+ *   3. free room elsewhere, where the balance policy says: across the
+ *      boundary with its pair's part, in a peer's part, or host memory;
+ *   4. copies elsewhere needed later in the restore order than those of
+ *      step 5's window (or, without such a window, any safe copies of a
+ *      peer the policy would send the checkpoint to), evicted at once, the
+ *      checkpoint in their place;
+ *   5. copies in its own part that are safe already but hinted;
+ *   6. -ENOSPC: host memory.
+ * It never waits for a flush: a GPU whose part is full of copies still to
+ * be cascaded sends its checkpoint elsewhere instead of blocking on them
+ * (sc22's load balancing).  So without hints a checkpoint stays on its GPU
+ * while its part holds anything evictable, and with hints the copies
+ * needed last go first, whichever GPU holds them.  e->lock held.
  */
 static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			   uint64_t size, struct evict_ctx *ctx)
 {
 	unsigned d = copy_part(e, cp);
-	struct frag *first, *last, *gfirst, *glast;
+	struct frag *first = NULL, *last = NULL, *gfirst, *glast;
 	struct spot s;
-	uint64_t lo, hi, need, gneed;
+	uint64_t lo, hi, need = TIER_FAR, gneed;
 	double wait;
 	bool top = d & 1;	/* odd parts fill from their high end */
-	bool own, glob;
+	bool own = false;
 
 	part_range(e, d, &lo, &hi);
+	ctx->gpu_keeps = 0;
 	for (int round = 0; round < 8; round++) {
-		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {
+		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {		/* 1 */
 			e->bal_own++;
 			return 0;
 		}
 		if (!gpu_tier_fully_mapped(e->gpu))
 			return -ENOSPC;		/* the parts' room is not known yet */
-		ctx->gpu_keeps = 0;
 		ctx->part_lo = lo;
 		ctx->part_hi = hi;
 		own = c->policy->choose(c, size, copy_cost, ctx, &first, &last, &wait) == 0 &&
 		      window_ready(e, first, last, &need, false);
 		ctx->part_hi = 0;
-		glob = e->cfg.balance != BALANCE_HOST &&
-		       c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
-		       window_ready(e, gfirst, glast, &gneed, true);
-		if (!own)
-			break;		/* would wait: not on a GPU's checkpoint path */
-		if (glob && gneed > need)
-			return place_evicting(e, c, cp, size, d, gfirst, glast);
-		evict_now(e, c, first, last);
+		if (!own || need != TIER_FAR)
+			break;
+		evict_now(e, c, first, last);					/* 2 */
 	}
-	/* no room on the GPU without waiting: free room elsewhere first */
-	balance_spot(e, d, size, &s);
+	balance_spot(e, d, size, &s);						/* 3 */
 	if (s.gpu) {
 		uint64_t plo, phi;
 		int ret;
@@ -536,16 +533,14 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			return 0;
 		}
 	}
-	/*
-	 * No free room on a GPU that beats host memory: then copies a peer
-	 * holds that are safe in host memory already, if the policy would send
-	 * the checkpoint to that peer (greedy: always; maxflow: when the
-	 * model's time over the link to it beats host memory's).
-	 */
-	if (e->cfg.balance != BALANCE_HOST && !s.gpu) {
-		ctx->part_hi = 0;
-		if (c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
-		    window_ready(e, gfirst, glast, &gneed, true)) {
+	if (e->cfg.balance != BALANCE_HOST &&					/* 4 */
+	    c->policy->choose(c, size, copy_cost, ctx, &gfirst, &glast, &wait) == 0 &&
+	    window_ready(e, gfirst, glast, &gneed, true)) {
+		bool go;
+
+		if (own) {
+			go = gneed > need;
+		} else {
 			struct spot w = { .gpu = true, .remote = tier_round(size ? size : 1) };
 
 			for (unsigned j = 0; j < gpu_tier_ndevices(e->gpu); j++) {
@@ -559,13 +554,20 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 				w.local = w.remote;
 				w.remote = 0;
 			}
-			if ((e->cfg.balance == BALANCE_GREEDY ||
-			     spot_time(e, d, &w, w.local + w.remote) < s.time) &&
-			    place_evicting(e, c, cp, size, d, gfirst, glast) == 0)
-				return 0;
+			go = e->cfg.balance == BALANCE_GREEDY ||
+			     spot_time(e, d, &w, w.local + w.remote) < s.time;
+		}
+		if (go && place_evicting(e, c, cp, size, d, gfirst, glast) == 0)
+			return 0;
+	}
+	if (own) {								/* 5 */
+		evict_now(e, c, first, last);
+		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {
+			e->bal_own++;
+			return 0;
 		}
 	}
-	e->bal_host++;
+	e->bal_host++;								/* 6 */
 	e->bal_host_bytes += size;
 	return -ENOSPC;
 }
