@@ -56,6 +56,19 @@ static void frag_link_after(struct frag *f, struct frag *n)
 	f->next = n;
 }
 
+/* Link n into c's list just before f (n becomes the head if f was). */
+static void frag_link_before(struct cache *c, struct frag *f, struct frag *n)
+{
+	if (f->prev) {
+		frag_link_after(f->prev, n);
+	} else {
+		n->next = f;
+		n->prev = NULL;
+		f->prev = n;
+		c->head = n;
+	}
+}
+
 /* Take f out of c's list and free it. */
 static void frag_unlink(struct cache *c, struct frag *f)
 {
@@ -193,25 +206,13 @@ static int place_at(struct cache *c, struct frag *g, uint64_t at, struct copy *c
 			free(before);
 			return -ENOMEM;
 		}
-		if (g->prev) {
-			frag_link_after(g->prev, f);
-		} else {
-			f->next = g;
-			g->prev = f;
-			c->head = f;
-		}
+		frag_link_before(c, g, f);
 		c->nfrags++;
 		g->size -= at + size - g->off;
 		g->off = at + size;
 	}
 	if (before) {
-		if (f->prev) {
-			frag_link_after(f->prev, before);
-		} else {
-			before->next = f;
-			f->prev = before;
-			c->head = before;
-		}
+		frag_link_before(c, f, before);
 		c->nfrags++;
 		c->ngaps++;
 	}
