@@ -225,6 +225,19 @@ static int place_at(struct cache *c, struct frag *g, uint64_t at, struct copy *c
 }
 
 /*
+ * The part of gap g inside [lo, hi): true with it in [*a, *b), false when
+ * g is a copy or lies outside the range.
+ */
+static bool gap_clip(const struct frag *g, uint64_t lo, uint64_t hi, uint64_t *a, uint64_t *b)
+{
+	if (g->copy)
+		return false;
+	*a = g->off > lo ? g->off : lo;
+	*b = g->off + g->size < hi ? g->off + g->size : hi;
+	return *a < *b;
+}
+
+/*
  * Place cp in the first gap (in offset order) that can hold `size` bytes
  * (rounded up to TIER_ALIGN, at least one block) inside [lo, hi), which is
  * cut to c->usable; with `top`, in the last such gap and at the top of the
@@ -249,11 +262,7 @@ int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
 	for (g = c->head; g && g->off < hi; g = g->next) {
 		uint64_t a, b;
 
-		if (g->copy || g->off + g->size <= lo)
-			continue;
-		a = g->off > lo ? g->off : lo;
-		b = g->off + g->size < hi ? g->off + g->size : hi;
-		if (b - a < size)
+		if (!gap_clip(g, lo, hi, &a, &b) || b - a < size)
 			continue;
 		best = g;
 		at = top ? b - size : a;
@@ -294,11 +303,7 @@ uint64_t cache_largest_gap_in(const struct cache *c, uint64_t lo, uint64_t hi)
 	for (g = c->head; g && g->off < hi; g = g->next) {
 		uint64_t a, b;
 
-		if (g->copy || g->off + g->size <= lo)
-			continue;
-		a = g->off > lo ? g->off : lo;
-		b = g->off + g->size < hi ? g->off + g->size : hi;
-		if (b > a && b - a > best)
+		if (gap_clip(g, lo, hi, &a, &b) && b - a > best)
 			best = b - a;
 	}
 	return best & ~(uint64_t)(TIER_ALIGN - 1);

@@ -89,12 +89,17 @@ static bool range_ok(struct gpu_tier *g, const char *what, uint64_t off,
  */
 static uint64_t part_left(struct gpu_tier *g, uint64_t off)
 {
-	unsigned n = gpu_vmm_ndevices(g->vmm);
+	unsigned i = gpu_tier_part_at(g, off);
 
-	for (unsigned i = 0; i < n; i++)
-		if (off < gpu_vmm_part_end(g->vmm, i))
-			return gpu_vmm_part_end(g->vmm, i) - off;
-	return UINT64_MAX;
+	return i < gpu_vmm_ndevices(g->vmm) ? gpu_vmm_part_end(g->vmm, i) - off : UINT64_MAX;
+}
+
+/* The next piece of a copy at cache offset off with `left` bytes to go. */
+static uint64_t piece(struct gpu_tier *g, uint64_t off, uint64_t left)
+{
+	uint64_t n = part_left(g, off);
+
+	return left < n ? left : n;
 }
 
 static int gpu_tier_write(struct cache *c, uint64_t off, const void *src,
@@ -106,7 +111,7 @@ static int gpu_tier_write(struct cache *c, uint64_t off, const void *src,
 	if (!range_ok(g, "write", off, len))
 		return -EFAULT;
 	for (size_t at = 0, n; !ret && at < len; at += n) {
-		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		n = piece(g, off + at, len - at);
 		ret = gpu_copy_htod(g->dbase + off + at, (const char *)src + at, n);
 	}
 	return ret;
@@ -120,7 +125,7 @@ static int gpu_tier_read(struct cache *c, uint64_t off, void *dst, size_t len)
 	if (!range_ok(g, "read", off, len))
 		return -EFAULT;
 	for (size_t at = 0, n; !ret && at < len; at += n) {
-		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		n = piece(g, off + at, len - at);
 		ret = gpu_copy_dtoh((char *)dst + at, g->dbase + off + at, n);
 	}
 	return ret;
@@ -139,11 +144,7 @@ static int gpu_tier_move(struct cache *c, uint64_t dst, uint64_t src,
 	if (dst < src + len && src < dst + len)	/* overlapping: memmove order */
 		return gpu_copy_dtod(g->dbase + dst, g->dbase + src, len);
 	for (size_t at = 0, n; !ret && at < len; at += n) {
-		n = len - at;
-		if (n > part_left(g, dst + at))
-			n = part_left(g, dst + at);
-		if (n > part_left(g, src + at))
-			n = part_left(g, src + at);
+		n = piece(g, src + at, piece(g, dst + at, len - at));
 		ret = gpu_copy_dtod(g->dbase + dst + at, g->dbase + src + at, n);
 	}
 	return ret;
@@ -157,7 +158,7 @@ int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
 	if (!range_ok(g, into_cache ? "device write" : "device read", off, len))
 		return -EFAULT;
 	for (uint64_t at = 0, n; !ret && at < len; at += n) {
-		n = len - at < part_left(g, off + at) ? len - at : part_left(g, off + at);
+		n = piece(g, off + at, len - at);
 		ret = into_cache ? gpu_copy_dtod_on(dev, g->dbase + off + at, dptr + at, n) :
 				   gpu_copy_dtod_on(dev, dptr + at, g->dbase + off + at, n);
 	}
@@ -385,6 +386,15 @@ void gpu_tier_part_range(struct gpu_tier *g, unsigned i, uint64_t *lo, uint64_t 
 	*hi = gpu_vmm_part_end(g->vmm, i);
 	if (*hi > g->cache.size)
 		*hi = g->cache.size;
+}
+
+unsigned gpu_tier_part_at(struct gpu_tier *g, uint64_t off)
+{
+	unsigned n = gpu_vmm_ndevices(g->vmm), i;
+
+	for (i = 0; i < n && off >= gpu_vmm_part_end(g->vmm, i); i++)
+		;
+	return i;
 }
 
 int gpu_tier_part_device(struct gpu_tier *g, unsigned i)

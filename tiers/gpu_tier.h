@@ -119,12 +119,15 @@ unsigned gpu_tier_device_use(struct gpu_tier *g, uint64_t *used, unsigned max);
 /*
  * The parts of a cache over several GPUs: the index of device `ordinal`'s
  * part (-1: the tier does not span it), part i's offsets [*lo, *hi) in the
- * cache, and part i's device ordinal.  Constant for the tier's life: no
- * lock needed.
+ * cache, part i's device ordinal, and the part holding an offset.
+ * Constant for the tier's life: no lock needed.
  */
 int gpu_tier_part_of(struct gpu_tier *g, int ordinal);
 void gpu_tier_part_range(struct gpu_tier *g, unsigned i, uint64_t *lo, uint64_t *hi);
 int gpu_tier_part_device(struct gpu_tier *g, unsigned i);
+/* The index of the part holding cache offset off (the number of parts
+ * when off is past the last). */
+unsigned gpu_tier_part_at(struct gpu_tier *g, uint64_t off);
 
 /*
  * Copy len bytes between cache offset off and device address dptr (an

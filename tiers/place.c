@@ -251,12 +251,6 @@ static unsigned copy_part(struct engine *e, struct copy *cp)
 	return p > 0 ? (unsigned)p : 0;
 }
 
-/* Part i's offsets in the GPU cache (gpu_tier_part_range). */
-static void part_range(struct engine *e, unsigned i, uint64_t *lo, uint64_t *hi)
-{
-	gpu_tier_part_range(e->gpu, i, lo, hi);
-}
-
 /* The gap holding byte `off` of the cache, or NULL (a copy, or past usable). */
 static struct frag *gap_at(struct cache *c, uint64_t off)
 {
@@ -347,13 +341,13 @@ static void balance_spot(struct engine *e, unsigned d, uint64_t size, struct spo
 		uint64_t dlo, dhi, plo, phi, bnd, rd = 0, rp = 0;
 		struct frag *g;
 
-		part_range(e, d, &dlo, &dhi);
-		part_range(e, p, &plo, &phi);
+		gpu_tier_part_range(e->gpu, d, &dlo, &dhi);
+		gpu_tier_part_range(e->gpu, p, &plo, &phi);
 		bnd = d < p ? dhi : dlo;
 		g = bnd > 0 ? gap_at(c, bnd - 1) : NULL;
 		if (g && g == gap_at(c, bnd)) {		/* free on both sides */
-			uint64_t below = bnd - (g->off > (d < p ? dlo : plo) ? g->off : (d < p ? dlo : plo));
-			uint64_t top = d < p ? phi : dhi;
+			uint64_t low = d < p ? dlo : plo, top = d < p ? phi : dhi;	/* the pair */
+			uint64_t below = bnd - (g->off > low ? g->off : low);
 			uint64_t above = (g->off + g->size < top ? g->off + g->size : top) - bnd;
 
 			rd = d < p ? below : above;
@@ -380,7 +374,7 @@ static void balance_spot(struct engine *e, unsigned d, uint64_t size, struct spo
 
 		if (j == d || !(l->peer[d][j] > 0))
 			continue;
-		part_range(e, j, &lo, &hi);
+		gpu_tier_part_range(e->gpu, j, &lo, &hi);
 		if (cache_largest_gap_in(c, lo, hi) < size)
 			continue;
 		memset(&cand, 0, sizeof(cand));
@@ -423,16 +417,27 @@ static bool window_ready(struct engine *e, struct frag *first, struct frag *last
 	}
 }
 
-/* Evict the window [first, last] (window_ready() said yes); the gap. */
+/*
+ * Evict the window [first, last], every copy in it evictable and unpinned,
+ * to make room for cp: counted in the cache's statistics (a copy still in
+ * the restore queue also logged).  Returns the gap it leaves.
+ */
 static struct frag *evict_now(struct engine *e, struct cache *c, struct frag *first,
-			      struct frag *last)
+			      struct frag *last, struct copy *cp)
 {
 	for (struct frag *fr = first;; fr = fr->next) {
 		if (fr->copy) {
+			uint64_t d = eng_copy_dist(e, fr->copy);
+
 			c->evictions++;
 			c->evicted_bytes += fr->size;
-			if (eng_copy_dist(e, fr->copy) != TIER_FAR)
+			if (d != TIER_FAR) {
 				c->evicted_queued++;
+				tlog(LOG_DEBUG, "%s cache: evicting a copy %" PRIu64
+				     " entries from the restore queue's head "
+				     "(placing one %" PRIu64 " away)", c->name, d,
+				     cp->file->hint_seq ? eng_copy_dist(e, cp) : (uint64_t)0);
+			}
 		}
 		if (fr == last)
 			break;
@@ -447,12 +452,12 @@ static struct frag *evict_now(struct engine *e, struct cache *c, struct frag *fi
 static int place_evicting(struct engine *e, struct cache *c, struct copy *cp, uint64_t size,
 			  unsigned d, struct frag *first, struct frag *last)
 {
-	struct frag *gap = evict_now(e, c, first, last);
+	struct frag *gap = evict_now(e, c, first, last, cp);
 	uint64_t lo, hi;
 
 	if (cache_place_in(c, cp, size, gap->off, gap->off + gap->size, false))
 		return -ENOSPC;
-	part_range(e, d, &lo, &hi);
+	gpu_tier_part_range(e->gpu, d, &lo, &hi);
 	if (cp->frag->off >= lo && cp->frag->off + cp->frag->size <= hi) {
 		e->bal_own++;	/* the window was in its own GPU's part */
 		return 0;
@@ -495,7 +500,7 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 	bool top = d & 1;	/* odd parts fill from their high end */
 	bool own = false;
 
-	part_range(e, d, &lo, &hi);
+	gpu_tier_part_range(e->gpu, d, &lo, &hi);
 	ctx->gpu_keeps = 0;
 	for (int round = 0; round < 8; round++) {
 		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {		/* 1 */
@@ -511,14 +516,14 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 		ctx->part_hi = 0;
 		if (!own || need != TIER_FAR)
 			break;
-		evict_now(e, c, first, last);					/* 2 */
+		evict_now(e, c, first, last, cp);					/* 2 */
 	}
 	balance_spot(e, d, size, &s);						/* 3 */
 	if (s.gpu) {
 		uint64_t plo, phi;
 		int ret;
 
-		part_range(e, s.peer, &plo, &phi);
+		gpu_tier_part_range(e->gpu, s.peer, &plo, &phi);
 		ret = s.at == UINT64_MAX ? cache_place_in(c, cp, size, plo, phi, s.peer & 1) :
 					   cache_place_at(c, cp, size, s.at);
 		if (ret == 0) {
@@ -541,15 +546,9 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 		if (own) {
 			go = gneed > need;
 		} else {
-			struct spot w = { .gpu = true, .remote = tier_round(size ? size : 1) };
+			struct spot w = { .gpu = true, .remote = tier_round(size ? size : 1),
+					  .peer = gpu_tier_part_at(e->gpu, gfirst->off) };
 
-			for (unsigned j = 0; j < gpu_tier_ndevices(e->gpu); j++) {
-				uint64_t plo, phi;
-
-				part_range(e, j, &plo, &phi);
-				if (gfirst->off >= plo && gfirst->off < phi)
-					w.peer = j;
-			}
 			if (w.peer == d) {
 				w.local = w.remote;
 				w.remote = 0;
@@ -561,7 +560,7 @@ static int gpu_place_multi(struct engine *e, struct cache *c, struct copy *cp,
 			return 0;
 	}
 	if (own) {								/* 5 */
-		evict_now(e, c, first, last);
+		evict_now(e, c, first, last, cp);
 		if (cache_place_in(c, cp, size, lo, hi, top) == 0) {
 			e->bal_own++;
 			return 0;
@@ -583,16 +582,13 @@ int eng_grow_inplace(struct engine *e, struct copy *cp, uint64_t size)
 	struct cache *c = cp->cache;
 
 	if (e->gpu && c == e->tiers[0] && gpu_tier_ndevices(e->gpu) > 1) {
-		unsigned n = gpu_tier_ndevices(e->gpu);
+		unsigned i = gpu_tier_part_at(e->gpu, cp->frag->off);
 		uint64_t lo, hi;
 
-		for (unsigned i = 0; i < n; i++) {
+		if (i < gpu_tier_ndevices(e->gpu)) {
 			gpu_tier_part_range(e->gpu, i, &lo, &hi);
-			if (cp->frag->off >= lo && cp->frag->off < hi) {
-				if (size > hi - cp->frag->off)
-					return -ENOSPC;
-				break;
-			}
+			if (size > hi - cp->frag->off)
+				return -ENOSPC;
 		}
 	}
 	return cache_grow_inplace(c, cp, size);
@@ -658,24 +654,7 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 				break;
 		}
 		if (ready) {
-			for (fr = first;; fr = fr->next) {
-				if (fr->copy) {
-					uint64_t d = eng_copy_dist(e, fr->copy);
-
-					c->evictions++;
-					c->evicted_bytes += fr->size;
-					if (d != TIER_FAR) {
-						c->evicted_queued++;
-						tlog(LOG_DEBUG, "%s cache: evicting a copy %" PRIu64
-						     " entries from the restore queue's head "
-						     "(placing one %" PRIu64 " away)", c->name, d,
-						     cp->file->hint_seq ? eng_copy_dist(e, cp) : (uint64_t)0);
-					}
-				}
-				if (fr == last)
-					break;
-			}
-			cache_evict_window(c, first, last, eng_copy_evicted);
+			evict_now(e, c, first, last, cp);
 			continue;
 		}
 		/* wait for the window's flushes, then decide again */
