@@ -56,6 +56,46 @@ def write_for(path, data, dev=None):
         f.write(data)
 
 
+def hold_open(m, n=3, size=20 * MiB):
+    """n files of `size` bytes written on the mount's first GPU (the default)
+    and kept open for writing: their copies are not evictable.  Returns the
+    open files and {path: data}."""
+    held, data = [], {}
+    for i in range(n):
+        path = os.path.join(m.mnt, f"open{i}")
+        data[path] = randbytes(size)
+        f = open(path, "wb")
+        f.truncate(size)        # one placement of the whole size
+        f.write(data[path])
+        f.flush()
+        held.append(f)
+    return held, data
+
+
+def assert_everywhere(m, data):
+    """Every file of {path: data} reads back byte-exact through the mount
+    (not from the page cache), and after unmounting from the backing
+    directory."""
+    for path, d in data.items():
+        assert_same(read_uncached(path), d, path)
+    m.umount()
+    for path, d in data.items():
+        assert_same(read_file(os.path.join(m.backing, os.path.basename(path))), d, path)
+
+
+def mount_refused(tmp_path, option):
+    """Run the daemon with -o option: it must refuse to mount.  Returns the
+    finished process (its stderr says why)."""
+    util.require_daemon()
+    b, m = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    m.mkdir()
+    r = subprocess.run([util.tierfs_bin(), str(b), str(m), "-f", "-o", option],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0, r
+    return r
+
+
 def test_one_cache_over_two_gpus(mount, monkeypatch):
     """gpu=0:1 with 64 MiB per GPU: one 128 MiB cache, its first half on
     GPU 0 and its second on GPU 1.  Four 24 MiB checkpoints, two named for
@@ -109,15 +149,7 @@ def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch,
     gpus = util.gpus_or_fake(monkeypatch, 2)
     m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance=policy)
     wait_mapped(m)
-    held = []
-    data = {}
-    for i in range(3):
-        path = os.path.join(m.mnt, f"open{i}")
-        data[path] = randbytes(20 * MiB)
-        f = open(path, "wb")
-        f.write(data[path])
-        f.flush()
-        held.append(f)
+    held, data = hold_open(m)
     g = stats(m)["tiers"]["gpu"]
     assert g["devices"][0]["used"] == 60 * MiB and g["devices"][1]["used"] == 0, g
     extra = os.path.join(m.mnt, "extra")
@@ -145,11 +177,32 @@ def test_full_gpu_sends_its_checkpoint_by_the_balance_policy(mount, monkeypatch,
         assert_same(read_uncached(path), d, path)
     for f in held:
         f.close()
-    for path, d in data.items():
-        assert_same(read_uncached(path), d, path)
-    m.umount()
-    for path, d in data.items():
-        assert_same(read_file(os.path.join(m.backing, os.path.basename(path))), d, path)
+    assert_everywhere(m, data)
+
+
+def test_a_growing_copy_stays_in_its_gpus_part(mount, monkeypatch):
+    """GPU 0's part holds three open 20 MiB files, 4 MiB free at its top,
+    next to GPU 1's empty part.  A file for GPU 0 written without its size
+    known up front grows copy by copy: once past GPU 0's 4 MiB it must not
+    grow on into GPU 1's memory in place (a copy that grows stays in its
+    GPU's part; the balance policy places the larger copy), so with greedy
+    it ends wholly in GPU 1's part."""
+    gpus = util.gpus_or_fake(monkeypatch, 2)
+    m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance="greedy")
+    wait_mapped(m)
+    held, data = hold_open(m)
+    extra = os.path.join(m.mnt, "extra")
+    data[extra] = randbytes(20 * MiB)
+    with open(extra, "wb") as f:
+        for at in range(0, len(data[extra]), MiB):
+            f.write(data[extra][at:at + MiB])
+    g = stats(m)["tiers"]["gpu"]
+    used = [x["used"] for x in g["devices"]]   # GPU 1's: the copy's capacity
+    assert used[0] == 60 * MiB and used[1] >= 20 * MiB, g
+    assert "gpu" in os.getxattr(extra, "user.tierfs.tier").decode()
+    for f in held:
+        f.close()
+    assert_everywhere(m, data)
 
 
 def test_maxflow_sends_to_host_memory_when_its_links_are_faster(mount, monkeypatch):
@@ -164,13 +217,7 @@ def test_maxflow_sends_to_host_memory_when_its_links_are_faster(mount, monkeypat
     monkeypatch.setenv("TIERFS_FAKE_CUDA_DTOD_GBPS", "0.5")
     m = mount(gpu=gpus, gpu_cache="64M", host_cache="128M", balance="maxflow")
     wait_mapped(m)
-    held = []
-    for i in range(3):
-        f = open(os.path.join(m.mnt, f"open{i}"), "wb")
-        f.truncate(20 * MiB)
-        f.write(b"o" * (20 * MiB))
-        f.flush()
-        held.append(f)
+    held, _ = hold_open(m)
     extra = os.path.join(m.mnt, "extra")
     d = randbytes(20 * MiB)
     with open(extra, "wb") as f:
@@ -226,9 +273,7 @@ def test_copies_across_the_boundary_under_pressure(mount, monkeypatch):
     assert bal["split"] >= 1, bal
     for f in held:
         f.close()
-    m.umount()
-    for p, d in data.items():
-        assert_same(read_file(os.path.join(m.backing, os.path.basename(p))), d, p)
+    assert_everywhere(m, data)
 
 
 def test_eviction_follows_the_restore_order_across_gpus(mount, monkeypatch):
@@ -351,13 +396,7 @@ def test_restore_device_without_a_gpu_tier(mount):
 @pytest.mark.parametrize("policy", ["mincost", "fast", "", "host:greedy"])
 def test_bad_balance_policy(tmp_path, policy):
     """A malformed balance= stops the mount, naming what is accepted."""
-    util.require_daemon()
-    b, m = tmp_path / "b", tmp_path / "m"
-    b.mkdir()
-    m.mkdir()
-    r = subprocess.run([util.tierfs_bin(), str(b), str(m), "-f", "-o", f"balance={policy}"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode != 0, r
+    r = mount_refused(tmp_path, f"balance={policy}")
     assert "maxflow, greedy or host" in r.stderr, r.stderr
 
 
@@ -378,11 +417,7 @@ def test_cache_over_gpus_under_pressure(mount, monkeypatch):
             f.seek(3 * MiB)
             f.write(patch)
         data[name] = data[name][:3 * MiB] + patch + data[name][4 * MiB:]
-    for name, d in data.items():
-        assert_same(read_uncached(name), d, name)
-    m.umount()
-    for name, d in data.items():
-        assert_same(read_file(os.path.join(m.backing, os.path.basename(name))), d, name)
+    assert_everywhere(m, data)
 
 
 def test_gpu_all_spans_every_device(mount, monkeypatch):
@@ -432,11 +467,5 @@ def test_gpu_list_naming_a_missing_device(mount, monkeypatch):
 def test_bad_gpu_lists(tmp_path, spec):
     """A malformed gpu= stops the mount before anything starts, saying what
     is accepted."""
-    util.require_daemon()
-    b, m = tmp_path / "b", tmp_path / "m"
-    b.mkdir()
-    m.mkdir()
-    r = subprocess.run([util.tierfs_bin(), str(b), str(m), "-f", "-o", f"gpu={spec}"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode != 0, r
+    r = mount_refused(tmp_path, f"gpu={spec}")
     assert f"bad gpu '{spec}'" in r.stderr and "joined by ':'" in r.stderr, r.stderr
