@@ -225,22 +225,27 @@ enum new_kind { NEW_NODE, NEW_DIR, NEW_SYMLINK };
  * at once (as for a file created and closed empty), then the entry is
  * replied.
  */
-static void persist_made_empty(fuse_req_t req, struct fs_inode *p, const char *name)
+static void persist_made_empty(fuse_req_t req, struct fs_inode *p, const char *name,
+			       bool held)
 {
 	struct fuse_entry_param e;
 	struct fs_inode *in;
 	int ret = fs_lookup(p, name, &e);
 
 	if (ret) {
+		if (held)
+			fs_persist_intent_end();
 		fuse_reply_err(req, -ret);
 		return;
 	}
 	in = fs_inode_of(e.ino);
 	if (S_ISREG(in->type)) {
 		fs_ns_lock();		/* its names steady, as at create */
-		fs_persist_created(in, p, name);
+		fs_persist_created(in, p, name, held);
 		fs_ns_unlock();
 		fs_persist_released(in);
+	} else if (held) {
+		fs_persist_intent_end();
 	}
 	if (fuse_reply_entry(req, &e) == -ENOENT)
 		fs_forget_one(e.ino, 1);
@@ -251,25 +256,36 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name,
 {
 	struct fs_inode *p = fs_inode_of(parent);
 	int ret = fs_check_new_name(name), pfd = fs_fd_hold(p);
+	bool persist = kind == NEW_NODE && S_ISREG(mode) && fs_persist_on(), held = false;
 
 	if (!ret && pfd < 0)
 		ret = pfd;
 	if (!ret) {
+		if (persist) {	/* the file's copy journalled before it exists */
+			fs_ns_lock();
+			held = fs_persist_name_begin(p, name, NULL);
+		}
 		int r = kind == NEW_DIR ? mkdirat(pfd, name, mode) :
 			kind == NEW_SYMLINK ? symlinkat(link, pfd, name) :
 			mknodat(pfd, name, mode, rdev);
 
 		if (r < 0)
 			ret = -errno;
+		else
+			tierfs_fault_kill("name_made");
+		if (persist)
+			fs_ns_unlock();
 	}
 	fs_fd_release(p);
 	if (ret) {
+		if (held)
+			fs_persist_intent_end();
 		fuse_reply_err(req, -ret);
 		return;
 	}
 	fs_own_new(p, name, req);
-	if (kind == NEW_NODE && S_ISREG(mode) && fs_persist_on()) {
-		persist_made_empty(req, p, name);
+	if (persist) {
+		persist_made_empty(req, p, name, held);
 		return;
 	}
 	reply_entry_or_err(req, p, name);
@@ -299,20 +315,26 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	struct fs_inode *in = fs_inode_of(ino), *p = fs_inode_of(newparent);
 	struct fuse_entry_param e;
 	int ret = fs_check_new_name(newname), fd, pfd;
+	bool held;
 
 	fs_ns_lock();	/* the syscall without fs.lock */
 	fd = fs_fd_hold(in);
 	pfd = fs_fd_hold(p);
 	if (!ret)
 		ret = fd < 0 ? fd : pfd < 0 ? pfd : 0;
+	/* the new name's copy journalled before the name exists */
+	held = !ret && fs_persist_on() && fs_persist_name_begin(p, newname, in);
 	if (!ret && linkat(fd, "", pfd, newname, AT_EMPTY_PATH) < 0)
 		ret = -errno;
 	if (!ret) {
+		tierfs_fault_kill("name_made");
 		fs_lock();
 		fs_add_name(in, p, newname);
 		fs_unlock();
 		fs_persist_linked(in, p, newname);
 	}
+	if (held)
+		fs_persist_intent_end();	/* after the copy is queued */
 	fs_fd_release(p);
 	fs_fd_release(in);
 	fs_ns_unlock();

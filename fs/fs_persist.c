@@ -957,18 +957,54 @@ void fs_persist_committed(struct fs_inode *in)
 	created_done(in);
 }
 
-void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name)
+bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_inode *in)
+{
+	char drel[PATH_MAX], rel[PATH_MAX], v[8];
+	int m = -1, fd;
+
+	if (pq.jfd < 0 || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
+		return false;
+	if (in) {		/* a link: the file's own mark, if it has one */
+		fd = fs_fd_hold(in);
+		if (fd >= 0) {
+			char proc[64];
+			ssize_t n;
+
+			fs_proc_path(fd, proc, sizeof(proc));
+			n = getxattr(proc, TIERFS_XATTR_PERSIST, v, sizeof(v));
+			m = n <= 0 ? -1 : v[0] == '1';
+		}
+		fs_fd_release(in);
+	}
+	if (m == 0 || (m < 0 && !marked(rel)))
+		return false;
+	pthread_mutex_lock(&pq.lock);
+	pq.intents++;	/* the journal keeps the record until it ends */
+	jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });	/* 'I' */
+	pthread_mutex_unlock(&pq.lock);
+	return true;
+}
+
+void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name, bool held)
 {
 	char drel[PATH_MAX], rel[PATH_MAX];
 
 	if (!pq.dir || !S_ISREG(in->type) || rel_of(dir, drel, sizeof(drel)) ||
-	    join(rel, sizeof(rel), drel, name) || !marked(rel))
+	    join(rel, sizeof(rel), drel, name) || !marked(rel)) {
+		if (held)
+			fs_persist_intent_end();
 		return;
+	}
 	pthread_mutex_lock(&pq.lock);
 	if (!in->pcreated) {
-		in->pcreated = true;
-		pq.intents++;	/* the journal keeps the record until then */
-		jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });
+		in->pcreated = true;	/* the intent held, or a new one */
+		if (!held) {
+			pq.intents++;	/* the journal keeps the record until then */
+			jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });
+		}
+	} else if (held) {
+		pq.intents--;
+		jempty();
 	}
 	pthread_mutex_unlock(&pq.lock);
 }
@@ -1468,7 +1504,9 @@ static int do_copy(struct pop *op)
 	bool gone;
 	int hfd, src, ret;
 
-	if (!in) {		/* from the journal: the file now at path */
+	if (!in) {		/* from the journal: the file now at path, if marked */
+		if (!marked(op->path))
+			return 1;
 		src = openat(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
 			     O_NONBLOCK);
 		if (src < 0)

@@ -35,11 +35,21 @@ void fs_persist_committed(struct fs_inode *in);
 void fs_persist_intent(struct fs_inode *in, bool counted);
 /* the commit of a counted intent is over (after fs_persist_committed) */
 void fs_persist_intent_end(void);
-/* in was made (empty) as dir/name: a kill before its first commit must
- * not leave it out of DIR (fs.nslock held); its last writer closed it
- * (copied now if it is still empty: a file made and closed empty has no
- * commit); it is forgotten. */
-void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name);
+/* A name is about to be made in the backing directory by create, mknod
+ * or link (in: the file linked, else NULL), fs.nslock held across this
+ * and the syscall: its copy is in the journal first, as removals and
+ * renames are, so that a kill right after the syscall still leaves the
+ * next daemon a copy to make.  true: that intent is counted (the journal
+ * is kept) until fs_persist_created() takes it over or
+ * fs_persist_intent_end() ends it. */
+bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_inode *in);
+/* in was made (empty) as dir/name (held: fs_persist_name_begin's intent,
+ * which this takes over or ends): a kill before its first commit must not
+ * leave it out of DIR (fs.nslock held); its last writer closed it (copied
+ * now if it is still empty: a file made and closed empty has no commit);
+ * it is forgotten. */
+void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name,
+			bool held);
 void fs_persist_released(struct fs_inode *in);
 void fs_persist_forget(struct fs_inode *in);
 /* a new name of in (link) */

@@ -32,21 +32,6 @@
 #include "fs.h"
 #include "fs_persist.h"
 
-/*
- * Test hook: TIERFS_FAULT=POINT makes the daemon kill itself (SIGKILL) at
- * that point, for the tests of what a restart finds.  Points:
- * inplace_copy (half way through copying a version over a hard-linked
- * file), new_linked (a new version linked under its temporary name, not
- * yet renamed over the file), small_written (a small first version
- * written into its empty backing file, not yet synced: v_small).
- */
-static bool fault_at(const char *point)
-{
-	const char *f = getenv("TIERFS_FAULT");
-
-	return f && strcmp(f, point) == 0;
-}
-
 static struct fs_inode *in_of(struct tfile *f)
 {
 	return (struct fs_inode *)((char *)f - offsetof(struct fs_inode, tf));
@@ -193,7 +178,7 @@ static int copy_in_place(int ofd, int fd)
 		return ret;
 	}
 	loff_t i = 0, o = 0;
-	bool plain = false, fault = fault_at("inplace_copy");
+	bool plain = false, fault = tierfs_fault("inplace_copy");
 	while (i < st.st_size) {
 		ssize_t n = -1;
 
@@ -584,8 +569,7 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
 	 * stays an unnamed one.
 	 */
-	if (fault_at("new_linked"))
-		raise(SIGKILL);
+	tierfs_fault_kill("new_linked");
 	nfd = fs_fd_openat(tdir, tmp, O_PATH | O_NOFOLLOW, 0);
 	if (nfd >= 0) {
 		close(fd);
@@ -806,8 +790,7 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 	fs_persist_intent(in, false);	/* changed in place, as v_open's */
 	if (len)
 		n = pwrite(fd, buf, (size_t)len, 0);
-	if (fault_at("small_written"))
-		raise(SIGKILL);
+	tierfs_fault_kill("small_written");
 	if (n != (ssize_t)len) {
 		ret = n < 0 ? -errno : -EIO;
 		if (n > 0 && ftruncate(fd, 0) < 0)	/* back to its version */

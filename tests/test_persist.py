@@ -386,7 +386,9 @@ def test_torture_then_dir_matches_backing(tmp_path, crash):
     assert r.returncode == 0, r.stdout[-20000:]
     backing = j(str(work), "tierfs", "backing")
     got, want = tree(str(pdir)), tree(backing)
-    assert sorted(got) == sorted(want)
+    assert sorted(got) == sorted(want), (
+        f"only in DIR: {sorted(set(got) - set(want))}, only in the backing directory: "
+        f"{sorted(set(want) - set(got))}; the run:\n{r.stdout[-6000:]}")
     for rel in want:
         assert_same(got[rel], want[rel], rel)
     assert leftovers(str(pdir)) == []
@@ -639,6 +641,38 @@ def test_created_file_killed_before_its_first_flush(mount, pdir):
     wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     assert sorted(tree(pdir)) == sorted(tree(m.backing)) == ["big", "empty"]
+
+
+@pytest.mark.parametrize("how", ["create", "mknod", "link"])
+def test_kill_right_after_a_name_is_made(mount, pdir, monkeypatch, how):
+    """The daemon killed right after a create, a mknod or a link made its name in the backing directory, before anything else
+    (TIERFS_FAULT=name_made): the next daemon still brings DIR to what the
+    backing directory holds (the name's copy was journalled before the
+    backing directory changed)."""
+    util.require_daemon("kills the daemon")
+    m = mount(persist=pdir, persist_all=True)
+    write_file(j(m.mnt, "a"), b"first file")
+    os.setxattr(j(m.mnt, "a"), PX, b"sync")
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "name_made")
+    m.start()
+    try:
+        if how == "create":
+            os.close(os.open(j(m.mnt, "b"), os.O_WRONLY | os.O_CREAT, 0o644))
+        elif how == "mknod":
+            os.mknod(j(m.mnt, "b"), 0o644 | stat.S_IFREG)
+        else:
+            os.link(j(m.mnt, "a"), j(m.mnt, "b"))
+    except OSError:
+        pass                    # the daemon died under the call
+    assert m.wait_death() == -9, m.log(tail=50)
+    monkeypatch.delenv("TIERFS_FAULT")
+    m.start()
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    want = tree(m.backing)
+    assert sorted(want) == ["a", "b"]
+    assert tree(pdir) == want
 
 
 def test_file_made_and_closed_empty_reaches_dir(mount, pdir):

@@ -1579,6 +1579,7 @@ class Run:
         try:
             sync.barrier.wait(timeout=self.cfg.hang_timeout)    # all workers stopped
             if self.mount:
+                self.keep_journal()
                 self.mount.start()
             sync.crash.clear()
             sync.barrier.wait(timeout=self.cfg.hang_timeout)    # go on
@@ -1594,6 +1595,15 @@ class Run:
             sync.failed.set()
             sync.stop.set()
             sync.barrier.abort()
+
+    def keep_journal(self):
+        """The persist journal that the killed daemon left (-o persist), as
+        WORKDIR/journal.<crash>: what the next daemon will resume."""
+        src = os.path.join(self.mount.backing, ".tierfs.persist.journal")
+        try:
+            shutil.copyfile(src, os.path.join(self.cfg.workdir, f"journal.{self.crashes}"))
+        except OSError:
+            pass
 
     def progress(self, sync, t):
         W = self.cfg.nworkers

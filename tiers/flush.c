@@ -156,19 +156,6 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 	in->on = true;
 }
 
-/*
- * Test hook, as fs_version.c's: TIERFS_FAULT=incr_write kills the daemon
- * in an incremental flush, after the clone and the first changed range;
- * dedup_write in a flush by chunks, after the first run cloned.
- */
-static void fault_at(const char *point)
-{
-	const char *f = getenv("TIERFS_FAULT");
-
-	if (f && strcmp(f, point) == 0)
-		raise(SIGKILL);
-}
-
 /* Write bytes [a, b) of cp at the same offset of fd. */
 static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
 		       uint64_t b, uint64_t *progress)
@@ -233,12 +220,12 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 			continue;
 		}
 		ret = write_range(ring, fd, cp, a, b, &done);
-		fault_at("incr_write");
+		tierfs_fault_kill("incr_write");
 	}
 	if (host && !ret && ns) {
 		/* the first range alone first: the test hook's kill point */
 		ret = ssd_write_segs(ring, fd, seg, 1, &done);
-		fault_at("incr_write");
+		tierfs_fault_kill("incr_write");
 		if (!ret)
 			ret = ssd_write_segs(ring, fd, seg + 1, ns - 1, &done);
 	}
@@ -618,7 +605,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 	if (host && !ret && ns)
 		ret = ssd_write_segs(ring, fd, seg, ns, &done);
 	free(seg);
-	fault_at("dedup_write");
+	tierfs_fault_kill("dedup_write");
 	if (!ret)
 		ret = write_range(ring, fd, cp, d->nhashed * C, end, &done);
 	d->written += inner + (end > d->nhashed * C ? end - d->nhashed * C : 0);
@@ -658,7 +645,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 						      (j - i) * C) == 0) {
 					d->cloned += (j - i) * C;
 					ws = j * C;
-					fault_at("dedup_write");
+					tierfs_fault_kill("dedup_write");
 				}
 			}
 		} else {

@@ -2,8 +2,11 @@
  * log.c - tierfs_log(): one line per message on stderr (or syslog once the
  * daemon is in the background), "tierfs: LEVEL: text".
  */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <syslog.h>
 
 #include "log.h"
@@ -54,4 +57,17 @@ void tier_json_string(char *buf, size_t len, const char *s)
 		}
 	}
 	buf[at] = '\0';
+}
+
+bool tierfs_fault(const char *point)
+{
+	const char *f = getenv("TIERFS_FAULT");
+
+	return f && strcmp(f, point) == 0;
+}
+
+void tierfs_fault_kill(const char *point)
+{
+	if (tierfs_fault(point))
+		raise(SIGKILL);
 }

@@ -21,4 +21,17 @@ extern int tierfs_log_syslog;		/* log to syslog (detached daemon) */
  * quotes, backslashes and control characters escaped. */
 void tier_json_string(char *buf, size_t len, const char *s);
 
+/*
+ * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
+ * itself (SIGKILL), for the tests of what a restart finds.  Points:
+ * inplace_copy, new_linked, small_written (fs_version.c); incr_write,
+ * dedup_write (flush.c); name_made (a new name in the backing directory,
+ * made by create, mknod or link, before anything else: fs_file.c,
+ * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
+ * tierfs_fault_kill() kills there if it is.
+ */
+#include <stdbool.h>
+bool tierfs_fault(const char *point);
+void tierfs_fault_kill(const char *point);
+
 #endif /* TIERFS_LOG_H */
