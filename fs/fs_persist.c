@@ -693,18 +693,27 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	op->in = in;
 	op->kind = P_COPY;
 	pthread_mutex_lock(&pq.lock);
+	/*
+	 * A queued copy of in to this name, not started, with no removal or
+	 * rename queued after it that touches the name: it will take the
+	 * current version to the name we want.  One is enough.  (After such
+	 * an operation, the earlier copy's data ends where that operation
+	 * moved it; rel, made again since, needs a copy of its own.)
+	 */
+	struct pop *same = NULL;
+
 	for (struct pop *o = pq.head; o; o = o->next) {
-		if (o->kind != P_COPY || o->in != in || o->started || strcmp(o->path, rel))
-			continue;
-		/*
-		 * A queued copy of in to this name, not started: it will take
-		 * the current version, and the namespace operations queued
-		 * after it move that where in's name went, as they would
-		 * move ours.  One is enough.
-		 */
+		if (o->kind == P_COPY) {
+			if (o->in == in && !o->started && !strcmp(o->path, rel))
+				same = o;
+		} else if (covers(o->path, rel) || (o->path2 && covers(o->path2, rel))) {
+			same = NULL;
+		}
+	}
+	if (same) {
 		if (w) {
-			w->next = o->waiters;
-			o->waiters = w;
+			w->next = same->waiters;
+			same->waiters = w;
 		}
 		pthread_mutex_unlock(&pq.lock);
 		op_free(op);

@@ -675,6 +675,28 @@ def test_kill_right_after_a_name_is_made(mount, pdir, monkeypatch, how):
     assert tree(pdir) == want
 
 
+def test_copy_queued_again_after_a_rename_of_its_name(mount, pdir):
+    """A name copied, renamed away and made again while its first copy still
+    waits in the queue (link a b; mv b c; link a b): the second copy is not
+    the first one's (which the rename moves to c): DIR gets b too."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    write_file(j(m.mnt, "a"), b"linked file")
+    os.setxattr(j(m.mnt, "a"), PX, b"sync")
+    write_file(j(m.mnt, "big"), randbytes(3 * MiB))     # keeps the persister busy
+    fd = os.open(j(m.mnt, "big"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    os.link(j(m.mnt, "a"), j(m.mnt, "b"))
+    os.rename(j(m.mnt, "b"), j(m.mnt, "c"))
+    os.link(j(m.mnt, "a"), j(m.mnt, "b"))
+    assert pstats(m)["backlog_files"] > 0      # the first copy of b still waits
+    m.umount()
+    want = tree(m.backing)
+    assert sorted(want) == ["a", "b", "big", "c"]
+    assert tree(pdir) == want
+
+
 def test_file_made_and_closed_empty_reaches_dir(mount, pdir):
     """`touch` through the mount: an empty file has no flush, and still
     reaches DIR (at its close); one marked 0 meanwhile does not."""
