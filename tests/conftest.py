@@ -22,6 +22,8 @@ Environment
 
 import faulthandler
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -66,6 +68,41 @@ def pytest_runtest_call(item):
     if problems and outcome.excinfo is None:
         # pluggy 1.0: an exception raised here becomes the call's outcome.
         raise util.DaemonError("\n\n".join(problems))
+
+
+@pytest.fixture
+def xfs(tmp_path):
+    """An XFS file system with reflink (-o dedup's backing) on a 512 MiB
+    loop file made for the test; yields its root.  Skipped cleanly where
+    mkfs.xfs or loop devices are missing (TIERFS_XFS_IMAGE: a gzipped empty
+    image, for machines without xfsprogs)."""
+    util.require_daemon()
+    img, root = tmp_path / "xfs.img", tmp_path / "xfs"
+    made = os.environ.get("TIERFS_XFS_IMAGE")
+    if made and not shutil.which("mkfs.xfs"):
+        r = subprocess.run(f"gzip -dc {made} > {img}", shell=True, capture_output=True,
+                           text=True)
+        if r.returncode:
+            pytest.skip(f"cannot unpack {made}: {r.stderr.strip()}")
+    else:
+        if not shutil.which("mkfs.xfs"):
+            pytest.skip("mkfs.xfs not installed (xfsprogs)")
+        with open(img, "wb") as f:
+            f.truncate(512 * util.MiB)
+        r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
+        if r.returncode:
+            pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
+    root.mkdir()
+    r = _run(["mount", "-o", "loop", str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount a loop device: {r.stderr.strip()}")
+    yield str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+def _run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
 @pytest.fixture(autouse=True)

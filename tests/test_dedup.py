@@ -39,34 +39,6 @@ def _run(cmd):
 
 
 @pytest.fixture
-def xfs(tmp_path):
-    """An XFS file system with reflink on a loop file; yields its root."""
-    util.require_daemon()
-    img, root = tmp_path / "xfs.img", tmp_path / "xfs"
-    made = os.environ.get("TIERFS_XFS_IMAGE")   # a gzipped empty image, for
-    if made and not shutil.which("mkfs.xfs"):   # machines without xfsprogs
-        r = subprocess.run(f"gzip -dc {made} > {img}", shell=True, capture_output=True,
-                           text=True)
-        if r.returncode:
-            pytest.skip(f"cannot unpack {made}: {r.stderr.strip()}")
-    else:
-        if not shutil.which("mkfs.xfs"):
-            pytest.skip("mkfs.xfs not installed (xfsprogs)")
-        with open(img, "wb") as f:
-            f.truncate(512 * MiB)
-        r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
-        if r.returncode:
-            pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
-    root.mkdir()
-    r = _run(["mount", "-o", "loop", str(img), str(root)])
-    if r.returncode:
-        pytest.skip(f"cannot mount a loop device: {r.stderr.strip()}")
-    yield str(root)
-    if _run(["umount", str(root)]).returncode:
-        _run(["umount", "-l", str(root)])
-
-
-@pytest.fixture
 def btrfs(tmp_path):
     """A btrfs file system on a loop file (reflink always on); yields its root."""
     util.require_daemon()

@@ -19,6 +19,7 @@ Environment
 """
 
 import faulthandler
+import json
 import os
 import shlex
 import subprocess
@@ -154,3 +155,19 @@ def test_torture_detects_corruption(tmp_path):
     assert "(worker 1's inode" in r.stdout          # whose data was found
     assert "last " in r.stdout and "operations of worker 0" in r.stdout
     assert "--seed 99" in r.stdout                  # the replay command
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("crash", [False, True], ids=["clean", "kills"])
+def test_torture_dedup(tmp_path, xfs, crash):
+    """The harness over an XFS reflink file system with -o dedup=on: files
+    changed in place flush as incremental versions that clone the unchanged
+    ranges, new checkpoints by chunks against the index, under hard links,
+    truncates, holes, mmap and (kills) SIGKILLs: every read matches the
+    model, and dedup did share extents (its statistics)."""
+    args = ["--host-cache", "16M", "--backing", xfs, "--mount-opts", "dedup=on"]
+    out = daemon_run(args + (["--crash"] if crash else []), tmp_path, seconds=min(SECONDS, 30))
+    stats = [json.loads(line.split("dedup: ", 1)[1]) for line in out.splitlines()
+             if line.startswith("torture: dedup: ")]
+    assert stats and stats[-1]["on"], out[-3000:]
+    assert stats[-1]["bytes_cloned"] > 0, stats[-1]
