@@ -82,6 +82,8 @@ struct pop {
 	unsigned flags;			/* P_RENAME: renameat2 flags */
 	uint64_t bytes;			/* P_COPY: size when queued */
 	bool started;
+	bool made;			/* replayed removal or rename: the journal
+					 * says the backing directory made it */
 	bool journaled;			/* in the journal before it was queued */
 	struct pwait *waiters;		/* persist=sync callers */
 };
@@ -171,7 +173,10 @@ static struct {
  * that gave up on DIR, loses no copy and no removal: the next mount on
  * this node resumes them (copies then take the file now at that path).
  * Not synced: it survives the daemon, not the node (whose SSD is the
- * backing directory anyway).
+ * backing directory anyway).  Records: C, U, D, R (a queued copy,
+ * unlink, rmdir, rename), I (an intent: a copy to make if the daemon
+ * dies), X (the head operation done), Y and Z after a removal or rename
+ * (the backing directory made it, or did not), T (a copy's temporary).
  */
 #define PJOURNAL	FS_HIDDEN_PREFIX ".persist.journal"
 
@@ -1230,16 +1235,18 @@ struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct
 
 void fs_persist_ns_end(struct pop *op, bool done)
 {
-	static const char cancel[] = "Z0\0\0";
+	static const char cancel[] = "Z0\0\0", made[] = "Y0\0\0";
+	const char *rec = done ? made : cancel;
 
 	if (!op)
 		return;
 	pthread_mutex_lock(&pq.lock);
+	/* Y: made, Z: not made (a replay drops it) */
+	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(made)) != sizeof(made))
+		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
 	if (done) {
 		queue(op);
 		op = NULL;
-	} else if (pq.jfd >= 0 && write(pq.jfd, cancel, sizeof(cancel)) != sizeof(cancel)) {
-		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
 	}
 	pthread_mutex_unlock(&pq.lock);
 	if (op)
@@ -1902,18 +1909,22 @@ static void replay(void)
 			remove_temp(path);
 	}
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
-		static const char kinds[] = "CUDRIZ";	/* enum pkind, intent, cancel */
+		static const char kinds[] = "CUDRI";	/* enum pkind, intent */
 		const char *k = kf[0] ? strchr(kinds, kf[0]) : NULL;
 		struct pop *op;
 
-		if (k && *k == 'Z') {	/* the last removal or rename did not happen */
+		if (kf[0] == 'Z' || kf[0] == 'Y') {
+			/* the last removal or rename did not happen (Z, dropped
+			 * below) or did (Y) */
 			struct pop *last = NULL;
 
 			for (op = pq.head; op; op = op->next)
 				if (op->kind != P_COPY)
 					last = op;
-			if (last)
-				last->started = true;	/* dropped below */
+			if (last && kf[0] == 'Z')
+				last->started = true;
+			else if (last)
+				last->made = true;
 			continue;
 		}
 		if (!k || !*path)
@@ -1947,12 +1958,14 @@ static void replay(void)
 			done--;
 			drop = true;
 		}
-		if (!drop && op->kind != P_COPY &&
+		if (!drop && op->kind != P_COPY && !op->made &&
 		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
 			/*
-			 * Not made, or the name was taken again since: either
-			 * way the names it touches get their current files
-			 * (copies, which go last; a directory is skipped).
+			 * Not known to be made (a kill between the change and
+			 * its Y record), and the name is there: not made, or
+			 * taken again since; either way the names it touches
+			 * get their current files (copies, which go last; a
+			 * directory is skipped).
 			 */
 			struct pop *c = op->path2 ? calloc(1, sizeof(*c)) : NULL;
 

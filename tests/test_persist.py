@@ -680,10 +680,10 @@ def test_copy_queued_again_after_a_rename_of_its_name(mount, pdir):
     waits in the queue (link a b; mv b c; link a b): the second copy is not
     the first one's (which the rename moves to c): DIR gets b too."""
     util.require_daemon()
-    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M", persist_wait="120")
     write_file(j(m.mnt, "a"), b"linked file")
     os.setxattr(j(m.mnt, "a"), PX, b"sync")
-    write_file(j(m.mnt, "big"), randbytes(3 * MiB))     # keeps the persister busy
+    write_file(j(m.mnt, "big"), randbytes(2 * MiB))     # keeps the persister busy
     fd = os.open(j(m.mnt, "big"), os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
@@ -694,6 +694,44 @@ def test_copy_queued_again_after_a_rename_of_its_name(mount, pdir):
     m.umount()
     want = tree(m.backing)
     assert sorted(want) == ["a", "b", "big", "c"]
+    assert tree(pdir) == want
+
+
+@pytest.mark.parametrize("what", ["dir", "file"])
+def test_kill_after_a_rename_whose_source_was_made_again(mount, pdir, what):
+    """mv A B, then A made again, then a kill before the persister got to the
+    rename: the next daemon must still apply the rename to DIR (the journal
+    says it was made), not take the new A for a sign that it was not: DIR
+    then equals the backing directory (B's content under B, A's under A)."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    a, b = j(m.mnt, "A"), j(m.mnt, "B")
+    if what == "dir":
+        os.mkdir(a)
+        write_file(j(a, "f"), b"moved with its directory")
+        os.setxattr(j(a, "f"), PX, b"sync")
+    else:
+        write_file(a, b"renamed file")
+        os.setxattr(a, PX, b"sync")
+    write_file(j(m.mnt, "big"), randbytes(4 * MiB))     # keeps the persister busy
+    fd = os.open(j(m.mnt, "big"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(a, b)
+    if what == "dir":
+        os.mkdir(a)
+    else:
+        write_file(a, b"a new file A")
+        fd = os.open(a, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    assert pstats(m)["backlog_files"] > 0      # the rename still waits
+    m.kill(signal.SIGKILL)
+    m.start(persist_bw=None)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    want = tree(m.backing)
+    assert sorted(want) == (["B/f", "big"] if what == "dir" else ["A", "B", "big"])
     assert tree(pdir) == want
 
 
