@@ -92,17 +92,23 @@ def xfs(tmp_path):
         r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
         if r.returncode:
             pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
-    root.mkdir()
-    r = _run(["mount", "-o", "loop", str(img), str(root)])
-    if r.returncode:
-        pytest.skip(f"cannot mount a loop device: {r.stderr.strip()}")
-    yield str(root)
-    if _run(["umount", str(root)]).returncode:
-        _run(["umount", "-l", str(root)])
+    yield from loop_mounted(img, root, "XFS")
 
 
 def _run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def loop_mounted(img, root, what):
+    """For fixtures: mount the image img on the new directory root through a
+    loop device (skip the test if that fails), yield root, unmount."""
+    root.mkdir()
+    r = _run(["mount", "-o", "loop", str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount {what} on a loop device: {r.stderr.strip()}")
+    yield str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,7 @@ import time
 
 import pytest
 
+import conftest
 import util
 from util import MiB, KiB
 
@@ -50,13 +51,7 @@ def btrfs(tmp_path):
     r = _run(["mkfs.btrfs", "-q", str(img)])
     if r.returncode:
         pytest.skip(f"mkfs.btrfs failed: {r.stderr.strip()}")
-    root.mkdir()
-    r = _run(["mount", "-o", "loop", str(img), str(root)])
-    if r.returncode:
-        pytest.skip(f"cannot mount btrfs on a loop device: {r.stderr.strip()}")
-    yield str(root)
-    if _run(["umount", str(root)]).returncode:
-        _run(["umount", "-l", str(root)])
+    yield from conftest.loop_mounted(img, root, "btrfs")
 
 
 @pytest.fixture
