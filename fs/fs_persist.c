@@ -443,11 +443,12 @@ static int rel_of(struct fs_inode *in, char *rel, size_t len)
 	return ret;
 }
 
-/* The own mark of a backing path: 1, 0, or -1 for none. */
-static int mark_at(const char *path)
+/* The own mark of a backing path: 1, 0, or -1 for none; follow: the path
+ * may be a symbolic link to the object (/proc/self/fd/N). */
+static int mark_at(const char *path, bool follow)
 {
 	char v[8];
-	ssize_t n = lgetxattr(path, TIERFS_XATTR_PERSIST, v, sizeof(v));
+	ssize_t n = (follow ? getxattr : lgetxattr)(path, TIERFS_XATTR_PERSIST, v, sizeof(v));
 
 	return n <= 0 ? -1 : v[0] == '1';
 }
@@ -462,7 +463,7 @@ static bool marked(const char *rel)
 	if (join(path, sizeof(path), fs.opts.backing, rel))
 		return false;
 	for (;;) {
-		m = mark_at(path);
+		m = mark_at(path, false);
 		if (m >= 0)
 			return m;
 		if (strlen(path) <= bl)
@@ -973,7 +974,7 @@ void fs_persist_committed(struct fs_inode *in)
 
 bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_inode *in)
 {
-	char drel[PATH_MAX], rel[PATH_MAX], v[8];
+	char drel[PATH_MAX], rel[PATH_MAX];
 	int m = -1, fd;
 
 	if (pq.jfd < 0 || rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name))
@@ -982,11 +983,9 @@ bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_ino
 		fd = fs_fd_hold(in);
 		if (fd >= 0) {
 			char proc[64];
-			ssize_t n;
 
 			fs_proc_path(fd, proc, sizeof(proc));
-			n = getxattr(proc, TIERFS_XATTR_PERSIST, v, sizeof(v));
-			m = n <= 0 ? -1 : v[0] == '1';
+			m = mark_at(proc, true);
 		}
 		fs_fd_release(in);
 	}
@@ -1010,17 +1009,18 @@ void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *n
 		return;
 	}
 	pthread_mutex_lock(&pq.lock);
-	if (!in->pcreated) {
+	bool first = !in->pcreated;
+
+	if (first) {
 		in->pcreated = true;	/* the intent held, or a new one */
 		if (!held) {
 			pq.intents++;	/* the journal keeps the record until then */
 			jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });
 		}
-	} else if (held) {
-		pq.intents--;
-		jempty();
 	}
 	pthread_mutex_unlock(&pq.lock);
+	if (!first && held)
+		fs_persist_intent_end();	/* its creation is counted already */
 }
 
 void fs_persist_released(struct fs_inode *in)
