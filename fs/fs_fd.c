@@ -610,7 +610,7 @@ int fs_data_fd_get(struct fs_inode *in)
 	/* a new version may replace pfd meanwhile: checked below */
 	fs_proc_path(pfd, path, sizeof(path));
 	for (int tries = 0; tries < 2; tries++) {
-		fd = open(path, O_RDONLY | O_CLOEXEC);
+		fd = backing_open(AT_FDCWD, path, O_RDONLY, 0);
 		if (fd < 0)
 			fd = -errno;
 		if (fd >= 0 || !fs_fd_reclaim(fd))

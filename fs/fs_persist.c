@@ -1523,8 +1523,7 @@ static int do_copy(struct pop *op)
 	if (!in) {		/* from the journal: the file now at path, if marked */
 		if (!marked(op->path))
 			return 1;
-		src = openat(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC |
-			     O_NONBLOCK);
+		src = backing_open(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
 		if (src < 0)
 			return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? 1 : -errno;
 		goto copy;
@@ -1540,7 +1539,7 @@ static int do_copy(struct pop *op)
 		return hfd == -ENOENT || hfd == -ESTALE ? 1 : hfd;
 	}
 	fs_proc_path(hfd, proc, sizeof(proc));
-	src = open(proc, O_RDONLY | O_CLOEXEC);
+	src = backing_open(AT_FDCWD, proc, O_RDONLY, 0);
 	ret = src < 0 ? -errno : 0;
 	fs_fd_release(in);
 	if (src < 0)
@@ -2175,7 +2174,7 @@ static int job_fetch(struct pjob *j)
 	root = open_dir_root();
 	if (root < 0)
 		return -ENOENT;
-	src = openat(root, j->rel, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	src = backing_open(root, j->rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
 	close(root);
 	if (src < 0)
 		return -ENOENT;

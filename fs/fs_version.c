@@ -44,7 +44,7 @@ static int open_direct(const char *path, int flags, bool want_direct, bool *dire
 	*direct = false;
 again:
 	if (want_direct) {
-		fd = open(path, flags | O_DIRECT | O_CLOEXEC, 0600);
+		fd = backing_open(AT_FDCWD, path, flags | O_DIRECT, 0600);
 		if (fd >= 0) {
 			*direct = true;
 			return fd;
@@ -54,7 +54,7 @@ again:
 			goto err;
 		}
 	}
-	fd = open(path, flags | O_CLOEXEC, 0600);
+	fd = backing_open(AT_FDCWD, path, flags, 0600);
 	if (fd >= 0)
 		return fd;
 	fd = -errno;
@@ -167,7 +167,7 @@ static int copy_in_place(int ofd, int fd)
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	fs_proc_path(fd, path, sizeof(path));
-	src = open(path, O_RDONLY | O_CLOEXEC);
+	src = backing_open(AT_FDCWD, path, O_RDONLY, 0);
 	if (src < 0)
 		return -errno;
 	fs_proc_path(ofd, path, sizeof(path));
@@ -420,7 +420,7 @@ static void redo_one(int dfd, const char *rname)
 	if (!end || !end[1])
 		goto bad;
 	rel = end + 1;
-	vfd = openat(dfd, vname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	vfd = backing_open(dfd, vname, O_RDONLY | O_NOFOLLOW, 0);
 	if (vfd < 0 || fstat(vfd, &vst) < 0 || (uint64_t)vst.st_size != size) {
 		tlog(LOG_ERR, "journal %s: its version %s is %s; %s keeps what it holds",
 		     rname, vname, vfd < 0 ? "missing" : "incomplete", rel);

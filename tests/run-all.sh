@@ -130,7 +130,18 @@ if want build-tsan; then
 	fi
 fi
 
+# The names of the failing tests come last, where a log cut to its head and
+# tail still shows them: pytest's short summary (-rfE) and the assertion
+# lines ("E   ...") of each failing build's pytest run.
 if [ ${#failed[@]} -ne 0 ]; then
+	for dir in "${failed[@]}"; do
+		log=$TOP/$dir/test-suite.log
+		[ -f "$log" ] || continue
+		say "$dir: failing tests"
+		grep -E '^(FAIL|ERROR): ' "$log" | sort -u
+		grep -E '^(FAILED|ERROR) ' "$log" | cut -c1-300
+		grep -E '^E   ' "$log" | head -n 40 | cut -c1-300
+	done
 	say "FAILED: ${failed[*]}"
 	exit 1
 fi

@@ -8,4 +8,4 @@ if ! command -v "$PYTEST" >/dev/null 2>&1; then
 	echo "pytest not found: skipping the mount tests" >&2
 	exit 77
 fi
-exec "$PYTEST" -v -p no:cacheprovider ${PYTEST_ARGS} "$TIERFS_SRCDIR/tests"
+exec "$PYTEST" -v -rfE -p no:cacheprovider ${PYTEST_ARGS} "$TIERFS_SRCDIR/tests"

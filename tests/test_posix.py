@@ -638,6 +638,43 @@ def test_atime_follows_mount_option(mount, option):
         assert again > got                             # strictatime: every time
 
 
+def test_reads_by_tierfs_itself_leave_the_access_time(mount):
+    """tierfs keeps the access time itself (test_atime_follows_mount_option);
+    its own reads of a backing file (a prefetch, a read that missed the
+    caches, the copy of a file's unchanged bytes into its next version) must
+    not move it.  They did: the backing file system saw an ordinary read and,
+    with atime older than mtime, set atime to the time of that read
+    (test_chmod_chown_utimens failed now and then when a fetch ran after its
+    last utime)."""
+    old = 1_000_000_000 * 10**9
+    m = mount(host_cache="16M")
+    names = ("prefetched", "missed", "rewritten")
+    for n in names:
+        write_file(j(m.mnt, n), randbytes(4 * MiB, random.Random(n)))
+    m.umount()
+    m = mount(backing=m.backing, host_cache="16M", noatime=True)
+    for n in names:     # atime < mtime: relatime would move it at any read
+        os.utime(j(m.mnt, n), ns=(old, old + 10**9))
+    # a prefetch by restore order, no read by the user
+    os.setxattr(m.mnt, "user.tierfs.restore_order", b"prefetched\n")
+    deadline = time.monotonic() + 30
+    while "host" not in os.getxattr(j(m.mnt, "prefetched"), "user.tierfs.state").decode():
+        assert time.monotonic() < deadline, "never prefetched"
+        time.sleep(0.02)
+    # a read that misses the caches (noatime: the user's read moves nothing)
+    read_file(j(m.mnt, "missed"))
+    # a change of 5 bytes: the rest of the next version is read from the last
+    with open(j(m.mnt, "rewritten"), "r+b") as f:
+        f.write(b"touch")
+    os.utime(j(m.mnt, "rewritten"), ns=(old, old + 10**9))
+    for n in names:
+        assert os.stat(j(m.mnt, n)).st_atime_ns == old, n
+    m.umount()
+    for n in names:
+        st = os.stat(j(m.backing, n))
+        assert (st.st_atime_ns, st.st_mtime_ns) == (old, old + 10**9), n
+
+
 def test_statfs(tfs):
     s = os.statvfs(tfs.mnt)
     assert s.f_bsize > 0 and s.f_frsize > 0

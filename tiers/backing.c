@@ -21,6 +21,15 @@
 
 #define BOUNCE_MAX	(8u << 20)	/* bytes per bounced chunk */
 
+int backing_open(int dirfd, const char *path, int flags, mode_t mode)
+{
+	int fd = openat(dirfd, path, flags | O_NOATIME | O_CLOEXEC, mode);
+
+	if (fd < 0 && errno == EPERM)
+		fd = openat(dirfd, path, flags | O_CLOEXEC, mode);
+	return fd;
+}
+
 int backing_pread(int fd, void *buf, size_t n, off_t off)
 {
 	size_t done = 0;

@@ -104,4 +104,15 @@ int engine_evict_file(struct engine *e, struct tfile *f);
 int engine_stats_json(struct engine *e, char *buf, size_t len);
 uint64_t engine_host_cache_size(struct engine *e);
 
+/*
+ * open(2)/openat(2) of a backing file (or a new version of one) by tierfs
+ * itself: with O_NOATIME, so that its own reads (flushes, fetches,
+ * prefetches, the copies into new versions and DIR, hashing) never move
+ * the access time a user sees, which tierfs keeps itself (the mount's
+ * atime option, fs_file.c); without it where the kernel refuses it (EPERM:
+ * a file the daemon neither owns nor has CAP_FOWNER over).  O_CLOEXEC is
+ * added.  Returns the descriptor, or -1 with errno set.
+ */
+int backing_open(int dirfd, const char *path, int flags, mode_t mode);
+
 #endif /* TIERFS_ENGINE_H */

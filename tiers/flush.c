@@ -754,7 +754,7 @@ static int open_version(struct tfile *f)
 	if (fd < 0)
 		return -1;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	nfd = open(path, O_RDONLY | O_CLOEXEC);
+	nfd = backing_open(AT_FDCWD, path, O_RDONLY, 0);
 	f->ops->release_data_fd(f, fd);
 	return nfd;
 }
