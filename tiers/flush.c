@@ -759,48 +759,6 @@ static int open_version(struct tfile *f)
 	return nfd;
 }
 
-/*
- * After an incremental flush committed f's new version: hash all its full
- * chunks from cp (len bytes, leased; no writer changes it while the flush
- * holds it, copies_busy()) into d, with the version opened for reading, so
- * that ddf_done() indexes them as it does a version flushed by chunks.
- * Without it the chunks of a file changed in place were found by no later
- * checkpoint (its older version's entries went with that version).
- * e->lock not held.  Nothing is indexed when anything fails.
- */
-static void ddf_index_incr(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
-			   struct ddf *d)
-{
-	struct stat st;
-	double t0 = tier_now();
-	bool gpu = !cp->cache->host_addressable;
-
-	if (!e->ddx.cap || !d->chunk || len < d->chunk || (gpu && !cp->cache->ops->hash))
-		return;
-	d->n = len / d->chunk;
-	d->vfd = open_version(f);
-	if (d->vfd < 0 || fstat(d->vfd, &st) < 0 || (uint64_t)st.st_size != len)
-		return;		/* ddf_done() closes vfd */
-	d->uid = st.st_uid;
-	if (gpu) {
-		d->h = ddf_cache_hash(e, cp, d->n, d->chunk);
-	} else {
-		d->h = malloc(d->n * sizeof(*d->h));
-		if (d->h)
-			dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, d->n);
-	}
-	if (!d->h)
-		return;
-	d->nhashed = d->n;
-	eng_lock(e);
-	if (!gpu) {
-		e->dd_hash_s += tier_now() - t0;
-		e->dd_bytes_hashed += d->n * d->chunk;
-	}
-	e->dd_chunks_hashed += d->n;
-	eng_unlock(e);
-}
-
 /* Write all len bytes of cp into version fd, size it and sync it.  e->lock
  * not held, cp leased. */
 static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t len,
@@ -919,8 +877,6 @@ written:
 	tc = tier_now() - tc;
 	if (!ret && ddf.on && ddf.nhashed)
 		ddf.vfd = open_version(f);
-	else if (!ret && incr.on)
-		ddf_index_incr(e, f, cp, len, &ddf);
 out_small:
 	if (ret > 0)
 		ret = 0;	/* version_small did it */
