@@ -199,12 +199,22 @@ def series(opts, p, inplace=False, gpu=False):
         kept.append(bytes(data)) if inplace else kept.append(bytes(data))
         if inplace and len(kept) > 2:
             kept.pop(0)
-    st = t.stats()
+    copy = None
+    st, w2, u2 = t.stats(), dev_written(), used()   # the series' figures
+    if inplace:             # then the last content as a new checkpoint file
+        c0, f0 = w2, flushed(st)[0]
+        t0 = time.perf_counter()
+        fd = os.open(os.path.join(mnt, "copy"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        copy = (dev_written() - c0, flushed(t.stats())[0] - f0, time.perf_counter() - t0)
     t.stop()
     wrote, cloned = flushed(st)
     ok = True
     if inplace:
-        ok = open(os.path.join(t.back, "f"), "rb").read() == kept[-1]
+        ok = open(os.path.join(t.back, "f"), "rb").read() == kept[-1] and \
+            open(os.path.join(t.back, "copy"), "rb").read() == kept[-1]
     else:
         rng2 = random.Random(42)
         d2 = bytearray(rbytes(rng2, SIZE))
@@ -213,13 +223,12 @@ def series(opts, p, inplace=False, gpu=False):
                 d2 = touch(d2, p, rng2)
             ok = ok and open(os.path.join(t.back, f"ckpt.{i}"), "rb").read() == d2
     d = st.get("dedup", {})
-    w2 = dev_written()
-    row = dict(dev=w2 - w0, later=w2 - w1, used=used() - u0, wrote=wrote, cloned=cloned,
+    row = dict(dev=w2 - w0, later=w2 - w1, used=u2 - u0, wrote=wrote, cloned=cloned,
                durable=durable, dlater=durable - d1, fsync=fs, hash=d.get("hash_bandwidth", 0) if d.get("on") else 0,
                index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
                ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
                found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per,
-               stages=stages(st))
+               stages=stages(st), copy=copy)
     shutil.rmtree(t.back)
     return row
 
@@ -312,6 +321,12 @@ def table(title, rows):
         data = tot - t.get("clone", 0) - t.get("sync", 0) - t.get("commit", 0)
         print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
               f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f}")
+    if any(r.get("copy") for _, _, r in rows):
+        print("then the last content written as a new file (a checkpoint under a new name)")
+        print(f"{'case':<22} {'SSD written':>11} {'flushed':>10} {'durable s':>9}")
+        for name, key, r in rows:
+            w, f, d = r["copy"]
+            print(f"{name:<22} {fmt_b(w):>11} {fmt_b(f):>10} {d:>9.2f}")
     sys.stdout.flush()
 
 

@@ -410,26 +410,37 @@ def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
     assert util.tierfs_internals(m.backing) == []
 
 
+def change_sync(path, off, data):
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def test_sources_that_change_or_go_are_not_cloned(xfs, mount):
-    """Chunks of a version that was replaced (rewritten in place, O_TRUNC)
-    or removed are never cloned; the new files are byte-exact."""
+    """Chunks of a version that was replaced (changed in place, O_TRUNC) or
+    removed are never cloned: of a file changed in place, the changed chunk's
+    old content is not found any more, the others are (its entries are
+    carried over to the new version); the new files are byte-exact."""
     m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
     rng = random.Random(8)
+    C, n = 64 * KiB, 8 * MiB // (64 * KiB)
     a = util.randbytes(8 * MiB, rng)
     pa = os.path.join(m.mnt, "a")
     write_sync(pa, a)
-    # a's version is replaced by an in-place change: its chunks leave the index
-    with open(pa, "r+b") as f:
-        f.seek(MiB)
-        f.write(b"!" * 10)
-        f.flush()
-        os.fsync(f.fileno())
+    # a's version is replaced by an in-place change of one chunk
+    change_sync(pa, MiB, b"!" * 10)
     s0 = dstats(m)
+    assert s0["files_incremental"] >= 1 and s0["versions_carried"] >= 1, s0
     write_sync(os.path.join(m.mnt, "b"), a)
     s1 = dstats(m)
-    assert s1["chunks_found"] == s0["chunks_found"], "cloned from a replaced version"
+    assert s1["chunks_found"] - s0["chunks_found"] == n - 1, \
+        "b: the changed chunk's old content cloned, or a's new version lost its entries"
+    assert s1["bytes_written"] - s0["bytes_written"] == C, s1
     util.assert_same(util.read_file(os.path.join(m.backing, "b")), a, "b")
-    # b removed: a file like it finds nothing
+    # a and b removed: a file like them finds nothing
+    os.unlink(pa)
     os.unlink(os.path.join(m.mnt, "b"))
     write_sync(os.path.join(m.mnt, "c"), a)
     s2 = dstats(m)
@@ -447,10 +458,74 @@ def test_sources_that_change_or_go_are_not_cloned(xfs, mount):
     assert s4["chunks_found"] > s3["chunks_found"]
     # and g like e finds every chunk
     write_sync(os.path.join(m.mnt, "g"), a)
-    assert dstats(m)["chunks_found"] == s4["chunks_found"] + 8 * MiB // (64 * KiB)
+    assert dstats(m)["chunks_found"] == s4["chunks_found"] + n
     m.umount()
     for name in "deg":
         util.assert_same(util.read_file(os.path.join(m.backing, name)), a, name)
+
+
+def test_file_changed_in_place_again_and_again_stays_in_the_index(xfs, mount):
+    """A file changed in place many times (a database, a log, a checkpoint
+    updated in place) keeps its chunks in the index: after every change a
+    new file with its current content finds every full chunk (the changed
+    ones by their new hashes), a copy of an older content finds all but the
+    chunks changed since, and every file is byte-exact in the backing
+    directory after unmount."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    rng = random.Random(21)
+    C = 64 * KiB
+    pa = os.path.join(m.mnt, "a")
+    cur = bytearray(util.randbytes(2 * MiB, rng))
+    write_sync(pa, bytes(cur))
+    copies = {}
+    for step in range(12):
+        old = bytes(cur)
+        # a few 4-64 byte changes; now and then the file grows or shrinks
+        touched = set()
+        for _ in range(rng.randint(1, 3)):
+            off = rng.randrange(len(cur) - 64)
+            data = util.randbytes(rng.randint(4, 64), rng)
+            cur[off:off + len(data)] = data
+            touched.update(range(off // C, (off + len(data) - 1) // C + 1))
+        if step % 4 == 3:
+            extra = util.randbytes(rng.randint(1, 3) * C + rng.randrange(C), rng)
+            touched.update(range(len(cur) // C, (len(cur) + len(extra)) // C + 1))
+            cur += extra
+        if step % 4 == 1:
+            cut = len(cur) - rng.randint(1, 2) * C - rng.randrange(C)
+            touched.update(range(cut // C, len(cur) // C + 1))
+            del cur[cut:]
+        with open(pa, "r+b") as f:
+            f.write(cur)
+            f.truncate(len(cur))
+            f.flush()
+            os.fsync(f.fileno())
+        s0 = dstats(m)
+        # the current content: every full chunk found
+        name = f"now{step}"
+        write_sync(os.path.join(m.mnt, name), bytes(cur))
+        s1 = dstats(m)
+        assert s1["chunks_found"] - s0["chunks_found"] == len(cur) // C, (step, s0, s1)
+        copies[name] = bytes(cur)
+        os.unlink(os.path.join(m.mnt, name))	# only a holds those chunks
+        # the content before this change: its changed chunks are not found
+        s1 = dstats(m)
+        name = f"old{step}"
+        write_sync(os.path.join(m.mnt, name), old)
+        s2 = dstats(m)
+        full = len(old) // C
+        stale = len([k for k in touched if k < full])
+        assert s2["chunks_found"] - s1["chunks_found"] == full - stale, (step, s1, s2)
+        copies[name] = old
+        os.unlink(os.path.join(m.mnt, name))
+    s = dstats(m)
+    assert s["versions_carried"] >= 12, s
+    copies["a"] = bytes(cur)
+    keep = os.path.join(m.mnt, "last")
+    write_sync(keep, bytes(cur))
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "a")), bytes(cur), "a")
+    util.assert_same(util.read_file(os.path.join(m.backing, "last")), bytes(cur), "last")
 
 
 def test_chunks_are_not_shared_between_owners(xfs, mount):
@@ -732,3 +807,59 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
     for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", three)):
         util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)
     assert util.tierfs_internals(m.backing) == []
+
+
+def test_copies_of_a_file_changed_in_place_meanwhile_are_exact(xfs, mount):
+    """One thread changes a file in place and fsyncs, again and again (its
+    version in the index is suspended and carried over each time); others
+    write copies of what they read of it as new files, which clone their
+    chunks from its versions meanwhile.  Every copy in the backing directory
+    is what its writer wrote: no clone takes bytes the flush changed."""
+    import threading
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M")
+    C, size = 64 * KiB, 4 * MiB
+    pa = os.path.join(m.mnt, "a")
+    write_sync(pa, util.randbytes(size, random.Random(5)))
+    stop = time.monotonic() + 8
+    errors = []
+
+    def changer():
+        rng = random.Random(6)
+        try:
+            with open(pa, "r+b") as f:
+                while time.monotonic() < stop:
+                    for _ in range(rng.randint(1, 8)):
+                        f.seek(rng.randrange(size - 64))
+                        f.write(util.randbytes(rng.randint(4, 64), rng))
+                    f.flush()
+                    os.fsync(f.fileno())
+        except Exception as ex:         # noqa: BLE001
+            errors.append(f"changer: {ex!r}")
+
+    def copier(k):
+        i = 0
+        try:
+            while time.monotonic() < stop:
+                data = util.read_file(pa)
+                name = f"c{k}.{i}"
+                write_sync(os.path.join(m.mnt, name), data)
+                got = util.read_file(os.path.join(m.backing, name))
+                if got != data:
+                    bad = [j for j in range(0, len(data), C) if got[j:j + C] != data[j:j + C]]
+                    errors.append(f"{name}: chunks {bad[:8]} differ from what was written")
+                    return
+                os.unlink(os.path.join(m.mnt, name))
+                i += 1
+        except Exception as ex:         # noqa: BLE001
+            errors.append(f"copier {k}: {ex!r}")
+
+    threads = [threading.Thread(target=changer)] + \
+        [threading.Thread(target=copier, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    s = dstats(m)
+    assert s["versions_carried"] >= 5 and s["chunks_found"] > 0, s
+    m.umount()

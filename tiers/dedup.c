@@ -241,7 +241,7 @@ static void dd_unchain(struct dd_index *x, uint32_t i)
 }
 
 struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
-			    struct dd_src *src, uint64_t off)
+			    struct dd_src *src, uint64_t off, uint32_t gen)
 {
 	struct dd_src *gone = NULL;
 	uint32_t i, b;
@@ -262,11 +262,23 @@ struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
 		x->count++;
 	}
 	b = dd_bucket(x, h);
-	x->ent[i] = (struct dd_ent){ .h = *h, .src = src, .off = off, .next = x->bucket[b] };
+	x->ent[i] = (struct dd_ent){ .h = *h, .src = src, .off = off, .next = x->bucket[b],
+				     .gen = gen };
 	x->bucket[b] = i;
 	src->refs++;
 	x->live++;
 	return gone;
+}
+
+bool dd_ent_valid(const struct dd_ent *d)
+{
+	const struct dd_src *s = d->src;
+	uint64_t k;
+
+	if (!s || s->retired || s->fd < 0 || !s->chunk)
+		return false;
+	k = d->off / s->chunk;
+	return k < s->nchunks && (!s->cgen || d->gen >= s->cgen[k]);
 }
 
 const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_hash *h,
@@ -277,8 +289,8 @@ const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_has
 	for (uint32_t i = x->bucket[dd_bucket(x, h)]; i != DD_NONE; i = x->ent[i].next) {
 		const struct dd_ent *d = &x->ent[i];
 
-		if (d->src && !d->src->retired && d->src->uid == uid &&
-		    d->h.lo == h->lo && d->h.hi == h->hi)
+		if (d->h.lo == h->lo && d->h.hi == h->hi && d->src && d->src->uid == uid &&
+		    dd_ent_valid(d))
 			return d;
 	}
 	return NULL;

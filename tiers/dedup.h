@@ -75,6 +75,21 @@ struct dd_src {
 	bool retired;
 	void *owner;			/* its struct tfile while live */
 	struct dd_src *prev, *next;	/* the live ones, oldest first */
+	/*
+	 * Carried over by incremental flushes.  While its file's next
+	 * version is flushed incrementally the version is suspended (fd -1:
+	 * nothing is found in it or cloned from it) and epoch grows; when
+	 * that version is committed it takes the old one's place: fd is
+	 * the new version's, the chunks the flush changed get cgen = epoch,
+	 * and an entry is found only while its gen >= its chunk's cgen (the
+	 * unchanged chunks hold the same bytes at the same offsets: their
+	 * entries stay).  A clone checks that epoch did not move between
+	 * the lookup and the end of the clone.
+	 */
+	uint32_t epoch;
+	uint64_t chunk;			/* the chunk size of its entries */
+	uint64_t nchunks;		/* full chunks of the version */
+	uint32_t *cgen;			/* per chunk (nchunks); NULL: all 0 */
 };
 
 /* Where a chunk was flushed: version src, at offset off. */
@@ -83,6 +98,7 @@ struct dd_ent {
 	struct dd_src *src;		/* NULL: a free slot */
 	uint64_t off;
 	uint32_t next;			/* hash chain, UINT32_MAX: end */
+	uint32_t gen;			/* src->epoch when it was added */
 };
 
 struct dd_index {
@@ -98,8 +114,11 @@ void dd_index_free(struct dd_index *x);
 /* Add an entry (takes a reference on src), evicting the oldest when full.
  * Returns a version whose last reference went (to free), or NULL. */
 struct dd_src *dd_index_add(struct dd_index *x, const struct dd_hash *h,
-			    struct dd_src *src, uint64_t off);
-/* The newest entry of h from a live version of owner uid, or NULL. */
+			    struct dd_src *src, uint64_t off, uint32_t gen);
+/* Does the entry still describe its version's bytes (live, not suspended,
+ * its chunk unchanged since it was added)? */
+bool dd_ent_valid(const struct dd_ent *d);
+/* The newest valid entry of h from a version of owner uid, or NULL. */
 const struct dd_ent *dd_index_find(const struct dd_index *x, const struct dd_hash *h,
 				   uint32_t uid);
 /* Memory the index holds. */

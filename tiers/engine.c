@@ -652,14 +652,15 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 		",\"files_dedup\":%" PRIu64 ",\"chunk\":%" PRIu64 ",\"chunks_hashed\":%" PRIu64
 		",\"chunks_found\":%" PRIu64 ",\"hash_bandwidth\":%.0f,\"sampled_out\":%" PRIu64
 		",\"index_entries\":%" PRIu64 ",\"index_bytes\":%" PRIu64
-		",\"versions_open\":%u,\"gpu_chunks_hashed\":%" PRIu64
+		",\"versions_open\":%u,\"versions_carried\":%" PRIu64
+		",\"gpu_chunks_hashed\":%" PRIu64
 		",\"gpu_hash_bandwidth\":%.0f}}",
 		e->cfg.dedup ? "true" : "false", e->cfg.dedup_block, e->dd_bytes_logical,
 		e->dd_bytes_written, e->dd_bytes_cloned, e->dd_files_incremental,
 		e->dd_files_full, e->dd_files_dedup, e->cfg.dedup_chunk, e->dd_chunks_hashed,
 		e->dd_chunks_found, e->dd_hash_s > 0 ? (double)e->dd_bytes_hashed / e->dd_hash_s : 0.0,
-		e->dd_sampled_out, e->ddx.live, dd_index_bytes(&e->ddx), e->dd_nlive,
-		e->dd_gpu_chunks, e->dd_gpu_s > 0 ? (double)e->dd_gpu_bytes / e->dd_gpu_s : 0.0);
+		e->dd_sampled_out, e->ddx.live, dd_index_bytes(&e->ddx) + e->dd_cgen_bytes,
+		e->dd_nlive, e->dd_carried, e->dd_gpu_chunks, e->dd_gpu_s > 0 ? (double)e->dd_gpu_bytes / e->dd_gpu_s : 0.0);
 	eng_unlock(e);
 	return at >= len ? -ERANGE : (int)at;
 }

@@ -134,6 +134,8 @@ struct engine {
 	uint64_t dd_files_dedup, dd_chunks_hashed, dd_chunks_found, dd_sampled_out;
 	uint64_t dd_bytes_hashed;
 	double dd_hash_s;
+	uint64_t dd_carried;		/* versions carried over (dd_src_carry) */
+	uint64_t dd_cgen_bytes;		/* memory of their chunk generations */
 	uint64_t dd_gpu_chunks, dd_gpu_bytes;	/* hashed on the GPU */
 	double dd_gpu_s;
 	/* where the SSD flushes spent their time (flush.c, "ssd":"seconds"):

@@ -132,6 +132,13 @@ struct incr {
 	uint64_t align;		/* ranges rounded out to this */
 	uint64_t written;	/* statistics: bytes written, */
 	uint64_t cloned;	/* and bytes shared with the base */
+	bool done;		/* the version was made this way */
+	/* the base's entry in the chunk index, carried over to the new
+	 * version (dd_src_carry): the chunks that changed, with the hashes
+	 * of those that are full chunks of the new version (NULL: none) */
+	struct dd_src *carry;
+	uint64_t *ck, nck;
+	struct dd_hash *ch;
 };
 
 /* e->lock held: plan an incremental flush of len bytes of f, if it can be. */
@@ -252,16 +259,44 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 					 * written: a FICLONERANGE costs more
 					 * than writing a few blocks */
 
+static void dd_src_free(struct dd_src *s)
+{
+	free(s->cgen);
+	free(s);
+}
+
 /* e->lock held: drop a reference on s; the last one frees it. */
 static void dd_src_put(struct dd_src *s)
 {
 	if (--s->refs == 0)
-		free(s);
+		dd_src_free(s);
+}
+
+/* e->lock held: fd (of a version) is closed by a flusher: the last close
+ * of a replaced version frees its blocks, a journal operation, never
+ * under e->lock. */
+static void dd_close_later(struct engine *e, int fd)
+{
+	if (fd < 0)
+		return;
+	if (e->dd_nclose == e->dd_closecap) {
+		size_t cap = e->dd_closecap ? 2 * e->dd_closecap : 16;
+		int *c = realloc(e->dd_close, cap * sizeof(*c));
+
+		if (c) {
+			e->dd_close = c;
+			e->dd_closecap = cap;
+		}
+	}
+	if (e->dd_nclose < e->dd_closecap)
+		e->dd_close[e->dd_nclose++] = fd;
+	else
+		close(fd);	/* no memory: rather a slow close than a leak */
+	pthread_cond_broadcast(&e->cond);
 }
 
 /* e->lock held: s's chunks may not be cloned any more; its fd is closed
- * by a flusher (the last close of a replaced version frees its blocks, a
- * journal operation: never under e->lock). */
+ * by a flusher. */
 static void dd_src_retire(struct engine *e, struct dd_src *s)
 {
 	if (s->retired)
@@ -278,22 +313,172 @@ static void dd_src_retire(struct engine *e, struct dd_src *s)
 	else
 		e->dd_live_tail = s->prev;
 	e->dd_nlive--;
-	if (e->dd_nclose == e->dd_closecap) {
-		size_t cap = e->dd_closecap ? 2 * e->dd_closecap : 16;
-		int *c = realloc(e->dd_close, cap * sizeof(*c));
+	dd_close_later(e, s->fd);
+	s->fd = -1;
+	if (s->cgen) {		/* no entry of it is valid any more */
+		e->dd_cgen_bytes -= s->nchunks * sizeof(*s->cgen);
+		free(s->cgen);
+		s->cgen = NULL;
+	}
+	dd_src_put(s);		/* the owner's reference */
+}
 
-		if (c) {
-			e->dd_close = c;
-			e->dd_closecap = cap;
+/*
+ * e->lock held, when f's next version is about to be flushed
+ * incrementally: suspend its version in the index instead of retiring it
+ * (nothing is found in it or cloned from it until dd_src_carry()).
+ * Returns it, referenced, or NULL (then retire it as usual).
+ */
+static struct dd_src *dd_src_suspend(struct engine *e, struct dd_src *s)
+{
+	if (!s || s->retired || s->fd < 0 || s->epoch >= UINT32_MAX - 1 ||
+	    e->dd_cgen_bytes > e->cfg.dedup_index / 4)
+		return NULL;	/* no room for more chunk generations */
+	dd_close_later(e, s->fd);	/* the old version: it is not changed,
+					 * only replaced (or changed in place:
+					 * then it is never taken back) */
+	s->fd = -1;
+	s->epoch++;
+	s->refs++;
+	return s;
+}
+
+/*
+ * e->lock held, after the flush that dd_src_suspend() was for.  When that
+ * flush made f's new version incrementally (in->done) and committed it
+ * (vfd: that version, read), s takes it over: the chunks the flush changed
+ * get the new epoch (their older entries are no longer found), the new
+ * hashes of changed chunks are added, the other entries stay (the
+ * unchanged chunks are clones of the same bytes at the same offsets).
+ * Otherwise s is retired.  Takes vfd and s's reference.
+ */
+static void dd_src_carry(struct engine *e, struct tfile *f, struct dd_src *s, int vfd,
+			 struct incr *in, uint64_t len)
+{
+	uint64_t C = s->chunk, nn = C ? len / C : 0, cap, first;
+	struct stat st;
+	bool ok = in->done && vfd >= 0 && !s->retired && f->dd_src == s && !f->unlinked &&
+		  s->epoch < UINT32_MAX && C && fstat(vfd, &st) == 0 &&
+		  (uint64_t)st.st_size == len;
+
+	cap = s->cgen ? s->nchunks : 0;
+	if (ok && (nn > cap || !s->cgen)) {	/* chunks are never taken away */
+		uint64_t want = nn > s->nchunks ? nn : s->nchunks;
+		uint32_t *g = realloc(s->cgen, want * sizeof(*g));
+
+		if (!g) {
+			ok = false;
+		} else {
+			if (!s->cgen)
+				memset(g, 0, want * sizeof(*g));
+			else
+				for (uint64_t k = cap; k < want; k++)
+					g[k] = 0;
+			e->dd_cgen_bytes += (want - cap) * sizeof(*g);
+			s->cgen = g;
+			s->nchunks = want;
 		}
 	}
-	if (e->dd_nclose < e->dd_closecap)
-		e->dd_close[e->dd_nclose++] = s->fd;
-	else
-		close(s->fd);	/* no memory: rather a slow close than a leak */
-	s->fd = -1;
-	dd_src_put(s);		/* the owner's reference */
-	pthread_cond_broadcast(&e->cond);
+	if (!ok) {
+		dd_close_later(e, vfd);
+		if (!s->retired && f->dd_src == s)
+			dd_src_retire(e, s);
+		dd_src_put(s);
+		return;
+	}
+	/* what changed: the listed chunks, and everything from the first
+	 * chunk not wholly cloned on (the tail, a size that changed) */
+	first = in->clone / C;
+	for (uint64_t i = 0; i < in->nck; i++)
+		s->cgen[in->ck[i]] = s->epoch;
+	for (uint64_t k = first; k < s->nchunks; k++)
+		s->cgen[k] = s->epoch;
+	s->nchunks = s->nchunks > nn ? s->nchunks : nn;
+	s->fd = vfd;
+	s->uid = st.st_uid;
+	if (in->ch)
+		for (uint64_t i = 0; i < in->nck; i++) {
+			if (in->ck[i] >= nn)
+				continue;
+			struct dd_src *gone = dd_index_add(&e->ddx, &in->ch[i], s, in->ck[i] * C,
+							   s->epoch);
+
+			if (gone)
+				dd_src_free(gone);	/* retired, its last entry gone */
+		}
+	e->dd_carried++;
+	dd_src_put(s);
+}
+
+/* Room for twice *max chunks in in->ck; false (and none) on no memory. */
+static bool ck_grow(struct incr *in, uint64_t *max)
+{
+	uint64_t *g = realloc(in->ck, 2 * *max * sizeof(*g));
+
+	if (!g) {
+		free(in->ck);
+		in->ck = NULL;
+		return false;
+	}
+	in->ck = g;
+	*max *= 2;
+	return true;
+}
+
+/*
+ * The chunks (of chunk bytes) that an incremental flush of len bytes
+ * changes: those that meet a changed range below the clone, and from the
+ * clone on all of them up to the new size; with a host copy, the hashes of
+ * those that are full chunks (XXH3-128, from cp: no writer changes it
+ * while the flush holds it).  e->lock not held.  Nothing on no memory
+ * (then the carry fails and the version is retired).
+ */
+static void incr_changed(struct engine *e, struct copy *cp, uint64_t len, uint64_t chunk,
+			 struct incr *in)
+{
+	uint64_t first = in->clone / chunk, nn = len / chunk, n = 0, last = UINT64_MAX;
+	uint64_t max = (uint64_t)in->n * 2 + (nn > first ? nn - first : 0) + 1;
+	double t0 = tier_now();
+
+	in->ck = malloc(max * sizeof(*in->ck));
+	if (!in->ck)
+		return;
+	for (uint32_t i = 0; i < in->n; i++) {
+		uint64_t a = in->r[i].start / chunk, b;
+
+		if (in->r[i].end <= in->r[i].start || a >= first)
+			continue;
+		b = (in->r[i].end - 1) / chunk;
+		if (b >= first)
+			b = first - 1;
+		for (uint64_t k = a; k <= b; k++) {
+			if (k == last)
+				continue;
+			if (n == max && !ck_grow(in, &max))
+				return;
+			in->ck[n++] = last = k;
+		}
+	}
+	for (uint64_t k = first; k < nn; k++) {	/* the tail's full chunks */
+		if (n == max && !ck_grow(in, &max))
+			return;
+		in->ck[n++] = k;
+	}
+	in->nck = n;
+	if (!cp->cache->host_addressable || !n)
+		return;		/* a GPU copy: only what went is known */
+	in->ch = malloc(n * sizeof(*in->ch));
+	if (!in->ch)
+		return;
+	for (uint64_t i = 0; i < n; i++)
+		if (in->ck[i] < nn)
+			dd_hash_chunks(copy_ptr(cp) + in->ck[i] * chunk, chunk, chunk,
+				       &in->ch[i], 0, 1);
+	eng_lock(e);
+	e->dd_hash_s += tier_now() - t0;
+	e->dd_bytes_hashed += n * chunk;
+	e->dd_chunks_hashed += n;
+	eng_unlock(e);
 }
 
 void eng_dd_retire(struct engine *e, struct tfile *f)
@@ -327,7 +512,8 @@ struct ddf {
 	struct dd_hash *h;	/* hashes of chunks [0, nhashed) */
 	uint64_t nhashed;
 	struct dd_src **src;	/* per chunk: a version holding it (referenced) */
-	uint64_t *soff;		/* and where */
+	uint64_t *soff;		/* and where, */
+	uint32_t *sep;		/* and that version's epoch then */
 	uint64_t found, written, cloned;
 	int vfd;		/* after the commit: the new version, read */
 	struct dd_hash *gh;	/* all n hashes, computed by the cascade on
@@ -404,35 +590,53 @@ static void ddf_lookup(struct engine *e, struct ddf *d, uint64_t a, uint64_t b)
 		if (x) {
 			d->src[i] = x->src;
 			d->soff[i] = x->off;
+			d->sep[i] = x->src->epoch;
 			x->src->refs++;
 			d->found++;
 		}
 	}
 }
 
+/* e->lock held: a descriptor of version s if it is still what it was at
+ * epoch ep (not retired, not suspended, not carried over since), or -1. */
+static int dd_src_dup(const struct dd_src *s, uint32_t ep)
+{
+	return s->retired || s->fd < 0 || s->epoch != ep ? -1 : dup(s->fd);
+}
+
 /*
- * Clone len bytes at soff of version s into fd at off.  e->lock not held.
- * Returns 0, or -errno (the caller writes those bytes instead): s was
- * retired before the clone was over (its content may have changed).
+ * Clone len bytes at soff of version s, as it was at epoch ep (when its
+ * chunks were looked up), into fd at off.  e->lock not held.  Returns 0,
+ * or -errno (the caller writes those bytes instead): s was retired,
+ * suspended or carried over before the clone was over (its content may
+ * have changed).
  */
 static int ddf_clone(struct engine *e, int fd, uint64_t off, struct dd_src *s, uint64_t soff,
-		     uint64_t len)
+		     uint64_t len, uint32_t ep)
 {
 	int sfd, ret;
 
 	eng_lock(e);
-	sfd = s->retired ? -1 : dup(s->fd);
+	sfd = dd_src_dup(s, ep);
 	eng_unlock(e);
 	if (sfd < 0)
 		return -ESTALE;
 	ret = timed_clone(fd, off, sfd, soff, len);
 	close(sfd);
 	eng_lock(e);
-	if (!ret && s->retired)
-		ret = -ESTALE;	/* retired before anything of it changes:
-				 * not retired now, the clone has its bytes */
+	if (!ret && (s->retired || s->epoch != ep))
+		ret = -ESTALE;	/* retired or suspended before anything of
+				 * it changes: not now, the clone has its
+				 * bytes */
 	eng_unlock(e);
 	return ret;
+}
+
+/* Is chunk j found in the index at the run that starts at chunk i? */
+static bool ddf_same_run(const struct ddf *d, uint64_t i, uint64_t j)
+{
+	return d->src[j] == d->src[i] && d->sep[j] == d->sep[i] &&
+	       d->soff[j] == d->soff[i] + (j - i) * d->chunk;
 }
 
 /*
@@ -500,7 +704,7 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
  * previous checkpoint of a series), when it holds at least half of them:
  * the base that ddf_write_based() clones whole.  Referenced by d->src.
  */
-static struct dd_src *ddf_base(const struct ddf *d)
+static struct dd_src *ddf_base(const struct ddf *d, uint32_t *ep)
 {
 	struct dd_src *cand = NULL;
 	uint64_t votes = 0, n = 0;
@@ -510,13 +714,23 @@ static struct dd_src *ddf_base(const struct ddf *d)
 
 		if (!s)
 			continue;
-		if (!votes)
+		if (!votes) {
 			cand = s;
-		votes += s == cand ? 1 : (uint64_t)-1;
+			*ep = d->sep[i];
+		}
+		votes += s == cand && d->sep[i] == *ep ? 1 : (uint64_t)-1;
 	}
 	for (uint64_t i = 0; cand && i < d->nhashed; i++)
-		n += d->src[i] == cand && d->soff[i] == i * d->chunk;
+		n += d->src[i] == cand && d->sep[i] == *ep && d->soff[i] == i * d->chunk;
 	return cand && 2 * n >= d->nhashed ? cand : NULL;
+}
+
+/* Is chunk i of d in place in base b (epoch ep), of which m chunks are
+ * cloned? */
+static bool ddf_in_base(const struct ddf *d, uint64_t i, uint64_t m, const struct dd_src *b,
+			uint32_t ep)
+{
+	return i < m && d->src[i] == b && d->sep[i] == ep && d->soff[i] == i * d->chunk;
 }
 
 /*
@@ -527,7 +741,7 @@ static struct dd_src *ddf_base(const struct ddf *d)
  * -EAGAIN: the base could not be cloned (nothing was written).
  */
 static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
-			   uint64_t end, struct ddf *d, struct dd_src *b)
+			   uint64_t end, struct ddf *d, struct dd_src *b, uint32_t ep)
 {
 	uint64_t C = d->chunk, m, i, done = 0, inner = 0, cloned;
 	bool host = cp->cache->host_addressable;
@@ -537,7 +751,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 	int sfd, ret = 0;
 
 	eng_lock(e);
-	sfd = b->retired ? -1 : dup(b->fd);
+	sfd = dd_src_dup(b, ep);
 	eng_unlock(e);
 	if (sfd < 0)
 		return -EAGAIN;
@@ -558,7 +772,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		fx.fsx_cowextsize = (uint32_t)C;
 		(void)ioctl(fd, FS_IOC_FSSETXATTR, &fx);	/* a hint */
 	}
-	if (ddf_clone(e, fd, 0, b, 0, m * C))
+	if (ddf_clone(e, fd, 0, b, 0, m * C, ep))
 		return -EAGAIN;
 	cloned = m * C;
 	if (host && !(seg = malloc((d->nhashed + 1) * sizeof(*seg))))
@@ -566,17 +780,17 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 	for (i = 0; i < d->nhashed && !ret;) {
 		uint64_t j = i + 1;
 
-		if (i < m && d->src[i] == b && d->soff[i] == i * C) {
+		if (ddf_in_base(d, i, m, b, ep)) {
 			i = j;		/* in place already */
 			continue;
 		}
 		if (d->src[i]) {	/* found elsewhere: a run of it cloned */
-			while (j < d->nhashed && d->src[j] == d->src[i] &&
-			       d->soff[j] == d->soff[i] + (j - i) * C &&
-			       !(j < m && d->src[j] == b && d->soff[j] == j * C))
+			while (j < d->nhashed && ddf_same_run(d, i, j) &&
+			       !ddf_in_base(d, j, m, b, ep))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN &&
-			    ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C) == 0) {
+			    ddf_clone(e, fd, i * C, d->src[i], d->soff[i], (j - i) * C,
+				      d->sep[i]) == 0) {
 				if (j > m)
 					cloned += (j - (i > m ? i : m)) * C;
 				i = j;
@@ -585,8 +799,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		}
 		/* written: this chunk (and its neighbours to write, merged) */
 		j = i + 1;
-		while (j < d->nhashed && !(j < m && d->src[j] == b && d->soff[j] == j * C) &&
-		       !d->src[j])
+		while (j < d->nhashed && !ddf_in_base(d, j, m, b, ep) && !d->src[j])
 			j++;
 		if (i < m)
 			cloned -= ((j < m ? j : m) - i) * C;
@@ -623,10 +836,11 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 {
 	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
 	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
-	struct dd_src *base = ddf_base(d);
+	uint32_t ep = 0;
+	struct dd_src *base = ddf_base(d, &ep);
 	int ret = 0;
 
-	if (base && (ret = ddf_write_based(e, ring, cp, fd, end, d, base)) != -EAGAIN)
+	if (base && (ret = ddf_write_based(e, ring, cp, fd, end, d, base, ep)) != -EAGAIN)
 		goto out;
 	ret = 0;
 
@@ -634,15 +848,14 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		uint64_t j = i + 1;
 
 		if (d->src[i]) {
-			while (j < d->nhashed && d->src[j] == d->src[i] &&
-			       d->soff[j] == d->soff[i] + (j - i) * C)
+			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
 				ret = write_range(ring, fd, cp, ws, i * C, &done);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, fd, i * C, d->src[i], d->soff[i],
-						      (j - i) * C) == 0) {
+						      (j - i) * C, d->sep[i]) == 0) {
 					d->cloned += (j - i) * C;
 					ws = j * C;
 					tierfs_fault_kill("dedup_write");
@@ -686,7 +899,8 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	d->h = malloc(d->n * sizeof(*d->h));
 	d->src = calloc(d->n, sizeof(*d->src));
 	d->soff = malloc(d->n * sizeof(*d->soff));
-	if (!d->h || !d->src || !d->soff)
+	d->sep = malloc(d->n * sizeof(*d->sep));
+	if (!d->h || !d->src || !d->soff || !d->sep)
 		return -EAGAIN;		/* freed by ddf_done() */
 	ddf_hash(e, cp, len, d);
 	return ddf_write(e, ring, cp, fd, direct, len, d);
@@ -710,6 +924,8 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		s->fd = d->vfd;
 		d->vfd = -1;
 		s->uid = d->uid;
+		s->chunk = d->chunk;
+		s->nchunks = d->n;
 		s->refs = 1;
 		s->owner = f;
 		f->dd_src = s;
@@ -722,22 +938,19 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		if (++e->dd_nlive > DD_SRC_MAX)
 			dd_src_retire(e, e->dd_live);
 		for (uint64_t i = 0; i < d->nhashed; i++) {
-			struct dd_src *gone = dd_index_add(&e->ddx, &d->h[i], s, i * d->chunk);
+			struct dd_src *gone = dd_index_add(&e->ddx, &d->h[i], s, i * d->chunk, 0);
 
 			if (gone)
-				free(gone);	/* retired, its last entry gone */
+				dd_src_free(gone);	/* retired, its last entry gone */
 		}
 	}
-	if (d->vfd >= 0) {	/* not kept: closed like a retired one */
-		if (e->dd_nclose < e->dd_closecap)
-			e->dd_close[e->dd_nclose++] = d->vfd;
-		else
-			close(d->vfd);
-		d->vfd = -1;
-	}
+	dd_close_later(e, d->vfd);	/* not kept: closed like a retired one */
+	d->vfd = -1;
 	free(d->h);
 	free(d->src);
 	free(d->soff);
+	free(d->sep);
+	d->sep = NULL;
 	free(d->gh);
 	d->gh = NULL;
 	d->h = NULL;
@@ -814,7 +1027,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	struct ddf ddf;
 	struct lease l;
 	double t0, tc = 0;
-	int fd, ret;
+	int fd, ret, vfd = -1;
 
 	if (!cp || !f->dirty || f->unlinked || cp->state != TS_WRITE_COMPLETE ||
 	    cp->flushing)
@@ -823,8 +1036,12 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	gen = f->gen;
 	len = cp->len;
-	eng_dd_retire(e, f);	/* its backing version is about to change */
 	incr_plan(e, f, len, &incr);
+	/* its backing version is about to change: out of the index, or
+	 * suspended there to be carried over to the new version */
+	incr.carry = incr.on && e->ddx.cap ? dd_src_suspend(e, f->dd_src) : NULL;
+	if (!incr.carry)
+		eng_dd_retire(e, f);
 	ddf_plan(e, f, cp, len, &ddf);
 	if (incr.on)
 		ddf.on = false;
@@ -856,6 +1073,9 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		goto out;
 	if (incr.on && !inplace) {
 		ret = flush_incr(ring, f, cp, fd, direct, len, &incr);
+		if (!ret && incr.carry)
+			incr_changed(e, cp, len, incr.carry->chunk, &incr);
+		incr.done = !ret && (!incr.carry || incr.ck);
 		if (ret != -EAGAIN)
 			goto written;
 		incr.on = false;	/* the whole file, over what was cloned */
@@ -877,6 +1097,8 @@ written:
 	tc = tier_now() - tc;
 	if (!ret && ddf.on && ddf.nhashed)
 		ddf.vfd = open_version(f);
+	if (!ret && incr.done && incr.carry)
+		vfd = open_version(f);
 out_small:
 	if (ret > 0)
 		ret = 0;	/* version_small did it */
@@ -887,6 +1109,12 @@ out:
 	e->busy--;
 	cp->flushing = false;
 	ddf_done(e, f, &ddf, ret == 0);
+	if (incr.carry)
+		dd_src_carry(e, f, incr.carry, ret == 0 ? vfd : -1, &incr, len);
+	else
+		dd_close_later(e, vfd);
+	free(incr.ck);
+	free(incr.ch);
 	e->fl_total_s += tier_now() - t0;
 	e->fl_clone_s += fl_clone_s;
 	e->fl_sync_s += fl_sync_s;

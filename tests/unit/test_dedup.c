@@ -5,9 +5,11 @@
  * Range sets: random additions applied to a set and to a bitmap model;
  * after each one the set must be sorted, disjoint, not touching, and cover
  * every byte the model marks (a set squeezed past DSET_MAX may cover more,
- * never less).  Index: random additions, lookups and retirements against a
- * model of the newest entry of each hash, in an index small enough to
- * evict.
+ * never less).  Index: random additions, lookups, retirements and
+ * in-place changes carried over (chunks of a version changed by an
+ * incremental flush) against a model of the newest entry of each hash, in
+ * an index small enough to evict; a chunk changed after its entry was
+ * added is never found.
  *
  * Usage: test_dedup [seed].  The seed is printed; exit 0 pass, 1 fail.
  */
@@ -125,17 +127,49 @@ static void bury(struct dd_src *v)
 	grave[ngrave++] = v;
 }
 
+#define NOFF	1000	/* chunks of a version (chunk size 1) */
+
+/* a version, and when each of its chunks last changed in place */
+struct tsrc {
+	struct dd_src v;
+	uint64_t changed[NOFF];
+};
+
 static struct dd_src *new_src(uint32_t uid)
 {
-	struct dd_src *v = calloc(1, sizeof(*v));
+	struct tsrc *t = calloc(1, sizeof(*t));
 
-	if (!v) {
+	if (!t) {
 		perror("calloc");
 		exit(1);
 	}
-	v->uid = uid;
-	v->refs = 1;		/* the owner's, until retired */
-	return v;
+	t->v.uid = uid;
+	t->v.refs = 1;		/* the owner's, until retired */
+	t->v.chunk = 1;
+	t->v.nchunks = NOFF;
+	return &t->v;
+}
+
+/* An incremental flush of v's file changed chunks [a, a + n) at time when. */
+static void carry(struct dd_src *v, uint64_t a, uint64_t n, uint64_t when)
+{
+	struct tsrc *t = (struct tsrc *)v;
+
+	if (!v->cgen && !(v->cgen = calloc(NOFF, sizeof(*v->cgen)))) {
+		perror("calloc");
+		exit(1);
+	}
+	v->epoch++;
+	for (uint64_t k = a; k < a + n && k < NOFF; k++) {
+		v->cgen[k] = v->epoch;
+		t->changed[k] = when;
+	}
+}
+
+static void free_src(struct dd_src *v)
+{
+	free(v->cgen);
+	free(v);
 }
 
 static void test_index(void)
@@ -144,7 +178,8 @@ static void test_index(void)
 	struct dd_src *cur[NSRC];
 	/* model: the newest (version, off) of each (hash, uid), and when */
 	struct { struct dd_src *v; uint64_t off, when; } model[NHASH][2];
-	uint64_t when = 0, retired = 0;
+	uint64_t when = 0, retired = 0, carried = 0;
+	uint64_t *added;	/* per ring slot: when its entry was added */
 	uint32_t cap;
 
 	if (dd_index_init(&x, 100 * (sizeof(struct dd_ent) + 8)))
@@ -152,6 +187,11 @@ static void test_index(void)
 	cap = x.cap;
 	if (cap < 16 || cap > 1024)
 		FAIL("index of %u entries", cap);
+	added = calloc(cap, sizeof(*added));
+	if (!added) {
+		perror("calloc");
+		exit(1);
+	}
 	for (int i = 0; i < NSRC; i++)
 		cur[i] = new_src((uint32_t)i % 2);
 	memset(model, 0, sizeof(model));
@@ -169,15 +209,30 @@ static void test_index(void)
 			retired++;
 			continue;
 		}
+		if (rnd() % 20 == 0) {		/* changed in place: carried over */
+			uint64_t a = rnd() % NOFF, n = 1 + rnd() % 50;
+
+			when++;
+			carry(cur[s], a, n, when);
+			carried++;
+			for (int k = 0; k < NHASH; k++)	/* the newest may be stale now */
+				for (int u = 0; u < 2; u++)
+					if (model[k][u].v == cur[s] && model[k][u].off >= a &&
+					    model[k][u].off < a + n)
+						model[k][u].v = NULL;
+			continue;
+		}
 		if (rnd() % 2) {
-			uint64_t off = rnd() % 1000;
-			struct dd_src *gone = dd_index_add(&x, &hh, cur[s], off);
+			uint64_t off = rnd() % NOFF;
+			uint32_t slot = x.head;
+			struct dd_src *gone = dd_index_add(&x, &hh, cur[s], off, cur[s]->epoch);
 
 			if (gone && !gone->retired)
 				FAIL("a live version was given back");
 			if (gone)
 				bury(gone);
 			when++;
+			added[slot] = when;
 			model[h][cur[s]->uid].v = cur[s];
 			model[h][cur[s]->uid].off = off;
 			model[h][cur[s]->uid].when = when;
@@ -187,18 +242,21 @@ static void test_index(void)
 			const struct dd_ent *e = dd_index_find(&x, &hh, u);
 			/* the newest entry is findable while in the ring and live */
 			bool in = model[h][u].when && when - model[h][u].when < cap &&
-				  !model[h][u].v->retired;
+				  model[h][u].v && !model[h][u].v->retired;
 
 			if (e && (e->src->retired || e->src->uid != u))
 				FAIL("found a retired or foreign version");
+			if (e && ((struct tsrc *)e->src)->changed[e->off] > added[e - x.ent])
+				FAIL("found a chunk that changed after it was indexed");
 			if (in && !e)
 				FAIL("hash %d uid %u: the newest entry is not found", h, u);
 			if (in && e && (e->src != model[h][u].v || e->off != model[h][u].off))
 				FAIL("hash %d uid %u: not the newest entry", h, u);
 		}
 	}
-	if (retired < 100)
-		FAIL("only %" PRIu64 " versions retired", retired);
+	if (retired < 100 || carried < 100)
+		FAIL("only %" PRIu64 " versions retired, %" PRIu64 " carried over", retired,
+		     carried);
 	/* the end: every version's references come back */
 	for (uint32_t i = 0; i < x.count; i++) {
 		struct dd_src *v = x.ent[i].src;
@@ -208,13 +266,14 @@ static void test_index(void)
 	}
 	for (int i = 0; i < NSRC; i++)
 		if (--cur[i]->refs == 0)
-			free(cur[i]);
+			free_src(cur[i]);
 		else
 			FAIL("version %d keeps %u references", i, cur[i]->refs);
 	dd_index_free(&x);
 	while (ngrave)
-		free(grave[--ngrave]);
+		free_src(grave[--ngrave]);
 	free(grave);
+	free(added);
 }
 
 int main(int argc, char **argv)
