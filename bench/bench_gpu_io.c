@@ -26,7 +26,8 @@
  * ioctl/raw and ioctl/posix of the medians, and per run the tier the file
  * was restored from (its user.tierfs.tier just before).  Restored bytes
  * are spot-checked (64 KiB at 16 places) every time.  TIERFS_GPU: device
- * (default 0); BENCH_VERBOSE=1: also each restore's open/call/close times;
+ * (default 0); BENCH_VERBOSE=1: also each checkpoint's and restore's
+ * open/call/close times;
  * BENCH_GAP_MS=N: the GPU idles N ms before each checkpoint and restore (an
  * application computing between them; the daemon's cascade then runs in
  * the gap instead of beside the next copy).
@@ -232,9 +233,15 @@ static void one(enum path p, size_t n, int rep, double t[NT], char *tier,
 		write_all(fd, pinned, n);
 	}
 	t[C_CALL] = now() - t1;
+	t1 = now();
 	if (close(fd) < 0)
 		die("close");
 	t[C_ALL] = now() - t0;
+	if (verbose)
+		printf("   %s %zu MiB rep %d: checkpoint open %.3f ms, call %.3f ms, "
+		       "close %.3f ms\n", path_name[p], n / MiB, rep,
+		       (t[C_ALL] - t[C_CALL] - (now() - t1)) * 1e3, t[C_CALL] * 1e3,
+		       (now() - t1) * 1e3);
 
 	tier_of(path, tier, tierlen);
 	gap();
