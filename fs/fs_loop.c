@@ -166,6 +166,15 @@ static void *worker_main(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	/*
+	 * A thread's first malloc makes its arena (mmap, munmap, mprotect:
+	 * each takes the process's memory map lock for writing, behind the
+	 * host cache's toucher and the pinning).  Made here, before the
+	 * first request this worker serves, not in it.
+	 */
+	void *volatile first = malloc(64);	/* volatile: not optimised away */
+
+	free(first);
 	while (!fuse_session_exited(fs.se)) {
 		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
 		res = fuse_session_receive_buf(fs.se, &w->buf);
