@@ -168,6 +168,16 @@ void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
 void fs_maybe_free(struct fs_inode *in);	/* fs.lock held: free it if unused */
 int fs_proc_path(int fd, char *buf, size_t len);
+/*
+ * The mtime of directory fd, to put back with fs_dir_mtime_put() after
+ * tierfs's own change in it (a new version linked and renamed over a file,
+ * the lock file, the probe files): those are no change of the directory
+ * as the user sees it (its ctime still moves).  Called under fs.nslock,
+ * which every change of the backing namespace by a user takes, or before
+ * the mount serves anything.  *ok false: unknown, then left alone.
+ */
+void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok);
+void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok);
 /* .tierfs*: reserved in every directory, never shown through the mount */
 bool fs_hidden_name(const char *name);
 int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */

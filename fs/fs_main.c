@@ -564,10 +564,15 @@ static void lock_backing(void)
 /* Exit: the backing directory is free again (see lock_backing). */
 static void unlock_backing(void)
 {
+	struct timespec t;
+	bool ok;
+
 	if (lock_fd < 0)
 		return;
+	fs_dir_mtime_get(fs.root_fd, &t, &ok);
 	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
 		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
+	fs_dir_mtime_put(fs.root_fd, &t, ok);
 	close(lock_fd);
 	lock_fd = -1;
 }
@@ -782,7 +787,9 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
  */
 static void open_backing(void)
 {
+	struct timespec rmt;
 	struct stat st;
+	bool rmt_ok;
 
 	if (stat(fs.opts.backing, &st) < 0)
 		die("cannot use backing directory %s: %s", fs.opts.backing, strerror(errno));
@@ -799,7 +806,9 @@ static void open_backing(void)
 	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fs.root_fd < 0)
 		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
 	lock_backing();
+	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file is ours */
 	fs_redo_journal();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
@@ -840,7 +849,14 @@ static void probe_dedup(struct engine_config *ecfg)
 		return;
 	if (strcmp(mode, "auto") && strcmp(mode, "on"))
 		die("bad dedup '%s': auto, on or off%s", mode, "");
-	if (dedup_probe(fs.root_fd, &blk, why, sizeof(why)) == 0) {
+	struct timespec rmt;
+	bool rmt_ok;
+	int probed;
+
+	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
+	probed = dedup_probe(fs.root_fd, &blk, why, sizeof(why));
+	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* its files are ours */
+	if (probed == 0) {
 		if (chunk < blk)
 			chunk = blk;
 		ecfg->dedup = true;

@@ -530,11 +530,37 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
  * swap_fd replaced, for the caller to close; *dfd: with durable, the
  * directory for the caller to sync.
  */
+void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok)
+{
+	struct stat st;
+
+	*ok = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
+	if (*ok)
+		*t = st.st_mtim;
+}
+
+void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok)
+{
+	struct timespec tv[2] = { { 0, UTIME_OMIT }, *t };
+	struct stat st;
+	char path[64];
+
+	if (!ok || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 ||
+	    (st.st_mtim.tv_sec == t->tv_sec && st.st_mtim.tv_nsec == t->tv_nsec))
+		return;
+	fs_proc_path(fd, path, sizeof(path));
+	if (utimensat(AT_FDCWD, path, tv, 0) < 0)
+		tlog(LOG_DEBUG, "a directory's mtime not put back after a flush: %s",
+		     strerror(errno));
+}
+
 static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name, int fd,
 		     bool durable, int closing[2], int *dfd)
 {
 	static unsigned long counter;
 	char path[64], tmp[64];
+	struct timespec dmt = { 0, 0 }, rmt = { 0, 0 };
+	bool dok = false, rok = false;
 	int ret = 0, pfd, nfd;
 
 	pfd = fs_fd_hold(dir);
@@ -542,6 +568,9 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 		ret = pfd;
 		goto out;
 	}
+	fs_dir_mtime_get(pfd, &dmt, &dok);
+	if (dir != &fs.root)
+		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
 		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
@@ -602,6 +631,10 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 			ret = *dfd;
 	}
 out:
+	if (pfd >= 0) {
+		fs_dir_mtime_put(pfd, &dmt, dok);
+		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
+	}
 	fs_fd_release(dir);
 	if (fd >= 0)
 		close(fd);

@@ -1222,3 +1222,44 @@ def test_bad_poll_us_refused(tmp_path, value):
         assert not util.is_mounted(str(mnt))
     finally:
         util.lazy_umount(str(mnt))
+
+
+def test_flushes_leave_the_directory_times(tfs):
+    """A flush replaces a file's backing version under its name (a new
+    inode renamed over the old one), which is no change of the directory as
+    the user sees it: the mtime of the file's directory and of the mount's
+    root stay what they were, through the mount and in the backing
+    directory after unmount.  A create in the directory still moves it."""
+    m = tfs.mnt
+    rng = random.Random(31)
+    d = j(m, "d")
+    os.mkdir(d)
+    f = j(d, "f")
+    write_file(f, randbytes(2 * MiB, rng))
+    fd = os.open(f, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    past = 1_200_000_000_000_000_000
+    os.utime(d, ns=(past, past))
+    os.utime(m, ns=(past, past))
+    # changed in place and rewritten with O_TRUNC, each flushed by fsync
+    with open(f, "r+b") as h:
+        h.seek(MiB)
+        h.write(b"changed")
+        h.flush()
+        os.fsync(h.fileno())
+    with open(f, "wb") as h:
+        h.write(randbytes(MiB + 5, rng))
+        h.flush()
+        os.fsync(h.fileno())
+    time.sleep(1.2)     # the kernel's cached attributes (1 s) have expired
+    assert os.stat(d).st_mtime_ns == past, "the flush moved the directory's mtime"
+    assert os.stat(m).st_mtime_ns == past, "the flush moved the root's mtime"
+    backing = tfs.backing
+    tfs.umount()
+    assert os.stat(os.path.join(backing, "d")).st_mtime_ns == past
+    assert os.stat(backing).st_mtime_ns == past
+    tfs.start()     # mounting leaves the root's mtime too
+    assert os.stat(m).st_mtime_ns == past
+    write_file(j(d, "new"), b"x")
+    assert os.stat(d).st_mtime_ns > past
