@@ -15,7 +15,9 @@ them, so the model is exact:
   hole, zero range, fallocate, ftruncate, truncate(path), mmap write+read,
   fsync, rename (also over another file), link, unlink (also of open
   files), stat, restore orders (user.tierfs.restore_order on the worker's
-  directory, then the files read in that order), drop_caches.
+  directory, then the files read in that order), drop_caches, copy (a
+  file's content, read back and checked, written as another file's: with
+  -o dedup its chunks are cloned from the source's version).
 
 Data identifies itself: each 8-byte word at file offset o (o % 8 == 0) is
 
@@ -482,6 +484,7 @@ OPS_MIXED = [
     ("ftruncate", 4), ("truncate", 1), ("mmap", 4), ("fsync", 3), ("rename", 3),
     ("link", 1.5), ("unlink", 2), ("restore", 2), ("stat", 3), ("dropcache", 0.2),
     ("sh_write", 3), ("sh_read", 3), ("sh_verify", 0.5), ("sh_mmap", 0.5),
+    ("copy", 2),
 ]
 OPS_OVERWRITE = [("rewrite", 7), ("verify", 3)]
 
@@ -706,6 +709,66 @@ class Worker:
                 n = min(n, size - pos)
                 write_all(fd, gen(hi, pos, pos + n))
                 ino.write(pos, pos + n, hi)
+                pos += n
+                self.stat_add(1, n)
+            if do_fsync:
+                self.fsync_fd(fd, ino)
+        except BaseException:
+            self.fd_lost(fd, ino, True)
+            raise
+        self.close_fd(fd, ino, True)
+
+    def op_copy(self):
+        """A file's content (read through the mount, checked) written as
+        another file's new content at the same offsets, like a checkpoint
+        that repeats an earlier one: with -o dedup its chunks are found in
+        the source's version and cloned, while the source goes on being
+        changed in place."""
+        src_name, src = self.pick_file()
+        if src is None:
+            return self.op_rewrite()
+        fd = os.open(self.path(src_name), os.O_RDONLY)
+        try:
+            got = read_seq(fd, MiB)
+        finally:
+            os.close(fd)
+        self.stat_add(2, len(got))
+        self.expect(got, bytes(src.content()), f"copy source {src_name}", src)
+        ext, size = src.ext, src.size
+        exists = [n for n in self.pool if n in self.files and n != src_name]
+        if exists and (len(exists) >= self.max_files or self.rng.random() < 0.5):
+            name = self.rng.choice(sorted(exists))
+        else:
+            free = [n for n in self.pool if n not in self.files]
+            if not free:
+                return
+            name = self.rng.choice(free)
+        do_fsync = self.rng.random() < 0.5
+        ino = self.files.get(name)
+        self.note(f"copy {src_name} (fid {src.fid}, size {size}) to {name} "
+                  f"({'fid %d' % ino.fid if ino else 'new'}){' fsync' if do_fsync else ''}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        if ino is None:
+            ino = self.new_inode()
+            self.inflight = ("create", name, ino)
+            fd = os.open(self.path(name), flags, 0o644)
+            self.inflight = None
+            ino.names.add(name)
+            self.files[name] = ino
+            self.note(f"  created {name} fid {ino.fid}")
+        else:
+            fd = os.open(self.path(name), flags, 0o644)
+        ino.nwfd += 1
+        try:
+            ino.truncate(0)
+            pos = 0
+            while pos < size:
+                n = min(self.rng.choice([MiB, MiB, 65536, 3 * MiB + 5]), size - pos)
+                write_all(fd, got[pos:pos + n])
+                for s0, e0, h in ext:       # the source's pieces in [pos, pos + n)
+                    a, b = max(s0, pos), min(e0, pos + n)
+                    if a < b:
+                        ino.write(a, b, h)
                 pos += n
                 self.stat_add(1, n)
             if do_fsync:
