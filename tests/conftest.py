@@ -72,8 +72,10 @@ def pytest_runtest_call(item):
 
 @pytest.fixture
 def xfs(tmp_path):
-    """An XFS file system with reflink (-o dedup's backing) on a 512 MiB
-    loop file made for the test; yields its root.  Skipped cleanly where
+    """An XFS file system with reflink (-o dedup's backing) on a 1 GiB
+    sparse loop file made for the test (the dedup torture's working set, its
+    new versions beside the old ones, reached 512 MiB with some seeds);
+    yields its root.  Skipped cleanly where
     mkfs.xfs or loop devices are missing (TIERFS_XFS_IMAGE: a gzipped empty
     image, for machines without xfsprogs)."""
     util.require_daemon()
@@ -88,7 +90,7 @@ def xfs(tmp_path):
         if not shutil.which("mkfs.xfs"):
             pytest.skip("mkfs.xfs not installed (xfsprogs)")
         with open(img, "wb") as f:
-            f.truncate(512 * util.MiB)
+            f.truncate(1024 * util.MiB)
         r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
         if r.returncode:
             pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
