@@ -718,8 +718,14 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	fs_persist_intent(in, true);
 	intended = true;
 	if (old.st_nlink > 1 || !name) {
-		/* hard-linked, or no name of it is known: copy it in place */
+		/* hard-linked, or no name of it is known: copy it in place,
+		 * journalled in the backing root (whose mtime is put back) */
+		struct timespec rmt;
+		bool rok;
+
+		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
 		ret = copy_journalled(dir, name, ofd, fd, &old);
+		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
 		fs_fd_release(in);
 		goto out_close;
 	}

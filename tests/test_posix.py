@@ -1255,6 +1255,16 @@ def test_flushes_leave_the_directory_times(tfs):
     time.sleep(1.2)     # the kernel's cached attributes (1 s) have expired
     assert os.stat(d).st_mtime_ns == past, "the flush moved the directory's mtime"
     assert os.stat(m).st_mtime_ns == past, "the flush moved the root's mtime"
+    # a hard-linked file is copied in place, journalled in the backing root
+    os.link(f, j(d, "g"))
+    os.utime(d, ns=(past, past))
+    os.utime(m, ns=(past, past))
+    with open(f, "r+b") as h:
+        h.write(b"linked")
+        h.flush()
+        os.fsync(h.fileno())
+    time.sleep(1.2)
+    assert os.stat(d).st_mtime_ns == past and os.stat(m).st_mtime_ns == past
     backing = tfs.backing
     tfs.umount()
     assert os.stat(os.path.join(backing, "d")).st_mtime_ns == past
