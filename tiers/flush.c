@@ -958,6 +958,50 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 	d->soff = NULL;
 }
 
+#define DD_WHOLE_MAX	(1ull << 30)	/* host copies hashed whole at most */
+
+/*
+ * After an incremental flush of f that had no version in the index to
+ * carry over (a file loaded from its backing file at mount and changed in
+ * place, a database opened after a restart): hash all its full chunks
+ * once, from cp (len bytes, leased: no writer changes it while the flush
+ * holds it; the version holds exactly these bytes), so that ddf_done()
+ * indexes the version and its later versions are carried over
+ * (dd_src_carry) instead of hashed.  Once per file: the whole hash costs
+ * the file's size, a carry only its changed chunks.  On the GPU whatever
+ * the size (hashing costs next to nothing there); on the host up to
+ * DD_WHOLE_MAX.  e->lock not held.  Nothing is indexed when anything fails.
+ */
+static void ddf_hash_whole(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+			   struct ddf *d)
+{
+	double t0 = tier_now();
+	bool gpu = !cp->cache->host_addressable;
+
+	if (f->dd_hashed_whole || !e->ddx.cap || !d->chunk || len < d->chunk ||
+	    (gpu && !cp->cache->ops->hash) || (!gpu && len > DD_WHOLE_MAX))
+		return;
+	f->dd_hashed_whole = true;
+	d->n = len / d->chunk;
+	if (gpu) {
+		d->h = ddf_cache_hash(e, cp, d->n, d->chunk);
+	} else {
+		d->h = malloc(d->n * sizeof(*d->h));
+		if (d->h)
+			dd_hash_chunks(copy_ptr(cp), len, d->chunk, d->h, 0, d->n);
+	}
+	if (!d->h)
+		return;
+	d->nhashed = d->n;
+	eng_lock(e);
+	if (!gpu) {
+		e->dd_hash_s += tier_now() - t0;
+		e->dd_bytes_hashed += d->n * d->chunk;
+	}
+	e->dd_chunks_hashed += d->n;
+	eng_unlock(e);
+}
+
 /* The new version just committed, opened for reading (-1: none). */
 static int open_version(struct tfile *f)
 {
@@ -1022,7 +1066,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
 			cp = f->copy[t];
 	uint64_t gen, len;
-	bool direct, inplace, small;
+	bool direct, inplace, small, had_src;
 	struct incr incr;
 	struct ddf ddf;
 	struct lease l;
@@ -1037,6 +1081,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	gen = f->gen;
 	len = cp->len;
 	incr_plan(e, f, len, &incr);
+	had_src = f->dd_src != NULL;
 	/* its backing version is about to change: out of the index, or
 	 * suspended there to be carried over to the new version */
 	incr.carry = incr.on && e->ddx.cap ? dd_src_suspend(e, f->dd_src) : NULL;
@@ -1075,6 +1120,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		ret = flush_incr(ring, f, cp, fd, direct, len, &incr);
 		if (!ret && incr.carry)
 			incr_changed(e, cp, len, incr.carry->chunk, &incr);
+		else if (!ret && !had_src)
+			ddf_hash_whole(e, f, cp, len, &ddf);
 		incr.done = !ret && (!incr.carry || incr.ck);
 		if (ret != -EAGAIN)
 			goto written;
@@ -1095,8 +1142,16 @@ written:
 	tc = tier_now();
 	ret = f->ops->version_commit(f, fd, inplace, false);
 	tc = tier_now() - tc;
-	if (!ret && ddf.on && ddf.nhashed)
+	if (!ret && ddf.nhashed)	/* by chunks, or hashed whole */
 		ddf.vfd = open_version(f);
+	if (!ddf.on && ddf.vfd >= 0) {	/* hashed whole: the version's owner */
+		struct stat vst;
+
+		if (fstat(ddf.vfd, &vst) == 0 && (uint64_t)vst.st_size == len)
+			ddf.uid = vst.st_uid;
+		else
+			ddf.nhashed = 0;	/* not what was hashed: not indexed */
+	}
 	if (!ret && incr.done && incr.carry)
 		vfd = open_version(f);
 out_small:

@@ -98,6 +98,8 @@ struct tfile {
 	uint64_t dd_base_len, dd_clean_len;
 	bool dd_valid;
 	struct dd_src *dd_src;		/* its current version in the chunk index */
+	bool dd_hashed_whole;		/* an incremental flush hashed it whole
+					 * (once: then its versions are carried) */
 	/*
 	 * Chunk hashes of the content computed on the GPU by the cascade
 	 * (flush.c): valid while gen and dd_wepoch are what they were then
