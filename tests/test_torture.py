@@ -169,5 +169,7 @@ def test_torture_dedup(tmp_path, xfs, crash):
     out = daemon_run(args + (["--crash"] if crash else []), tmp_path, seconds=min(SECONDS, 30))
     stats = [json.loads(line.split("dedup: ", 1)[1]) for line in out.splitlines()
              if line.startswith("torture: dedup: ")]
-    assert stats and stats[-1]["on"], out[-3000:]
-    assert stats[-1]["bytes_cloned"] > 0, stats[-1]
+    assert stats and all(s["on"] for s in stats), out[-3000:]
+    # one line per daemon life (each counts from zero): with kills the last
+    # life may be too short to clone anything, so over all of them
+    assert sum(s["bytes_cloned"] for s in stats) > 0, stats

@@ -1632,6 +1632,7 @@ class Run:
                     self.mount.kill(signal.SIGKILL)
                 return
         self.crashes += 1
+        self.say_dedup()            # this daemon life's, before it ends
         sync.crash.set()
         try:
             if self.mount:
@@ -1730,6 +1731,17 @@ class Run:
             out.append(f"({e})")
         return "\n".join(out)
 
+    def say_dedup(self):
+        """What -o dedup did in this daemon's life (a line each life)."""
+        if not self.mount or self.mount.proc is None:
+            return
+        try:
+            d = json.loads(os.getxattr(self.mount.mnt, "user.tierfs.stats"))
+            if d.get("dedup", {}).get("on"):
+                self.out(f"torture: dedup: {json.dumps(d['dedup'])}")
+        except (OSError, ValueError):
+            pass
+
     def end(self, results):
         """Unmount cleanly; the backing directory must hold the models' files."""
         if self.mount is None:
@@ -1740,12 +1752,7 @@ class Run:
             return
         try:
             if self.mount.proc is not None:
-                try:                # what -o dedup did, in this daemon's life
-                    d = json.loads(os.getxattr(self.mount.mnt, "user.tierfs.stats"))
-                    if d.get("dedup", {}).get("on"):
-                        self.out(f"torture: dedup: {json.dumps(d['dedup'])}")
-                except (OSError, ValueError):
-                    pass
+                self.say_dedup()
                 self.mount.umount()
             else:
                 problems = self.mount.finish()
