@@ -484,7 +484,7 @@ OPS_MIXED = [
     ("ftruncate", 4), ("truncate", 1), ("mmap", 4), ("fsync", 3), ("rename", 3),
     ("link", 1.5), ("unlink", 2), ("restore", 2), ("stat", 3), ("dropcache", 0.2),
     ("sh_write", 3), ("sh_read", 3), ("sh_verify", 0.5), ("sh_mmap", 0.5),
-    ("copy", 2),
+    ("copy", 1),
 ]
 OPS_OVERWRITE = [("rewrite", 7), ("verify", 3)]
 
@@ -724,9 +724,13 @@ class Worker:
         that repeats an earlier one: with -o dedup its chunks are found in
         the source's version and cloned, while the source goes on being
         changed in place."""
-        src_name, src = self.pick_file()
-        if src is None:
+        # small sources: a copy adds a file as large as its source, and
+        # after each kill every file is read back
+        small = sorted(n for n, i in self.files.items() if i.size <= 2 * MiB)
+        if not small:
             return self.op_rewrite()
+        src_name = self.rng.choice(small)
+        src = self.files[src_name]
         fd = os.open(self.path(src_name), os.O_RDONLY)
         try:
             got = read_seq(fd, MiB)
@@ -1550,7 +1554,10 @@ class Run:
                 if cfg.crash and not sync.stop.is_set():
                     if sync.finished.value >= W:
                         sync.stop.set()       # all idle: final checks, reports
-                    elif now >= next_kill:
+                    elif now >= next_kill and now < deadline:
+                        # no kills past the run's time: a slow daemon (a
+                        # sanitizer build) must not keep the workers in
+                        # their after-crash checks for ever
                         self.crash(sync)
                         next_kill = time.monotonic() + self.kill_delay()
                         continue
