@@ -670,6 +670,23 @@ class Worker:
         elif not ino.names:
             self.orphans[ino.fid] = ino
 
+    def open_trunc(self, name, ino):
+        """open(O_WRONLY|O_CREAT|O_TRUNC) of name (ino: its inode, None
+        when new, then made): (fd, ino), counted as a writable descriptor."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        if ino is None:
+            ino = self.new_inode()
+            self.inflight = ("create", name, ino)
+            fd = os.open(self.path(name), flags, 0o644)
+            self.inflight = None
+            ino.names.add(name)
+            self.files[name] = ino
+            self.note(f"  created {name} fid {ino.fid}")
+        else:
+            fd = os.open(self.path(name), flags, 0o644)
+        ino.nwfd += 1
+        return fd, ino
+
     # -- operations
     def op_rewrite(self):
         exists = [n for n in self.pool if n in self.files]
@@ -683,18 +700,7 @@ class Worker:
         ino = self.files.get(name)
         self.note(f"rewrite {name} ({'fid %d' % ino.fid if ino else 'new'}) size {size} "
                   f"chunks {chunking}{' fsync' if do_fsync else ''}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        if ino is None:
-            ino = self.new_inode()
-            self.inflight = ("create", name, ino)
-            fd = os.open(self.path(name), flags, 0o644)
-            self.inflight = None
-            ino.names.add(name)
-            self.files[name] = ino
-            self.note(f"  created {name} fid {ino.fid}")
-        else:
-            fd = os.open(self.path(name), flags, 0o644)
-        ino.nwfd += 1
+        fd, ino = self.open_trunc(name, ino)
         try:
             ino.truncate(0)
             hi = ino.next_hi()
@@ -751,18 +757,7 @@ class Worker:
         ino = self.files.get(name)
         self.note(f"copy {src_name} (fid {src.fid}, size {size}) to {name} "
                   f"({'fid %d' % ino.fid if ino else 'new'}){' fsync' if do_fsync else ''}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        if ino is None:
-            ino = self.new_inode()
-            self.inflight = ("create", name, ino)
-            fd = os.open(self.path(name), flags, 0o644)
-            self.inflight = None
-            ino.names.add(name)
-            self.files[name] = ino
-            self.note(f"  created {name} fid {ino.fid}")
-        else:
-            fd = os.open(self.path(name), flags, 0o644)
-        ino.nwfd += 1
+        fd, ino = self.open_trunc(name, ino)
         try:
             ino.truncate(0)
             pos = 0
