@@ -177,6 +177,13 @@ static int copy_in_place(int ofd, int fd)
 		close(src);
 		return ret;
 	}
+	/*
+	 * Our writes take the file's capability away (any write does, root's
+	 * too); it was the user's to keep: put back after the copy.  (A kill
+	 * in between loses it; the journal's replay restores the data only.)
+	 */
+	char cap[256];
+	ssize_t caplen = fgetxattr(dst, "security.capability", cap, sizeof(cap));
 	loff_t i = 0, o = 0;
 	bool plain = false, fault = tierfs_fault("inplace_copy");
 	while (i < st.st_size) {
@@ -211,6 +218,9 @@ static int copy_in_place(int ofd, int fd)
 	}
 	if (!ret && ftruncate(dst, st.st_size) < 0)
 		ret = -errno;
+	if (!ret && caplen > 0 && fsetxattr(dst, "security.capability", cap, (size_t)caplen, 0) < 0)
+		tlog(LOG_WARNING, "inode %ju: its file capability could not be put back after "
+		     "an in-place copy: %s", (uintmax_t)st.st_ino, strerror(errno));
 	if (!ret && fsync(dst) < 0)
 		ret = -errno;
 	close(dst);
@@ -817,8 +827,10 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 		fd = open_held(in, O_RDWR, false, &d);
 	if (ret > 0 && fd < 0)
 		ret = fd;
-	/* the same file, still empty: an open through /proc is of the inode */
-	if (ret > 0 && (fstat(fd, &st) < 0 || st.st_nlink != 1 || st.st_size)) {
+	/* the same file, still empty: an open through /proc is of the inode;
+	 * and without a file capability, which our write would take away */
+	if (ret > 0 && (fstat(fd, &st) < 0 || st.st_nlink != 1 || st.st_size ||
+			fgetxattr(fd, "security.capability", NULL, 0) >= 0)) {
 		close(fd);
 		ret = 0;
 	}

@@ -506,6 +506,35 @@ def test_small_first_version_written_in_place(mount):
     assert backing_stat(m, "small").st_ino == ino
 
 
+def test_flushes_keep_a_file_capability_set_after_the_write(mount):
+    """A file capability set after the last write stays through the flush of
+    that write, also where the flush writes into the backing file itself (a
+    one-page first version into its empty backing file, a hard-linked file's
+    journalled copy): a write there takes the capability away (any write
+    does), so tierfs must not lose the one the user set."""
+    cap = bytes([1, 0, 0, 2, 0, 32] + [0] * 14)        # cap_net_raw=ep
+    m = mount()
+    small, linked = (os.path.join(m.mnt, n) for n in ("small", "linked"))
+    for p in (small, linked):
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o755))
+    util.write_file(linked, b"first" * 100)
+    os.link(linked, os.path.join(m.mnt, "other"))
+    settle(m)
+    for p, data in ((small, b"abc"), (linked, b"second" * 100)):
+        fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, data)
+        os.setxattr(p, "security.capability", cap)   # after the write: kept
+        os.fsync(fd)
+        os.close(fd)
+        assert os.getxattr(p, "security.capability") == cap, p
+    m.umount()
+    for n, data in (("small", b"abc"), ("linked", b"second" * 100), ("other", b"second" * 100)):
+        p = os.path.join(m.backing, n)
+        assert os.getxattr(p, "security.capability") == cap, n
+        with open(p, "rb") as f:
+            assert f.read() == data, n
+
+
 def test_versions_that_cannot_go_in_place_are_renamed(mount):
     """Only an empty, singly linked backing file takes a one-page version in
     place: a larger first version, a rewrite of a non-empty file and a file
