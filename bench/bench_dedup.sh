@@ -12,6 +12,7 @@
 # (torch with CUDA, tierfs.pwrite_gpu; libtierfs via TIERFS_LIB), into a
 # GPU cache on device N (GPU_OPTS, default gpu_cache=4G); such
 # checkpoints are hashed on the GPU; ONLY=gpu: that series alone;
+# GPU_CHUNKS="4K 16K": its dedup chunk sizes (default 16K);
 # PLOT=FILE.png: a plot of the bytes the device took per checkpoint, per case.
 #
 # Makes an XFS file system with reflink on a loop file (IMG_GIB, default 6)
@@ -340,7 +341,9 @@ if GPU:
     for p in ps:
         key = f"p={p * 100:g}%"
         rows.append((f"off {key}", key, series(GPU_OPTS + ",dedup=off", p, gpu=True)))
-        rows.append((f"on chunk 16K {key}", key, series(GPU_OPTS + ",dedup=on", p, gpu=True)))
+        for c in os.environ.get("GPU_CHUNKS", "16K").split():
+            rows.append((f"on chunk {c} {key}", key,
+                         series(GPU_OPTS + f",dedup=on,dedup_chunk={c}", p, gpu=True)))
     table(f"series written through the ioctl from GPU memory (tierfs.pwrite_gpu, {GPU_OPTS}): "
           "hash GB/s = the GPU's", rows)
     if os.environ.get("ONLY") == "gpu":

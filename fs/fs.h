@@ -77,6 +77,8 @@ struct fs_inode {
 	int pq_n;			/* its copies queued or running */
 	bool pcreated;			/* made empty through the mount, not
 					 * persisted yet: a counted intent */
+	bool no_privs;			/* atomic: seen without set-id bits and
+					 * security.capability (fs_kill_privs) */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */
@@ -130,6 +132,7 @@ struct fs {
 	struct engine *eng;
 	struct fuse_session *se;
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
+	bool killpriv_v2;		/* we clear set-id bits (fs_kill_suidgid) */
 };
 
 extern struct fs fs;
@@ -163,6 +166,8 @@ extern const struct tfile_ops fs_tfile_ops;
 
 /* fs_inode.c: the inode table, names, lookups (fs.lock: see the top) */
 struct fs_inode *fs_inode_of(fuse_ino_t ino);
+void fs_kill_privs(fuse_ino_t ino, bool suidgid);
+void fs_privs_changed(struct fs_inode *in);
 fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);

@@ -63,9 +63,16 @@ static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	 */
 	if ((fi->flags & O_ACCMODE) == O_RDONLY)
 		fi->noflush = 1;
-	if ((fi->flags & O_ACCMODE) == O_WRONLY && fs.opts.direct_writes)
-		fi->direct_io = 1;
-	if (fs.dio_mmap && fs.opts.direct_reads)
+	/*
+	 * no_direct_writes puts every writable handle in the page cache (with
+	 * -o writeback: small write()s reach tierfs coalesced, and none
+	 * bypasses the kernel's own modification time); no_direct_reads the
+	 * read-only ones.
+	 */
+	if (writable(fi->flags) ? fs.opts.direct_writes &&
+				  ((fi->flags & O_ACCMODE) == O_WRONLY ||
+				   (fs.dio_mmap && fs.opts.direct_reads))
+				: fs.dio_mmap && fs.opts.direct_reads)
 		fi->direct_io = 1;
 	return 0;
 }

@@ -53,6 +53,8 @@
 #endif
 
 static uint64_t init_unique;		/* FUSE_INIT's id, while pending */
+static uint32_t init_offered;		/* its flags */
+static uint32_t init_offered2;		/* and flags2 */
 
 static void note_init(const void *mem, size_t len)
 {
@@ -62,8 +64,27 @@ static void note_init(const void *mem, size_t len)
 	if (len < sizeof(*h) + offsetof(struct fuse_init_in, flags2) + sizeof(in->flags2) ||
 	    h->opcode != FUSE_INIT)
 		return;
-	if ((in->flags & FUSE_INIT_EXT) && (in->flags2 & (FUSE_DIRECT_IO_ALLOW_MMAP >> 32)))
-		__atomic_store_n(&init_unique, h->unique, __ATOMIC_RELEASE);
+	init_offered = in->flags;
+	init_offered2 = (in->flags & FUSE_INIT_EXT) ? in->flags2 : 0;
+	__atomic_store_n(&init_unique, h->unique, __ATOMIC_RELEASE);
+}
+
+/* The amendments to the INIT reply, where the kernel offers them. */
+static void amend_init(struct fuse_init_out *out)
+{
+	if (init_offered2 & (uint32_t)(FUSE_DIRECT_IO_ALLOW_MMAP >> 32)) {
+		out->flags |= FUSE_INIT_EXT;
+		out->flags2 |= (uint32_t)(FUSE_DIRECT_IO_ALLOW_MMAP >> 32);
+		fs.dio_mmap = true;
+		tlog(LOG_INFO, "kernel mmaps direct-I/O files: %s",
+		     fs.opts.direct_reads ? "reads bypass the page cache"
+					  : "but no_direct_reads is set");
+	}
+	/* see fs_kill_suidgid() */
+	if (init_offered & FUSE_HANDLE_KILLPRIV_V2) {
+		out->flags |= FUSE_HANDLE_KILLPRIV_V2;
+		fs.killpriv_v2 = true;
+	}
 }
 
 static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
@@ -77,18 +98,52 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 
 		if (oh->unique == id) {
 			if (!oh->error && iov[1].iov_len >= offsetof(struct fuse_init_out, flags2) +
-							     sizeof(out->flags2)) {
-				out->flags |= FUSE_INIT_EXT;
-				out->flags2 |= (uint32_t)(FUSE_DIRECT_IO_ALLOW_MMAP >> 32);
-				fs.dio_mmap = true;
-				tlog(LOG_INFO, "kernel mmaps direct-I/O files: %s",
-				     fs.opts.direct_reads ? "reads bypass the page cache"
-							  : "but no_direct_reads is set");
-			}
+							     sizeof(out->flags2))
+				amend_init(out);
 			__atomic_store_n(&init_unique, 0, __ATOMIC_RELEASE);
 		}
 	}
 	return writev(fd, iov, count);
+}
+
+/*
+ * With FUSE_HANDLE_KILLPRIV_V2 the file system clears the privileges that
+ * a change of the data takes away (fs_kill_privs): WRITE, a SETATTR of the
+ * size, an OPEN with O_TRUNC.  libfuse 3.14 passes none of the requests'
+ * KILL_SUIDGID flags on, so they are read here, before the request runs
+ * (as a local file system clears them before it writes).
+ */
+static void note_kill(const void *mem, size_t len)
+{
+	const struct fuse_in_header *h = mem;
+	const void *arg = h + 1;
+	bool flag;
+
+	if (!fs.killpriv_v2 || len < sizeof(*h))
+		return;
+	len -= sizeof(*h);
+	switch (h->opcode) {
+	case FUSE_WRITE:
+		if (len < sizeof(struct fuse_write_in))
+			return;
+		flag = ((const struct fuse_write_in *)arg)->write_flags & FUSE_WRITE_KILL_SUIDGID;
+		break;
+	case FUSE_SETATTR:
+		if (len < sizeof(struct fuse_setattr_in) ||
+		    !(((const struct fuse_setattr_in *)arg)->valid & FATTR_SIZE))
+			return;
+		flag = ((const struct fuse_setattr_in *)arg)->valid & FATTR_KILL_SUIDGID;
+		break;
+	case FUSE_OPEN:
+		if (len < sizeof(struct fuse_open_in) ||
+		    !(((const struct fuse_open_in *)arg)->flags & O_TRUNC))
+			return;
+		flag = ((const struct fuse_open_in *)arg)->open_flags & FUSE_OPEN_KILL_SUIDGID;
+		break;
+	default:
+		return;
+	}
+	fs_kill_privs(h->nodeid, flag);
 }
 
 /*
@@ -197,8 +252,10 @@ static void *worker_main(void *arg)
 			fuse_session_exit(fs.se);
 			break;
 		}
-		if (!(w->buf.flags & FUSE_BUF_IS_FD))
+		if (!(w->buf.flags & FUSE_BUF_IS_FD)) {
 			note_init(w->buf.mem, (size_t)res);
+			note_kill(w->buf.mem, (size_t)res);
+		}
 		t0 = tier_now();
 		fuse_session_process_buf(fs.se, &w->buf);
 		t0 = tier_now() - t0;

@@ -105,6 +105,70 @@ static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		fuse_reply_attr(req, &st, 1.0);
 }
 
+/*
+ * Privileges that a change of the data takes away (FUSE_HANDLE_KILLPRIV_V2,
+ * negotiated in fs_loop.c).  The kernel leaves to the file system what it
+ * would do itself on a local one: a write, a truncate or an open with
+ * O_TRUNC by a caller without CAP_FSETID clears the set-user-ID bit and
+ * the set-group-ID bit of a group-executable file (the request carries a
+ * KILL_SUIDGID flag: `suidgid`), and any write or truncate removes
+ * security.capability.  (A chown does both in the backing file system.)
+ * In return the kernel stops asking for security.capability before every
+ * buffered write, a round trip each (bench/RESULTS.md 8e).  An inode seen
+ * with neither is remembered (no_privs) until its mode or xattrs change
+ * through us, so the common write costs one load.
+ */
+void fs_kill_privs(fuse_ino_t ino, bool suidgid)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	bool changed = false;
+	char path[64];
+	struct stat st;
+	int fd;
+
+	if (!S_ISREG(in->type) || __atomic_load_n(&in->no_privs, __ATOMIC_ACQUIRE))
+		return;
+	fs_ns_lock();	/* as setattr: not while a new version copies them */
+	fd = fs_fd_hold(in);
+	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0) {
+		mode_t m = st.st_mode & 07777;
+		bool clean = true;
+
+		fs_proc_path(fd, path, sizeof(path));
+		if (suidgid) {
+			m &= ~(mode_t)S_ISUID;
+			if (m & S_IXGRP)
+				m &= ~(mode_t)S_ISGID;
+			if (m != (st.st_mode & 07777) && chmod(path, m) < 0)
+				tlog(LOG_WARNING, "clearing the set-ID bits of %s: %s",
+				     in->name ? in->name : "a file", strerror(errno));
+			else if (m != (st.st_mode & 07777))
+				changed = true;
+		}
+		if (m & (S_ISUID | S_ISGID))
+			clean = false;
+		if (removexattr(path, "security.capability") == 0) {
+			changed = true;
+		} else if (errno != ENODATA && errno != ENOTSUP) {
+			tlog(LOG_WARNING, "removing security.capability of %s: %s",
+			     in->name ? in->name : "a file", strerror(errno));
+			clean = false;
+		}
+		if (clean)
+			__atomic_store_n(&in->no_privs, true, __ATOMIC_RELEASE);
+	}
+	fs_fd_release(in);
+	fs_ns_unlock();
+	/* the kernel's cached mode is stale: dropped (attributes only) */
+	if (changed)
+		fuse_lowlevel_notify_inval_inode(fs.se, ino, -1, 0);
+}
+
+void fs_privs_changed(struct fs_inode *in)
+{
+	__atomic_store_n(&in->no_privs, false, __ATOMIC_RELEASE);
+}
+
 static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			  int valid, struct fuse_file_info *fi)
 {
@@ -124,6 +188,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			ret = -EOPNOTSUPP;
 		else if (chmod(path, attr->st_mode & 07777) < 0)
 			ret = -errno;
+		fs_privs_changed(in);
 	}
 	if (!ret && (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
 		uid_t u = (valid & FUSE_SET_ATTR_UID) ? attr->st_uid : (uid_t)-1;

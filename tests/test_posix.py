@@ -1008,6 +1008,67 @@ def test_permissions_other_user(mount, tmp_path):
     assert stat.S_IMODE(os.stat(j(m.backing, "secret")).st_mode) == 0o600
 
 
+# A file capability (security.capability, VFS_CAP_REVISION_2: cap_net_raw=ep).
+FILE_CAP = bytes([1, 0, 0, 2, 0, 32] + [0] * 14)
+
+
+def _change_as_nobody(how):
+    if how == "write":
+        with open("f", "ab") as f:
+            f.write(b"more")
+    elif how == "truncate":
+        os.truncate("f", 1)
+    else:                                          # "O_TRUNC"
+        os.close(os.open("f", os.O_WRONLY | os.O_TRUNC))
+
+
+@pytest.mark.parametrize("cache", ["direct", "writeback"])
+def test_changes_clear_set_id_bits_and_capabilities(mount, cache):
+    """A write, truncate or O_TRUNC open by a user without CAP_FSETID clears
+    the set-user-ID bit and the set-group-ID bit of a group-executable file
+    (not of a group-inexecutable one); root's keep them; any write removes
+    security.capability.  Through the mount and in the backing directory."""
+    opts = {} if cache == "direct" else dict(writeback=True, no_direct_writes=True,
+                                             no_direct_reads=True)
+    m = mount(allow_other=True, default_permissions=True, **opts)
+    f = j(m.mnt, "f")
+    write_file(f, b"x")
+    os.chown(f, NOBODY, NOBODY)
+    os.chmod(m.mnt, 0o755)
+    dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for how in ("write", "truncate", "O_TRUNC"):
+            for before, after in ((0o4755, 0o755), (0o2775, 0o775), (0o6775, 0o775),
+                                  (0o2745, 0o2745)):
+                os.chmod(f, before)
+                ok, out = util.in_child(_change_as_nobody, how, uid=NOBODY, gid=NOBODY,
+                                        cwd_fd=dfd)
+                assert ok, out
+                got = stat.S_IMODE(os.stat(f).st_mode)
+                assert got == after, f"{how} of a {before:o} file: {got:o}, not {after:o}"
+                if not m.plain:
+                    got = stat.S_IMODE(os.stat(j(m.backing, "f")).st_mode)
+                    assert got == after, f"{how} of {before:o}: backing {got:o}"
+    finally:
+        os.close(dfd)
+    # root (CAP_FSETID) keeps the bits
+    os.chmod(f, 0o4755)
+    with open(f, "ab") as fp:
+        fp.write(b"root")
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o4755
+    # a capability goes with any write, root's too, and every time
+    for _ in range(2):
+        os.setxattr(f, "security.capability", FILE_CAP)
+        assert os.getxattr(f, "security.capability") == FILE_CAP
+        with open(f, "ab") as fp:
+            fp.write(b"root")
+        expect_errno(errno.ENODATA, os.getxattr, f, "security.capability")
+    m.umount()
+    if not m.plain:
+        expect_errno(errno.ENODATA, os.getxattr, j(m.backing, "f"), "security.capability")
+        assert stat.S_IMODE(os.stat(j(m.backing, "f")).st_mode) == 0o4755
+
+
 # ------------------------------------------------------------ scale / concurrency
 
 def test_thousands_of_open_files(tfs):

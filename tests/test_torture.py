@@ -78,6 +78,9 @@ CONFIGS = [
     # hard links included: a file with several names gets its new versions
     # copied over it through the redo journal (fs_version.c)
     ("crash-cache16M", ["--host-cache", "16M", "--crash"]),
+    # the small writers' setting: writable handles in the page cache, the
+    # kernel's writeback cache, read-only handles direct
+    ("writeback-cache16M", ["--host-cache", "16M", "--mount-opts", "writeback,no_direct_writes"]),
 ]
 
 
