@@ -561,7 +561,14 @@ static void lock_backing(void)
 	die("cannot lock %s/" FS_LOCK_NAME ": it keeps being replaced%s", fs.opts.backing, "");
 }
 
-/* Exit: the backing directory is free again (see lock_backing). */
+/*
+ * Exit: the backing directory is free again (see lock_backing).  The lock
+ * file goes, but its descriptor stays open until the process ends: what
+ * is left of the exit (the CUDA driver's own teardown takes a while) comes
+ * after, and `tierfsctl wait` finds an exiting daemon by that descriptor
+ * (python/tierfs _find_daemon), to wait for the process itself.  An
+ * unlinked file locks nothing: a new daemon makes a lock file of its own.
+ */
 static void unlock_backing(void)
 {
 	struct timespec t;
@@ -573,8 +580,6 @@ static void unlock_backing(void)
 	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
 		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
 	fs_dir_mtime_put(fs.root_fd, &t, ok);
-	close(lock_fd);
-	lock_fd = -1;
 }
 
 /*
@@ -1080,6 +1085,8 @@ out_session:
 	}
 out_unlock:
 	unlock_backing();
+	if (tierfs_fault("slow_exit"))
+		sleep(2);	/* as a long driver teardown would (tests) */
 	if (ret != 2)		/* a usage error has said its one line */
 		tlog(LOG_NOTICE, "exited%s", ret ? " with errors" : " cleanly");
 	fuse_opt_free_args(&args);

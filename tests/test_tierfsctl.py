@@ -167,6 +167,28 @@ def test_record_ends_with_the_mount(tfs, tmp_path):
 
 
 @pytest.mark.daemon
+def test_wait_follows_a_daemon_to_its_end(mount, monkeypatch):
+    """A daemon that has flushed and given its lock file up, but is still
+    exiting (as with a GPU driver's teardown: TIERFS_FAULT=slow_exit sleeps
+    2 s there), is still waited for."""
+    monkeypatch.setenv("TIERFS_FAULT", "slow_exit")
+    a = mount()
+    monkeypatch.delenv("TIERFS_FAULT")
+    write_file(os.path.join(a.mnt, "f"), randbytes(MiB))
+    proc = a.proc
+    r = subprocess.run(["umount", a.mnt], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while os.path.exists(os.path.join(a.backing, ".tierfs.lock")):
+        assert time.monotonic() < deadline, "the lock file stayed"
+        time.sleep(0.01)
+    assert proc.poll() is None, "exited at once: the fault point was not reached"
+    ok("wait", a.mnt)
+    assert proc.poll() is not None, "wait returned before the daemon exited"
+    assert proc.returncode == 0
+
+
+@pytest.mark.daemon
 def test_wait_after_umount(mount):
     """umount returns before the daemon has flushed; wait follows the daemon
     of that mount (not another one) until it exits."""

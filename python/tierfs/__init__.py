@@ -401,7 +401,9 @@ def _find_daemon(mnt):
                 target = os.readlink(f"{d}/{fd}")
             except OSError:
                 continue
-            if not target.endswith("/" + LOCK_NAME):
+            # an exiting daemon keeps its lock file's descriptor, unlinked,
+            # until the process has ended (fs_main.c unlock_backing)
+            if not target.endswith(("/" + LOCK_NAME, "/" + LOCK_NAME + " (deleted)")):
                 continue
             try:
                 with open(f"{d}/{fd}", "rb") as f:   # the daemon's own open file
