@@ -6,7 +6,7 @@
 # LOOP_DIO=1: the loop device does direct I/O to its file (the disk below
 # sees the writes); QUICK=1: only p = 1% (16K chunks) and the sqlite case;
 # PS="0.01 1": the shares p of the QUICK runs (default 0.01);
-# XFS_IMAGE=FILE.gz: an empty XFS image (reflink=1) to unpack where mkfs.xfs
+# XFS_IMAGE=FILE[.gz]: an empty XFS image (reflink=1) to copy (sparse) where mkfs.xfs
 # is missing (the file system is then the image's size);
 # GPU=N: also the same series written through the ioctl from GPU memory
 # (torch with CUDA, tierfs.pwrite_gpu; libtierfs via TIERFS_LIB), into a
@@ -56,7 +56,10 @@ if command -v mkfs.xfs >/dev/null; then
 	truncate -s "${IMG_GIB:-6}G" "$work/xfs.img"
 	mkfs.xfs -q -m reflink=1 "$work/xfs.img"
 else
-	gzip -dc "$XFS_IMAGE" | cp --sparse=always /dev/stdin "$work/xfs.img"
+	case $XFS_IMAGE in
+	*.gz) gzip -dc "$XFS_IMAGE" | cp --sparse=always /dev/stdin "$work/xfs.img" ;;
+	*) cp --sparse=always "$XFS_IMAGE" "$work/xfs.img" ;;
+	esac
 fi
 mkdir "$work/xfs" "$work/mnt"
 if [ -n "${LOOP_DIO:-}" ]; then
