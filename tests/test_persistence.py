@@ -291,12 +291,15 @@ def _read_tolerant(path):
 
 
 @pytest.mark.daemon
+@pytest.mark.parametrize("cache", ["direct", "writeback"])
 @pytest.mark.parametrize("free_by", ["unlink", "grow"])
-def test_enospc_on_fsync_then_recovers(mount, small_tmpfs, free_by):
+def test_enospc_on_fsync_then_recovers(mount, small_tmpfs, free_by, cache):
     rng = random.Random(f"enospc-{free_by}")
     filler = randbytes(5 * MiB, rng)
     write_file(j(small_tmpfs, "filler"), filler)        # 5 of 8 MiB used
-    m = mount(backing=small_tmpfs, host_cache="64M", expect_errors=True)
+    # writeback: the writes reach tierfs from the kernel's page cache
+    opts = dict(writeback=True, no_direct_writes=True) if cache == "writeback" else {}
+    m = mount(backing=small_tmpfs, host_cache="64M", expect_errors=True, **opts)
     assert_same(read_file(j(m.mnt, "filler")), filler)
 
     # A: written and closed; close may succeed (cached) or already report ENOSPC
