@@ -145,7 +145,7 @@ static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *
 			tlog(LOG_WARNING, "xattr %s of new version: %s", n, strerror(errno));
 	}
 	tv[0] = old->st_atim;
-	tv[1] = in->tf.mtime;
+	tv[1] = tfile_mtime(&in->tf);
 	if (!tv[1].tv_sec && !tv[1].tv_nsec)
 		tv[1] = old->st_mtim;
 	futimens(fd, tv);
@@ -671,7 +671,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
-		struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
+		struct timespec tv[2] = { { 0, UTIME_OMIT }, tfile_mtime(&in->tf) };
 
 		if (tv[1].tv_sec || tv[1].tv_nsec)
 			futimens(fd, tv);
@@ -801,7 +801,7 @@ out_close:
 static int v_small(struct tfile *f, const void *buf, uint64_t len)
 {
 	struct fs_inode *in = in_of(f);
-	struct timespec tv[2] = { { 0, UTIME_OMIT }, in->tf.mtime };
+	struct timespec tv[2] = { { 0, UTIME_OMIT }, tfile_mtime(&in->tf) };
 	struct stat st;
 	bool gone, d;
 	ssize_t n = 0;

@@ -418,6 +418,16 @@ void tfile_set_mtime(struct tfile *f, const struct timespec *mt)
 	eng_unlock(f->eng);
 }
 
+struct timespec tfile_mtime(struct tfile *f)
+{
+	struct timespec t;
+
+	eng_lock(f->eng);
+	t = f->mtime;
+	eng_unlock(f->eng);
+	return t;
+}
+
 int tfile_pending_error(struct tfile *f)
 {
 	int ret;

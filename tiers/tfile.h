@@ -184,6 +184,8 @@ void tfile_unlinked(struct tfile *f);
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime);
 /* Set the modification time to report and to give the next version. */
 void tfile_set_mtime(struct tfile *f, const struct timespec *mt);
+/* The cached mtime (zero: none), read under the engine's lock. */
+struct timespec tfile_mtime(struct tfile *f);
 /* The error a close() should report (a flush that already failed). */
 int tfile_pending_error(struct tfile *f);
 /* Copies' tiers and states, "host:FLUSHED" etc., for xattrs. */
