@@ -77,8 +77,9 @@ struct fs_inode {
 	int pq_n;			/* its copies queued or running */
 	bool pcreated;			/* made empty through the mount, not
 					 * persisted yet: a counted intent */
-	bool no_privs;			/* atomic: seen without set-id bits and
-					 * security.capability (fs_kill_privs) */
+	uint64_t privs;			/* atomic: bit 0: seen without set-ID
+					 * bits and security.capability; the
+					 * rest counts changes (fs_kill_privs) */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */

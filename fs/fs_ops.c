@@ -115,25 +115,49 @@ static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
  * security.capability.  (A chown does both in the backing file system.)
  * In return the kernel stops asking for security.capability before every
  * buffered write, a round trip each (bench/RESULTS.md 8e).  An inode seen
- * with neither is remembered (no_privs) until its mode or xattrs change
- * through us, so the common write costs one load.
+ * with neither is remembered (bit 0 of in->privs) until its mode or xattrs
+ * change through us (the other bits count those changes, so that a look
+ * that raced with one does not mark the inode clean): the common write
+ * costs one load, a file's first a look without any lock.
  */
 void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 {
 	struct fs_inode *in = fs_inode_of(ino);
-	bool changed = false;
+	uint64_t seen = __atomic_load_n(&in->privs, __ATOMIC_ACQUIRE);
+	bool changed = false, cap;
 	char path[64];
 	struct stat st;
+	mode_t m;
 	int fd;
 
-	if (!S_ISREG(in->type) || __atomic_load_n(&in->no_privs, __ATOMIC_ACQUIRE))
+	if (!S_ISREG(in->type) || (seen & 1))
 		return;
+	/* look first, without the lock: most files have nothing to clear */
+	fd = fs_fd_hold(in);
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
+		fs_fd_release(in);
+		return;
+	}
+	fs_proc_path(fd, path, sizeof(path));
+	cap = getxattr(path, "security.capability", NULL, 0) >= 0;
+	fs_fd_release(in);
+	m = st.st_mode & 07777;
+	if (suidgid) {
+		m &= ~(mode_t)S_ISUID;
+		if (m & S_IXGRP)
+			m &= ~(mode_t)S_ISGID;
+	}
+	if (!cap && m == (st.st_mode & 07777)) {
+		/* clean unless the mode or xattrs changed meanwhile (privs moved) */
+		if (!(m & (S_ISUID | S_ISGID)))
+			__atomic_compare_exchange_n(&in->privs, &seen, seen | 1, false,
+						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		return;
+	}
 	fs_ns_lock();	/* as setattr: not while a new version copies them */
 	fd = fs_fd_hold(in);
 	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0) {
-		mode_t m = st.st_mode & 07777;
-		bool clean = true;
-
+		m = st.st_mode & 07777;
 		fs_proc_path(fd, path, sizeof(path));
 		if (suidgid) {
 			m &= ~(mode_t)S_ISUID;
@@ -145,17 +169,11 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 			else if (m != (st.st_mode & 07777))
 				changed = true;
 		}
-		if (m & (S_ISUID | S_ISGID))
-			clean = false;
-		if (removexattr(path, "security.capability") == 0) {
+		if (removexattr(path, "security.capability") == 0)
 			changed = true;
-		} else if (errno != ENODATA && errno != ENOTSUP) {
+		else if (errno != ENODATA && errno != ENOTSUP)
 			tlog(LOG_WARNING, "removing security.capability of %s: %s",
 			     in->name ? in->name : "a file", strerror(errno));
-			clean = false;
-		}
-		if (clean)
-			__atomic_store_n(&in->no_privs, true, __ATOMIC_RELEASE);
 	}
 	fs_fd_release(in);
 	fs_ns_unlock();
@@ -164,9 +182,11 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 		fuse_lowlevel_notify_inval_inode(fs.se, ino, -1, 0);
 }
 
+/* Its mode or xattrs changed (under fs.nslock): look again at the next write. */
 void fs_privs_changed(struct fs_inode *in)
 {
-	__atomic_store_n(&in->no_privs, false, __ATOMIC_RELEASE);
+	__atomic_fetch_add(&in->privs, 2, __ATOMIC_ACQ_REL);
+	__atomic_fetch_and(&in->privs, ~(uint64_t)1, __ATOMIC_ACQ_REL);
 }
 
 static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
