@@ -133,7 +133,7 @@ struct fs {
 	struct engine *eng;
 	struct fuse_session *se;
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
-	bool killpriv_v2;		/* we clear set-id bits (fs_kill_suidgid) */
+	bool killpriv_v2;		/* we clear set-ID bits (fs_kill_privs) */
 };
 
 extern struct fs fs;
@@ -167,23 +167,11 @@ extern const struct tfile_ops fs_tfile_ops;
 
 /* fs_inode.c: the inode table, names, lookups (fs.lock: see the top) */
 struct fs_inode *fs_inode_of(fuse_ino_t ino);
-void fs_kill_privs(fuse_ino_t ino, bool suidgid);
-void fs_privs_changed(struct fs_inode *in);
 fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
 void fs_maybe_free(struct fs_inode *in);	/* fs.lock held: free it if unused */
 int fs_proc_path(int fd, char *buf, size_t len);
-/*
- * The mtime of directory fd, to put back with fs_dir_mtime_put() after
- * tierfs's own change in it (a new version linked and renamed over a file,
- * the lock file, the probe files): those are no change of the directory
- * as the user sees it (its ctime still moves).  Called under fs.nslock,
- * which every change of the backing namespace by a user takes, or before
- * the mount serves anything.  *ok false: unknown, then left alone.
- */
-void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok);
-void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok);
 /* .tierfs*: reserved in every directory, never shown through the mount */
 bool fs_hidden_name(const char *name);
 int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */
@@ -224,6 +212,22 @@ extern const struct fuse_custom_io fs_io;
 
 /* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
 void fs_redo_journal(void);
+/*
+ * fs_version.c: the mtime of directory fd, to put back with fs_dir_mtime_put() after
+ * tierfs's own change in it (a new version linked and renamed over a file,
+ * the lock file, the probe files): those are no change of the directory
+ * as the user sees it (its ctime still moves).  Called under fs.nslock,
+ * which every change of the backing namespace by a user takes, or before
+ * the mount serves anything.  *ok false: unknown, then left alone.
+ */
+void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok);
+void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok);
+
+/* fs_ops.c: clear what a change of the data takes away (set-ID bits,
+ * security.capability) before request ino runs; a change of its mode or
+ * xattrs (fs.nslock held) makes the next write look again. */
+void fs_kill_privs(fuse_ino_t ino, bool suidgid);
+void fs_privs_changed(struct fs_inode *in);
 
 /* fs_file.c: the content handlers of fs_ll_ops */
 void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);

@@ -49,14 +49,6 @@ static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	 * them, consumes restore hints, and is the cache */
 	fi->keep_cache = 0;
 	/*
-	 * Write-only handles bypass the page cache: the data goes from the
-	 * writer's buffer to tierfs in one copy, without the page-cache copy
-	 * and its dirty-page throttling.  Nothing can mmap a write-only fd.
-	 * Other handles do too when the kernel still mmaps such files
-	 * (fs.dio_mmap, see fs_main.c): a read is then one copy from the
-	 * cache into the reader's buffer.
-	 */
-	/*
 	 * A reader's close() needs no FLUSH round trip: fs_ll_flush answers
 	 * 0 to every read-only handle, and locks are the kernel's (tierfs
 	 * has no lock operations).  One request less per restore.
@@ -64,16 +56,28 @@ static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	if ((fi->flags & O_ACCMODE) == O_RDONLY)
 		fi->noflush = 1;
 	/*
-	 * no_direct_writes puts every writable handle in the page cache (with
-	 * -o writeback: small write()s reach tierfs coalesced, and none
-	 * bypasses the kernel's own modification time); no_direct_reads the
-	 * read-only ones.
+	 * Write-only handles bypass the page cache: the data goes from the
+	 * writer's buffer to tierfs in one copy, without the page-cache copy
+	 * and its dirty-page throttling.  Nothing can mmap a write-only fd.
+	 * Other handles do too when the kernel still mmaps such files
+	 * (fs.dio_mmap, see fs_main.c): a read is then one copy from the
+	 * cache into the reader's buffer.  no_direct_writes puts every
+	 * writable handle in the page cache (with -o writeback: small
+	 * write()s reach tierfs coalesced, and none bypasses the kernel's own
+	 * modification time); no_direct_reads the read-only ones.
 	 */
-	if (writable(fi->flags) ? fs.opts.direct_writes &&
-				  ((fi->flags & O_ACCMODE) == O_WRONLY ||
-				   (fs.dio_mmap && fs.opts.direct_reads))
-				: fs.dio_mmap && fs.opts.direct_reads)
-		fi->direct_io = 1;
+	bool dreads = fs.dio_mmap && fs.opts.direct_reads;
+
+	switch (fi->flags & O_ACCMODE) {
+	case O_RDONLY:
+		fi->direct_io = dreads;
+		break;
+	case O_WRONLY:
+		fi->direct_io = fs.opts.direct_writes;
+		break;
+	default:
+		fi->direct_io = fs.opts.direct_writes && dreads;
+	}
 	return 0;
 }
 

@@ -80,7 +80,7 @@ static void amend_init(struct fuse_init_out *out)
 		     fs.opts.direct_reads ? "reads bypass the page cache"
 					  : "but no_direct_reads is set");
 	}
-	/* see fs_kill_suidgid() */
+	/* see fs_kill_privs() */
 	if (init_offered & FUSE_HANDLE_KILLPRIV_V2) {
 		out->flags |= FUSE_HANDLE_KILLPRIV_V2;
 		fs.killpriv_v2 = true;

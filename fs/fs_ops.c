@@ -120,6 +120,18 @@ static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
  * that raced with one does not mark the inode clean): the common write
  * costs one load, a file's first a look without any lock.
  */
+static mode_t killed_mode(mode_t mode, bool suidgid)
+{
+	mode_t m = mode & 07777;
+
+	if (suidgid) {
+		m &= ~(mode_t)S_ISUID;
+		if (m & S_IXGRP)
+			m &= ~(mode_t)S_ISGID;
+	}
+	return m;
+}
+
 void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 {
 	struct fs_inode *in = fs_inode_of(ino);
@@ -141,12 +153,7 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 	fs_proc_path(fd, path, sizeof(path));
 	cap = getxattr(path, "security.capability", NULL, 0) >= 0;
 	fs_fd_release(in);
-	m = st.st_mode & 07777;
-	if (suidgid) {
-		m &= ~(mode_t)S_ISUID;
-		if (m & S_IXGRP)
-			m &= ~(mode_t)S_ISGID;
-	}
+	m = killed_mode(st.st_mode, suidgid);
 	if (!cap && m == (st.st_mode & 07777)) {
 		/* clean unless the mode or xattrs changed meanwhile (privs moved) */
 		if (!(m & (S_ISUID | S_ISGID)))
@@ -157,18 +164,13 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 	fs_ns_lock();	/* as setattr: not while a new version copies them */
 	fd = fs_fd_hold(in);
 	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0) {
-		m = st.st_mode & 07777;
+		m = killed_mode(st.st_mode, suidgid);
 		fs_proc_path(fd, path, sizeof(path));
-		if (suidgid) {
-			m &= ~(mode_t)S_ISUID;
-			if (m & S_IXGRP)
-				m &= ~(mode_t)S_ISGID;
-			if (m != (st.st_mode & 07777) && chmod(path, m) < 0)
-				tlog(LOG_WARNING, "clearing the set-ID bits of %s: %s",
-				     in->name ? in->name : "a file", strerror(errno));
-			else if (m != (st.st_mode & 07777))
-				changed = true;
-		}
+		if (m != (st.st_mode & 07777) && chmod(path, m) < 0)
+			tlog(LOG_WARNING, "clearing the set-ID bits of %s: %s",
+			     in->name ? in->name : "a file", strerror(errno));
+		else if (m != (st.st_mode & 07777))
+			changed = true;
 		if (removexattr(path, "security.capability") == 0)
 			changed = true;
 		else if (errno != ENODATA && errno != ENOTSUP)

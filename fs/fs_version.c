@@ -534,12 +534,7 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
 	fs_fd_replace(in, fd, old);
 }
 
-/*
- * Link version fd (consumed) under a temporary name and rename it over
- * dir/name, moving in to it first.  fs.nslock held.  closing: the fds that
- * swap_fd replaced, for the caller to close; *dfd: with durable, the
- * directory for the caller to sync.
- */
+/* See fs.h. */
 void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok)
 {
 	struct stat st;
@@ -564,6 +559,12 @@ void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok)
 		     strerror(errno));
 }
 
+/*
+ * Link version fd (consumed) under a temporary name and rename it over
+ * dir/name, moving in to it first.  fs.nslock held.  closing: the fds that
+ * swap_fd replaced, for the caller to close; *dfd: with durable, the
+ * directory for the caller to sync.
+ */
 static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name, int fd,
 		     bool durable, int closing[2], int *dfd)
 {
