@@ -687,6 +687,21 @@ class Worker:
         ino.nwfd += 1
         return fd, ino
 
+    def write_new(self, name, ino, do_fsync, body):
+        """name's content replaced: opened with O_TRUNC (made if new), the
+        new bytes written by body(fd, ino), fsynced if asked, closed; the
+        model follows, also when an operation fails half way."""
+        fd, ino = self.open_trunc(name, ino)
+        try:
+            ino.truncate(0)
+            body(fd, ino)
+            if do_fsync:
+                self.fsync_fd(fd, ino)
+        except BaseException:
+            self.fd_lost(fd, ino, True)
+            raise
+        self.close_fd(fd, ino, True)
+
     # -- operations
     def op_rewrite(self):
         exists = [n for n in self.pool if n in self.files]
@@ -700,9 +715,8 @@ class Worker:
         ino = self.files.get(name)
         self.note(f"rewrite {name} ({'fid %d' % ino.fid if ino else 'new'}) size {size} "
                   f"chunks {chunking}{' fsync' if do_fsync else ''}")
-        fd, ino = self.open_trunc(name, ino)
-        try:
-            ino.truncate(0)
+
+        def body(fd, ino):
             hi = ino.next_hi()
             pos = 0
             while pos < size:
@@ -717,12 +731,7 @@ class Worker:
                 ino.write(pos, pos + n, hi)
                 pos += n
                 self.stat_add(1, n)
-            if do_fsync:
-                self.fsync_fd(fd, ino)
-        except BaseException:
-            self.fd_lost(fd, ino, True)
-            raise
-        self.close_fd(fd, ino, True)
+        self.write_new(name, ino, do_fsync, body)
 
     def op_copy(self):
         """A file's content (read through the mount, checked) written as
@@ -757,9 +766,8 @@ class Worker:
         ino = self.files.get(name)
         self.note(f"copy {src_name} (fid {src.fid}, size {size}) to {name} "
                   f"({'fid %d' % ino.fid if ino else 'new'}){' fsync' if do_fsync else ''}")
-        fd, ino = self.open_trunc(name, ino)
-        try:
-            ino.truncate(0)
+
+        def body(fd, ino):
             pos = 0
             while pos < size:
                 n = min(self.rng.choice([MiB, MiB, 65536, 3 * MiB + 5]), size - pos)
@@ -770,12 +778,7 @@ class Worker:
                         ino.write(a, b, h)
                 pos += n
                 self.stat_add(1, n)
-            if do_fsync:
-                self.fsync_fd(fd, ino)
-        except BaseException:
-            self.fd_lost(fd, ino, True)
-            raise
-        self.close_fd(fd, ino, True)
+        self.write_new(name, ino, do_fsync, body)
 
     def fd_lost(self, fd, ino, writable):
         try:
