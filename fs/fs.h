@@ -80,6 +80,9 @@ struct fs_inode {
 	uint64_t privs;			/* atomic: bit 0: seen without set-ID
 					 * bits and security.capability; the
 					 * rest counts changes (fs_kill_privs) */
+	uint64_t renames;		/* atomic: versions renamed over it */
+	uint64_t renames_synced;	/* atomic: of those, how many are
+					 * durable (their directory synced) */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */

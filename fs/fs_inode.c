@@ -517,7 +517,7 @@ int fs_sync_all(bool give_up)
 	fs_unlock();
 	for (i = 0; i < n; i++) {
 		struct tfile *f = &list[i]->tf;
-		int r = tfile_fsync(f);
+		int r = tfile_fsync_data(f);	/* names: one syncfs below */
 
 		if (r && give_up) {
 			struct timespec mt;
@@ -535,6 +535,17 @@ int fs_sync_all(bool give_up)
 		fs_inode_put(list[i]);
 	}
 	free(list);
+	/* the flushes' renames, all at once (a directory sync each would be
+	 * a journal commit each, for every file flushed) */
+	int rfd = fs_fd_openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+
+	if (rfd < 0 || syncfs(rfd) < 0) {
+		tlog(LOG_ERR, "syncfs of %s: %s", fs.opts.backing,
+		     strerror(rfd < 0 ? -rfd : errno));
+		failed++;
+	}
+	if (rfd >= 0)
+		close(rfd);
 	if (failed && give_up)
 		tlog(LOG_ERR, "%d file(s) could not be written to the backing directory", failed);
 	return failed;

@@ -636,6 +636,7 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 		}
 		goto out;
 	}
+	__atomic_add_fetch(&in->renames, 1, __ATOMIC_ACQ_REL);
 	if (durable) {		/* synced by the caller */
 		*dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
 		if (*dfd < 0)
@@ -650,6 +651,17 @@ out:
 	if (fd >= 0)
 		close(fd);
 	return ret;
+}
+
+/* The first `renames` renames of versions over in are durable. */
+static void names_synced(struct fs_inode *in, uint64_t renames)
+{
+	uint64_t had = __atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE);
+
+	while (had < renames &&
+	       !__atomic_compare_exchange_n(&in->renames_synced, &had, renames, false,
+					    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		;
 }
 
 /*
@@ -762,10 +774,56 @@ out_close:
 		close(closing[1]);
 	/* the rename is durable once the directory is */
 	if (dfd >= 0) {
-		if (fsync(dfd) < 0 && !ret)
-			ret = -errno;
+		uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
+
+		if (fsync(dfd) < 0) {
+			if (!ret)
+				ret = -errno;
+		} else {
+			names_synced(in, renames);
+		}
 		close(dfd);
 	}
+	return ret;
+}
+
+/*
+ * tfile_ops.sync_name: the renames of versions that flushers made in the
+ * background (no directory sync: a flush is not an fsync) become durable
+ * with the directory that holds the file's name.  Without this an fsync
+ * that found its flush done, or waited for one, returned while a power
+ * cut could still bring the previous version back (tests/test_power_cut.py).
+ * The current directory: a rename of the file elsewhere since was made
+ * after the version's, and ext4, XFS and btrfs make a directory's changes
+ * durable in the order of their journal or log, earlier ones first.
+ */
+static int v_sync_name(struct tfile *f)
+{
+	struct fs_inode *in = in_of(f), *dir = NULL;
+	uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
+	int ret = 0, pfd, dfd;
+
+	if (__atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE) >= renames)
+		return 0;
+	fs_lock();
+	if (!in->unlinked && in->parent) {
+		dir = in->parent;
+		fs_inode_get(dir);
+	}
+	fs_unlock();
+	if (!dir)
+		return 0;	/* no name left to make durable */
+	pfd = fs_fd_hold(dir);
+	dfd = pfd < 0 ? pfd : fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
+	fs_fd_release(dir);
+	fs_inode_put(dir);
+	if (dfd < 0)
+		return dfd;
+	if (fsync(dfd) < 0)
+		ret = -errno;
+	close(dfd);
+	if (!ret)
+		names_synced(in, renames);
 	return ret;
 }
 
@@ -901,6 +959,7 @@ static const char *v_name(struct tfile *f, char *buf, size_t len)
 const struct tfile_ops fs_tfile_ops = {
 	.version_open	= v_open,
 	.version_commit	= v_commit,
+	.sync_name	= v_sync_name,
 	.version_small	= v_small,
 	.data_fd	= v_data_fd,
 	.release_data_fd = v_release_data_fd,

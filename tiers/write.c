@@ -680,7 +680,7 @@ void tfile_close_writer(struct tfile *f)
 	tfile_unlock(f);
 }
 
-int tfile_fsync(struct tfile *f)
+int tfile_fsync_data(struct tfile *f)
 {
 	struct engine *e = f->eng;
 	int ret = 0;
@@ -722,5 +722,16 @@ int tfile_fsync(struct tfile *f)
 out:
 	eng_unlock(e);
 	tfile_unlock(f);
+	return ret;
+}
+
+int tfile_fsync(struct tfile *f)
+{
+	int ret = tfile_fsync_data(f);
+
+	/* the flushes' renames (this one's, or a background one's since the
+	 * last fsync) are durable only with their directory */
+	if (!ret && f->ops->sync_name)
+		ret = f->ops->sync_name(f);
 	return ret;
 }

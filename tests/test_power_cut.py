@@ -1,0 +1,199 @@
+"""What fsync acknowledged survives a power cut, not only a daemon kill.
+
+A power cut is simulated on a loop device: the backing file system (ext4 or
+XFS, made by the test on a sparse image) is mounted with a long commit
+interval, so that nothing reaches its journal unless something forces it; the
+image is copied the moment an fsync through the mount returns, which is
+exactly what the "disk" holds then; the copy is mounted (its journal
+replayed) and must hold what fsync acknowledged.
+
+A flush replaces a file by renaming its new version over the old one.  The
+version's data is synced before the rename, but the rename itself is durable
+only once its directory is: an fsync that returned before that would come
+back, after a power cut, as the file's previous content (or none).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+import util
+
+MiB = 1 << 20
+
+
+def _run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.fixture(params=["ext4", "xfs"])
+def disk(request, tmp_path):
+    """(image, root): a file system on a loop device that commits only when
+    asked (ext4 commit=600; XFS forces its log on its own only every 30 s)."""
+    util.require_daemon()
+    kind = request.param
+    mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"]}[kind]
+    if not shutil.which(mkfs[0]):
+        pytest.skip(f"{mkfs[0]} not installed")
+    img, root = tmp_path / f"{kind}.img", tmp_path / kind
+    with open(img, "wb") as f:
+        f.truncate(512 * MiB)
+    r = _run(mkfs + [str(img)])
+    if r.returncode:
+        pytest.skip(f"{mkfs[0]} failed: {r.stderr.strip()}")
+    root.mkdir()
+    opts = "loop,commit=600" if kind == "ext4" else "loop"
+    r = _run(["mount", "-o", opts, str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount {kind} on a loop device: {r.stderr.strip()}")
+    yield img, str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+def cut(img, tmp_path):
+    """The disk as it is now, as a power cut would leave it: a copy of the
+    image.  Returns a context manager mounting that copy (journal replayed)."""
+    copy = tmp_path / "after-cut.img"
+    with open(img, "rb") as src, open(copy, "wb") as dst:
+        shutil.copyfileobj(src, dst, 4 * MiB)
+    return _Mounted(copy, tmp_path / "after-cut")
+
+
+class _Mounted:
+    def __init__(self, img, root):
+        self.img, self.root = img, root
+
+    def __enter__(self):
+        self.root.mkdir(exist_ok=True)
+        # nouuid: XFS refuses a second mount of the same file system's UUID
+        kind = _run(["blkid", "-o", "value", "-s", "TYPE", str(self.img)]).stdout.strip()
+        opts = "loop,nouuid" if kind == "xfs" else "loop"
+        r = _run(["mount", "-o", opts, str(self.img), str(self.root)])
+        assert r.returncode == 0, f"the cut image does not mount: {r.stderr}"
+        return str(self.root)
+
+    def __exit__(self, *exc):
+        if _run(["umount", str(self.root)]).returncode:
+            _run(["umount", "-l", str(self.root)])
+        os.unlink(self.img)
+
+
+def write_fsync(path, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+    fd = os.open(path, flags, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def wait_flushed(m, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+        if s["ssd"]["flush_backlog"] == 0 and not s["ssd"]["flushes_running"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("flush backlog stuck")
+
+
+def durable_base(m, backing, names):
+    """Everything so far made durable: the starting point of each case."""
+    wait_flushed(m)
+    for n in names:
+        fd = os.open(os.path.join(m.mnt, n), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    os.sync()
+
+
+def test_rewrite_acknowledged_by_fsync_survives_a_power_cut(disk, mount, tmp_path):
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    small, large = os.path.join(m.mnt, "small"), os.path.join(m.mnt, "ckpt")
+    write_fsync(small, b"old small\n")
+    write_fsync(large, b"o" * (3 * MiB))
+    durable_base(m, backing, ["small", "ckpt"])
+
+    # replaced (O_TRUNC) and rewritten in place (pwrite), each fsynced
+    write_fsync(small, b"new small content\n")
+    fd = os.open(large, os.O_WRONLY)
+    os.pwrite(fd, b"N" * MiB, MiB)
+    os.fsync(fd)
+    os.close(fd)
+    with cut(img, tmp_path) as after:
+        with open(os.path.join(after, "b", "small"), "rb") as f:
+            assert f.read() == b"new small content\n", "fsync acknowledged, power cut lost it"
+        with open(os.path.join(after, "b", "ckpt"), "rb") as f:
+            got = f.read()
+        util.assert_same(got, b"o" * MiB + b"N" * MiB + b"o" * MiB, "ckpt after the cut")
+
+
+def test_fsync_after_close_makes_the_background_flush_durable(disk, mount, tmp_path):
+    """close() hands the file to a background flush; a later fsync (any
+    descriptor, here a reader's) must make that flush's rename durable too."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    path = os.path.join(m.mnt, "f")
+    write_fsync(path, b"v1" * 5000)
+    durable_base(m, backing, ["f"])
+
+    with open(path, "wb") as f:
+        f.write(b"v2" * 6000)
+    wait_flushed(m)                     # renamed by a flusher, on its own
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    with cut(img, tmp_path) as after:
+        with open(os.path.join(after, "b", "f"), "rb") as f:
+            assert f.read() == b"v2" * 6000, "fsync acknowledged, power cut lost it"
+
+
+def test_new_file_fsynced_with_its_directory_survives_a_power_cut(disk, mount, tmp_path):
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    os.mkdir(os.path.join(m.mnt, "d"))
+    durable_base(m, backing, [])
+
+    data = os.urandom(300 * 1024)
+    write_fsync(os.path.join(m.mnt, "d", "new"), data)
+    dfd = os.open(os.path.join(m.mnt, "d"), os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(dfd)
+    os.close(dfd)
+    with cut(img, tmp_path) as after:
+        with open(os.path.join(after, "b", "d", "new"), "rb") as f:
+            util.assert_same(f.read(), data, "new file after the cut")
+
+
+def test_unmount_leaves_every_file_durable(disk, mount, tmp_path):
+    """Once the daemon has exited after an unmount, a power cut loses
+    nothing: every file's last version, renamed in the background, too."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    for i in range(20):
+        write_fsync(os.path.join(m.mnt, f"f{i}"), b"old %d\n" % i)
+    durable_base(m, backing, [])
+
+    want = {}
+    for i in range(20):                 # rewritten, closed, never fsynced
+        want[f"f{i}"] = os.urandom(8192 + 4096 * i)
+        with open(os.path.join(m.mnt, f"f{i}"), "wb") as f:
+            f.write(want[f"f{i}"])
+    m.umount()                          # returns once the daemon exited
+    with cut(img, tmp_path) as after:
+        for name, data in want.items():
+            with open(os.path.join(after, "b", name), "rb") as f:
+                util.assert_same(f.read(), data, f"{name} after unmount and a cut")
