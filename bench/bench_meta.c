@@ -7,7 +7,11 @@
  * Prints one line: operations per second over all processes, and the
  * seconds taken.
  *
- * usage: bench_meta DIR [-p PROCS] [-n OPS] [-s SEED]
+ * With -v, also the time each kind of operation took, over all processes
+ * (count, seconds, mean microseconds), to see which kind a file system
+ * loses its time in.
+ *
+ * usage: bench_meta DIR [-p PROCS] [-n OPS] [-s SEED] [-v]
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -16,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -39,15 +44,29 @@ static unsigned rnd(unsigned *s)
 
 static char rbuf[8192];
 
-static void one(const char *d, unsigned *s, char *buf)
+#define KINDS 18
+static const char *const kind_name[KINDS] = {
+	"create", "create", "create", "mkdir", "rmdir", "rename", "rename", "unlink",
+	"unlink", "link", "chmod", "truncate", "stat", "stat", "append", "readdir",
+	"write+fsync", "read",
+};
+
+/* per kind, shared by the processes: operations and nanoseconds */
+struct kind_time {
+	long n, ns;
+};
+static struct kind_time *kt;
+
+static int one(const char *d, unsigned *s, char *buf)
 {
 	char a[600], b[600];
 	struct stat st;
-	int fd;
+	int fd, kind;
 
 	snprintf(a, sizeof(a), "%s/n%u", d, rnd(s) % NAMES);
 	snprintf(b, sizeof(b), "%s/n%u", d, rnd(s) % NAMES);
-	switch (rnd(s) % 18) {
+	kind = rnd(s) % KINDS;
+	switch (kind) {
 	case 0: case 1: case 2:	/* create a small file */
 		fd = open(a, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		if (fd >= 0) {
@@ -117,23 +136,25 @@ static void one(const char *d, unsigned *s, char *buf)
 		break;
 	}
 	}
+	return kind;
 }
 
 int main(int argc, char **argv)
 {
-	int procs = 4, c, i;
+	int procs = 4, c, i, verbose = 0;
 	long ops = 20000;
 	unsigned seed = 1;
 	char *buf;
 	double t0;
 
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s DIR [-p PROCS] [-n OPS] [-s SEED]\n", argv[0]);
+		fprintf(stderr, "usage: %s DIR [-p PROCS] [-n OPS] [-s SEED] [-v]\n", argv[0]);
 		return 2;
 	}
 	optind = 2;
-	while ((c = getopt(argc, argv, "p:n:s:")) != -1) {
+	while ((c = getopt(argc, argv, "p:n:s:v")) != -1) {
 		switch (c) {
+		case 'v': verbose = 1; break;
 		case 'p': procs = atoi(optarg); break;
 		case 'n': ops = atol(optarg); break;
 		case 's': seed = (unsigned)atoi(optarg); break;
@@ -144,6 +165,10 @@ int main(int argc, char **argv)
 	if (!buf)
 		return 1;
 	memset(buf, 'x', 8192);
+	kt = mmap(NULL, KINDS * sizeof(*kt), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+		  -1, 0);
+	if (kt == MAP_FAILED)
+		return 1;
 	t0 = now();
 	for (i = 0; i < procs; i++) {
 		if (fork() == 0) {
@@ -153,8 +178,14 @@ int main(int argc, char **argv)
 
 			snprintf(d, sizeof(d), "%s/p%d", argv[1], i);
 			mkdir(d, 0755);
-			for (k = 0; k < ops; k++)
-				one(d, &s, buf);
+			for (k = 0; k < ops; k++) {
+				double t = now();
+				int kind = one(d, &s, buf);
+
+				__atomic_add_fetch(&kt[kind].n, 1, __ATOMIC_RELAXED);
+				__atomic_add_fetch(&kt[kind].ns, (long)((now() - t) * 1e9),
+						   __ATOMIC_RELAXED);
+			}
 			_exit(0);
 		}
 	}
@@ -162,5 +193,21 @@ int main(int argc, char **argv)
 		;
 	double dt = now() - t0;
 	printf("%ld ops in %.2f s: %.0f ops/s\n", (long)procs * ops, dt, procs * ops / dt);
+	if (verbose) {
+		/* kinds drawn for several cases are summed under one name */
+		for (i = 0; i < KINDS; i++) {
+			long n = 0, ns = 0;
+			int j;
+
+			if (i && !strcmp(kind_name[i], kind_name[i - 1]))
+				continue;
+			for (j = i; j < KINDS && !strcmp(kind_name[j], kind_name[i]); j++) {
+				n += kt[j].n;
+				ns += kt[j].ns;
+			}
+			printf("  %-12s %7ld ops %8.3f s %9.1f us\n", kind_name[i], n, ns / 1e9,
+			       n ? ns / 1e3 / n : 0.0);
+		}
+	}
 	return 0;
 }
