@@ -83,6 +83,10 @@ struct fs_inode {
 	uint64_t renames;		/* atomic: versions renamed over it */
 	uint64_t renames_synced;	/* atomic: of those, how many are
 					 * durable (their directory synced) */
+	uint64_t attrs;			/* atomic: changes of its mode, owner,
+					 * times or xattrs (fs_attrs_changed) */
+	uint64_t attrs_synced;		/* atomic: of those, how many are
+					 * durable (its backing file synced) */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */
@@ -231,6 +235,7 @@ void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok);
  * xattrs (fs.nslock held) makes the next write look again. */
 void fs_kill_privs(fuse_ino_t ino, bool suidgid);
 void fs_privs_changed(struct fs_inode *in);
+void fs_attrs_changed(struct fs_inode *in);
 
 /* fs_file.c: the content handlers of fs_ll_ops */
 void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);

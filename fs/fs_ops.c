@@ -180,11 +180,23 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 	fs_fd_release(in);
 	fs_ns_unlock();
 	/* the kernel's cached mode is stale: dropped (attributes only) */
-	if (changed)
+	if (changed) {
+		fs_attrs_changed(in);
 		fuse_lowlevel_notify_inval_inode(fs.se, ino, -1, 0);
+	}
 }
 
 /* Its mode or xattrs changed (under fs.nslock): look again at the next write. */
+/*
+ * Its mode, owner, times or xattrs changed in the backing file: the next
+ * fsync(2) of it makes that durable (tfile_ops.sync_name), as fsync does
+ * a file's metadata on a local file system.
+ */
+void fs_attrs_changed(struct fs_inode *in)
+{
+	__atomic_add_fetch(&in->attrs, 1, __ATOMIC_ACQ_REL);
+}
+
 void fs_privs_changed(struct fs_inode *in)
 {
 	__atomic_fetch_add(&in->privs, 2, __ATOMIC_ACQ_REL);
@@ -221,6 +233,8 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 	}
 	fs_fd_release(in);
 	fs_ns_unlock();
+	if (valid & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
+		fs_attrs_changed(in);	/* in part, maybe, if it failed */
 	if (ret)
 		goto out;
 	if (valid & FUSE_SET_ATTR_SIZE) {
@@ -262,6 +276,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		}
 		fs_fd_release(in);
 		fs_ns_unlock();
+		fs_attrs_changed(in);
 		if (ret)
 			goto out;
 		if (S_ISREG(in->type) && (valid & FUSE_SET_ATTR_MTIME))

@@ -653,14 +653,14 @@ out:
 	return ret;
 }
 
-/* The first `renames` renames of versions over in are durable. */
-static void names_synced(struct fs_inode *in, uint64_t renames)
+/* Atomic *c = max(*c, v): the first v changes counted are durable. */
+static void counter_reached(uint64_t *c, uint64_t v)
 {
-	uint64_t had = __atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE);
+	uint64_t had = __atomic_load_n(c, __ATOMIC_ACQUIRE);
 
-	while (had < renames &&
-	       !__atomic_compare_exchange_n(&in->renames_synced, &had, renames, false,
-					    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	while (had < v &&
+	       !__atomic_compare_exchange_n(c, &had, v, false, __ATOMIC_ACQ_REL,
+					    __ATOMIC_ACQUIRE))
 		;
 }
 
@@ -780,7 +780,7 @@ out_close:
 			if (!ret)
 				ret = -errno;
 		} else {
-			names_synced(in, renames);
+			counter_reached(&in->renames_synced, renames);
 		}
 		close(dfd);
 	}
@@ -788,21 +788,47 @@ out_close:
 }
 
 /*
- * tfile_ops.sync_name: the renames of versions that flushers made in the
- * background (no directory sync: a flush is not an fsync) become durable
- * with the directory that holds the file's name.  Without this an fsync
- * that found its flush done, or waited for one, returned while a power
- * cut could still bring the previous version back (tests/test_power_cut.py).
- * The current directory: a rename of the file elsewhere since was made
- * after the version's, and ext4, XFS and btrfs make a directory's changes
- * durable in the order of their journal or log, earlier ones first.
+ * tfile_ops.sync_name, the part of fsync(2) that is not the flush of the
+ * data:
+ *  - the renames of versions that flushers made in the background (no
+ *    directory sync: a flush is not an fsync) become durable with the
+ *    directory that holds the file's name.  Without this an fsync that
+ *    found its flush done, or waited for one, returned while a power cut
+ *    could still bring the previous version back (tests/test_power_cut.py).
+ *    The current directory: a rename of the file elsewhere since was made
+ *    after the version's, and ext4, XFS and btrfs make a directory's
+ *    changes durable in the order of their journal or log, earlier ones
+ *    first.
+ *  - changes of the mode, owner, times and xattrs made since the last
+ *    fsync, in the backing file itself, with an fsync of it.
+ * Each only when there is something to make durable: a sync of what is
+ * durable already still costs the disk a cache flush.
  */
 static int v_sync_name(struct tfile *f)
 {
 	struct fs_inode *in = in_of(f), *dir = NULL;
 	uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
+	uint64_t attrs = __atomic_load_n(&in->attrs, __ATOMIC_ACQUIRE);
 	int ret = 0, pfd, dfd;
+	bool unlinked;
 
+	fs_lock();
+	unlinked = in->unlinked;
+	fs_unlock();
+	if (unlinked)
+		return 0;	/* nothing of it is left to make durable */
+	if (__atomic_load_n(&in->attrs_synced, __ATOMIC_ACQUIRE) < attrs) {
+		int fd = fs_data_fd_get(in);
+
+		if (fd < 0)
+			return fd;
+		if (fsync(fd) < 0)
+			ret = -errno;
+		fs_data_fd_put(in, fd);
+		if (ret)
+			return ret;
+		counter_reached(&in->attrs_synced, attrs);
+	}
 	if (__atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE) >= renames)
 		return 0;
 	fs_lock();
@@ -823,7 +849,7 @@ static int v_sync_name(struct tfile *f)
 		ret = -errno;
 	close(dfd);
 	if (!ret)
-		names_synced(in, renames);
+		counter_reached(&in->renames_synced, renames);
 	return ret;
 }
 

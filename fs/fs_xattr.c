@@ -208,8 +208,10 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fs_proc_path(ret, path, sizeof(path));
 	if (ret >= 0)
 		ret = setxattr(path, name, value, size, flags) < 0 ? -errno : 0;
-	if (!ret)
+	if (!ret) {
 		fs_privs_changed(in);
+		fs_attrs_changed(in);
+	}
 	fs_fd_release(in);
 	fs_ns_unlock();
 	fuse_reply_err(req, -ret);
@@ -280,6 +282,8 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		fs_proc_path(ret, path, sizeof(path));
 	if (ret >= 0)
 		ret = removexattr(path, name) < 0 ? -errno : 0;
+	if (!ret)
+		fs_attrs_changed(in);
 	fs_fd_release(in);
 	fs_ns_unlock();
 	fuse_reply_err(req, -ret);
