@@ -20,6 +20,9 @@
 #   R=3               runs per cell
 #   WORK=/var/tmp/tierfs-meta.PID    TIERFS_OPTS=host_cache=256M
 #   TIERFS_BINS=      more tierfs binaries to compare ("label=path ...")
+#   IMAGE_FS=         ext4 or xfs: run on that file system, made on an 8 GiB
+#                     sparse image in WORK and loop-mounted (a journalled file
+#                     system of known options, whatever the disk's own is)
 #
 set -euo pipefail
 
@@ -31,11 +34,29 @@ TIERFS_OPTS=${TIERFS_OPTS:-host_cache=256M}
 EX=/usr/share/doc/libfuse3-dev/examples
 
 mkdir -p "$WORK"
+ROOT=$WORK
 cleanup() {
-	for m in "$WORK"/mnt*; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
-	rm -rf "$WORK"
+	for m in "$ROOT"/fs/mnt* "$ROOT"/mnt*; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
+	if mountpoint -q "$ROOT/fs" 2>/dev/null; then
+		[ -f "$ROOT/fs/pid" ] && while kill -0 "$(cat "$ROOT/fs/pid")" 2>/dev/null; do sleep 0.1; done
+		umount "$ROOT/fs" || umount -l "$ROOT/fs"
+	fi
+	rm -rf "$ROOT"
 }
 trap cleanup EXIT INT TERM
+
+if [ -n "${IMAGE_FS:-}" ]; then
+	truncate -s 8G "$WORK/fs.img"
+	case $IMAGE_FS in
+	ext4) mkfs.ext4 -q -F "$WORK/fs.img" ;;
+	xfs) mkfs.xfs -q -f "$WORK/fs.img" ;;
+	*) echo "bench_meta.sh: IMAGE_FS is ext4 or xfs" >&2; exit 2 ;;
+	esac
+	mkdir -p "$WORK/fs"
+	mount -o loop "$WORK/fs.img" "$WORK/fs"
+	echo "on $IMAGE_FS ($(findmnt -no OPTIONS "$WORK/fs")), a loop-mounted image"
+	WORK=$WORK/fs
+fi
 
 cc -O2 -o "$WORK/bench_meta" "$HERE/bench_meta.c"
 PT=""

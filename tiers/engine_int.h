@@ -430,6 +430,7 @@ void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
 /* ---- flush.c ---------------------------------------------------------- */
 
 void eng_queue_flush(struct engine *e, struct tfile *f, bool front);
+bool eng_flush_inline(struct engine *e, struct tfile *f);
 void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void *eng_gflusher_main(void *arg);

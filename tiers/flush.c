@@ -1235,6 +1235,32 @@ out:
 	return ret;
 }
 
+/*
+ * e->lock held (dropped meanwhile), f's fsync waiting: flush f in the
+ * caller's thread when its newest copy is a few pages of host memory, as
+ * the flushers would (the same new version, commit and bookkeeping),
+ * instead of queueing it behind the flushes the flushers have in hand:
+ * an fsync then costs its own syncs, not theirs too, and concurrent
+ * fsyncs share the backing file system's journal commits.  Not with
+ * -o dedup (its flushes write through a flusher's io_uring), nor for a
+ * copy a flusher has already started, nor after a failure (retried at
+ * its time).  Returns true when it flushed (or tried to).
+ */
+bool eng_flush_inline(struct engine *e, struct tfile *f)
+{
+	struct copy *cp = NULL;
+	int t;
+
+	for (t = 0; t < e->ntiers && !cp; t++)
+		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
+			cp = f->copy[t];
+	if (e->cfg.dedup || !cp || cp->flushing || !cp->cache->host_addressable ||
+	    cp->len > FLUSH_BUFFERED_MAX || f->flush_err || !f->dirty || f->unlinked)
+		return false;
+	flush_one(e, NULL, f);
+	return true;
+}
+
 static bool retry_due(struct tfile *f)
 {
 	return !f->flush_err || tier_now() >= f->retry_at;

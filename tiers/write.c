@@ -707,7 +707,8 @@ int tfile_fsync_data(struct tfile *f)
 	/* a failed flush is retried now, and its result reported */
 	f->retry_at = 0;
 	uint64_t errs = e->flush_errors;
-	eng_wake(e);
+	if (!eng_flush_inline(e, f))
+		eng_wake(e);
 	while (f->flushed_gen < target && !f->unlinked) {
 		if (e->flush_errors != errs && f->flush_err) {
 			ret = f->flush_err;
