@@ -753,16 +753,6 @@ def test_btrfs_in_place_and_by_chunks(btrfs, mount):
     m.umount()
     util.assert_same(util.read_file(bpath), bytes(data), "f")
     util.assert_same(util.read_file(os.path.join(m.backing, "g")), g, "g")
-def _wait_flushed(m, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
-        if s["ssd"]["flush_backlog"] == 0 and not s["ssd"]["flushes_running"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("flush backlog stuck")
-
-
 @pytest.mark.gpu
 def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
     """Checkpoints written into the GPU tier get their chunk hashes from the
@@ -784,7 +774,7 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
         with open(p, "wb") as f:
             f.write(data)
         assert "gpu" in os.getxattr(p, "user.tierfs.tier").decode()
-        _wait_flushed(m)
+        util.wait_flushed(m)
     s1 = dstats(m)
     assert s1["gpu_chunks_hashed"] - s0["gpu_chunks_hashed"] >= 2 * n, s1
     assert s1["chunks_found"] - s0["chunks_found"] == n - 3, s1
@@ -802,7 +792,7 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
         f.write(b"Z" * C)
     three = bytearray(one)
     three[7 * C:8 * C] = b"Z" * C
-    _wait_flushed(m)
+    util.wait_flushed(m)
     m.umount()
     for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", three)):
         util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)

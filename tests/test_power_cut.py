@@ -13,12 +13,10 @@ only once its directory is: an fsync that returned before that would come
 back, after a power cut, as the file's previous content (or none).
 """
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -93,19 +91,21 @@ def write_fsync(path, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
         os.close(fd)
 
 
-def wait_flushed(m, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
-        if s["ssd"]["flush_backlog"] == 0 and not s["ssd"]["flushes_running"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("flush backlog stuck")
+def with_durable_file(disk, mount, data):
+    """A mount over the disk and its file "f" holding data, all durable."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    path = os.path.join(m.mnt, "f")
+    write_fsync(path, data)
+    durable_base(m, backing, ["f"])
+    return m, path
 
 
 def durable_base(m, backing, names):
     """Everything so far made durable: the starting point of each case."""
-    wait_flushed(m)
+    util.wait_flushed(m)
     for n in names:
         fd = os.open(os.path.join(m.mnt, n), os.O_RDONLY)
         os.fsync(fd)
@@ -140,17 +140,12 @@ def test_rewrite_acknowledged_by_fsync_survives_a_power_cut(disk, mount, tmp_pat
 def test_fsync_after_close_makes_the_background_flush_durable(disk, mount, tmp_path):
     """close() hands the file to a background flush; a later fsync (any
     descriptor, here a reader's) must make that flush's rename durable too."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    m = mount(backing=backing, host_cache="64M")
-    path = os.path.join(m.mnt, "f")
-    write_fsync(path, b"v1" * 5000)
-    durable_base(m, backing, ["f"])
+    img = disk[0]
+    m, path = with_durable_file(disk, mount, b"v1" * 5000)
 
     with open(path, "wb") as f:
         f.write(b"v2" * 6000)
-    wait_flushed(m)                     # renamed by a flusher, on its own
+    util.wait_flushed(m)                     # renamed by a flusher, on its own
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
@@ -203,13 +198,8 @@ def test_unmount_leaves_every_file_durable(disk, mount, tmp_path):
 def test_attribute_changes_acknowledged_by_fsync_survive_a_power_cut(disk, mount, tmp_path):
     """fsync(2) makes a file's metadata durable too: a chmod, an extended
     attribute and the times set before it survive a cut."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    m = mount(backing=backing, host_cache="64M")
-    path = os.path.join(m.mnt, "f")
-    write_fsync(path, b"data" * 3000)
-    durable_base(m, backing, ["f"])
+    img = disk[0]
+    m, path = with_durable_file(disk, mount, b"data" * 3000)
 
     os.chmod(path, 0o600)
     os.setxattr(path, "user.checksum", b"sha256:1234")

@@ -11,6 +11,7 @@ filesystem.  Tests that need a real daemon call `require_daemon()`.
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import random
 import re
@@ -429,6 +430,17 @@ class Mount:
 
 
 # ---------------------------------------------------------------- data
+
+def wait_flushed(m, timeout=60):
+    """Until mount m has no flush queued or running (user.tierfs.stats)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+        if st["ssd"]["flush_backlog"] == 0 and not st["ssd"]["flushes_running"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("flush backlog stuck")
+
 
 def rng_for(seed):
     return random.Random(seed)
