@@ -517,7 +517,7 @@ int fs_sync_all(bool give_up)
 	fs_unlock();
 	for (i = 0; i < n; i++) {
 		struct tfile *f = &list[i]->tf;
-		int r = tfile_fsync_data(f);	/* names: one syncfs below */
+		int r = tfile_fsync_data(f);	/* the rest: one syncfs below */
 
 		if (r && give_up) {
 			struct timespec mt;

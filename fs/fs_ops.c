@@ -186,10 +186,9 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 	}
 }
 
-/* Its mode or xattrs changed (under fs.nslock): look again at the next write. */
 /*
  * Its mode, owner, times or xattrs changed in the backing file: the next
- * fsync(2) of it makes that durable (tfile_ops.sync_name), as fsync does
+ * fsync(2) of it makes that durable (tfile_ops.sync_meta), as fsync does
  * a file's metadata on a local file system.
  */
 void fs_attrs_changed(struct fs_inode *in)
@@ -197,6 +196,7 @@ void fs_attrs_changed(struct fs_inode *in)
 	__atomic_add_fetch(&in->attrs, 1, __ATOMIC_ACQ_REL);
 }
 
+/* Its mode or xattrs changed (under fs.nslock): look again at the next write. */
 void fs_privs_changed(struct fs_inode *in)
 {
 	__atomic_fetch_add(&in->privs, 2, __ATOMIC_ACQ_REL);

@@ -318,9 +318,10 @@ static int redo_record(const char *rname, const struct stat *old, uint64_t size,
 	return ret;
 }
 
-static int sync_root(void)
+/* fsync the directory of O_PATH descriptor pfd: 0 or -errno. */
+static int sync_dir(int pfd)
 {
-	int dfd = fs_fd_openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+	int dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
 	int ret = 0;
 
 	if (dfd < 0)
@@ -329,6 +330,11 @@ static int sync_root(void)
 		ret = -errno;
 	close(dfd);
 	return ret;
+}
+
+static int sync_root(void)
+{
+	return sync_dir(fs.root_fd);
 }
 
 /* The record is gone for good (synced), then its version. */
@@ -788,7 +794,7 @@ out_close:
 }
 
 /*
- * tfile_ops.sync_name, the part of fsync(2) that is not the flush of the
+ * tfile_ops.sync_meta, the part of fsync(2) that is not the flush of the
  * data:
  *  - the renames of versions that flushers made in the background (no
  *    directory sync: a flush is not an fsync) become durable with the
@@ -802,54 +808,46 @@ out_close:
  *  - changes of the mode, owner, times and xattrs made since the last
  *    fsync, in the backing file itself, with an fsync of it.
  * Each only when there is something to make durable: a sync of what is
- * durable already still costs the disk a cache flush.
+ * durable already still costs the disk a cache flush.  Nothing for a
+ * removed file: none of it is left to make durable.
  */
-static int v_sync_name(struct tfile *f)
+static int v_sync_meta(struct tfile *f)
 {
 	struct fs_inode *in = in_of(f), *dir = NULL;
 	uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
 	uint64_t attrs = __atomic_load_n(&in->attrs, __ATOMIC_ACQUIRE);
-	int ret = 0, pfd, dfd;
-	bool unlinked;
+	bool attrs_due = __atomic_load_n(&in->attrs_synced, __ATOMIC_ACQUIRE) < attrs;
+	int ret = 0;
 
 	fs_lock();
-	unlinked = in->unlinked;
-	fs_unlock();
-	if (unlinked)
-		return 0;	/* nothing of it is left to make durable */
-	if (__atomic_load_n(&in->attrs_synced, __ATOMIC_ACQUIRE) < attrs) {
-		int fd = fs_data_fd_get(in);
-
-		if (fd < 0)
-			return fd;
-		if (fsync(fd) < 0)
-			ret = -errno;
-		fs_data_fd_put(in, fd);
-		if (ret)
-			return ret;
-		counter_reached(&in->attrs_synced, attrs);
-	}
-	if (__atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE) >= renames)
+	if (in->unlinked) {
+		fs_unlock();
 		return 0;
-	fs_lock();
-	if (!in->unlinked && in->parent) {
+	}
+	if (in->parent && __atomic_load_n(&in->renames_synced, __ATOMIC_ACQUIRE) < renames) {
 		dir = in->parent;
 		fs_inode_get(dir);
 	}
 	fs_unlock();
-	if (!dir)
-		return 0;	/* no name left to make durable */
-	pfd = fs_fd_hold(dir);
-	dfd = pfd < 0 ? pfd : fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
-	fs_fd_release(dir);
-	fs_inode_put(dir);
-	if (dfd < 0)
-		return dfd;
-	if (fsync(dfd) < 0)
-		ret = -errno;
-	close(dfd);
-	if (!ret)
-		counter_reached(&in->renames_synced, renames);
+	if (attrs_due) {
+		int fd = fs_data_fd_get(in);
+
+		ret = fd < 0 ? fd : fsync(fd) < 0 ? -errno : 0;
+		if (fd >= 0)
+			fs_data_fd_put(in, fd);
+		if (!ret)
+			counter_reached(&in->attrs_synced, attrs);
+	}
+	if (dir) {
+		int pfd = fs_fd_hold(dir);
+
+		if (!ret)
+			ret = pfd < 0 ? pfd : sync_dir(pfd);
+		fs_fd_release(dir);
+		fs_inode_put(dir);
+		if (!ret)
+			counter_reached(&in->renames_synced, renames);
+	}
 	return ret;
 }
 
@@ -985,7 +983,7 @@ static const char *v_name(struct tfile *f, char *buf, size_t len)
 const struct tfile_ops fs_tfile_ops = {
 	.version_open	= v_open,
 	.version_commit	= v_commit,
-	.sync_name	= v_sync_name,
+	.sync_meta	= v_sync_meta,
 	.version_small	= v_small,
 	.data_fd	= v_data_fd,
 	.release_data_fd = v_release_data_fd,

@@ -1050,6 +1050,16 @@ static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t 
 	return ret;
 }
 
+/* e->lock held: f's copy in the fastest tier that holds a complete one
+ * (what a flush writes), or NULL. */
+static struct copy *newest_complete(struct engine *e, struct tfile *f)
+{
+	for (int t = 0; t < e->ntiers; t++)
+		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
+			return f->copy[t];
+	return NULL;
+}
+
 /*
  * Flush f's newest copy to the SSD as a new version.  e->lock held
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
@@ -1059,12 +1069,9 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 {
 	struct copy *cp = NULL;
 	char nb[256];
-	int t;
 
 	eng_delay_at(e, "flush_start");
-	for (t = 0; t < e->ntiers && !cp; t++)	/* the newest complete copy */
-		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
-			cp = f->copy[t];
+	cp = newest_complete(e, f);
 	uint64_t gen, len;
 	bool direct, inplace, small, had_src;
 	struct incr incr;
@@ -1248,12 +1255,8 @@ out:
  */
 bool eng_flush_inline(struct engine *e, struct tfile *f)
 {
-	struct copy *cp = NULL;
-	int t;
+	struct copy *cp = newest_complete(e, f);
 
-	for (t = 0; t < e->ntiers && !cp; t++)
-		if (f->copy[t] && f->copy[t]->state == TS_WRITE_COMPLETE)
-			cp = f->copy[t];
 	if (e->cfg.dedup || !cp || cp->flushing || !cp->cache->host_addressable ||
 	    cp->len > FLUSH_BUFFERED_MAX || f->flush_err || !f->dirty || f->unlinked)
 		return false;

@@ -38,12 +38,14 @@ struct tfile_ops {
 	 */
 	int (*version_commit)(struct tfile *f, int fd, bool inplace, bool durable);
 	/*
-	 * Optional.  Make durable the name changes that commits without
-	 * durable made (a version renamed over the file in the background:
-	 * its data was synced, the rename is durable only once its directory
-	 * is).  Called by tfile_fsync with no lock held.  Returns 0 or -errno.
+	 * Optional.  Make durable what fsync covers besides the data: the
+	 * renames that commits without durable made (a version renamed over
+	 * the file in the background: its data was synced, the rename is
+	 * durable only once its directory is), and changes of the file's
+	 * attributes on the fs side.  Called by tfile_fsync with no lock
+	 * held.  Returns 0 or -errno.
 	 */
-	int (*sync_name)(struct tfile *f);
+	int (*sync_meta)(struct tfile *f);
 	/*
 	 * Optional.  Make buf (len bytes, a complete version of f) its
 	 * content durably without a new version, where the fs side can do
@@ -184,8 +186,8 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok);
 /* Make the file durable on the SSD; returns 0 or the flush error. */
 int tfile_fsync(struct tfile *f);
-/* tfile_fsync but for the names (ops->sync_name): the caller makes the
- * whole backing file system durable afterwards (syncfs at unmount). */
+/* tfile_fsync but for ops->sync_meta: the caller makes the whole backing
+ * file system durable afterwards (syncfs at unmount). */
 int tfile_fsync_data(struct tfile *f);
 /* The file lost its last name: cancel its flush, free its copies once no
  * handle uses them. */

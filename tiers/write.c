@@ -731,8 +731,9 @@ int tfile_fsync(struct tfile *f)
 	int ret = tfile_fsync_data(f);
 
 	/* the flushes' renames (this one's, or a background one's since the
-	 * last fsync) are durable only with their directory */
-	if (!ret && f->ops->sync_name)
-		ret = f->ops->sync_name(f);
+	 * last fsync) are durable only with their directory; attributes
+	 * changed since the last fsync, with the backing file */
+	if (!ret && f->ops->sync_meta)
+		ret = f->ops->sync_meta(f);
 	return ret;
 }
