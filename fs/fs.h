@@ -14,13 +14,20 @@
  * directory (rename, unlink, rmdir, link, version commits); the syscalls
  * that change the backing directory run with nslock only (journal
  * operations that can wait for a commit), so lookups, creates, opens and
- * releases never wait for those.  The order of all locks is the table of
- * tiers/lockorder.h: tfile.lock -> fs.nslock -> fs.lock -> engine.lock, and
- * fs.nslock -> fs.lock -> fdc.lock (fdc.lock never with engine.lock).
+ * releases never wait for those.  Without -o persist nslock is taken only
+ * by a version commit whose file has several links (its redo journal
+ * names a path) and by renames of directories (which change paths):
+ * every inode's ilock does the rest, a regular file's
+ * ordering the commits of its versions with the changes of its
+ * attributes (fs_attrs_lock), a directory's keeping its names steady
+ * (fs_dirs_lock).  The order of all locks is the table of
+ * tiers/lockorder.h: tfile.lock -> file ilock -> fs.nslock -> directory
+ * ilocks -> fs.lock -> engine.lock, and fs.nslock -> fs.lock -> fdc.lock
+ * (fdc.lock never with engine.lock).
  * version_commit runs with tfile.lock held and engine.lock not held; the
  * fs side calls tfile_destroy() and tfile_unlinked() (engine.lock) under
  * fs.lock, and never calls a tfile_* function that takes tfile.lock while
- * it holds fs.nslock, fs.lock or fdc.lock.  fs_lock()/fs_ns_lock() (and
+ * it holds an ilock, fs.nslock, fs.lock or fdc.lock.  fs_lock()/fs_ns_lock() (and
  * fs_fd.c's fdc_lock()) take them through the debug-build rank check.
  */
 #ifndef TIERFS_FS_H
@@ -87,6 +94,11 @@ struct fs_inode {
 					 * times or xattrs (fs_attrs_changed) */
 	uint64_t attrs_synced;		/* atomic: of those, how many are
 					 * durable (its backing file synced) */
+	pthread_mutex_t ilock;		/* a regular file's: a new version
+					 * made current and a change of its
+					 * attributes, one at a time
+					 * (fs_attrs_lock); a directory's: its
+					 * names (fs_dirs_lock) */
 };
 
 /* Another known name of a hard-linked regular file (fs.lock). */
@@ -131,6 +143,9 @@ struct fs_opts {
 struct fs {
 	struct fs_opts opts;
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
+	int tmp_fd;			/* O_PATH fd of BACKING_DIR/.tierfs.tmp,
+					 * where new versions are linked before
+					 * their rename; -1: the root is used */
 	struct fs_inode root;		/* FUSE_ROOT_ID */
 	pthread_mutex_t lock;		/* see file comment */
 	pthread_mutex_t nslock;		/* backing namespace changes (taken
@@ -169,6 +184,30 @@ static inline void fs_ns_unlock(void)
 	pthread_mutex_unlock(&fs.nslock);
 	lock_rank_drop(LR_FS_NS);
 }
+
+/*
+ * A regular file's ilock (and fs.nslock with -o persist): held while a new
+ * version of it is made current (v_commit, v_small; the commit copies the
+ * mode, owner, times and xattrs onto it) and while those attributes change
+ * in the backing object (setattr, xattrs, the set-ID bits' clearing,
+ * atime).  A change of one file's attributes so waits only for a commit of
+ * that file.  For other types it takes fs.nslock with -o persist only.
+ */
+void fs_attrs_lock(struct fs_inode *in);
+void fs_attrs_unlock(struct fs_inode *in);
+/*
+ * The names of directories a and b (b NULL or a directory; in address
+ * order): held from the look-up of a name in them to the bookkeeping of
+ * its change (unlink, rmdir, rename, link, a version renamed over its
+ * name), so that the name keeps naming the object looked up and the
+ * inode table follows the backing directory.  Namespace changes in
+ * different directories run at once; only -o persist orders them all
+ * under fs.nslock, which fs_names_lock() takes first in that case.
+ */
+void fs_dirs_lock(struct fs_inode *a, struct fs_inode *b);
+void fs_dirs_unlock(struct fs_inode *a, struct fs_inode *b);
+void fs_names_lock(struct fs_inode *a, struct fs_inode *b);
+void fs_names_unlock(struct fs_inode *a, struct fs_inode *b);
 extern const struct fuse_lowlevel_ops fs_ll_ops;
 extern const struct tfile_ops fs_tfile_ops;
 
@@ -197,7 +236,7 @@ bool fs_move_name(struct fs_inode *in, struct fs_inode *parent, const char *name
 /* stat of in as the mount shows it (size and mtime from the engine). */
 int fs_stat_inode(struct fs_inode *in, struct stat *st);
 /* Look parent/name up, making its inode known (+1 kernel reference).
- * fs.nslock not held. */
+ * no names lock held. */
 int fs_lookup(struct fs_inode *parent, const char *name, struct fuse_entry_param *e);
 void fs_forget_one(fuse_ino_t ino, uint64_t n);
 /* chown a new backing object to the request's caller. */
@@ -219,6 +258,9 @@ extern const struct fuse_custom_io fs_io;
 
 /* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
 void fs_redo_journal(void);
+/* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */
+void fs_tmp_dir_start(void);
+void fs_tmp_dir_end(void);
 /*
  * fs_version.c: the mtime of directory fd, to put back with fs_dir_mtime_put() after
  * tierfs's own change in it (a new version linked and renamed over a file,

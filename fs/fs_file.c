@@ -293,7 +293,7 @@ static void touch_atime(struct fs_inode *in)
 		return;
 	/* not while a new version copies the attributes (v_commit): the
 	 * time would land on the version being replaced */
-	fs_ns_lock();
+	fs_attrs_lock(in);
 	fs_fd_hold(in);
 	if (fstatat(in->fd, "", &st, AT_EMPTY_PATH) == 0) {
 		clock_gettime(CLOCK_REALTIME, &now);
@@ -311,7 +311,7 @@ static void touch_atime(struct fs_inode *in)
 		}
 	}
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 }
 
 void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

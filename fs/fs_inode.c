@@ -271,6 +271,7 @@ static void inode_free(struct fs_inode *in)
 	fs_fd_detach(in);
 	fs_drop_aliases(in);
 	free(in->name);
+	pthread_mutex_destroy(&in->ilock);
 	free(in);
 	if (parent && parent != &fs.root) {
 		__atomic_sub_fetch(&parent->refs, 1, __ATOMIC_ACQ_REL);
@@ -343,9 +344,10 @@ again:
 /*
  * One look at parent/name.  Between its fstat and its table look-up a
  * version commit may move the name to a new version and the inode to it
- * (v_commit, under fs.nslock): a miss there may be that window, not a new
- * object.  So a miss without fs.nslock held (`ns`) returns -EAGAIN, and
- * fs_lookup() looks again with it, when no commit is half done.
+ * (v_commit, under the directory's names lock): a miss there may be that
+ * window, not a new object.  So a miss without that lock held (`ns`)
+ * returns -EAGAIN, and fs_lookup() looks again with it, when no commit in
+ * the directory is half done.
  */
 static int lookup_once(struct fs_inode *parent, const char *name,
 		       struct fuse_entry_param *e, bool ns)
@@ -403,6 +405,7 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 		in->ino = st.st_ino;
 		in->type = st.st_mode & S_IFMT;
 		in->nlookup = 1;
+		pthread_mutex_init(&in->ilock, NULL);
 		fs_fd_attach(in, fd);
 		if (S_ISREG(in->type)) {
 			tfile_init(&in->tf, fs.eng, &fs_tfile_ops, (uint64_t)st.st_size);
@@ -428,16 +431,16 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 	return 0;
 }
 
-/* Look parent/name up, making its inode known.  fs.nslock not held. */
+/* Look parent/name up, making its inode known.  No names lock held. */
 static int lookup_local(struct fs_inode *parent, const char *name,
 			struct fuse_entry_param *e)
 {
 	int ret = lookup_once(parent, name, e, false);
 
 	if (ret == -EAGAIN) {
-		fs_ns_lock();
+		fs_names_lock(parent, NULL);
 		ret = lookup_once(parent, name, e, true);
-		fs_ns_unlock();
+		fs_names_unlock(parent, NULL);
 	}
 	return ret;
 }

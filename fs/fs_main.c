@@ -577,6 +577,7 @@ static void unlock_backing(void)
 	if (lock_fd < 0)
 		return;
 	fs_dir_mtime_get(fs.root_fd, &t, &ok);
+	fs_tmp_dir_end();
 	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
 		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
 	fs_dir_mtime_put(fs.root_fd, &t, ok);
@@ -811,9 +812,11 @@ static void open_backing(void)
 	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fs.root_fd < 0)
 		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	fs.tmp_fd = -1;
 	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
 	lock_backing();
-	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file is ours */
+	fs_tmp_dir_start();
+	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file and .tierfs.tmp are ours */
 	fs_redo_journal();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
@@ -822,6 +825,7 @@ static void open_backing(void)
 	fs.root.type = S_IFDIR;
 	fs.root.data_fd = -1;
 	fs.root.nlookup = 2;
+	pthread_mutex_init(&fs.root.ilock, NULL);
 	pthread_mutex_init(&fs.lock, NULL);
 	pthread_mutex_init(&fs.nslock, NULL);
 	fs.hsize = 1024;

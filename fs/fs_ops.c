@@ -161,7 +161,7 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 		return;
 	}
-	fs_ns_lock();	/* as setattr: not while a new version copies them */
+	fs_attrs_lock(in);	/* as setattr: not while a new version copies them */
 	fd = fs_fd_hold(in);
 	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0) {
 		m = killed_mode(st.st_mode, suidgid);
@@ -178,7 +178,7 @@ void fs_kill_privs(fuse_ino_t ino, bool suidgid)
 			     in->name ? in->name : "a file", strerror(errno));
 	}
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 	/* the kernel's cached mode is stale: dropped (attributes only) */
 	if (changed) {
 		fs_attrs_changed(in);
@@ -196,7 +196,7 @@ void fs_attrs_changed(struct fs_inode *in)
 	__atomic_add_fetch(&in->attrs, 1, __ATOMIC_ACQ_REL);
 }
 
-/* Its mode or xattrs changed (under fs.nslock): look again at the next write. */
+/* Its mode or xattrs changed (under its ilock): look again at the next write. */
 void fs_privs_changed(struct fs_inode *in)
 {
 	__atomic_fetch_add(&in->privs, 2, __ATOMIC_ACQ_REL);
@@ -213,7 +213,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 
 	(void)fi;
 	/* attributes: not while a new version copies them (v_commit) */
-	fs_ns_lock();
+	fs_attrs_lock(in);
 	ret = fs_fd_hold(in);
 	ret = ret < 0 ? ret : 0;
 	fs_proc_path(in->fd, path, sizeof(path));
@@ -232,7 +232,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 			ret = -errno;
 	}
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 	if (valid & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
 		fs_attrs_changed(in);	/* in part, maybe, if it failed */
 	if (ret)
@@ -266,7 +266,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 		 * (AT_SYMLINK_NOFOLLOW on the /proc path would set the times
 		 * of /proc's own link: a silent no-op.)
 		 */
-		fs_ns_lock();
+		fs_attrs_lock(in);
 		fs_fd_hold(in);
 		if (utimensat(in->fd, "", tv, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
 			ret = -errno;
@@ -275,7 +275,7 @@ static void fs_ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
 				ret = utimensat(AT_FDCWD, path, tv, 0) < 0 ? -errno : 0;
 		}
 		fs_fd_release(in);
-		fs_ns_unlock();
+		fs_attrs_unlock(in);
 		fs_attrs_changed(in);
 		if (ret)
 			goto out;
@@ -419,7 +419,10 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 	int ret = fs_check_new_name(newname), fd, pfd;
 	bool held;
 
-	fs_ns_lock();	/* the syscall without fs.lock */
+	/* the syscall without fs.lock; not while a version of in is made
+	 * current (v_commit tells a singly linked file by its link count) */
+	fs_attrs_lock(in);
+	fs_dirs_lock(p, NULL);
 	fd = fs_fd_hold(in);
 	pfd = fs_fd_hold(p);
 	if (!ret)
@@ -439,7 +442,8 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 		fs_persist_intent_end();	/* after the copy is queued */
 	fs_fd_release(p);
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_dirs_unlock(p, NULL);
+	fs_attrs_unlock(in);
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
@@ -505,9 +509,10 @@ static void put_child(struct fs_inode *in)
 }
 
 /*
- * unlink and rmdir.  fs.nslock keeps the name's object steady (every
- * namespace change takes it, and a lookup makes a new inode only with it:
- * fs_lookup), so the syscall runs without fs.lock: it needs a journal
+ * unlink and rmdir.  The directory's names lock keeps the name's object
+ * steady (every change of a name in it takes it, a version commit of a
+ * file named in it too, and a lookup in it makes a new inode only with
+ * it: fs_lookup), so the syscall runs without fs.lock: it needs a journal
  * handle, which can wait for a commit, and fs.lock is every lookup's,
  * open's and release's.
  */
@@ -517,7 +522,7 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	struct pop *pop = NULL;
 	int ret = 0, pfd, fd;
 
-	fs_ns_lock();
+	fs_names_lock(p, NULL);
 	pfd = fs_fd_hold(p);
 	fs_lock();
 	in = find_child(pfd, name, &fd);
@@ -537,7 +542,7 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 		fs_unlock();
 	}
 	fs_persist_ns_end(pop, !ret);
-	fs_ns_unlock();
+	fs_names_unlock(p, NULL);
 	fs_fd_release(p);
 	put_child(in);
 	fuse_reply_err(req, -ret);
@@ -561,19 +566,45 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 	struct fs_inode *src, *dst;
 	struct pop *pop = NULL;
 	int ret = fs_check_new_name(newname), pfd, npfd, sfd, dfd;
+	bool ns = false;
 
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
 	}
 	/* the syscall without fs.lock: see remove_name */
-	fs_ns_lock();
+again:
+	if (ns)
+		fs_ns_lock();
+	fs_names_lock(p, np);
 	pfd = fs_fd_hold(p);
 	npfd = fs_fd_hold(np);
 	fs_lock();
 	src = find_child(pfd, name, &sfd);
 	dst = find_child(npfd, newname, &dfd);
 	fs_unlock();
+	/*
+	 * A directory that moves changes the path of everything below it:
+	 * with fs.nslock, which a hard-linked file's commit holds while its
+	 * redo record names that path (v_commit).  Every directory above a
+	 * file with a known name is in the table (its parent references).
+	 */
+	if (!ns && !fs_persist_on() && ((src && S_ISDIR(src->type)) ||
+			((flags & RENAME_EXCHANGE) && dst && S_ISDIR(dst->type)))) {
+		fs_names_unlock(p, np);
+		fs_fd_release(np);
+		fs_fd_release(p);
+		if (dst)
+			fs_fd_release(dst);
+		if (src)
+			fs_fd_release(src);
+		if (dst)
+			fs_inode_put(dst);
+		if (src)
+			fs_inode_put(src);
+		ns = true;
+		goto again;
+	}
 	if (pfd < 0 || npfd < 0)
 		ret = pfd < 0 ? pfd : npfd;
 	else {
@@ -601,7 +632,9 @@ static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 out:
 	fs_unlock();
 	fs_persist_ns_end(pop, !ret);
-	fs_ns_unlock();
+	fs_names_unlock(p, np);
+	if (ns)
+		fs_ns_unlock();
 	fs_fd_release(np);
 	fs_fd_release(p);
 	/* every descriptor first: a put takes fs.lock */

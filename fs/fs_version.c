@@ -9,9 +9,11 @@
  * over it through a redo journal instead (copy_journalled).  The inode moves to the new version's backing
  * object before its name does (swap_fd).
  *
- * Locking: fs.nslock is held across a commit (names steady); fs.lock only
- * around table and descriptor bookkeeping; the syscalls that change the
- * backing directory run without fs.lock (see v_commit).
+ * Locking: the file's ilock across a commit (its attributes steady), its
+ * directory's names lock across the part that reads and uses its name
+ * (fs_dirs_lock), fs.nslock too for a hard-linked file's journalled copy;
+ * fs.lock only around table and descriptor bookkeeping; the syscalls that
+ * change the backing directory run without fs.lock (see v_commit).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -347,7 +349,8 @@ static void redo_done(const char *vname, const char *rname)
 
 /*
  * Copy version fd over the file ofd (held; old: its stat) through the
- * journal.  dir/name: a name of it (may be NULL).  fs.nslock held.
+ * journal.  dir/name: a name of it (may be NULL).  fs.nslock held where
+ * there is a name (v_commit).
  */
 static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int fd,
 			   const struct stat *old)
@@ -470,6 +473,57 @@ bad:
 	goto drop;
 }
 
+/*
+ * BACKING/.tierfs.tmp: the temporary names of new versions (rename_in).  In
+ * a directory of their own, not the backing root: a link there and the
+ * rename away from there change that directory's mtime, which would
+ * otherwise be the root's, put back by every commit with the root's names
+ * lock held from the link to the rename, so that all commits of the mount
+ * waited for each other and every name change in the root for them.
+ * Emptied at start-up (what is there is a killed daemon's, never
+ * committed); removed at exit.  Without it (it cannot be made, or is not
+ * a directory) the root is used as before.
+ */
+#define TMP_DIR		FS_HIDDEN_PREFIX ".tmp"
+
+void fs_tmp_dir_start(void)
+{
+	struct dirent *de;
+	DIR *d;
+	int dfd;
+
+	fs.tmp_fd = -1;
+	if (mkdirat(fs.root_fd, TMP_DIR, 0700) < 0 && errno != EEXIST) {
+		tlog(LOG_INFO, "cannot make %s/" TMP_DIR " (%s): new versions are named in "
+		     "the backing directory itself", fs.opts.backing, strerror(errno));
+		return;
+	}
+	dfd = openat(fs.root_fd, TMP_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0 || !(d = fdopendir(dfd))) {
+		tlog(LOG_WARNING, "cannot open %s/" TMP_DIR " (%s): new versions are named "
+		     "in the backing directory itself", fs.opts.backing, strerror(errno));
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while ((de = readdir(d)))	/* a killed daemon's uncommitted versions */
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			unlinkat(dirfd(d), de->d_name, 0);
+	closedir(d);
+	fs.tmp_fd = openat(fs.root_fd, TMP_DIR, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+void fs_tmp_dir_end(void)
+{
+	if (fs.tmp_fd < 0)
+		return;
+	close(fs.tmp_fd);
+	fs.tmp_fd = -1;
+	if (unlinkat(fs.root_fd, TMP_DIR, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		tlog(LOG_WARNING, "cannot remove %s/" TMP_DIR ": %s", fs.opts.backing,
+		     strerror(errno));
+}
+
 void fs_redo_journal(void)
 {
 	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -567,7 +621,8 @@ void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok)
 
 /*
  * Link version fd (consumed) under a temporary name and rename it over
- * dir/name, moving in to it first.  fs.nslock held.  closing: the fds that
+ * dir/name, moving in to it first.  dir's names locked, and the root's
+ * where the temporary name is made there (lock_parent).  closing: the fds that
  * swap_fd replaced, for the caller to close; *dfd: with durable, the
  * directory for the caller to sync.
  */
@@ -586,17 +641,19 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 		goto out;
 	}
 	fs_dir_mtime_get(pfd, &dmt, &dok);
-	if (dir != &fs.root)
+	if (dir != &fs.root && fs.tmp_fd < 0)
 		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
 	fs_proc_path(fd, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), FS_HIDDEN_PREFIX ".new.%lx.%lu",
 		 (unsigned long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 	/*
-	 * The temporary name is in the backing root, where the next start-up
-	 * removes it if a kill comes before the rename (fs_redo_journal); in
-	 * the file's own directory only where that is another file system.
+	 * The temporary name is in BACKING/.tierfs.tmp (or the backing root),
+	 * where the next start-up removes it if a kill comes before the
+	 * rename (fs_tmp_dir_start, fs_redo_journal); in the file's own
+	 * directory only where that is another file system.
 	 */
-	int tdir = fs.root_fd, r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
+	int tdir = fs.tmp_fd >= 0 ? fs.tmp_fd : fs.root_fd;
+	int r = linkat(AT_FDCWD, path, tdir, tmp, AT_SYMLINK_FOLLOW);
 
 	if (r < 0 && errno == EXDEV) {
 		tdir = pfd;
@@ -611,7 +668,7 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 	 * of it in between sees the new version under its temporary name
 	 * (one link), never the old one renamed over (no link left).  A
 	 * lookup of the name in between finds the old version under a key
-	 * the table no longer has, and looks again under fs.nslock, which
+	 * the table no longer has, and looks again under dir's names lock, which
 	 * we hold (do_lookup).  Reopened by name: the tmpfile's own dentry
 	 * stays an unnamed one.
 	 */
@@ -670,23 +727,124 @@ static void counter_reached(uint64_t *c, uint64_t v)
 		;
 }
 
+void fs_attrs_lock(struct fs_inode *in)
+{
+	if (S_ISREG(in->type)) {
+		lock_rank_take(LR_FS_FILE);
+		pthread_mutex_lock(&in->ilock);
+	}
+	if (fs_persist_on())
+		fs_ns_lock();	/* the journal's records in order with renames */
+}
+
+void fs_attrs_unlock(struct fs_inode *in)
+{
+	if (fs_persist_on())
+		fs_ns_unlock();
+	if (S_ISREG(in->type)) {
+		pthread_mutex_unlock(&in->ilock);
+		lock_rank_drop(LR_FS_FILE);
+	}
+}
+
+void fs_dirs_lock(struct fs_inode *a, struct fs_inode *b)
+{
+	lock_rank_take(LR_FS_DIR);
+	if (b == a)
+		b = NULL;
+	if (b && (uintptr_t)b < (uintptr_t)a) {
+		struct fs_inode *t = a;
+
+		a = b;
+		b = t;
+	}
+	pthread_mutex_lock(&a->ilock);
+	if (b)
+		pthread_mutex_lock(&b->ilock);
+}
+
+void fs_dirs_unlock(struct fs_inode *a, struct fs_inode *b)
+{
+	if (b && b != a)
+		pthread_mutex_unlock(&b->ilock);
+	pthread_mutex_unlock(&a->ilock);
+	lock_rank_drop(LR_FS_DIR);
+}
+
+void fs_names_lock(struct fs_inode *a, struct fs_inode *b)
+{
+	if (fs_persist_on())
+		fs_ns_lock();
+	fs_dirs_lock(a, b);
+}
+
+void fs_names_unlock(struct fs_inode *a, struct fs_inode *b)
+{
+	fs_dirs_unlock(a, b);
+	if (fs_persist_on())
+		fs_ns_unlock();
+}
+
+/*
+ * The directory that holds in's name, referenced, with its names locked
+ * (fs_dirs_lock), and the backing root's too where it is changed and its
+ * mtime put back (root: a journalled copy's record; no .tierfs.tmp: the
+ * temporary name); NULL, nothing locked, for a file without a known name.
+ */
+static struct fs_inode *lock_parent(struct fs_inode *in, bool root, struct fs_inode **also)
+{
+	struct fs_inode *dir;
+	bool same;
+
+	*also = root || fs.tmp_fd < 0 ? &fs.root : NULL;
+	for (;;) {
+		fs_lock();
+		dir = in->unlinked ? NULL : in->parent;
+		if (dir)
+			fs_inode_get(dir);
+		fs_unlock();
+		if (!dir)
+			return NULL;
+		fs_dirs_lock(dir, *also);
+		fs_lock();
+		same = !in->unlinked && in->parent == dir;
+		fs_unlock();
+		if (same)
+			return dir;
+		fs_dirs_unlock(dir, *also);	/* renamed meanwhile */
+		fs_inode_put(dir);
+	}
+}
+
 /*
  * Make version fd (an O_TMPFILE, or with inplace the file itself) current.
  *
- * Locking: fs.nslock, which every change of the backing namespace takes
- * (link, unlink, rmdir, rename, and this), keeps in's name and parent
- * steady while the new version is linked in and renamed over the old one;
- * fs.lock is taken only for the bookkeeping.  The syscalls that change the
- * backing directory run without it: each needs a journal handle, which
- * can wait for a commit (hundreds of ms on a disk busy with flushes), and
- * every lookup, create, open and release of the mount takes fs.lock.
+ * Locking: in's ilock (fs_attrs_lock) across the whole commit: the mode,
+ * owner, xattrs and times copied onto the new version are the ones it
+ * replaces (setattr and the xattr calls take it too), and no link of it
+ * is made meanwhile.  Its directory's names lock (lock_parent), which
+ * every change of a name in it takes (link, unlink, rmdir, rename), from
+ * the reading of in's name to the rename of the new version
+ * over the old one: the name keeps naming in, and a lookup that misses
+ * while the inode and the name move to the new version looks again under
+ * it (lookup_once).  The attribute copy (a dozen syscalls, each of which
+ * can wait for the journal) is made before it, and namespace changes in
+ * other directories never wait for a commit.  A hard-linked file is
+ * copied in place under a redo record that names its path: fs.nslock as
+ * well then, which every rename of a directory takes (fs_ll_rename), so
+ * that the path keeps naming the file.
+ * fs.lock is taken only for the bookkeeping.  The syscalls that change
+ * the backing directory run without it: each needs a journal handle,
+ * which can wait for a commit (hundreds of ms on a disk busy with
+ * flushes), and every lookup, create, open and release of the mount takes
+ * fs.lock.
  */
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
-	struct fs_inode *in = in_of(f), *dir = NULL;
+	struct fs_inode *in = in_of(f), *dir = NULL, *also = NULL;
 	char *name = NULL;
 	struct stat old;
-	bool unlinked, open, intended = false;
+	bool unlinked, open, named, intended = false, ns;
 	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
 	if (inplace) {
@@ -704,21 +862,38 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		}
 		return ret;
 	}
-	fs_ns_lock();
+	fs_attrs_lock(in);
+	/* the attributes first, outside the names locks: they are in's,
+	 * whatever its name (a removed file's are adopted with its data) */
+	ofd = fs_fd_hold(in);
+	if (ofd < 0 || fstatat(ofd, "", &old, AT_EMPTY_PATH) < 0) {
+		ret = ofd < 0 ? ofd : -errno;
+		fs_fd_release(in);
+		fs_lock();
+		if (in->unlinked && !in->nopen)
+			ret = -ENOENT;	/* as below: removed meanwhile */
+		fs_unlock();
+		goto out_attrs;
+	}
+	copy_attrs(in, ofd, fd, &old);
+	fs_fd_release(in);
+	/* links are made under in's ilock: one link now stays one */
+	ns = old.st_nlink > 1 && !fs_persist_on();
+	if (ns)
+		fs_ns_lock();
+	dir = lock_parent(in, ns, &also);
 	fs_lock();
 	unlinked = in->unlinked;
 	open = in->nopen > 0;
-	if (!unlinked && in->name && in->parent) {
+	named = !unlinked && in->name && dir;
+	if (named)
 		name = strdup(in->name);
-		dir = in->parent;
-		fs_inode_get(dir);
-	}
 	fs_unlock();
 	if (unlinked && !open) {
 		ret = -ENOENT;	/* removed, and nobody can read it any more */
 		goto out_close;
 	}
-	if (dir && !name) {
+	if (named && !name) {
 		ret = -ENOMEM;
 		goto out_close;
 	}
@@ -730,8 +905,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	}
 	if (unlinked) {
 		/* adopt: the data lives on, nameless, with the file's mode,
-		 * owner, xattrs and times (fstat of an open removed file) */
-		copy_attrs(in, ofd, fd, &old);
+		 * owner, xattrs and times (copied above) */
 		fs_fd_release(in);
 		fs_lock();
 		if (!in->nopen) {
@@ -753,12 +927,11 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		bool rok;
 
 		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
-		ret = copy_journalled(dir, name, ofd, fd, &old);
+		ret = copy_journalled(name ? dir : NULL, name, ofd, fd, &old);
 		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
 		fs_fd_release(in);
 		goto out_close;
 	}
-	copy_attrs(in, ofd, fd, &old);
 	fs_fd_release(in);
 
 	ret = rename_in(in, dir, name, fd, durable, closing, &dfd);
@@ -766,11 +939,19 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 out_close:
 	if (fd >= 0)
 		close(fd);
+	fd = -1;
 	if (!ret && !unlinked)
 		fs_persist_committed(in);	/* in order with renames: nslock */
 	if (intended)
 		fs_persist_intent_end();
-	fs_ns_unlock();
+	if (dir)
+		fs_dirs_unlock(dir, also);
+	if (ns)
+		fs_ns_unlock();
+out_attrs:
+	fs_attrs_unlock(in);
+	if (fd >= 0)
+		close(fd);
 	free(name);
 	if (dir)
 		fs_inode_put(dir);
@@ -875,9 +1056,12 @@ static int v_sync_meta(struct tfile *f)
  *    power loss, for a rename either.)
  *  - only an empty, singly linked regular file qualifies: nothing of an
  *    earlier version can show through, and no other name needs the
- *    journalled copy.  The test and the write are made under fs.nslock,
- *    which every commit of a version of this file takes: two flushes
- *    cannot both find it empty.
+ *    journalled copy.  The test and the write are made under the file's
+ *    ilock (fs_attrs_lock), which every commit of a version of it takes:
+ *    two flushes cannot both find it empty, and no xattr call can give it
+ *    a file capability in between.  Names do not matter here (the write
+ *    is through the inode, not a name): a link or rename made meanwhile
+ *    keeps the inode, and an unlink leaves a removed file's data.
  * The fd is synced as the flusher syncs a new version; the mtime is the
  * cached one; mode, owner and xattrs are the file's own already.
  */
@@ -892,12 +1076,12 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 
 	if (len > (uint64_t)sysconf(_SC_PAGESIZE))
 		return 0;
-	fs_ns_lock();
+	fs_attrs_lock(in);
 	fs_lock();
 	gone = in->unlinked || !in->name || !in->parent;
 	fs_unlock();
 	if (gone) {
-		fs_ns_unlock();
+		fs_attrs_unlock(in);
 		return 0;	/* the usual path adopts or drops it */
 	}
 	/* most small flushes are rewrites: look before opening */
@@ -918,7 +1102,7 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 		ret = 0;
 	}
 	if (ret <= 0) {
-		fs_ns_unlock();
+		fs_attrs_unlock(in);
 		return ret;
 	}
 	fs_persist_intent(in, false);	/* changed in place, as v_open's */
@@ -933,7 +1117,7 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 	}
 	if (ret > 0 && (tv[1].tv_sec || tv[1].tv_nsec))
 		futimens(fd, tv);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 	if (ret > 0 && fdatasync(fd) < 0)
 		ret = -errno;
 	close(fd);

@@ -202,7 +202,7 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fuse_reply_err(req, EPERM);
 		return;
 	}
-	fs_ns_lock();	/* not while a new version is committed */
+	fs_attrs_lock(in);	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	if (ret >= 0)
 		fs_proc_path(ret, path, sizeof(path));
@@ -213,7 +213,7 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fs_attrs_changed(in);
 	}
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 	fuse_reply_err(req, -ret);
 }
 
@@ -276,7 +276,7 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 		fuse_reply_err(req, ENODATA);
 		return;
 	}
-	fs_ns_lock();	/* not while a new version is committed */
+	fs_attrs_lock(in);	/* not while a new version is committed */
 	ret = fs_fd_hold(in);		/* reopened if the budget closed it */
 	if (ret >= 0)
 		fs_proc_path(ret, path, sizeof(path));
@@ -285,6 +285,6 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	if (!ret)
 		fs_attrs_changed(in);
 	fs_fd_release(in);
-	fs_ns_unlock();
+	fs_attrs_unlock(in);
 	fuse_reply_err(req, -ret);
 }

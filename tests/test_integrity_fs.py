@@ -581,3 +581,99 @@ def test_kill_after_small_first_version(tmp_path, monkeypatch):
     with open(p, "rb") as f:
         assert f.read() == data
     m.umount()
+
+
+# ------------------------------------------------ concurrent commits and names
+
+def test_attrs_and_names_under_concurrent_commits(mount):
+    """Writers in several directories rewrite files (each close commits a new
+    version in the background, in place or renamed over the name) while they
+    chmod them, set xattrs, rename them to another directory and back, and
+    hard-link them there: each commit copies the attributes onto the new
+    version and renames it over the file's current name, and nothing of that
+    may be lost or land on the wrong name, whatever order the flushers and
+    the namespace changes take.  Checked through the mount and, after the
+    unmount, in the backing directory (mode, xattr, content, link count)."""
+    m = mount()
+    workers, files, rounds = 4, 6, 2000
+    os.mkdir(os.path.join(m.mnt, "x"))
+    model = {}                      # (w, k) -> [data, mode, xattr, where, linked]
+    errors = []
+
+    def where(w, k, place):
+        return os.path.join(m.mnt, f"d{w}", f"f{k}") if place == "home" else \
+            os.path.join(m.mnt, "x", f"{w}-{k}")
+
+    def worker(w):
+        rng = util.rng_for(w)
+        os.mkdir(os.path.join(m.mnt, f"d{w}"))
+        mine = {}
+        for k in range(files):
+            data = util.randbytes(rng.randrange(1, 12000), rng)
+            util.write_file(where(w, k, "home"), data)
+            mine[k] = [data, 0o644, None, "home", False]
+        try:
+            for _ in range(rounds):
+                k = rng.randrange(files)
+                st = mine[k]
+                p = where(w, k, st[3])
+                op = rng.randrange(6)
+                if op == 0:             # rewrite: a commit follows the close
+                    st[0] = util.randbytes(rng.choice([100, 3000, 5000, 20000]), rng)
+                    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+                    os.write(fd, st[0])
+                    if rng.random() < 0.2:
+                        os.fsync(fd)
+                    os.close(fd)
+                elif op == 1:
+                    st[1] = rng.choice([0o600, 0o640, 0o644, 0o755, 0o711])
+                    os.chmod(p, st[1])
+                elif op == 2:
+                    st[2] = util.randbytes(rng.randrange(1, 64), rng)
+                    os.setxattr(p, "user.v", st[2])
+                elif op == 3:           # to the shared directory and back
+                    st[3] = "x" if st[3] == "home" else "home"
+                    os.rename(p, where(w, k, st[3]))
+                elif op == 4:           # a second name in the other directory
+                    other = where(w, k, "x" if st[3] == "home" else "home") + ".l"
+                    if st[4]:
+                        os.unlink(st[4])
+                        st[4] = False
+                    else:
+                        os.link(p, other)
+                        st[4] = other
+                else:                   # both names, if two, see the same file
+                    with open(p, "rb") as f:
+                        assert f.read() == st[0], (w, k, "read back")
+                    if st[4]:
+                        assert os.stat(st[4]).st_ino == os.stat(p).st_ino, (w, k)
+        except Exception as e:      # noqa: BLE001 (reported below)
+            errors.append(f"worker {w}: {e!r}")
+        for k, st in mine.items():
+            model[(w, k)] = st
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+    def check(root, label):
+        for (w, k), (data, mode, xv, place, linked) in model.items():
+            p = where(w, k, place).replace(m.mnt, root, 1)
+            st = os.stat(p)
+            what = f"{label}: d{w}/f{k} at {place}"
+            assert stat.S_IMODE(st.st_mode) == mode, what + " mode"
+            assert st.st_nlink == (2 if linked else 1), what + " links"
+            with open(p, "rb") as f:
+                assert f.read() == data, what + " content"
+            got = os.getxattr(p, "user.v") if xv is not None else None
+            assert got == xv, what + " xattr"
+            if linked:
+                q = linked.replace(m.mnt, root, 1)
+                assert os.stat(q).st_ino == st.st_ino, what + " second name"
+
+    check(m.mnt, "mount")
+    m.umount()
+    check(m.backing, "backing directory")

@@ -10,7 +10,8 @@
 
 #ifndef NDEBUG
 static const char *const rank_names[] = {
-	[LR_TFILE] = "tfile.lock", [LR_FS_NS] = "fs.nslock", [LR_FS] = "fs.lock",
+	[LR_TFILE] = "tfile.lock", [LR_FS_FILE] = "a file's ilock",
+	[LR_FS_NS] = "fs.nslock", [LR_FS_DIR] = "a directory's ilock", [LR_FS] = "fs.lock",
 	[LR_ENGINE] = "engine.lock", [LR_FS_FD] = "fdc.lock",
 };
 

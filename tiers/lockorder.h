@@ -10,26 +10,32 @@
  *  1   tfile.lock      the order of operations on one file     ops->version_commit (commit_shadow:
  *      (tiers/)        (writes, truncate, fsync, close)        writer_done, truncate, fsync),
  *                                                              ops->version_open, ops->data_fd
- *  2   fs.nslock       namespace changes in the backing        -
- *      (fs/fs.h)       directory (rename, unlink, link,
- *                      version commits)
- *  3   fs.lock         the inode table, names, reference       tfile_destroy() (inode_free),
+ *  2   file ilock      a regular file's version commits and    -
+ *      (fs/fs.h)       the changes of its mode, owner, times
+ *                      and xattrs (fs_attrs_lock)
+ *  3   fs.nslock       namespace changes with -o persist;      -
+ *      (fs/fs.h)       commits of hard-linked files and
+ *                      renames of directories
+ *  4   dir ilock       one directory's names (fs_dirs_lock;    -
+ *      (fs/fs.h)       rename takes two, in address order)
+ *  5   fs.lock         the inode table, names, reference       tfile_destroy() (inode_free),
  *      (fs/fs.h)       counts                                  tfile_unlinked() (name_removed)
- *  4   engine.lock     every cache table, copy and the         ops->get (an atomic increment)
+ *  6   engine.lock     every cache table, copy and the         ops->get (an atomic increment)
  *      (tiers/)        tfile fields marked "eng->lock"
- *  5   fdc.lock        the descriptor cache (fs/fs_fd.c):      nothing (innermost)
+ *  7   fdc.lock        the descriptor cache (fs/fs_fd.c):      nothing (innermost)
  *      (fs/fs_fd.c)    never held with engine.lock
  *
- * So tfile.lock -> fs.nslock -> fs.lock -> engine.lock, and
- * fs.nslock -> fs.lock -> fdc.lock.  Consequences:
+ * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
+ * engine.lock, and fs.nslock -> fs.lock -> fdc.lock.  Two files' ilocks
+ * are never held together; two directories' only by fs_dirs_lock.  Consequences:
  *  - tiers/ never calls a tfile_ops function that may take fs.lock
  *    (version_open, version_commit, version_small, data_fd, put, name) with
  *    engine.lock held; references go through eng_defer_put() and are dropped by a
  *    flusher with no lock held.
  *  - the fs side never takes a tfile.lock itself and never calls a tfile_*
  *    function that takes one (write, read, truncate, fsync, close_writer,
- *    span_begin, read_dev, write_dev) while holding fs.nslock, fs.lock or
- *    fdc.lock.
+ *    span_begin, read_dev, write_dev) while holding an ilock, fs.nslock,
+ *    fs.lock or fdc.lock.
  *  - engine threads (flushers, cascade, prefetcher) never take a
  *    tfile.lock.
  * share.lock (fs_share.c) and ipc_cache.lock (fs_ioctl.c) are leaves: no
@@ -44,7 +50,9 @@
 
 enum lock_rank {
 	LR_TFILE = 1,		/* tfile.lock */
+	LR_FS_FILE,		/* a regular file's ilock */
 	LR_FS_NS,		/* fs.nslock */
+	LR_FS_DIR,		/* directories' ilocks */
 	LR_FS,			/* fs.lock */
 	LR_ENGINE,		/* engine.lock */
 	LR_FS_FD,		/* fdc.lock */

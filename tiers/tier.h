@@ -14,7 +14,8 @@
  * (copy.pins; the rule is in engine_int.h) that keeps the copy from being
  * evicted or moved.  Per-file mutexes (struct tfile.lock) order operations
  * on one file.  The order of all locks, fs ones included, is in
- * lockorder.h: tfile.lock -> fs.nslock -> fs.lock -> engine.lock.
+ * lockorder.h: tfile.lock -> file ilock -> fs.nslock -> dir ilock ->
+ * fs.lock -> engine.lock.
  *
  * Nothing here depends on FUSE or CUDA: tiers/ is testable on its own.
  */
