@@ -558,6 +558,24 @@ static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	remove_name(req, parent, name, AT_REMOVEDIR);
 }
 
+/* What a rename held: the directories' and the objects' descriptors, and
+ * the objects' references. */
+static void rename_release(struct fs_inode *p, struct fs_inode *np, struct fs_inode *src,
+			   struct fs_inode *dst)
+{
+	fs_fd_release(np);
+	fs_fd_release(p);
+	/* every descriptor first: a put takes fs.lock */
+	if (dst)
+		fs_fd_release(dst);
+	if (src)
+		fs_fd_release(src);
+	if (dst)
+		fs_inode_put(dst);
+	if (src)
+		fs_inode_put(src);
+}
+
 static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			 fuse_ino_t newparent, const char *newname,
 			 unsigned int flags)
@@ -592,16 +610,7 @@ again:
 	if (!ns && !fs_persist_on() && ((src && S_ISDIR(src->type)) ||
 			((flags & RENAME_EXCHANGE) && dst && S_ISDIR(dst->type)))) {
 		fs_names_unlock(p, np);
-		fs_fd_release(np);
-		fs_fd_release(p);
-		if (dst)
-			fs_fd_release(dst);
-		if (src)
-			fs_fd_release(src);
-		if (dst)
-			fs_inode_put(dst);
-		if (src)
-			fs_inode_put(src);
+		rename_release(p, np, src, dst);
 		ns = true;
 		goto again;
 	}
@@ -635,17 +644,7 @@ out:
 	fs_names_unlock(p, np);
 	if (ns)
 		fs_ns_unlock();
-	fs_fd_release(np);
-	fs_fd_release(p);
-	/* every descriptor first: a put takes fs.lock */
-	if (dst)
-		fs_fd_release(dst);
-	if (src)
-		fs_fd_release(src);
-	if (dst)
-		fs_inode_put(dst);
-	if (src)
-		fs_inode_put(src);
+	rename_release(p, np, src, dst);
 	fuse_reply_err(req, -ret);
 }
 
