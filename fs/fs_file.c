@@ -341,6 +341,8 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fs_fd_gone(in);
 	}
 	fs_unlock();
+	if (gone)
+		tfile_orphaned(&in->tf);	/* its cache room comes back now */
 	if (last) {
 		if (gone)
 			fs_fd_release(in);

@@ -472,10 +472,13 @@ static void name_removed(struct fs_inode *in, int fd, struct fs_inode *parent,
 		fs_drop_aliases(in);
 		if (S_ISREG(in->type))
 			tfile_unlinked(&in->tf);
-		if (in->nopen)
+		if (in->nopen) {
 			fs_fd_pin(in);
-		else
+		} else {
 			fs_fd_gone(in);	/* closed at the caller's release */
+			if (S_ISREG(in->type))
+				tfile_orphaned(&in->tf);	/* its cache room now */
+		}
 	}
 }
 

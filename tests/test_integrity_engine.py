@@ -125,6 +125,50 @@ def test_queued_then_deleted_frees_cache(mount):
     assert st["ssd"]["files_written_through"] == 0, st
 
 
+def test_deleted_files_room_comes_back_at_once(mount, monkeypatch):
+    """The cache space of a file deleted after its last close came back
+    only once the flusher thread got round to dropping the file's last
+    references: a writer that filled the cache with short-lived files
+    while the flusher was busy found it full of data nobody could read any
+    more, and was written through to the SSD.  TIERFS_DELAY holds the
+    flusher up at each flush (as a slow disk does)."""
+    monkeypatch.setenv("TIERFS_DELAY", "flush_start=300")
+    m = mount(host_cache="64M")
+    monkeypatch.delenv("TIERFS_DELAY")
+    for i in range(40):
+        p = os.path.join(m.mnt, f"t{i % 3}")
+        with open(p, "wb") as f:
+            f.write(b"x" * (4 * MiB))
+        os.unlink(p)
+    st = stats(m.mnt)
+    assert st["ssd"]["files_written_through"] == 0, st["ssd"]
+    assert st["tiers"]["host"]["used"] == 0, st["tiers"]["host"]
+
+
+def test_deleted_open_file_keeps_its_data(mount):
+    """A file deleted while open is still read through its descriptor: its
+    cached copy is not room to reuse until the last close, however full
+    the cache gets meanwhile."""
+    m = mount(host_cache="16M")
+    p = os.path.join(m.mnt, "kept")
+    data = os.urandom(6 * MiB)
+    with open(p, "wb") as f:
+        f.write(data)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.unlink(p)
+        for i in range(6):      # fill the cache several times over
+            with open(os.path.join(m.mnt, f"fill{i}"), "wb") as f:
+                f.write(bytes([i]) * (6 * MiB))
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+    deadline = time.time() + 20
+    while stats(m.mnt)["tiers"]["host"]["used"] > 3 * 6 * MiB:
+        assert time.time() < deadline, stats(m.mnt)["tiers"]["host"]
+        time.sleep(0.1)
+
+
 def reader_churn(mnt, worker, n):
     for i in range(n):
         p = os.path.join(mnt, f"r{worker}-{i % 4}")

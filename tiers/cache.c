@@ -349,7 +349,7 @@ struct frag *cache_evict_window(struct cache *c, struct frag *first,
 
 		if (cp) {
 			assert(cp->frag == f && cp->cache == c);
-			assert(tier_state_evictable(cp->state) && cp->pins == 0);
+			assert(tier_copy_evictable(cp));
 			f->copy = NULL;
 			cp->frag = NULL;
 			c->used -= f->size;

@@ -399,6 +399,25 @@ void tfile_unlinked(struct tfile *f)
 	eng_unlock(e);
 }
 
+void tfile_orphaned(struct tfile *f)
+{
+	struct engine *e = f->eng;
+
+	eng_lock(e);
+	f->unlinked = true;
+	f->orphaned = true;
+	for (int i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp)
+			continue;
+		cp->discarded = true;
+		if (tier_copy_evictable(cp))	/* never waits: unpinned */
+			eng_discard_copy(e, f, i);
+	}
+	eng_unlock(e);
+}
+
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime)
 {
 	bool dirty;

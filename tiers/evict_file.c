@@ -20,7 +20,7 @@
 
 static bool may_drop(struct engine *e, struct copy *cp)
 {
-	if (cp->pins || cp->flushing || !tier_state_evictable(cp->state))
+	if (!tier_copy_evictable(cp))
 		return false;
 	if (e->gpu && cp->cache == e->tiers[0] && !gpu_tier_fully_mapped(e->gpu))
 		return false;		/* as eng_alloc_wait: not while it is built */

@@ -143,3 +143,18 @@ bool tier_state_evictable(enum tier_state s)
 {
 	return s == TS_FLUSHED || s == TS_CONSUMED;
 }
+
+/*
+ * A copy may be dropped now when nothing uses its bytes (no pin, no flush
+ * running) and either its data lives on in a slower tier (an evictable
+ * state) or nobody can ever read it (copy.discarded: its file was removed
+ * and closed; then WRITE_* -> INIT is legal, see the notes above).  A
+ * discarded prefetch still in flight is its prefetcher's to cancel.
+ */
+bool tier_copy_evictable(const struct copy *cp)
+{
+	if (cp->pins || cp->flushing)
+		return false;
+	return tier_state_evictable(cp->state) ||
+	       (cp->discarded && cp->state != TS_READ_IN_PROGRESS);
+}

@@ -148,6 +148,11 @@ static struct evict_cost copy_cost(struct cache *c, struct frag *fr,
 	}
 	if (!cp)
 		return k;
+	if (cp->discarded) {	/* garbage: first to go, once idle */
+		k.dist = TIER_FAR;
+		k.wait = tier_copy_evictable(cp) ? 0 : 1e-4;
+		return k;
+	}
 	k.dist = copy_rank(e, cp, ctx->gpu_keeps);
 	switch (cp->state) {
 	case TS_FLUSHED:
@@ -212,6 +217,7 @@ void eng_attach_copy(struct engine *e, struct tfile *f, int i, struct copy *cp)
 	(void)e;
 	f->copy[i] = cp;
 	cp->fileref = !f->unlinked;
+	cp->discarded = f->orphaned;
 	if (cp->fileref)
 		f->ops->get(f);
 }
@@ -406,7 +412,7 @@ static bool window_ready(struct engine *e, struct frag *first, struct frag *last
 		if (fr->copy) {
 			uint64_t dist = eng_copy_dist(e, fr->copy);
 
-			if (fr->copy->pins || !tier_state_evictable(fr->copy->state))
+			if (!tier_copy_evictable(fr->copy))
 				return false;
 			if (dist < *need)
 				*need = dist;
@@ -643,8 +649,7 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		if (ret)
 			return -ENOSPC;
 		for (fr = first;; fr = fr->next) {
-			if (fr->copy && (fr->copy->pins ||
-					 !tier_state_evictable(fr->copy->state))) {
+			if (fr->copy && !tier_copy_evictable(fr->copy)) {
 				ready = false;
 				bstate = fr->copy->state;
 				bpinned = fr->copy->pins > 0;

@@ -77,6 +77,8 @@ struct tfile {
 	struct timespec mtime;		/* modification time while dirty */
 	bool dirty;			/* content newer than the backing file */
 	bool unlinked;			/* no name left: discard, never flush */
+	bool orphaned;			/* and no handle left: its copies are
+					 * garbage (copy.discarded) */
 	bool queued;			/* on the flush queue */
 	bool destroying;		/* being freed: copies hold no reference */
 	int shadow_fd;			/* write-through version being built */
@@ -192,6 +194,10 @@ int tfile_fsync_data(struct tfile *f);
 /* The file lost its last name: cancel its flush, free its copies once no
  * handle uses them. */
 void tfile_unlinked(struct tfile *f);
+/* The unlinked file lost its last handle too: nobody can read its data
+ * again.  Its idle copies are freed now, the others once idle (evictable
+ * at once), without waiting for the file to be let go. */
+void tfile_orphaned(struct tfile *f);
 /* Size and mtime as the fs should report them; false if not dirty. */
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime);
 /* Set the modification time to report and to give the next version. */

@@ -61,6 +61,9 @@ bool tier_transition_ok(enum tier_state from, enum tier_state to);
 void tier_set_state(enum tier_state *s, enum tier_state to);
 /* May a copy in state s be dropped without losing data? */
 bool tier_state_evictable(enum tier_state s);
+/* May cp be dropped now: unpinned, and safe elsewhere or garbage? */
+struct copy;
+bool tier_copy_evictable(const struct copy *cp);
 
 /* ---- allocation table (cache.c) -------------------------------------- */
 
@@ -92,6 +95,8 @@ struct copy {
 					 * of the file's reader (gpu_rdev) */
 	bool fileref;			/* holds a reference on its file (while
 					 * the file has a name; see attach_copy) */
+	bool discarded;			/* its file is gone and nobody can read
+					 * it: garbage, evictable once idle */
 	uint64_t flushed_bytes;		/* progress of the running flush */
 	uint64_t seq;			/* insertion order (fifo) */
 	uint64_t last_use;		/* last access tick (lru) */
