@@ -336,7 +336,11 @@ static void raise_nofile(void)
  */
 static FILE *console;
 static int log_fd = -1;			/* the log file, -1: none */
-static bool log_bol = true;		/* next byte starts a line (stream lock) */
+static bool log_bol = true;		/* next byte starts a line (log_mu) */
+/* The stream's own lock serialises log_write() in glibc, but nothing
+ * promises that of a cookie stream (and ThreadSanitizer cannot see it):
+ * the line state has a lock of its own. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t log_stamp(char *buf, size_t len)
 {
@@ -353,12 +357,13 @@ static size_t log_stamp(char *buf, size_t len)
 	return n < len ? n : len - 1;
 }
 
-/* fopencookie write: called with the stream's lock held. */
+/* fopencookie write: each line that starts here gets a time stamp. */
 static ssize_t log_write(void *cookie, const char *buf, size_t len)
 {
 	size_t done = 0;
 
 	(void)cookie;
+	pthread_mutex_lock(&log_mu);
 	while (done < len) {
 		const char *nl = memchr(buf + done, '\n', len - done);
 		size_t n = nl ? (size_t)(nl - (buf + done)) + 1 : len - done;
@@ -375,6 +380,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 		log_bol = nl != NULL;
 		done += n;
 	}
+	pthread_mutex_unlock(&log_mu);
 	return (ssize_t)len;
 }
 
