@@ -9,13 +9,14 @@
 #   build/        ../configure                           (the default build)
 #   build-asan/   ../configure --enable-sanitizers       (ASan + UBSan)
 #   build-tsan/   ../configure --enable-sanitizers=thread (ThreadSanitizer:
-#                 the unit tests and the torture runs only, -k torture)
+#                 the unit tests, and of the pytest suites the torture runs
+#                 and the integrity and restore-hint tests)
 #
 # Each build runs the torture harness (tests/torture.py, via
 # tests/test_torture.py) for a few minutes: 3 runs of 40 s (20 s under
 # TSan), each followed by its final checks.  Times on a 2-core VM, compile
 # included: build/ ~6 min (5.3 min measured with one torture run failing
-# early), build-asan/ ~7 min, build-tsan/ ~8 min: ~20-25 min in all.
+# early), build-asan/ ~7 min, build-tsan/ ~13 min: ~25-30 min in all.
 #
 # The pytest suites mount FUSE file systems and a tmpfs: run as root, with
 # /dev/fuse present.  Exits 0 when all builds pass, 1 otherwise; the
@@ -116,15 +117,16 @@ if want build-asan && ! build build-asan "${TIERFS_ASAN_OPS:-20000}" --enable-sa
 	failed+=(build-asan)
 fi
 
-# The ThreadSanitizer build: the unit tests and the torture runs only (the
-# daemon runs 5-15 times slower under TSan; the rest of the pytest suites
-# add little there).  Reports go to the daemon's stderr, which the tests
+# The ThreadSanitizer build: the unit tests, the torture runs and the
+# integrity and restore-hint suites (the concurrent writers, readers,
+# evictions and prefetches; ~5 min here), not the rest (the daemon runs
+# 5-15 times slower under TSan, and they add little there).  Reports go to the daemon's stderr, which the tests
 # read (util.SANITIZER_LOG): a report fails the test, and the daemon exits
 # with status 66.  A suppression goes to tests/tsan.supp with its reason.
 if want build-tsan; then
 	if ! TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
 	     TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-20} \
-	     PYTEST_ARGS="-k torture ${PYTEST_ARGS:-}" \
+	     PYTEST_K="torture or integrity or hints" \
 	     build build-tsan 0 --enable-sanitizers=thread; then
 		failed+=(build-tsan)
 	fi

@@ -8,4 +8,6 @@ if ! command -v "$PYTEST" >/dev/null 2>&1; then
 	echo "pytest not found: skipping the mount tests" >&2
 	exit 77
 fi
-exec "$PYTEST" -v -rfE -p no:cacheprovider ${PYTEST_ARGS} "$TIERFS_SRCDIR/tests"
+# PYTEST_K: a -k expression (it may hold spaces; PYTEST_ARGS is split on them)
+exec "$PYTEST" -v -rfE -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS} \
+	"$TIERFS_SRCDIR/tests"
