@@ -137,6 +137,8 @@ struct fs_opts {
 	int queue_depth;
 	int gpu_share;			/* clients may map the GPU cache */
 	char *dedup;			/* auto (default), on, off */
+	int version_sync;		/* fdatasync every version before its
+					 * rename, whatever the file system */
 	int show_help, show_version;
 };
 

@@ -58,6 +58,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("gpu_share", gpu_share, 1),
 	OPT("no_gpu_share", gpu_share, 0),
 	OPT("dedup=%s", dedup, 0),
+	OPT("version_sync", version_sync, 1),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -233,6 +234,10 @@ static void usage(const char *prog)
 "                           files: a power of two, 4K..64M (default 16K)\n"
 "    -o dedup_index=SIZE    memory of its index of chunks (default 64M;\n"
 "                           0: whole new files are written whole)\n"
+"    -o version_sync        sync each new version's data before its rename\n"
+"                           even where the backing file system's log orders\n"
+"                           them (XFS, journalled ext4: one commit per fsync\n"
+"                           instead of two by default)\n"
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
@@ -891,6 +896,31 @@ static void probe_dedup(struct engine_config *ecfg)
 }
 
 /*
+ * Can a new version's data go without its own sync before the rename
+ * (engine_config.ordered_log)?  Where the backing file system's log is
+ * ordered (backing_log_ordered), unless -o version_sync.
+ */
+static void probe_log(struct engine_config *ecfg)
+{
+	struct stat st;
+	char why[160];
+
+	if (fs.opts.version_sync) {
+		tlog(LOG_INFO, "versions: synced before their rename (-o version_sync)");
+		return;
+	}
+	if (!backing_log_ordered(fs.root_fd, why, sizeof(why)) || fstat(fs.root_fd, &st) < 0) {
+		tlog(LOG_INFO, "versions: synced before their rename (%s: %s)",
+		     fs.opts.backing, why);
+		return;
+	}
+	ecfg->ordered_log = true;
+	ecfg->ordered_dev = st.st_dev;
+	tlog(LOG_INFO, "versions: made durable with their rename (%s: ordered log)",
+	     fs.opts.backing);
+}
+
+/*
  * -o gpu=SPEC: a device number, several joined by ':' (one cache over them,
  * -o's own ',' being the option separator), or "all".  0 with the devices
  * in devs[0..*n), or -EINVAL (not numbers, a device twice, more than
@@ -1041,6 +1071,7 @@ int main(int argc, char *argv[])
 	if (*fuse_complaint)		/* said, but not fatal */
 		tlog(LOG_WARNING, "fuse: %s", fuse_complaint);
 	probe_dedup(&ecfg);		/* after the options' complaints */
+	probe_log(&ecfg);
 	if (fuse_set_signal_handlers(fs.se) != 0) {
 		ret = 1;
 		goto out_session;

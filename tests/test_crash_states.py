@@ -212,15 +212,23 @@ def check_state(img, mnt, kind, written, required):
     return problems
 
 
-@pytest.mark.parametrize("kind", ["ext4", "xfs"])
-def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp_path, kind):
+@pytest.mark.parametrize("kind,sync", [("ext4", False), ("xfs", False), ("ext4", True)],
+                         ids=["ext4", "xfs", "ext4-version_sync"])
+def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp_path, kind,
+                                                                sync):
+    """By default, on these two file systems, a version's data is not synced
+    before its rename (their logs are ordered: the rename's commit makes it
+    durable); with -o version_sync it is."""
     seed = int(os.environ.get("TIERFS_CRASH_SEED", "0")) or random.randrange(1, 1 << 30)
     disk = RecordedDisk(blkrec, kind, tmp_path)
     try:
         backing = os.path.join(disk.root, "b")
         os.mkdir(backing)
         os.sync()
-        m = mount(backing=backing, host_cache="4M")
+        opts = {"version_sync": True} if sync else {}
+        m = mount(backing=backing, host_cache="4M", log="info", **opts)
+        way = "synced before their rename" if sync else "made durable with their rename"
+        assert f"versions: {way}" in m.log(), m.log()
         written = workload(m, disk, seed)
         m.kill(signal.SIGKILL)            # the power goes: nothing more is written
     finally:

@@ -12,8 +12,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "engine_int.h"
@@ -168,4 +172,106 @@ int backing_copy_file(struct tfile *f, int dst, uint64_t len)
 	}
 	f->ops->release_data_fd(f, src);
 	return ret;
+}
+
+#define XFS_MAGIC		0x58465342
+#define EXT4_MAGIC		0xEF53
+#define EXT4_HAS_JOURNAL	0x0004	/* s_feature_compat */
+#define EXT4_FAST_COMMIT	0x0400
+
+/* The mount options of the file system with device dev (empty: unknown). */
+static void mount_opts(dev_t dev, char *out, size_t len)
+{
+	char line[4096];
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	out[0] = 0;
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned maj, min;
+		char *sep, *super;
+
+		if (sscanf(line, "%*d %*d %u:%u", &maj, &min) != 2 ||
+		    makedev(maj, min) != dev || !(sep = strstr(line, " - ")))
+			continue;
+		/* " - FSTYPE SOURCE SUPER_OPTIONS" */
+		super = strrchr(sep, ' ');
+		snprintf(out, len, "%s", super ? super + 1 : "");
+		break;
+	}
+	fclose(f);
+}
+
+/* ext4's feature_compat word from the superblock of device dev, or -1. */
+static long ext4_compat(dev_t dev)
+{
+	char path[64], name[64] = "", line[256];
+	uint8_t sb[1024];
+	FILE *f;
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/uevent", major(dev), minor(dev));
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "DEVNAME=%63s", name) == 1)
+			break;
+	fclose(f);
+	if (!name[0])
+		return -1;
+	snprintf(path, sizeof(path), "/dev/%s", name);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (pread(fd, sb, sizeof(sb), 1024) != (ssize_t)sizeof(sb) ||
+	    (sb[0x38] | sb[0x39] << 8) != EXT4_MAGIC) {
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return (long)((uint32_t)sb[0x5C] | (uint32_t)sb[0x5D] << 8 |
+		      (uint32_t)sb[0x5E] << 16 | (uint32_t)sb[0x5F] << 24);
+}
+
+bool backing_log_ordered(int dirfd, char *why, size_t wl)
+{
+	struct statfs sf;
+	struct stat st;
+	char opts[1024];
+	long compat;
+
+	if (fstatfs(dirfd, &sf) < 0 || fstat(dirfd, &st) < 0) {
+		snprintf(why, wl, "cannot examine it: %s", strerror(errno));
+		return false;
+	}
+	mount_opts(st.st_dev, opts, sizeof(opts));
+	if ((unsigned long)sf.f_type == XFS_MAGIC)
+		return true;
+	if ((unsigned long)sf.f_type != EXT4_MAGIC) {
+		snprintf(why, wl, "not ext4 or XFS");
+		return false;
+	}
+	compat = ext4_compat(st.st_dev);
+	if (compat < 0) {
+		snprintf(why, wl, "ext4 whose superblock cannot be read");
+		return false;
+	}
+	if (!(compat & EXT4_HAS_JOURNAL)) {
+		snprintf(why, wl, "ext4 without a journal");
+		return false;
+	}
+	if (compat & EXT4_FAST_COMMIT) {
+		snprintf(why, wl, "ext4 with fast commits");
+		return false;
+	}
+	if (strstr(opts, "journal_async_commit") || strstr(opts, "nobarrier") ||
+	    strstr(opts, "barrier=0")) {
+		snprintf(why, wl, "ext4 mounted with %s",
+			 strstr(opts, "journal_async_commit") ? "journal_async_commit" :
+			 "no barriers");
+		return false;
+	}
+	return true;
 }

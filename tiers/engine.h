@@ -17,6 +17,8 @@
 #include "tier.h"
 #include "tfile.h"
 #include "log.h"
+#include <sys/types.h>
+
 #include "clock.h"
 
 struct engine;
@@ -46,6 +48,13 @@ struct engine_config {
 	uint32_t dedup_block;		/* its file system's block size */
 	uint64_t dedup_chunk;		/* chunk of content de-duplication */
 	uint64_t dedup_index;		/* memory of its index, bytes */
+	bool ordered_log;		/* the backing file system's log commits
+					 * every metadata change in order, after
+					 * a cache flush (backing_log_ordered):
+					 * a version's data is written and
+					 * waited for before its rename, and the
+					 * rename's commit makes both durable */
+	dev_t ordered_dev;		/* that file system's st_dev */
 };
 
 /* Create the engine: the host cache buffer and the flusher threads. */
@@ -114,5 +123,17 @@ uint64_t engine_host_cache_size(struct engine *e);
  * added.  Returns the descriptor, or -1 with errno set.
  */
 int backing_open(int dirfd, const char *path, int flags, mode_t mode);
+
+/*
+ * Does the file system of directory dirfd keep one ordered log of its
+ * metadata changes, each commit of which starts with a flush of the disk's
+ * cache, so that a metadata change made after a write completed is never
+ * durable without the data?  XFS; ext4 with its journal, without fast
+ * commits (which log the inodes an fsync names) and without
+ * journal_async_commit (whose commit block is flushed together with the
+ * data).  True, or false with the reason in why.  Reads the superblock of
+ * an ext4 file system's device (root).
+ */
+bool backing_log_ordered(int dirfd, char *why, size_t wl);
 
 #endif /* TIERFS_ENGINE_H */
