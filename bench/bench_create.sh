@@ -29,30 +29,8 @@ N=${N:-60}; S=${S:-64}; GAP=${GAP:-10}; R=${R:-3}
 WORK=${WORK:-/var/tmp/tierfs-create.$$}
 TIERFS_OPTS=${TIERFS_OPTS:-host_cache=2G}
 
-mkdir -p "$WORK"
-ROOT=$WORK
-cleanup() {
-	for m in "$ROOT"/fs/mnt "$ROOT"/mnt; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
-	if mountpoint -q "$ROOT/fs" 2>/dev/null; then
-		[ -f "$ROOT/fs/pid" ] && while kill -0 "$(cat "$ROOT/fs/pid")" 2>/dev/null; do sleep 0.1; done
-		umount "$ROOT/fs" || umount -l "$ROOT/fs"
-	fi
-	rm -rf "$ROOT"
-}
-trap cleanup EXIT INT TERM
-
-if [ -n "${IMAGE_FS:-}" ]; then
-	truncate -s 16G "$WORK/fs.img"
-	case $IMAGE_FS in
-	ext4) mkfs.ext4 -q -F "$WORK/fs.img" ;;
-	xfs) mkfs.xfs -q -f "$WORK/fs.img" ;;
-	*) echo "bench_create.sh: IMAGE_FS is ext4 or xfs" >&2; exit 2 ;;
-	esac
-	mkdir -p "$WORK/fs"
-	mount -o loop "$WORK/fs.img" "$WORK/fs"
-	echo "on $IMAGE_FS ($(findmnt -no OPTIONS "$WORK/fs")), a loop-mounted image"
-	WORK=$WORK/fs
-fi
+. "$(dirname "$0")/work_fs.sh"
+work_fs bench_create.sh 16G
 
 cat >"$WORK/loop.py" <<'EOF'
 import os, sys, time

@@ -33,30 +33,8 @@ WORK=${WORK:-/var/tmp/tierfs-meta.$$}
 TIERFS_OPTS=${TIERFS_OPTS:-host_cache=256M}
 EX=/usr/share/doc/libfuse3-dev/examples
 
-mkdir -p "$WORK"
-ROOT=$WORK
-cleanup() {
-	for m in "$ROOT"/fs/mnt* "$ROOT"/mnt*; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
-	if mountpoint -q "$ROOT/fs" 2>/dev/null; then
-		[ -f "$ROOT/fs/pid" ] && while kill -0 "$(cat "$ROOT/fs/pid")" 2>/dev/null; do sleep 0.1; done
-		umount "$ROOT/fs" || umount -l "$ROOT/fs"
-	fi
-	rm -rf "$ROOT"
-}
-trap cleanup EXIT INT TERM
-
-if [ -n "${IMAGE_FS:-}" ]; then
-	truncate -s 8G "$WORK/fs.img"
-	case $IMAGE_FS in
-	ext4) mkfs.ext4 -q -F "$WORK/fs.img" ;;
-	xfs) mkfs.xfs -q -f "$WORK/fs.img" ;;
-	*) echo "bench_meta.sh: IMAGE_FS is ext4 or xfs" >&2; exit 2 ;;
-	esac
-	mkdir -p "$WORK/fs"
-	mount -o loop "$WORK/fs.img" "$WORK/fs"
-	echo "on $IMAGE_FS ($(findmnt -no OPTIONS "$WORK/fs")), a loop-mounted image"
-	WORK=$WORK/fs
-fi
+. "$(dirname "$0")/work_fs.sh"
+work_fs bench_meta.sh 8G
 
 cc -O2 -o "$WORK/bench_meta" "$HERE/bench_meta.c"
 PT=""
