@@ -18,9 +18,9 @@ every file:
 (ext4 made with -O fast_commit is not checked: with this kernel some of
 its crash states do not mount at all, "error loading journal", whatever
 was written through it.)  The workload rewrites a few files with O_TRUNC, sizes on both sides of
-the flush's buffered/O_DIRECT boundary, fsyncing most versions and leaving
-others to tierfs's background flush, with a host cache small enough that
-some writes go through to the SSD.
+the flush's buffered/O_DIRECT boundary and some larger than the host cache
+(written through to the SSD), fsyncing most versions and leaving others to
+tierfs's background flush.
 
 Environment: TIERFS_CRASH_VERSIONS (default 60) versions per file system,
 TIERFS_CRASH_STATES (default 60) states checked, TIERFS_CRASH_SEED.
@@ -78,7 +78,7 @@ class RecordedDisk:
         self.root = tmp_path / "fs"
         self.loop = None
         self.proc = None
-        size = 300 * MiB if kind == "xfs" else 64 * MiB
+        size = 300 * MiB if kind == "xfs" else 160 * MiB   # room for versions in flight
         with open(self.base, "wb") as f:
             f.truncate(size)
         mkfs = {"ext4": ["mkfs.ext4", "-q", "-F"], "xfs": ["mkfs.xfs", "-q", "-f"]}[kind]
@@ -149,7 +149,8 @@ def workload(m, disk, seed):
     for v in range(1, VERSIONS + 1):
         name = f"f{rng.randrange(FILES)}"
         size = rng.choice([rng.randrange(1, 4 * KiB), rng.randrange(4 * KiB, 256 * KiB),
-                           rng.randrange(256 * KiB, 3 * MiB)])
+                           rng.randrange(256 * KiB, 3 * MiB),
+                           rng.randrange(5 * MiB, 6 * MiB)])   # > the cache: written through
         written[name][v] = size
         path = os.path.join(m.mnt, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -470,6 +470,9 @@ int backing_pwrite(int fd, const void *buf, size_t n, off_t off);
 /* Copy the first len bytes of f's backing content into fd, holes kept
  * (copy_file_range, else read and write): 0 / -errno. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len);
+/* Make version fd's data stable before its rename (flush.c). */
+int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
+		       bool inplace);
 
 /* ---- prefetch.c, host.c ----------------------------------------------- */
 

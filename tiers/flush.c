@@ -1028,10 +1028,10 @@ static int open_version(struct tfile *f)
  * log commit per fsync instead of two, and none per background flush
  * (tests/test_crash_states.py checks both ways at every moment of a run).
  * Not for a version written in place (no rename orders it), nor on another
- * file system under the backing directory.
+ * file system under the backing directory.  ring NULL: a plain fdatasync.
  */
-static int settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
-			  bool inplace)
+int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
+		       bool inplace)
 {
 	struct stat st;
 
@@ -1040,7 +1040,7 @@ static int settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool 
 		return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE |
 				       SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) < 0 ?
 			-errno : 0;
-	return small ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+	return small || !ring ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
 }
 
 /* Write all len bytes of cp into version fd, size it and settle it.
@@ -1071,7 +1071,7 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 	if (!ret) {
 		double t0 = tier_now();
 
-		ret = settle_version(e, ring, fd, small, inplace);
+		ret = eng_settle_version(e, ring, fd, small, inplace);
 		fl_sync_s += tier_now() - t0;
 	}
 	return ret;

@@ -92,7 +92,13 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	return 0;
 }
 
-/* Commit the shadow version.  e->lock and f->lock held. */
+/*
+ * Commit the shadow version.  e->lock and f->lock held.  Its data is made
+ * stable first, as a flush's is (eng_settle_version), also at a close: a
+ * rename of unwritten data could be durable before the data, and a power
+ * cut would then leave neither the old version nor the new one.  A shadow
+ * written in place (no rename) is synced only for fsync.
+ */
 static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 {
 	int fd = f->shadow_fd;
@@ -100,8 +106,8 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	int ret = 0;
 
 	eng_unlock(e);
-	if (durable && fdatasync(fd) < 0)
-		ret = -errno;
+	if (durable || !f->shadow_inplace)
+		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);
 	if (!ret) {
 		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
 	}
