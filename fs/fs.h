@@ -134,6 +134,8 @@ struct fs_opts {
 	int allow_other;
 	int default_permissions;
 	int flush_threads;
+	int flush_age_ms;		/* -o flush_age: background flush delay
+					 * of small files */
 	int queue_depth;
 	int gpu_share;			/* clients may map the GPU cache */
 	char *dedup;			/* auto (default), on, off */
@@ -254,6 +256,7 @@ int fs_sync_all(bool give_up);
 /* fs_loop.c: serve requests until unmount or a signal; the I/O of the
  * session (set with fuse_session_custom_io before the loop). */
 int fs_run_loop(void);
+#define FS_FLUSH_AGE_DEFAULT_MS	1000	/* -o flush_age default */
 #define FS_POLL_US_DEFAULT	200	/* -o poll_us default... */
 #define FS_POLL_MIN_CPUS	8	/* ...on machines with this many CPUs */
 extern const struct fuse_custom_io fs_io;

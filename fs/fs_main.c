@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("balance=%s", balance, 0),
 	OPT("log=%s", log, 0),
 	OPT("flush_threads=%d", flush_threads, 0),
+	OPT("flush_age=%d", flush_age_ms, 0),
 	OPT("queue_depth=%d", queue_depth, 0),
 	OPT("writeback", writeback, 1),
 	OPT("no_writeback", writeback, 0),
@@ -242,6 +244,10 @@ static void usage(const char *prog)
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
 "    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
+"    -o flush_age=MS        a closed file of at most 256 KiB is flushed to\n"
+"                           the SSD this long after its close, unless an\n"
+"                           fsync or a lack of cache room asks sooner\n"
+"                           (default 1000; 0: at once)\n"
 "    -o exit_timeout=SECS   at unmount, retry files that cannot be written to\n"
 "                           BACKING_DIR this long, then give them up (logged)\n"
 "                           and exit 1 (default 60)\n"
@@ -752,6 +758,10 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 		fs.opts.flush_threads = 0;
 	else if (fs.opts.flush_threads < 1 || fs.opts.flush_threads > 64)
 		die("flush_threads must be 1..64%s%s", "", "");
+	if (fs.opts.flush_age_ms == INT_MIN)	/* not given */
+		fs.opts.flush_age_ms = FS_FLUSH_AGE_DEFAULT_MS;
+	else if (fs.opts.flush_age_ms < 0 || fs.opts.flush_age_ms > 60000)
+		die("flush_age must be 0..60000 milliseconds%s%s", "", "");
 	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
 		die("readahead_kb must be 0..65536%s%s", "", "");
 	if (fs.opts.poll_us == -1)	/* default: where a CPU can be spared */
@@ -775,6 +785,7 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	}
 	ecfg->flush_threads = fs.opts.flush_threads;
 	ecfg->queue_depth = (unsigned)fs.opts.queue_depth;
+	ecfg->flush_age_ms = (unsigned)fs.opts.flush_age_ms;
 	ecfg->hugepages = true;
 	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
 		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
@@ -1018,6 +1029,7 @@ int main(int argc, char *argv[])
 	fs.opts.readahead_kb = 1024;
 	fs.opts.poll_us = -1;
 	fs.opts.flush_threads = -1;		/* -1: not given */
+	fs.opts.flush_age_ms = INT_MIN;
 	fs.opts.queue_depth = -1;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;

@@ -58,6 +58,8 @@ def test_unknown_option_is_one_line(tmp_path):
     ("flush_threads=65", "flush_threads must be 1..64"),
     ("queue_depth=0", "queue_depth must be 1..256"),
     ("queue_depth=257", "queue_depth must be 1..256"),
+    ("flush_age=-1", "flush_age must be 0..60000 milliseconds"),
+    ("flush_age=60001", "flush_age must be 0..60000 milliseconds"),
 ])
 def test_option_ranges(tmp_path, opt, msg):
     r = run_daemon(tmp_path, "host_cache=64M", opt)
@@ -67,7 +69,7 @@ def test_option_ranges(tmp_path, opt, msg):
 
 @pytest.mark.daemon
 def test_option_range_ends_accepted(mount):
-    m = mount(flush_threads=1, queue_depth=256)
+    m = mount(flush_threads=1, queue_depth=256, flush_age=60000)
     util.write_file(os.path.join(m.mnt, "f"), b"x" * 4096)
 
 

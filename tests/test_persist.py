@@ -44,6 +44,13 @@ def wait_for(cond, what, timeout=60):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def first_copies(m):
+    """Until what was written is on the SSD and copied to DIR (the daemon
+    is killed next: what only the cache held would be lost)."""
+    util.wait_flushed(m)
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+
+
 def leftovers(top):
     out = []
     for dirpath, dirnames, filenames in os.walk(top):
@@ -605,7 +612,7 @@ def test_hard_linked_names_a_restarted_daemon_does_not_know(mount, pdir):
     write_file(j(m.mnt, "w", "f1"), b"a" * 36864)
     os.link(j(m.mnt, "w", "f1"), j(m.mnt, "w", "f4"))
     os.link(j(m.mnt, "w", "f4"), j(m.mnt, "w", "f3"))
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    first_copies(m)
     m.kill(signal.SIGKILL)
     m.start()
     read_file(j(m.mnt, "w", "f3"))
@@ -775,7 +782,7 @@ def test_hard_linked_file_written_through_a_removed_name(mount, pdir):
     write_file(j(m.mnt, "w", "f6"), b"a" * 40000)
     os.link(j(m.mnt, "w", "f6"), j(m.mnt, "w", "f7"))
     os.link(j(m.mnt, "w", "f7"), j(m.mnt, "w", "f0"))
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    first_copies(m)
     m.kill(signal.SIGKILL)
     m.start()
     data = randbytes(MiB + 7)
@@ -806,7 +813,7 @@ def test_hard_link_in_another_directory_a_restarted_daemon_does_not_know(mount, 
     write_file(j(m.mnt, "a", "ck"), b"a" * 40000)
     os.link(j(m.mnt, "a", "ck"), j(m.mnt, "b", "deep", "ck-link"))
     write_file(j(m.mnt, "b", "other"), b"other")
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    first_copies(m)
     m.kill(signal.SIGKILL)
     m.start()
     data = randbytes(MiB + 9)

@@ -252,11 +252,14 @@ void engine_destroy(struct engine *e)
 	free(e->reap);
 	eng_dd_destroy(e);
 	/* files still queued hold a reference; the fs frees them */
-	while (e->q_head) {
-		struct tfile *f = e->q_head;
+	while (e->q_head || e->aq_head) {
+		struct tfile *f = e->q_head ? e->q_head : e->aq_head;
 
-		e->q_head = f->fq_next;
-		f->queued = false;
+		if (f == e->q_head)
+			e->q_head = f->fq_next;
+		else
+			e->aq_head = f->fq_next;
+		f->queued = f->aging = false;
 		f->ops->put(f);
 	}
 	/* copies of files the fs never freed (it exits right after) */
@@ -655,11 +658,11 @@ int engine_stats_json(struct engine *e, char *buf, size_t len)
 	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
 		"\"bytes_flushed\":%" PRIu64 ",\"files_flushed\":%" PRIu64
 		",\"flush_errors\":%" PRIu64 ",\"flush_backlog\":%" PRIu64
-		",\"flushes_running\":%d,\"flush_bandwidth\":%.0f"
+		",\"flushes_running\":%d,\"flush_aging\":%" PRIu64 ",\"flush_bandwidth\":%.0f"
 		",\"bytes_written_through\":%" PRIu64 ",\"files_written_through\":%" PRIu64
 		",\"seconds\":{\"total\":%.6f,\"clone\":%.6f,\"sync\":%.6f,\"commit\":%.6f}}}",
 		e->bytes_flushed, e->files_flushed, e->flush_errors, e->backlog,
-		e->busy, e->flush_bw, e->bytes_written_through, e->files_written_through,
+		e->busy, e->aq_len, e->flush_bw, e->bytes_written_through, e->files_written_through,
 		e->fl_total_s, e->fl_clone_s, e->fl_sync_s, e->fl_commit_s);
 	if (at)
 		at--;			/* reopen the outer object */

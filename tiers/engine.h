@@ -25,11 +25,18 @@ struct engine;
 
 #define ENGINE_MAX_GPUS	8		/* GPUs one cache spans (gpu.h's GPU_MAX_DEVICES) */
 
+/* The largest file whose background flush waits flush_age_ms after its
+ * close: one rewritten or removed by then is never written at all. */
+#define FLUSH_AGED_MAX	(256u << 10)
+
 struct engine_config {
 	uint64_t host_cache;		/* bytes */
 	const struct evict_policy *policy;
 	int flush_threads;		/* host -> SSD flushers */
 	unsigned queue_depth;		/* io_uring depth per flusher */
+	unsigned flush_age_ms;		/* a closed file of at most
+					 * FLUSH_AGED_MAX bytes is flushed this
+					 * long after its close (0: at once) */
 	uint64_t chunk;			/* bytes per I/O */
 	bool hugepages;			/* madvise the host buffer */
 	int gpu_dev;			/* GPU for the GPU tier, -1: none */

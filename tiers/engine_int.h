@@ -70,6 +70,12 @@ struct engine {
 	int ntiers;			/* caches in tiers[] */
 	struct cache *tiers[TIER_MAX];	/* fastest first */
 	struct tfile *q_head, *q_tail;	/* flush queue */
+	struct tfile *aq_head, *aq_tail;	/* aging queue: small files closed
+					 * less than cfg.flush_age_ms ago, in
+					 * the order of their due times */
+	uint64_t aq_len;		/* files on it */
+	int room_waiters;		/* eng_alloc_wait()s waiting for room:
+					 * aged flushes are due at once */
 	pthread_t *flushers;		/* flusher threads */
 	int nflushers;
 	bool stop;			/* threads must exit */
@@ -430,6 +436,7 @@ void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
 /* ---- flush.c ---------------------------------------------------------- */
 
 void eng_queue_flush(struct engine *e, struct tfile *f, bool front);
+void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len);
 bool eng_flush_inline(struct engine *e, struct tfile *f);
 void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);

@@ -8,7 +8,8 @@
  * A copy with data found nowhere else (being written, or not flushed yet),
  * or one in use (a prefetch, a read, a promotion kept for the restore
  * queue) stays, and the call says EBUSY: the caller waits for the flush
- * and asks again.  Nothing is ever waited for here.
+ * and asks again (a small file whose flush was waiting for its age is
+ * flushed now).  Nothing is ever waited for here.
  *
  * Everything runs with e->lock held, as eviction in place.c does.
  */
@@ -49,6 +50,8 @@ int engine_evict_file(struct engine *e, struct tfile *f)
 		cache_evict_window(c, cp->frag, cp->frag, eng_copy_evicted);
 		dropped = true;
 	}
+	if (busy && f->aging)
+		eng_queue_flush(e, f, false);	/* asked for: its age is over */
 	if (dropped)
 		eng_wake(e);	/* room: writers and the background threads */
 	eng_unlock(e);

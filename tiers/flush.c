@@ -2,7 +2,9 @@
  * flush.c - the two flush queues and their threads (a queue and its
  * threads per job, as Redis's bio.c; their idle waits are on e->events,
  * woken by eng_wake(), not by every lease's end):
- *  - the SSD flush queue (e->q_head): flushers write a file's newest
+ *  - the SSD flush queue (e->q_head), and the aging queue (e->aq_head)
+ *    where small files wait cfg.flush_age_ms after their close before
+ *    they join it (eng_queue_flush_aged): flushers write a file's newest
  *    complete copy into a new version of its backing file with O_DIRECT
  *    through io_uring, fdatasync it and ask the fs side to commit it
  *    (atomic rename); a failed flush is retried every FLUSH_RETRY_S;
@@ -10,12 +12,12 @@
  *    copy into a new host copy, which then goes to the SSD queue.
  * Flushers also drop deferred file references (e->reap).
  *
- * Owns: the queues and the tfile fields queued, gqueued, fq_next, gq_next,
- * retry_at, flush_err, flushed_gen; e->busy, flush_bw and the flush
- * statistics.  The threads hold e->lock except while bytes move (under a
- * lease) and while they call tfile_ops (version_open/commit, put, name:
- * those take fs locks).  They never take a tfile.lock.  Calls place.c and
- * backing.c.
+ * Owns: the queues and the tfile fields queued, aging, due_at, gqueued,
+ * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy, flush_bw
+ * and the flush statistics.  The threads hold e->lock except while bytes
+ * move (under a lease) and while they call tfile_ops (version_open/commit,
+ * put, name: those take fs locks).  They never take a tfile.lock.  Calls
+ * place.c and backing.c.
  */
 #include <assert.h>
 #include <errno.h>
@@ -36,12 +38,45 @@
 
 /* ---- flush queue ------------------------------------------------------ */
 
+/* e->lock held: unlink f, which is on the queue head..tail. */
+static void queue_remove(struct tfile **head, struct tfile **tail, struct tfile *f)
+{
+	struct tfile **pp = head, *prev = NULL;
+
+	while (*pp && *pp != f) {
+		prev = *pp;
+		pp = &prev->fq_next;
+	}
+	if (!*pp)
+		return;
+	*pp = f->fq_next;
+	if (*tail == f)
+		*tail = prev;
+	f->fq_next = NULL;
+}
+
+/*
+ * Queue f's flush to run as soon as a flusher is free (front: before the
+ * others, for an fsync).  A file already waiting on the aging queue moves
+ * over; one already on the flush queue moves to its front when asked.
+ */
 void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 {
-	if (f->queued || f->unlinked)
+	if (f->unlinked && !f->queued)
 		return;
-	f->queued = true;
-	f->ops->get(f);
+	if (f->queued && f->aging) {
+		queue_remove(&e->aq_head, &e->aq_tail, f);
+		e->aq_len--;
+		f->aging = false;
+	} else if (f->queued) {
+		if (!front || e->q_head == f)
+			return;
+		queue_remove(&e->q_head, &e->q_tail, f);
+	} else {
+		f->queued = true;
+		f->ops->get(f);
+	}
+	f->due_at = 0;
 	f->fq_next = NULL;
 	if (!e->q_head) {
 		e->q_head = e->q_tail = f;
@@ -53,6 +88,41 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 		e->q_tail = f;
 	}
 	eng_wake(e);
+}
+
+/*
+ * Queue the background flush of f, whose newest copy holds len bytes.  A
+ * small file waits cfg.flush_age_ms on the aging queue first: rewritten,
+ * or removed, by then (a build's or a mail spool's short-lived files, a
+ * checkpoint's small companions rewritten each step), it costs the disk
+ * one flush or none instead of one per close, and no flush competes with
+ * the fsyncs of other files meanwhile.  Large files (checkpoints) go at
+ * once: the cache room they hold comes back only once they are flushed.
+ * An fsync (flush_waiters), a writer waiting for cache room
+ * (room_waiters), an eviction asked for (engine_evict_file) or the
+ * unmount make an aging flush due at once.
+ */
+void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len)
+{
+	if (!e->cfg.flush_age_ms || len > FLUSH_AGED_MAX || f->flush_waiters || e->stop ||
+	    (f->queued && !f->aging)) {
+		eng_queue_flush(e, f, false);
+		return;
+	}
+	if (f->queued || f->unlinked)
+		return;		/* aging already: due at its first close's age */
+	f->queued = f->aging = true;
+	f->ops->get(f);
+	f->due_at = tier_now() + e->cfg.flush_age_ms / 1e3;
+	f->fq_next = NULL;
+	if (e->aq_tail)
+		e->aq_tail->fq_next = f;
+	else
+		e->aq_head = f;
+	e->aq_tail = f;
+	e->aq_len++;
+	if (e->aq_head == f)	/* else the flushers wait for an earlier one */
+		eng_wake(e);
 }
 
 /*
@@ -112,8 +182,10 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
 	backlog_add(e, cp);
 	if (t < host_index(e))
 		queue_gpu_flush(e, f);
+	else if (front)
+		eng_queue_flush(e, f, true);
 	else
-		eng_queue_flush(e, f, front);
+		eng_queue_flush_aged(e, f, cp->len);
 }
 
 /* ---- incremental flushes (-o dedup) ------------------------------------ */
@@ -1321,6 +1393,29 @@ static struct tfile *pop_due(struct tfile **head, struct tfile **tail, size_t li
 	return f;
 }
 
+/*
+ * e->lock held: the next file to flush: the flush queue's first that is
+ * due, else the aging queue's first once its age has passed (its due times
+ * only grow along it), or at once while a writer waits for room or the
+ * mount goes away.
+ */
+static struct tfile *pop_flush(struct engine *e)
+{
+	struct tfile *f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
+
+	if (f || !(f = e->aq_head))
+		return f;
+	if (f->due_at > tier_now() && !e->room_waiters && !e->stop)
+		return NULL;
+	e->aq_head = f->fq_next;
+	if (!e->aq_head)
+		e->aq_tail = NULL;
+	e->aq_len--;
+	f->aging = false;
+	f->fq_next = NULL;
+	return f;
+}
+
 void *eng_flusher_main(void *arg)
 {
 	struct engine *e = arg;
@@ -1352,11 +1447,18 @@ void *eng_flusher_main(void *arg)
 			eng_lock(e);
 			continue;
 		}
-		f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
+		f = pop_flush(e);
 		if (!f) {
-			if (e->stop && !e->q_head && !e->nreap)
+			int ms = e->q_head ? 100 : 1100;
+
+			if (e->stop && !e->q_head && !e->aq_head && !e->nreap)
 				break;
-			events_wait_ms(e, e->q_head ? 100 : 1100);
+			if (e->aq_head) {
+				double left = (e->aq_head->due_at - tier_now()) * 1e3 + 1;
+
+				ms = left < 1 ? 1 : left < ms ? (int)left : ms;
+			}
+			events_wait_ms(e, ms);
 			continue;
 		}
 		f->queued = false;
@@ -1501,7 +1603,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	backlog_add(e, hcp);
 	e->bytes_to_host += len;
 	e->to_host_s += t0;
-	eng_queue_flush(e, f, false);
+	eng_queue_flush_aged(e, f, len);
 	eng_wake(e);
 }
 

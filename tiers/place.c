@@ -671,7 +671,11 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 			return -ENOSPC;
 		}
 		waits++;
+		e->room_waiters++;	/* aging flushes are due now */
+		if (e->aq_head)
+			eng_wake(e);
 		cond_wait_ms(e, 20);
+		e->room_waiters--;
 	}
 }
 

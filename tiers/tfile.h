@@ -79,7 +79,11 @@ struct tfile {
 	bool unlinked;			/* no name left: discard, never flush */
 	bool orphaned;			/* and no handle left: its copies are
 					 * garbage (copy.discarded) */
-	bool queued;			/* on the flush queue */
+	bool queued;			/* on a flush queue */
+	bool aging;			/* that queue is the aging queue */
+	double due_at;			/* its flush is due then (tier_now) */
+	int flush_waiters;		/* fsyncs waiting for its flush: it is
+					 * flushed at once, never aged */
 	bool destroying;		/* being freed: copies hold no reference */
 	int shadow_fd;			/* write-through version being built */
 	bool shadow_inplace;		/* shadow_fd is the file itself */

@@ -709,6 +709,7 @@ int tfile_fsync_data(struct tfile *f)
 		goto out;
 	}
 	uint64_t target = f->gen;
+	f->flush_waiters++;	/* its flush is not aged, wherever it comes from */
 	eng_complete_copy(e, f, true);
 	/* a failed flush is retried now, and its result reported */
 	f->retry_at = 0;
@@ -726,6 +727,7 @@ int tfile_fsync_data(struct tfile *f)
 		 * went away otherwise is seen at the timeout */
 		wait_ms(e, &e->flushed, 100);
 	}
+	f->flush_waiters--;
 out:
 	eng_unlock(e);
 	tfile_unlock(f);

@@ -1,0 +1,164 @@
+"""-o flush_age: a small file's background flush waits a while after its close.
+
+A file of at most 256 KiB is flushed to the SSD flush_age milliseconds after
+its last close, so that one rewritten or removed by then costs the disk no
+write at all.  Nothing may be lost or late for it: an fsync flushes it at
+once, a writer that needs its cache room gets it flushed at once, an evict
+request flushes it, and unmounting flushes everything that waits.  The
+mounts here use an age of a minute, longer than any of these may take.
+"""
+
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import util
+
+KiB = 1024
+MiB = util.MiB
+AGE = 60000           # ms: anything that waits it out shows as a failure
+
+pytestmark = pytest.mark.daemon
+
+
+def ssd(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
+
+
+def settled(m, key, want, timeout=30):
+    """ssd statistic key of m once it equals want (a close's release reaches
+    the daemon after close(2) has returned)."""
+    end = time.monotonic() + timeout
+    while True:
+        st = ssd(m)
+        if st[key] == want or time.monotonic() > end:
+            return st
+        time.sleep(0.02)
+
+
+def backing_bytes(m, name):
+    with open(os.path.join(m.backing, name), "rb") as f:
+        return f.read()
+
+
+def test_short_lived_small_files_are_never_written(mount):
+    """Small files removed or rewritten within the age are not flushed;
+    those left are flushed by the unmount, each with its last content."""
+    m = mount(flush_age=AGE)
+    want = {}
+    for rnd in range(3):
+        for i in range(40):
+            name = f"s{i}"
+            data = os.urandom(8 * KiB + 37 * i + rnd)
+            util.write_file(os.path.join(m.mnt, name), data)
+            want[name] = data
+    for i in range(0, 40, 2):
+        os.unlink(os.path.join(m.mnt, f"s{i}"))
+        del want[f"s{i}"]
+    st = settled(m, "flush_aging", 40)        # every file once, at its first close's age
+    assert st["files_flushed"] == 0 and st["flush_aging"] == 40, st
+    for name, data in want.items():
+        assert util.read_file(os.path.join(m.mnt, name)) == data, name
+    m.umount(timeout=AGE / 2e3)               # the unmount does not wait the age out
+    for name, data in want.items():
+        assert backing_bytes(m, name) == data, name
+    assert sorted(n for n in os.listdir(m.backing) if not n.startswith(".tierfs")) == \
+        sorted(want)
+
+
+def test_fsync_flushes_an_aging_file_at_once(mount):
+    """A file closed (aging), then opened again and fsynced: the fsync
+    flushes it before it returns, as it would have without the age."""
+    m = mount(flush_age=AGE)
+    p = os.path.join(m.mnt, "f")
+    data = os.urandom(100 * KiB)
+    util.write_file(p, data)
+    assert settled(m, "flush_aging", 1)["flush_aging"] == 1
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    st = ssd(m)
+    assert st["files_flushed"] == 1 and st["flush_aging"] == 0, st
+    assert backing_bytes(m, "f") == data
+
+
+def test_evict_request_flushes_an_aging_file(mount):
+    """user.tierfs.evict on a file waiting for its age says EBUSY (its data
+    is only in the cache) and has it flushed now; asked again, it goes."""
+    m = mount(flush_age=AGE)
+    p = os.path.join(m.mnt, "e")
+    data = os.urandom(64 * KiB)
+    util.write_file(p, data)
+    assert settled(m, "flush_aging", 1)["flush_aging"] == 1
+    with pytest.raises(OSError) as ei:
+        os.setxattr(p, "user.tierfs.evict", b"1")
+    assert ei.value.errno == errno.EBUSY
+    util.wait_flushed(m, timeout=AGE / 2e3)
+    assert ssd(m)["files_flushed"] == 1
+    os.setxattr(p, "user.tierfs.evict", b"1")
+    assert backing_bytes(m, "e") == data
+    assert util.read_file(p) == data
+
+
+@pytest.mark.parametrize("writers", [1, 4])
+def test_aging_files_give_their_room_to_writers(mount, writers):
+    """A host cache full of small files waiting for their age: a writer that
+    needs room has them flushed now instead of waiting out the age (30 s at
+    most, then written through to the SSD).  Several writers, four times
+    the cache in all; every file keeps its content."""
+    m = mount(host_cache="4M", flush_age=AGE)
+    size = 192 * KiB
+    per = 4 * 4 * MiB // size // writers
+    errors = []
+
+    def writer(w):
+        try:
+            for i in range(per):
+                util.write_file(os.path.join(m.mnt, f"w{w}-{i}"),
+                                bytes([w * 31 + i & 0xff]) * size)
+        except Exception as ex:          # noqa: BLE001 - reported below
+            errors.append(ex)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    st = ssd(m)
+    assert st["files_written_through"] == 0, st
+    assert st["files_flushed"] > 0, st
+    for w in range(writers):
+        for i in range(per):
+            got = util.read_file(os.path.join(m.mnt, f"w{w}-{i}"))
+            assert got == bytes([w * 31 + i & 0xff]) * size, (w, i)
+    m.umount(timeout=AGE / 2e3)
+    for w in range(writers):
+        for i in range(per):
+            assert backing_bytes(m, f"w{w}-{i}") == bytes([w * 31 + i & 0xff]) * size
+
+
+def test_large_files_are_not_aged(mount):
+    """A checkpoint-sized file is flushed at its close: the cache room it
+    holds comes back only once it is on the SSD."""
+    m = mount(flush_age=AGE)
+    data = os.urandom(2 * MiB)
+    util.write_file(os.path.join(m.mnt, "big"), data)
+    assert ssd(m)["flush_aging"] == 0
+    util.wait_flushed(m, timeout=AGE / 2e3)
+    assert backing_bytes(m, "big") == data
+
+
+def test_flush_age_zero_flushes_at_close(mount):
+    m = mount(flush_age=0)
+    data = os.urandom(4 * KiB)
+    util.write_file(os.path.join(m.mnt, "z"), data)
+    assert ssd(m)["flush_aging"] == 0
+    util.wait_flushed(m, timeout=30)
+    assert backing_bytes(m, "z") == data
