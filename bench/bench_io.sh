@@ -10,6 +10,10 @@
 #   shm     /dev/shm (the reference of the ratio columns)
 #   raw     the O_DIRECT io_uring bandwidth of that disk (the reference
 #           for "flush to SSD >= 90% of raw O_DIRECT bandwidth")
+#   fuse    with FUSE_FLOOR=1: libfuse's passthrough_ll example over a
+#           directory in /dev/shm with direct I/O (-o cache=never): one
+#           FUSE request per write(2) and nothing else, the floor of any
+#           FUSE file system that bypasses the page cache
 # over block sizes B and writer counts J, and prints one table.  The mount
 # is unmounted and the scratch directories removed on exit, errors and
 # signals included.
@@ -33,6 +37,8 @@
 #                         bench_io.c compiled into WORK
 #   DRAIN_TIMEOUT=300     longest wait for the tierfs flush backlog
 #   NO_TIERFS=0           1: run without tierfs (ssd, shm, raw only)
+#   FUSE_FLOOR=0          1: add the fuse target (needs libfuse3-dev's
+#                         examples and a C compiler)
 #   KEEP=0                1: leave the scratch directories
 #   OUT=                  also write the output to this file
 #
@@ -58,6 +64,8 @@ DROP=${DROP:-0}
 REPEAT=${REPEAT:-1}
 KEEP=${KEEP:-0}
 NO_TIERFS=${NO_TIERFS:-0}
+FUSE_FLOOR=${FUSE_FLOOR:-0}
+PTMNT=
 WORK=${WORK:-/var/tmp/tierfs-bench.$$}
 SHM=${SHM:-/dev/shm/tierfs-bench.$$}
 MNT=${MNT:-$WORK/mnt}
@@ -142,6 +150,9 @@ cleanup() {
 			fi
 		fi
 	fi
+	if [ -n "$PTMNT" ] && mountpoint -q "$PTMNT" 2>/dev/null; then
+		umount "$PTMNT" 2>/dev/null || umount -l "$PTMNT" || true
+	fi
 	if [ "$KEEP" != 1 ]; then
 		rm -rf -- "$SHM"
 		# never delete the backing directory under a live mount
@@ -192,6 +203,22 @@ if [ "$NO_TIERFS" != 1 ]; then
 	targets+=(--label "tierfs=$MNT")
 fi
 targets+=(--label "ssd=$PLAIN" --label "shm=$SHM")
+if [ "$FUSE_FLOOR" = 1 ]; then
+	EX=/usr/share/doc/libfuse3-dev/examples
+	[ -f "$EX/passthrough_ll.c" ] || die "FUSE_FLOOR=1: no $EX/passthrough_ll.c"
+	# shellcheck disable=SC2046  # pkg-config's words are separate arguments
+	${CC:-cc} -O2 -o "$WORK/passthrough_ll" "$EX/passthrough_ll.c" \
+		$(pkg-config --cflags --libs fuse3) || die "cannot build passthrough_ll"
+	PTMNT=$WORK/ptmnt
+	mkdir -p "$SHM/ptsrc" "$PTMNT"
+	"$WORK/passthrough_ll" -o "source=$SHM/ptsrc,cache=never" "$PTMNT" ||
+		die "passthrough_ll failed to start"
+	for _ in $(seq 100); do
+		mountpoint -q "$PTMNT" && break
+		sleep 0.1
+	done
+	targets+=(--label "fuse=$PTMNT")
+fi
 
 args=(-n "$N" -s "$S" -b "$B" -j "$J" -R "$REPEAT" --ref shm --raw "$RAW"
       --drain-timeout "${DRAIN_TIMEOUT:-300}")

@@ -1347,16 +1347,16 @@ out:
  * the flushers would (the same new version, commit and bookkeeping),
  * instead of queueing it behind the flushes the flushers have in hand:
  * an fsync then costs its own syncs, not theirs too, and concurrent
- * fsyncs share the backing file system's journal commits.  Not with
- * -o dedup (its flushes write through a flusher's io_uring), nor for a
- * copy a flusher has already started, nor after a failure (retried at
- * its time).  Returns true when it flushed (or tried to).
+ * fsyncs share the backing file system's journal commits.  Its writes
+ * are plain system calls (ring NULL), incremental ones (-o dedup) too.
+ * Not for a copy a flusher has already started, nor after a failure
+ * (retried at its time).  Returns true when it flushed (or tried to).
  */
 bool eng_flush_inline(struct engine *e, struct tfile *f)
 {
 	struct copy *cp = newest_complete(e, f);
 
-	if (e->cfg.dedup || !cp || cp->flushing || !cp->cache->host_addressable ||
+	if (!cp || cp->flushing || !cp->cache->host_addressable ||
 	    cp->len > FLUSH_BUFFERED_MAX || f->flush_err || !f->dirty || f->unlinked)
 		return false;
 	flush_one(e, NULL, f);
