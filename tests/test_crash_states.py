@@ -17,15 +17,20 @@ every file:
     before the state's last flush (acknowledged data is never lost).
 (ext4 made with -O fast_commit is not checked: with this kernel some of
 its crash states do not mount at all, "error loading journal", whatever
-was written through it.)  The workload rewrites a few files with O_TRUNC, sizes on both sides of
-the flush's buffered/O_DIRECT boundary and some larger than the host cache
-(written through to the SSD), fsyncing most versions and leaving others to
+was written through it.)  The workload rewrites a few files, mostly whole
+(O_TRUNC), with sizes on both sides of the flush's buffered/O_DIRECT
+boundary and some larger than the host cache (written through to the SSD),
+and sometimes by changing a range in place (on XFS, which shares extents,
+those versions are flushed incrementally: the unchanged extents cloned from
+the previous version); it fsyncs most versions and leaves the others to
 tierfs's background flush.
 
 Environment: TIERFS_CRASH_VERSIONS (default 60) versions per file system,
 TIERFS_CRASH_STATES (default 60) states checked, TIERFS_CRASH_SEED.
 """
 
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -42,6 +47,8 @@ KiB, MiB = 1 << 10, 1 << 20
 VERSIONS = int(os.environ.get("TIERFS_CRASH_VERSIONS", "60"))
 STATES = int(os.environ.get("TIERFS_CRASH_STATES", "60"))
 FILES = 3
+INPLACE = 0.35          # of the versions of a file that has one: a change in place
+EMPTY = hashlib.sha256(b"").digest()
 
 
 def _run(cmd, **kw):
@@ -143,19 +150,35 @@ class RecordedDisk:
 
 
 def workload(m, disk, seed):
-    """Rewrite FILES files VERSIONS times in all; returns {name: {version: size}}."""
+    """Write VERSIONS versions of FILES files in all, most whole (O_TRUNC),
+    some by changing a range of the previous one in place (flushed
+    incrementally, cloning the rest, where the backing directory shares
+    extents); returns {name: {version: (size, sha256)}}."""
     rng = random.Random(seed)
     written = {f"f{i}": {} for i in range(FILES)}
+    cur = {}
     for v in range(1, VERSIONS + 1):
         name = f"f{rng.randrange(FILES)}"
-        size = rng.choice([rng.randrange(1, 4 * KiB), rng.randrange(4 * KiB, 256 * KiB),
-                           rng.randrange(256 * KiB, 3 * MiB),
-                           rng.randrange(5 * MiB, 6 * MiB)])   # > the cache: written through
-        written[name][v] = size
         path = os.path.join(m.mnt, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        old = cur.get(name)
+        if old and len(old) < 3 * MiB and rng.random() < INPLACE:
+            at = rng.randrange(len(old))
+            piece = content(v, rng.choice([rng.randrange(1, 4 * KiB),
+                                           rng.randrange(4 * KiB, 256 * KiB)]))
+            data = old[:at] + piece + old[at + len(piece):]
+            fd = os.open(path, os.O_RDWR)
+            pos = at
+        else:
+            data = content(v, rng.choice([rng.randrange(1, 4 * KiB),
+                                          rng.randrange(4 * KiB, 256 * KiB),
+                                          rng.randrange(256 * KiB, 3 * MiB),
+                                          rng.randrange(5 * MiB, 6 * MiB)]))  # > the cache
+            piece, pos = data, 0
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        written[name][v] = (len(data), hashlib.sha256(data).digest())
+        cur[name] = data
         try:
-            os.write(fd, content(v, size))
+            assert os.pwrite(fd, piece, pos) == len(piece)
             if rng.random() < 0.7:
                 os.fsync(fd)
                 disk.mark(f"{name} {v}\n")
@@ -198,8 +221,9 @@ def check_state(img, mnt, kind, written, required):
             with open(path, "rb") as f:
                 got = f.read()
             # version 0: created, nothing written yet (an empty file)
-            match = [v for v, size in [(0, 0)] + list(versions.items())
-                     if size == len(got) and content(v, size) == got]
+            h = hashlib.sha256(got).digest()
+            match = [v for v, vs in [(0, (0, EMPTY))] + list(versions.items())
+                     if vs == (len(got), h)]
             if not match:
                 zeros = got.count(0)
                 problems.append(f"{name}: {len(got)} bytes that are no version written "
@@ -231,11 +255,14 @@ def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp
         way = "synced before their rename" if sync else "made durable with their rename"
         assert f"versions: {way}" in m.log(), m.log()
         written = workload(m, disk, seed)
+        dedup = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["dedup"]
         m.kill(signal.SIGKILL)            # the power goes: nothing more is written
     finally:
         disk.close()
     recs = disk.records()
     assert any(r[0] == 3 for r in recs), "no fsync was marked"
+    if dedup["on"]:
+        assert dedup["files_incremental"], f"no version was made incrementally: {dedup}"
     image = bytearray(open(disk.base, "rb").read())
     applied = 0                           # records applied to image so far
     rng = random.Random(seed)
@@ -265,6 +292,7 @@ def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp
                             f"writes): " + "; ".join(problems))
     nflush = sum(r[0] == 2 for r in recs)
     print(f"{kind}: seed {seed}, {len(recs)} records, {nflush} flushes, "
-          f"{checked} crash states checked")
+          f"{checked} crash states checked; dedup {'on' if dedup['on'] else 'off'}, "
+          f"{dedup['files_incremental']} versions made incrementally")
     assert not failures, (f"seed {seed} (TIERFS_CRASH_SEED), {len(failures)} of {checked} "
                           f"crash states wrong:\n" + "\n".join(failures[:20]))

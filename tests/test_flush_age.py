@@ -70,10 +70,17 @@ def test_short_lived_small_files_are_never_written(mount):
         sorted(want)
 
 
-def test_fsync_flushes_an_aging_file_at_once(mount):
+@pytest.mark.parametrize("tier", ["host", "gpu"])
+def test_fsync_flushes_an_aging_file_at_once(mount, monkeypatch, tier):
     """A file closed (aging), then opened again and fsynced: the fsync
-    flushes it before it returns, as it would have without the age."""
-    m = mount(flush_age=AGE)
+    flushes it before it returns, as it would have without the age, and
+    the file waits no more.  gpu: written to the GPU cache, the file ages
+    once its copy has cascaded to the host cache (a flush of a copy that
+    the fsync did not queue)."""
+    if tier == "gpu":
+        m = mount(flush_age=AGE, gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M")
+    else:
+        m = mount(flush_age=AGE)
     p = os.path.join(m.mnt, "f")
     data = os.urandom(100 * KiB)
     util.write_file(p, data)

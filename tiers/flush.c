@@ -55,6 +55,23 @@ static void queue_remove(struct tfile **head, struct tfile **tail, struct tfile 
 	f->fq_next = NULL;
 }
 
+/* e->lock held: take f, which is on it, off the aging queue (its
+ * reference stays with the caller). */
+static void aging_remove(struct engine *e, struct tfile *f)
+{
+	if (f->aq_prev)
+		f->aq_prev->fq_next = f->fq_next;
+	else
+		e->aq_head = f->fq_next;
+	if (f->fq_next)
+		f->fq_next->aq_prev = f->aq_prev;
+	else
+		e->aq_tail = f->aq_prev;
+	f->fq_next = f->aq_prev = NULL;
+	f->aging = false;
+	e->aq_len--;
+}
+
 /*
  * Queue f's flush to run as soon as a flusher is free (front: before the
  * others, for an fsync).  A file already waiting on the aging queue moves
@@ -65,9 +82,7 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 	if (f->unlinked && !f->queued)
 		return;
 	if (f->queued && f->aging) {
-		queue_remove(&e->aq_head, &e->aq_tail, f);
-		e->aq_len--;
-		f->aging = false;
+		aging_remove(e, f);
 	} else if (f->queued) {
 		if (!front || e->q_head == f)
 			return;
@@ -115,6 +130,7 @@ void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len)
 	f->ops->get(f);
 	f->due_at = tier_now() + e->cfg.flush_age_ms / 1e3;
 	f->fq_next = NULL;
+	f->aq_prev = e->aq_tail;
 	if (e->aq_tail)
 		e->aq_tail->fq_next = f;
 	else
@@ -141,11 +157,38 @@ static int timed_clone(int dst, uint64_t doff, int src, uint64_t soff, uint64_t 
 	return ret;
 }
 
-/* fsync (datasync false) or fdatasync of fd: 0 or -errno */
-static int timed_sync(int fd, bool datasync)
+/* e->cfg.ordered_log holds for fd: it is on that file system. */
+static bool ordered_here(struct engine *e, int fd)
+{
+	struct stat st;
+
+	return e->cfg.ordered_log && fstat(fd, &st) == 0 && st.st_dev == e->cfg.ordered_dev;
+}
+
+/* Wait for the writes of fd already made or under way to complete. */
+static int wait_written(int fd)
+{
+	return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+			       SYNC_FILE_RANGE_WAIT_AFTER) < 0 ? -errno : 0;
+}
+
+/*
+ * Make a version holding extents cloned from earlier versions (an
+ * incremental or a de-duplicated flush) stable before its rename.  Where
+ * the log is ordered (eng_settle_version), as a whole version is: the
+ * clones are logged changes of its extent map, committed in order before
+ * the rename, and the blocks they share were written and completed for
+ * the earlier version (its own settle), so the rename's commit, which
+ * flushes the disk's cache first, makes all of it durable; the writes
+ * over shared blocks (copy-on-write) are remapped when they complete,
+ * before the wait returns.  Elsewhere an fsync, not an fdatasync: the
+ * clones changed the extent map.  (tests/test_crash_states.py writes
+ * such versions on XFS.)
+ */
+static int settle_cloned(struct engine *e, int fd)
 {
 	double t0 = tier_now();
-	int ret = (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? -errno : 0;
+	int ret = ordered_here(e, fd) ? wait_written(fd) : fsync(fd) < 0 ? -errno : 0;
 
 	fl_sync_s += tier_now() - t0;
 	return ret;
@@ -255,8 +298,8 @@ static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t 
  * held, cp leased.  Returns 0, -EAGAIN when the base is not what the plan
  * says (nothing written: the caller writes it all), or -errno.
  */
-static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, int fd,
-		      bool direct, uint64_t len, struct incr *in)
+static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+		      struct copy *cp, int fd, bool direct, uint64_t len, struct incr *in)
 {
 	uint64_t end = direct ? tier_round(len) : len, done = 0;
 	struct stat st;
@@ -316,9 +359,8 @@ static int flush_incr(struct ssd_ring *ring, struct tfile *f, struct copy *cp, i
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
-	/* fsync, not fdatasync: the clone changed the version's extent map */
 	if (!ret)
-		ret = timed_sync(fd, false);
+		ret = settle_cloned(e, fd);
 	return ret;
 }
 
@@ -946,8 +988,8 @@ out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
 	if (!ret && ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
-	if (!ret)	/* fsync: clones changed the extent map */
-		ret = timed_sync(fd, false);
+	if (!ret)
+		ret = settle_cloned(e, fd);
 	return ret;
 }
 
@@ -1105,13 +1147,8 @@ static int open_version(struct tfile *f)
 int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
 		       bool inplace)
 {
-	struct stat st;
-
-	if (e->cfg.ordered_log && !inplace && fstat(fd, &st) == 0 &&
-	    st.st_dev == e->cfg.ordered_dev)
-		return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE |
-				       SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) < 0 ?
-			-errno : 0;
+	if (!inplace && ordered_here(e, fd))
+		return wait_written(fd);
 	return small || !ring ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
 }
 
@@ -1223,7 +1260,7 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	if (ret)
 		goto out;
 	if (incr.on && !inplace) {
-		ret = flush_incr(ring, f, cp, fd, direct, len, &incr);
+		ret = flush_incr(e, ring, f, cp, fd, direct, len, &incr);
 		if (!ret && incr.carry)
 			incr_changed(e, cp, len, incr.carry->chunk, &incr);
 		else if (!ret && !had_src)
@@ -1311,6 +1348,11 @@ out:
 			backlog_del(e, cp);
 			f->dd_taint = false;
 			f->dirty = false;
+			if (f->aging) {	/* flushed before its age (an fsync) */
+				aging_remove(e, f);
+				f->queued = false;
+				eng_defer_put(e, f);
+			}
 			/*
 			 * The version holds f's content (nothing was written
 			 * since), but cp may be f's copy no more: a writer that
@@ -1407,12 +1449,7 @@ static struct tfile *pop_flush(struct engine *e)
 		return f;
 	if (f->due_at > tier_now() && !e->room_waiters && !e->stop)
 		return NULL;
-	e->aq_head = f->fq_next;
-	if (!e->aq_head)
-		e->aq_tail = NULL;
-	e->aq_len--;
-	f->aging = false;
-	f->fq_next = NULL;
+	aging_remove(e, f);
 	return f;
 }
 

@@ -99,6 +99,7 @@ struct tfile {
 	int gpu_rdev;			/* the GPU that will read it back
 					 * (user.tierfs.restore_device), -1: none */
 	struct tfile *fq_next;		/* flush queue link */
+	struct tfile *aq_prev;		/* and back, on the aging queue */
 	struct tfile *gq_next;		/* GPU -> host queue link */
 	bool gqueued;			/* on the GPU -> host queue */
 	double retry_at;		/* after a failed flush (tier_now) */
