@@ -91,7 +91,6 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 		f->queued = true;
 		f->ops->get(f);
 	}
-	f->due_at = 0;
 	f->fq_next = NULL;
 	if (!e->q_head) {
 		e->q_head = e->q_tail = f;
@@ -278,6 +277,27 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 	in->on = true;
 }
 
+/*
+ * ssd_write_segs() through a flusher's io_uring, or, without one (ring
+ * NULL: an fsync flushing its small file itself, eng_flush_inline), plain
+ * writes in the caller's thread.
+ */
+static int write_segs(struct ssd_ring *ring, int fd, const struct ssd_seg *seg, unsigned n,
+		      uint64_t *progress)
+{
+	if (ring)
+		return ssd_write_segs(ring, fd, seg, n, progress);
+	for (unsigned i = 0; i < n; i++) {
+		int ret = backing_pwrite(fd, seg[i].buf, seg[i].len, (off_t)seg[i].off);
+
+		if (ret)
+			return ret;
+		if (progress)
+			__atomic_add_fetch(progress, seg[i].len, __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
 /* Write bytes [a, b) of cp at the same offset of fd. */
 static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
 		       uint64_t b, uint64_t *progress)
@@ -289,7 +309,8 @@ static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t 
 				    &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
 						    .at = cp->frag->off + a },
 				    b - a, NULL);
-	return ssd_write(ring, fd, copy_ptr(cp) + a, b - a, a, progress);
+	return write_segs(ring, fd, &(struct ssd_seg){ .off = a, .len = b - a,
+						       .buf = copy_ptr(cp) + a }, 1, progress);
 }
 
 /*
@@ -346,10 +367,10 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	}
 	if (host && !ret && ns) {
 		/* the first range alone first: the test hook's kill point */
-		ret = ssd_write_segs(ring, fd, seg, 1, &done);
+		ret = write_segs(ring, fd, seg, 1, &done);
 		tierfs_fault_kill("incr_write");
 		if (!ret)
-			ret = ssd_write_segs(ring, fd, seg + 1, ns - 1, &done);
+			ret = write_segs(ring, fd, seg + 1, ns - 1, &done);
 	}
 	free(seg);
 	if (!ret)
@@ -930,7 +951,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		i = j;
 	}
 	if (host && !ret && ns)
-		ret = ssd_write_segs(ring, fd, seg, ns, &done);
+		ret = write_segs(ring, fd, seg, ns, &done);
 	free(seg);
 	tierfs_fault_kill("dedup_write");
 	if (!ret)

@@ -8,7 +8,6 @@
  */
 #include <errno.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "ssd.h"
 
@@ -36,40 +35,6 @@ struct ssd_req {
 };
 
 /*
- * Without a ring (an fsync that flushes a small file in its own thread,
- * eng_flush_inline): the same transfers with plain pwrite/pread.
- */
-static int xfer_plain(int fd, const struct ssd_seg *seg, unsigned nseg, bool write,
-		      uint64_t *progress)
-{
-	for (unsigned i = 0; i < nseg; i++) {
-		uint64_t done = 0;
-
-		while (done < seg[i].len) {
-			size_t n = (size_t)(seg[i].len - done);
-			off_t at = (off_t)(seg[i].off + done);
-			ssize_t r = write ? pwrite(fd, seg[i].buf + done, n, at) :
-					    pread(fd, seg[i].buf + done, n, at);
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r < 0)
-				return -errno;
-			if (r == 0 && write)
-				return -EIO;
-			if (r == 0) {	/* EOF: the rest reads as zeros */
-				memset(seg[i].buf + done, 0, n);
-				r = (ssize_t)n;
-			}
-			done += (uint64_t)r;
-			if (progress)
-				__atomic_add_fetch(progress, (uint64_t)r, __ATOMIC_RELAXED);
-		}
-	}
-	return 0;
-}
-
-/*
  * Move the segments seg[0..nseg) (each len bytes between buf and the file
  * at off), up to the ring's depth of requests in flight across all of
  * them: many small segments cost one wait for the slowest, not one each.
@@ -78,15 +43,12 @@ static int ssd_xfer_segs(struct ssd_ring *r, int fd, const struct ssd_seg *seg,
 			 unsigned nseg, bool write, uint64_t *progress)
 {
 	struct ssd_req reqs[256];
-	unsigned depth;
+	unsigned depth = r->depth > 256 ? 256 : r->depth;
 	unsigned inflight = 0, i, si = 0;
 	uint64_t next = 0;		/* bytes of seg[si] handed out so far */
 	int err = 0;
 	bool free_slot[256];
 
-	if (!r)
-		return xfer_plain(fd, seg, nseg, write, progress);
-	depth = r->depth > 256 ? 256 : r->depth;
 	for (i = 0; i < depth; i++)
 		free_slot[i] = true;
 	while (si < nseg && !seg[si].len)
@@ -200,13 +162,10 @@ int ssd_read(struct ssd_ring *r, int fd, void *buf, uint64_t len, uint64_t off)
 
 int ssd_fdatasync(struct ssd_ring *r, int fd)
 {
-	struct io_uring_sqe *sqe;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
 	struct io_uring_cqe *cqe;
 	int ret;
 
-	if (!r)
-		return fdatasync(fd) < 0 ? -errno : 0;
-	sqe = io_uring_get_sqe(&r->ring);
 	if (!sqe)
 		return -EBUSY;
 	io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);

@@ -22,7 +22,6 @@ void ssd_ring_exit(struct ssd_ring *r);
 /*
  * Write len bytes of buf at file offset off (all of it, retrying short
  * writes); with O_DIRECT fds buf, len and off must be 4 KiB aligned.
- * r NULL (here and below): plain system calls in the caller's thread.
  * progress, when not NULL, is advanced as requests complete.
  * Returns 0 or -errno (the first failure).
  */
