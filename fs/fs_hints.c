@@ -139,6 +139,18 @@ static int set_evict(struct fs_inode *in)
 	return engine_evict_file(fs.eng, &in->tf);
 }
 
+/* user.tierfs.flush: a file's waiting flush, or a directory's: all of them */
+static int set_flush(struct fs_inode *in)
+{
+	if (S_ISREG(in->type))
+		engine_flush_now(fs.eng, &in->tf);
+	else if (S_ISDIR(in->type))
+		engine_flush_now(fs.eng, NULL);
+	else
+		return -EINVAL;
+	return 0;
+}
+
 /*
  * user.tierfs.restore_device: the CUDA ordinal of the GPU that will read
  * the file back ("1", a newline allowed), or "none" to forget it.  A mount
@@ -216,6 +228,8 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 		return set_restore_next(in);
 	if (!strcmp(name, TIERFS_XATTR_EVICT))
 		return set_evict(in);
+	if (!strcmp(name, TIERFS_XATTR_FLUSH))
+		return set_flush(in);
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_DEVICE))
 		return set_restore_device(in, value, size);
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||

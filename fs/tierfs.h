@@ -29,6 +29,11 @@
 /** File, write (any value): drop its cached copies that are on the SSD
  *  (EBUSY: a copy is not flushed yet, or in use). */
 #define TIERFS_XATTR_EVICT		"user.tierfs.evict"
+/** File or directory, write (any value): flush now what waits for its age
+ *  (-o flush_age): the file's data, or on a directory every file of the
+ *  mount that waits.  Returns at once; user.tierfs.state (ssd:CURRENT) or
+ *  the statistics' flush_backlog tell when it is on the SSD. */
+#define TIERFS_XATTR_FLUSH		"user.tierfs.flush"
 /** File, read-only: "SHARED SIZE": bytes of its backing file (as flushed)
  *  whose extents other files share too (-o dedup), and the file's size. */
 #define TIERFS_XATTR_SHARED		"user.tierfs.shared"
@@ -146,8 +151,9 @@ char *tierfs_stats(const char *mount);
  * tierfs_wait_flushed - wait until what was written is on the SSD: for a
  * regular file, until its SSD copy is current; for a directory (any one of
  * the mount), until the whole mount's flush backlog is empty and no flush
- * runs.  timeout_ms < 0 waits for ever.  Returns 0, or -1 with errno
- * (ETIMEDOUT after timeout_ms).
+ * runs.  What waits for its age (-o flush_age) is asked for at once
+ * (user.tierfs.flush).  timeout_ms < 0 waits for ever.  Returns 0, or -1
+ * with errno (ETIMEDOUT after timeout_ms).
  */
 int tierfs_wait_flushed(const char *path, int timeout_ms);
 

@@ -239,7 +239,13 @@ TIERFS_EXPORT int tierfs_wait_flushed(const char *path, int timeout_ms)
 		if (fd < 0)
 			return -1;
 	}
-	while ((r = file ? file_flushed(fd) : mount_flushed(fd)) == 0) {
+	for (;;) {
+		/* asked again each time: a file closed meanwhile waits for
+		 * its age (-o flush_age); older daemons refuse it (EINVAL) */
+		(void)fsetxattr(fd, TIERFS_XATTR_FLUSH, "", 0, 0);
+		r = file ? file_flushed(fd) : mount_flushed(fd);
+		if (r != 0)
+			break;
 		if (timeout_ms >= 0 && now() >= end) {
 			errno = ETIMEDOUT;
 			goto fail;

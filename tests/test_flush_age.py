@@ -11,6 +11,7 @@ mounts here use an age of a minute, longer than any of these may take.
 import errno
 import json
 import os
+import sys
 import threading
 import time
 
@@ -106,11 +107,74 @@ def test_evict_request_flushes_an_aging_file(mount):
     with pytest.raises(OSError) as ei:
         os.setxattr(p, "user.tierfs.evict", b"1")
     assert ei.value.errno == errno.EBUSY
-    util.wait_flushed(m, timeout=AGE / 2e3)
-    assert ssd(m)["files_flushed"] == 1
+    # not util.wait_flushed: it asks for the flush itself
+    assert settled(m, "files_flushed", 1)["files_flushed"] == 1
     os.setxattr(p, "user.tierfs.evict", b"1")
     assert backing_bytes(m, "e") == data
     assert util.read_file(p) == data
+
+
+def test_flush_request_on_a_file_flushes_it_alone(mount):
+    """user.tierfs.flush on a file flushes it now; the other files keep
+    waiting for their age."""
+    m = mount(flush_age=AGE)
+    data = {n: os.urandom(48 * KiB) for n in ("a", "b", "c")}
+    for n, d in data.items():
+        util.write_file(os.path.join(m.mnt, n), d)
+    assert settled(m, "flush_aging", 3)["flush_aging"] == 3
+    os.setxattr(os.path.join(m.mnt, "b"), "user.tierfs.flush", b"")
+    st = settled(m, "files_flushed", 1)
+    assert st["files_flushed"] == 1 and st["flush_aging"] == 2
+    assert backing_bytes(m, "b") == data["b"]
+    assert backing_bytes(m, "a") != data["a"]
+
+
+def test_flush_request_on_a_directory_flushes_the_mount(mount):
+    """user.tierfs.flush on any directory flushes every waiting file of the
+    mount, in other directories too."""
+    m = mount(flush_age=AGE)
+    os.mkdir(os.path.join(m.mnt, "d"))
+    os.mkdir(os.path.join(m.mnt, "e"))
+    data = {}
+    for i in range(20):
+        n = os.path.join("d" if i % 2 else "e", f"f{i}")
+        data[n] = os.urandom(4 * KiB + i)
+        util.write_file(os.path.join(m.mnt, n), data[n])
+    assert settled(m, "flush_aging", 20)["flush_aging"] == 20
+    os.setxattr(os.path.join(m.mnt, "d"), "user.tierfs.flush", b"1")
+    st = settled(m, "files_flushed", 20)
+    assert st["files_flushed"] == 20 and st["flush_aging"] == 0
+    for n, d in data.items():
+        assert backing_bytes(m, n) == d, n
+
+
+def test_flush_request_on_other_files_is_refused(mount):
+    """Only regular files and directories take it (a FIFO: EINVAL);
+    reading it says there is no such value."""
+    m = mount(flush_age=AGE)
+    fifo = os.path.join(m.mnt, "fifo")
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as ei:
+        os.setxattr(fifo, "user.tierfs.flush", b"")
+    assert ei.value.errno in (errno.EINVAL, errno.EPERM)
+    with pytest.raises(OSError) as ei:
+        os.getxattr(m.mnt, "user.tierfs.flush")
+    assert ei.value.errno == errno.ENODATA
+
+
+@pytest.mark.parametrize("what", ["file", "mount"])
+def test_wait_flushed_does_not_wait_out_the_age(mount, what):
+    """tierfs.wait_flushed (Python) asks for the flush of what waits, so it
+    returns long before an age of a minute (its timeout is a third of it)."""
+    sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+    import tierfs
+    m = mount(flush_age=AGE)
+    p = os.path.join(m.mnt, "w")
+    data = os.urandom(100 * KiB)
+    util.write_file(p, data)
+    assert settled(m, "flush_aging", 1)["flush_aging"] == 1
+    assert tierfs.wait_flushed(p if what == "file" else m.mnt, timeout=AGE / 3e3)
+    assert backing_bytes(m, "w") == data
 
 
 @pytest.mark.parametrize("writers", [1, 4])

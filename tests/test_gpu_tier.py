@@ -30,13 +30,8 @@ read_nocache = util.read_uncached
 
 
 def wait_backlog(m, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        s = stats(m)
-        if s["ssd"]["flush_backlog"] == 0 and not s["ssd"]["flushes_running"]:
-            return s
-        time.sleep(0.05)
-    raise AssertionError(f"flush backlog stuck: {stats(m)}")
+    util.wait_flushed(m, timeout)
+    return stats(m)
 
 
 def wait_gpu_tier(m, timeout=60):

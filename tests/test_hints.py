@@ -113,17 +113,6 @@ def check(path, want_sha):
         f"{os.path.basename(path)}: wrong data (length {len(got)})"
 
 
-def wait_flushed(m, timeout=30):
-    """Wait until every cached file is on the SSD (flush_backlog 0)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ssd = stats(m)["ssd"]
-        if ssd.get("flush_backlog") == 0 and not ssd.get("flushes_running"):
-            return
-        assert time.monotonic() < deadline, f"flush backlog never drained: {ssd}"
-        time.sleep(0.02)
-
-
 def queue(d):
     return os.getxattr(d, ORDER)
 
@@ -141,7 +130,7 @@ def write_set(m, d, names, seed):
         data = randbytes(FSIZE, rng)
         write_file(j(d, n), data)
         shas[n] = sha(data)
-    wait_flushed(m)
+    util.wait_flushed(m)
     for n in names:
         drop_page_cache(j(d, n))
     return shas
@@ -331,7 +320,7 @@ def test_restore_order_read_back(mount):
         data[n] = randbytes(64 * KiB)
         write_file(j(d, n), data[n])
     write_file(j(sub, "x"), b"x" * 4096)
-    wait_flushed(m)
+    util.wait_flushed(m)
 
     assert queue(d) == b""
     os.setxattr(d, ORDER, b"a\nb\nc\n")
@@ -366,7 +355,7 @@ def test_restore_next_single_file(mount):
     d = j(m.mnt, "q")
     os.mkdir(d)
     write_file(j(d, "f"), b"f" * 8192)
-    wait_flushed(m)
+    util.wait_flushed(m)
     os.setxattr(j(d, "f"), NEXT, b"")
     os.setxattr(j(d, "f"), NEXT, b"anything")
     assert queue(d) == b"f\nf\n"
@@ -596,7 +585,7 @@ def test_read_while_flushing(mount):
         write_file(p, data)
         got = read_whole(p)                              # right after close
         assert sha(got) == sha(data), f"fresh{i}: wrong data while flushing"
-    wait_flushed(m)
+    util.wait_flushed(m)
     m.umount()
     for i in range(4):
         assert os.path.getsize(j(m.backing, f"fresh{i}")) == 8 * MiB

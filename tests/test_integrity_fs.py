@@ -56,10 +56,7 @@ def wait_for(cond, timeout=10.0, step=0.05):
 
 def settle(m):
     """Wait until no flush is queued or running (the stats say so)."""
-    def idle():
-        s = stats(m)["ssd"]
-        return s["flush_backlog"] == 0 and s["flushes_running"] == 0
-    wait_for(idle, timeout=20)
+    util.wait_flushed(m, timeout=20)
 
 
 # ------------------------------------------------------------ item 6

@@ -43,16 +43,6 @@ def drop_page_cache(path):
         os.close(fd)
 
 
-def wait_flushed(m, timeout=60):
-    deadline = time.monotonic() + timeout
-    while True:
-        ssd = stats_of(m).get("ssd", {})
-        if ssd.get("flush_backlog") == 0 and not ssd.get("flushes_running"):
-            return
-        assert time.monotonic() < deadline, f"flush backlog never drained: {ssd}"
-        time.sleep(0.02)
-
-
 def wait_touched(m, timeout=60):
     """Wait until the host cache is faulted in: the background toucher
     changes host_touched while it runs."""
@@ -117,7 +107,7 @@ def test_table_after_write(tfs):
     path = os.path.join(tfs.mnt, "f")
     data = randbytes(2 * MiB)
     write_file(path, data)
-    wait_flushed(tfs)
+    util.wait_flushed(tfs)
     wait_touched(tfs)
     drop_page_cache(path)
     with open(path, "rb") as f:
@@ -208,7 +198,7 @@ def test_prefetch_line(tfs):
 @pytest.mark.daemon
 def test_json(tfs):
     write_file(os.path.join(tfs.mnt, "g"), randbytes(MiB))
-    wait_flushed(tfs)
+    util.wait_flushed(tfs)
     r = run_tool(tfs.mnt, "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)

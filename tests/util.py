@@ -432,9 +432,11 @@ class Mount:
 # ---------------------------------------------------------------- data
 
 def wait_flushed(m, timeout=60):
-    """Until mount m has no flush queued or running (user.tierfs.stats)."""
+    """Until mount m has no flush queued or running (user.tierfs.stats).
+    What waits for its age (-o flush_age) is asked for at each look."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        os.setxattr(m.mnt, "user.tierfs.flush", b"")
         st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
         if st["ssd"]["flush_backlog"] == 0 and not st["ssd"]["flushes_running"]:
             return

@@ -116,6 +116,13 @@ bool engine_prefetch_get(struct engine *e);
  */
 int engine_evict_file(struct engine *e, struct tfile *f);
 
+/*
+ * Flush now what waits for its age (-o flush_age): f's flush, or with f
+ * NULL every file's.  Never waits: the file's state, or the statistics'
+ * flush backlog, tell when it is done.
+ */
+void engine_flush_now(struct engine *e, struct tfile *f);
+
 /* Statistics as JSON into buf; returns length or -ERANGE. */
 int engine_stats_json(struct engine *e, char *buf, size_t len);
 uint64_t engine_host_cache_size(struct engine *e);

@@ -140,6 +140,19 @@ void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len)
 		eng_wake(e);
 }
 
+void engine_flush_now(struct engine *e, struct tfile *f)
+{
+	eng_lock(e);
+	if (f) {
+		if (f->queued && f->aging)
+			eng_queue_flush(e, f, false);
+	} else {
+		while (e->aq_head)
+			eng_queue_flush(e, e->aq_head, false);
+	}
+	eng_unlock(e);
+}
+
 /*
  * Per-stage times of the flush running on this thread, added to the
  * engine's totals at the end of flush_one() (one flush per thread at a

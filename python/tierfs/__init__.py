@@ -48,6 +48,7 @@ XATTR_SHARED = PREFIX + "shared"
 XATTR_STATS = PREFIX + "stats"
 XATTR_EVICT = PREFIX + "evict"
 XATTR_PERSIST = PREFIX + "persist"
+XATTR_FLUSH = PREFIX + "flush"
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
 LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT"
@@ -430,29 +431,48 @@ def _mount_flushed(root):
     return s.get("flush_backlog") == 0 and not s.get("flushes_running")
 
 
+def _ask_flush(path):
+    """Ask for the flush of what waits for its age (-o flush_age): asked
+    again at each look, for what was closed meanwhile.  Older daemons
+    refuse it (EINVAL), and it needs write permission (EACCES): the wait
+    is then one age longer."""
+    try:
+        os.setxattr(path, XATTR_FLUSH, b"")
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EPERM,
+                           errno.EACCES, errno.EROFS):
+            raise
+
+
 def wait_flushed(path_or_mount, timeout=None, interval=0.05):
     """Wait until what was written is on the SSD.
 
     For a regular file: until its SSD copy is current (state ssd:CURRENT).
     For a directory (the mount point or any directory of the mount): until
     the whole mount's flush backlog is empty and no flush is running.
-    Returns True; raises TimeoutError after `timeout` seconds (None: wait
-    for ever).  A file written again meanwhile is waited for again."""
+    Small files closed moments ago are flushed now, not after their age
+    (-o flush_age).  Returns True; raises TimeoutError after `timeout`
+    seconds (None: wait for ever).  A file written again meanwhile is
+    waited for again."""
     st = os.stat(path_or_mount)
     root = mount_of(path_or_mount)
     if _stat.S_ISREG(st.st_mode):
+        target = path_or_mount
         done = lambda: _file_flushed(path_or_mount)     # noqa: E731
     else:
+        target = root
         done = lambda: _mount_flushed(root)             # noqa: E731
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = min(interval, 0.005)
-    while not done():
+    while True:
+        _ask_flush(target)
+        if done():
+            return True
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(errno.ETIMEDOUT,
                                f"{path_or_mount}: not flushed after {timeout} s")
         time.sleep(pause)
         pause = min(pause * 2, interval)
-    return True
 
 
 def evict(path, wait=True, timeout=None):

@@ -116,11 +116,18 @@ int main(int argc, char *argv[])
 		s[r > 0 ? r : 0] = 0;
 		CHECK(strstr(s, "ssd:CURRENT") != NULL, "the file is on the SSD: %s", s);
 	}
+	/* the mount's flush_age is a minute (test_libtierfs.py): the wait
+	 * asks for a small file's flush, or it would time out */
+	snprintf(path, sizeof(path), "%s/small", dir);
+	write_file(path, 8192);
+	CHECK(tierfs_wait_flushed(path, 20000) == 0, "wait_flushed(small file): not its age");
 	for (i = 0; i < 4; i++) {
 		snprintf(path, sizeof(path), "%s/g%zu", dir, i);
 		write_file(path, 4 << 20);
 	}
-	CHECK(tierfs_wait_flushed(sub, -1) == 0, "wait_flushed(a subdirectory): the mount");
+	snprintf(path, sizeof(path), "%s/small2", dir);
+	write_file(path, 8192);
+	CHECK(tierfs_wait_flushed(sub, 20000) == 0, "wait_flushed(a subdirectory): the mount");
 	st = tierfs_stats(argv[1]);
 	CHECK(st && strstr(st, "\"flush_backlog\":0"), "backlog 0 after the wait");
 	free(st);
