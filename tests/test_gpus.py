@@ -282,7 +282,6 @@ def test_eviction_follows_the_restore_order_across_gpus(mount, monkeypatch):
     full, the copies needed last go wherever they are, on GPU 1 too, so the
     GPU tier ends holding the files needed first (the newest), over both
     GPUs, and not older ones that overflowed into GPU 1's part early."""
-    import time
     gpus = util.gpus_or_fake(monkeypatch, 2)
     # greedy: GPU 1's free room is taken whatever the links measured
     m = mount(gpu=gpus, gpu_cache="32M", host_cache="48M", balance="greedy")
@@ -300,13 +299,7 @@ def test_eviction_follows_the_restore_order_across_gpus(mount, monkeypatch):
         with open(os.path.join(d, x), "wb") as f:
             f.truncate(len(b))
             f.write(b)
-        end = time.monotonic() + 30         # each safe on the SSD before the next
-        while True:
-            ssd = stats(m)["ssd"]
-            if ssd["flush_backlog"] == 0 and not ssd["flushes_running"]:
-                break
-            assert time.monotonic() < end, ssd
-            time.sleep(0.01)
+        util.wait_flushed(m, timeout=30)    # each safe on the SSD before the next
     tiers = {x: os.getxattr(os.path.join(d, x), "user.tierfs.tier").decode() for x in names}
     gpu = [x for x in names if "gpu" in tiers[x]]
     g = stats(m)["tiers"]["gpu"]
