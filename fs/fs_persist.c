@@ -43,6 +43,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,11 @@ static struct {
 	uint64_t files, bytes, ops, skipped, errors, retries;
 	uint64_t fetched_files, fetched_bytes;
 	uint64_t pruned;		/* removed from DIR by persist_keep */
+	uint64_t failed;		/* copies given up: a path that cannot
+					 * be (too long, a link or a non-directory
+					 * on its way in DIR) */
+	uint64_t refused;		/* links or non-directories met in DIR */
+	char last_refused[256];		/* the path last logged for it */
 	double busy_s;			/* time spent copying */
 	uint64_t alive;			/* ms: the copy in progress last moved */
 	int last_err;			/* the cause last logged, 0: none */
@@ -453,23 +459,83 @@ static int mark_at(const char *path, bool follow)
 	return n <= 0 ? -1 : v[0] == '1';
 }
 
-/* Is the backing object at rel persistent (its mark, its directories')? */
+static int rel_ok(const char *rel);
+
+/* The own mark of fd's object (any kind of descriptor): 1, 0 or -1. */
+static int mark_of_fd(int fd)
+{
+	char proc[64];
+
+	fs_proc_path(fd, proc, sizeof(proc));
+	return mark_at(proc, true);
+}
+
+/*
+ * Is the backing object at rel persistent (its mark, else its nearest
+ * marked directory's, else persist_all)?  Walked down from the root, no
+ * link followed: a user's symbolic link in the mount does not make the
+ * daemon read the marks of what it points to.
+ */
 static bool marked(const char *rel)
 {
-	char path[PATH_MAX];
-	size_t bl = strlen(fs.opts.backing);
-	int m;
+	char *buf = rel_ok(rel) ? NULL : strdup(rel), *p, *slash;
+	int m = pq.all, own, fd, nfd;
+	struct stat st;
 
-	if (join(path, sizeof(path), fs.opts.backing, rel))
+	if (!buf)
 		return false;
-	for (;;) {
-		m = mark_at(path, false);
-		if (m >= 0)
-			return m;
-		if (strlen(path) <= bl)
-			return pq.all;
-		*strrchr(path, '/') = 0;
+	fd = fcntl(fs.root_fd, F_DUPFD_CLOEXEC, 0);
+	if (fd >= 0 && (own = mark_of_fd(fd)) >= 0)
+		m = own;
+	for (p = buf; fd >= 0 && *p; p = slash + 1) {
+		if ((slash = strchr(p, '/')))
+			*slash = 0;
+		if (slash)
+			nfd = openat(fd, p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		else if (fstatat(fd, p, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISLNK(st.st_mode))
+			nfd = openat(fd, p, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		else
+			nfd = -1;
+		close(fd);
+		fd = nfd;
+		if (fd >= 0 && (own = mark_of_fd(fd)) >= 0)
+			m = own;
+		if (!slash)
+			break;
 	}
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return m;
+}
+
+/*
+ * The same for an inode whose path is too long to say (longer than
+ * PATH_MAX): its own mark, then its known directories' up to the root.
+ */
+static bool marked_inode(struct fs_inode *in)
+{
+	struct fs_inode *cur = in, *up;
+	int own, fd, depth = 0;
+
+	fs_inode_get(cur);
+	for (;;) {
+		fd = fs_fd_hold(cur);
+		own = fd < 0 ? -1 : mark_of_fd(fd);
+		fs_fd_release(cur);
+		if (own >= 0 || cur == &fs.root || ++depth > 4096)
+			break;
+		fs_lock();
+		up = cur->parent;
+		if (up)
+			fs_inode_get(up);
+		fs_unlock();
+		fs_inode_put(cur);
+		if (!(cur = up))
+			return pq.all;
+	}
+	fs_inode_put(cur);
+	return own >= 0 ? own : pq.all;
 }
 
 /* rel is path or lies under it */
@@ -510,6 +576,236 @@ static int open_dir_root(void)
 	int fd = open(pq.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	return fd < 0 ? -errno : fd;
+}
+
+/*
+ * Paths beneath a root, never through a symbolic link.
+ *
+ * The daemon runs as root and DIR is shared: each user may change their
+ * part of it behind the daemon's back (a directory swapped for a symbolic
+ * link to /etc, before a copy or during it).  So no path into DIR (nor
+ * into the backing directory, which a user shapes through the mount) is
+ * given to the kernel whole: a directory is reached from its parent's
+ * descriptor, each component opened with O_NOFOLLOW, and the work is done
+ * relative to the last descriptor (openat, unlinkat, renameat, mkdirat).
+ * A component that is a symbolic link fails with ELOOP, one that is not a
+ * directory with ENOTDIR; an empty, "." or ".." component with EINVAL.  A
+ * component swapped after it was opened changes nothing: the descriptor
+ * is the directory that was there.  Where the kernel has openat2, one
+ * call with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS does the same walk.
+ * Paths of any length work: nothing is bounded by PATH_MAX.
+ */
+
+/* May rel's components be walked?  0 or -EINVAL. */
+static int rel_ok(const char *rel)
+{
+	const char *p = rel;
+
+	if (rel[0] == '/')
+		return -EINVAL;
+	for (;;) {
+		size_t l = strcspn(p, "/");
+
+		if (l == 0 || (l == 1 && p[0] == '.') || (l == 2 && p[0] == '.' && p[1] == '.'))
+			return *rel ? -EINVAL : 0;
+		if (l > NAME_MAX)
+			return -ENAMETOOLONG;
+		if (!p[l])
+			return 0;
+		p += l + 1;
+	}
+}
+
+static int openat_beneath(int root, const char *path)
+{
+#ifdef SYS_openat2
+	static int none;	/* the kernel lacks openat2 */
+	struct open_how how = {
+		.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+	};
+
+	if (!__atomic_load_n(&none, __ATOMIC_RELAXED) && strlen(path) < PATH_MAX) {
+		int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
+
+		if (fd >= 0 || (errno != ENOSYS && errno != EAGAIN && errno != EXDEV &&
+				errno != ENAMETOOLONG))
+			return fd < 0 ? -errno : fd;
+		if (errno == ENOSYS)
+			__atomic_store_n(&none, 1, __ATOMIC_RELAXED);
+	}
+#endif
+	(void)root;
+	(void)path;
+	return -ENOSYS;
+}
+
+/* mode, owner and times of a directory made by walk_beneath() */
+typedef void (*walk_made_fn)(int fd, const char *prefix, void *arg);
+
+/*
+ * An O_RDONLY descriptor of directory rel beneath root, or with parent, of
+ * the directory that holds rel's last component (*base then points to that
+ * component; "" for rel itself is root).  made: make missing directories
+ * (0700, then made(fd, prefix, arg) gives them their owner and mode);
+ * NULL: -ENOENT where one is missing.  Returns the descriptor or -errno.
+ */
+static int walk_beneath(int root, const char *rel, bool parent, const char **base,
+			walk_made_fn made, void *arg)
+{
+	const char *b = strrchr(rel, '/');
+	size_t len;
+	char *buf, *p;
+	int fd, ret = rel_ok(rel);
+
+	if (ret)
+		return ret;
+	b = b ? b + 1 : rel;
+	if (base)
+		*base = b;
+	len = parent ? (b > rel ? (size_t)(b - rel - 1) : 0) : strlen(rel);
+	if (len == 0) {
+		fd = fcntl(root, F_DUPFD_CLOEXEC, 0);
+		return fd < 0 ? -errno : fd;
+	}
+	if (!(buf = malloc(len + 1)))
+		return -ENOMEM;
+	memcpy(buf, rel, len);
+	buf[len] = 0;
+	fd = openat_beneath(root, buf);
+	if (fd >= 0 || (fd != -ENOSYS && !(fd == -ENOENT && made))) {
+		free(buf);
+		return fd;
+	}
+	/* the walk, a component at a time */
+	if ((fd = fcntl(root, F_DUPFD_CLOEXEC, 0)) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	for (p = buf;;) {
+		char *slash = strchr(p, '/');
+		int nfd;
+
+		if (slash)
+			*slash = 0;
+		nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (nfd < 0 && errno == ENOENT && made) {
+			if (mkdirat(fd, p, 0700) < 0 && errno != EEXIST) {
+				ret = -errno;
+				break;
+			}
+			nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (nfd >= 0)
+				made(nfd, buf, arg);
+		}
+		if (nfd < 0) {
+			/* O_NOFOLLOW | O_DIRECTORY on a symbolic link: ELOOP or
+			 * ENOTDIR, by kernel; say ELOOP for a link */
+			struct stat st;
+
+			ret = -errno;
+			if (ret == -ENOTDIR && fstatat(fd, p, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    S_ISLNK(st.st_mode))
+				ret = -ELOOP;
+			break;
+		}
+		close(fd);
+		fd = nfd;
+		if (!slash) {
+			free(buf);
+			return fd;
+		}
+		*slash = '/';
+		p = slash + 1;
+	}
+	close(fd);
+out:
+	free(buf);
+	return ret;
+}
+
+/* The backing directory's rel (a directory), stat'ed without following a
+ * link. */
+static int backing_dir_stat(const char *rel, struct stat *st)
+{
+	int fd = walk_beneath(fs.root_fd, rel, false, NULL, NULL, NULL), ret = 0;
+
+	if (fd < 0)
+		return fd;
+	if (fstat(fd, st) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/* lstat of the backing directory's rel, no link followed on the way */
+static int backing_lstat(const char *rel, struct stat *st)
+{
+	const char *b;
+	int fd = walk_beneath(fs.root_fd, rel, true, &b, NULL, NULL), ret = 0;
+
+	if (fd < 0)
+		return fd;
+	if (fstatat(fd, *b ? b : ".", st, AT_SYMLINK_NOFOLLOW) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/*
+ * Give fd (a new object in DIR or in the backing directory) the owner,
+ * mode and times of st: owner first (a chown clears set-ID bits).  A
+ * file system that refuses the owner (NFS with root squashing) keeps its
+ * own: logged once, and the object keeps the daemon's owner and st's mode,
+ * no more open than the original.
+ */
+static void give_attrs(int fd, const struct stat *st, const char *what)
+{
+	static int warned;
+	struct timespec tv[2] = { st->st_atim, st->st_mtim };
+
+	if (fchown(fd, st->st_uid, st->st_gid) < 0 &&
+	    !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		tlog(LOG_WARNING, "persist: cannot give %s to uid %u gid %u: %s; objects "
+		     "made there keep the daemon's owner (logged once)", what,
+		     (unsigned)st->st_uid, (unsigned)st->st_gid, strerror(errno));
+	if (fchmod(fd, st->st_mode & 07777) < 0 && S_ISREG(st->st_mode))
+		tlog(LOG_WARNING, "persist: chmod of %s: %s", what, strerror(errno));
+	futimens(fd, tv);
+}
+
+/* walk_beneath()'s made for DIR: like the backing directory's prefix */
+static void made_like_backing(int fd, const char *prefix, void *arg)
+{
+	struct stat st;
+
+	(void)arg;
+	if (backing_dir_stat(prefix, &st) == 0)
+		give_attrs(fd, &st, "a directory in DIR");
+}
+
+/*
+ * The user xattrs of src go to dst (descriptors, both O_RDONLY or better);
+ * tierfs's own (user.tierfs.*) are left: a mark is set by whoever copies.
+ */
+static void copy_xattrs(int src, int dst)
+{
+	char *list = NULL, *p, *val = NULL;
+	ssize_t n = flistxattr(src, NULL, 0), m;
+
+	if (n <= 0 || !(list = malloc((size_t)n)) || !(val = malloc(XATTR_SIZE_MAX)))
+		goto out;
+	n = flistxattr(src, list, (size_t)n);
+	for (p = list; n > 0 && p < list + n; p += strlen(p) + 1) {
+		if (strncmp(p, "user.", 5) || !strncmp(p, "user.tierfs.", 12))
+			continue;
+		m = fgetxattr(src, p, val, XATTR_SIZE_MAX);
+		if (m >= 0 && fsetxattr(dst, p, val, (size_t)m, 0) < 0 && errno != ENOTSUP)
+			tlog(LOG_INFO, "persist: xattr %s not copied: %s", p, strerror(errno));
+	}
+out:
+	free(list);
+	free(val);
 }
 
 static uint64_t now_ms(void)
@@ -734,6 +1030,48 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	pthread_mutex_unlock(&pq.lock);
 }
 
+/*
+ * A persistent file whose path cannot be said (longer than PATH_MAX): a
+ * failed copy, counted once per file, in its state, and logged.
+ */
+static void path_failed(struct fs_inode *in, const char *name)
+{
+	bool first;
+
+	pthread_mutex_lock(&pq.lock);
+	first = in->pstate != PS_FAILED || in->perr != -ENAMETOOLONG;
+	in->pstate = PS_FAILED;
+	in->perr = -ENAMETOOLONG;
+	if (first) {
+		pq.errors++;
+		pq.failed++;
+		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(ENAMETOOLONG));
+	}
+	pthread_mutex_unlock(&pq.lock);
+	if (first)
+		tlog(LOG_ERR, "persist: .../%s: its path is longer than %d bytes: not copied "
+		     "to %s", name, PATH_MAX, pq.dir);
+}
+
+/* A path of DIR with a link or a non-directory on its way: counted, and
+ * logged once while it is the last one met. */
+static void refused(const char *rel, int err)
+{
+	bool log;
+
+	pthread_mutex_lock(&pq.lock);
+	pq.errors++;
+	pq.refused++;
+	log = strncmp(pq.last_refused, rel, sizeof(pq.last_refused) - 1) != 0;
+	if (log)
+		snprintf(pq.last_refused, sizeof(pq.last_refused), "%.*s",
+			 (int)sizeof(pq.last_refused) - 1, rel);
+	pthread_mutex_unlock(&pq.lock);
+	if (log)
+		tlog(LOG_WARNING, "persist: %s/%s: %s on its way there: not followed",
+		     pq.dir, rel, err == -ELOOP ? "a symbolic link" : "not a directory");
+}
+
 /* Queue a copy of in to its name dir/name (dir NULL: name is the path)
  * if that is persistent; intent:
  * only write it in the journal (fs_persist_intent). */
@@ -741,9 +1079,14 @@ static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *nam
 		      bool intent)
 {
 	char drel[PATH_MAX], rel[PATH_MAX];
+	int ret = 0;
 
-	if (dir && (rel_of(dir, drel, sizeof(drel)) || join(rel, sizeof(rel), drel, name)))
+	if (dir && ((ret = rel_of(dir, drel, sizeof(drel))) ||
+		    (ret = join(rel, sizeof(rel), drel, name)))) {
+		if (ret == -ENAMETOOLONG && !intent && marked_inode(in))
+			path_failed(in, name);
 		return;
+	}
 	if (!dir)
 		snprintf(rel, sizeof(rel), "%s", name);
 	if (!marked(rel))
@@ -1119,7 +1462,7 @@ static int rel_names(struct fs_inode *in, const struct stat *st, const char *rel
 	if (st->st_nlink < (self ? 2u : 1u))
 		return r.n;
 	snprintf(drel, sizeof(drel), "%.*s", b > rel ? (int)(b - rel - 1) : 0, rel);
-	dfd = openat(fs.root_fd, *drel ? drel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dfd = walk_beneath(fs.root_fd, drel, false, NULL, NULL, NULL);
 	if (dfd >= 0 && fstat(dfd, &done[*ndone]) == 0)
 		(*ndone)++;
 	each_link_in(dfd, st, rel_names_one, &r);
@@ -1254,48 +1597,6 @@ void fs_persist_ns_end(struct pop *op, bool done)
 }
 
 /* ------------------------------------------------------------ copying */
-
-/* Make the directories of rel (its last component excluded) under root;
- * returns an fd of rel's directory or -errno.  Modes from the backing
- * directory's. */
-static int make_dirs(int root, const char *rel)
-{
-	char buf[PATH_MAX], *p = buf, *slash;
-	int fd = dup(root), nfd;
-
-	if (fd < 0)
-		return -errno;
-	snprintf(buf, sizeof(buf), "%s", rel);
-	while ((slash = strchr(p, '/'))) {
-		struct stat st;
-		mode_t mode = 0755;
-
-		*slash = 0;
-		nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		if (nfd < 0 && errno == ENOENT) {
-			if (fstatat(fs.root_fd, buf, &st, 0) == 0)
-				mode = st.st_mode & 07777;
-			if (mkdirat(fd, p, mode) < 0 && errno != EEXIST) {
-				int err = -errno;
-
-				close(fd);
-				return err;
-			}
-			nfd = openat(fd, p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		}
-		if (nfd < 0) {
-			int err = -errno;
-
-			close(fd);
-			return err;
-		}
-		close(fd);
-		fd = nfd;
-		*slash = '/';
-		p = slash + 1;
-	}
-	return fd;
-}
 
 static const char *base_of(const char *rel)
 {
@@ -1461,14 +1762,13 @@ static int copy_out(int src, const struct stat *st, const char *rel)
 {
 	static unsigned long counter;
 	char tmp[NAME_MAX + 1], host[64] = "";
-	struct timespec tv[2] = { st->st_atim, st->st_mtim };
 	struct stat now;
 	int root, dfd, wfd, ret;
 
 	root = open_dir_root();
 	if (root < 0)
 		return root;
-	dfd = make_dirs(root, rel);
+	dfd = walk_beneath(root, rel, true, NULL, made_like_backing, NULL);
 	close(root);
 	if (dfd < 0)
 		return dfd;
@@ -1484,10 +1784,10 @@ static int copy_out(int src, const struct stat *st, const char *rel)
 	}
 	__atomic_store_n(&pq.alive, now_ms(), __ATOMIC_RELAXED);
 	ret = copy_data(src, wfd, (uint64_t)st->st_size, pq.bw, &pq.abort, &pq.alive);
-	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
-		ret = -errno;
-	if (!ret)
-		futimens(wfd, tv);
+	if (!ret) {
+		copy_xattrs(src, wfd);
+		give_attrs(wfd, st, "a file in DIR");
+	}
 	if (!ret && fsync(wfd) < 0)
 		ret = -errno;
 	if (close(wfd) < 0 && !ret)
@@ -1523,9 +1823,15 @@ static int do_copy(struct pop *op)
 	if (!in) {		/* from the journal: the file now at path, if marked */
 		if (!marked(op->path))
 			return 1;
-		src = backing_open(fs.root_fd, op->path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+		const char *b;
+		int dfd = walk_beneath(fs.root_fd, op->path, true, &b, NULL, NULL);
+
+		src = dfd < 0 ? -1 : backing_open(dfd, b, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+		ret = dfd < 0 ? dfd : src < 0 ? -errno : 0;
+		if (dfd >= 0)
+			close(dfd);
 		if (src < 0)
-			return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? 1 : -errno;
+			return ret == -ENOENT || ret == -ELOOP || ret == -ENOTDIR ? 1 : ret;
 		goto copy;
 	}
 	fs_lock();
@@ -1562,38 +1868,47 @@ copy:
 
 static int do_ns(struct pop *op)
 {
-	int root = open_dir_root(), ret = 0, d;
+	int root = open_dir_root(), ret = 0, d = -1, d2 = -1;
+	const char *b, *b2;
 
 	if (root < 0)
 		return root;
+	/* ENOENT on the way: the name never reached DIR (a copy follows,
+	 * if it is persistent), or a replay of what was done */
+	d = walk_beneath(root, op->path, true, &b, NULL, NULL);
+	if (d < 0) {
+		ret = d == -ENOENT ? 0 : d;
+		goto out;
+	}
 	switch (op->kind) {
 	case P_UNLINK:
-		if (unlinkat(root, op->path, 0) < 0 && errno != ENOENT)
+		if (unlinkat(d, b, 0) < 0 && errno != ENOENT)
 			ret = -errno;
 		break;
 	case P_RMDIR:
-		if (unlinkat(root, op->path, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		if (unlinkat(d, b, AT_REMOVEDIR) < 0 && errno != ENOENT)
 			ret = errno == ENOTEMPTY || errno == EEXIST ? 1 : -errno;
 		if (ret == 1)
 			tlog(LOG_WARNING, "persist: %s/%s: not empty there, kept", pq.dir,
 			     op->path);
 		break;
 	case P_RENAME:
-		d = make_dirs(root, op->path2);
-		if (d < 0) {
-			ret = d;
+		d2 = walk_beneath(root, op->path2, true, &b2, made_like_backing, NULL);
+		if (d2 < 0) {
+			ret = d2;
 			break;
 		}
-		close(d);
-		/* ENOENT: the source never reached DIR (its copy follows, if it
-		 * is persistent), or a replay of a rename already made */
-		if (renameat2(root, op->path, root, op->path2,
-			      op->flags & RENAME_EXCHANGE) < 0 && errno != ENOENT)
+		if (renameat2(d, b, d2, b2, op->flags & RENAME_EXCHANGE) < 0 && errno != ENOENT)
 			ret = -errno;
 		break;
 	default:
 		break;
 	}
+out:
+	if (d >= 0)
+		close(d);
+	if (d2 >= 0)
+		close(d2);
 	close(root);
 	return ret;
 }
@@ -1652,8 +1967,18 @@ static void op_ended(struct pop *op, int ret, double dt)
 	}
 	if (failed) {
 		pq.errors++;
-		tlog(LOG_ERR, "persist: %s %s to %s failed: %s; dropped",
-		     op_name(op->kind), op->path, pq.dir, strerror(-ret));
+		if (op->kind == P_COPY)
+			pq.failed++;
+		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(-ret));
+		if (ret == -ELOOP || ret == -ENOTDIR)
+			pq.refused++;
+		if (ret == -ELOOP || ret == -ENOTDIR)
+			tlog(LOG_ERR, "persist: %s %s%s%s: a symbolic link or a non-directory on "
+			     "its way in %s, not followed; dropped", op_name(op->kind), op->path,
+			     op->path2 ? " -> " : "", op->path2 ? op->path2 : "", pq.dir);
+		else
+			tlog(LOG_ERR, "persist: %s %s to %s failed: %s; dropped",
+			     op_name(op->kind), op->path, pq.dir, strerror(-ret));
 	} else if (pq.last_err) {
 		tlog(LOG_NOTICE, "persist: %s writable again", pq.dir);
 		pq.last_err = 0;
@@ -1868,17 +2193,20 @@ static bool jnext(char **p, char *end, char **kf, char **path, char **path2)
 /* A temporary that a killed daemon left in DIR (a journal 'T' record). */
 static void remove_temp(const char *rel)
 {
-	int root = open_dir_root();
+	const char *b;
+	int root, d;
 
-	if (strncmp(base_of(rel), PTMP_PREFIX, strlen(PTMP_PREFIX)) != 0 || rel[0] == '/' ||
-	    !strncmp(rel, "../", 3) || strstr(rel, "/../")) {
-		if (root >= 0)
-			close(root);
+	if (strncmp(base_of(rel), PTMP_PREFIX, strlen(PTMP_PREFIX)) != 0)
 		return;		/* not one of ours: garbage */
-	}
-	if (root < 0 || (unlinkat(root, rel, 0) < 0 && errno != ENOENT))
+	root = open_dir_root();
+	d = root < 0 ? root : walk_beneath(root, rel, true, &b, NULL, NULL);
+	if (d >= 0 && unlinkat(d, b, 0) < 0 && errno != ENOENT)
+		d = -errno;
+	if (d < 0 && d != -ENOENT)
 		tlog(LOG_WARNING, "persist: cannot remove the temporary %s/%s that a previous "
-		     "daemon left: %s", pq.dir, rel, strerror(root < 0 ? -root : errno));
+		     "daemon left: %s", pq.dir, rel, strerror(-d));
+	if (d >= 0)
+		close(d);
 	if (root >= 0)
 		close(root);
 }
@@ -1958,7 +2286,7 @@ static void replay(void)
 			drop = true;
 		}
 		if (!drop && op->kind != P_COPY && !op->made &&
-		    fstatat(fs.root_fd, op->path, &lst, AT_SYMLINK_NOFOLLOW) == 0) {
+		    backing_lstat(op->path, &lst) == 0) {
 			/*
 			 * Not known to be made (a kill between the change and
 			 * its Y record), and the name is there: not made, or
@@ -2071,7 +2399,11 @@ void fs_persist_stop(void)
 		     "over this backing directory resumes them)", left, left == 1 ? "" : "s",
 		     pq.dir);
 	} else {
-		tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
+		if (pq.failed)
+			tlog(LOG_ERR, "persist: %" PRIu64 " file copies could not be persisted "
+			     "to %s (logged above); everything else is there", pq.failed, pq.dir);
+		else
+			tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
 		if (pq.jfd >= 0)
 			unlinkat(fs.root_fd, PJOURNAL, 0);
 	}
@@ -2088,7 +2420,6 @@ static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, cons
 		      const char *rel, struct pjob *j)
 {
 	static unsigned long counter;
-	struct timespec tv[2] = { st->st_atim, st->st_mtim };
 	char tmp[64];
 	int wfd, pfd, ret;
 
@@ -2098,12 +2429,12 @@ static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, cons
 	if (wfd < 0)
 		return -errno;
 	ret = copy_data(src, wfd, (uint64_t)st->st_size, 0, &j->cancel, &j->alive);
-	if (!ret && fchmod(wfd, st->st_mode & 07777) < 0)
-		ret = -errno;
+	if (!ret)
+		copy_xattrs(src, wfd);
 	if (!ret && fsetxattr(wfd, TIERFS_XATTR_PERSIST, "1", 1, 0) < 0 && errno != ENOTSUP)
 		ret = -errno;
 	if (!ret)
-		futimens(wfd, tv);
+		give_attrs(wfd, st, "a fetched file");
 	if (!ret && fdatasync(wfd) < 0)
 		ret = -errno;
 	if (close(wfd) < 0 && !ret)
@@ -2151,13 +2482,14 @@ static int fetch_dir(const struct stat *st, struct fs_inode *dir, const char *na
 		ret = pfd;
 	else if (whiteout_locked(rel))
 		ret = -ENOENT;
-	else if (mkdirat(pfd, name, st->st_mode & 07777) < 0)
+	else if (mkdirat(pfd, name, 0700) < 0)
 		ret = errno == EEXIST ? 0 : -errno;
 	else {
-		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 
 		if (fd >= 0) {
 			fsetxattr(fd, TIERFS_XATTR_PERSIST, "1", 1, 0);
+			give_attrs(fd, st, "a fetched directory");
 			close(fd);
 		}
 	}
@@ -2169,13 +2501,27 @@ static int fetch_dir(const struct stat *st, struct fs_inode *dir, const char *na
 static int job_fetch(struct pjob *j)
 {
 	struct stat st;
-	int root, src, ret;
+	const char *b;
+	int root, src, d, ret;
 
 	root = open_dir_root();
 	if (root < 0)
 		return -ENOENT;
-	src = backing_open(root, j->rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+	/* nothing but a directory or a regular file is opened (a device or
+	 * a FIFO that a user put in DIR, a link anywhere on the way) */
+	d = walk_beneath(root, j->rel, true, &b, NULL, NULL);
 	close(root);
+	if (d < 0 || fstatat(d, b, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
+		ret = d < 0 ? d : S_ISLNK(st.st_mode) ? -ELOOP : -ENOENT;
+		if (d >= 0)
+			close(d);
+		if (ret == -ELOOP || ret == -ENOTDIR)
+			refused(j->rel, ret);
+		return -ENOENT;
+	}
+	src = backing_open(d, b, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+	close(d);
 	if (src < 0)
 		return -ENOENT;
 	if (fstat(src, &st) < 0)
@@ -2266,7 +2612,7 @@ static DIR *open_pdir(const char *rel)
 
 	if (root < 0)
 		return NULL;
-	fd = openat(root, *rel ? rel : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	fd = walk_beneath(root, rel, false, NULL, NULL, NULL);
 	close(root);
 	if (fd < 0)
 		return NULL;
@@ -2400,7 +2746,36 @@ int fs_persist_getx(struct fs_inode *in, char *buf, size_t len)
 	return snprintf(buf, len, "%d", marked(rel) ? 1 : 0);
 }
 
-/* persist=sync: durable on the SSD, then in DIR. */
+static bool same_in_dir(struct fs_inode *in);
+
+/*
+ * Is in's current version (its data on the SSD: after its fsync) in DIR
+ * under its name already?  Nothing of it queued or failed, nothing queued
+ * that moves or removes its name or a directory above it, and DIR's file
+ * of that name is of its size and modification time (copies keep it).
+ */
+static bool in_dir_already(struct fs_inode *in)
+{
+	char rel[PATH_MAX];
+	bool quiet;
+
+	fs_ns_lock();
+	if (rel_of(in, rel, sizeof(rel))) {
+		fs_ns_unlock();
+		return false;
+	}
+	pthread_mutex_lock(&pq.lock);
+	quiet = in->pq_n == 0 && in->pstate != PS_FAILED;
+	for (struct pop *op = pq.head; quiet && op; op = op->next)
+		if (op->kind != P_COPY && (covers(op->path, rel) ||
+					   (op->path2 && covers(op->path2, rel))))
+			quiet = false;
+	pthread_mutex_unlock(&pq.lock);
+	fs_ns_unlock();
+	return quiet && same_in_dir(in);
+}
+
+/* persist=sync: durable on the SSD, then in DIR (at once if it is). */
 static int persist_sync(struct fs_inode *in)
 {
 	struct pwait w = { 0 };
@@ -2414,6 +2789,8 @@ static int persist_sync(struct fs_inode *in)
 	ret = tfile_fsync(&in->tf);
 	if (ret)
 		return ret;
+	if (in_dir_already(in))
+		return 0;
 	fs_ns_lock();
 	ret = rel_of(in, rel, sizeof(rel));
 	if (!ret)
@@ -2519,12 +2896,18 @@ static void append(char *buf, size_t len, const char *s)
  * version (size and modification time; copies keep it)? */
 static int job_stat(struct pjob *j)
 {
-	int root = open_dir_root(), ret;
+	const char *b;
+	int root = open_dir_root(), d, ret = 0;
 
 	if (root < 0)
 		return root;
-	ret = fstatat(root, j->rel, &j->st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	d = walk_beneath(root, j->rel, true, &b, NULL, NULL);
 	close(root);
+	if (d < 0)
+		return d;
+	if (fstatat(d, b, &j->st, AT_SYMLINK_NOFOLLOW) < 0)
+		ret = -errno;
+	close(d);
 	return ret;
 }
 
@@ -2601,12 +2984,12 @@ int fs_persist_stats(char *buf, int n, size_t len)
 		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
 		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64
 		",\"dir_answers\":%s,\"timeouts\":%" PRIu64 ",\"pruned\":%" PRIu64
-		",\"keep\":%u}}",
+		",\"keep\":%u,\"failed\":%" PRIu64 ",\"refused\":%" PRIu64 "}}",
 		jdir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
 		pq.skipped, pq.errors, jwhat, hung ? "not answering" : pq.last_err ? "retrying" : "ok",
 		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
 		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts,
-		pq.pruned, pq.keep);
+		pq.pruned, pq.keep, pq.failed, pq.refused);
 	pthread_mutex_unlock(&pq.lock);
 	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
 		return -ERANGE;

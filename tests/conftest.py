@@ -7,6 +7,8 @@ Fixtures
           test body; a daemon that crashed, exited non-zero or printed an
           unexpected "ERROR"/sanitizer line fails the test itself.
   tfs     one default mount (host_cache=64M, gpu=$TIERFS_GPU or none).
+  test_users  [(uid, gid), (uid, gid)] of two unprivileged users,
+          tierfs-test-a and tierfs-test-b, made with useradd if missing.
 
 Markers
   gpu     skip unless TIERFS_GPU names a device number.
@@ -147,3 +149,25 @@ def mount(request, tmp_path):
 @pytest.fixture
 def tfs(mount):
     return mount()
+
+
+TEST_USERS = ("tierfs-test-a", "tierfs-test-b")
+
+
+@pytest.fixture(scope="session")
+def test_users():
+    """Two real unprivileged users (useradd --system, no home, no login)."""
+    import pwd
+    out = []
+    for name in TEST_USERS:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            r = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                                "--shell", "/usr/sbin/nologin", name],
+                               capture_output=True, text=True)
+            if r.returncode not in (0, 9):      # 9: made meanwhile by another run
+                pytest.skip(f"cannot make test user {name}: {r.stderr.strip()}")
+            pw = pwd.getpwnam(name)
+        out.append((pw.pw_uid, pw.pw_gid))
+    return out
