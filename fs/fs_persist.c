@@ -625,7 +625,9 @@ static int openat_beneath(int root, const char *path)
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
 	};
 
-	if (!__atomic_load_n(&none, __ATOMIC_RELAXED) && strlen(path) < PATH_MAX) {
+	/* TIERFS_FAULT=no_openat2: the walk, as on kernels before 5.6 */
+	if (!__atomic_load_n(&none, __ATOMIC_RELAXED) && strlen(path) < PATH_MAX &&
+	    !tierfs_fault("no_openat2")) {
 		int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof(how));
 
 		if (fd >= 0 || (errno != ENOSYS && errno != EAGAIN && errno != EXDEV &&
@@ -1976,6 +1978,10 @@ static void op_ended(struct pop *op, int ret, double dt)
 			tlog(LOG_ERR, "persist: %s %s%s%s: a symbolic link or a non-directory on "
 			     "its way in %s, not followed; dropped", op_name(op->kind), op->path,
 			     op->path2 ? " -> " : "", op->path2 ? op->path2 : "", pq.dir);
+		else if (ret == -EINVAL)
+			tlog(LOG_ERR, "persist: %s %s%s%s: not a path beneath %s (an empty, "
+			     "'.' or '..' component, or absolute); dropped", op_name(op->kind),
+			     op->path, op->path2 ? " -> " : "", op->path2 ? op->path2 : "", pq.dir);
 		else
 			tlog(LOG_ERR, "persist: %s %s to %s failed: %s; dropped",
 			     op_name(op->kind), op->path, pq.dir, strerror(-ret));

@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -26,7 +28,7 @@ from util import MiB, assert_same, randbytes, read_file, write_file
 
 PX = "user.tierfs.persist"
 FAIL_LOG = [r"persist: .*(symbolic link|not a directory|Too many levels|"
-            r"Not a directory|File name too long|longer than|could not be persisted)"]
+            r"Not a directory|File name too long|longer than|could not be persisted|not a path beneath)"]
 
 
 def j(*parts):
@@ -78,8 +80,17 @@ def snapshot(top):
     return out
 
 
+@pytest.fixture(params=["openat2", "walk"])
+def resolve(request, monkeypatch):
+    """Both ways of resolving a path beneath DIR: openat2 where the kernel
+    has it, and the walk from directory descriptors of older kernels."""
+    if request.param == "walk":
+        monkeypatch.setenv("TIERFS_FAULT", "no_openat2")
+    return request.param
+
+
 @pytest.fixture
-def layout(tmp_path, test_users):
+def layout(tmp_path, test_users, resolve):
     """DIR with a directory per user, and a root-only directory outside DIR
     that the users must never reach through the daemon."""
     a, b = test_users
@@ -170,6 +181,10 @@ def test_symlinked_directory_is_not_followed(mount, layout):
     wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     st = pstats(m)
     assert st["errors"] > errors0 and st["failed"] >= 2, st
+    out = subprocess.run([sys.executable, j(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt],
+                         capture_output=True, text=True)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("persist"))
+    assert "given up" in line, line
     m.umount()
     assert snapshot(layout["secret"]) == before
     assert os.path.islink(j(db, "evil"))
@@ -378,3 +393,28 @@ def test_persist_sync_of_a_file_already_in_dir_copies_nothing(mount, layout):
     os.setxattr(p, PX, b"sync")
     assert read_file(j(layout["dir"], "a", "one")) == b"new"
     m.umount()
+
+
+def test_dotdot_in_journal_paths_is_refused(mount, layout):
+    """A journal left in the backing directory whose paths climb out with
+    '..' (or start at /): its operations touch nothing outside DIR."""
+    util.require_daemon()
+    before = snapshot(layout["secret"])
+    secret = layout["secret"]
+    m = mount_shared(mount, layout)
+    m.umount()
+    recs = [("U0", "a/../../secret/victim", ""),
+            ("U0", secret + "/other1", ""),
+            ("R0", "a/../../secret/other2", "a/stolen"),
+            ("D0", "../secret", ""),
+            ("T0", "../secret/.tierfs.persist.x", ""),
+            ("C0", "../secret/s", "")]
+    with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
+        for kf, p1, p2 in recs:
+            f.write(kf.encode() + b"\0" + p1.encode() + b"\0" + p2.encode() + b"\0")
+    m.start()
+    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_flushed(m)
+    m.umount()
+    assert snapshot(layout["secret"]) == before
+    assert not os.path.lexists(j(layout["dir"], "a", "stolen"))

@@ -237,6 +237,10 @@ def persist_line(stats):
                                                  human(p.get("bytes_fetched")))
     if num(p.get("pruned")):
         line += ", {} pruned (keep {})".format(count(p.get("pruned")), p.get("keep"))
+    if num(p.get("failed")):
+        line += ", {} given up".format(count(p.get("failed")))
+    if num(p.get("refused")):
+        line += ", {} links refused".format(count(p.get("refused")))
     if p.get("state") == "retrying":
         line += " (retrying: {})".format(p.get("last_error", ""))
     elif p.get("state") == "not answering":
