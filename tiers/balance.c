@@ -174,9 +174,15 @@ static inline int bf_tail(const struct bf_graph *g, int e)
 
 /*
  * Cheapest S -> T path in the residual graph (Bellman-Ford with a queue):
- * pred[v] is the residual edge into v.  The residual graph of a min-cost
- * flow has no negative cycle; a relaxation must gain more than rounding
- * noise, and the number of pops is bounded all the same.
+ * pred[v] is the residual edge into v.  Every cost is a whole number (see
+ * bf_build) and every sum of them is exact in a double, so the paths are
+ * truly the cheapest and the residual graph of the flow never holds a
+ * negative cycle: each vertex is popped at most nv - 1 times.  (Costs in
+ * seconds per unit, about 1e-11, once made a comparison with a tolerance
+ * skip improvements of that size; the flow then drifted from the optimum
+ * into a negative cycle, and the search ran out of pops with a cycle in
+ * pred: mincost returned -ENOSPC with unlimited host memory.)  The bound
+ * on pops stays as a guard.
  */
 static bool bf_shortest(const struct bf_graph *g, int *pred)
 {
@@ -204,7 +210,7 @@ static bool bf_shortest(const struct bf_graph *g, int *pred)
 			if (bf_rcap(g, e) <= 0)
 				continue;
 			nd = d[u] + bf_rcost(g, e);
-			if (nd < d[v] - 1e-12 * (1 + fabs(nd))) {
+			if (nd < d[v]) {
 				d[v] = nd;
 				pred[v] = e;
 				if (!inq[v]) {
@@ -251,6 +257,23 @@ static int64_t bf_flow(struct bf_graph *g, int64_t want, bool unit)
 }
 
 /*
+ * The convex cost of a unit over a link of bw bytes/s: its time, unit /
+ * bw, as a whole number of ticks.  A tick is the slowest link's unit time
+ * over BF_TICKS; with at most BF_MAXV edges of at most (inf + 1) * BF_TICKS
+ * on a path (inf <= 2 * BALANCE_UNITS + BALANCE_MAX_GPUS + 1), every path
+ * cost stays below 2^53, exact in a double.  Rounding changes a link's
+ * cost by at most 2^-38 of the slowest's: nothing a plan would notice.
+ */
+#define BF_TICKS	((double)(1ull << 38))
+
+static double bf_conv(double bw, double min_bw)
+{
+	double c = nearbyint(min_bw / bw * BF_TICKS);
+
+	return c < 1 ? 1 : c;
+}
+
+/*
  * The network of a node's overflow: link arcs with capacity T * bw
  * (exact: BALANCE_MAXFLOW) or unbounded with convex costs of unit bytes
  * (BALANCE_MINCOST); inf is more than any flow.
@@ -260,8 +283,20 @@ static void bf_build(struct bf_graph *g, const struct balance_node *n,
 {
 	unsigned nn = n->n;
 	bool hused[BALANCE_MAX_GPUS] = { false };
+	double min_bw = INFINITY;
 	struct bf_arc *x;
 
+	/* the slowest link any unit may take: the tick of bf_conv() */
+	for (unsigned i = 0; i < nn; i++) {
+		if (!sp->r[i])
+			continue;
+		for (unsigned j = 0; j < nn; j++)
+			if (j != i && n->peer_bw[i][j] > 0 && sp->spare[j] &&
+			    n->peer_bw[i][j] < min_bw)
+				min_bw = n->peer_bw[i][j];
+		if (n->host_bw[n->host_link[i]] < min_bw)
+			min_bw = n->host_bw[n->host_link[i]];
+	}
 	bf_init(g, 3 + 3 * (int)nn);
 	for (unsigned i = 0; i < nn; i++) {
 		if (!sp->r[i])
@@ -282,7 +317,7 @@ static void bf_build(struct bf_graph *g, const struct balance_node *n,
 				x->cost = 1;
 			} else {
 				x->ccap = inf;
-				x->conv = (double)unit / bw;
+				x->conv = bf_conv(bw, min_bw);
 			}
 		}
 		x = bf_add(g, BF_G(i), BF_H(nn, n->host_link[i]));
@@ -306,7 +341,7 @@ static void bf_build(struct bf_graph *g, const struct balance_node *n,
 			x->pbw = n->host_bw[h];
 		} else {
 			x->ccap = inf;
-			x->conv = (double)unit / n->host_bw[h];
+			x->conv = bf_conv(n->host_bw[h], min_bw);
 		}
 	}
 	x = bf_add(g, BF_HS, BF_T);
