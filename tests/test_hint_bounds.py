@@ -13,6 +13,7 @@ writes.  Functional checks only: no timings.
 import errno
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -221,3 +222,17 @@ def test_queue_of_one_user_other_users_io(mount):
         assert f.read() == b"z" * 4096
     assert queued(j(m.mnt, "b")) == []
     assert queue_len(m) == 20000
+
+
+@pytest.mark.parametrize("opt", ["hint_max=0", "hint_max_user=0", "hint_max=-5"])
+def test_bad_bound_refused(tmp_path, opt):
+    b, mnt = tmp_path / "b", tmp_path / "m"
+    b.mkdir()
+    mnt.mkdir()
+    r = subprocess.run([util.tierfs_bin(), str(b), str(mnt), "-f", "-o", opt],
+                       capture_output=True, text=True, timeout=60)
+    if util.is_mounted(str(mnt)):
+        util.lazy_umount(str(mnt))
+        pytest.fail(f"mounted with {opt}")
+    assert r.returncode != 0
+    assert opt.split("=")[0] + " must be 1 or more" in r.stderr, r.stderr
