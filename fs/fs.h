@@ -137,6 +137,9 @@ struct fs_opts {
 	int flush_age_ms;		/* -o flush_age: background flush delay
 					 * of small files */
 	int queue_depth;
+	int hint_max;			/* -o hint_max: restore-queue entries
+					 * of the mount, -1: not given */
+	int hint_max_user;		/* -o hint_max_user: of one uid */
 	int gpu_share;			/* clients may map the GPU cache */
 	char *dedup;			/* auto (default), on, off */
 	int version_sync;		/* fdatasync every version before its

@@ -10,7 +10,10 @@
  * mount's root (EPERM otherwise).
  *
  * Values are checked completely before anything changes: a malformed list
- * appends nothing.  Names of files that do not exist yet are accepted and
+ * appends nothing, and neither does one that would pass a bound on the
+ * queue (EDQUOT): the mount's (-o hint_max), and the caller's own (-o
+ * hint_max_user, by the uid of the request) unless the caller may steer
+ * the mount (root, the owner of the mount's root).  Names of files that do not exist yet are accepted and
  * bound to the file when it appears (engine_hint_bind, from lookup and
  * create).  The queue itself lives in the engine.
  */
@@ -35,7 +38,10 @@ static void put_files(struct tfile **files, size_t n)
 			files[i]->ops->put(files[i]);
 }
 
-static int set_restore_order(struct fs_inode *dir, const char *value, size_t size)
+static int may_steer_mount(uid_t uid);
+
+static int set_restore_order(struct fs_inode *dir, const char *value, size_t size,
+			     uid_t uid)
 {
 	const char **names = NULL;
 	struct tfile **files = NULL;
@@ -92,7 +98,8 @@ static int set_restore_order(struct fs_inode *dir, const char *value, size_t siz
 			goto out;
 		}
 	}
-	ret = engine_hint_append(fs.eng, fs_dir_key(dir), names, files, n);
+	ret = engine_hint_append(fs.eng, fs_dir_key(dir), uid, may_steer_mount(uid) != 0,
+				 names, files, n);
 	if (ret)
 		put_files(files, n);
 out:
@@ -102,7 +109,7 @@ out:
 	return ret;
 }
 
-static int set_restore_next(struct fs_inode *in)
+static int set_restore_next(struct fs_inode *in, uid_t uid)
 {
 	const char *name;
 	struct tfile *f = &in->tf;
@@ -124,7 +131,7 @@ static int set_restore_next(struct fs_inode *in)
 		return -ENOMEM;
 	name = n;
 	f->ops->get(f);
-	ret = engine_hint_append(fs.eng, key, &name, &f, 1);
+	ret = engine_hint_append(fs.eng, key, uid, may_steer_mount(uid) != 0, &name, &f, 1);
 	if (ret)
 		f->ops->put(f);
 	free(n);
@@ -221,11 +228,11 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 {
 	(void)flags;
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER))
-		return set_restore_order(in, value, size);
+		return set_restore_order(in, value, size, uid);
 	if (!strcmp(name, TIERFS_XATTR_PREFETCH))
 		return set_prefetch(in, value, size, uid);
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_NEXT))
-		return set_restore_next(in);
+		return set_restore_next(in, uid);
 	if (!strcmp(name, TIERFS_XATTR_EVICT))
 		return set_evict(in);
 	if (!strcmp(name, TIERFS_XATTR_FLUSH))

@@ -48,6 +48,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("flush_threads=%d", flush_threads, 0),
 	OPT("flush_age=%d", flush_age_ms, 0),
 	OPT("queue_depth=%d", queue_depth, 0),
+	OPT("hint_max=%d", hint_max, 0),
+	OPT("hint_max_user=%d", hint_max_user, 0),
 	OPT("writeback", writeback, 1),
 	OPT("no_writeback", writeback, 0),
 	OPT("direct_writes", direct_writes, 1),
@@ -252,12 +254,19 @@ static void usage(const char *prog)
 "                           BACKING_DIR this long, then give them up (logged)\n"
 "                           and exit 1 (default 60)\n"
 "    -o queue_depth=N       io_uring requests in flight per flusher (default 32)\n"
+"    -o hint_max=N          restore-queue entries (user.tierfs.restore_order)\n"
+"                           the mount holds; more are refused with EDQUOT\n"
+"                           (default 1000000)\n"
+"    -o hint_max_user=N     of those, entries one user may hold; root and the\n"
+"                           owner of the mount's root only have hint_max\n"
+"                           (default 100000)\n"
 "    -o max_fds=N           descriptors kept open on known files and\n"
 "                           directories (default 4096, at most half of\n"
 "                           RLIMIT_NOFILE)\n"
 "    -o writeback           use the kernel writeback cache for page-cache\n"
-"                           handles (default: off; see tierfs(8))\n"
-"    -o no_direct_writes    let write-only opens use the page cache too\n"
+"                           handles (default: off; see tierfs(8)); with\n"
+"                           no_direct_writes, the setting for small writers\n"
+"    -o no_direct_writes    let writable opens use the page cache\n"
 "                           (default: write-only opens bypass it)\n"
 "    -o no_direct_reads     let read and read-write opens use the page cache\n"
 "                           (default: they bypass it when the kernel can still\n"
@@ -773,6 +782,16 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 		fs.opts.queue_depth = 0;
 	else if (fs.opts.queue_depth < 1 || fs.opts.queue_depth > 256)
 		die("queue_depth must be 1..256%s%s", "", "");
+	if (fs.opts.hint_max == -1)
+		fs.opts.hint_max = ENGINE_HINT_MAX;
+	else if (fs.opts.hint_max < 1)
+		die("hint_max must be 1 or more%s%s", "", "");
+	if (fs.opts.hint_max_user == -1)
+		fs.opts.hint_max_user = ENGINE_HINT_MAX_USER;
+	else if (fs.opts.hint_max_user < 1)
+		die("hint_max_user must be 1 or more%s%s", "", "");
+	ecfg->hint_max = (uint64_t)fs.opts.hint_max;
+	ecfg->hint_max_user = (uint64_t)fs.opts.hint_max_user;
 	if (exit_timeout_str) {
 		char *end;
 
@@ -1031,6 +1050,8 @@ int main(int argc, char *argv[])
 	fs.opts.flush_threads = -1;		/* -1: not given */
 	fs.opts.flush_age_ms = INT_MIN;
 	fs.opts.queue_depth = -1;
+	fs.opts.hint_max = -1;
+	fs.opts.hint_max_user = -1;
 	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
 	if (fs.opts.show_help) {

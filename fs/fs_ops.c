@@ -472,6 +472,10 @@ static void name_removed(struct fs_inode *in, int fd, struct fs_inode *parent,
 		fs_drop_aliases(in);
 		if (S_ISREG(in->type))
 			tfile_unlinked(&in->tf);
+		/* its restore queue goes with it (and leaves its users'
+		 * budgets): a directory made later may get its inode number */
+		if (S_ISDIR(in->type))
+			engine_hint_drop_dir(fs.eng, fs_dir_key(in));
 		if (in->nopen) {
 			fs_fd_pin(in);
 		} else {

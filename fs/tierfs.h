@@ -137,7 +137,9 @@ int tierfs_is_tierfs(int fd);
  * ".tierfs", 1 to 255 bytes of UTF-8; an existing one a regular file): on
  * a bad one nothing is sent, *bad (if bad is not NULL) is its index, and
  * the call fails with EINVAL.  Lists longer than the kernel's 64 KiB per
- * value go in several writes.  Returns 0 or -1 with errno.
+ * value go in several writes.  Returns 0 or -1 with errno: EDQUOT when a
+ * write would pass a bound on the queue (-o hint_max_user, -o hint_max):
+ * that write appends nothing, the writes before it of a long list stay.
  */
 int tierfs_restore_order(const char *dir, const char *const *names, size_t n, size_t *bad);
 /*

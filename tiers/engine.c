@@ -238,12 +238,7 @@ void engine_destroy(struct engine *e)
 		f->gqueued = false;
 		f->ops->put(f);
 	}
-	while (e->hq_head) {
-		struct hint *h = e->hq_head;
-
-		e->hq_head = h->next;
-		eng_hint_free(e, h);
-	}
+	eng_hint_destroy(e);
 	while (e->nreap) {
 		struct tfile *r = e->reap[--e->nreap];
 
@@ -370,7 +365,6 @@ struct gpu_tier *engine_gpu_tier(struct engine *e)
 void tfile_unlinked(struct tfile *f)
 {
 	struct engine *e = f->eng;
-	struct hint *h;
 	struct copy *cp;
 
 	eng_lock(e);
@@ -389,13 +383,7 @@ void tfile_unlinked(struct tfile *f)
 	}
 	/* its restore-queue entries name a file that is gone: they wait for
 	 * the next file of that name, as entries written before it do */
-	for (h = e->hq_head; h; h = h->next)
-		if (h->file == f) {
-			h->file = NULL;
-			e->hq_unbound++;
-			eng_defer_put(e, f);
-		}
-	f->hint_seq = 0;
+	eng_hint_unbind_file(e, f);
 	eng_hint_head_update(e);
 	eng_wake(e);
 	eng_flushed(e);

@@ -62,7 +62,21 @@ struct engine_config {
 					 * waited for before its rename, and the
 					 * rename's commit makes both durable */
 	dev_t ordered_dev;		/* that file system's st_dev */
+	uint64_t hint_max;		/* restore-queue entries of the mount
+					 * (-o hint_max), 0: ENGINE_HINT_MAX */
+	uint64_t hint_max_user;		/* of one uid (-o hint_max_user),
+					 * 0: ENGINE_HINT_MAX_USER */
 };
+
+/*
+ * Bounds on the restore queue, which any user who may write a directory
+ * appends to.  An entry costs about 100 bytes plus its name (at most 255):
+ * a user's 100,000 at most about 35 MB, the mount's million at most about
+ * 350 MB, typically a third of that.  A checkpoint of 100,000 files still
+ * fits one user's budget.
+ */
+#define ENGINE_HINT_MAX		1000000u
+#define ENGINE_HINT_MAX_USER	100000u
 
 /* Create the engine: the host cache buffer and the flusher threads. */
 int engine_create(struct engine **out, const struct engine_config *cfg);
@@ -91,18 +105,25 @@ struct gpu_tier *engine_gpu_tier(struct engine *e);
 
 /*
  * Append n names of directory `dir` (an fs-defined key) to the restore
- * queue, in order.  files[i] is the file if it exists (the queue takes
- * over a reference the caller got with ops->get), else NULL: it is bound
- * later by engine_hint_bind().  Returns 0 or -ENOMEM (nothing appended).
+ * queue, in order, on behalf of `uid`.  files[i] is the file if it exists
+ * (the queue takes over a reference the caller got with ops->get), else
+ * NULL: it is bound later by engine_hint_bind().  The entries count
+ * against the mount's bound (cfg.hint_max) and, if user_bound, against
+ * uid's (cfg.hint_max_user) until they are consumed or dropped.  Returns
+ * 0, -EDQUOT when they would pass a bound, or -ENOMEM; on error nothing
+ * is appended and the caller keeps its references.
  */
-int engine_hint_append(struct engine *e, uint64_t dir, const char *const *names,
-		       struct tfile *const *files, size_t n);
-/* A file named `name` in `dir` came into being: bind pending entries. */
+int engine_hint_append(struct engine *e, uint64_t dir, uid_t uid, bool user_bound,
+		       const char *const *names, struct tfile *const *files, size_t n);
+/* A file named `name` in `dir` came into being: bind pending entries.
+ * O(entries of that name, and of the names sharing its hash bucket). */
 void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 		      struct tfile *f);
-/* The remaining entries of `dir`, "name\n" each; length or -ERANGE. */
+/* The remaining entries of `dir`, "name\n" each; length or -ERANGE.
+ * O(entries of dir). */
 int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len);
-/* Drop the entries of `dir`. */
+/* Drop the entries of `dir` (cleared, or the directory went); they leave
+ * their users' budgets. */
 void engine_hint_drop_dir(struct engine *e, uint64_t dir);
 /* Prefetching on (start) or held (stop). */
 void engine_prefetch_set(struct engine *e, bool on);

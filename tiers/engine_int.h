@@ -106,6 +106,14 @@ struct engine {
 	struct hint *hq_head, *hq_tail;	/* the restore queue */
 	uint64_t hint_next;		/* next ticket */
 	uint64_t hq_len, hq_unbound;	/* entries, entries without a file */
+	/* indexes of the queue, so that no request walks all of it (hints.c) */
+	struct hint_bucket *hq_ub;	/* entries without a file, by (dir, name) */
+	size_t hq_ubsize;		/* buckets: a power of two, or 0 */
+	struct hint_dir **hq_dirs;	/* entries by directory */
+	size_t hq_dsize, hq_ndirs;	/* buckets (a power of two, or 0), dirs */
+	uint64_t hq_seed;		/* of both hashes: random per engine */
+	struct hint_user *hq_users;	/* entries per uid (-o hint_max_user) */
+	size_t hq_nusers, hq_usercap;
 	uint64_t hq_gen;		/* bumped when an entry is freed: a walk
 					 * of the queue that dropped the lock
 					 * starts again when it moved */
@@ -152,11 +160,35 @@ struct engine {
 
 /* One entry of the restore queue. */
 struct hint {
-	struct hint *next;
+	struct hint *next, *prev;	/* the queue, in ticket order */
+	struct hint *fnext, *fprev;	/* with a file: the file's entries; without:
+					 * its (dir, name) bucket; ticket order */
+	struct hint *dnext, *dprev;	/* its directory's entries, ticket order */
+	struct hint_dir *hd;		/* its directory */
 	uint64_t seq;			/* ticket: position in the queue */
 	uint64_t dir;			/* directory key */
+	uint64_t hash;			/* of (dir, name) */
+	uid_t uid;			/* who appended it (its budget) */
 	struct tfile *file;		/* the file (referenced), NULL if unborn */
 	char name[];			/* name in dir */
+};
+
+/* The entries of one directory (a chain of e->hq_dirs). */
+struct hint_dir {
+	struct hint_dir *hnext;		/* bucket chain */
+	uint64_t key;			/* directory key */
+	struct hint *head, *tail;	/* its entries, ticket order */
+};
+
+/* A bucket of e->hq_ub: entries without a file, ticket order. */
+struct hint_bucket {
+	struct hint *head, *tail;
+};
+
+/* Entries one uid has in the queue. */
+struct hint_user {
+	uid_t uid;
+	uint64_t n;
 };
 
 /* ---- locks (the order: lockorder.h) ----------------------------------- */
@@ -445,7 +477,9 @@ void *eng_gflusher_main(void *arg);
 /* ---- hints.c ---------------------------------------------------------- */
 
 void eng_hint_head_update(struct engine *e);
-void eng_hint_free(struct engine *e, struct hint *h);
+void eng_hint_remove(struct engine *e, struct hint *h);
+void eng_hint_unbind_file(struct engine *e, struct tfile *f);
+void eng_hint_destroy(struct engine *e);
 void eng_consume(struct engine *e, struct tfile *f);
 uint64_t eng_prefetch_distance(struct engine *e);
 

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,9 @@
 
 #include "engine_int.h"
 #include "ssd.h"
+
+/* Queue entries the prefetcher looks at before it lets go of e->lock. */
+#define PREFETCH_WALK_SLICE	1024
 
 /*
  * e->lock held: copy f's clean host copy up into the GPU tier (host ->
@@ -229,11 +233,28 @@ void *eng_prefetcher_main(void *arg)
 		bool did = false;
 
 		if (e->prefetch_on) {
+			unsigned walked = 0;
+
 			for (h = e->hq_head; h && !e->stop; h = h->next) {
 				uint64_t dist = h->seq - e->hint_head;
 
 				uint64_t gen = e->hq_gen;
 
+				/*
+				 * The queue may be long (-o hint_max) and
+				 * mostly cached or unborn: every so many
+				 * entries let the requests waiting for the
+				 * lock in, and go on from h if none went.
+				 */
+				if (++walked % PREFETCH_WALK_SLICE == 0) {
+					eng_unlock(e);
+					sched_yield();
+					eng_lock(e);
+					if (e->hq_gen != gen || e->stop) {
+						did = true;	/* h may be gone */
+						break;
+					}
+				}
 				if (!h->file || h->file->unlinked)
 					continue;
 				ret = prefetch_one(e, &ring, h->file, dist);

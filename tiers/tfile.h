@@ -12,6 +12,8 @@
 #define TIERFS_TFILE_H
 
 #include <sys/types.h>
+
+struct hint;
 #include <time.h>
 
 #include "tier.h"
@@ -94,6 +96,8 @@ struct tfile {
 	uint64_t gen;			/* bumped by every modification */
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
+	struct hint *hint_first, *hint_last;	/* its restore-queue entries,
+						 * ticket order (hints.c) */
 	int gpu_wdev;			/* the GPU its last GPU write came from
 					 * (the ioctl's buffer), -1: none */
 	int gpu_rdev;			/* the GPU that will read it back

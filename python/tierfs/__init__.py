@@ -247,7 +247,9 @@ def restore_order(dir, names):
     Names are checked first (see check_names): a bad one raises
     BadNameError and nothing is queued.  Names of files that do not exist
     yet are fine.  Lists longer than the kernel's 64 KiB per attribute are
-    sent in several writes.
+    sent in several writes.  OSError EDQUOT: a write would pass a bound on
+    the queue (-o hint_max_user, -o hint_max; tierfs-hints(7)); it appends
+    nothing, but the writes of a long list before it stay queued.
 
     Returns an object that can be used in a `with` statement: leaving it
     drops what is left of this directory's queue (clear(dir)), including

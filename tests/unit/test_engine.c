@@ -306,7 +306,7 @@ int main(void)
 		hinted[i] = &files[i].tf;
 		f_get(hinted[i]);	/* the queue takes it over */
 	}
-	ENSURE(engine_hint_append(e, 1, order, hinted, 8) == 0, "hint_append");
+	ENSURE(engine_hint_append(e, 1, 0, true, order, hinted, 8) == 0, "hint_append");
 	engine_prefetch_set(e, true);
 	for (i = 0; i < 500 && stat_u64(e, "\"prefetch\"", "files_prefetched") < 4; i++)
 		sleep_ms(10);
