@@ -268,7 +268,8 @@ static int64_t bf_flow(struct bf_graph *g, int64_t want, bool unit)
 
 static double bf_conv(double bw, double min_bw)
 {
-	double c = nearbyint(min_bw / bw * BF_TICKS);
+	/* min_bw <= bw: 0 < c <= BF_TICKS (the cast rounds, no libm) */
+	double c = (double)(uint64_t)(min_bw / bw * BF_TICKS + 0.5);
 
 	return c < 1 ? 1 : c;
 }
