@@ -2,7 +2,8 @@
  * fs.h - the FUSE side of tierfs: inodes, the backing directory, options.
  *
  * Each inode the kernel knows is a struct fs_inode, its FUSE ino the
- * pointer (the st_ino the mount shows is another number: fs_inode.c).  It keeps the file handle of its backing object and, while
+ * pointer (the st_ino the mount shows is another number: fs_inode.c).
+ * It keeps the file handle of its backing object and, while
  * fs_fd.c caches one (a bounded set, see there), an O_PATH fd on it;
  * regular files also embed their tiering state (struct tfile).  Inodes are
  * found by the backing (st_dev, st_ino); a flush that replaces a backing
