@@ -417,20 +417,40 @@ static int ino_alloc(uint64_t *v)
 }
 
 /*
+ * A number in user.tierfs.ino: the counter's part of it (the range bits
+ * left out), little-endian, its high zero bytes left out: 4 bytes or fewer
+ * below 2^32 numbers.  ext4 keeps small xattrs in the inode's spare room
+ * (about 100 bytes), which the user's attributes share.
+ */
+static size_t number_encode(uint64_t v, unsigned char *buf)
+{
+	size_t n = 0;
+
+	for (v &= ~FS_INO_TAGGED; v; v >>= 8)
+		buf[n++] = (unsigned char)v;
+	return n;
+}
+
+/*
  * The number in the xattr of path's object: 0 or -errno (-ENODATA: none,
  * or not one tierfs gave).  follow: path is a /proc fd link (to follow);
  * else a name in the backing directory (never followed).
  */
 static int number_read(const char *path, bool follow, uint64_t *v)
 {
-	char buf[24];
+	unsigned char buf[9];
 	ssize_t n = (follow ? getxattr : lgetxattr)(path, FS_XATTR_INO, buf, sizeof(buf));
 
 	if (n < 0)
 		return errno == ERANGE ? -ENODATA : -errno;
-	if (!parse_number(buf, n, v) || (*v & FS_INO_TAGGED) != FS_INO_TAGGED ||
-	    *v == FS_INO_TAGGED)
+	if (n == 0 || n > 8 || buf[n - 1] == 0)
 		return -ENODATA;
+	*v = 0;
+	while (n--)
+		*v = *v << 8 | buf[n];
+	if (*v & FS_INO_TAGGED)
+		return -ENODATA;
+	*v |= FS_INO_TAGGED;
 	return 0;
 }
 
@@ -440,7 +460,8 @@ static int number_read(const char *path, bool follow, uint64_t *v)
  */
 static uint64_t number_give(struct fs_inode *in, const struct stat *st)
 {
-	char path[64], buf[24];
+	unsigned char buf[8];
+	char path[64];
 	uint64_t v = 0;
 	struct stat cur;
 	int fd, ret;
@@ -454,8 +475,7 @@ static uint64_t number_give(struct fs_inode *in, const struct stat *st)
 	ret = number_read(path, true, &v);
 	if (ret == -ENODATA) {
 		ret = ino_alloc(&v);
-		snprintf(buf, sizeof(buf), "%" PRIu64, v);
-		if (!ret && setxattr(path, FS_XATTR_INO, buf, strlen(buf), 0) < 0)
+		if (!ret && setxattr(path, FS_XATTR_INO, buf, number_encode(v, buf), 0) < 0)
 			ret = -errno;
 		static bool told;
 		if (ret && !__atomic_exchange_n(&told, true, __ATOMIC_RELAXED))
