@@ -2,7 +2,8 @@
  * fs.h - the FUSE side of tierfs: inodes, the backing directory, options.
  *
  * Each inode the kernel knows is a struct fs_inode, its FUSE ino the
- * pointer.  It keeps the file handle of its backing object and, while
+ * pointer (the st_ino the mount shows is another number: fs_inode.c).
+ * It keeps the file handle of its backing object and, while
  * fs_fd.c caches one (a bounded set, see there), an O_PATH fd on it;
  * regular files also embed their tiering state (struct tfile).  Inodes are
  * found by the backing (st_dev, st_ino); a flush that replaces a backing
@@ -46,6 +47,11 @@
 #include "../tiers/lockorder.h"
 
 #define FS_HIDDEN_PREFIX ".tierfs"	/* backing-dir names tierfs keeps to itself */
+/* A regular file's inode number, on its backing file (fs_inode.c); and the
+ * next block of numbers, on the backing root.  user.tierfs.*: never listed,
+ * read, set or removed through the mount (fs_xattr.c). */
+#define FS_XATTR_INO		"user.tierfs.ino"
+#define FS_XATTR_INO_NEXT	"user.tierfs.ino_next"
 
 struct fs_inode {
 	struct tfile tf;		/* tiering state (regular files) */
@@ -94,6 +100,8 @@ struct fs_inode {
 					 * times or xattrs (fs_attrs_changed) */
 	uint64_t attrs_synced;		/* atomic: of those, how many are
 					 * durable (its backing file synced) */
+	uint64_t number;		/* atomic: st_ino through the mount, 0:
+					 * not known yet (fs_ino_number) */
 	pthread_mutex_t ilock;		/* a regular file's: a new version
 					 * made current and a change of its
 					 * attributes, one at a time
@@ -240,8 +248,21 @@ void fs_drop_aliases(struct fs_inode *in);
 void fs_add_name(struct fs_inode *in, struct fs_inode *parent, const char *name);
 bool fs_move_name(struct fs_inode *in, struct fs_inode *parent, const char *name,
 		  struct fs_inode *np, const char *nn);
-/* stat of in as the mount shows it (size and mtime from the engine). */
+/* stat of in as the mount shows it (size and mtime from the engine,
+ * st_ino from fs_ino_number); no lock held. */
 int fs_stat_inode(struct fs_inode *in, struct stat *st);
+/*
+ * Inode numbers (see fs_inode.c's top).  fs_ino_start() reads the next
+ * block of numbers at start-up.  fs_ino_number(): in's st_ino, st its
+ * backing object's stat; a regular file's may be given its number now (its
+ * ilock taken: none of in's, no directory ilock, no fs.lock held).
+ * fs_dirent_ino(): d_ino of entry `name` (backing d_ino, d_type) of dir,
+ * whose open fd is dfd; the same number as a stat of it gives.
+ */
+void fs_ino_start(void);
+uint64_t fs_ino_number(struct fs_inode *in, const struct stat *st);
+uint64_t fs_dirent_ino(struct fs_inode *dir, int dfd, const char *name, uint64_t d_ino,
+		       unsigned char d_type);
 /* Look parent/name up, making its inode known (+1 kernel reference).
  * no names lock held. */
 int fs_lookup(struct fs_inode *parent, const char *name, struct fuse_entry_param *e);

@@ -1,14 +1,54 @@
 /*
- * fs_inode.c - the inode table, the names of inodes, lookups.
+ * fs_inode.c - the inode table, the names of inodes, lookups, inode numbers.
  *
  * An inode is found by its backing object's (st_dev, st_ino) in a hash
- * table; a FUSE node id is the inode's address.  A regular file remembers
- * every name it was given through the mount (its name and its aliases), so
- * that its new versions can be renamed in under the one it has left.
+ * table; a FUSE node id is the inode's address (the kernel's handle on it:
+ * valid while it holds a reference, another address after a forget).  A
+ * regular file remembers every name it was given through the mount (its
+ * name and its aliases), so that its new versions can be renamed in under
+ * the one it has left.
+ *
+ * Inode numbers (st_ino, d_ino) are not node ids: a file keeps its number
+ * for as long as it exists, whatever the kernel forgets, whatever its
+ * name (every link shows one number), across new versions and restarts.
+ *  - A directory, symlink or special file keeps its backing object for
+ *    life: its number is the backing st_ino.  So is the root's.
+ *  - A regular file's backing object is replaced by each new version (a
+ *    new inode renamed over the name, fs_version.c), so its backing st_ino
+ *    is no number for it; nor is its first version's, which is freed with
+ *    that version and can be given to a new file or directory.  A regular
+ *    file's number is stored with it, as the xattr user.tierfs.ino on its
+ *    backing file: each new version gets a copy (copy_attrs), a hard-linked
+ *    file's in-place copy keeps it, every name reads the same one.  The
+ *    numbers come from a counter in a range of their own, bits 63 and 62
+ *    set (FS_INO_TAGGED): backing file systems (ext4, XFS, btrfs, tmpfs)
+ *    number their inodes far below 2^62, so a number given here never
+ *    equals a directory's.  The counter is kept on the backing root as
+ *    user.tierfs.ino_next, reserved a block at a time and synced before a
+ *    number of the block is given: a crash skips the rest of a block but
+ *    never gives a number twice.
+ *  - A file without the xattr (made in the backing directory before the
+ *    mount, or outside it) is given its number the first time the mount
+ *    shows it (a lookup, a stat, or a listing that reads its d_ino), not at
+ *    its first new version: it then has one number from the start, and a
+ *    number taken from its backing st_ino would be freed with that first
+ *    version (see above).  The cost: one xattr write per such file, once,
+ *    which moves its backing ctime.  A file made through the mount is
+ *    given its number by the lookup of its create.
+ *  - Giving a number reads the xattr again and writes it under the file's
+ *    ilock, which a version commit holds from the copy of the xattrs to
+ *    the rename: the number goes on the version that stays.  An inode
+ *    keeps its number in memory (in->number) once known.
+ *  - Where the xattr cannot be written (a backing file system without user
+ *    xattrs, a read-only one, an immutable file) the number is bit 63 |
+ *    backing st_ino (FS_INO_BACKING): unique among live objects, and
+ *    stable until the file's next version (a read-only backing directory
+ *    makes none).  A copy of a backing file made outside the mount with
+ *    its xattrs (cp -a, rsync -X there) shares the original's number.
  *
  * Locking (see fs.h): the table, names and counts under fs.lock; a lookup
  * that misses without fs.nslock looks again with it (fs_lookup), because a
- * version commit may be half done.
+ * version commit may be half done.  ino.lock (a leaf) guards the counter.
  */
 #include <dirent.h>
 #include <linux/falloc.h>
@@ -298,7 +338,219 @@ void fs_inode_put(struct fs_inode *in)
 	fs_unlock();
 }
 
-int fs_stat_inode(struct fs_inode *in, struct stat *st)
+/* ---- inode numbers (see the top) ----------------------------------- */
+
+#define FS_INO_BACKING	(1ULL << 63)			/* | backing st_ino */
+#define FS_INO_TAGGED	(FS_INO_BACKING | (1ULL << 62))	/* | the counter's */
+#define FS_INO_BLOCK	4096				/* reserved at a time */
+
+static struct {
+	pthread_mutex_t lock;		/* the fields below (LR_FS_INO, a leaf) */
+	uint64_t next;			/* the counter's next number */
+	uint64_t limit;			/* numbers below it are reserved on disk */
+} ino = { .lock = PTHREAD_MUTEX_INITIALIZER, .next = 1, .limit = 1 };
+
+static bool parse_number(const char *buf, ssize_t n, uint64_t *v)
+{
+	char tmp[24], *end;
+
+	if (n <= 0 || n >= (ssize_t)sizeof(tmp))
+		return false;
+	memcpy(tmp, buf, (size_t)n);
+	tmp[n] = 0;
+	errno = 0;
+	*v = strtoull(tmp, &end, 10);
+	return !errno && *end == 0 && end != tmp;
+}
+
+/* The counter where the last daemon left it: before any lookup. */
+void fs_ino_start(void)
+{
+	char path[64], buf[24];
+	ssize_t n;
+	uint64_t v;
+
+	fs_proc_path(fs.root_fd, path, sizeof(path));
+	n = getxattr(path, FS_XATTR_INO_NEXT, buf, sizeof(buf));
+	if (parse_number(buf, n, &v) && v > 0 && v < (1ULL << 62))
+		ino.next = ino.limit = v;
+	else if (n >= 0 || errno != ENODATA)
+		tlog(LOG_INFO, "%s: no inode number counter (%s): starting at 1",
+		     fs.opts.backing, n >= 0 ? "bad value" : strerror(errno));
+}
+
+/*
+ * A new number of the counter, into *v; 0 or -errno (nothing could be
+ * reserved on disk: no number is given).  A block is reserved on the
+ * backing root, and the root synced, before any number of it is given.
+ */
+static int ino_alloc(uint64_t *v)
+{
+	char path[64], buf[24];
+	int ret = 0, dfd;
+
+	lock_rank_take(LR_FS_INO);
+	pthread_mutex_lock(&ino.lock);
+	if (ino.next >= ino.limit) {
+		uint64_t limit = ino.next + FS_INO_BLOCK;
+
+		fs_proc_path(fs.root_fd, path, sizeof(path));
+		snprintf(buf, sizeof(buf), "%" PRIu64, limit);
+		if (limit >= (1ULL << 62))
+			ret = -EOVERFLOW;
+		else if (setxattr(path, FS_XATTR_INO_NEXT, buf, strlen(buf), 0) < 0)
+			ret = -errno;
+		if (!ret) {
+			dfd = fs_fd_openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY, 0);
+			ret = dfd < 0 ? dfd : fsync(dfd) < 0 ? -errno : 0;
+			if (dfd >= 0)
+				close(dfd);
+		}
+		if (!ret)
+			ino.limit = limit;
+	}
+	if (!ret)
+		*v = FS_INO_TAGGED | ino.next++;
+	pthread_mutex_unlock(&ino.lock);
+	lock_rank_drop(LR_FS_INO);
+	return ret;
+}
+
+/*
+ * A number in user.tierfs.ino: the counter's part of it (the range bits
+ * left out), little-endian, its high zero bytes left out: 4 bytes or fewer
+ * below 2^32 numbers.  ext4 keeps small xattrs in the inode's spare room
+ * (about 100 bytes), which the user's attributes share.
+ */
+static size_t number_encode(uint64_t v, unsigned char *buf)
+{
+	size_t n = 0;
+
+	for (v &= ~FS_INO_TAGGED; v; v >>= 8)
+		buf[n++] = (unsigned char)v;
+	return n;
+}
+
+/*
+ * The number in the xattr of path's object: 0 or -errno (-ENODATA: none,
+ * or not one tierfs gave).  follow: path is a /proc fd link (to follow);
+ * else a name in the backing directory (never followed).
+ */
+static int number_read(const char *path, bool follow, uint64_t *v)
+{
+	unsigned char buf[9];
+	ssize_t n = (follow ? getxattr : lgetxattr)(path, FS_XATTR_INO, buf, sizeof(buf));
+
+	if (n < 0)
+		return errno == ERANGE ? -ENODATA : -errno;
+	if (n == 0 || n > 8 || buf[n - 1] == 0)
+		return -ENODATA;
+	*v = 0;
+	while (n--)
+		*v = *v << 8 | buf[n];
+	if (*v & FS_INO_TAGGED)
+		return -ENODATA;
+	*v |= FS_INO_TAGGED;
+	return 0;
+}
+
+/*
+ * Regular file in's number, given now if it has none.  Its ilock held:
+ * a version commit copies the xattrs to the new version under it.
+ */
+static uint64_t number_give(struct fs_inode *in, const struct stat *st)
+{
+	unsigned char buf[8];
+	char path[64];
+	uint64_t v = 0;
+	struct stat cur;
+	int fd, ret;
+
+	fd = fs_fd_hold(in);
+	if (fd < 0) {
+		fs_fd_release(in);
+		return FS_INO_BACKING | st->st_ino;	/* removed and closed */
+	}
+	fs_proc_path(fd, path, sizeof(path));
+	ret = number_read(path, true, &v);
+	if (ret == -ENODATA) {
+		ret = ino_alloc(&v);
+		if (!ret && setxattr(path, FS_XATTR_INO, buf, number_encode(v, buf), 0) < 0)
+			ret = -errno;
+		static bool told;
+		if (ret && !__atomic_exchange_n(&told, true, __ATOMIC_RELAXED))
+			tlog(LOG_NOTICE, "%s: a file's inode number cannot be kept with it "
+			     "(%s): such files show one of the backing file's, which "
+			     "changes with each new version", fs.opts.backing, strerror(-ret));
+	}
+	if (ret) {
+		/* the version held now, not st's (which may be older) */
+		v = FS_INO_BACKING | (fstat(fd, &cur) == 0 ? cur.st_ino : st->st_ino);
+	}
+	fs_fd_release(in);
+	return v;
+}
+
+/* See fs.h. */
+uint64_t fs_ino_number(struct fs_inode *in, const struct stat *st)
+{
+	char path[64];
+	uint64_t v;
+	int fd, ret;
+
+	if (!S_ISREG(in->type))
+		return st->st_ino;
+	v = __atomic_load_n(&in->number, __ATOMIC_ACQUIRE);
+	if (v)
+		return v;
+	fd = fs_fd_hold(in);		/* most files have one: no lock */
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret)
+		ret = number_read(path, true, &v);
+	fs_fd_release(in);
+	if (ret) {
+		fs_attrs_lock(in);
+		v = __atomic_load_n(&in->number, __ATOMIC_ACQUIRE);
+		if (!v)
+			v = number_give(in, st);
+		__atomic_store_n(&in->number, v, __ATOMIC_RELEASE);
+		fs_attrs_unlock(in);
+		return v;
+	}
+	/* two threads that both read it store the same */
+	__atomic_store_n(&in->number, v, __ATOMIC_RELEASE);
+	return v;
+}
+
+/* See fs.h.  A file without a number is looked up: given one, under its
+ * ilock, as a stat would. */
+uint64_t fs_dirent_ino(struct fs_inode *dir, int dfd, const char *name, uint64_t d_ino,
+		       unsigned char d_type)
+{
+	struct fuse_entry_param e;
+	char path[PATH_MAX];
+	uint64_t v;
+	int ret;
+
+	if (d_type != DT_REG && d_type != DT_UNKNOWN)
+		return d_ino;
+	if (snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dfd, name) >= (int)sizeof(path))
+		return d_ino;
+	ret = number_read(path, false, &v);
+	if (!ret)
+		return v;
+	if (ret == -ENOTSUP && d_type == DT_REG)
+		return FS_INO_BACKING | d_ino;	/* no xattrs here: see the top */
+	if (fs_lookup(dir, name, &e))
+		return d_type == DT_REG ? FS_INO_BACKING | d_ino : d_ino;	/* gone */
+	v = e.attr.st_ino;
+	fs_forget_one(e.ino, 1);
+	return v;
+}
+
+/* stat of in's backing object, size and mtime from the engine; st_ino is
+ * the backing one. */
+static int stat_backing(struct fs_inode *in, struct stat *st)
 {
 	int fd, ret, tries = 0;
 
@@ -316,7 +568,6 @@ again:
 		ret = 0;	/* removed and closed: what it was */
 	if (ret)
 		return ret;
-	st->st_ino = ino_of(in);
 	if (S_ISREG(in->type)) {
 		uint64_t size;
 		struct timespec mt;
@@ -335,6 +586,15 @@ again:
 		st->st_blksize = FS_IO_SIZE;
 	}
 	return 0;
+}
+
+int fs_stat_inode(struct fs_inode *in, struct stat *st)
+{
+	int ret = stat_backing(in, st);
+
+	if (!ret)
+		st->st_ino = fs_ino_number(in, st);
+	return ret;
 }
 
 /*
@@ -421,10 +681,9 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 		}
 	}
 	fs_unlock();
-	ret = fs_stat_inode(in, &e->attr);
+	ret = stat_backing(in, &e->attr);	/* st_ino: fs_lookup's, unlocked */
 	if (ret)
 		e->attr = st;
-	e->attr.st_ino = ino_of(in);
 	e->ino = ino_of(in);
 	e->attr_timeout = 1.0;
 	e->entry_timeout = 1.0;
@@ -453,6 +712,8 @@ int fs_lookup(struct fs_inode *parent, const char *name,
 
 	if (ret == -ENOENT && fs_persist_on() && fs_persist_fetch(parent, name) == 0)
 		ret = lookup_local(parent, name, e);
+	if (!ret)
+		e->attr.st_ino = fs_ino_number(fs_inode_of(e->ino), &e->attr);
 	return ret;
 }
 

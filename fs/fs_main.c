@@ -859,6 +859,7 @@ static void open_backing(void)
 	fs_tmp_dir_start();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file and .tierfs.tmp are ours */
 	fs_redo_journal();
+	fs_ino_start();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
 	fs.root.dev = st.st_dev;

@@ -9,8 +9,10 @@
  * (tiers/); fs_version.c makes and commits new versions of backing files;
  * fs_inode.c keeps the inodes.
  *
- * st_ino as seen through the mount is the inode's FUSE node id: it stays
- * the same when a flush replaces the backing file.
+ * st_ino and d_ino as seen through the mount are the inode numbers of
+ * fs_inode.c (fs_ino_number, fs_dirent_ino), not the FUSE node ids: a
+ * file keeps its number when the kernel forgets it, when a flush replaces
+ * its backing file, and across restarts.
  *
  * Locking: see fs.h.  Handlers take fs.lock only around table and name
  * updates; data transfers never hold it.
@@ -699,7 +701,6 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 	char *buf = malloc(size), *p = buf;
 	size_t rem = size;
 
-	(void)ino;
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
 		return;
@@ -726,8 +727,11 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 			d->ent = NULL;
 			continue;
 		}
-		struct stat st = { .st_ino = d->ent->d_ino,
-				   .st_mode = (mode_t)d->ent->d_type << 12 };
+		/* stat's number (a regular file's is not its backing one) */
+		struct stat st = {
+			.st_ino = fs_dirent_ino(fs_inode_of(ino), dirfd(d->dp), d->ent->d_name,
+						d->ent->d_ino, d->ent->d_type),
+			.st_mode = (mode_t)d->ent->d_type << 12 };
 		size_t n = fuse_add_direntry(req, p, rem, d->ent->d_name, &st,
 					     d->ent->d_off);
 		if (n > rem)

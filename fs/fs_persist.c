@@ -2680,8 +2680,10 @@ struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp)
 		return s;
 	}
 	rewinddir(dp);
-	while ((de = readdir(dp)))
-		if (!fs_hidden_name(de->d_name) && snap_add(s, de->d_name, de->d_type, de->d_ino))
+	while ((de = readdir(dp)))	/* local entries: the numbers a stat shows */
+		if (!fs_hidden_name(de->d_name) &&
+		    snap_add(s, de->d_name, de->d_type,
+			     fs_dirent_ino(in, dirfd(dp), de->d_name, de->d_ino, de->d_type)))
 			break;
 	x = j->snap;
 	for (size_t i = 0; i < x->n; i++)

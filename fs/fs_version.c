@@ -146,6 +146,11 @@ static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *
 		if (vl >= 0 && fsetxattr(fd, n, val, (size_t)vl, 0) < 0)
 			tlog(LOG_WARNING, "xattr %s of new version: %s", n, strerror(errno));
 	}
+	/* the file's inode number (fs_inode.c), whatever the list above
+	 * could hold: a file's number is its for life */
+	vl = getxattr(path, FS_XATTR_INO, val, sizeof(val));
+	if (vl > 0 && fsetxattr(fd, FS_XATTR_INO, val, (size_t)vl, 0) < 0)
+		tlog(LOG_WARNING, "the inode number of a new version: %s", strerror(errno));
 	tv[0] = old->st_atim;
 	tv[1] = tfile_mtime(&in->tf);
 	if (!tv[1].tv_sec && !tv[1].tv_nsec)

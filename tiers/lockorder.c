@@ -12,7 +12,7 @@
 static const char *const rank_names[] = {
 	[LR_TFILE] = "tfile.lock", [LR_FS_FILE] = "a file's ilock",
 	[LR_FS_NS] = "fs.nslock", [LR_FS_DIR] = "a directory's ilock", [LR_FS] = "fs.lock",
-	[LR_ENGINE] = "engine.lock", [LR_FS_FD] = "fdc.lock",
+	[LR_ENGINE] = "engine.lock", [LR_FS_FD] = "fdc.lock", [LR_FS_INO] = "ino.lock",
 };
 
 /* Debug-only checker state: the ranks this thread holds (bit r). */

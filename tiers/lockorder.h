@@ -24,6 +24,8 @@
  *      (tiers/)        tfile fields marked "eng->lock"
  *  7   fdc.lock        the descriptor cache (fs/fs_fd.c):      nothing (innermost)
  *      (fs/fs_fd.c)    never held with engine.lock
+ *  8   ino.lock        the block of inode numbers reserved     nothing (a leaf; taken under
+ *      (fs/fs_inode.c) on the backing root (fs_ino_number)     a file ilock, fs.nslock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
  * engine.lock, and fs.nslock -> fs.lock -> fdc.lock.  Two files' ilocks
@@ -56,6 +58,7 @@ enum lock_rank {
 	LR_FS,			/* fs.lock */
 	LR_ENGINE,		/* engine.lock */
 	LR_FS_FD,		/* fdc.lock */
+	LR_FS_INO,		/* fs_inode.c's ino.lock: a leaf */
 };
 
 #ifndef NDEBUG
