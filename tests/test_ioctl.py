@@ -557,7 +557,7 @@ def test_vec_errors_without_gpu_tier(mount):
 def test_vec_ioctl_checks(mount, monkeypatch):
     """The daemon's checks of a vectored request, each before any byte
     moves: garbage handles are only opened once the list is sound."""
-    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M")
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M", expect_errors=True)
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"o" * 65536)
     h = [(b"\0" * 64, 0)]
@@ -836,6 +836,8 @@ def test_vec_kill_during_write(mount, monkeypatch):
     out = child.communicate(timeout=120)[0]
     m.start()
     got = util.read_file(p)
+    print("child:", out.strip().replace("\n", "; "), "- file:",
+          "old" if got == old else "new" if got == bytes([0x4e]) * (n * seg) else "mix")
     new = bytes([0x4e]) * (n * seg)
     assert got == old or got == new, (
         f"torn file after the kill ({out.strip()}): "
