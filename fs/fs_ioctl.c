@@ -1,5 +1,5 @@
 /*
- * fs_ioctl.c - the GPU zero-copy ioctl (fs/tierfs.h, tierfs-gpu(7)).
+ * fs_ioctl.c - the GPU zero-copy ioctls (fs/tierfs.h, tierfs-gpu(7)).
  *
  * TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU carry a struct tierfs_gpu_io:
  * the CUDA IPC handle of the caller's allocation, the buffer's offset in it,
@@ -36,6 +36,32 @@
  * way round, data that write(2) left dirty in the kernel's writeback cache has not reached the
  * daemon yet: the caller writes it back first (libtierfs does, with
  * sync_file_range over the range; raw ioctl users must do the same).
+ *
+ * Vectored: TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU carry a struct
+ * tierfs_gpu_vec: up to 16 IPC handles and 256 segments (handle index,
+ * offset in it, length, file offset), moved between GPU memory and the one
+ * file (vec_ioctl).  Checks, in this order, each before any byte moves:
+ *   FUSE_IOCTL_COMPAT, cmd, in_bufsz, regular file, access mode, GPU tier
+ *                                                as above
+ *   flags or reserved != 0, nhandles not 1..16,
+ *   nsegs not 1..256, a handle's reserved != 0    EINVAL
+ *   a segment: handle >= nhandles, flags != 0,
+ *   len == 0, handle_off + len wraps,
+ *   file_off + len > INT64_MAX                   EINVAL
+ *   a handle no segment uses                     EINVAL
+ *   lengths adding up past TIERFS_GPU_IO_MAX     E2BIG
+ *   write: two file ranges overlap               EINVAL  (reads may)
+ *   each handle opened once (ipc_get)            its errors, as above
+ *   a segment's range past its allocation        EINVAL
+ * Then the engine moves the segments in file order under one hold of the
+ * file's lock (tfile_writev_dev / tfile_readv_dev): no flush, fsync or
+ * truncate runs between them, so no backing version ever holds part of a
+ * request (and a daemon killed meanwhile leaves the last committed one).
+ * A write that fails part-way may have written the segments before the
+ * failure.  After a write the kernel's pages of the union of the ranges
+ * are dropped once (fs_kernel_written), whether it failed or not; the size
+ * moves only on success.  The reply is the total (a read's segment is
+ * short at end of file).
  *
  * One call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the count
  * fits the ioctl's int result: a longer request returns a short count, as

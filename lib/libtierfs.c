@@ -40,6 +40,17 @@
  *     An EINVAL on a handle that came from the cache (not freshly exported)
  *     drops that entry and retries once with a fresh export.
  *
+ * tierfs_pwritev_gpu / tierfs_preadv_gpu (gpu_iov) do the same for a list
+ * of segments and one file: every segment is checked first (length > 0,
+ * offsets, the total, a write's file ranges not overlapping: sorted), then
+ * the fd, then each distinct allocation is resolved once (a segment inside
+ * an allocation already seen in this call asks the driver nothing), each
+ * context synchronised once, sync_file_range once over the union; the
+ * shared cache takes what it can (a span per segment); the rest goes in
+ * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 16 handles and
+ * TIERFS_GPU_IO_MAX bytes.  Any failure returns -1 (no partial count: the
+ * segments have no order a count could describe).
+ *
  * Without CUDA (built without it, or no libcuda.so.1 at run time) the
  * calls fail with ENODEV after steps 1 and 2.
  *
