@@ -3,6 +3,16 @@
  * the tierfs ioctl against POSIX I/O and against a plain device copy.
  *
  * usage: bench_gpu_io MOUNT [REPS]        (REPS default 5)
+ *        bench_gpu_io MOUNT --vec [NSEG [REPS]]   (NSEG default 62)
+ *
+ * --vec: a state dict's checkpoint: NSEG segments of mixed sizes (an
+ * embedding of 64 MiB, then weights of 4 MiB and 1 MiB, biases and norms
+ * of 16 and 4 KiB, in turn), cut from two allocations, written to one file
+ * at file offsets in reverse order and read back: one vectored call
+ * (tierfs_pwritev_gpu / tierfs_preadv_gpu), NSEG single calls
+ * (tierfs_pwrite_gpu / tierfs_pread_gpu), and NSEG cuMemcpyDtoDAsync of
+ * the same bytes in this process (the ceiling).  Prints the median and
+ * best milliseconds of each, the ratios, and checks the bytes read back.
  *
  * MOUNT is a tierfs mount with a GPU tier on the same GPU, big enough to
  * hold a 1 GiB file (e.g. -o gpu=0,gpu_cache=4G,host_cache=4G).  It waits
@@ -452,6 +462,145 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* ---- --vec: many segments, one file --------------------------------- */
+
+#define VEC_MAX 4096
+
+static size_t vec_size(int i)
+{
+	static const size_t cycle[] = { 4 * MiB, 16 << 10, 1 * MiB, 4 << 10 };
+
+	return i == 0 ? 64 * MiB : cycle[(i - 1) % 4];
+}
+
+static int vec_main(int nseg, int reps)
+{
+	static struct tierfs_gpu_iovec w[VEC_MAX], rd[VEC_MAX];
+	static double t[5][MAXREPS];
+	static const char *const what[5] = {
+		"vectored write", "single writes", "vectored read", "single reads",
+		"raw D2D",
+	};
+	char path[4096], msg[256], name[128] = "?";
+	const char *g = getenv("TIERFS_GPU");
+	uint64_t free_b = 0, total_b = 0;
+	size_t total = 0, half[2] = { 0, 0 }, at[2] = { 0, 0 };
+	CUdeviceptr a[2], back;
+	unsigned char *h1, *h2;
+	int i, r, k, fd;
+
+	if (gpu_init(g && *g ? atoi(g) : 0, msg, sizeof(msg)) < 0) {
+		fprintf(stderr, "bench_gpu_io: no GPU: %s\n", msg);
+		return 77;
+	}
+	gpu_mem_info(&free_b, &total_b, name, sizeof(name));
+	for (i = 0; i < nseg; i++) {
+		half[i % 2] += vec_size(i);
+		total += vec_size(i);
+	}
+	printf("bench_gpu_io --vec: %s, mount %s, %d segments, %.1f MiB, %d reps\n",
+	       name, mnt, nseg, total / (double)MiB, reps);
+	printf("waited %.2f s for the daemon's start-up\n", wait_ready());
+	CU(cuMemAlloc(&a[0], half[0]));
+	CU(cuMemAlloc(&a[1], half[1] ? half[1] : 1));
+	CU(cuMemAlloc(&back, total));
+	h1 = malloc(total);
+	h2 = malloc(total);
+	if (!h1 || !h2)
+		die("host buffers");
+	for (i = 0; (size_t)i < total; i++)
+		h1[i] = (unsigned char)(i * 131 + (i >> 16) + 7);
+	{
+		size_t fo = total;
+
+		for (i = 0; i < nseg; i++) {	/* file offsets in reverse */
+			size_t n = vec_size(i);
+
+			fo -= n;
+			w[i].dev_ptr = (void *)(uintptr_t)(a[i % 2] + at[i % 2]);
+			w[i].len = n;
+			w[i].off = (off_t)fo;
+			rd[i] = w[i];
+			rd[i].dev_ptr = (void *)(uintptr_t)(back + fo);
+			CU(cuMemcpyHtoDAsync(a[i % 2] + at[i % 2], h1 + fo, n, NULL));
+			at[i % 2] += n;
+		}
+		CU(cuStreamSynchronize(NULL));
+	}
+	snprintf(path, sizeof(path), "%s/bench_gpu_io.vec", mnt);
+	for (r = -1; r < reps; r++) {	/* r -1: warm-up */
+		double t0;
+
+		fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			die(path);
+		t0 = now();
+		if (tierfs_pwritev_gpu(fd, w, nseg) != (ssize_t)total)
+			die("tierfs_pwritev_gpu");
+		if (r >= 0)
+			t[0][r] = now() - t0;
+		memset(h2, 0, total);
+		CU(cuMemcpyHtoDAsync(back, h2, total, NULL));
+		CU(cuStreamSynchronize(NULL));
+		t0 = now();
+		if (tierfs_preadv_gpu(fd, rd, nseg) != (ssize_t)total)
+			die("tierfs_preadv_gpu");
+		if (r >= 0)
+			t[2][r] = now() - t0;
+		CU(cuMemcpyDtoHAsync(h2, back, total, NULL));
+		CU(cuStreamSynchronize(NULL));
+		if (memcmp(h1, h2, total)) {
+			fprintf(stderr, "bench_gpu_io: vectored read differs\n");
+			return 1;
+		}
+		close(fd);
+		fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			die(path);
+		t0 = now();
+		for (i = 0; i < nseg; i++)
+			if (tierfs_pwrite_gpu(fd, w[i].dev_ptr, w[i].len, w[i].off) !=
+			    (ssize_t)w[i].len)
+				die("tierfs_pwrite_gpu");
+		if (r >= 0)
+			t[1][r] = now() - t0;
+		t0 = now();
+		for (i = 0; i < nseg; i++)
+			if (tierfs_pread_gpu(fd, rd[i].dev_ptr, rd[i].len, rd[i].off) !=
+			    (ssize_t)rd[i].len)
+				die("tierfs_pread_gpu");
+		if (r >= 0)
+			t[3][r] = now() - t0;
+		close(fd);
+		t0 = now();
+		for (i = 0; i < nseg; i++)
+			CU(cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)rd[i].dev_ptr,
+					     (CUdeviceptr)(uintptr_t)w[i].dev_ptr, w[i].len,
+					     NULL));
+		CU(cuStreamSynchronize(NULL));
+		if (r >= 0)
+			t[4][r] = now() - t0;
+		unlink(path);
+	}
+	printf("\n%-16s %10s %10s %8s %10s\n", "", "median ms", "best ms", "GB/s",
+	       "x raw");
+	for (k = 0; k < 5; k++) {
+		double m = median(t[k], reps);
+
+		printf("%-16s %10.3f %10.3f %8.2f %10.2f\n", what[k], m * 1e3,
+		       t[k][0] * 1e3, total / m / 1e9, m / median(t[4], reps));
+	}
+	printf("single/vectored: write %.2fx, read %.2fx\n",
+	       median(t[1], reps) / median(t[0], reps),
+	       median(t[3], reps) / median(t[2], reps));
+	cuMemFree(a[0]);
+	cuMemFree(a[1]);
+	cuMemFree(back);
+	free(h1);
+	free(h2);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *env = getenv("BENCH_SIZES_MIB"), *g = getenv("TIERFS_GPU");
@@ -465,9 +614,21 @@ int main(int argc, char **argv)
 	uint64_t free_b = 0, total_b = 0;
 	struct cascade_stat c0;
 
+	if (argc > 2 && strcmp(argv[2], "--vec") == 0) {
+		int nseg = argc > 3 ? atoi(argv[3]) : 62;
+
+		reps = argc > 4 ? atoi(argv[4]) : 5;
+		if (nseg < 1 || nseg > VEC_MAX || reps < 1 || reps > MAXREPS) {
+			fprintf(stderr, "usage: %s MOUNT --vec [NSEG (1..%d) [REPS (1..%d)]]\n",
+				argv[0], VEC_MAX, MAXREPS);
+			return 2;
+		}
+		mnt = argv[1];
+		return vec_main(nseg, reps);
+	}
 	if (argc < 2 || reps < 1 || reps > MAXREPS) {
-		fprintf(stderr, "usage: %s MOUNT [REPS (1..%d)]\n", argv[0],
-			MAXREPS);
+		fprintf(stderr, "usage: %s MOUNT [REPS (1..%d)]\n"
+			"       %s MOUNT --vec [NSEG [REPS]]\n", argv[0], MAXREPS, argv[0]);
 		return 2;
 	}
 	mnt = argv[1];

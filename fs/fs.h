@@ -392,9 +392,10 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		 size_t in_bufsz, size_t out_bufsz);
 /* Close the cached IPC mappings; after the session loop has returned. */
 void fs_ioctl_shutdown(void);
-/* fs_file.c: the GPU wrote [off, off + n) of ino (from device address src):
- * drop the kernel's cached pages and attributes, tell it a grown size. */
-void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off, uint64_t n,
+/* fs_file.c: the GPU wrote [off, off + n) of ino (its last byte from device
+ * address last_src): drop the kernel's cached pages and attributes, tell it a
+ * grown size. */
+void fs_kernel_written(fuse_ino_t ino, uint64_t last_src, uint64_t off, uint64_t n,
 		       uint64_t before);
 
 /* fs_share.c: clients map the GPU cache (-o gpu_share, tierfs_share.h) */

@@ -403,7 +403,8 @@ void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
 
 /*
  * Tell the kernel that the GPU wrote [off, off + n) of ino behind its back,
- * from device address src: drop its cached pages of the range and its
+ * the range's last byte from device address last_src (a vectored write passes
+ * the union of its ranges): drop its cached pages of the range and its
  * cached attributes, and when the write grew the file past `before` (the
  * size before it) grow the kernel's size too.  Without the writeback cache
  * (the default) the kernel takes the size from the next getattr once its
@@ -413,7 +414,7 @@ void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
  * empty store does not).  The notifications are done when they return, so
  * before the reply.
  */
-void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
+void fs_kernel_written(fuse_ino_t ino, uint64_t last_src, uint64_t off,
 		       uint64_t n, uint64_t before)
 {
 	struct fuse_bufvec last = FUSE_BUFVEC_INIT(1);
@@ -421,7 +422,7 @@ void fs_kernel_written(fuse_ino_t ino, uint64_t src, uint64_t off,
 	int ret;
 
 	if (fs.opts.writeback && off + n > before) {
-		ret = gpu_copy_dtoh(&byte, src + n - 1, 1);
+		ret = gpu_copy_dtoh(&byte, last_src, 1);
 		if (!ret) {
 			last.buf[0].mem = &byte;
 			ret = fuse_lowlevel_notify_store(fs.se, ino,

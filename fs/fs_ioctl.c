@@ -1,5 +1,5 @@
 /*
- * fs_ioctl.c - the GPU zero-copy ioctl (fs/tierfs.h, tierfs-gpu(7)).
+ * fs_ioctl.c - the GPU zero-copy ioctls (fs/tierfs.h, tierfs-gpu(7)).
  *
  * TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU carry a struct tierfs_gpu_io:
  * the CUDA IPC handle of the caller's allocation, the buffer's offset in it,
@@ -36,6 +36,32 @@
  * way round, data that write(2) left dirty in the kernel's writeback cache has not reached the
  * daemon yet: the caller writes it back first (libtierfs does, with
  * sync_file_range over the range; raw ioctl users must do the same).
+ *
+ * Vectored: TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU carry a struct
+ * tierfs_gpu_vec: up to 16 IPC handles and 256 segments (handle index,
+ * offset in it, length, file offset), moved between GPU memory and the one
+ * file (vec_ioctl).  Checks, in this order, each before any byte moves:
+ *   FUSE_IOCTL_COMPAT, cmd, in_bufsz, regular file, access mode, GPU tier
+ *                                                as above
+ *   flags or reserved != 0, nhandles not 1..16,
+ *   nsegs not 1..256, a handle's reserved != 0    EINVAL
+ *   a segment: handle >= nhandles, flags != 0,
+ *   len == 0, handle_off + len wraps,
+ *   file_off + len > INT64_MAX                   EINVAL
+ *   a handle no segment uses                     EINVAL
+ *   lengths adding up past TIERFS_GPU_IO_MAX     E2BIG
+ *   write: two file ranges overlap               EINVAL  (reads may)
+ *   each handle opened once (ipc_get)            its errors, as above
+ *   a segment's range past its allocation        EINVAL
+ * Then the engine moves the segments in file order under one hold of the
+ * file's lock (tfile_writev_dev / tfile_readv_dev): no flush, fsync or
+ * truncate runs between them, so no backing version ever holds part of a
+ * request (and a daemon killed meanwhile leaves the last committed one).
+ * A write that fails part-way may have written the segments before the
+ * failure.  After a write the kernel's pages of the union of the ranges
+ * are dropped once (fs_kernel_written), whether it failed or not; the size
+ * moves only on success.  The reply is the total (a read's segment is
+ * short at end of file).
  *
  * One call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the count
  * fits the ioctl's int result: a longer request returns a short count, as
@@ -309,6 +335,156 @@ static int check_request(struct fs_inode *in, bool write,
 	return 0;
 }
 
+/* A segment's file range and its index, for sorting by offset. */
+struct vec_range {
+	uint64_t off, len;
+	uint32_t i;
+};
+
+static int range_cmp(const void *a, const void *b)
+{
+	const struct vec_range *x = a, *y = b;
+
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/*
+ * The checks of a vectored request that need no GPU (see the table at the
+ * top), in order; 0 or a positive errno.  Fills r[] with the segments'
+ * ranges sorted by file offset.
+ */
+static int vec_check(const struct tierfs_gpu_vec *v, bool write, struct vec_range *r)
+{
+	bool used[TIERFS_GPU_VEC_HANDLES] = { false }, big = false;
+	uint64_t total = 0;
+	uint32_t i;
+
+	if (v->flags || v->reserved)
+		return EINVAL;
+	if (!v->nhandles || v->nhandles > TIERFS_GPU_VEC_HANDLES ||
+	    !v->nsegs || v->nsegs > TIERFS_GPU_VEC_SEGS)
+		return EINVAL;
+	for (i = 0; i < v->nhandles; i++)
+		if (v->handles[i].reserved)
+			return EINVAL;
+	for (i = 0; i < v->nsegs; i++) {
+		const struct tierfs_gpu_vec_seg *sg = &v->segs[i];
+
+		if (sg->handle >= v->nhandles || sg->flags || !sg->len ||
+		    sg->handle_off + sg->len < sg->handle_off ||
+		    sg->file_off > (uint64_t)INT64_MAX ||
+		    sg->len > (uint64_t)INT64_MAX - sg->file_off)
+			return EINVAL;
+		used[sg->handle] = true;
+		if (sg->len > TIERFS_GPU_IO_MAX - total)
+			big = true;
+		else
+			total += sg->len;
+		r[i] = (struct vec_range){ sg->file_off, sg->len, i };
+	}
+	for (i = 0; i < v->nhandles; i++)
+		if (!used[i])
+			return EINVAL;
+	if (big)
+		return E2BIG;
+	qsort(r, v->nsegs, sizeof(*r), range_cmp);
+	for (i = 1; write && i < v->nsegs; i++)
+		if (r[i - 1].off + r[i - 1].len > r[i].off)
+			return EINVAL;
+	return 0;
+}
+
+/* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU. */
+static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool write,
+		      const struct fuse_file_info *fi, const void *in_buf,
+		      size_t in_bufsz)
+{
+	struct ipc_entry *ent[TIERFS_GPU_VEC_HANDLES] = { NULL };
+	struct tierfs_gpu_io io = { 0 };
+	struct {
+		struct tierfs_gpu_vec v;
+		struct vec_range r[TIERFS_GPU_VEC_SEGS];
+		struct tdev_seg d[TIERFS_GPU_VEC_SEGS];
+	} *w = NULL;
+	uint64_t before = 0, lo = UINT64_MAX, hi = 0, last_src = 0;
+	struct timespec mtime;
+	ssize_t n = 0;
+	uint32_t i, nh = 0;
+	int err;
+
+	if (in_bufsz != sizeof(w->v) || !in_buf) {
+		err = EINVAL;
+		goto reply;
+	}
+	err = check_request(in, write, fi, &io);	/* file, access, GPU tier */
+	if (err)
+		goto reply;
+	w = malloc(sizeof(*w));
+	if (!w) {
+		err = ENOMEM;
+		goto reply;
+	}
+	memcpy(&w->v, in_buf, sizeof(w->v));	/* in_buf need not be aligned */
+	err = vec_check(&w->v, write, w->r);
+	if (err)
+		goto reply;
+	/* each allocation once, however many segments it holds */
+	for (nh = 0; nh < w->v.nhandles; nh++) {
+		uint32_t dev = w->v.handles[nh].device;
+
+		err = -ipc_get(w->v.handles[nh].handle, (int)(dev < 64 ? dev : 64),
+			       &ent[nh]);
+		if (err) {
+			tlog(LOG_INFO, "gpu ioctl: IPC handle %" PRIu32 " of a vector "
+			     "refused: %s", nh, strerror(err));
+			goto reply;
+		}
+	}
+	for (i = 0; i < w->v.nsegs; i++) {
+		const struct tierfs_gpu_vec_seg *sg = &w->v.segs[w->r[i].i];
+		const struct ipc_entry *e = ent[sg->handle];
+
+		if (sg->handle_off > e->size || sg->len > e->size - sg->handle_off) {
+			tlog(LOG_INFO, "gpu ioctl: segment %" PRIu32 ": range %" PRIu64
+			     "+%" PRIu64 " outside the %" PRIu64 "-byte allocation",
+			     w->r[i].i, sg->handle_off, sg->len, e->size);
+			err = EINVAL;
+			goto reply;
+		}
+		w->d[i] = (struct tdev_seg){ .dptr = e->base + sg->handle_off,
+					     .dev = e->dev, .len = sg->len,
+					     .off = sg->file_off };
+		if (sg->file_off < lo)
+			lo = sg->file_off;
+		if (sg->file_off + sg->len > hi) {
+			hi = sg->file_off + sg->len;
+			last_src = w->d[i].dptr + sg->len - 1;
+		}
+	}
+	if (write) {
+		tfile_attr(&in->tf, &before, &mtime);
+		n = tfile_writev_dev(&in->tf, w->d, (int)w->v.nsegs);
+		/* after a failure some segments may be written: the kernel
+		 * drops its pages of them all the same (its size stays) */
+		fs_kernel_written(ino, last_src, lo, hi - lo, n > 0 ? before : UINT64_MAX);
+	} else {
+		n = tfile_readv_dev(&in->tf, w->d, (int)w->v.nsegs);
+	}
+	if (n < 0)
+		err = (int)-n;
+reply:
+	for (i = 0; i < nh; i++)
+		ipc_put(ent[i]);
+	free(w);
+	if (tierfs_log_level >= LOG_DEBUG)
+		tlog(LOG_DEBUG, "gpu ioctl: vectored %s of %zu-byte request: %s",
+		     write ? "write" : "read", in_bufsz, err ? strerror(err) : "done");
+	if (err)
+		fuse_reply_err(req, err);
+	else
+		fuse_reply_ioctl(req, (int)n, NULL, 0);
+}
+
 /* TIERFS_IOC_GPU_SHARE and TIERFS_IOC_GPU_SPAN (fs_share.c). */
 static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 			struct fuse_file_info *fi, const void *in_buf,
@@ -382,6 +558,10 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		write = true;
 	} else if (cmd == TIERFS_IOC_PREAD_GPU) {
 		write = false;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU || cmd == TIERFS_IOC_PREADV_GPU) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU, fi, in_buf,
+			  in_bufsz);
+		return;
 	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
 		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);
 		return;
@@ -430,7 +610,7 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		if (trace)
 			t[2] = tier_now();
 		if (n > 0)
-			fs_kernel_written(ino, ent->base + io.handle_off,
+			fs_kernel_written(ino, ent->base + io.handle_off + (uint64_t)n - 1,
 					  io.file_off, (uint64_t)n, before);
 	} else {
 		n = tfile_read_dev(&in->tf, ent->base + io.handle_off, ent->dev,

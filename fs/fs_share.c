@@ -258,7 +258,7 @@ static int64_t span_finish(struct span_ent *ent, bool ok)
 	__atomic_sub_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
 	t1 = trace ? tier_now() : 0;
 	if (ent->s.write)
-		fs_kernel_written(fs_ino_of(ent->in), ent->dptr, ent->s.off,
+		fs_kernel_written(fs_ino_of(ent->in), ent->dptr + ent->s.len - 1, ent->s.off,
 				  ent->s.len, ent->before);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B ended: commit %.1f us, "

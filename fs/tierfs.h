@@ -70,6 +70,51 @@ struct tierfs_gpu_io {
  *  request returns a short count, as write(2) does past its limit. */
 #define TIERFS_GPU_IO_MAX	(1ULL << 30)
 
+/*
+ * Vectored GPU I/O: one ioctl moves a list of segments between GPU memory
+ * and one file.  The allocations go in a small table (a caching allocator
+ * puts many buffers in few allocations: the daemon opens each once per
+ * call); each segment names its allocation by index.  Fixed size, as
+ * above: libtierfs splits longer lists into several ioctls.
+ */
+#define TIERFS_GPU_VEC_HANDLES	16	/* allocations per ioctl */
+#define TIERFS_GPU_VEC_SEGS	256	/* segments per ioctl */
+
+struct tierfs_gpu_vec_handle {
+	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];	/**< cudaIpcMemHandle_t bytes */
+	uint32_t device;	/**< CUDA device ordinal of the allocation */
+	uint32_t reserved;	/**< 0 */
+};
+
+struct tierfs_gpu_vec_seg {
+	uint64_t handle_off;	/**< buffer offset inside the allocation */
+	uint64_t len;		/**< bytes to move, > 0 */
+	uint64_t file_off;	/**< file offset */
+	uint32_t handle;	/**< index into handles[], < nhandles */
+	uint32_t flags;		/**< 0 */
+};
+
+struct tierfs_gpu_vec {
+	uint32_t nhandles;	/**< entries of handles[] in use, 1..16, each
+				 *   used by some segment */
+	uint32_t nsegs;		/**< entries of segs[] in use, 1..256 */
+	uint32_t flags;		/**< 0 (reserved for future use) */
+	uint32_t reserved;	/**< 0 */
+	struct tierfs_gpu_vec_handle handles[TIERFS_GPU_VEC_HANDLES];
+	struct tierfs_gpu_vec_seg segs[TIERFS_GPU_VEC_SEGS];
+};
+
+/** Write every segment (write segments' file ranges must not overlap; any
+ *  order).  All checks come before any byte moves.  Returns the total
+ *  (the sum of the lengths, at most TIERFS_GPU_IO_MAX: E2BIG past it). */
+#define TIERFS_IOC_PWRITEV_GPU	_IOW(TIERFS_IOC_MAGIC, 5, struct tierfs_gpu_vec)
+/** Read every segment (file ranges may overlap).  Returns the total bytes
+ *  read: a segment reaching past end of file reads only up to it, and its
+ *  buffer's bytes past that are left as they were. */
+#define TIERFS_IOC_PREADV_GPU	_IOW(TIERFS_IOC_MAGIC, 6, struct tierfs_gpu_vec)
+/** Most segments one libtierfs vectored call takes (iovcnt). */
+#define TIERFS_GPU_IOV_MAX	65536
+
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 #include <stddef.h>
 /* The ABI, checked wherever the header is compiled (daemon and library). */
@@ -80,6 +125,21 @@ _Static_assert(offsetof(struct tierfs_gpu_io, handle_off) == 64 &&
 	       offsetof(struct tierfs_gpu_io, flags) == 88 &&
 	       offsetof(struct tierfs_gpu_io, device) == 92,
 	       "struct tierfs_gpu_io layout");
+_Static_assert(sizeof(struct tierfs_gpu_vec_handle) == 72 &&
+	       offsetof(struct tierfs_gpu_vec_handle, device) == 64,
+	       "struct tierfs_gpu_vec_handle layout");
+_Static_assert(sizeof(struct tierfs_gpu_vec_seg) == 32 &&
+	       offsetof(struct tierfs_gpu_vec_seg, len) == 8 &&
+	       offsetof(struct tierfs_gpu_vec_seg, file_off) == 16 &&
+	       offsetof(struct tierfs_gpu_vec_seg, handle) == 24 &&
+	       offsetof(struct tierfs_gpu_vec_seg, flags) == 28,
+	       "struct tierfs_gpu_vec_seg layout");
+_Static_assert(sizeof(struct tierfs_gpu_vec) == 9360 &&
+	       offsetof(struct tierfs_gpu_vec, handles) == 16 &&
+	       offsetof(struct tierfs_gpu_vec, segs) == 16 + 16 * 72,
+	       "struct tierfs_gpu_vec layout");
+/* FUSE restricted ioctls: the size must fit _IOC_SIZE (14 bits) */
+_Static_assert(sizeof(struct tierfs_gpu_vec) < 16384, "struct tierfs_gpu_vec too big");
 #endif
 
 #ifndef TIERFS_NO_CLIENT_API
@@ -120,6 +180,38 @@ ssize_t tierfs_pwrite_gpu(int fd, const void *dev_ptr, size_t len, off_t off);
  * reading).  The data is in place when it returns.
  */
 ssize_t tierfs_pread_gpu(int fd, void *dev_ptr, size_t len, off_t off);
+/* One segment of a vectored call: len bytes at dev_ptr <-> file offset off. */
+struct tierfs_gpu_iovec {
+	void *dev_ptr;		/**< CUDA device address (cuMemAlloc memory) */
+	size_t len;		/**< bytes, > 0 */
+	off_t off;		/**< file offset */
+};
+/*
+ * tierfs_pwritev_gpu - write iovcnt segments of GPU memory to fd, each at
+ * its own file offset (any order; the file ranges must not overlap), in
+ * one ioctl per TIERFS_GPU_VEC_SEGS segments, TIERFS_GPU_VEC_HANDLES
+ * allocations or TIERFS_GPU_IO_MAX bytes (a longer segment is cut).  Each
+ * distinct allocation is exported once (and cached, as tierfs_pwrite_gpu
+ * does).  Every segment is checked before any byte moves; a list that fits
+ * one ioctl is written with the file locked throughout, so no flush commits
+ * a version holding part of it.  Returns the sum of the lengths, or -1 with
+ * errno (after a failure past the checks some segments may be written):
+ *   EINVAL  iovcnt < 1 or > TIERFS_GPU_IOV_MAX; a segment of length 0, with
+ *           off < 0, past INT64_MAX, or a NULL or non-exportable dev_ptr,
+ *           or leaving its allocation; the lengths add up past SSIZE_MAX;
+ *           two file ranges overlap;
+ *   and the errors of tierfs_pwrite_gpu (ENOTTY, EBADF, ENODEV, EXDEV, ...).
+ */
+ssize_t tierfs_pwritev_gpu(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt);
+/*
+ * tierfs_preadv_gpu - read iovcnt segments of fd into GPU memory.  File
+ * ranges may overlap.  Returns the bytes read in all (less than the sum of
+ * the lengths only where segments reach past end of file: their buffers'
+ * bytes past it are left untouched) or -1 with errno, as
+ * tierfs_pwritev_gpu (without the overlap check; EBADF: not open for
+ * reading).
+ */
+ssize_t tierfs_preadv_gpu(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt);
 /*
  * tierfs_is_tierfs - 1 if fd is a file or directory on a tierfs mount, 0
  * if not, -1 with errno if fd cannot be examined (EBADF, ...).

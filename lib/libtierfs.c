@@ -40,6 +40,17 @@
  *     An EINVAL on a handle that came from the cache (not freshly exported)
  *     drops that entry and retries once with a fresh export.
  *
+ * tierfs_pwritev_gpu / tierfs_preadv_gpu (gpu_iov) do the same for a list
+ * of segments and one file: every segment is checked first (length > 0,
+ * offsets, the total, a write's file ranges not overlapping: sorted), then
+ * the fd, then each distinct allocation is resolved once (a segment inside
+ * an allocation already seen in this call asks the driver nothing), each
+ * context synchronised once, sync_file_range once over the union; the
+ * shared cache takes what it can (a span per segment); the rest goes in
+ * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 16 handles and
+ * TIERFS_GPU_IO_MAX bytes.  Any failure returns -1 (no partial count: the
+ * segments have no order a count could describe).
+ *
  * Without CUDA (built without it, or no libcuda.so.1 at run time) the
  * calls fail with ENODEV after steps 1 and 2.
  *
@@ -842,4 +853,255 @@ TIERFS_EXPORT ssize_t tierfs_pread_gpu(int fd, void *dev_ptr, size_t len,
 				       off_t off)
 {
 	return gpu_io(fd, (uint64_t)(uintptr_t)dev_ptr, len, off, false);
+}
+
+/* ---- vectored calls --------------------------------------------------- */
+
+/* An allocation a vectored call touches (resolved once per call). */
+struct valloc {
+	struct xent x;
+	struct ptr_info pi;
+	bool cached;		/* the handle came from the export cache */
+	int slot;		/* its index in the batch's handles[], -1 */
+};
+
+struct vseg {
+	uint64_t p, len, off;
+	int a;			/* its struct valloc */
+	uint64_t done;		/* bytes moved already (the shared path) */
+	bool over;		/* nothing more to move (a read at EOF) */
+};
+
+static int off_cmp(const void *a, const void *b)
+{
+	const struct vseg *x = *(const struct vseg *const *)a;
+	const struct vseg *y = *(const struct vseg *const *)b;
+
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Send one batch; on an EINVAL of a cached handle re-export its
+ * allocations once.  Returns the daemon's count or -1 with errno. */
+static int vec_send(int fd, bool write, struct tierfs_gpu_vec *v,
+		    struct valloc *al, int nal, bool *retried)
+{
+	unsigned long cmd = write ? TIERFS_IOC_PWRITEV_GPU : TIERFS_IOC_PREADV_GPU;
+	int r, i;
+
+	for (;;) {
+		bool any = false;
+
+		r = ioctl(fd, cmd, v);
+		if (r >= 0)
+			return r;
+		if (errno == EINTR)
+			continue;
+		if (errno != EINVAL || *retried)
+			return -1;
+		/* the checks passed here: a handle the daemon no longer
+		 * takes (nothing moved: handles come before any byte) */
+		*retried = true;
+		for (i = 0; i < nal; i++) {
+			struct valloc *x = &al[i];
+			bool cached;
+
+			if (x->slot < 0 || !x->cached)
+				continue;
+			xcache_drop(x->x.id);
+			if (resolve(x->x.base, &x->x, &x->pi, &cached, true) < 0)
+				return -1;
+			x->cached = false;
+			memcpy(v->handles[x->slot].handle, x->x.handle,
+			       TIERFS_IPC_HANDLE_SIZE);
+			any = true;
+		}
+		if (!any) {
+			errno = EINVAL;
+			return -1;
+		}
+	}
+}
+
+static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
+		       bool write)
+{
+	struct tierfs_gpu_vec *v = NULL;
+	struct vseg *sg = NULL, **by_off = NULL;
+	struct valloc *al = NULL;
+	uint64_t total = 0, lo = UINT64_MAX, hi = 0, moved = 0, btotal;
+	void *last_ctx = NULL;
+	bool retried = false;
+	int i, j, nal = 0, ret = -1, saved;
+	uint64_t mnt_id;
+	dev_t dev;
+
+	if (iovcnt < 1 || iovcnt > TIERFS_GPU_IOV_MAX || !iov) {
+		errno = EINVAL;
+		return -1;
+	}
+	sg = calloc((size_t)iovcnt, sizeof(*sg));
+	by_off = calloc((size_t)iovcnt, sizeof(*by_off));
+	al = calloc((size_t)iovcnt, sizeof(*al));
+	if (!sg || !by_off || !al)
+		goto out;
+	/* 1. every segment, before anything else */
+	for (i = 0; i < iovcnt; i++) {
+		uint64_t len = iov[i].len;
+
+		if (!len || iov[i].off < 0 || len > SSIZE_MAX || !iov[i].dev_ptr ||
+		    len > (uint64_t)INT64_MAX - (uint64_t)iov[i].off ||
+		    len > (uint64_t)SSIZE_MAX - total) {
+			errno = EINVAL;
+			goto out;
+		}
+		total += len;
+		sg[i] = (struct vseg){ (uint64_t)(uintptr_t)iov[i].dev_ptr, len,
+				       (uint64_t)iov[i].off, -1, 0, false };
+		by_off[i] = &sg[i];
+		if (sg[i].off < lo)
+			lo = sg[i].off;
+		if (sg[i].off + len > hi)
+			hi = sg[i].off + len;
+	}
+	qsort(by_off, (size_t)iovcnt, sizeof(*by_off), off_cmp);
+	for (i = 1; write && i < iovcnt; i++)
+		if (by_off[i - 1]->off + by_off[i - 1]->len > by_off[i]->off) {
+			errno = EINVAL;		/* file ranges overlap */
+			goto out;
+		}
+	/* 2. the fd */
+	if (check_fd(fd, &dev, &mnt_id) < 0)
+		goto out;
+	/* 3, 4. each allocation once, and every range inside its own */
+	for (i = 0; i < iovcnt; i++) {
+		struct vseg *s = &sg[i];
+
+		for (j = 0; j < nal; j++)
+			if (s->p >= al[j].x.base && s->p - al[j].x.base < al[j].x.size)
+				break;
+		if (j == nal) {
+			if (resolve(s->p, &al[nal].x, &al[nal].pi, &al[nal].cached,
+				    false) < 0)
+				goto out;
+			al[nal++].slot = -1;
+		}
+		s->a = j;
+		if (s->len > al[j].x.size - (s->p - al[j].x.base)) {
+			errno = EINVAL;	/* the range leaves its allocation */
+			goto out;
+		}
+	}
+	/* 5. the producers' default streams, the kernel's dirty pages */
+	for (j = 0; j < nal; j++)
+		if (al[j].pi.ctx != last_ctx) {
+			last_ctx = al[j].pi.ctx;
+			if (sync_buffer(last_ctx) < 0)
+				goto out;
+		}
+	if (sync_file_range(fd, (off_t)lo, (off_t)(hi - lo),
+			    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+			    SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+		goto out;
+
+	/* 6. the shared GPU cache, segment by segment, where it can */
+	{
+		struct share *sh = share_get(fd, dev, mnt_id);
+
+		for (i = 0; sh && i < iovcnt; i++) {
+			struct vseg *s = &sg[i];
+			size_t done = 0;
+			int r;
+
+			if (al[s->a].x.device != sh->device)
+				continue;
+			r = share_io(sh, fd, s->p, al[s->a].pi.ctx, (size_t)s->len,
+				     (off_t)s->off, write, &done);
+			s->done = done;
+			moved += done;
+			if (r < 0) {
+				share_put(sh);
+				goto out;
+			}
+			if (r > 0)
+				s->over = true;	/* all of it, or EOF */
+		}
+		if (sh)
+			share_put(sh);
+	}
+
+	/* 7. the rest through the daemon: batches of at most
+	 * TIERFS_GPU_VEC_SEGS pieces, TIERFS_GPU_VEC_HANDLES allocations and
+	 * TIERFS_GPU_IO_MAX bytes (a longer segment is cut) */
+	v = malloc(sizeof(*v));
+	if (!v)
+		goto out;
+	i = 0;
+	while (i < iovcnt) {
+		memset(v, 0, offsetof(struct tierfs_gpu_vec, segs));
+		for (j = 0; j < nal; j++)
+			al[j].slot = -1;
+		btotal = 0;
+		for (; i < iovcnt; i++) {
+			struct vseg *s = by_off[i];
+			struct valloc *x = &al[s->a];
+			struct tierfs_gpu_vec_seg *o;
+			uint64_t piece;
+
+			if (s->over || s->done == s->len)
+				continue;
+			if (v->nsegs == TIERFS_GPU_VEC_SEGS || btotal == TIERFS_GPU_IO_MAX ||
+			    (x->slot < 0 && v->nhandles == TIERFS_GPU_VEC_HANDLES))
+				break;
+			if (x->slot < 0) {
+				x->slot = (int)v->nhandles++;
+				memcpy(v->handles[x->slot].handle, x->x.handle,
+				       TIERFS_IPC_HANDLE_SIZE);
+				v->handles[x->slot].device =
+					x->x.device < 0 ? 0 : (uint32_t)x->x.device;
+			}
+			piece = s->len - s->done;
+			if (piece > TIERFS_GPU_IO_MAX - btotal)
+				piece = TIERFS_GPU_IO_MAX - btotal;
+			o = &v->segs[v->nsegs++];
+			o->handle_off = s->p + s->done - x->x.base;
+			o->len = piece;
+			o->file_off = s->off + s->done;
+			o->handle = (uint32_t)x->slot;
+			o->flags = 0;
+			btotal += piece;
+			s->done += piece;
+			if (s->done < s->len)
+				break;	/* the batch is full: the rest next time */
+		}
+		if (!v->nsegs)
+			break;
+		{
+			int r = vec_send(fd, write, v, al, nal, &retried);
+
+			if (r < 0)
+				goto out;
+			moved += (uint64_t)r;
+		}
+	}
+	ret = 0;
+out:
+	saved = errno;
+	free(v);
+	free(al);
+	free(by_off);
+	free(sg);
+	errno = saved;
+	return ret < 0 ? -1 : (ssize_t)moved;
+}
+
+TIERFS_EXPORT ssize_t tierfs_pwritev_gpu(int fd, const struct tierfs_gpu_iovec *iov,
+					 int iovcnt)
+{
+	return gpu_iov(fd, iov, iovcnt, true);
+}
+
+TIERFS_EXPORT ssize_t tierfs_preadv_gpu(int fd, const struct tierfs_gpu_iovec *iov,
+					int iovcnt)
+{
+	return gpu_iov(fd, iov, iovcnt, false);
 }

@@ -489,3 +489,357 @@ def test_gpu_share_protocol(mount):
         os.close(dfd)
     assert ok, tb
     assert util.read_file(p) == b"c" * 10 + b"a" * 4086
+
+
+# ------------------------------------------------- vectored calls (no GPU)
+#
+# TIERFS_IOC_PWRITEV_GPU / PREADV_GPU and tierfs_pwritev_gpu/preadv_gpu,
+# over the fake libcuda where there is no GPU (util.gpu_or_fake): its
+# cuMemAlloc memory is a shared memfd mapping whose IPC handle the daemon
+# opens, so the daemon-copy path runs end to end.  (The fake has no VMM
+# export: -o gpu_share falls back to the ioctl there; tests/gpu/test_ioctl
+# covers the shared path on a GPU.)
+
+# struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32); 16 handles
+# of (handle[64], device, reserved); 256 segments of (handle_off, len,
+# file_off (u64), handle, flags (u32)).
+VEC_HANDLES, VEC_SEGS = 16, 256
+VEC_HEAD = struct.Struct("=IIII")
+VEC_HANDLE = struct.Struct("=64sII")
+VEC_SEG = struct.Struct("=QQQII")
+VEC_SIZE = VEC_HEAD.size + VEC_HANDLES * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
+PWRITEV_GPU = _iow("T", 5, VEC_SIZE)
+PREADV_GPU = _iow("T", 6, VEC_SIZE)
+GPU_IO_MAX = 1 << 30
+
+
+def test_vec_abi():
+    assert (VEC_HANDLE.size, VEC_SEG.size, VEC_SIZE) == (72, 32, 9360)
+    assert PWRITEV_GPU == 0x64905405 and PREADV_GPU == 0x64905406
+
+
+def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None):
+    """A struct tierfs_gpu_vec: handles [(bytes, device)], segs
+    [(handle_off, len, file_off, handle index, flags)]."""
+    buf = bytearray(VEC_SIZE)
+    VEC_HEAD.pack_into(buf, 0, len(handles) if nhandles is None else nhandles,
+                       len(segs) if nsegs is None else nsegs, flags, 0)
+    for i, (h, dev) in enumerate(handles):
+        VEC_HANDLE.pack_into(buf, VEC_HEAD.size + i * VEC_HANDLE.size, h, dev, 0)
+    base = VEC_HEAD.size + VEC_HANDLES * VEC_HANDLE.size
+    for i, s in enumerate(segs):
+        VEC_SEG.pack_into(buf, base + i * VEC_SEG.size, *s)
+    return buf
+
+
+def test_vec_errors_without_gpu_tier(mount):
+    m = mount(gpu="none")
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, b"x" * 8192)
+    fd = os.open(p, os.O_RDWR)
+    rfd = os.open(p, os.O_RDONLY)
+    try:
+        good = gpu_vec([(b"\0" * 64, 0)], [(0, 4096, 0, 0, 0)])
+        assert ioctl_errno(fd, PWRITEV_GPU, good) == errno.ENODEV
+        assert ioctl_errno(fd, PREADV_GPU, good) == errno.ENODEV
+        assert ioctl_errno(rfd, PWRITEV_GPU, good) == errno.EBADF
+        dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert ioctl_errno(dfd, PWRITEV_GPU, good) in (errno.EINVAL, errno.ENOTTY)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(fd)
+        os.close(rfd)
+    assert util.read_file(p) == b"x" * 8192
+
+
+def test_vec_ioctl_checks(mount, monkeypatch):
+    """The daemon's checks of a vectored request, each before any byte
+    moves: garbage handles are only opened once the list is sound."""
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M", expect_errors=True)
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, b"o" * 65536)
+    h = [(b"\0" * 64, 0)]
+    fd = os.open(p, os.O_RDWR)
+    try:
+        cases = [
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], flags=1), errno.EINVAL),
+            (gpu_vec(h, [], nsegs=0), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], nsegs=VEC_SEGS + 1), errno.EINVAL),
+            (gpu_vec([], [(0, 16, 0, 0, 0)]), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=VEC_HANDLES + 1), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 1, 0)]), errno.EINVAL),          # handle index
+            (gpu_vec(h * 2, [(0, 16, 0, 0, 0)]), errno.EINVAL),      # unused handle
+            (gpu_vec(h, [(0, 16, 0, 0, 2)]), errno.EINVAL),          # segment flags
+            (gpu_vec(h, [(0, 16, 0, 0, 0), (0, 0, 64, 0, 0)]), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 2**63 - 8, 0, 0)]), errno.EINVAL),
+            (gpu_vec(h, [(2**64 - 8, 16, 0, 0, 0)]), errno.EINVAL),
+            (gpu_vec(h, [(0, GPU_IO_MAX, 0, 0, 0), (0, 1, GPU_IO_MAX, 0, 0)]),
+             errno.E2BIG),
+            (gpu_vec(h, [(0, 16, 100, 0, 0), (64, 16, 0, 0, 0), (0, 16, 108, 0, 0)]),
+             errno.EINVAL),                                         # overlap
+            (gpu_vec(h, [(0, 16, 0, 0, 0)]), errno.EINVAL),          # garbage handle
+        ]
+        for i, (buf, code) in enumerate(cases):
+            assert ioctl_errno(fd, PWRITEV_GPU, buf) == code, i
+        # reads may overlap: only the garbage handle is wrong
+        buf = gpu_vec(h, [(0, 16, 100, 0, 0), (64, 16, 108, 0, 0)])
+        assert ioctl_errno(fd, PREADV_GPU, buf) == errno.EINVAL
+    finally:
+        os.close(fd)
+    assert util.read_file(p) == b"o" * 65536
+
+
+# Runs in a child python (LD_LIBRARY_PATH reaches its loader: the fake
+# libcuda where there is no GPU).  argv: mode, file on tierfs.
+VEC_CHILD = r"""
+import ctypes, errno, os, random, sys, threading, time
+import tierfs
+
+cu = ctypes.CDLL("libcuda.so.1")
+def ck(r, what):
+    assert r == 0, f"{what}: CUresult {r}"
+ck(cu.cuInit(0), "cuInit")
+dev = ctypes.c_int()
+ck(cu.cuDeviceGet(ctypes.byref(dev), int(os.environ.get("TIERFS_GPU") or 0)), "cuDeviceGet")
+ctx = ctypes.c_void_p()
+ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
+ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+def alloc(n):
+    p = ctypes.c_uint64()
+    ck(cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)), "cuMemAlloc")
+    return p.value
+def put(p, data):
+    ck(cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(p), data, ctypes.c_size_t(len(data)), None), "htod")
+    ck(cu.cuStreamSynchronize(None), "sync")
+def get(p, n):
+    b = ctypes.create_string_buffer(n)
+    ck(cu.cuMemcpyDtoHAsync_v2(b, ctypes.c_uint64(p), ctypes.c_size_t(n), None), "dtoh")
+    ck(cu.cuStreamSynchronize(None), "sync")
+    return b.raw
+
+def pread_all(fd, n):
+    out = b""
+    while len(out) < n:
+        c = os.pread(fd, n - len(out), len(out))
+        if not c:
+            break
+        out += c
+    return out
+
+def errno_of(fn, *a):
+    try:
+        fn(*a)
+    except OSError as e:
+        return e.errno
+    return None
+
+mode, path = sys.argv[1], sys.argv[2]
+rng = random.Random(36)
+
+def layout(nallocs, sizes, gap=0):
+    # segments cut from nallocs allocations, laid out at shuffled file
+    # offsets: [(ptr, n, off)], the expected file, the allocations
+    allocs = [alloc(sum(sizes) + 4096) for _ in range(nallocs)]
+    used = [0] * nallocs
+    segs = []
+    for i, n in enumerate(sizes):
+        a = i % nallocs
+        segs.append([allocs[a] + used[a], n])
+        used[a] += n + 64 * (i % 3)       # gaps between tensors too
+    order = list(range(len(segs)))
+    rng.shuffle(order)
+    off = 0
+    for i in order:
+        segs[i].append(off)
+        off += segs[i][1] + gap
+    size = off - gap
+    want = bytearray(size)
+    for p, n, o in segs:
+        data = rng.randbytes(n)
+        put(p, data)
+        want[o:o + n] = data
+    return [tuple(s) for s in segs], bytes(want), allocs
+
+if mode == "data":
+    sizes = [rng.choice([4, 256, 4096, 65536, 1000003, 3 << 20]) for _ in range(62)]
+    segs, want, allocs = layout(3, sizes, gap=512)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    rng.shuffle(segs)
+    assert tierfs.pwritev_gpu(fd, segs) == sum(sizes)
+    got = pread_all(fd, len(want) + 10)
+    exp = bytearray(len(want))            # the gaps are holes: zeros
+    for p, n, o in segs:
+        exp[o:o + n] = want[o:o + n]
+    assert got == bytes(exp), "file differs from the segments"
+    # read back into other buffers, another order
+    dst = alloc(len(want))
+    back = [(dst + o, n, o) for p, n, o in segs]
+    rng.shuffle(back)
+    assert tierfs.preadv_gpu(fd, back) == sum(sizes)
+    for p, n, o in back:
+        assert get(p, n) == want[o:o + n], f"segment at {o}"
+    # overlapping reads are fine; past end of file reads short
+    end = len(want)
+    r = tierfs.preadv_gpu(fd, [(dst, 100, 0), (dst + 4096, 100, 50), (dst + 8192, 100, end - 40)])
+    assert r == 240, r
+    assert get(dst, 100) == exp[0:100] and get(dst + 4096, 100) == exp[50:150]
+    os.close(fd)
+    print("vec data passed")
+
+elif mode == "many":
+    # 700 segments from 20 allocations: several ioctls (256 segments, 16
+    # allocations each)
+    sizes = [rng.randrange(1, 3000) for _ in range(700)]
+    segs, want, allocs = layout(20, sizes)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    assert tierfs.pwritev_gpu(fd, segs) == len(want)
+    assert pread_all(fd, len(want) + 1) == want
+    dst = alloc(len(want))
+    back = [(dst + o, n, o) for p, n, o in segs]
+    rng.shuffle(back)
+    assert tierfs.preadv_gpu(fd, back) == len(want)
+    assert get(dst, len(want)) == want
+    os.close(fd)
+    print("vec many passed")
+
+elif mode == "bad":
+    fd = os.open(path, os.O_RDWR)
+    old = pread_all(fd, 1 << 22)
+    a = alloc(1 << 16)
+    b = alloc(1 << 16)
+    put(a, b"A" * (1 << 16))
+    host = ctypes.create_string_buffer(4096)
+    hp = ctypes.addressof(host)
+    big = 1 << 62
+    cases = [
+        ("overlap", [(a, 100, 0), (b, 100, 4000), (a + 200, 100, 4050)], errno.EINVAL),
+        ("zero length", [(a, 100, 0), (b, 0, 200)], errno.EINVAL),
+        ("host pointer in the middle", [(a, 100, 0), (hp, 100, 200), (b, 100, 400)],
+         errno.EINVAL),
+        ("null pointer", [(a, 100, 0), (0, 100, 200)], errno.EINVAL),
+        ("leaves its allocation", [(a, 100, 0), (b + 60000, 8192, 200)], errno.EINVAL),
+        ("negative offset", [(a, 100, -4096)], errno.EINVAL),
+        ("past INT64_MAX", [(a, 100, 2**63 - 50)], errno.EINVAL),
+        ("total past SSIZE_MAX", [(a, big, 0), (b, big, big), (a, big, 2 * big)],
+         errno.EINVAL),
+        ("empty list", [], errno.EINVAL),
+        ("too many", [(a, 1, i) for i in range(65537)], errno.EINVAL),
+    ]
+    for what, segs, code in cases:
+        assert errno_of(tierfs.pwritev_gpu, fd, segs) == code, what
+        assert pread_all(fd, 1 << 22) == old, what + ": file changed"
+    rfd = os.open(path, os.O_RDONLY)
+    assert errno_of(tierfs.pwritev_gpu, rfd, [(a, 100, 0)]) == errno.EBADF
+    assert errno_of(tierfs.preadv_gpu, fd, [(a, 100, 0), (hp, 100, 200)]) == errno.EINVAL
+    assert errno_of(tierfs.preadv_gpu, fd, [(a, 0, 0)]) == errno.EINVAL
+    assert pread_all(fd, 1 << 22) == old
+    # the handle checks of the daemon come before any byte moves too: a
+    # freed allocation's cached handle is re-exported (EINVAL, not data)
+    os.close(rfd)
+    os.close(fd)
+    print("vec bad passed")
+
+elif mode == "kill":
+    # a long vectored write (slow fake device copies) while another thread
+    # fsyncs the file: the parent kills the daemon meanwhile
+    n, seg = 64, 1 << 20
+    src = alloc(n * seg)
+    put(src, bytes([0x4e]) * (n * seg))
+    segs = [(src + i * seg, seg, (n - 1 - i) * seg) for i in range(n)]
+    fd = os.open(path, os.O_RDWR)
+    stop = False
+    def syncer():
+        while not stop:
+            try:
+                os.fsync(fd)
+            except OSError:
+                return
+    t = threading.Thread(target=syncer, daemon=True)
+    t.start()
+    print("writing", flush=True)
+    try:
+        tierfs.pwritev_gpu(fd, segs)
+        print("written", flush=True)
+    except OSError as e:
+        print("failed", e.errno, flush=True)
+    stop = True
+    os._exit(0)
+"""
+
+
+def vec_child(mode, path, timeout=300, wait=True):
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    env["TIERFS_LIB"] = libtierfs_path()
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(here), "python") + (
+        ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TIERFS_GPU", util.GPU or "")
+    pre = sanitizer_preload(env["TIERFS_LIB"])
+    if pre:
+        env["LD_PRELOAD"] = " ".join(pre)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    args = [sys.executable, "-c", VEC_CHILD, mode, path]
+    if not wait:
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"vec {mode} passed" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_vec_data(mount, monkeypatch):
+    """62 segments of state-dict-like sizes from 3 allocations, at shuffled
+    file offsets with holes between them: written in one vectored call and
+    read back with another order; byte-exact against read(2)."""
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="64M")
+    vec_child("data", os.path.join(m.mnt, "sd"))
+    # after a remount (from the SSD) the file is the same
+    want = util.read_file(os.path.join(m.mnt, "sd"))
+    m.remount()
+    util.assert_same(util.read_file(os.path.join(m.mnt, "sd")), want, "after remount")
+
+
+def test_vec_many_segments(mount, monkeypatch):
+    """More segments and allocations than one ioctl carries: split."""
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M")
+    vec_child("many", os.path.join(m.mnt, "many"))
+
+
+def test_vec_bad_segments(mount, monkeypatch):
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M", expect_errors=True)
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, util.randbytes(300000, util.rng_for(36)))
+    vec_child("bad", p)
+
+
+def test_vec_kill_during_write(mount, monkeypatch):
+    """SIGKILL of the daemon during a long vectored write, while another
+    thread fsyncs the file: after the restart the file is its old content
+    or the whole new one, never a mix."""
+    gpu = util.gpu_or_fake(monkeypatch)
+    if not util.GPU:
+        monkeypatch.setenv("TIERFS_FAKE_CUDA_DTOD_GBPS", "0.2")   # ~0.35 s
+    n, seg = 64, 1 << 20
+    m = mount(gpu=gpu, gpu_cache="256M", expect_errors=True)
+    p = os.path.join(m.mnt, "f")
+    old = util.randbytes(n * seg, util.rng_for(36))
+    util.write_file(p, old)
+    util.wait_flushed(m)
+    child = vec_child("kill", p, wait=False)
+    assert child.stdout.readline().strip() == "writing"
+    time.sleep(0.15)
+    m.kill()
+    out = child.communicate(timeout=120)[0]
+    m.start()
+    got = util.read_file(p)
+    print("child:", out.strip().replace("\n", "; "), "- file:",
+          "old" if got == old else "new" if got == bytes([0x4e]) * (n * seg) else "mix")
+    new = bytes([0x4e]) * (n * seg)
+    assert got == old or got == new, (
+        f"torn file after the kill ({out.strip()}): "
+        f"{sum(1 for i in range(0, len(got), seg) if got[i:i + seg] == new[:seg])} "
+        f"of {n} segments new")

@@ -55,7 +55,9 @@ static void count_read(struct cache *c, bool waited)
 		c->hits++;
 }
 
-ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off)
+/* One device read, f->lock held (taken and dropped by the caller). */
+static ssize_t read_dev_locked(struct tfile *f, uint64_t dptr, int dev, size_t len,
+			       off_t off)
 {
 	struct engine *e = f->eng;
 	struct lease l;
@@ -63,11 +65,8 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_
 	bool waited;
 	int i;
 
-	if (!e->gpu)
-		return -ENODEV;
 	if (off < 0)
 		return -EINVAL;
-	tfile_lock(f);
 	eng_lock(e);
 	waited = wait_filled(e, f);	/* a prefetch of it is running */
 	if ((uint64_t)off >= f->size)
@@ -111,8 +110,39 @@ out:
 	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
 		eng_consume(e, f);
 	eng_unlock(e);
+	return ret;
+}
+
+ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off)
+{
+	ssize_t ret;
+
+	if (!f->eng->gpu)
+		return -ENODEV;
+	tfile_lock(f);
+	ret = read_dev_locked(f, dptr, dev, len, off);
 	tfile_unlock(f);
 	return ret;
+}
+
+/* Under one f->lock: no write lands between the segments. */
+ssize_t tfile_readv_dev(struct tfile *f, const struct tdev_seg *seg, int n)
+{
+	ssize_t ret = 0, r = 0;
+	int i;
+
+	if (!f->eng->gpu)
+		return -ENODEV;
+	tfile_lock(f);
+	for (i = 0; i < n; i++) {
+		r = read_dev_locked(f, seg[i].dptr, seg[i].dev, (size_t)seg[i].len,
+				    (off_t)seg[i].off);
+		if (r < 0)
+			break;
+		ret += r;
+	}
+	tfile_unlock(f);
+	return r < 0 ? r : ret;
 }
 
 /*

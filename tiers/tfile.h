@@ -165,6 +165,21 @@ int tfile_truncate(struct tfile *f, uint64_t size);
 ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off);
 ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_t off);
 /*
+ * Vectored tfile_write_dev / tfile_read_dev: n segments, in order, under
+ * one hold of f->lock, so nothing commits a version (fsync, a writer's
+ * close, truncate) or writes the file between them.  The write makes room
+ * for the list's end once before the first segment.  Returns the total
+ * (a read's segment is short at end of file) or the first -errno; after
+ * an error the segments before it stay written.
+ */
+struct tdev_seg {
+	uint64_t dptr;			/* device address */
+	int dev;			/* its GPU, -1: not known */
+	uint64_t len, off;		/* bytes and file offset */
+};
+ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n);
+ssize_t tfile_readv_dev(struct tfile *f, const struct tdev_seg *seg, int n);
+/*
  * The GPU that will read f back (user.tierfs.restore_device): a prefetch
  * into a GPU cache over several GPUs places its copy in that GPU's part,
  * and so do POSIX writes.  dev -1 forgets it.  Returns 0; -ENODEV when the

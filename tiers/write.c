@@ -508,8 +508,9 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 	return gpu_tier_copy_dev(cp->file->eng->gpu, dev, cp->frag->off + off, dptr, len, true);
 }
 
-static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev,
-			size_t len, off_t off)
+/* One write, f->lock held (taken and dropped by the caller). */
+static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
+			       int dev, size_t len, off_t off)
 {
 	struct engine *e = f->eng;
 	uint64_t end = (uint64_t)off + len;
@@ -520,7 +521,6 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev
 
 	if (off < 0 || end < (uint64_t)off)
 		return -EINVAL;
-	tfile_lock(f);
 	eng_lock(e);
 	if (!buf && dev >= 0)
 		f->gpu_wdev = dev;	/* its GPU copy goes to that GPU's part */
@@ -592,6 +592,16 @@ static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev
 	}
 out:
 	eng_unlock(e);
+	return ret;
+}
+
+static ssize_t do_write(struct tfile *f, const void *buf, uint64_t dptr, int dev,
+			size_t len, off_t off)
+{
+	ssize_t ret;
+
+	tfile_lock(f);
+	ret = do_write_locked(f, buf, dptr, dev, len, off);
 	tfile_unlock(f);
 	return ret;
 }
@@ -606,6 +616,48 @@ ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off
 	if (!f->eng->gpu)
 		return -ENODEV;
 	return do_write(f, NULL, dptr, dev, len, off);
+}
+
+/*
+ * The vectored write holds f->lock across all its segments: an fsync, a
+ * truncate or another writer's close (which complete the copy and queue its
+ * flush, or commit a write-through version) waits for the whole list, so
+ * no version holding part of it is ever committed.  The copy is made room
+ * for the list's end first (one placement, not one growth per segment);
+ * the segments then go in the caller's order (the fs side sorts them by
+ * file offset: each zero-fills at most the gap before it).
+ */
+ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
+{
+	struct engine *e = f->eng;
+	uint64_t end = 0;
+	ssize_t ret = 0, r;
+	int i, err = 0;
+
+	if (!e->gpu)
+		return -ENODEV;
+	for (i = 0; i < n; i++) {
+		if (seg[i].off > (uint64_t)INT64_MAX ||
+		    seg[i].len > (uint64_t)INT64_MAX - seg[i].off)
+			return -EINVAL;
+		if (seg[i].off + seg[i].len > end)
+			end = seg[i].off + seg[i].len;
+	}
+	tfile_lock(f);
+	eng_lock(e);
+	if (f->shadow_fd < 0 && end > f->size)
+		eng_writable_copy(e, f, end, f->size, &err);	/* NULL: write-through */
+	eng_unlock(e);
+	for (i = 0; !err && i < n; i++) {
+		r = do_write_locked(f, NULL, seg[i].dptr, seg[i].dev,
+				    (size_t)seg[i].len, (off_t)seg[i].off);
+		if (r < 0)
+			err = (int)r;
+		else
+			ret += r;
+	}
+	tfile_unlock(f);
+	return err ? err : ret;
 }
 
 int tfile_truncate(struct tfile *f, uint64_t size)

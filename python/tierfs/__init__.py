@@ -33,7 +33,7 @@ __all__ = [
     "restore_order", "queued", "clear", "restore_next", "prefetch",
     "tier", "state", "shared", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
     "daemon_pid", "check_names", "persist", "persist_sync",
-    "pwrite_gpu", "pread_gpu", "save_gpu", "load_gpu",
+    "pwrite_gpu", "pread_gpu", "pwritev_gpu", "preadv_gpu", "save_gpu", "load_gpu",
 ]
 
 __version__ = "0.1.0"
@@ -537,6 +537,11 @@ def _libtierfs():
                 fn.restype = ctypes.c_ssize_t
                 fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
                                ctypes.c_longlong]
+            for name in ("tierfs_pwritev_gpu", "tierfs_preadv_gpu"):
+                fn = getattr(lib, name, None)   # an older library lacks them
+                if fn is not None:
+                    fn.restype = ctypes.c_ssize_t
+                    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
             _lib = lib
             break
         if _lib is None:
@@ -570,6 +575,51 @@ def pread_gpu(fd, ptr, nbytes, offset=0):
     """Read up to nbytes of fd at offset into GPU memory at ptr.  Returns the
     bytes read (fewer at end of file)."""
     return _gpu_io(False, fd, ptr, nbytes, offset)
+
+
+def _gpu_iov(write, fd, segments):
+    import ctypes
+
+    class Iovec(ctypes.Structure):      # struct tierfs_gpu_iovec
+        _fields_ = [("dev_ptr", ctypes.c_void_p), ("len", ctypes.c_size_t),
+                    ("off", ctypes.c_longlong)]
+
+    lib = _libtierfs()
+    name = "tierfs_pwritev_gpu" if write else "tierfs_preadv_gpu"
+    fn = getattr(lib, name, None)
+    if fn is None:
+        raise TierfsError(f"libtierfs has no {name} (too old)")
+    segs = list(segments)
+    arr = (Iovec * max(len(segs), 1))()
+    for i, (ptr, nbytes, offset) in enumerate(segs):
+        # out of range values: EINVAL, as the library says for its checks
+        if not (0 <= ptr < 1 << 64 and 0 <= nbytes < 1 << 64 and
+                -(1 << 63) <= offset < 1 << 63):
+            raise OSError(errno.EINVAL, f"segment {i}: {os.strerror(errno.EINVAL)}")
+        arr[i].dev_ptr = ptr or None
+        arr[i].len = nbytes
+        arr[i].off = offset
+    r = fn(fd, arr, len(segs))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+
+
+def pwritev_gpu(fd, segments):
+    """Write a list of GPU buffers to fd in one call: segments is a sequence
+    of (device_ptr, nbytes, file_offset) tuples, file ranges not overlapping,
+    in any order.  Every segment is checked before any byte moves.  Returns
+    the total bytes; raises OSError (EINVAL: a bad segment, an overlap, an
+    empty or too long list; see tierfs-gpu(7))."""
+    return _gpu_iov(True, fd, segments)
+
+
+def preadv_gpu(fd, segments):
+    """Read file ranges of fd into GPU buffers in one call: segments as for
+    pwritev_gpu (ranges may overlap).  Returns the total bytes read (less
+    than asked only where segments reach past end of file)."""
+    return _gpu_iov(False, fd, segments)
 
 
 def _tensor_span(t):

@@ -21,13 +21,29 @@
  *                                bytes / X GB/s (slower links than host's)
  * cuMemCreate refuses a location that is not a device, and cuMemSetAccess
  * a descriptor of a device that does not exist, as the driver does.
+ *
+ * Legacy IPC works across processes, so that a client (libtierfs, a test)
+ * and the daemon can both run over this library: cuMemAlloc memory is a
+ * shared mapping of a memfd named after the allocation's id; its IPC handle
+ * carries the exporter's pid, the memfd's number, the size and the id; an
+ * importer opens /proc/PID/fd/N (same user or root), checks the name and
+ * maps it.  A handle of a freed allocation, of another process's reused
+ * descriptor, or garbage is refused (CUDA_ERROR_INVALID_HANDLE /
+ * INVALID_VALUE), one exported by the importer itself too
+ * (CUDA_ERROR_INVALID_CONTEXT), as the driver does.  cuPointerGetAttributes
+ * and cuMemGetAddressRange know these allocations and mappings (device 0;
+ * another pointer is host memory: memory type 0).
  */
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <xxhash.h>
@@ -162,25 +178,132 @@ CUresult cuMemGetInfo(size_t *f, size_t *t)
 	return CUDA_SUCCESS;
 }
 
+/* cuMemAlloc allocations and IPC mappings of this process. */
+#define FAKE_ALLOCS	4096
+#define FAKE_IPC_MAGIC	0x43504946u	/* "FIPC" */
+
+struct fake_alloc {
+	uint64_t base, size;	/* 0: slot free */
+	uint64_t id;		/* buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
+	int fd;			/* the memfd (own allocation), -1: imported */
+};
+
+struct fake_ipc {		/* the bytes of a CUipcMemHandle */
+	uint32_t magic;
+	int32_t pid, fd;
+	uint32_t pad;
+	uint64_t size, id;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct fake_alloc a[FAKE_ALLOCS];
+	uint64_t next_id;
+} allocs = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* The allocation or mapping holding p, copied into *out: 1, else 0. */
+static int alloc_find(uint64_t p, struct fake_alloc *out)
+{
+	int i, found = 0;
+
+	pthread_mutex_lock(&allocs.lock);
+	for (i = 0; i < FAKE_ALLOCS && !found; i++)
+		if (allocs.a[i].size && p >= allocs.a[i].base &&
+		    p - allocs.a[i].base < allocs.a[i].size) {
+			*out = allocs.a[i];
+			found = 1;
+		}
+	pthread_mutex_unlock(&allocs.lock);
+	return found;
+}
+
+static int alloc_add(const struct fake_alloc *x)
+{
+	int i;
+
+	pthread_mutex_lock(&allocs.lock);
+	for (i = 0; i < FAKE_ALLOCS; i++)
+		if (!allocs.a[i].size) {
+			allocs.a[i] = *x;
+			break;
+		}
+	pthread_mutex_unlock(&allocs.lock);
+	return i < FAKE_ALLOCS ? 0 : -1;
+}
+
+/* Remove the entry based at p (own: an allocation, else a mapping). */
+static int alloc_del(uint64_t p, int own, struct fake_alloc *out)
+{
+	int i, found = 0;
+
+	pthread_mutex_lock(&allocs.lock);
+	for (i = 0; i < FAKE_ALLOCS && !found; i++)
+		if (allocs.a[i].size && allocs.a[i].base == p &&
+		    (allocs.a[i].fd >= 0) == own) {
+			*out = allocs.a[i];
+			allocs.a[i].size = 0;
+			found = 1;
+		}
+	pthread_mutex_unlock(&allocs.lock);
+	return found;
+}
+
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n)
 {
-	void *m = aligned_alloc(256, (n + 255) & ~(size_t)255);
+	struct fake_alloc x = { .fd = -1 };
+	char name[64];
+	size_t len = (n + 4095) & ~(size_t)4095;
+	void *m;
 
-	if (!m)
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&allocs.lock);
+	x.id = ++allocs.next_id;
+	pthread_mutex_unlock(&allocs.lock);
+	snprintf(name, sizeof(name), "fakecuda-%d-%llu", (int)getpid(),
+		 (unsigned long long)x.id);
+	x.fd = memfd_create(name, MFD_CLOEXEC);
+	if (x.fd < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	*p = (CUdeviceptr)(uintptr_t)m;
+	if (ftruncate(x.fd, (off_t)len) < 0 ||
+	    (m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, x.fd, 0)) ==
+	    MAP_FAILED) {
+		close(x.fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	x.base = (uint64_t)(uintptr_t)m;
+	x.size = n;
+	if (alloc_add(&x)) {
+		munmap(m, len);
+		close(x.fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*p = (CUdeviceptr)x.base;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree(CUdeviceptr p)
 {
-	free((void *)(uintptr_t)p);
+	struct fake_alloc x;
+
+	if (!alloc_del(p, 1, &x))
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)x.base, (x.size + 4095) & ~(uint64_t)4095);
+	close(x.fd);
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemGetAddressRange(CUdeviceptr *b, size_t *s, CUdeviceptr p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_alloc x;
+
+	if (!alloc_find(p, &x))
+		return CUDA_ERROR_NOT_FOUND;
+	if (b)
+		*b = x.base;
+	if (s)
+		*s = x.size;
+	return CUDA_SUCCESS;
 }
 
 /* A reservation is one anonymous mapping, aligned by over-mapping. */
@@ -305,32 +428,127 @@ CUresult cuStreamSynchronize(CUstream s)
 	return CUDA_SUCCESS;
 }
 
+/* One attribute of p (found: an allocation or mapping of this process). */
+static CUresult pointer_attr(void *data, CUpointer_attribute a, CUdeviceptr p,
+			     int found, const struct fake_alloc *x)
+{
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = found ? CU_MEMORYTYPE_DEVICE : 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+		*(CUcontext *)data = found ? (CUcontext)&ctx_obj : NULL;
+		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = found ? 0 : -2;
+		break;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+		*(unsigned long long *)data = found ? x->id : 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(int *)data = found && x->fd >= 0;
+		break;
+	default:
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return CUDA_SUCCESS;
+}
+
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a,
 			       CUdeviceptr p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_alloc x;
+	int found = alloc_find(p, &x);
+
+	if (!found)
+		return CUDA_ERROR_INVALID_VALUE;
+	return pointer_attr(data, a, p, found, &x);
 }
 
 CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a,
 				void **data, CUdeviceptr p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_alloc x;
+	int found = alloc_find(p, &x);
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		if (pointer_attr(data[i], a[i], p, found, &x) != CUDA_SUCCESS)
+			return CUDA_ERROR_NOT_SUPPORTED;
+	return CUDA_SUCCESS;
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_ipc ipc = { .magic = FAKE_IPC_MAGIC, .pid = (int32_t)getpid() };
+	struct fake_alloc x;
+
+	if (!alloc_find(p, &x) || x.base != p || x.fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	ipc.fd = x.fd;
+	ipc.size = x.size;
+	ipc.id = x.id;
+	memset(h, 0, sizeof(*h));
+	memcpy(h, &ipc, sizeof(ipc));
+	return CUDA_SUCCESS;
 }
 
 CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
 			    unsigned int flags)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_ipc ipc;
+	struct fake_alloc x = { .fd = -1 };
+	char path[64], link[128], want[64];
+	struct stat st;
+	ssize_t n;
+	void *m;
+	int fd;
+
+	memcpy(&ipc, &h, sizeof(ipc));
+	if (ipc.magic != FAKE_IPC_MAGIC || !ipc.size)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (ipc.pid == (int32_t)getpid())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)ipc.pid, (int)ipc.fd);
+	snprintf(want, sizeof(want), "/memfd:fakecuda-%d-%llu ", (int)ipc.pid,
+		 (unsigned long long)ipc.id);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	link[n] = 0;
+	if (strncmp(link, want, strlen(want)) != 0)
+		return CUDA_ERROR_INVALID_HANDLE;	/* the fd was reused */
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < ipc.size) {
+		close(fd);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	m = mmap(NULL, (ipc.size + 4095) & ~(uint64_t)4095,
+		 PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_MAP_FAILED;
+	x.base = (uint64_t)(uintptr_t)m;
+	x.size = ipc.size;
+	x.id = ipc.id | (1ULL << 63);
+	if (alloc_add(&x)) {
+		munmap(m, (ipc.size + 4095) & ~(uint64_t)4095);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*p = (CUdeviceptr)x.base;
+	return CUDA_SUCCESS;
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 {
-	return CUDA_ERROR_NOT_SUPPORTED;
+	struct fake_alloc x;
+
+	if (!alloc_del(p, 0, &x))
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)(uintptr_t)x.base, (x.size + 4095) & ~(uint64_t)4095);
+	return CUDA_SUCCESS;
 }
 
 CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHandle h,
