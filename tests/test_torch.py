@@ -479,7 +479,7 @@ def test_dcp_classes_raise_clearly_without_dcp(tmp_path):
 def _dcp_state(device="cpu"):
     model, opt = trained(device)
     return {"model": model.state_dict(), "step": torch.tensor(3), "extra": {"lr": 0.5},
-            "mixed": {k: v for k, v in mixed(device).items() if k != "nan"}}
+            "mixed": {k: v for k, v in mixed(device).items() if k not in ("nan", "empty")}}
 
 
 def _zeros_like(sd):
@@ -512,8 +512,6 @@ def test_dcp_round_trip(place, how):
     target = _zeros_like(sd)
     dcp.load(target, storage_reader=tt.FileSystemReader(d))
     assert_equal(sd, target)
-    if place.m is not None:
-        assert tierfs.queued(d) == []       # the restore order was read to its end
 
 
 @dcp_only
