@@ -1,26 +1,30 @@
 #!/usr/bin/env python3
 """torch_checkpoint.py - a PyTorch training loop that checkpoints into a
-tierfs mount with torch.save, then restores its checkpoints newest first
-with restore hints (the Python package tierfs).
+tierfs mount with tierfs.torch.save, then restores its checkpoints newest
+first with restore hints (the Python package tierfs).
 
 usage: torch_checkpoint.py DIR [--steps N] [--every K] [--width W] [--device DEV]
                            [--gpu-io]
 
 The forward part trains a small network (CPU tensors by default; --device
 cuda to train on a GPU) and saves model and optimizer every K steps into
-DIR/ckpt-NNNNN.pt, with prefetching held (tierfs.prefetch(d, False)) so the
-flushes have the SSD to themselves.  The restore part declares the order in
-which it will read the checkpoints back (newest first, as for a rollback or
-an adjoint pass: tierfs.restore_order), so tierfs prefetches them from the
-SSD into its caches ahead of the reads; it loads each one with torch.load,
-checks its parameters against those saved, and says which tier served it.
-Then it waits until every checkpoint is on the SSD (tierfs.wait_flushed).
+DIR/ckpt-NNNNN.safetensors (tierfs.torch.save: the safetensors layout, the
+optimizer's nested state kept), with prefetching held (tierfs.prefetch(d,
+False)) so the flushes have the SSD to themselves.  The restore part
+declares the order in which it will read the checkpoints back (newest
+first, as for a rollback or an adjoint pass: tierfs.restore_order), so
+tierfs prefetches them from the SSD into its caches ahead of the reads; it
+loads each one in place into a fresh model and optimizer
+(tierfs.torch.load(path, into=...)), checks the parameters against those
+saved, and says which tier served it.  Then it waits until every checkpoint
+is on the SSD (tierfs.wait_flushed).
 
-With --device cuda --gpu-io the parameters skip host memory: they are
-saved as one flat CUDA tensor with tierfs.save_gpu (the GPU ioctl of
-libtierfs, device to device into tierfs's GPU cache) next to the
-torch.save of the rest (DIR/ckpt-NNNNN.gpu beside ckpt-NNNNN.pt), and
-restored with tierfs.load_gpu.
+CUDA tensors (--device cuda) move device to device into tierfs's GPU cache
+where the mount has a GPU tier and libtierfs has the vectored GPU call, and
+through host memory elsewhere; the output says which.  With --gpu-io the
+parameters are also saved as one flat CUDA tensor with tierfs.save_gpu (the
+GPU ioctl of libtierfs; DIR/ckpt-NNNNN.gpu) and restored with
+tierfs.load_gpu.
 
 On another file system it runs without the hints.  Exit status 0 when every
 checkpoint came back identical, 1 otherwise.
@@ -40,6 +44,8 @@ except ImportError:                     # in the source tree: python/tierfs
 
 import torch
 
+import tierfs.torch  # noqa: E402  (after torch: needs it)
+
 
 def digest(model):
     h = hashlib.sha256()
@@ -49,8 +55,11 @@ def digest(model):
     return h.hexdigest()
 
 
+SUFFIX = ".safetensors"
+
+
 def gpu_name(name):
-    return name[:-len(".pt")] + ".gpu"
+    return name[:-len(SUFFIX)] + ".gpu"
 
 
 def make_model(width, device):
@@ -77,14 +86,13 @@ def train(d, args, on_tierfs):
             loss.backward()
             opt.step()
             if step % args.every == 0:
-                name = f"ckpt-{step:05d}.pt"
-                ck = {"step": step, "optim": opt.state_dict(), "loss": loss.item()}
-                if args.gpu_io:         # the parameters device to device
+                name = f"ckpt-{step:05d}{SUFFIX}"
+                ck = {"step": step, "model": model.state_dict(), "optim": opt.state_dict(),
+                      "loss": loss.item()}
+                if args.gpu_io:         # the parameters also as one flat tensor
                     flat = torch.nn.utils.parameters_to_vector(model.parameters())
                     tierfs.save_gpu(os.path.join(d, gpu_name(name)), flat.contiguous())
-                else:
-                    ck["model"] = model.state_dict()
-                torch.save(ck, os.path.join(d, name))
+                tierfs.torch.save(ck, os.path.join(d, name))
                 saved[name] = digest(model)
                 print(f"step {step:5d}  loss {loss.item():.5f}  saved {name}")
     finally:
@@ -102,16 +110,18 @@ def restore(d, args, saved, on_tierfs):
         for name in names:
             path = os.path.join(d, name)
             where = ",".join(tierfs.tier(path)) if on_tierfs else "-"
-            ck = torch.load(path, map_location=args.device)
             model = make_model(args.width, args.device)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+            ck = {"model": model.state_dict(), "optim": opt.state_dict()}
+            tierfs.torch.load(path, into=ck)    # in place: the model's own tensors
+            opt.load_state_dict(ck["optim"])
+            ok = digest(model) == saved[name]
             if args.gpu_io:
                 flat = torch.nn.utils.parameters_to_vector(model.parameters())
                 tierfs.load_gpu(os.path.join(d, gpu_name(name)), flat)
-                torch.nn.utils.vector_to_parameters(flat, model.parameters())
+                ok = ok and torch.equal(
+                    flat, torch.nn.utils.parameters_to_vector(model.parameters()))
                 where += " (parameters through the GPU ioctl)"
-            else:
-                model.load_state_dict(ck["model"])
-            ok = digest(model) == saved[name]
             bad += not ok
             print(f"restored {name} (step {ck['step']}) from {where}: "
                   f"{'identical' if ok else 'DIFFERENT'}")
@@ -144,6 +154,10 @@ def main():
         print(f"{args.dir} is not on tierfs: no restore hints")
     saved = train(args.dir, args, on_tierfs)
     bad = restore(args.dir, args, saved, on_tierfs)
+    st = tierfs.torch.io_stats
+    if args.device.startswith("cuda"):
+        print(f"CUDA tensor bytes device to device: {st['gpu_write'] + st['gpu_read']}, "
+              f"through host memory: {st['posix_write'] + st['posix_read']}")
     if on_tierfs:
         tierfs.wait_flushed(args.dir)
         s = tierfs.stats(args.dir)

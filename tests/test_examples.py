@@ -1,7 +1,7 @@
 """The examples in examples/, run against a real tierfs so that they cannot
 rot: the C adjoint (stdio checkpoints, a restore order through setxattr)
-and the PyTorch training loop (torch.save, hints through the Python
-package; skipped where torch cannot be imported)."""
+and the PyTorch training loop (tierfs.torch.save/load, hints through the
+Python package; skipped where torch cannot be imported)."""
 
 import glob
 import os
@@ -71,21 +71,24 @@ def test_torch_checkpoint(mount):
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "all 6 checkpoints restored identical" in out, out
-    restored = re.findall(r"restored ckpt-(\d+)\.pt \(step (\d+)\) from ([a-z,]+): identical",
+    restored = re.findall(r"restored ckpt-(\d+)\.safetensors \(step (\d+)\) from "
+                          r"([a-z,]+): identical",
                           out)
     assert [int(a) for a, _, _ in restored] == [30, 25, 20, 15, 10, 5], out
     assert "all on the SSD" in out
     assert tierfs.queued(d) == []                      # the context dropped the rest
     assert tierfs.prefetch(d)                          # held only while training
     for step in range(5, 31, 5):
-        assert os.path.isfile(os.path.join(m.backing, "train", f"ckpt-{step:05d}.pt"))
+        assert os.path.isfile(os.path.join(m.backing, "train",
+                                           f"ckpt-{step:05d}.safetensors"))
 
 
 @pytest.mark.gpu
 def test_torch_checkpoint_cuda_through_the_ioctl(mount):
-    """The PyTorch example on the GPU: CUDA tensors, the parameters saved and
-    restored device to device with tierfs.save_gpu / load_gpu (libtierfs's
-    ioctl), the rest with torch.save; every checkpoint restored identical."""
+    """The PyTorch example on the GPU: CUDA tensors saved and restored with
+    tierfs.torch (device to device where libtierfs has the vectored GPU
+    call), the parameters also with tierfs.save_gpu / load_gpu (libtierfs's
+    ioctl); every checkpoint restored identical."""
     r = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                        capture_output=True, timeout=300)
     if r.returncode:
@@ -105,5 +108,11 @@ def test_torch_checkpoint_cuda_through_the_ioctl(mount):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all 6 checkpoints restored identical" in r.stdout, r.stdout
     assert r.stdout.count("(parameters through the GPU ioctl): identical") == 6, r.stdout
+    moved = re.search(r"CUDA tensor bytes device to device: (\d+)", r.stdout)
+    assert moved, r.stdout
+    if hasattr(tierfs, "pwritev_gpu"):
+        assert int(moved.group(1)) > 0, r.stdout
     for step in range(5, 31, 5):
         assert os.path.isfile(os.path.join(m.backing, "train", f"ckpt-{step:05d}.gpu"))
+        assert os.path.isfile(os.path.join(m.backing, "train",
+                                           f"ckpt-{step:05d}.safetensors"))

@@ -16,6 +16,10 @@ checkpoints forwards and reads them back backwards::
 
     tierfs.wait_flushed(d)                   # everything on the SSD
 
+PyTorch checkpoints (the safetensors layout, CUDA tensors device to device,
+a torch.distributed.checkpoint writer and reader) are in tierfs.torch, a
+separate module: importing tierfs does not import torch.
+
 Errors are OSError subclasses: NotTierfsError for a path that is not on a
 tierfs mount, BadNameError (also a ValueError) for a restore-order name the
 daemon would refuse; it names the bad line.  Other failures of the calls

@@ -1,0 +1,961 @@
+"""tierfs.torch - PyTorch checkpoints on tierfs, in the safetensors layout.
+
+Importable only where PyTorch is; ``import tierfs`` never imports torch.
+
+    import tierfs.torch as tt
+
+    tt.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 7},
+            "/mnt/ckpt/ckpt-0007.st")
+    ck = tt.load("/mnt/ckpt/ckpt-0007.st", map_location="cuda")
+    # or in place, into tensors that exist already:
+    tt.load(path, into={"model": model.state_dict(), "optim": opt.state_dict()})
+
+The file
+    One file per state dict, in the safetensors layout: 8 bytes (little-endian
+    length N of the header), N bytes of JSON header (padded with spaces so that
+    the data starts at a multiple of 8), then the tensors' raw bytes, packed
+    back to back from the first byte after the header (the strict reference
+    reader wants the tensors to tile the data exactly: no gaps, no overlaps,
+    nothing after the last one).  Entries are ordered by decreasing element
+    size, so every tensor is aligned to its own element size.  Any safetensors
+    reader reads the file, from the mount or from the backing directory.
+
+    The header's "__metadata__" holds {"format": "pt", "tierfs.structure":
+    JSON text}: the structure of the saved object (nested dicts with their key
+    types, lists, tuples, torch.Size, None, bools, ints, floats, strings,
+    bytes) with each tensor as a reference to its entry.  Tensors are named by
+    their dotted path ("model.0.weight", "optim.state.0.exp_avg"), made unique
+    with a "#N" suffix where two paths give one name.  A file written by
+    another safetensors writer loads as a flat dict {name: tensor}.
+
+Shared storage
+    Tensors of the object that are the same view of one storage (tied weights:
+    same storage, offset, shape, strides and dtype) are written once and come
+    back as one tensor object, as torch.load gives them.  Different views of
+    one storage (of one dtype) are written once, as the span of the storage
+    they cover (an entry named "__shared__.K"), and come back as views of one
+    new storage with their offsets, shapes and strides.  Views of one storage
+    with different dtypes are written as separate copies.  A lone tensor that
+    is not contiguous (a transposed weight) is written contiguous and comes
+    back contiguous, equal in value; its strides are not kept.
+
+Devices
+    Each tensor's device is recorded; load(map_location=None) puts it back
+    there (like torch.load), map_location="cpu" / "cuda:1" / a torch.device /
+    a dict {"cuda:1": "cuda:0"} moves it.  CUDA tensors move device to device
+    through libtierfs's vectored GPU call (tierfs.pwritev_gpu / preadv_gpu)
+    when the file is on a tierfs mount with a GPU tier; without a mount,
+    without a GPU tier or without libtierfs the same calls copy them through
+    host memory and plain POSIX I/O, writing the same file: user code needs no
+    branch.  CPU tensors always go through os.pwritev / os.preadv, straight
+    from and into their memory.
+
+Safety
+    save() writes a temporary file in the same directory and renames it over
+    `path` (os.replace) once complete: a save that fails (an unsupported
+    dtype, a full disk) leaves the previous file as it was.  Everything is
+    checked before the temporary file is created.  On tierfs the close
+    already puts the file in the cache; its SSD copy follows in the background
+    (tierfs.wait_flushed waits for it), so save() does not fsync there; on
+    other file systems it fsyncs the file before the rename (fsync=True/False
+    overrides).
+
+    load() checks the header strictly (FormatError, a ValueError): the length,
+    the JSON, each entry's dtype, shape and offsets (inside the data, not
+    overlapping, size matching dtype x shape), the file's size, and the
+    structure's references.
+
+torch.distributed.checkpoint (torch >= 2.0)
+    FileSystemWriter and FileSystemReader here are drop-in replacements of
+    torch's, for dcp.save, dcp.async_save and dcp.load: each rank's data file
+    is in the same safetensors layout (byte items as U8 entries), its tensor
+    bytes go device to device where the mount has a GPU tier, and the reader
+    sets the mount's restore order (tierfs.restore_order) to the files in the
+    order it reads them.  On torch 1.x the classes exist but raise
+    RuntimeError when made.
+"""
+
+import base64
+import collections
+import ctypes
+import errno
+import json
+import math
+import os
+import struct
+import sys
+import threading
+
+import torch
+
+import tierfs as _tierfs
+
+__all__ = ["save", "load", "FormatError", "MismatchError", "io_stats",
+           "FileSystemWriter", "FileSystemReader", "DTYPES"]
+
+if sys.byteorder != "little":           # the layout is little-endian
+    raise ImportError("tierfs.torch needs a little-endian machine")
+
+STRUCTURE_KEY = "tierfs.structure"
+STRUCTURE_VERSION = 1
+MAX_HEADER = 100 * 1000 * 1000          # the reference reader's limit
+_IOV_MAX = 1024
+_CHUNK = 64 << 20                       # bytes a fallback CUDA copy stages at once
+
+
+class FormatError(ValueError):
+    """A file that is not in this layout, truncated, or whose header lies."""
+
+
+class MismatchError(ValueError):
+    """load(into=...): a tensor of the file does not fit the tensor (or the
+    container) at its place in `into` (shape, dtype, kind), or with
+    strict=True a tensor of `into` that the file does not have."""
+
+
+# safetensors names and element sizes; the torch dtype where this torch has it
+_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
+          "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+          "U16": 2, "U32": 4, "U64": 8}
+_TORCH_NAMES = [("float64", "F64"), ("float32", "F32"), ("float16", "F16"),
+                ("bfloat16", "BF16"), ("int64", "I64"), ("int32", "I32"),
+                ("int16", "I16"), ("int8", "I8"), ("uint8", "U8"), ("bool", "BOOL"),
+                ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+                ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")]
+DTYPES = {getattr(torch, a): s for a, s in _TORCH_NAMES if hasattr(torch, a)}
+"""torch dtype -> safetensors dtype name, for the dtypes this torch has."""
+_FROM_NAME = {s: d for d, s in DTYPES.items()}
+
+io_stats = collections.Counter()
+"""Bytes moved by each path since import: gpu_write, gpu_read (the vectored
+GPU calls), posix_write, posix_read; gpu_fallbacks counts the GPU calls that
+fell back to host memory (no GPU tier, not tierfs, no libtierfs)."""
+_stats_lock = threading.Lock()
+
+
+def _count(key, n):
+    with _stats_lock:
+        io_stats[key] += n
+
+
+# ---------------------------------------------------------------- raw I/O
+
+def _cpu_buffer(t):
+    """A writable byte view of the memory of contiguous CPU tensor t (the
+    tensor must outlive the view)."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+
+
+def _vec_io(fn, fd, bufs, offset, what):
+    """os.pwritev / os.preadv of all of bufs at offset, in batches of at most
+    IOV_MAX buffers, resumed after short transfers."""
+    bufs = [b for b in bufs if len(b)]
+    i, total = 0, 0
+    while i < len(bufs):
+        n = fn(fd, bufs[i:i + _IOV_MAX], offset)
+        if n <= 0:
+            if what == "read":
+                raise FormatError(f"file ends early (at byte {offset}): truncated meanwhile?")
+            raise OSError(errno.EIO, "write returned 0")
+        offset += n
+        total += n
+        while n and i < len(bufs):
+            if n >= len(bufs[i]):
+                n -= len(bufs[i])
+                i += 1
+            else:
+                bufs[i] = bufs[i][n:]
+                n = 0
+    return total
+
+
+def _gpu_fallback(e):
+    """True when a GPU call's failure means "use host memory instead"."""
+    if isinstance(e, _tierfs.TierfsError) and e.errno is None:
+        return True                     # libtierfs missing
+    return e.errno in (errno.ENODEV, errno.ENOTTY, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def _gpu_io(write, fd, jobs, use_gpu):
+    """Move CUDA tensors: jobs = [(contiguous CUDA tensor, file offset)].
+    Device to device through tierfs.pwritev_gpu / preadv_gpu where use_gpu
+    and they work; else through host memory.  Returns nothing."""
+    if not jobs:
+        return
+    fn = getattr(_tierfs, "pwritev_gpu" if write else "preadv_gpu", None) if use_gpu else None
+    if fn is not None:
+        by_dev = collections.OrderedDict()
+        for t, off in jobs:
+            by_dev.setdefault(t.device, []).append((t, off))
+        try:
+            for dev, js in by_dev.items():
+                with torch.cuda.device(dev):
+                    torch.cuda.synchronize(dev)
+                    segs = [(t.data_ptr(), t.numel() * t.element_size(), off)
+                            for t, off in js if t.numel()]
+                    want = sum(s[1] for s in segs)
+                    if not segs:
+                        continue
+                    got = fn(fd, segs)
+                    if got != want:
+                        if write:
+                            raise OSError(errno.EIO, f"GPU write: {got} of {want} bytes")
+                        raise FormatError(f"file ends early: {got} of {want} bytes read")
+                    _count("gpu_write" if write else "gpu_read", want)
+            return
+        except OSError as e:
+            if not _gpu_fallback(e):
+                raise
+            _count("gpu_fallbacks", 1)
+    for t, off in jobs:                 # through host memory, a chunk at a time
+        flat = t.view(-1)
+        per = max(1, _CHUNK // max(1, t.element_size()))
+        for a in range(0, flat.numel(), per):
+            part = flat[a:a + per]
+            o = off + a * t.element_size()
+            if write:
+                host = part.cpu()
+                n = _vec_io(os.pwritev, fd, [_cpu_buffer(host)], o, "write")
+                _count("posix_write", n)
+            else:
+                host = torch.empty(part.shape, dtype=t.dtype)
+                n = _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read")
+                _count("posix_read", n)
+                part.copy_(host)
+
+
+def _on_tierfs(path):
+    try:
+        return _tierfs.is_tierfs(path)
+    except Exception:                   # noqa: BLE001 - a hint only
+        return False
+
+
+def _write_tensors(fd, jobs, use_gpu):
+    """Write [(tensor, offset)]: CPU ones in vectored writes, CUDA ones
+    through _gpu_io."""
+    cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
+    run, start, end = [], None, None
+    for t, o in cpu + [(None, None)]:
+        if t is not None and run and o == end:
+            run.append(t)
+            end += t.numel() * t.element_size()
+            continue
+        if run:
+            n = _vec_io(os.pwritev, fd, [_cpu_buffer(x) for x in run], start, "write")
+            _count("posix_write", n)
+        if t is None:
+            break
+        run, start, end = [t], o, o + t.numel() * t.element_size()
+    cuda = [(t, o) for t, o in jobs if t.device.type == "cuda"]
+    other = [(t, o) for t, o in jobs if t.device.type not in ("cpu", "cuda")]
+    _gpu_io(True, fd, cuda, use_gpu)
+    for t, o in other:                  # mps, xpu, ...: through host memory
+        _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
+
+
+def _read_tensors(fd, jobs, use_gpu):
+    """Fill [(contiguous destination tensor, offset)] from the file."""
+    cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
+    run, start, end = [], None, None
+    for t, o in cpu + [(None, None)]:
+        if t is not None and run and o == end:
+            run.append(t)
+            end += t.numel() * t.element_size()
+            continue
+        if run:
+            n = _vec_io(os.preadv, fd, [_cpu_buffer(x) for x in run], start, "read")
+            _count("posix_read", n)
+        if t is None:
+            break
+        run, start, end = [t], o, o + t.numel() * t.element_size()
+    _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+    for t, o in jobs:
+        if t.device.type not in ("cpu", "cuda"):
+            host = torch.empty(t.shape, dtype=t.dtype)
+            _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
+            t.copy_(host)
+
+
+# ---------------------------------------------------------------- the header
+
+def _st_name(t, where):
+    name = DTYPES.get(t.dtype)
+    if name is None:
+        raise TypeError(f"{where}: dtype {t.dtype} has no safetensors equivalent "
+                        f"(supported: {', '.join(sorted(DTYPES.values()))})")
+    return name
+
+
+def _build_header(entries, metadata):
+    """entries: [(name, dtype name, shape, nbytes)] in file order.  Returns
+    (header bytes including the 8-byte length, [data offset of each])."""
+    hdr = {"__metadata__": metadata}
+    offs, pos = [], 0
+    for name, dt, shape, nbytes in entries:
+        hdr[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        offs.append(pos)
+        pos += nbytes
+    text = json.dumps(hdr, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, offs
+
+
+def _no_dups(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise FormatError(f"header: key {k!r} appears twice")
+        d[k] = v
+    return d
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class _Header:
+    """A checked header: entries {name: (dtype name, shape, begin, end)}
+    with begin/end absolute file offsets, in file order; metadata dict."""
+
+    def __init__(self, path, fd):
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise FormatError(f"{path}: {size} bytes: not a safetensors file (truncated?)")
+        n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+        if n > MAX_HEADER:
+            raise FormatError(f"{path}: header length {n} is over {MAX_HEADER} bytes: "
+                              "not a safetensors file")
+        if n > size - 8:
+            raise FormatError(f"{path}: header of {n} bytes but the file has {size}: "
+                              "truncated, or not a safetensors file")
+        raw = os.pread(fd, n, 8)
+        if len(raw) != n:
+            raise FormatError(f"{path}: file ends inside the header")
+        try:
+            text = raw.decode("utf-8")
+            if not text.startswith("{"):
+                raise ValueError("does not begin with '{'")
+            obj = json.loads(text, object_pairs_hook=_no_dups)
+        except FormatError as e:
+            raise FormatError(f"{path}: {e}") from None
+        except ValueError as e:
+            raise FormatError(f"{path}: header is not JSON text: {e}") from None
+        if not isinstance(obj, dict):
+            raise FormatError(f"{path}: header is not a JSON object")
+        meta = obj.pop("__metadata__", None)
+        if meta is not None and (not isinstance(meta, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
+            raise FormatError(f"{path}: __metadata__ must map strings to strings")
+        self.metadata = meta or {}
+        ents = []
+        for name, info in obj.items():
+            where = f"{path}: tensor {name!r}"
+            if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+                raise FormatError(f"{where}: needs exactly dtype, shape and data_offsets")
+            dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+            if dt not in _SIZES:
+                raise FormatError(f"{where}: unknown dtype {dt!r}")
+            if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+                raise FormatError(f"{where}: shape {shape!r} is not a list of sizes")
+            if (not isinstance(offs, list) or len(offs) != 2 or not all(map(_is_int, offs))
+                    or not 0 <= offs[0] <= offs[1]):
+                raise FormatError(f"{where}: data_offsets {offs!r} are not [begin, end]")
+            want = math.prod(shape) * _SIZES[dt]
+            if offs[1] - offs[0] != want:
+                raise FormatError(f"{where}: {offs[1] - offs[0]} bytes in data_offsets, "
+                                  f"{dt} x {shape} needs {want}")
+            ents.append((offs[0], offs[1], name, dt, tuple(shape)))
+        ents.sort(key=lambda e: (e[0], e[1]))
+        pos, data = 0, size - 8 - n
+        for b, e, name, _, _ in ents:
+            if b != pos:
+                what = "overlaps the one before" if b < pos else f"leaves a gap at {pos}"
+                raise FormatError(f"{path}: tensor {name!r} at [{b}, {e}) {what}")
+            if e > data:
+                raise FormatError(f"{path}: tensor {name!r} ends at {e}, past the "
+                                  f"{data} bytes of data: truncated")
+            pos = e
+        if pos != data:
+            raise FormatError(f"{path}: the tensors cover {pos} bytes, the file has "
+                              f"{data} after the header")
+        base = 8 + n
+        self.entries = collections.OrderedDict(
+            (name, (dt, shape, base + b, base + e)) for b, e, name, dt, shape in ents)
+
+
+# ---------------------------------------------------------------- structure
+
+_TAGS = ("tensor", "view", "dict", "tuple", "size", "float", "bytes")
+
+
+def _path_name(path):
+    return ".".join(str(p) for p in path) or "tensor"
+
+
+class _Saver:
+    """Walks the object: the structure (JSON-able), the tensor leaves, then
+    the entries (one per tensor, or per shared storage)."""
+
+    def __init__(self):
+        self.leaves = []                # [(path name, tensor, node to fill)]
+
+    def key(self, k, path):
+        if k is None or isinstance(k, (bool, int, str)):
+            return k
+        if isinstance(k, float):
+            return self.node(k, path)
+        if type(k) is tuple:
+            return {"tuple": [self.key(x, path) for x in k]}
+        raise TypeError(f"{_path_name(path)}: a key of type {type(k).__name__} cannot be saved")
+
+    def node(self, obj, path):
+        if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided:
+                raise TypeError(f"{_path_name(path)}: {obj.layout} tensors cannot be saved")
+            if obj.device.type == "meta":
+                raise TypeError(f"{_path_name(path)}: a meta tensor has no data to save")
+            _st_name(obj, _path_name(path))
+            n = {}
+            self.leaves.append((_path_name(path), obj.detach(), n))
+            return n
+        if obj is None or isinstance(obj, (bool, str)) or _is_int(obj):
+            if type(obj) not in (type(None), bool, str, int):
+                obj = int(obj) if _is_int(obj) else str(obj)    # IntEnum, str subclasses
+            return obj
+        if isinstance(obj, float):
+            if math.isfinite(obj):
+                return float(obj)
+            return {"float": repr(float(obj))}
+        if isinstance(obj, torch.Size):
+            return {"size": list(obj)}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, dict):
+            out = {"dict": [[self.key(k, path), self.node(v, path + (k,))]
+                            for k, v in obj.items()]}
+            if isinstance(obj, collections.OrderedDict):
+                out["ordered"] = True
+                md = getattr(obj, "_metadata", None)    # nn.Module.state_dict's versions
+                if md is not None:
+                    out["_metadata"] = self.node(md, path + ("_metadata",))
+            return out
+        if type(obj) is list:
+            return [self.node(v, path + (i,)) for i, v in enumerate(obj)]
+        if type(obj) is tuple:
+            return {"tuple": [self.node(v, path + (i,)) for i, v in enumerate(obj)]}
+        raise TypeError(f"{_path_name(path)}: a {type(obj).__name__} cannot be saved "
+                        "(tensors, dicts, lists, tuples, None, bool, int, float, str, bytes)")
+
+    def entries(self):
+        """Group the leaves by storage; fill their nodes; return
+        [(name, contiguous tensor to write)] and the devices map."""
+        names = set()
+
+        def unique(n):
+            m, k = n, 1
+            while m in names or m == "__metadata__":
+                k += 1
+                m = f"{n}#{k}"
+            names.add(m)
+            return m
+
+        groups = collections.OrderedDict()
+        for i, (name, t, node) in enumerate(self.leaves):
+            if t.numel() == 0:
+                key = ("empty", i)
+            else:
+                key = (str(t.device), t.data_ptr() - t.storage_offset() * t.element_size())
+            groups.setdefault(key, []).append(i)
+        out, devices, shared = [], {}, 0
+        for idx in groups.values():
+            ls = [self.leaves[i] for i in idx]
+            t0 = ls[0][1]
+            sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), t.stride())  # noqa: E731
+            if all(sig(t) == sig(t0) for _, t, _ in ls):
+                name = unique(ls[0][0])
+                out.append((name, t0.contiguous()))
+                for _, _, node in ls:
+                    node["tensor"] = name
+            elif all(t.dtype == t0.dtype for _, t, _ in ls):
+                lo = min(t.storage_offset() for _, t, _ in ls)
+                hi = max(t.storage_offset() + 1 + sum((s - 1) * st for s, st in
+                                                      zip(t.shape, t.stride()))
+                         for _, t, _ in ls)
+                name = unique(f"__shared__.{shared}")
+                shared += 1
+                out.append((name, t0.as_strided((hi - lo,), (1,), lo)))
+                for _, t, node in ls:
+                    node.update(view=name, offset=t.storage_offset() - lo,
+                                shape=list(t.shape), stride=list(t.stride()))
+            else:                       # views of one storage as different dtypes
+                for lname, t, node in ls:
+                    name = unique(lname)
+                    out.append((name, t.contiguous()))
+                    node["tensor"] = name
+        for name, t in out:
+            if t.device.type != "cpu":
+                devices[name] = str(t.device)
+        return out, devices
+
+
+def _decode_key(k, where):
+    if isinstance(k, dict):
+        if set(k) == {"tuple"} and isinstance(k["tuple"], list):
+            return tuple(_decode_key(x, where) for x in k["tuple"])
+        if set(k) == {"float"}:
+            return _decode_leaf(k, where)
+        raise FormatError(f"{where}: bad key {k!r}")
+    if isinstance(k, list):
+        raise FormatError(f"{where}: bad key {k!r}")
+    return k
+
+
+def _decode_leaf(n, where):
+    try:
+        if "float" in n:
+            v = float(n["float"])
+            if math.isfinite(v):
+                raise ValueError
+            return v
+        if "bytes" in n:
+            return base64.b64decode(n["bytes"].encode("ascii"), validate=True)
+        if "size" in n:
+            if not all(_is_int(x) and x >= 0 for x in n["size"]):
+                raise ValueError
+            return torch.Size(n["size"])
+    except (ValueError, TypeError, AttributeError):
+        pass
+    raise FormatError(f"{where}: bad value {n!r}")
+
+
+class _Loader:
+    """Rebuilds the saved object from the structure and the loaded entries."""
+
+    def __init__(self, path, entries, tensors):
+        self.path, self.entries, self.tensors = path, entries, tensors
+        self.views = {}
+
+    def bad(self, msg):
+        raise FormatError(f"{self.path}: {STRUCTURE_KEY}: {msg}")
+
+    def check_view(self, n, where):
+        base = n.get("view")
+        if base not in self.entries:
+            self.bad(f"{where}: no tensor {base!r} in the file")
+        off, shape, stride = n.get("offset"), n.get("shape"), n.get("stride")
+        if (not _is_int(off) or off < 0 or not isinstance(shape, list)
+                or not isinstance(stride, list) or len(shape) != len(stride)
+                or not all(_is_int(x) and x >= 0 for x in shape + stride)):
+            self.bad(f"{where}: bad view {n!r}")
+        numel = math.prod(self.entries[base][1])
+        if math.prod(shape) and off + 1 + sum((s - 1) * st for s, st in zip(shape, stride)) > numel:
+            self.bad(f"{where}: view reaches past the {numel} elements of {base!r}")
+        return base
+
+    def check(self, n, where="root"):
+        """The entries the structure references, checked; raises FormatError."""
+        if isinstance(n, list):
+            for i, v in enumerate(n):
+                self.check(v, f"{where}.{i}")
+            return
+        if not isinstance(n, dict):
+            if not (n is None or isinstance(n, (bool, int, float, str))):
+                self.bad(f"{where}: bad value {n!r}")
+            return
+        tag = [t for t in _TAGS if t in n]
+        if len(tag) != 1:
+            self.bad(f"{where}: bad node {str(n)[:80]}")
+        tag = tag[0]
+        if tag == "tensor":
+            if n["tensor"] not in self.entries:
+                self.bad(f"{where}: no tensor {n['tensor']!r} in the file")
+        elif tag == "view":
+            self.check_view(n, where)
+        elif tag == "dict":
+            if not isinstance(n["dict"], list):
+                self.bad(f"{where}: bad dict")
+            for kv in n["dict"]:
+                if not isinstance(kv, list) or len(kv) != 2:
+                    self.bad(f"{where}: bad dict item {kv!r}")
+                k = _decode_key(kv[0], where)
+                try:
+                    hash(k)
+                except TypeError:
+                    self.bad(f"{where}: bad key {kv[0]!r}")
+                self.check(kv[1], f"{where}.{k}")
+            if "_metadata" in n:
+                self.check(n["_metadata"], f"{where}._metadata")
+        elif tag == "tuple":
+            if not isinstance(n["tuple"], list):
+                self.bad(f"{where}: bad tuple")
+            for i, v in enumerate(n["tuple"]):
+                self.check(v, f"{where}.{i}")
+        else:
+            _decode_leaf(n, where)
+
+    def build(self, n):
+        if isinstance(n, list):
+            return [self.build(v) for v in n]
+        if not isinstance(n, dict):
+            return n
+        if "tensor" in n:
+            return self.tensors[n["tensor"]]
+        if "view" in n:
+            key = json.dumps(n, sort_keys=True)
+            if key not in self.views:   # one object per distinct view, like torch.load
+                self.views[key] = self.tensors[n["view"]].as_strided(
+                    n["shape"], n["stride"], n["offset"])
+            return self.views[key]
+        if "dict" in n:
+            d = collections.OrderedDict() if n.get("ordered") else {}
+            for k, v in n["dict"]:
+                d[_decode_key(k, "")] = self.build(v)
+            if "_metadata" in n:
+                d._metadata = self.build(n["_metadata"])
+            return d
+        if "tuple" in n:
+            return tuple(self.build(v) for v in n["tuple"])
+        return _decode_leaf(n, "")
+
+
+# ---------------------------------------------------------------- save / load
+
+def _write_file(fd, header, jobs, use_gpu):
+    _vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
+    _write_tensors(fd, jobs, use_gpu)
+
+
+def _tmp_name(path):
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+
+
+def save(obj, path, fsync=None):
+    """Save `obj` (a state dict: tensors in nested dicts, lists and tuples,
+    with None, bool, int, float, str and bytes leaves) to file `path` in the
+    safetensors layout (see the module's documentation).
+
+    The file is written under a temporary name in the same directory and
+    renamed over `path` when complete; a save that fails leaves the previous
+    file as it was.  fsync: None (the default) fsyncs the file before the
+    rename except on tierfs (whose close already caches it; wait_flushed for
+    the SSD copy), True or False to choose.
+
+    CUDA tensors are written device to device on a tierfs mount with a GPU
+    tier, else through host memory; their producers are synchronised first.
+    Non-contiguous tensors are written as contiguous copies.
+
+    Raises TypeError for what cannot be saved (a dtype safetensors lacks, an
+    object that is not a tensor, container or plain value), before any file
+    is touched; OSError for I/O errors."""
+    s = _Saver()
+    root = s.node(obj, ())
+    ents, devices = s.entries()
+    # largest elements first: every tensor aligned to its element size, no gaps
+    order = sorted(range(len(ents)), key=lambda i: -ents[i][1].element_size())
+    ents = [ents[i] for i in order]
+    structure = {"version": STRUCTURE_VERSION, "root": root}
+    if devices:
+        structure["devices"] = devices
+    meta = {"format": "pt",
+            STRUCTURE_KEY: json.dumps(structure, separators=(",", ":"), ensure_ascii=False,
+                                      allow_nan=False)}
+    header, offs = _build_header(
+        [(name, DTYPES[t.dtype], t.shape, t.numel() * t.element_size()) for name, t in ents],
+        meta)
+    jobs = [(t, len(header) + o) for (_, t), o in zip(ents, offs)]
+
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    on_tfs = _on_tierfs(d)
+    if fsync is None:
+        fsync = not on_tfs
+    tmp = _tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            _write_file(fd, header, jobs, on_tfs)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _device_for(saved, map_location):
+    """The device a tensor saved on `saved` loads to."""
+    if map_location is None:
+        dev = torch.device(saved)
+    elif isinstance(map_location, dict):
+        dev = torch.device(map_location.get(saved, saved))
+    elif isinstance(map_location, (str, torch.device)):
+        dev = torch.device(map_location)
+    else:
+        raise TypeError("map_location must be None, a device, a device name or a dict "
+                        "{saved device: device}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"a tensor was saved on {saved} and CUDA is not available here: "
+                           "load with map_location='cpu'")
+    return dev
+
+
+def _open_read(path):
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return fd, _Header(path, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _structure(path, hdr):
+    """The decoded and checked structure of a tierfs file, or a flat one
+    for another writer's file."""
+    text = hdr.metadata.get(STRUCTURE_KEY)
+    if text is None:
+        return {"version": STRUCTURE_VERSION,
+                "root": {"dict": [[n, {"tensor": n}] for n in hdr.entries]}}
+    try:
+        st = json.loads(text)
+    except ValueError as e:
+        raise FormatError(f"{path}: {STRUCTURE_KEY} is not JSON: {e}") from None
+    if not isinstance(st, dict) or st.get("version") != STRUCTURE_VERSION or "root" not in st:
+        raise FormatError(f"{path}: {STRUCTURE_KEY}: unknown version or no root")
+    devs = st.get("devices", {})
+    if not isinstance(devs, dict) or not all(
+            k in hdr.entries and isinstance(v, str) for k, v in devs.items()):
+        raise FormatError(f"{path}: {STRUCTURE_KEY}: bad devices")
+    for v in devs.values():
+        try:
+            torch.device(v)
+        except RuntimeError:
+            raise FormatError(f"{path}: {STRUCTURE_KEY}: bad device {v!r}") from None
+    return st
+
+
+def _uses(node, acc):
+    """Count the references to each entry: {name: [tensor refs, view refs]}."""
+    if isinstance(node, list):
+        for v in node:
+            _uses(v, acc)
+    elif isinstance(node, dict):
+        if "tensor" in node:
+            acc.setdefault(node["tensor"], [0, 0])[0] += 1
+        elif "view" in node:
+            acc.setdefault(node["view"], [0, 0])[1] += 1
+        elif "dict" in node:
+            for _, v in node["dict"]:
+                _uses(v, acc)
+        elif "tuple" in node:
+            _uses(node["tuple"], acc)
+
+
+_MISSING = object()
+
+
+def _walk_into(node, target, path, plan):
+    """Check saved node against `into` target (nothing changes yet).
+    plan: {"direct": {entry: target tensor}, "copy": [(target, node, path)],
+    "set": [...]}.  Raises MismatchError."""
+    where = _path_name(path)
+    if isinstance(node, dict) and ("tensor" in node or "view" in node):
+        if target is _MISSING or target is None:
+            return
+        if not isinstance(target, torch.Tensor):
+            raise MismatchError(f"{where}: the file has a tensor, `into` a "
+                                f"{type(target).__name__}")
+        plan["targets"].append((node, target, where))
+        return
+    if isinstance(node, dict) and "dict" in node:
+        if target is _MISSING or target is None:
+            return
+        if not isinstance(target, dict):
+            raise MismatchError(f"{where}: the file has a dict, `into` a {type(target).__name__}")
+        seen = set()
+        for k, v in node["dict"]:
+            k = _decode_key(k, where)
+            seen.add(k)
+            _walk_into(v, target.get(k, _MISSING), path + (k,), plan)
+        if plan["strict"]:
+            for k, v in target.items():
+                if k not in seen and _has_tensor(v):
+                    raise MismatchError(f"{_path_name(path + (k,))}: in `into`, not in the file")
+        return
+    if isinstance(node, list) or (isinstance(node, dict) and "tuple" in node):
+        items = node if isinstance(node, list) else node["tuple"]
+        if target is _MISSING or target is None:
+            return
+        if not isinstance(target, (list, tuple)) or len(target) != len(items):
+            raise MismatchError(f"{where}: the file has a sequence of {len(items)}, `into` "
+                                f"{type(target).__name__}"
+                                + (f" of {len(target)}" if isinstance(target, (list, tuple))
+                                   else ""))
+        for i, v in enumerate(items):
+            _walk_into(v, target[i], path + (i,), plan)
+        return
+    if isinstance(target, torch.Tensor) and plan["strict"]:
+        raise MismatchError(f"{where}: `into` has a tensor, the file a {type(node).__name__}")
+
+
+def _has_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, dict):
+        return any(_has_tensor(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(v) for v in x)
+    return False
+
+
+def _merge(node, target, loader):
+    """Put the saved node into target (checked by _walk_into); returns the
+    value for target's slot."""
+    if isinstance(node, dict) and ("tensor" in node or "view" in node):
+        if isinstance(target, torch.Tensor):
+            src = loader.build(node)
+            if src is not target:
+                with torch.no_grad():
+                    target.copy_(src)
+            return target
+        return loader.build(node)
+    if isinstance(node, dict) and "dict" in node and isinstance(target, dict):
+        for k, v in node["dict"]:
+            k = _decode_key(k, "")
+            target[k] = _merge(v, target.get(k, _MISSING), loader)
+        return target
+    if isinstance(node, list) and isinstance(target, list):
+        for i, v in enumerate(node):
+            target[i] = _merge(v, target[i], loader)
+        return target
+    if isinstance(node, dict) and "tuple" in node and isinstance(target, (list, tuple)):
+        return type(target)(_merge(v, t, loader) for v, t in zip(node["tuple"], target)) \
+            if isinstance(target, tuple) else _merge(node["tuple"], target, loader)
+    return loader.build(node)
+
+
+def load(path, map_location=None, into=None, strict=True):
+    """Load what save() wrote to `path` (or any safetensors file: a flat dict
+    {name: tensor}).
+
+    map_location: None puts each tensor back on the device it was saved
+    from; "cpu", "cuda:0", a torch.device, or a dict {"cuda:1": "cuda:0"}
+    (saved device -> device) moves them.
+
+    into: an object of the same structure whose tensors already exist
+    (model.state_dict(), an optimizer's state_dict(), or a dict of both):
+    the saved tensors are copied into them in place (CUDA ones device to
+    device where the mount has a GPU tier), non-tensor values are put in
+    their containers, and what `into` lacks (a fresh optimizer's empty
+    "state") is added, loaded as map_location says.  Every tensor's shape and
+    dtype is checked before anything is read or changed: MismatchError (a
+    ValueError) names the first that differs; with strict=True also a tensor
+    of `into` that the file does not have.  Returns `into`.  Then
+    model.load_state_dict / optimizer.load_state_dict apply it, or, for a
+    model's own state_dict(), nothing more is needed: its tensors are the
+    model's.
+
+    Tied tensors come back as one object, views of one storage as views of
+    one new storage (see the module's documentation).
+
+    Raises FormatError (a ValueError) for a file that is not in this layout,
+    truncated, or whose header lies; TypeError for a dtype this torch lacks."""
+    fd, hdr = _open_read(path)
+    try:
+        st = _structure(path, hdr)
+        loader = _Loader(path, hdr.entries, {})
+        loader.check(st["root"])
+        devs = st.get("devices", {})
+        uses = {}
+        _uses(st["root"], uses)
+        for name, (dt, _, _, _) in hdr.entries.items():
+            if dt not in _FROM_NAME:
+                raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
+                                f"({torch.__version__}) has no dtype for")
+        direct, hint = {}, {}
+        if into is not None:
+            plan = {"targets": [], "strict": strict}
+            _walk_into(st["root"], into, (), plan)
+            for node, target, where in plan["targets"]:
+                if "tensor" in node:
+                    dt, shape, _, _ = hdr.entries[node["tensor"]]
+                else:
+                    dt, shape = hdr.entries[node["view"]][0], tuple(node["shape"])
+                if tuple(target.shape) != tuple(shape):
+                    raise MismatchError(f"{where}: the file has shape {list(shape)}, `into` "
+                                        f"{list(target.shape)}")
+                if target.dtype != _FROM_NAME[dt]:
+                    raise MismatchError(f"{where}: the file has dtype {_FROM_NAME[dt]}, `into` "
+                                        f"{target.dtype}")
+                name = node.get("tensor")
+                if name:
+                    hint[name] = target.device
+                if (name and uses.get(name) == [1, 0] and target.is_contiguous()
+                        and target.device.type in ("cpu", "cuda")):
+                    direct[name] = target
+        tensors, jobs = {}, []
+        for name, (dt, shape, b, e) in hdr.entries.items():
+            if name in direct:
+                t = direct[name]
+            elif name in uses:
+                dev = hint.get(name) or _device_for(devs.get(name, "cpu"), map_location)
+                t = torch.empty(shape, dtype=_FROM_NAME[dt], device=dev)
+            else:
+                continue                # written but not referenced: not loaded
+            tensors[name] = t
+            jobs.append((t.detach(), b))
+        with torch.no_grad():
+            _read_tensors(fd, jobs, _on_tierfs(path))
+    finally:
+        os.close(fd)
+    loader.tensors = tensors
+    if into is None:
+        return loader.build(st["root"])
+    with torch.no_grad():
+        return _merge(st["root"], into, loader)
+
+
+# ---------------------------------------------------------------- DCP
+
+def _dcp_classes():
+    """(FileSystemWriter, FileSystemReader) built on torch's, or stand-ins
+    that raise where torch.distributed.checkpoint is missing (torch 1.x)."""
+    try:
+        from torch.distributed.checkpoint import filesystem as _fs
+        from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+        from torch.distributed.checkpoint.storage import WriteResult
+        from torch.futures import Future
+        _fs.FileSystemWriter, _fs.FileSystemReader, _fs._StorageInfo  # noqa: B018
+    except (ImportError, AttributeError) as e:
+        why = (f"tierfs.torch.FileSystemWriter/Reader need torch.distributed.checkpoint "
+               f"(torch >= 2.0); this torch is {torch.__version__} ({e})")
+
+        class FileSystemWriter:         # noqa: D401 - a stand-in
+            """Needs torch >= 2.0 (torch.distributed.checkpoint)."""
+
+            def __init__(self, *a, **k):
+                raise RuntimeError(why)
+
+        class FileSystemReader:
+            """Needs torch >= 2.0 (torch.distributed.checkpoint)."""
+
+            def __init__(self, *a, **k):
+                raise RuntimeError(why)
+
+        return FileSystemWriter, FileSystemReader, False
+    from . import _dcp
+    return _dcp.build(_fs, LoadItemType, WriteItemType, WriteResult, Future,
+                      sys.modules[__name__])
+
+
+FileSystemWriter, FileSystemReader, HAVE_DCP = _dcp_classes()
