@@ -99,12 +99,8 @@ class RecordedDisk:
         self.proc = subprocess.Popen([blkrec, str(self.base), str(self.log), str(self.recmnt)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         disk = self.recmnt / "disk"
-        for _ in range(100):
-            if disk.exists():
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("blkrec did not come up: " + self.proc.stdout.read().decode())
+        util.wait_until(disk.exists, lambda: "blkrec to come up: " +
+                        self.proc.stdout.read().decode(), 5)
         r = _run(["losetup", "-f", "--show", str(disk)])
         if r.returncode:
             self.close()
