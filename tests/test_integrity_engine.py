@@ -80,13 +80,13 @@ def test_concurrent_truncating_writers(mount, tmp_path, policy, nfiles):
     m = mount(host_cache="64M", evict=policy)
     writers = 6
     rounds = int(os.environ.get("TIERFS_INTEGRITY_ROUNDS", "15"))
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = util.pick_seed("TIERFS_INTEGRITY_SEED", 1, "overwriters")
     outs = [str(tmp_path / f"sizes{w}.json") for w in range(writers)]
     results = util.in_children([(overwriter, (m.mnt, w, rounds, seed + w, 8, 30, nfiles,
                                               outs[w]))
                                 for w in range(writers)])
     failures = [text for ok, text in results if not ok]
-    assert not failures, f"seed {seed}:\n" + "\n".join(failures)
+    assert not failures, f"seed {seed} (TIERFS_INTEGRITY_SEED):\n" + "\n".join(failures)
     m.umount()
     for w in range(writers):
         with open(outs[w]) as f:

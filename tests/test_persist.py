@@ -375,9 +375,7 @@ def test_torture_then_dir_matches_backing(tmp_path, crash):
            "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
     if crash:
         cmd += ["--crash"]
-    seed = os.environ.get("TIERFS_TORTURE_SEED")
-    if seed:
-        cmd += ["--seed", seed]
+    cmd += ["--seed", str(util.pick_seed("TIERFS_TORTURE_SEED", 1, "torture"))]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=600, env=dict(os.environ, TIERFS_BIN=util.tierfs_bin()))
     assert r.returncode == 0, r.stdout[-20000:]
