@@ -18,6 +18,14 @@
 # included: build/ ~6 min (5.3 min measured with one torture run failing
 # early), build-asan/ ~7 min, build-tsan/ ~13 min: ~25-30 min in all.
 #
+# Seeds are fixed by default and printed by every randomised test (C unit
+# programs, the exerciser, the torture runs, the crash states): two runs of
+# this command run the same operation sequences.  TIERFS_RANDOM_SEED=1 draws
+# each seed at random instead (a soak: new cases, still printed); a failing
+# seed is replayed with the test's own variable below (or a unit program's
+# argument).  The long torture run is behind TIERFS_TORTURE_LONG=1, never in
+# the default command.  tests/README.md, "Seeds", has the list.
+#
 # The pytest suites mount FUSE file systems and a tmpfs: run as root, with
 # /dev/fuse present.  Exits 0 when all builds pass, 1 otherwise; the
 # test-suite.log of a failing build is printed.
@@ -29,10 +37,11 @@
 #   TIERFS_OPS=50000    exerciser operations per main run, default build
 #                       (two main runs: 100,000 operations)
 #   TIERFS_ASAN_OPS=20000   the same for the sanitizer build (it runs slower)
-#   TIERFS_SEED=        fix the exerciser's seed (printed when it fails)
+#   TIERFS_RANDOM_SEED= 1: random seeds everywhere instead of the fixed ones
+#   TIERFS_SEED=        the exerciser's seed (default: fixed per run, printed)
 #   TIERFS_TORTURE_SECONDS=40       seconds per torture run, default and ASan builds
 #   TIERFS_TSAN_TORTURE_SECONDS=20  the same for the ThreadSanitizer build
-#   TIERFS_TORTURE_SEED=            fix the torture harness's seed
+#   TIERFS_TORTURE_SEED=            the torture harness's seed (default 1)
 #   BUILDS="build build-asan build-tsan"   the builds to run
 #   JOBS=$(nproc)       parallel make jobs
 #

@@ -26,7 +26,8 @@ the previous version); it fsyncs most versions and leaves the others to
 tierfs's background flush.
 
 Environment: TIERFS_CRASH_VERSIONS (default 60) versions per file system,
-TIERFS_CRASH_STATES (default 60) states checked, TIERFS_CRASH_SEED.
+TIERFS_CRASH_STATES (default 60) states checked, TIERFS_CRASH_SEED (the
+seed; default 1, TIERFS_RANDOM_SEED=1: a random one; printed either way).
 """
 
 import hashlib
@@ -99,12 +100,8 @@ class RecordedDisk:
         self.proc = subprocess.Popen([blkrec, str(self.base), str(self.log), str(self.recmnt)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         disk = self.recmnt / "disk"
-        for _ in range(100):
-            if disk.exists():
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("blkrec did not come up: " + self.proc.stdout.read().decode())
+        util.wait_until(disk.exists, lambda: "blkrec to come up: " +
+                        self.proc.stdout.read().decode(), 5)
         r = _run(["losetup", "-f", "--show", str(disk)])
         if r.returncode:
             self.close()
@@ -244,7 +241,7 @@ def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp
     """By default, on these two file systems, a version's data is not synced
     before its rename (their logs are ordered: the rename's commit makes it
     durable); with -o version_sync it is."""
-    seed = int(os.environ.get("TIERFS_CRASH_SEED", "0")) or random.randrange(1, 1 << 30)
+    seed = util.pick_seed("TIERFS_CRASH_SEED", 1, f"crash states {kind}")
     disk = RecordedDisk(blkrec, kind, tmp_path)
     try:
         backing = os.path.join(disk.root, "b")

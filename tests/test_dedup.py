@@ -617,19 +617,15 @@ def test_removed_and_replaced_versions_free_their_space(xfs, mount):
         s = os.statvfs(xfs)
         return (s.f_blocks - s.f_bfree) * s.f_frsize
 
-    def settle(want_open):
-        for _ in range(300):                 # the flushers close them
-            if dstats(m)["versions_open"] == want_open:
-                break
-            time.sleep(0.05)
-        assert dstats(m)["versions_open"] == want_open, dstats(m)
+    def settle(want_open):                   # the flushers close them
+        util.wait_until(lambda: dstats(m)["versions_open"] == want_open,
+                        lambda: f"{want_open} versions open: {dstats(m)}", 15)
 
     def used_below(limit):                   # closes and XFS's inode
-        for _ in range(300):                 # inactivation run in the
-            if used() - base < limit:        # background
-                return True
-            time.sleep(0.05)
-        return False
+        util.wait_until(lambda: used() - base < limit,      # inactivation run
+                        lambda: f"less than {limit / MiB} MiB used: "   # in the
+                        f"{(used() - base) / MiB} MiB", 15)              # background
+        return True
 
     base = used()
     rng = random.Random(12)

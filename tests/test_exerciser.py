@@ -1,6 +1,7 @@
 """The random-operation exerciser (tests/exerciser.py) against tierfs.
 
-TIERFS_SEED fixes the seed (default: a fresh one per run, printed on failure);
+TIERFS_SEED fixes the seed (default: a fixed one per run, from its label;
+TIERFS_RANDOM_SEED=1: a random one; printed either way);
 TIERFS_OPS sets the operations of each main run (default 50,000; two main runs,
 so 100,000 operations, plus shorter runs with other eviction policies).
 """
@@ -8,6 +9,7 @@ so 100,000 operations, plus shorter runs with other eviction policies).
 import hashlib
 import os
 import subprocess
+import zlib
 
 import pytest
 
@@ -15,13 +17,8 @@ import util
 from exerciser import Exerciser, Mismatch
 
 OPS = int(os.environ.get("TIERFS_OPS", "50000"))
-SEED = os.environ.get("TIERFS_SEED")
-
-
 def seed_for(label):
-    if SEED:
-        return int(SEED)
-    return int.from_bytes(os.urandom(4), "little")
+    return util.pick_seed("TIERFS_SEED", zlib.crc32(label.encode()), f"exerciser {label}")
 
 
 def compare_dirs(ex, root, what):

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import threading
-import time
 
 import pytest
 
@@ -33,12 +32,10 @@ def ssd(m):
 def settled(m, key, want, timeout=30):
     """ssd statistic key of m once it equals want (a close's release reaches
     the daemon after close(2) has returned)."""
-    end = time.monotonic() + timeout
-    while True:
+    def matching():
         st = ssd(m)
-        if st[key] == want or time.monotonic() > end:
-            return st
-        time.sleep(0.02)
+        return st if st[key] == want else None
+    return util.wait_until(matching, lambda: f"{key} == {want}: {ssd(m)}", timeout, 0.02)
 
 
 def backing_bytes(m, name):

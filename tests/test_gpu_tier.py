@@ -35,12 +35,8 @@ def wait_backlog(m, timeout=60):
 
 
 def wait_gpu_tier(m, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if "gpu" in stats(m)["tiers"]:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no GPU tier: {m.log()}")
+    util.wait_until(lambda: "gpu" in stats(m)["tiers"], lambda: f"a GPU tier: {m.log()}",
+                    timeout, 0.02)
 
 
 def mount_for_hints(mount, **opts):
@@ -48,10 +44,8 @@ def mount_for_hints(mount, **opts):
     directory "ck" on it with prefetching held: (mount, directory)."""
     m = mount(**opts)
     wait_gpu_tier(m)
-    end = time.monotonic() + 60
-    while not stats(m)["tiers"]["gpu"]["fully_mapped"]:
-        assert time.monotonic() < end, stats(m)
-        time.sleep(0.02)
+    util.wait_until(lambda: stats(m)["tiers"]["gpu"]["fully_mapped"],
+                    lambda: f"the GPU cache mapped: {stats(m)}", 60, 0.02)
     d = os.path.join(m.mnt, "ck")
     os.mkdir(d)
     os.setxattr(d, "user.tierfs.prefetch", b"stop")
@@ -108,13 +102,12 @@ def test_prefetch_goes_up_to_the_gpu(mount):
     assert not any("gpu" in tier(n) for n in first), [tier(n) for n in first]
     os.setxattr(d, "user.tierfs.restore_order", "".join(n + "\n" for n in first).encode())
     os.setxattr(d, "user.tierfs.prefetch", b"start")
-    end = time.monotonic() + 30
     # a copy shows in user.tierfs.tier from the start of its promotion, and
     # is counted in files_to_gpu once the promotion is done: wait for both
-    while not all("gpu" in tier(n) for n in first) or \
-            stats(m)["prefetch"]["files_to_gpu"] < 3:
-        assert time.monotonic() < end, ([tier(n) for n in first], stats(m)["prefetch"])
-        time.sleep(0.05)
+    util.wait_until(lambda: all("gpu" in tier(n) for n in first) and
+                    stats(m)["prefetch"]["files_to_gpu"] >= 3,
+                    lambda: f"3 files prefetched to the GPU: {[tier(n) for n in first]} "
+                    f"{stats(m)['prefetch']}", 30)
     p = stats(m)["prefetch"]
     assert p["files_to_gpu"] >= 3 and p["bytes_to_gpu"] >= 3 * 16 * MiB, p
     for i, n in enumerate(first):
@@ -172,12 +165,8 @@ def test_writes_served_before_gpu_cache_is_mapped(mount):
     print(f"first write accepted {first * 1e3:.0f} ms after the mount started; GPU cache {state}")
     assert g is None or g["mapped"] < g["capacity"], \
         "the first write waited for the whole GPU cache"
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        g = stats(m)["tiers"].get("gpu")
-        if g and g.get("fully_mapped"):
-            break
-        time.sleep(0.05)
+    util.wait_until(lambda: (stats(m)["tiers"].get("gpu") or {}).get("fully_mapped"),
+                    "the GPU cache mapped", 60)
     g = stats(m)["tiers"]["gpu"]
     assert g["mapped"] == g["capacity"]
     assert read_nocache(p) == d
@@ -189,12 +178,8 @@ def test_writes_served_before_gpu_cache_is_mapped(mount):
 def test_two_instances_take_turns_pinning(mount):
     a = mount(gpu_cache="256M", host_cache="4G", log="info")
     b = mount(gpu_cache="256M", host_cache="4G", log="info")
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        if stats(a)["tiers"]["host"].get("pinned") and stats(b)["tiers"]["host"].get("pinned"):
-            break
-        time.sleep(0.1)
-    assert stats(a)["tiers"]["host"]["pinned"] and stats(b)["tiers"]["host"]["pinned"]
+    util.wait_until(lambda: stats(a)["tiers"]["host"].get("pinned") and
+                    stats(b)["tiers"]["host"].get("pinned"), "both host caches pinned", 120, 0.1)
     logs = a.log() + b.log()
     pinned = re.findall(r"host cache pinned: .*\(waited ([0-9.]+) s for the pin lock\)", logs)
     assert len(pinned) == 2, logs

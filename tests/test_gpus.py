@@ -26,22 +26,15 @@ def stats(m):
 
 def wait_mapped(m, timeout=60):
     """Until the GPU tier exists and its cache is mapped."""
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    def mapped():
         g = stats(m)["tiers"].get("gpu")
-        if g and g["fully_mapped"]:
-            return g
-        time.sleep(0.02)
-    raise AssertionError(f"no mapped GPU tier: {m.log(20)}")
+        return g if g and g["fully_mapped"] else None
+    return util.wait_until(mapped, lambda: f"a mapped GPU tier: {m.log(20)}", timeout, 0.02)
 
 
 def wait_log(m, text, timeout=30):
-    import time
-    end = time.monotonic() + timeout
-    while text not in m.log():
-        assert time.monotonic() < end, f"no '{text}' in the log: {m.log(20)}"
-        time.sleep(0.05)
+    util.wait_until(lambda: text in m.log(), lambda: f"'{text}' in the log: {m.log(20)}",
+                    timeout)
 
 
 DEV = "user.tierfs.restore_device"
@@ -327,11 +320,9 @@ def test_restore_device_prefetches_into_that_gpu(mount, monkeypatch):
     assert os.getxattr(path, "user.tierfs.tier").decode() == "ssd"
     os.setxattr(path, DEV, f"{ids[1]}\n".encode())
     os.setxattr(path, "user.tierfs.restore_next", b"1")
-    import time
-    end = time.monotonic() + 30
-    while not os.getxattr(path, "user.tierfs.tier").decode().startswith("gpu"):
-        assert time.monotonic() < end, (os.getxattr(path, "user.tierfs.tier"), m.log(20))
-        time.sleep(0.02)
+    util.wait_until(lambda: os.getxattr(path, "user.tierfs.tier").decode().startswith("gpu"),
+                    lambda: f"the copy on a GPU: {os.getxattr(path, 'user.tierfs.tier')} "
+                    f"{m.log(20)}", 30, 0.02)
     g = stats(m)["tiers"]["gpu"]
     assert g["devices"][1]["used"] >= 16 * MiB and g["devices"][0]["used"] == 0, g
     assert_same(read_uncached(path), d, "prefetched into GPU 1")

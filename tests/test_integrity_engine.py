@@ -8,7 +8,6 @@ eviction, flushes and the writers' waits interleave.
 import json
 import os
 import struct
-import time
 
 import pytest
 
@@ -81,13 +80,13 @@ def test_concurrent_truncating_writers(mount, tmp_path, policy, nfiles):
     m = mount(host_cache="64M", evict=policy)
     writers = 6
     rounds = int(os.environ.get("TIERFS_INTEGRITY_ROUNDS", "15"))
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = util.pick_seed("TIERFS_INTEGRITY_SEED", 1, "overwriters")
     outs = [str(tmp_path / f"sizes{w}.json") for w in range(writers)]
     results = util.in_children([(overwriter, (m.mnt, w, rounds, seed + w, 8, 30, nfiles,
                                               outs[w]))
                                 for w in range(writers)])
     failures = [text for ok, text in results if not ok]
-    assert not failures, f"seed {seed}:\n" + "\n".join(failures)
+    assert not failures, f"seed {seed} (TIERFS_INTEGRITY_SEED):\n" + "\n".join(failures)
     m.umount()
     for w in range(writers):
         with open(outs[w]) as f:
@@ -106,19 +105,16 @@ def test_queued_then_deleted_frees_cache(mount):
         with open(os.path.join(m.mnt, "a"), "wb") as f:
             f.write(b"x" * (4 * MiB))
         os.unlink(os.path.join(m.mnt, "a"))
-    deadline = time.time() + 20
-    while True:
+    def emptied():
         st = stats(m.mnt)
-        used = st["tiers"]["host"]["used"]
-        if used == 0 or time.time() > deadline:
-            break
-        time.sleep(0.1)
-    assert used == 0, f"host cache still holds {used} bytes of deleted files"
+        return st if st["tiers"]["host"]["used"] == 0 else None
+    st = util.wait_until(emptied, lambda: f"the host cache empty: it still holds "
+                         f"{stats(m.mnt)['tiers']['host']['used']} bytes of deleted files",
+                         20, 0.1)
     # the space is usable again: a file of nearly the cache's size fits
     # (once the cache is all faulted in: until then only part is usable)
-    while stats(m.mnt)["host_touched"] < st["tiers"]["host"]["capacity"]:
-        assert time.time() < deadline + 30, "host cache never faulted in"
-        time.sleep(0.1)
+    util.wait_until(lambda: stats(m.mnt)["host_touched"] >= st["tiers"]["host"]["capacity"],
+                    "the host cache faulted in", 50, 0.1)
     with open(os.path.join(m.mnt, "b"), "wb") as f:
         f.write(b"y" * (60 * MiB))
     st = stats(m.mnt)
@@ -163,10 +159,9 @@ def test_deleted_open_file_keeps_its_data(mount):
         assert os.pread(fd, len(data), 0) == data
     finally:
         os.close(fd)
-    deadline = time.time() + 20
-    while stats(m.mnt)["tiers"]["host"]["used"] > 3 * 6 * MiB:
-        assert time.time() < deadline, stats(m.mnt)["tiers"]["host"]
-        time.sleep(0.1)
+    util.wait_until(lambda: stats(m.mnt)["tiers"]["host"]["used"] <= 3 * 6 * MiB,
+                    lambda: f"at most 18 MiB in the host cache: {stats(m.mnt)['tiers']['host']}",
+                    20, 0.1)
 
 
 def reader_churn(mnt, worker, n):
@@ -215,10 +210,9 @@ def test_copy_discarded_while_its_flush_runs(mount, monkeypatch):
     path = os.path.join(m.mnt, "f")
     data = util.randbytes(8 * MiB)
     util.write_file(path, data)        # to the GPU tier; its release cascades it
-    deadline = time.monotonic() + 10
-    while b"host" not in os.getxattr(path, "user.tierfs.tier"):
-        assert time.monotonic() < deadline, os.getxattr(path, "user.tierfs.tier")
-        time.sleep(0.01)
+    util.wait_until(lambda: b"host" in os.getxattr(path, "user.tierfs.tier"),
+                    lambda: f"the copy in host memory: {os.getxattr(path, 'user.tierfs.tier')}",
+                    10, 0.01)
     os.truncate(path, 48 * MiB)       # room in neither cache: write-through
     want = data + bytes(40 * MiB)
     util.assert_same(util.read_file(path), want, "through the mount")

@@ -45,15 +45,6 @@ def removed_held(m):
             if t.startswith(m.backing + "/") and t.endswith(" (deleted)")]
 
 
-def wait_for(cond, timeout=10.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
-
-
 def settle(m):
     """Wait until no flush is queued or running (the stats say so)."""
     util.wait_flushed(m, timeout=20)
@@ -135,7 +126,7 @@ def test_unlinked_file_space_returned(mount):
     os.stat(a)
     settle(m)
     os.unlink(a)
-    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.wait_until(lambda: not removed_held(m), lambda: f"no removed file held: {removed_held(m)}")
 
 
 def test_renamed_over_file_space_returned(mount):
@@ -150,7 +141,7 @@ def test_renamed_over_file_space_returned(mount):
     util.write_file(c, new)
     settle(m)
     os.rename(c, b)
-    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.wait_until(lambda: not removed_held(m), lambda: f"no removed file held: {removed_held(m)}")
     util.assert_same(util.read_file(b), new)
 
 
@@ -167,7 +158,7 @@ def test_open_unlinked_file_kept_until_close(mount):
     os.unlink(d)
     util.assert_same(util.pread_all(fd, len(data)), data)
     os.close(fd)
-    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.wait_until(lambda: not removed_held(m), lambda: f"no removed file held: {removed_held(m)}")
 
 
 def test_many_removed_files_not_held(mount):
@@ -178,7 +169,7 @@ def test_many_removed_files_not_held(mount):
         if i >= 4:
             os.unlink(os.path.join(m.mnt, f"ck{i - 4}"))
     settle(m)
-    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.wait_until(lambda: not removed_held(m), lambda: f"no removed file held: {removed_held(m)}")
     assert sorted(os.listdir(m.mnt)) == sorted(f"ck{i}" for i in range(36, 40))
 
 
@@ -297,7 +288,7 @@ def test_written_through_unlinked_file_space_returned(mount):
     os.unlink(p)
     util.assert_same(util.pread_all(fd, len(data)), data)
     os.close(fd)
-    assert wait_for(lambda: not removed_held(m)), removed_held(m)
+    util.wait_until(lambda: not removed_held(m), lambda: f"no removed file held: {removed_held(m)}")
 
 
 def test_daemon_out_of_descriptors_is_emfile(mount):
@@ -474,7 +465,7 @@ def backing_stat(m, name):
 def wait_flushed(m, name, size):
     """Wait until the backing file has its new size (the kernel sends the
     release that queues the flush after close() returned), then settle."""
-    assert wait_for(lambda: backing_stat(m, name).st_size == size), name
+    util.wait_until(lambda: backing_stat(m, name).st_size == size, f"{name}'s size in the backing directory")
     settle(m)
 
 

@@ -52,8 +52,8 @@ def run_refused(cmd, mnt, timeout=10):
     """Run a daemon that must refuse to start: (exit status, its output).
     One that mounts after all is unmounted again and fails the test."""
     before = util.is_mounted(mnt)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = util.popen_with_default_signals(cmd, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -71,16 +71,13 @@ def run_refused(cmd, mnt, timeout=10):
 
 
 def wait_gone(pid, timeout=util.EXIT_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def gone():
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
         except FileNotFoundError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"daemon {pid} did not exit within {timeout}s")
+            return True
+    util.wait_until(gone, f"daemon {pid} to exit", timeout)
 
 
 
@@ -291,10 +288,7 @@ def test_flush_error_not_reported_to_readers(mount, small_tmpfs):
         fd = os.open(j(m.mnt, "a"), os.O_WRONLY | os.O_CREAT, 0o644)
         assert os.write(fd, a) == len(a)
         close_quiet(fd)                          # may already report ENOSPC
-        deadline = time.monotonic() + 30
-        while stats(m)["ssd"].get("flush_errors", 0) == 0:
-            assert time.monotonic() < deadline, "the flush never failed"
-            time.sleep(0.05)
+        util.wait_until(lambda: stats(m)["ssd"].get("flush_errors", 0), "the flush to fail", 30)
 
         # readers: right data, and close() succeeds
         for _ in range(3):
@@ -439,10 +433,10 @@ def test_unmount_ends_when_backing_full(tmp_path, small_tmpfs):
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.ismount(mnt):
-            assert proc.poll() is None and time.monotonic() < deadline, "no mount"
-            time.sleep(0.02)
+        def mounted():
+            assert proc.poll() is None, f"the daemon exited with {proc.returncode}"
+            return os.path.ismount(mnt)
+        util.wait_until(mounted, "the mount", 10, 0.02)
         sizes = {"a": 6 * MiB, "b": 4 * MiB + 123}
         for name, size in sizes.items():
             fd = os.open(j(mnt, name), os.O_WRONLY | os.O_CREAT, 0o644)

@@ -34,21 +34,11 @@ def xattr(path, name):
     return os.getxattr(path, name).decode()
 
 
-def wait_for(cond, what, timeout=60):
-    """Liveness only: poll cond() until true (a test fails after timeout)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def first_copies(m):
     """Until what was written is on the SSD and copied to DIR (the daemon
     is killed next: what only the cache held would be lost)."""
     util.wait_flushed(m)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the first copies")
 
 
 def leftovers(top):
@@ -182,7 +172,7 @@ def test_restart_on_another_node(mount, pdir):
     a = mount(persist=pdir)
     want = write_ckpts(a)
     # drain without sync: poll the statistics
-    wait_for(lambda: pstats(a)["files_persisted"] >= len(want) and
+    util.wait_until(lambda: pstats(a)["files_persisted"] >= len(want) and
              pstats(a)["backlog_files"] == 0, "the drain")
     a.kill(signal.SIGKILL)
     shutil.rmtree(a.backing)
@@ -283,9 +273,9 @@ def test_dir_full(mount, small_tmpfs):
     os.close(fd)
     assert read_file(j(m.mnt, "ck", "b")) == more
     os.unlink(filler)
-    wait_for(lambda: os.path.exists(j(small_tmpfs, "ck", "a")), "the retry")
+    util.wait_until(lambda: os.path.exists(j(small_tmpfs, "ck", "a")), "the retry")
     assert read_file(j(small_tmpfs, "ck", "a")) == data
-    wait_for(lambda: "pfs:PERSISTED" in xattr(j(m.mnt, "ck", "a"), "user.tierfs.state"),
+    util.wait_until(lambda: "pfs:PERSISTED" in xattr(j(m.mnt, "ck", "a"), "user.tierfs.state"),
              "the state")
     # b (5 MiB) can never fit: unmount gives up after persist_wait, says so
     m.umount()
@@ -305,7 +295,7 @@ def test_dir_removed(mount, tmp_path):
     assert ei.value.errno == errno.ENOENT
     assert read_file(j(m.mnt, "x")) == b"data of x"
     os.mkdir(d)
-    wait_for(lambda: os.path.exists(j(d, "x")), "the retry")
+    util.wait_until(lambda: os.path.exists(j(d, "x")), "the retry")
     assert read_file(j(d, "x")) == b"data of x"
     assert pstats(m)["errors"] >= 1
     m.umount()
@@ -333,7 +323,7 @@ def test_dir_read_only(mount, small_tmpfs):
     subprocess.run(["mount", "-o", "remount,rw", small_tmpfs], check=True)
     # the next mount over this backing directory resumes them (its journal)
     m.start()
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed copies")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed copies")
     assert read_file(j(small_tmpfs, "y")) == b"data of y"
     assert read_file(j(small_tmpfs, "z")) == b"z"
     m.umount()
@@ -360,7 +350,7 @@ def test_kill_resumes_from_journal(mount, pdir):
     m.start(persist_bw=None)
     assert not os.path.exists(j(m.mnt, "old"))
     assert "old" not in os.listdir(m.mnt)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0 and
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0 and
              not os.path.exists(j(pdir, "old")), "the resumed queue")
     m.umount()
     assert tree(pdir) == want
@@ -385,9 +375,7 @@ def test_torture_then_dir_matches_backing(tmp_path, crash):
            "--mount-opts", f"persist={pdir},persist_all,persist_wait=300"]
     if crash:
         cmd += ["--crash"]
-    seed = os.environ.get("TIERFS_TORTURE_SEED")
-    if seed:
-        cmd += ["--seed", seed]
+    cmd += ["--seed", str(util.pick_seed("TIERFS_TORTURE_SEED", 1, "torture"))]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=600, env=dict(os.environ, TIERFS_BIN=util.tierfs_bin()))
     assert r.returncode == 0, r.stdout[-20000:]
@@ -414,7 +402,7 @@ def test_versions_never_mixed(mount, pdir):
             f.write(bytes([v]) * size)          # in place: the same file
             os.fsync(f.fileno())
         if v == 20:
-            wait_for(lambda: os.path.exists(copy), "a first copy")
+            util.wait_until(lambda: os.path.exists(copy), "a first copy")
         try:
             got = read_file(copy)
         except FileNotFoundError:
@@ -440,7 +428,7 @@ def test_small_first_versions_drain_without_asking(mount, pdir):
         return all(os.path.exists(j(pdir, rel)) and read_file(j(pdir, rel)) == data
                    for rel, data in want.items())
 
-    wait_for(drained, "the small files in DIR", timeout=30)
+    util.wait_until(drained, "the small files in DIR", timeout=30)
     m.umount()
     assert tree(pdir) == want
 
@@ -499,7 +487,7 @@ def passthrough(tmp_path):
     proc = subprocess.Popen([str(exe), "-f", "-o", f"source={data}", str(mnt)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: util.is_mounted(str(mnt)), "passthrough_ll's mount", 20)
+        util.wait_until(lambda: util.is_mounted(str(mnt)), "passthrough_ll's mount", 20)
         yield str(mnt), proc.pid
     finally:
         os.kill(proc.pid, signal.SIGCONT)
@@ -551,7 +539,7 @@ def test_dir_hangs(mount, passthrough):
     finally:
         os.kill(pid, signal.SIGCONT)
     m.start(persist_wait=60)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     assert tree(pdir) == {"before": b"before the hang", "during": data,
                           "sub/f": b"in a new directory"}
@@ -624,7 +612,7 @@ def test_hard_linked_names_a_restarted_daemon_does_not_know(mount, pdir):
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the copies")
     m.umount()
     got = tree(pdir)
     assert sorted(got) == ["w/f1", "w/f3"]
@@ -645,7 +633,7 @@ def test_created_file_killed_before_its_first_flush(mount, pdir):
     os.close(os.open(j(m.mnt, "empty"), os.O_WRONLY | os.O_CREAT, 0o644))
     m.kill(signal.SIGKILL)
     m.start(persist_bw=None)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     assert sorted(tree(pdir)) == sorted(tree(m.backing)) == ["big", "empty"]
 
@@ -675,7 +663,7 @@ def test_kill_right_after_a_name_is_made(mount, pdir, monkeypatch, how):
     assert m.wait_death() == -9, m.log(tail=50)
     monkeypatch.delenv("TIERFS_FAULT")
     m.start()
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     want = tree(m.backing)
     assert sorted(want) == ["a", "b"]
@@ -735,7 +723,7 @@ def test_kill_after_a_rename_whose_source_was_made_again(mount, pdir, what):
     assert pstats(m)["backlog_files"] > 0      # the rename still waits
     m.kill(signal.SIGKILL)
     m.start(persist_bw=None)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     m.umount()
     want = tree(m.backing)
     assert sorted(want) == (["B/f", "big"] if what == "dir" else ["A", "B", "big"])
@@ -751,7 +739,7 @@ def test_file_made_and_closed_empty_reaches_dir(mount, pdir):
     fd = os.open(j(m.mnt, "not-this"), os.O_WRONLY | os.O_CREAT, 0o644)
     os.setxattr(j(m.mnt, "not-this"), PX, b"0")
     os.close(fd)
-    wait_for(lambda: os.path.exists(j(pdir, "marker")), "the empty file in DIR")
+    util.wait_until(lambda: os.path.exists(j(pdir, "marker")), "the empty file in DIR")
     m.umount()
     assert tree(pdir) == {"marker": b""}
 
@@ -764,7 +752,7 @@ def test_file_made_by_mknod_reaches_dir(mount, pdir):
     m = mount(persist=pdir, persist_all=True)
     os.mknod(j(m.mnt, "made"), 0o644 | stat.S_IFREG)
     os.mkfifo(j(m.mnt, "fifo"))
-    wait_for(lambda: os.path.exists(j(pdir, "made")), "the mknod'ed file in DIR")
+    util.wait_until(lambda: os.path.exists(j(pdir, "made")), "the mknod'ed file in DIR")
     assert read_file(j(pdir, "made")) == b""
     write_file(j(m.mnt, "made"), b"now with data")
     m.umount()
@@ -793,7 +781,7 @@ def test_hard_linked_file_written_through_a_removed_name(mount, pdir):
         os.fsync(fd)
     finally:
         os.close(fd)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the copies")
     m.umount()
     got = tree(pdir)
     assert sorted(got) == ["w/f0", "w/f7"]
@@ -821,7 +809,7 @@ def test_hard_link_in_another_directory_a_restarted_daemon_does_not_know(mount, 
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the copies")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the copies")
     m.umount()
     got = tree(pdir)
     assert sorted(got) == ["a/ck", "b/deep/ck-link", "b/other"]

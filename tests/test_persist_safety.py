@@ -19,7 +19,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -41,15 +40,6 @@ def pstats(m):
 
 def state(path):
     return os.getxattr(path, "user.tierfs.state").decode()
-
-
-def wait_for(cond, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def as_user(user, fn, *args, cwd):
@@ -178,7 +168,7 @@ def test_symlinked_directory_is_not_followed(mount, layout):
     as_user(b, _b_write, "evil/newest", b"y", cwd=mb)
     as_user(b, _b_sync_fails, "evil/newest", cwd=mb)
     util.wait_flushed(m)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     st = pstats(m)
     assert st["errors"] > errors0 and st["failed"] >= 2, st
     out = subprocess.run([sys.executable, j(util.REPO_DIR, "tools", "tierfs-stat"), m.mnt],
@@ -207,7 +197,7 @@ def test_rename_through_a_symlinked_directory(mount, layout):
     as_user(b, os.setxattr, "into", PX, b"sync", cwd=mb)
     as_user(b, os.rename, "into", "r1/other1", cwd=mb)
     util.wait_flushed(m)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     m.umount()
     assert snapshot(layout["secret"]) == before
     assert not os.path.exists(j(db, "moved")) or read_file(j(db, "moved")) != b"root's own victim"
@@ -248,13 +238,9 @@ def test_fetch_through_a_symlinked_directory(mount, layout):
 def _b_swaps_during_copy(target):
     """Wait until the copy of slow/big has its temporary in DIR/b/slow, then
     move the directory away and put a symlink to the secret in its place."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if os.path.isdir("slow") and any(n.startswith(".tierfs") for n in os.listdir("slow")):
-            break
-        time.sleep(0.005)
-    else:
-        raise AssertionError("no copy in progress seen")
+    util.wait_until(lambda: os.path.isdir("slow") and
+                    any(n.startswith(".tierfs") for n in os.listdir("slow")),
+                    "a copy in progress", 30, 0.005)
     os.rename("slow", "slow.moved")
     os.symlink(target, "slow")
 
@@ -270,7 +256,7 @@ def test_directory_swapped_for_a_symlink_during_a_copy(mount, layout):
     as_user(b, _b_write, "slow/big", data, cwd=mb)
     as_user(b, _b_swaps_during_copy, layout["secret"], cwd=db)
     util.wait_flushed(m)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     m.umount()
     assert snapshot(layout["secret"]) == before
     # the copy went where the directory went, as b's file
@@ -344,7 +330,7 @@ def test_path_longer_than_path_max_is_not_skipped_silently(mount, layout):
     os.write(wfd, b"deep data")
     os.close(wfd)
     util.wait_flushed(m)
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     st = pstats(m)
     copied = False
     # in DIR, or reported: state, statistics, log, the unmount's summary
@@ -413,7 +399,7 @@ def test_dotdot_in_journal_paths_is_refused(mount, layout):
         for kf, p1, p2 in recs:
             f.write(kf.encode() + b"\0" + p1.encode() + b"\0" + p2.encode() + b"\0")
     m.start()
-    wait_for(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     util.wait_flushed(m)
     m.umount()
     assert snapshot(layout["secret"]) == before

@@ -12,7 +12,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -46,13 +45,10 @@ def drop_page_cache(path):
 def wait_touched(m, timeout=60):
     """Wait until the host cache is faulted in: the background toucher
     changes host_touched while it runs."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def touched():
         s = stats_of(m)
-        if s.get("host_touched", 0) >= s["tiers"]["host"]["capacity"]:
-            return
-        assert time.monotonic() < deadline, f"host cache never touched: {s}"
-        time.sleep(0.02)
+        return s.get("host_touched", 0) >= s["tiers"]["host"]["capacity"]
+    util.wait_until(touched, lambda: f"the host cache touched: {stats_of(m)}", timeout, 0.02)
 
 
 def parse_size(text):
@@ -210,19 +206,23 @@ def test_json(tfs):
 
 @pytest.mark.daemon
 def test_watch_redraws_until_interrupted(tfs):
-    p = subprocess.Popen([sys.executable, TOOL, tfs.mnt, "--watch", "0.1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # it is sent SIGINT: whatever this process ignores, the tool must not
+    p = util.popen_with_default_signals([sys.executable, TOOL, tfs.mnt, "--watch", "0.1"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    raw = b""
+
+    def three_frames():
+        nonlocal raw
+        ready, _, _ = select.select([p.stdout], [], [], 0.5)
+        if ready:
+            chunk = os.read(p.stdout.fileno(), 65536)
+            assert chunk, f"tool exited: {raw!r} {p.stderr.read()!r}"
+            raw += chunk
+        return raw.count(b"\x1b[2J") >= 3
+
     try:
         # wait for at least three frames, judged by the output, not by time
-        deadline = time.monotonic() + 20
-        raw = b""
-        while raw.count(b"\x1b[2J") < 3:
-            assert time.monotonic() < deadline, f"no redraws: {raw!r}"
-            ready, _, _ = select.select([p.stdout], [], [], 0.5)
-            if ready:
-                chunk = os.read(p.stdout.fileno(), 65536)
-                assert chunk, f"tool exited: {raw!r} {p.stderr.read()!r}"
-                raw += chunk
+        util.wait_until(three_frames, lambda: f"three redraws: {raw!r}", 20, 0)
         p.send_signal(signal.SIGINT)
         rest, err = p.communicate(timeout=10)
         raw += rest
@@ -355,10 +355,8 @@ def test_gpus_line(mount, monkeypatch):
     how much of it holds data; a one-GPU layout has no such line."""
     gpus = util.gpus_or_fake(monkeypatch, 2)
     m = mount(gpu=gpus, gpu_cache="32M", host_cache="64M")
-    deadline = time.monotonic() + 60
-    while '"fully_mapped":true' not in os.getxattr(m.mnt, "user.tierfs.stats").decode():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    util.wait_until(lambda: '"fully_mapped":true' in os.getxattr(m.mnt, "user.tierfs.stats").decode(),
+                    "the GPU caches mapped")
     first, second = gpus.split(":")
     with open(os.path.join(m.mnt, "a"), "wb") as f:             # GPU 0's, the default
         f.truncate(20 * MiB)                                    # one copy of its size

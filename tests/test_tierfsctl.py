@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -152,10 +151,10 @@ def test_record_ends_with_the_mount(tfs, tmp_path):
     p = subprocess.Popen([sys.executable, TOOL, "record", tfs.mnt, rec, "--interval", "0.05"],
                          stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(rec) or os.path.getsize(rec) == 0:
-            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read()
-            time.sleep(0.05)
+        def recorded():
+            assert p.poll() is None, p.stderr.read()
+            return os.path.exists(rec) and os.path.getsize(rec) > 0
+        util.wait_until(recorded, "a first record", 30)
         tfs.umount()
         assert p.wait(timeout=60) == 0, p.stderr.read()
     finally:
@@ -178,10 +177,8 @@ def test_wait_follows_a_daemon_to_its_end(mount, monkeypatch):
     proc = a.proc
     r = subprocess.run(["umount", a.mnt], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    deadline = time.monotonic() + 30
-    while os.path.exists(os.path.join(a.backing, ".tierfs.lock")):
-        assert time.monotonic() < deadline, "the lock file stayed"
-        time.sleep(0.01)
+    util.wait_until(lambda: not os.path.exists(os.path.join(a.backing, ".tierfs.lock")),
+                    "the lock file to go", 30, 0.01)
     assert proc.poll() is None, "exited at once: the fault point was not reached"
     ok("wait", a.mnt)
     assert proc.poll() is not None, "wait returned before the daemon exited"
@@ -255,18 +252,18 @@ def test_warmup_stalls_when_prefetch_is_held(mount):
 @pytest.mark.daemon
 def test_record_and_plot(tfs, tmp_path):
     rec = str(tmp_path / "run.jsonl")
-    p = subprocess.Popen([sys.executable, TOOL, "record", tfs.mnt, rec, "--interval", "0.05"],
-                         stderr=subprocess.PIPE, text=True)
+    p = util.popen_with_default_signals([sys.executable, TOOL, "record", tfs.mnt, rec,
+                                         "--interval", "0.05"], stderr=subprocess.PIPE, text=True)
     try:
         for i in range(6):
             write_file(os.path.join(tfs.mnt, f"f{i}"), randbytes(4 * MiB))
         tierfs.restore_order(tfs.mnt, [f"f{i}" for i in range(6)])
         for i in range(6):
             read_file(os.path.join(tfs.mnt, f"f{i}"))
-        deadline = time.monotonic() + 30
-        while not os.path.exists(rec) or sum(1 for _ in open(rec)) < 5:
-            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read()
-            time.sleep(0.05)
+        def recorded():
+            assert p.poll() is None, p.stderr.read()
+            return os.path.exists(rec) and sum(1 for _ in open(rec)) >= 5
+        util.wait_until(recorded, "five records", 30)
     finally:
         p.terminate()
         p.wait(timeout=30)

@@ -11,7 +11,8 @@ Environment
   TIERFS_TORTURE_SECONDS  seconds per daemon run (default 40)
   TIERFS_TORTURE_RATE     MiB/s written + read per run (default 64: at most
                           ~2.5 GiB a run; 0: as fast as it goes)
-  TIERFS_TORTURE_SEED     fix the seed (default: a fresh one per run, printed)
+  TIERFS_TORTURE_SEED     the seed (default 1; TIERFS_RANDOM_SEED=1: a random
+                          one per run; printed either way)
   TIERFS_TORTURE_LONG=1   also the long run: one hour or 1,000,000 operations
                           (TIERFS_TORTURE_LONG_SECONDS, TIERFS_TORTURE_LONG_OPS)
   TIERFS_TORTURE_ARGS     more harness arguments for every daemon run,
@@ -39,8 +40,7 @@ EXTRA = shlex.split(os.environ.get("TIERFS_TORTURE_ARGS", ""))
 
 
 def seed_args():
-    seed = os.environ.get("TIERFS_TORTURE_SEED")
-    return ["--seed", seed] if seed else []
+    return ["--seed", str(util.pick_seed("TIERFS_TORTURE_SEED", 1, "torture"))]
 
 
 def run_harness(args, tmp_path, timeout):

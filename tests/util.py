@@ -54,6 +54,76 @@ def require_daemon(why="needs the tierfs daemon"):
         pytest.skip(f"{why} (TIERFS_TEST_PLAIN)")
 
 
+# ---------------------------------------------------------------- waiting, seeds, children
+
+def wait_until(cond, what, timeout=60, interval=0.05):
+    """Call cond() every `interval` seconds until it returns something true,
+    and return that.  After `timeout` seconds raise AssertionError naming
+    `what` (what was waited for; a callable is called then, for a message
+    with the state at that moment).  For liveness only: a test never
+    asserts how fast something happens."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for "
+                                 f"{what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def random_seed_wanted():
+    """TIERFS_RANDOM_SEED set, non-empty and not "0": seeds from the clock."""
+    return os.environ.get("TIERFS_RANDOM_SEED", "") not in ("", "0")
+
+
+def pick_seed(env, default, what):
+    """The seed of a randomised test (tests/README.md, "Seeds"): $env if
+    set, else one drawn at random with TIERFS_RANDOM_SEED=1, else
+    `default`, so that the default test command runs the same cases each
+    time.  Printed either way (pytest shows it with a failure)."""
+    given = os.environ.get(env, "") if env else ""
+    if given:
+        seed, src = int(given, 0), env
+    elif random_seed_wanted():
+        seed, src = int.from_bytes(os.urandom(4), "little"), "TIERFS_RANDOM_SEED"
+    else:
+        seed, src = default, "the fixed default; TIERFS_RANDOM_SEED=1 for a random one"
+    print(f"{what}: seed {seed} ({src}{'; ' + env + '=' + str(seed) + ' replays it' if env else ''})")
+    return seed
+
+
+_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP,
+                    signal.SIGPIPE)
+
+
+def default_signals():
+    """In a child before exec: the signals a test may send back to their
+    default dispositions, and none blocked.  The test runner may have been
+    started with some ignored (`nohup` ignores SIGHUP; a shell's `cmd &`
+    without job control ignores SIGINT and SIGQUIT) or blocked, and a child
+    inherits both: a SIGINT sent to it would then do nothing."""
+    for sig in _DEFAULT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def popen_with_default_signals(cmd, **kw):
+    """subprocess.Popen(cmd, **kw) for a child the test will signal: its
+    SIGINT, SIGTERM, SIGQUIT, SIGHUP and SIGPIPE at their defaults, nothing
+    blocked (default_signals), whatever this process inherited.  (Popen's
+    restore_signals resets only SIGPIPE, SIGXFZ and SIGXFSZ.)  A caller's
+    own preexec_fn runs after."""
+    extra = kw.pop("preexec_fn", None)
+
+    def preexec():
+        default_signals()
+        if extra:
+            extra()
+    return subprocess.Popen(cmd, preexec_fn=preexec, **kw)
+
+
 # ---------------------------------------------------------------- mounts
 
 def is_mounted(path):
@@ -215,9 +285,11 @@ class Mount:
                 import resource
                 resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
         with open(logpath, "wb") as logf:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                    stderr=subprocess.STDOUT, env=env,
-                                    preexec_fn=preexec)
+            # Mount.kill() signals it (libfuse keeps an ignored SIGINT,
+            # SIGTERM or SIGHUP ignored)
+            proc = popen_with_default_signals(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                              stderr=subprocess.STDOUT, env=env,
+                                              preexec_fn=preexec)
         self.proc = proc
         run = [cmd, logpath, proc, None]
         self.runs.append(run)
@@ -251,17 +323,17 @@ class Mount:
         is_gpu = spec == "all" or (spec and all(x.isdigit() for x in spec.split(":")))
         if not is_gpu or not self.wait_gpu:     # "1", "0:1", "all"
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def up():
             try:
                 if b'"fully_mapped":true' in os.getxattr(self.mnt, "user.tierfs.stats"):
-                    return
+                    return True
             except OSError:
                 pass
-            if "GPU tier: not available" in self.log():
-                return
-            time.sleep(0.02)
-        raise DaemonError(f"the GPU tier was not up and mapped in {timeout}s\n{self.log()}")
+            return "GPU tier: not available" in self.log()
+        try:
+            wait_until(up, "the GPU tier up and mapped", timeout, 0.02)
+        except AssertionError as e:
+            raise DaemonError(f"{e}\n{self.log()}") from None
 
     def log(self, tail=None):
         """The daemon output of every run of this mount, oldest first."""
@@ -434,14 +506,11 @@ class Mount:
 def wait_flushed(m, timeout=60):
     """Until mount m has no flush queued or running (user.tierfs.stats).
     What waits for its age (-o flush_age) is asked for at each look."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    def drained():
         os.setxattr(m.mnt, "user.tierfs.flush", b"")
         st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
-        if st["ssd"]["flush_backlog"] == 0 and not st["ssd"]["flushes_running"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("flush backlog stuck")
+        return st["ssd"]["flush_backlog"] == 0 and not st["ssd"]["flushes_running"]
+    wait_until(drained, "the flush backlog to drain", timeout)
 
 
 def rng_for(seed):

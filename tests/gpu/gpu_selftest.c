@@ -29,7 +29,8 @@
  *                  (informational, never a check).
  *
  * Environment: TIERFS_GPU_DEV (device, default 0), TIERFS_SELFTEST_SEED
- * (random seed, printed either way), TIERFS_SELFTEST_VMM_MIB (cache size,
+ * (the seed; default 1, TIERFS_RANDOM_SEED=1: one from the clock; printed
+ * either way), TIERFS_SELFTEST_VMM_MIB (cache size,
  * default 1024, at least 512), TIERFS_SELFTEST_OOM=0 (skip the check that
  * fills the whole device).
  *
@@ -61,13 +62,13 @@
 
 #include "gpu.h"
 #include "gpu_dl.h"
+#include "../unit/testutil.h"
 
 #define KiB		((uint64_t)1 << 10)
 #define MiB		((uint64_t)1 << 20)
 #define GiB		((uint64_t)1 << 30)
 #define BIG		(256 * MiB)	/* largest copy, bandwidth size */
 
-static int n_checks, n_failed;
 
 /* The daemon's logger, here: to stderr, indented under the checks. */
 void tierfs_log(int level, const char *fmt, ...)
@@ -83,24 +84,6 @@ void tierfs_log(int level, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static bool check(bool ok, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	n_checks++;
-	if (!ok)
-		n_failed++;
-	printf("%s: ", ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	return ok;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
@@ -114,22 +97,6 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
 	const char *s = getenv(name);
 
 	return s && *s ? strtoull(s, NULL, 0) : dflt;
-}
-
-/* xorshift64*: reproducible from the printed seed. */
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static uint64_t rng_below(uint64_t n)
-{
-	return n ? rng() % n : 0;
 }
 
 /* Fill with a stream determined by seed alone (both IPC ends agree). */
@@ -150,9 +117,9 @@ static void fill_pattern(void *p, size_t len, uint64_t seed)
 		c[i] = (unsigned char)(seed >> (i % 8 * 8)) ^ (unsigned char)i;
 }
 
-static void fill_random(void *p, size_t len)
+static void fill_random_pattern(void *p, size_t len)
 {
-	fill_pattern(p, len, rng());
+	fill_pattern(p, len, rnd());
 }
 
 /* First differing offset, or -1. */
@@ -192,7 +159,7 @@ static int test_vmm_create(struct cache *c, uint64_t size)
 	bool early_done = false, mark;
 	int ret;
 
-	fill_random(a, 4 * MiB);
+	fill_random_pattern(a, 4 * MiB);
 	t0 = now_s();
 	ret = gpu_vmm_create(&c->v, size, false);
 	if (!check(ret == 0, "gpu_vmm_create(%" PRIu64 " MiB) = %d in %.2f ms",
@@ -267,7 +234,7 @@ static int cache_fill(struct cache *c)
 	c->shadow = malloc(c->size);
 	if (!c->shadow)
 		return -ENOMEM;
-	fill_random(c->shadow, c->size);
+	fill_random_pattern(c->shadow, c->size);
 	for (off = 0; off < c->size && !ret; off += n) {
 		n = c->size - off < BIG ? c->size - off : BIG;
 		ret = gpu_copy_htod(c->base + off, c->shadow + off, n);
@@ -312,12 +279,12 @@ static bool round_trip(struct cache *c, uint64_t off, uint64_t len,
 		       unsigned char *src, unsigned char *dst, size_t bufsz,
 		       const char *kind)
 {
-	uint64_t soff = rng_below(bufsz - len + 1);
-	uint64_t doff = 1 + rng_below(bufsz - len - 1);
+	uint64_t soff = rnd_below(bufsz - len + 1);
+	uint64_t doff = 1 + rnd_below(bufsz - len - 1);
 	long long d;
 	int ret;
 
-	fill_random(src + soff, len);
+	fill_random_pattern(src + soff, len);
 	dst[doff - 1] = 0xa5;
 	dst[doff + len] = 0x5a;
 	ret = gpu_copy_htod(c->base + off, src + soff, len);
@@ -349,7 +316,7 @@ static void test_round_trips(struct cache *c, unsigned char *src,
 		{ 7, BIG - 8 },
 		{ s - BIG, BIG },			/* the tail, 256 MiB */
 		{ s - 1, 1 },
-		{ rng_below(s - 4 * MiB), 1 + rng_below(4 * MiB) },
+		{ rnd_below(s - 4 * MiB), 1 + rnd_below(4 * MiB) },
 	};
 	unsigned i;
 
@@ -658,7 +625,7 @@ out:
 static void test_ipc(int dev, struct cache *c)
 {
 	const uint64_t len = 64 * MiB + 12345;
-	struct ipc_msg m = { .len = len, .seed = rng() | 1, .dev = dev };
+	struct ipc_msg m = { .len = len, .seed = rnd() | 1, .dev = dev };
 	unsigned char *host = malloc(len), *back = malloc(len);
 	unsigned char handle[GPU_IPC_HANDLE_SIZE];
 	uint64_t base = 0, size = 0, d = 0, s = 0;
@@ -885,14 +852,11 @@ int main(int argc, char **argv)
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	dev = (int)env_u64("TIERFS_GPU_DEV", 0);
-	seed = env_u64("TIERFS_SELFTEST_SEED", (uint64_t)time(NULL) ^
-		       ((uint64_t)getpid() << 32));
+	seed = tu_seed("INFO:", NULL, "TIERFS_SELFTEST_SEED", 1, NULL);
 	rng_state = seed | 1;
 	vmm_size = env_u64("TIERFS_SELFTEST_VMM_MIB", 1024) * MiB;
 	if (vmm_size < 512 * MiB)
 		vmm_size = 512 * MiB;
-	printf("INFO: seed %" PRIu64 " (TIERFS_SELFTEST_SEED to repeat)\n",
-	       seed);
 
 	if (!gpu_built()) {
 		printf("SKIP: gpu/ built without CUDA\n");

@@ -34,8 +34,9 @@
  * (gpu_copy_dtod: reads and writes each byte, so its GB/s counts half
  * the traffic).
  *
- * Environment: TIERFS_GPU_DEV (device, default 0), TIERFS_HASH_SEED
- * (random seed, printed either way), TIERFS_HASH_REPS (timed runs, 9),
+ * Usage: test_gpu_hash [seed].  Environment: TIERFS_GPU_DEV (device,
+ * default 0), TIERFS_HASH_SEED (the seed, if no argument; default 1,
+ * TIERFS_RANDOM_SEED=1: one from the clock; printed either way), TIERFS_HASH_REPS (timed runs, 9),
  * TIERFS_HASH_BENCH_MIB (benchmark size, default 1024, at least 256).
  *
  * Built by `make check` (CUDA build with libxxhash-dev); libxxhash is
@@ -56,6 +57,7 @@
 
 #include "gpu.h"
 #include "gpu_dl.h"
+#include "../unit/testutil.h"
 
 #define KiB		((uint64_t)1 << 10)
 #define MiB		((uint64_t)1 << 20)
@@ -66,7 +68,6 @@
 
 typedef uint8_t hash_t[GPU_HASH_SIZE];
 
-static int n_checks, n_failed;
 
 /* The daemon's logger, here: to stderr, indented under the checks. */
 void tierfs_log(int level, const char *fmt, ...)
@@ -82,24 +83,6 @@ void tierfs_log(int level, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static bool check(bool ok, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	n_checks++;
-	if (!ok)
-		n_failed++;
-	printf("%s: ", ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	return ok;
-}
-
 static double now_s(void)
 {
 	struct timespec ts;
@@ -113,30 +96,6 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
 	const char *s = getenv(name);
 
 	return s && *s ? strtoull(s, NULL, 0) : dflt;
-}
-
-/* xorshift64*: reproducible from the printed seed. */
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static void fill_random(uint8_t *p, size_t n)
-{
-	uint64_t v;
-	size_t i;
-
-	for (i = 0; i + 8 <= n; i += 8) {
-		v = rng();
-		memcpy(p + i, &v, 8);
-	}
-	for (; i < n; i++)
-		p[i] = (uint8_t)rng();
 }
 
 static void hex(const uint8_t h[GPU_HASH_SIZE], char out[33])
@@ -289,10 +248,10 @@ static void test_lengths(void)
 	bad = 0;
 	first[0] = '\0';
 	for (i = 0; i < 200; i++) {
-		chunk = GPU_HASH_CHUNK_MIN << (rng() % 9);
-		len = 1 + rng() % (8 * MiB);
-		off = 16 * (rng() % 256);
-		k = (int)(rng() % K_COUNT);
+		chunk = GPU_HASH_CHUNK_MIN << (rnd() % 9);
+		len = 1 + rnd() % (8 * MiB);
+		off = 16 * (rnd() % 256);
+		k = (int)(rnd() % K_COUNT);
 		if (!hash_matches(k, off, len, chunk, false, why,
 				  sizeof(why)) && !bad++)
 			memcpy(first, why, sizeof(first));
@@ -480,7 +439,7 @@ static void bench(int reps)
 
 /* ---- main ------------------------------------------------------------- */
 
-int main(void)
+int main(int argc, char **argv)
 {
 	struct gpu_vmm *v = NULL;
 	uint64_t seed, free_b = 0, total_b = 0;
@@ -491,8 +450,8 @@ int main(void)
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	dev = (int)env_u64("TIERFS_GPU_DEV", 0);
-	seed = env_u64("TIERFS_HASH_SEED", (uint64_t)time(NULL) ^
-		       ((uint64_t)getpid() << 32));
+	seed = tu_seed("INFO: test_gpu_hash:", argc > 1 ? argv[1] : NULL, "TIERFS_HASH_SEED",
+		       1, NULL);
 	reps = (int)env_u64("TIERFS_HASH_REPS", 9);
 	if (reps < 1)
 		reps = 1;
@@ -501,8 +460,7 @@ int main(void)
 		T.big = 256 * MiB;
 	rng_state = seed | 1;
 	printf("INFO: test_gpu_hash: XXH3-128 of device chunks against "
-	       "libxxhash %u; seed %" PRIu64 " (TIERFS_HASH_SEED to repeat)\n",
-	       XXH_versionNumber(), seed);
+	       "libxxhash %u\n", XXH_versionNumber());
 
 	if (!gpu_built()) {
 		printf("SKIP: gpu/ built without CUDA\n");

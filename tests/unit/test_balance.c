@@ -37,33 +37,17 @@
 #include <time.h>
 
 #include "balance.h"
+#define TESTUTIL_XORSHIFT64	/* the generator its printed seeds replay */
+#include "testutil.h"
 
 #define MB		(1ULL << 20)
 #define GB		1e9		/* bandwidths: GB/s */
 #define RANDOM_CASES	10000
 #define ENUM_CASES	2000
 
-static uint64_t rng_state, seed;
+static uint64_t seed;
 static int failures;
 static int cur_case;
-
-static uint64_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
-}
-
-static uint64_t rnd_below(uint64_t n)
-{
-	return n ? rnd() % n : 0;
-}
-
-static double rnd_in(double lo, double hi)
-{
-	return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0;
-}
 
 #define FAIL(...) do { fprintf(stderr, "seed %" PRIu64 " case %d: ", seed, cur_case); \
 		       fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); \
@@ -794,14 +778,12 @@ static const uint64_t regression_seeds[] = { 1795785786 };
 
 int main(int argc, char **argv)
 {
-	const char *rs = getenv("TIERFS_RANDOM_SEED");
-	bool fixed = argc <= 1 && !(rs && *rs && strcmp(rs, "0"));
+	bool fixed;
 
 	/* the seed: argv[1]; else TIERFS_RANDOM_SEED=1 draws one from the
 	 * clock; else 1, so that `make check` runs the same cases each time */
-	seed = argc > 1 ? strtoull(argv[1], NULL, 0) : fixed ? 1 : (uint64_t)time(NULL);
+	seed = tu_seed("test_balance:", argc > 1 ? argv[1] : NULL, NULL, 1, &fixed);
 	rng_state = seed ? seed : 1;
-	printf("test_balance: seed %" PRIu64 "\n", seed);
 	if (fixed) {
 		for (size_t k = 0; k < sizeof(regression_seeds) / sizeof(regression_seeds[0]); k++) {
 			seed = regression_seeds[k];

@@ -9,7 +9,8 @@
  * model block for block (first fit included).  Also: cache_init edge
  * cases, cache_check catching broken tables, and tier_host_ops.
  *
- * Usage: test_cache [seed].  The seed is printed; exit 0 pass, 1 fail.
+ * Usage: test_cache [seed].  Without one: a fixed seed (TIERFS_RANDOM_SEED=1:
+ * one from the clock).  The seed is printed; exit 0 pass, 1 fail.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include "tier.h"
+#include "testutil.h"
 
 #define MAXBLK		512
 #define MAXCOPY		256
@@ -35,7 +37,6 @@ struct tcopy {
 	double wait;		/* for policy-driven evictions */
 };
 
-static uint64_t rng_state;
 static uint64_t seed;
 static struct cache c;
 static struct tcopy copies[MAXCOPY];
@@ -46,22 +47,6 @@ static long op_no;
 static const char *op_name = "?";
 static int evicted_calls;
 static long n_placed, n_nospc, n_grown, n_nogrow, n_chosen, n_nochoice;
-
-static uint64_t rnd(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	rng_state = x;
-	return x * 0x2545f4914f6cdd1dULL;
-}
-
-static uint64_t rnd_below(uint64_t n)
-{
-	return n ? rnd() % n : 0;
-}
 
 static void fail(const char *fmt, ...)
 	__attribute__((format(printf, 1, 2), noreturn));
@@ -674,8 +659,7 @@ int main(int argc, char **argv)
 {
 	int r;
 
-	seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x7e1f5eedULL;
-	printf("test_cache: seed %" PRIu64 "\n", seed);
+	seed = tu_seed("test_cache:", argc > 1 ? argv[1] : NULL, NULL, 0x7e1f5eedULL, NULL);
 	rng_state = seed * 0x9e3779b97f4a7c15ULL + 1;
 	if (!rng_state)
 		rng_state = 1;

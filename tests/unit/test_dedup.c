@@ -11,7 +11,8 @@
  * an index small enough to evict; a chunk changed after its entry was
  * added is never found.
  *
- * Usage: test_dedup [seed].  The seed is printed; exit 0 pass, 1 fail.
+ * Usage: test_dedup [seed].  Without one: seed 1 (TIERFS_RANDOM_SEED=1: one
+ * from the clock).  The seed is printed; exit 0 pass, 1 fail.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,20 +21,14 @@
 #include <time.h>
 
 #include "dedup.h"
+#define TESTUTIL_XORSHIFT64	/* the generator its printed seeds replay */
+#include "testutil.h"
 
 #define SPACE		(1u << 16)	/* bytes the ranges live in */
 #define ROUNDS		200
 
-static uint64_t rng_state, seed;
+static uint64_t seed;
 static int failures;
-
-static uint64_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
-}
 
 #define FAIL(...) do { fprintf(stderr, "seed %" PRIu64 ": ", seed); \
 		       fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); \
@@ -278,9 +273,8 @@ static void test_index(void)
 
 int main(int argc, char **argv)
 {
-	seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
+	seed = tu_seed("test_dedup:", argc > 1 ? argv[1] : NULL, NULL, 1, NULL);
 	rng_state = seed ? seed : 1;
-	printf("test_dedup: seed %" PRIu64 "\n", seed);
 	test_sets();
 	test_index();
 	if (failures) {

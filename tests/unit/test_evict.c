@@ -33,7 +33,8 @@
  *  - a replay of a small write stream without hints, copies of 1-8 blocks:
  *    score must hit at least as often as fifo.
  *
- * Usage: test_evict [seed].  The seed is printed; exit 0 pass, 1 fail.
+ * Usage: test_evict [seed].  Without one: a fixed seed (TIERFS_RANDOM_SEED=1:
+ * one from the clock).  The seed is printed; exit 0 pass, 1 fail.
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -46,6 +47,7 @@
 #include <string.h>
 
 #include "tier.h"
+#include "testutil.h"
 
 #define TABLES		20000
 #define MAXCOPY		400
@@ -60,7 +62,7 @@ struct tcopy {
 	int calls;		/* cost() calls in the current decision */
 };
 
-static uint64_t rng_state, seed;
+static uint64_t seed;
 static long table_no;
 static struct cache c;
 static struct tcopy copies[MAXCOPY];
@@ -80,22 +82,6 @@ static long n_found[3], n_nospc[3];
 static long n_age;		/* score decisions the age tie-break settled */
 static long n_min;		/* ... where the summed urgency alone would
 				 * have chosen another */
-
-static uint64_t rnd(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	rng_state = x;
-	return x * 0x2545f4914f6cdd1dULL;
-}
-
-static uint64_t rnd_below(uint64_t n)
-{
-	return n ? rnd() % n : 0;
-}
 
 static void dump_table(void)
 {
@@ -1070,8 +1056,7 @@ int main(int argc, char **argv)
 {
 	long t;
 
-	seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x5c0eULL;
-	printf("test_evict: seed %" PRIu64 "\n", seed);
+	seed = tu_seed("test_evict:", argc > 1 ? argv[1] : NULL, NULL, 0x5c0eULL, NULL);
 	rng_state = seed * 0x9e3779b97f4a7c15ULL + 1;
 	if (!rng_state)
 		rng_state = 1;

@@ -17,7 +17,9 @@
  * and a default-size tier is created and destroyed at once (destroy waits
  * for its mapping to end).
  *
- * Environment: TIERFS_GPU_DEV (device, default 0), TIERFS_TEST_SEED.
+ * Usage: test_gpu_tier [seed].  Environment: TIERFS_GPU_DEV (device,
+ * default 0), TIERFS_TEST_SEED (the seed, if no argument; default 1,
+ * TIERFS_RANDOM_SEED=1: one from the clock; printed either way).
  * Exit 0 pass, 1 fail, 77 skipped (no GPU).
  *
  * Build (not in Makefile.am yet; tests/gpu/run.sh prep does this):
@@ -38,56 +40,12 @@
 #include "engine.h"
 #include "gpu.h"
 #include "gpu_tier.h"
+#include "testutil.h"
 
 #define MiB		((uint64_t)1 << 20)
 #define GiB		((uint64_t)1 << 30)
 #define TIER_SIZE	(256 * MiB)
 #define NCOPIES		12
-
-static int n_checks, n_failed;
-static uint64_t rng_state;
-
-static void check(bool ok, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static void check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	n_checks++;
-	if (!ok)
-		n_failed++;
-	printf("%s ", ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-}
-
-static uint64_t rnd(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	rng_state = x;
-	return x * 0x2545f4914f6cdd1dULL;
-}
-
-static void fill_random(uint8_t *p, size_t len)
-{
-	size_t i;
-
-	for (i = 0; i + 8 <= len; i += 8) {
-		uint64_t v = rnd();
-
-		memcpy(p + i, &v, 8);
-	}
-	for (; i < len; i++)
-		p[i] = (uint8_t)rnd();
-}
 
 static double now_s(void)
 {
@@ -309,7 +267,7 @@ static void test_copies(struct cache *c)
 	free(tmp);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	const char *s = getenv("TIERFS_GPU_DEV");
 	int dev = s ? atoi(s) : 0;
@@ -321,12 +279,11 @@ int main(void)
 	int ret;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	s = getenv("TIERFS_TEST_SEED");
-	rng_state = s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+	rng_state = tu_seed("test_gpu_tier:", argc > 1 ? argv[1] : NULL, "TIERFS_TEST_SEED",
+			    1, NULL);
 	if (!rng_state)
 		rng_state = 1;
-	printf("test_gpu_tier: seed %" PRIu64 " (TIERFS_TEST_SEED), device %d\n",
-	       rng_state, dev);
+	printf("test_gpu_tier: device %d\n", dev);
 	tierfs_log_level = LOG_DEBUG;
 
 	test_default_size();

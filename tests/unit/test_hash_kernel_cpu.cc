@@ -20,6 +20,7 @@
  *   - all-zero and all-ones data;
  *   - the read-bandwidth kernel runs (no check of its value).
  *
+ * Usage: test_hash_kernel_cpu [seed] (the data; default fixed, printed).
  * Prints PASS/FAIL lines, exits 0 or 1.  No CUDA needed.
  */
 #include <inttypes.h>
@@ -32,6 +33,8 @@
 #include <ucontext.h>
 
 #include <xxhash.h>
+
+#include "testutil.h"
 
 /* ---- the CUDA shim ------------------------------------------------------ */
 
@@ -210,36 +213,6 @@ static void launch(unsigned grid, unsigned block, void (*body)(void))
 
 /* ---- the test ------------------------------------------------------------ */
 
-static int n_checks, n_failed;
-
-static bool check(bool ok, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	n_checks++;
-	if (!ok)
-		n_failed++;
-	printf("%s: ", ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	return ok;
-}
-
-static uint64_t rng_state = 0x7469657266730002ULL;
-
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
 /* The arguments of the launch under way. */
 static struct {
 	const uint8_t *src;
@@ -297,7 +270,7 @@ static bool kernel_matches(const uint8_t *src, uint64_t len, unsigned shift,
 	return true;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	size_t size = 3 * (1 << 20);
 	uint8_t *buf = (uint8_t *)aligned_alloc(256, size);
@@ -312,8 +285,12 @@ int main(void)
 		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
+	rng_state = tu_seed("test_hash_kernel_cpu:", argc > 1 ? argv[1] : NULL, NULL,
+			    0x7469657266730002ULL, NULL);
+	if (!rng_state)
+		rng_state = 1;
 	for (len = 0; len < size; len += 8) {
-		uint64_t v = rng();
+		uint64_t v = rnd();
 
 		memcpy(buf + len, &v, 8);
 	}

@@ -19,6 +19,8 @@
  *   - the unaligned 8-byte read of the last stripe (aligned words and
  *     shifts, as the kernel does it) at every misalignment.
  *
+ * Usage: test_xxh3_model [seed] (or TIERFS_XXH3_SEED; default fixed,
+ * TIERFS_RANDOM_SEED=1: one from the clock; printed either way).
  * Prints PASS/FAIL lines; exits 0 or 1.  Runs in any build (no CUDA).
  */
 #include <inttypes.h>
@@ -31,53 +33,10 @@
 #include <xxhash.h>
 
 #include "gpu_xxh3.h"
+#include "testutil.h"
 
 #define LANES	32
 #define U_MAX	8
-
-static int n_checks, n_failed;
-
-static bool check(bool ok, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...)
-{
-	va_list ap;
-
-	n_checks++;
-	if (!ok)
-		n_failed++;
-	printf("%s: ", ok ? "PASS" : "FAIL");
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	return ok;
-}
-
-/* xorshift64*: reproducible from the printed seed. */
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static void fill_random(uint8_t *p, size_t n)
-{
-	uint64_t v;
-	size_t i;
-
-	for (i = 0; i + 8 <= n; i += 8) {
-		v = rng();
-		memcpy(p + i, &v, 8);
-	}
-	for (; i < n; i++)
-		p[i] = (uint8_t)rng();
-}
 
 /* The kernel's ld64_any(): the aligned words holding p[0] and p[7]. */
 static uint64_t ld64_any(const uint8_t *p)
@@ -314,8 +273,8 @@ static void check_lengths(const uint8_t *buf)
 
 	bad = 0;
 	for (cnt = 0; cnt < 300; cnt++) {
-		n = 1 + rng() % (1 << 20);
-		bad += !same(buf + 16 * (rng() % 64), n, "random");
+		n = 1 + rnd() % (1 << 20);
+		bad += !same(buf + 16 * (rnd() % 64), n, "random");
 	}
 	check(!bad, "300 random lengths up to 1 MiB at 16-byte offsets (%d wrong)",
 	      bad);
@@ -372,18 +331,16 @@ static void check_buffers(const uint8_t *buf)
 	      canon_bad);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-	const char *seed_env = getenv("TIERFS_XXH3_SEED");
 	size_t len = (4 << 20) + 4096;
 	uint8_t *buf, *tmp;
 
-	rng_state = seed_env && *seed_env ? strtoull(seed_env, NULL, 0)
-					  : 0x7469657266730001ULL;
+	rng_state = tu_seed("test_xxh3_model:", argc > 1 ? argv[1] : NULL, "TIERFS_XXH3_SEED",
+			    0x7469657266730001ULL, NULL);
 	if (!rng_state)
 		rng_state = 1;
-	printf("test_xxh3_model: seed %#" PRIx64 " (TIERFS_XXH3_SEED), xxhash %u\n",
-	       rng_state, XXH_versionNumber());
+	printf("test_xxh3_model: xxhash %u\n", XXH_versionNumber());
 	buf = aligned_alloc(64, len);
 	tmp = aligned_alloc(64, 65536 + 128);
 	if (!buf || !tmp) {
