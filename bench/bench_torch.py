@@ -17,8 +17,9 @@ Methods (all in one run, the same state dict):
   dcp-async:local   dcp.async_save (blocked: until it returns), dcp.load
   tierfs      tierfs.torch.save / load(into=) on the tierfs mount
   dcp:tierfs, dcp-async:tierfs   DCP with tierfs.torch's writer and reader
-  restart     a process saves with tierfs.torch and is SIGKILLed; a new
-              process loads the checkpoint back (into=) from the mount
+  restart     a process saves SAVES checkpoints with tierfs.torch and is
+              SIGKILLed; a new process loads them back (into=), newest
+              first, from the mount
 
 Durable: torch.save and DCP: the save, then an fsync of every file written
 and of their directories; tierfs: until tierfs.wait_flushed(file) returns
@@ -165,7 +166,6 @@ class Method:
 
     def save(self, sd, k):
         """Returns (blocked, durable) seconds."""
-        import torch.distributed.checkpoint as dcp
         p = self.path(k) if self.dir else None
         t0 = time.perf_counter()
         kind = self.name.split(":")[0]
@@ -174,6 +174,7 @@ class Method:
             t1 = time.perf_counter()
             fsync_tree(p)
         elif kind in ("dcp", "dcp-async"):
+            import torch.distributed.checkpoint as dcp
             w = tt.FileSystemWriter(p) if self.name.endswith("tierfs") else dcp.FileSystemWriter(p)
             if kind == "dcp":
                 dcp.save(sd, storage_writer=w)
@@ -198,13 +199,13 @@ class Method:
 
     def load(self, k, like):
         """Returns (blocked seconds, the state dict loaded)."""
-        import torch.distributed.checkpoint as dcp
         p = self.path(k)
         kind = self.name.split(":")[0]
         if kind == "save":
             t0 = time.perf_counter()
             got = torch.load(p, map_location=self.args.device)
         elif kind in ("dcp", "dcp-async"):
+            import torch.distributed.checkpoint as dcp
             got = zeros_like(like)
             sync(self.args.device)
             r = tt.FileSystemReader(p) if self.name.endswith("tierfs") else dcp.FileSystemReader(p)
@@ -261,47 +262,51 @@ def run_method(name, sd, args):
     return saves, loads, ok
 
 
-def _restart_writer(path, gib, device, q):
+def _restart_writer(d, gib, device, saves, q):
     sd = make_state(gib, device, seed=7)
-    step(sd, 0, device)
-    q.put(checksums(sd))
-    tt.save(sd, path)
+    for k in range(saves):
+        step(sd, k, device)
+        q.put(checksums(sd))
+        tt.save(sd, os.path.join(d, f"ckpt-{k:02d}.safetensors"))
     q.put("saved")
     time.sleep(3600)                    # killed here
 
 
-def _restart_reader(path, gib, device, q):
+def _restart_reader(d, gib, device, saves, q):
     like = make_state(gib, device, seed=9)
-    got = zeros_like(like)
-    sync(device)
-    t0 = time.perf_counter()
-    tt.load(path, into=got)
-    sync(device)
-    q.put(time.perf_counter() - t0)
-    q.put(checksums(got))
+    for k in reversed(range(saves)):
+        got = zeros_like(like)
+        sync(device)
+        t0 = time.perf_counter()
+        tt.load(os.path.join(d, f"ckpt-{k:02d}.safetensors"), into=got)
+        sync(device)
+        q.put((k, time.perf_counter() - t0, checksums(got)))
+        del got
 
 
 def run_restart(args):
-    """A process saves and is killed; a new process reloads from the mount."""
+    """A training process saves SAVES checkpoints and is SIGKILLed; a new
+    process reloads them from the mount, newest first (from the GPU cache,
+    which lives in the daemon)."""
     ctx = mp.get_context("spawn")
     d = os.path.join(args.mount, "bench_torch.restart")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
+    q = ctx.Queue()
+    w = ctx.Process(target=_restart_writer, args=(d, args.gib, args.device, args.saves, q))
+    w.start()
+    want = [q.get(timeout=900) for _ in range(args.saves)]
+    assert q.get(timeout=900) == "saved"
+    os.kill(w.pid, signal.SIGKILL)
+    w.join()
+    r = ctx.Process(target=_restart_reader, args=(d, args.gib, args.device, args.saves, q))
+    r.start()
     loads, ok = [], True
-    for k in range(args.saves):
-        path = os.path.join(d, f"ckpt-{k:02d}.safetensors")
-        q = ctx.Queue()
-        w = ctx.Process(target=_restart_writer, args=(path, args.gib, args.device, q))
-        w.start()
-        want = q.get(timeout=600)
-        assert q.get(timeout=600) == "saved"
-        os.kill(w.pid, signal.SIGKILL)
-        w.join()
-        r = ctx.Process(target=_restart_reader, args=(path, args.gib, args.device, q))
-        r.start()
-        loads.append(q.get(timeout=600))
-        ok &= q.get(timeout=600) == want
-        r.join()
+    for _ in range(args.saves):
+        k, dt, sums = q.get(timeout=900)
+        loads.append(dt)
+        ok &= sums == want[k]
+    r.join()
     shutil.rmtree(d, ignore_errors=True)
     return [], loads, ok
 
@@ -351,7 +356,7 @@ def main():
             continue
         rows.append((name, fmt([s[0] for s in saves]), fmt([s[1] for s in saves]),
                      fmt(loads), "yes" if ok else "NO"))
-        print(f"  {name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print(f"  {'  '.join(rows[-1])}   ({time.perf_counter() - t0:.0f} s)", flush=True)
     hdr = ("method", "blocked/save ms", "durable ms", "blocked/restore ms", "equal")
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(5)]
     for r in [hdr] + rows:

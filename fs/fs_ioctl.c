@@ -84,12 +84,17 @@
  * such handles is the client's error, and touches only memory that was the
  * client's: libtierfs re-exports a buffer whose allocation changed.
  *
- * Handle cache: at most IPC_CACHE_MAX (64) mappings, keyed by the 64 handle
- * bytes, least recently used first out; an entry idle for IPC_IDLE_SEC
- * (60 s) is closed at the next ioctl.  So the daemon keeps at most 64 client
- * allocations alive.  Entries are reference counted: an entry is closed
- * (gpu_ipc_close) only when no ioctl is using it.  When all 64 are in use
- * at once a mapping is opened for the one call and closed after it.
+ * Handle cache: at most IPC_CACHE_MAX (256) mappings, keyed by the 64
+ * handle bytes, least recently used first out; an entry idle for
+ * IPC_IDLE_SEC (60 s) is closed at the next ioctl.  So the daemon keeps at
+ * most 256 client allocations alive.  256, not fewer: PyTorch's caching
+ * allocator gives each large tensor a cudaMalloc block of its own, and a
+ * state dict of 200 such tensors saved through one vectored call every few
+ * seconds must find its mappings here (with 64 each save reopened all 200,
+ * a few hundred microseconds each).  Entries are reference counted: an
+ * entry is closed (gpu_ipc_close) only when no ioctl is using it.  When
+ * all 256 are in use at once a mapping is opened for the one call and
+ * closed after it.
  * fs_ioctl_shutdown() closes everything at unmount.
  *
  * With -o gpu_share two more commands serve libtierfs (tierfs_share.h,
@@ -126,7 +131,7 @@ _Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
 	       "IPC handle sizes of tierfs.h and gpu.h");
 _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
 
-#define IPC_CACHE_MAX	64	/* cached mappings */
+#define IPC_CACHE_MAX	256	/* cached mappings */
 #define IPC_IDLE_SEC	60	/* an unused mapping is closed after this */
 
 struct ipc_entry {

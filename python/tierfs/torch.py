@@ -235,8 +235,9 @@ def _on_tierfs(path):
 
 
 def _write_tensors(fd, jobs, use_gpu):
-    """Write [(tensor, offset)]: CPU ones in vectored writes, CUDA ones
-    through _gpu_io."""
+    """Write [(tensor, offset)]: CUDA ones through _gpu_io first, then CPU
+    ones in vectored writes."""
+    _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
     cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
     run, start, end = [], None, None
     for t, o in cpu + [(None, None)]:
@@ -250,9 +251,7 @@ def _write_tensors(fd, jobs, use_gpu):
         if t is None:
             break
         run, start, end = [t], o, o + t.numel() * t.element_size()
-    cuda = [(t, o) for t, o in jobs if t.device.type == "cuda"]
     other = [(t, o) for t, o in jobs if t.device.type not in ("cpu", "cuda")]
-    _gpu_io(True, fd, cuda, use_gpu)
     for t, o in other:                  # mps, xpu, ...: through host memory
         _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
 
@@ -625,8 +624,12 @@ class _Loader:
 # ---------------------------------------------------------------- save / load
 
 def _write_file(fd, header, jobs, use_gpu):
-    _vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
+    """The tensors, then the header: the device tensors' vectored call goes
+    first and gives the file its size, so that the host writes land inside
+    it (a write far past the end makes a file system fill the hole; tierfs's
+    host cache fills it in memory)."""
     _write_tensors(fd, jobs, use_gpu)
+    _vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
 
 
 def _tmp_name(path):
@@ -655,8 +658,12 @@ def save(obj, path, fsync=None):
     s = _Saver()
     root = s.node(obj, ())
     ents, devices = s.entries()
-    # largest elements first: every tensor aligned to its element size, no gaps
-    order = sorted(range(len(ents)), key=lambda i: -ents[i][1].element_size())
+    # largest elements first: every tensor aligned to its element size, no
+    # gaps; within a size, host tensors before device ones, so that the host
+    # bytes are a few runs (one write each) inside the range that the device
+    # tensors' one vectored call covers first (see _write_file)
+    order = sorted(range(len(ents)), key=lambda i: (-ents[i][1].element_size(),
+                                                    ents[i][1].device.type == "cuda"))
     ents = [ents[i] for i in order]
     structure = {"version": STRUCTURE_VERSION, "root": root}
     if devices:
