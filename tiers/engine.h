@@ -123,7 +123,8 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
  * O(entries of dir). */
 int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len);
 /* Drop the entries of `dir` (cleared, or the directory went); they leave
- * their users' budgets. */
+ * their users' budgets, and a file left without entries loses what was kept
+ * for them: its prefetched copies may be evicted at once. */
 void engine_hint_drop_dir(struct engine *e, uint64_t dir);
 /* Prefetching on (start) or held (stop). */
 void engine_prefetch_set(struct engine *e, bool on);

@@ -481,6 +481,7 @@ void eng_hint_remove(struct engine *e, struct hint *h);
 void eng_hint_unbind_file(struct engine *e, struct tfile *f);
 void eng_hint_destroy(struct engine *e);
 void eng_consume(struct engine *e, struct tfile *f);
+void eng_read_done(struct engine *e, struct tfile *f, off_t off, size_t n);
 uint64_t eng_prefetch_distance(struct engine *e);
 
 /* ---- backing.c -------------------------------------------------------- */
