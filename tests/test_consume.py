@@ -8,6 +8,9 @@ of (issue 36, parts 4 and 5; tierfs-hints(7)).
 - Copies prefetched for entries that leave the queue other than by being
   consumed (cleared, replaced, the directory removed, a `with
   tierfs.restore_order()` block left) are evictable at once.
+- Restore orders longer than the kernel's 64 KiB per attribute are appended
+  and listed back whole through every interface (the attribute in pages,
+  tierfsctl, Python; libtierfs in tests/lib/test_libtierfs.c).
 
 Counters, states and queue listings are checked, never timings.  A FUSE
 release reaches the daemon after close() has returned, so a check that
@@ -319,3 +322,80 @@ def test_consumed_entries_keep_the_rest_held(mount):
     wait_for(lambda: tierfs.state(p).get("host") == "READ_COMPLETE",
              f"held again for its second entry: {tierfs.state(p)}")
     expect_errno(errno.EBUSY, os.setxattr, p, EVICT, b"")
+
+
+# ---------------------------------------------------------------- long orders
+
+N_LONG = 20000
+
+
+def long_names():
+    return [f"checkpoint-shard-{i:06d}.bin" for i in range(N_LONG)]     # 28 bytes a line
+
+
+def test_long_order_attribute_pages(mount):
+    """Over 64 KiB of names: the plain attribute cannot hold them (E2BIG);
+    user.tierfs.restore_order.N lists them from the N-th, 64 KiB of whole
+    lines at most a page, an empty value past the end."""
+    m = small(mount, "64M")
+    d = j(m.mnt, "long")
+    os.mkdir(d)
+    names = long_names()
+    tierfs.restore_order(d, names)
+    assert qlen(m) == N_LONG
+    expect_errno(errno.E2BIG, os.getxattr, d, ORDER)
+    got, at, pages = [], 0, 0
+    while True:
+        v = os.getxattr(d, f"{ORDER}.{at}")
+        assert len(v) <= VALUE_MAX
+        if not v:
+            break
+        assert v.endswith(b"\n")
+        page = v.decode().split("\n")[:-1]
+        got += page
+        at += len(page)
+        pages += 1
+    assert got == names
+    assert pages >= 2
+    assert os.getxattr(d, f"{ORDER}.{N_LONG}") == b""
+    assert os.getxattr(d, f"{ORDER}.{N_LONG + 5}") == b""
+    assert os.getxattr(d, f"{ORDER}.{N_LONG - 1}") == (names[-1] + "\n").encode()
+    for bad in ("x", "-1", "", "1x", "99999999999999999999999"):
+        expect_errno(errno.ENODATA, os.getxattr, d, f"{ORDER}.{bad}")
+    write_file(j(d, "file"), b"x")
+    expect_errno(errno.ENODATA, os.getxattr, j(d, "file"), f"{ORDER}.0")
+    # short lists: page 0 is the plain attribute
+    os.mkdir(j(d, "sub"))
+    tierfs.restore_order(j(d, "sub"), ["a", "b"])
+    assert os.getxattr(j(d, "sub"), f"{ORDER}.0") == b"a\nb\n"
+    assert os.getxattr(j(d, "sub"), f"{ORDER}.1") == b"b\n"
+
+
+def test_long_order_python(mount):
+    m = small(mount, "64M")
+    d = j(m.mnt, "long")
+    os.mkdir(d)
+    names = long_names()
+    tierfs.restore_order(d, names)
+    tierfs.restore_order(d, ["last"])
+    assert tierfs.queued(d) == names + ["last"]
+    tierfs.clear(d)
+    assert tierfs.queued(d) == []
+    assert qlen(m) == 0
+
+
+def test_long_order_tierfsctl(mount, tmp_path):
+    m = small(mount, "64M")
+    d = j(m.mnt, "long")
+    os.mkdir(d)
+    names = long_names()
+    src = tmp_path / "names"
+    src.write_text("".join(n + "\n" for n in names))
+    r = subprocess.run([sys.executable, TOOL, "order", d, "--from", str(src)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert qlen(m) == N_LONG
+    r = subprocess.run([sys.executable, TOOL, "order", d],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == names

@@ -178,6 +178,10 @@ struct hint_dir {
 	struct hint_dir *hnext;		/* bucket chain */
 	uint64_t key;			/* directory key */
 	struct hint *head, *tail;	/* its entries, ticket order */
+	/* where the last paged listing stopped (engine_hint_list_page): valid
+	 * while e->hq_gen is list_gen (no entry freed since) */
+	struct hint *list_h;		/* the entry at index list_at, or NULL */
+	uint64_t list_at, list_gen;
 };
 
 /* A bucket of e->hq_ub: entries without a file, ticket order. */

@@ -568,6 +568,42 @@ int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len)
 	return at >= len && at ? -ERANGE : (int)at;
 }
 
+int engine_hint_list_page(struct engine *e, uint64_t dir, uint64_t index, char *buf,
+			  size_t len)
+{
+	struct hint_dir *d;
+	struct hint *h;
+	uint64_t at = 0;
+	size_t n = 0;
+
+	eng_lock(e);
+	d = dir_find(e, dir);
+	h = d ? d->head : NULL;
+	/* go on from where the page before stopped, if nothing was freed */
+	if (d && d->list_h && d->list_gen == e->hq_gen && d->list_at <= index) {
+		h = d->list_h;
+		at = d->list_at;
+	}
+	for (; h && at < index; h = h->dnext)
+		at++;
+	for (; h; h = h->dnext, at++) {
+		size_t l = strlen(h->name);
+
+		if (n + l + 1 > len)
+			break;
+		memcpy(buf + n, h->name, l);
+		buf[n + l] = '\n';
+		n += l + 1;
+	}
+	if (d) {
+		d->list_h = h;
+		d->list_at = at;
+		d->list_gen = e->hq_gen;
+	}
+	eng_unlock(e);
+	return (int)n;
+}
+
 void engine_hint_drop_dir(struct engine *e, uint64_t dir)
 {
 	struct hint_dir *d;
