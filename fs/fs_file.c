@@ -344,6 +344,9 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (gone)
 		tfile_orphaned(&in->tf);	/* its cache room comes back now */
 	if (last) {
+		/* a reader done with it (the last close after a read, or the
+		 * munmap of a mapping): a queued file is consumed */
+		tfile_last_close(&in->tf);
 		if (gone)
 			fs_fd_release(in);
 		else

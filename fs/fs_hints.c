@@ -1,7 +1,8 @@
 /*
  * fs_hints.c - the restore-hint side of the xattr protocol (tierfs-hints(7)):
  * user.tierfs.restore_order and user.tierfs.prefetch on directories,
- * user.tierfs.restore_next on files.
+ * user.tierfs.restore_next on files.  A long restore_order reads back in
+ * pages (user.tierfs.restore_order.N: from the N-th entry, 64 KiB at most).
  *
  * Who may do what: the kernel lets whoever may write a directory (or
  * file) set its user.* attributes.  That is enough for what concerns that
@@ -19,6 +20,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,12 +247,44 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 	return -EINVAL;
 }
 
+/*
+ * The index N of "user.tierfs.restore_order.N": decimal digits only, no
+ * sign, below 2^64.  -1: not such a name.
+ */
+static int order_page_index(const char *name, uint64_t *index)
+{
+	const size_t pl = sizeof(TIERFS_XATTR_RESTORE_ORDER_PAGE) - 1;
+	const char *p = name + pl;
+	uint64_t v = 0;
+
+	if (strncmp(name, TIERFS_XATTR_RESTORE_ORDER_PAGE, pl) || !*p)
+		return -1;
+	for (; *p; p++) {
+		if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (uint64_t)(*p - '0');
+	}
+	*index = v;
+	return 0;
+}
+
 int fs_hints_get(struct fs_inode *in, const char *name, char *buf, size_t len)
 {
+	uint64_t index;
+
 	if (!strcmp(name, TIERFS_XATTR_RESTORE_ORDER)) {
 		if (!S_ISDIR(in->type))
 			return -ENODATA;
 		return engine_hint_list(fs.eng, fs_dir_key(in), buf, len);
+	}
+	/* a page of it: 64 KiB at most whatever the caller's buffer, so that
+	 * the size asked first and the value read next agree */
+	if (!order_page_index(name, &index)) {
+		if (!S_ISDIR(in->type))
+			return -ENODATA;
+		if (len > TIERFS_RESTORE_ORDER_PAGE_MAX)
+			len = TIERFS_RESTORE_ORDER_PAGE_MAX;
+		return engine_hint_list_page(fs.eng, fs_dir_key(in), index, buf, len);
 	}
 	if (!strcmp(name, TIERFS_XATTR_PREFETCH)) {
 		if (!S_ISDIR(in->type))

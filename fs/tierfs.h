@@ -11,8 +11,16 @@
 /** Prefix of every tierfs extended attribute. */
 #define TIERFS_XATTR_PREFIX		"user.tierfs."
 /** Directory, write: names (one per line) appended to the restore queue;
- *  read: what remains of the queue. */
+ *  read: what remains of the queue (a list over 64 KiB: E2BIG, read it in
+ *  pages). */
 #define TIERFS_XATTR_RESTORE_ORDER	"user.tierfs.restore_order"
+/** Directory, read-only: TIERFS_XATTR_RESTORE_ORDER_PAGE followed by N in
+ *  decimal ("user.tierfs.restore_order.0") reads the directory's queue from
+ *  its N-th entry (0: the first): as many whole lines as fit in
+ *  TIERFS_RESTORE_ORDER_PAGE_MAX bytes, at least one; an empty value past
+ *  the end.  The next page starts at N plus the lines of this one. */
+#define TIERFS_XATTR_RESTORE_ORDER_PAGE	"user.tierfs.restore_order."
+#define TIERFS_RESTORE_ORDER_PAGE_MAX	65536
 /** Directory, write: "start" or "stop" prefetching. */
 #define TIERFS_XATTR_PREFETCH		"user.tierfs.prefetch"
 /** File, write (any value): enqueue this file (single-hint mode). */
@@ -234,6 +242,16 @@ int tierfs_is_tierfs(int fd);
  * that write appends nothing, the writes before it of a long list stay.
  */
 int tierfs_restore_order(const char *dir, const char *const *names, size_t n, size_t *bad);
+/*
+ * tierfs_restore_queue - the entries of directory dir still in the restore
+ * queue, in order, however many: read in pages of 64 KiB at most
+ * (TIERFS_XATTR_RESTORE_ORDER_PAGE).  Returns a NULL-terminated array of
+ * names, *n (if n is not NULL) their count, all in one block: free() the
+ * array alone.  NULL with errno on failure.  Entries consumed while it
+ * reads move the ones after them forward: such a listing may leave names
+ * out.
+ */
+char **tierfs_restore_queue(const char *dir, size_t *n);
 /*
  * tierfs_stats - the statistics of the mount whose mount point (root
  * directory) is mount, as JSON text (see tierfs-hints(7), STATISTICS):

@@ -1,7 +1,7 @@
 /*
  * libtierfs_hints.c - the restore hints and statistics of tierfs-hints(7)
- * as C calls (fs/tierfs.h): tierfs_restore_order(), tierfs_stats(),
- * tierfs_wait_flushed().  Plain extended-attribute calls: no CUDA, no
+ * as C calls (fs/tierfs.h): tierfs_restore_order(), tierfs_restore_queue(),
+ * tierfs_stats(), tierfs_wait_flushed().  Plain extended-attribute calls: no CUDA, no
  * state, thread-safe.
  *
  * Names are checked here as the daemon checks them (fs/fs_hints.c), so a
@@ -105,6 +105,104 @@ TIERFS_EXPORT int tierfs_restore_order(const char *dir, const char *const *names
 	close(fd);
 	errno = ret ? err : errno;
 	return ret ? -1 : 0;
+}
+
+/*
+ * The page of dir's queue from entry `at` into buf (TIERFS_RESTORE_ORDER_PAGE_MAX
+ * bytes): its length, or -1 with errno.  A daemon without pages (ENODATA
+ * for the first page of a directory): the plain attribute, *whole set.
+ */
+static ssize_t queue_page(int fd, size_t at, char *buf, bool *whole)
+{
+	char name[sizeof(TIERFS_XATTR_RESTORE_ORDER_PAGE) + 24];
+	ssize_t r;
+
+	snprintf(name, sizeof(name), "%s%zu", TIERFS_XATTR_RESTORE_ORDER_PAGE, at);
+	r = fgetxattr(fd, name, buf, TIERFS_RESTORE_ORDER_PAGE_MAX);
+	if (r < 0 && errno == ENODATA && at == 0) {
+		*whole = true;
+		r = fgetxattr(fd, TIERFS_XATTR_RESTORE_ORDER, buf, TIERFS_RESTORE_ORDER_PAGE_MAX);
+	}
+	return r;
+}
+
+TIERFS_EXPORT char **tierfs_restore_queue(const char *dir, size_t *np)
+{
+	char *page = NULL, *text = NULL, **v, *s;
+	size_t len = 0, cap = 0, n = 0, i;
+	bool whole = false;
+	int fd, err;
+
+	fd = open_tierfs(dir, O_DIRECTORY);
+	if (fd < 0)
+		return NULL;
+	page = malloc(TIERFS_RESTORE_ORDER_PAGE_MAX);
+	if (!page)
+		goto fail;
+	for (;;) {
+		ssize_t r = queue_page(fd, n, page, &whole);
+		size_t lines = 0;
+
+		if (r < 0)
+			goto fail;
+		if (r == 0)
+			break;
+		if (page[r - 1] != '\n') {	/* not the daemon's listing */
+			errno = EIO;
+			goto fail;
+		}
+		if (len + (size_t)r + 1 > cap) {
+			size_t nc = cap ? 2 * cap : 2 * TIERFS_RESTORE_ORDER_PAGE_MAX;
+			char *nt;
+
+			while (nc < len + (size_t)r + 1)
+				nc *= 2;
+			nt = realloc(text, nc);
+			if (!nt)
+				goto fail;
+			text = nt;
+			cap = nc;
+		}
+		memcpy(text + len, page, (size_t)r);
+		len += (size_t)r;
+		for (i = 0; i < (size_t)r; i++)
+			lines += page[i] == '\n';
+		n += lines;
+		if (whole)
+			break;
+	}
+	free(page);
+	page = NULL;
+	close(fd);
+	fd = -1;
+	/* one block: the n + 1 pointers, then the names */
+	v = malloc((n + 1) * sizeof(*v) + len + 1);
+	if (!v)
+		goto fail;
+	s = (char *)(v + n + 1);
+	if (len)
+		memcpy(s, text, len);
+	s[len] = 0;
+	for (i = 0; i < n; i++) {
+		char *nl = strchr(s, '\n');
+
+		v[i] = s;
+		*nl = 0;
+		s = nl + 1;
+	}
+	v[n] = NULL;
+	free(text);
+	if (np)
+		*np = n;
+	return v;
+fail:
+	err = errno;
+	free(page);
+	free(text);
+	if (fd >= 0)
+		close(fd);
+	errno = err;
+	return NULL;
 }
 
 TIERFS_EXPORT char *tierfs_stats(const char *mount)

@@ -1,6 +1,7 @@
-"""libtierfs's hint and statistics calls (tierfs_restore_order, tierfs_stats,
-tierfs_wait_flushed) against a real tierfs mount: tests/lib/test_libtierfs,
-built by `make check`, run with the mount as its argument."""
+"""libtierfs's hint and statistics calls (tierfs_restore_order,
+tierfs_restore_queue, tierfs_stats, tierfs_wait_flushed) against a real
+tierfs mount: tests/lib/test_libtierfs, built by `make check`, run with the
+mount as its argument."""
 
 import os
 import subprocess
@@ -22,4 +23,4 @@ def test_libtierfs_hints(mount, tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "not ok" not in r.stdout
-    assert "0 of 20 checks failed" in r.stdout, r.stdout
+    assert "0 of 24 checks failed" in r.stdout, r.stdout

@@ -122,8 +122,18 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 /* The remaining entries of `dir`, "name\n" each; length or -ERANGE.
  * O(entries of dir). */
 int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len);
+/*
+ * A page of that list: the entries of `dir` from the index-th (0: its
+ * first), as many whole "name\n" lines as fit in len bytes; length (0 past
+ * the end).  A page holds at least one line when len > 256.  O(index) the
+ * first time, O(page) for the page after the one before (no entry freed
+ * meanwhile).
+ */
+int engine_hint_list_page(struct engine *e, uint64_t dir, uint64_t index, char *buf,
+			  size_t len);
 /* Drop the entries of `dir` (cleared, or the directory went); they leave
- * their users' budgets. */
+ * their users' budgets, and a file left without entries loses what was kept
+ * for them: its prefetched copies may be evicted at once. */
 void engine_hint_drop_dir(struct engine *e, uint64_t dir);
 /* Prefetching on (start) or held (stop). */
 void engine_prefetch_set(struct engine *e, bool on);

@@ -178,6 +178,10 @@ struct hint_dir {
 	struct hint_dir *hnext;		/* bucket chain */
 	uint64_t key;			/* directory key */
 	struct hint *head, *tail;	/* its entries, ticket order */
+	/* where the last paged listing stopped (engine_hint_list_page): valid
+	 * while e->hq_gen is list_gen (no entry freed since) */
+	struct hint *list_h;		/* the entry at index list_at, or NULL */
+	uint64_t list_at, list_gen;
 };
 
 /* A bucket of e->hq_ub: entries without a file, ticket order. */
@@ -481,6 +485,7 @@ void eng_hint_remove(struct engine *e, struct hint *h);
 void eng_hint_unbind_file(struct engine *e, struct tfile *f);
 void eng_hint_destroy(struct engine *e);
 void eng_consume(struct engine *e, struct tfile *f);
+void eng_read_done(struct engine *e, struct tfile *f, off_t off, size_t n);
 uint64_t eng_prefetch_distance(struct engine *e);
 
 /* ---- backing.c -------------------------------------------------------- */

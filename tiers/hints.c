@@ -1,9 +1,22 @@
 /*
  * hints.c - the restore queue: names appended by the fs side (restore
- * hints), bound to files as they come into being, consumed as files are
- * read to their end; the prefetch switch.
+ * hints), bound to files as they come into being, consumed as their
+ * readers are done with them; the prefetch switch.
  *
- * Owns: e->hq_* and hint_* fields, f->hint_seq, f->hint_first/last.
+ * A file's first entry is consumed when its reader is done with it,
+ * whichever comes first: a read reaches its end (eng_read_done), or its
+ * last handle is released after a read made while that entry was queued
+ * (tfile_last_close: a partial reader, or a mapping, whose munmap comes as
+ * the last release).  f->read_ticket remembers the queue's last ticket at
+ * the latest such read; f->consumed_open that the file was consumed since
+ * its last close, so a reader that read it to its end does not consume a
+ * second entry when it closes.  An entry that leaves the queue any other
+ * way (cleared, its directory removed) takes with it what was kept for it:
+ * a file left without entries has its prefetched copies unpinned
+ * (hint_unpin), evictable at once.
+ *
+ * Owns: e->hq_* and hint_* fields, f->hint_seq, f->hint_first/last,
+ * f->read_ticket, f->consumed_open.
  * Everything here runs with e->lock held; entry points take it.  Calls
  * place.c (eng_defer_put).
  *
@@ -342,6 +355,42 @@ void eng_hint_remove(struct engine *e, struct hint *h)
 }
 
 /*
+ * e->lock held: nothing in the queue wants f's cached copies any more
+ * (its last entry left without being consumed).  What the prefetcher kept
+ * for it goes back to the eviction policy: a copy held until read
+ * (READ_COMPLETE) is CONSUMED, the first to go, and none stays promoted (a
+ * copy still being written becomes FLUSHED, not READ_COMPLETE, once
+ * flushed).  A prefetch of f still running sees the same when it ends
+ * (prefetch.c).
+ */
+static void hint_unpin(struct engine *e, struct tfile *f)
+{
+	int i;
+
+	for (i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (!cp)
+			continue;
+		cp->promoted = false;
+		if (cp->state == TS_READ_COMPLETE)
+			tier_set_state(&cp->state, TS_CONSUMED);
+	}
+	eng_wake(e);		/* writers waiting for room */
+}
+
+/* e->lock held: h leaves the queue unconsumed (cleared, its directory
+ * gone); a file left without entries is unpinned.  As eng_hint_remove. */
+static void hint_withdraw(struct engine *e, struct hint *h)
+{
+	struct tfile *f = h->file;
+
+	if (f && f->hint_first == h && f->hint_last == h)
+		hint_unpin(e, f);
+	eng_hint_remove(e, h);
+}
+
+/*
  * e->lock held: f is gone (unlinked).  Its entries wait, without a file,
  * for the next file of their name, as entries written before it do.
  * They go back into their buckets in ticket order: f's entries from the
@@ -519,6 +568,42 @@ int engine_hint_list(struct engine *e, uint64_t dir, char *buf, size_t len)
 	return at >= len && at ? -ERANGE : (int)at;
 }
 
+int engine_hint_list_page(struct engine *e, uint64_t dir, uint64_t index, char *buf,
+			  size_t len)
+{
+	struct hint_dir *d;
+	struct hint *h;
+	uint64_t at = 0;
+	size_t n = 0;
+
+	eng_lock(e);
+	d = dir_find(e, dir);
+	h = d ? d->head : NULL;
+	/* go on from where the page before stopped, if nothing was freed */
+	if (d && d->list_h && d->list_gen == e->hq_gen && d->list_at <= index) {
+		h = d->list_h;
+		at = d->list_at;
+	}
+	for (; h && at < index; h = h->dnext)
+		at++;
+	for (; h; h = h->dnext, at++) {
+		size_t l = strlen(h->name);
+
+		if (n + l + 1 > len)
+			break;
+		memcpy(buf + n, h->name, l);
+		buf[n + l] = '\n';
+		n += l + 1;
+	}
+	if (d) {
+		d->list_h = h;
+		d->list_at = at;
+		d->list_gen = e->hq_gen;
+	}
+	eng_unlock(e);
+	return (int)n;
+}
+
 void engine_hint_drop_dir(struct engine *e, uint64_t dir)
 {
 	struct hint_dir *d;
@@ -526,7 +611,7 @@ void engine_hint_drop_dir(struct engine *e, uint64_t dir)
 	eng_lock(e);
 	/* the record goes with its last entry */
 	while ((d = dir_find(e, dir)))
-		eng_hint_remove(e, d->head);
+		hint_withdraw(e, d->head);
 	eng_hint_head_update(e);
 	eng_unlock(e);
 }
@@ -550,8 +635,9 @@ bool engine_prefetch_get(struct engine *e)
 }
 
 /*
- * e->lock held: f was read to its end.  Its copy becomes CONSUMED (first
- * to go at eviction) and its first queue entry is done.
+ * e->lock held: f's reader is done with it (read to its end, or its last
+ * close after a read).  Its copy becomes CONSUMED (first to go at
+ * eviction) and its first queue entry is done.
  */
 void eng_consume(struct engine *e, struct tfile *f)
 {
@@ -568,11 +654,40 @@ void eng_consume(struct engine *e, struct tfile *f)
 			tier_set_state(&cp->state, TS_CONSUMED);
 		cp->promoted = false;
 	}
+	f->read_ticket = 0;
+	f->consumed_open = true;
 	if (!f->hint_first)
 		return;
 	eng_hint_remove(e, f->hint_first);
 	e->files_consumed++;
 	eng_hint_head_update(e);
+}
+
+/*
+ * e->lock held: a read of f returned n bytes from off.  Read to its end:
+ * consumed now.  Otherwise, a read with bytes counts towards consumption
+ * at the last close, for the entries queued by now (the queue's last
+ * ticket), unless f was consumed since its last close.
+ */
+void eng_read_done(struct engine *e, struct tfile *f, off_t off, size_t n)
+{
+	if (read_to_end(f, off, n))
+		eng_consume(e, f);
+	else if (n && !f->consumed_open)
+		f->read_ticket = e->hint_next;
+}
+
+void tfile_last_close(struct tfile *f)
+{
+	struct engine *e = f->eng;
+
+	eng_lock(e);
+	if (!f->consumed_open && f->read_ticket && f->hint_first &&
+	    f->hint_first->seq <= f->read_ticket)
+		eng_consume(e, f);
+	f->read_ticket = 0;
+	f->consumed_open = false;
+	eng_unlock(e);
 }
 
 /* Prefetch distance now: queue entries at the head already cached. */

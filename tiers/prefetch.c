@@ -107,7 +107,10 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	}
 	gcp->len = size;
 	tier_set_state(&gcp->state, TS_READ_COMPLETE);
-	gcp->promoted = true;
+	/* kept until read, unless its entries left the queue meanwhile */
+	gcp->promoted = f->hint_first != NULL;
+	if (!gcp->promoted)
+		tier_set_state(&gcp->state, TS_CONSUMED);
 	if (hcp->state == TS_FLUSHED)
 		tier_set_state(&hcp->state, TS_READ_COMPLETE);
 	if (hcp->state == TS_READ_COMPLETE)
@@ -206,7 +209,11 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	}
 	cp->len = size;
 	tier_set_state(&cp->state, TS_READ_COMPLETE);
-	cp->promoted = true;
+	/* kept until read, unless its entries left the queue meanwhile
+	 * (consumed by a read from the SSD, cleared): then evictable */
+	cp->promoted = f->hint_first != NULL;
+	if (!cp->promoted)
+		tier_set_state(&cp->state, TS_CONSUMED);
 	e->files_prefetched++;
 	e->bytes_prefetched += size;
 	eng_wake(e);

@@ -5,7 +5,8 @@
  *
  * A read is served from the fastest tier whose copy holds the range, else
  * from the write-through shadow or the backing file.  Reading a file to
- * its end consumes it (hints.c).  Entry points take f->lock then e->lock
+ * its end consumes it, and any read counts towards its consumption at its
+ * last close (hints.c).  Entry points take f->lock then e->lock
  * (tfile_read_begin/end and tfile_span_end only e->lock: a writer may hold
  * f->lock while it waits for them).  Calls write.c for write spans,
  * hints.c and backing.c.
@@ -107,8 +108,8 @@ static ssize_t read_dev_locked(struct tfile *f, uint64_t dptr, int dev, size_t l
 	}
 	eng_lock(e);
 out:
-	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
-		eng_consume(e, f);
+	if (ret >= 0)
+		eng_read_done(e, f, off, (size_t)ret);
 	eng_unlock(e);
 	return ret;
 }
@@ -253,8 +254,7 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		eng_writer_done(e, f);	/* a span cannot be written through */
 	} else if (ok) {
 		e->client_bytes += s->len;
-		if (read_to_end(f, (off_t)s->off, (size_t)s->len))
-			eng_consume(e, f);
+		eng_read_done(e, f, (off_t)s->off, (size_t)s->len);
 	}
 	eng_wake(e);
 	eng_unlock(e);
@@ -304,8 +304,8 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 out:
 	/* consumed now, before the caller replies: once the reader has its
 	 * bytes, the restore queue and the state already say so */
-	if (ret && read_to_end(f, off, *n))
-		eng_consume(e, f);
+	if (ret)
+		eng_read_done(e, f, off, *n);
 	eng_unlock(e);
 	return ret;
 }
@@ -369,8 +369,8 @@ ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 		eng_lock(e);
 	}
 out:
-	if (ret >= 0 && read_to_end(f, off, (size_t)ret))
-		eng_consume(e, f);
+	if (ret >= 0)
+		eng_read_done(e, f, off, (size_t)ret);
 	eng_unlock(e);
 	tfile_unlock(f);
 	return ret;

@@ -98,6 +98,10 @@ struct tfile {
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct hint *hint_first, *hint_last;	/* its restore-queue entries,
 						 * ticket order (hints.c) */
+	uint64_t read_ticket;		/* the queue's last ticket at its latest
+					 * read since its last close, 0: none (or
+					 * consumed since): tfile_last_close() */
+	bool consumed_open;		/* consumed since its last close */
 	int gpu_wdev;			/* the GPU its last GPU write came from
 					 * (the ioctl's buffer), -1: none */
 	int gpu_rdev;			/* the GPU that will read it back
@@ -142,6 +146,13 @@ void tfile_destroy(struct tfile *f);
 /* A handle opened for writing / its last close (queues the flush). */
 void tfile_open_writer(struct tfile *f);
 void tfile_close_writer(struct tfile *f);
+/*
+ * The file's last open handle was released (a mapping holds its handle
+ * until munmap).  A queued file read while its first entry was queued, and
+ * not consumed since its last close, is consumed now (hints.c): a reader
+ * that read only part of it is done with it.
+ */
+void tfile_last_close(struct tfile *f);
 /* Write; returns bytes written or -errno.  Never -ENOSPC for a full cache. */
 ssize_t tfile_write(struct tfile *f, const void *buf, size_t len, off_t off);
 /* Read into buf; returns bytes read (short at EOF) or -errno. */

@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 
 PREFIX = "user.tierfs."
 XATTR_RESTORE_ORDER = PREFIX + "restore_order"
+XATTR_RESTORE_ORDER_PAGE = PREFIX + "restore_order."     # + N: from the N-th entry
 XATTR_PREFETCH = PREFIX + "prefetch"
 XATTR_RESTORE_NEXT = PREFIX + "restore_next"
 XATTR_TIER = PREFIX + "tier"
@@ -272,13 +273,26 @@ def restore_order(dir, names):
 
 
 def queued(dir):
-    """The names of `dir` still in the restore queue, in order (str).
-
-    A listing longer than 64 KiB cannot be read (OSError E2BIG): the length
-    of the queue is in stats()["prefetch"]["queue"]."""
+    """The names of `dir` still in the restore queue, in order (str), the
+    whole list however long: it is read in pages of at most 64 KiB
+    (user.tierfs.restore_order.N, from the N-th entry on; tierfs-hints(7)).
+    Entries consumed while it is read move the ones after them forward,
+    so such a listing may leave names out."""
     _need_tierfs(dir)
-    v = os.getxattr(dir, XATTR_RESTORE_ORDER)
-    return [os.fsdecode(n) for n in v.split(b"\n") if n]
+    out, at = [], 0
+    while True:
+        try:
+            v = os.getxattr(dir, XATTR_RESTORE_ORDER_PAGE + str(at))
+        except OSError as e:
+            if e.errno != errno.ENODATA or at or not os.path.isdir(dir):
+                raise
+            v = os.getxattr(dir, XATTR_RESTORE_ORDER)   # a daemon without pages
+            return [os.fsdecode(n) for n in v.split(b"\n") if n]
+        page = [n for n in v.split(b"\n") if n]
+        if not page:
+            return out
+        out += [os.fsdecode(n) for n in page]
+        at += len(page)
 
 
 def clear(dir):

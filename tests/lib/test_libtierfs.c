@@ -1,6 +1,6 @@
 /*
- * test_libtierfs.c - tierfs_restore_order(), tierfs_stats() and
- * tierfs_wait_flushed() against a tierfs mount.
+ * test_libtierfs.c - tierfs_restore_order(), tierfs_restore_queue(),
+ * tierfs_stats() and tierfs_wait_flushed() against a tierfs mount.
  *
  * usage: test_libtierfs MOUNTPOINT [PLAIN_DIR]
  * Run by tests/test_libtierfs.py; alone (no argument) it exits 77 (skip).
@@ -100,6 +100,36 @@ int main(int argc, char *argv[])
 	free(st);
 	removexattr(dir, TIERFS_XATTR_RESTORE_ORDER);
 
+	/* 20,000 names (about 400 KiB): appended and listed back whole, in
+	 * order, although one value holds 64 KiB */
+	{
+		const size_t N = 20000;
+		const char **big = calloc(N, sizeof(*big));
+		char **got;
+		size_t k, same = 0, ngot = 0;
+
+		for (k = 0; k < N; k++) {
+			char *s = malloc(24);
+
+			snprintf(s, 24, "shard-%06zu.pt", k);
+			big[k] = s;
+		}
+		CHECK(tierfs_restore_order(dir, big, N, NULL) == 0, "20000 names appended");
+		got = tierfs_restore_queue(dir, &ngot);
+		for (k = 0; got && k < N && k < ngot; k++)
+			same += !strcmp(got[k], big[k]);
+		CHECK(got && ngot == N && same == N && got[N] == NULL,
+		      "tierfs_restore_queue: %zu names, %zu in place", ngot, same);
+		free(got);
+		removexattr(dir, TIERFS_XATTR_RESTORE_ORDER);
+		got = tierfs_restore_queue(dir, &ngot);
+		CHECK(got && ngot == 0 && got[0] == NULL, "an empty queue: no names");
+		free(got);
+		for (k = 0; k < N; k++)
+			free((char *)big[k]);
+		free(big);
+	}
+
 	st = tierfs_stats(argv[1]);
 	CHECK(st && st[0] == '{' && strstr(st, "\"tiers\"") && strstr(st, "\"ssd\""),
 	      "tierfs_stats: JSON text");
@@ -139,6 +169,8 @@ int main(int argc, char *argv[])
 		      "restore_order on another file system");
 		CHECK(tierfs_stats(argv[2]) == NULL && errno == ENOTSUP,
 		      "stats of another file system");
+		CHECK(tierfs_restore_queue(argv[2], NULL) == NULL && errno == ENOTSUP,
+		      "restore_queue on another file system");
 		CHECK(tierfs_wait_flushed(argv[2], 0) == -1 && errno == ENOTSUP,
 		      "wait_flushed on another file system");
 	}
