@@ -611,3 +611,54 @@ def test_dcp_cuda_on_a_gpu_tier(mount, monkeypatch):
     moved.subtract(before)
     if hasattr(tierfs, "pwritev_gpu") and os.environ.get("TIERFS_LIB"):
         assert moved["gpu_write"] > 0 and moved["gpu_read"] > 0, moved
+
+
+_KILLED_WRITER = r"""
+import os, signal, sys
+sys.path[:0] = [sys.argv[3]]
+import torch, tierfs.torch as tt
+torch.manual_seed(11)
+dev = sys.argv[2]
+sd = {"w": torch.randn(256, 1024, device=dev), "b": torch.randn(1024, device=dev).half(),
+      "step": torch.tensor(5), "opt": {"state": {0: {"m": torch.randn(64, device=dev)}},
+                                       "lr": 0.1}}
+tt.save(sd, sys.argv[1])
+torch.save(sd, sys.argv[4])                 # the reference, off the mount
+print("saved", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+def test_reload_after_the_training_process_is_killed(mount, monkeypatch, tmp_path, device):
+    """A training process saves and dies by SIGKILL; a new process loads the
+    checkpoint back from the mount (the cache lives in the daemon: with a
+    GPU tier, device to device from the GPU cache), equal to what was saved."""
+    _libtierfs(monkeypatch)
+    opts = {"host_cache": "256M"}
+    if device == "cuda":
+        opts.update(gpu=util.GPU or "0", gpu_cache="256M")
+    m = mount(**opts)
+    path = os.path.join(m.mnt, "ck.safetensors")
+    ref = str(tmp_path / "ref.pt")
+    script = tmp_path / "writer.py"
+    script.write_text(_KILLED_WRITER)
+    pkg = os.path.join(util.REPO_DIR, "python")
+    r = subprocess.run([sys.executable, str(script), path, device, pkg, ref],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9 and "saved" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    want = torch.load(ref, map_location=device)
+    before = collections.Counter(tt.io_stats)
+    got = tt.load(path)
+    assert_equal(want, got)
+    into = {"w": torch.zeros_like(want["w"]), "b": torch.zeros_like(want["b"]),
+            "step": torch.zeros_like(want["step"]),
+            "opt": {"state": {0: {"m": torch.zeros_like(want["opt"]["state"][0]["m"])}},
+                    "lr": 0.0}}
+    w = into["w"]
+    got = tt.load(path, into=into)
+    assert got["w"] is w and torch.equal(w, want["w"])
+    moved = collections.Counter(tt.io_stats)
+    moved.subtract(before)
+    if device == "cuda" and hasattr(tierfs, "preadv_gpu") and os.environ.get("TIERFS_LIB"):
+        assert moved["gpu_read"] > 0, moved
