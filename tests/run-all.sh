@@ -83,20 +83,56 @@ autoreconf -fi || die "autoreconf failed"
 
 failed=()
 
-# build DIR OPS CONFIGURE_ARGS... : configure, build and check one build dir
-build() {
+BUILDS=${BUILDS:-build build-asan build-tsan}
+want() { case " $BUILDS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# The configure arguments of each build.
+args_of() {
+	case $1 in
+	build) ;;
+	build-asan) echo --enable-sanitizers ;;
+	build-tsan) echo --enable-sanitizers=thread ;;
+	esac
+}
+
+# compile DIR: configure and make one build dir (in a subshell); its
+# outcome is left in DIR/.compiled (ok or failed), for a check waiting on it.
+compile() {
+	local dir=$1
+	(
+		mkdir -p "$TOP/$dir" && cd "$TOP/$dir" || exit 1
+		rm -f .compiled
+		say "$dir: ../configure $(args_of "$dir")"
+		# shellcheck disable=SC2046
+		if ! ../configure $(args_of "$dir"); then
+			echo "configure failed in $dir; the end of $dir/config.log:" >&2
+			tail -n 40 config.log >&2
+			echo failed >.compiled
+			exit 1
+		fi
+		say "$dir: make -j$JOBS"
+		if ! make -j"$JOBS"; then
+			echo failed >.compiled
+			exit 1
+		fi
+		echo ok >.compiled
+	)
+}
+
+# check DIR OPS: `make check` of a compiled build dir.  A dir compiled in
+# the background is waited for, and its compile log shown first.
+check() {
 	local dir=$1 ops=$2 t0=$SECONDS
-	shift 2
-	say "$dir: ../configure $*"
-	mkdir -p "$TOP/$dir" && cd "$TOP/$dir" || return 1
-	if ! ../configure "$@"; then
-		echo "configure failed in $dir; the end of $dir/config.log:" >&2
-		tail -n 40 config.log >&2
-		return 1
+	if [ -f "$TOP/$dir.compile.log" ]; then
+		while [ ! -f "$TOP/$dir/.compiled" ]; do
+			sleep 2
+		done
+		say "$dir: compiled in the background (waited $((SECONDS - t0)) s); its log:"
+		tail -n 30 "$TOP/$dir.compile.log"
 	fi
-	say "$dir: make -j$JOBS"
-	make -j"$JOBS" || return 1
-	say "$dir: make check (TIERFS_OPS=$ops${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS})"
+	[ "$(cat "$TOP/$dir/.compiled" 2>/dev/null)" = ok ] || return 1
+	cd "$TOP/$dir" || return 1
+	say "$dir: make check (TIERFS_OPS=$ops, PYTEST_JOBS=$PYTEST_JOBS${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS})"
 	if ! TIERFS_OPS=$ops make check; then
 		echo
 		echo "==> $dir: make check failed; $dir/test-suite.log follows"
@@ -104,42 +140,82 @@ build() {
 		say "$dir: failed after $((SECONDS - t0)) s"
 		return 1
 	fi
-	say "$dir: passed in $((SECONDS - t0)) s"
+	say "$dir: checked in $((SECONDS - t0)) s"
 	return 0
 }
 
-BUILDS=${BUILDS:-build build-asan build-tsan}
-want() { case " $BUILDS " in *" $1 "*) return 0 ;; esac; return 1; }
-
-# The default build runs the full exerciser.
-if want build && ! build build "${TIERFS_OPS:-50000}"; then
-	failed+=(build)
+# The first build is compiled here; the others in the background, one
+# after the other at a lower priority, while the first one's tests run
+# (they wait on FUSE requests, fsync and the daemons more than on the CPU).
+first=
+later=()
+for dir in $BUILDS; do
+	case $dir in
+	build|build-asan|build-tsan) ;;
+	*) die "unknown build '$dir' (build, build-asan, build-tsan)" ;;
+	esac
+	if [ -z "$first" ]; then first=$dir; else later+=("$dir"); fi
+done
+t_all=$SECONDS
+rm -f "$TOP"/build*.compile.log
+if [ ${#later[@]} -gt 0 ]; then
+	for dir in "${later[@]}"; do
+		mkdir -p "$TOP/$dir" && rm -f "$TOP/$dir/.compiled"
+	done
+	(
+		for dir in "${later[@]}"; do
+			nice -n 10 bash -c "$(declare -f say args_of compile); TOP='$TOP' JOBS='$JOBS' compile '$dir'" \
+				>"$TOP/$dir.compile.log" 2>&1 || true
+			[ -f "$TOP/$dir/.compiled" ] || echo failed >"$TOP/$dir/.compiled"
+		done
+	) &
+	for dir in "${later[@]}"; do
+		: >"$TOP/$dir.compile.log"
+	done
 fi
+t0=$SECONDS
+compile "$first" || failed+=("$first")
+say "$first: compiled in $((SECONDS - t0)) s"
 
-# The sanitizer build: leaks at exit are not reported (the daemon exits
-# right after its final flush and leaves its tables to the kernel); the
-# daemon must not abort on a report, so that the test that triggered it
-# sees the report in the daemon's log and fails with it.
-export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
-if want build-asan && ! build build-asan "${TIERFS_ASAN_OPS:-20000}" --enable-sanitizers; then
-	failed+=(build-asan)
-fi
+# run DIR: check one build with its own settings.
+run() {
+	local dir=$1
+	case $dir in
+	build)
+		# The default build runs the full exerciser.
+		PYTEST_JOBS=${PYTEST_JOBS:-3} check build "${TIERFS_OPS:-50000}"
+		;;
+	build-asan)
+		# Leaks at exit are not reported (the daemon exits right after its
+		# final flush and leaves its tables to the kernel); the daemon must
+		# not abort on a report, so that the test that triggered it sees
+		# the report in the daemon's log and fails with it.
+		ASAN_OPTIONS="detect_leaks=0:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
+		UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}" \
+		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}"
+		;;
+	build-tsan)
+		# The unit tests, the torture runs and the integrity and
+		# restore-hint suites (the concurrent writers, readers, evictions
+		# and prefetches), not the rest (the daemon runs 5-15 times slower
+		# under TSan, and they add little there).  Reports go to the
+		# daemon's stderr, which the tests read (util.SANITIZER_LOG): a
+		# report fails the test, and the daemon exits with status 66.  A
+		# suppression goes to tests/tsan.supp with its reason.
+		TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
+		TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-20} \
+		PYTEST_K="torture or integrity or hints" \
+		PYTEST_JOBS=${PYTEST_JOBS:-2} check build-tsan 0
+		;;
+	esac
+}
 
-# The ThreadSanitizer build: the unit tests, the torture runs and the
-# integrity and restore-hint suites (the concurrent writers, readers,
-# evictions and prefetches; ~5 min here), not the rest (the daemon runs
-# 5-15 times slower under TSan, and they add little there).  Reports go to the daemon's stderr, which the tests
-# read (util.SANITIZER_LOG): a report fails the test, and the daemon exits
-# with status 66.  A suppression goes to tests/tsan.supp with its reason.
-if want build-tsan; then
-	if ! TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
-	     TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-20} \
-	     PYTEST_K="torture or integrity or hints" \
-	     build build-tsan 0 --enable-sanitizers=thread; then
-		failed+=(build-tsan)
-	fi
-fi
+for dir in $BUILDS; do
+	case " ${failed[*]} " in *" $dir "*) continue ;; esac
+	run "$dir" || failed+=("$dir")
+done
+wait
+say "all builds: $((SECONDS - t_all)) s"
 
 # The names of the failing tests come last, where a log cut to its head and
 # tail still shows them: pytest's short summary (-rfE) and the assertion
