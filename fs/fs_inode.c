@@ -55,6 +55,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -754,6 +755,30 @@ void fs_forget_one(fuse_ino_t ino, uint64_t n)
 	fs_unlock();
 }
 
+/* Count in as given up; keep its path (relative to the mount) while there
+ * is room, else its name alone (fallback). */
+static void note_lost(struct fs_inode *in, const char *fallback)
+{
+	const char *parts[64];
+	char path[PATH_MAX];
+	size_t n = 0, len = 0;
+	struct fs_inode *p;
+
+	if (fs.lost++ >= FS_LOST_NAMES)
+		return;
+	fs_lock();
+	for (p = in; p && p != &fs.root && p->name && n < 64; p = p->parent)
+		parts[n++] = p->name;
+	path[0] = 0;
+	if (n && (!p || p == &fs.root)) {
+		while (n-- > 0 && len < sizeof(path))
+			len += (size_t)snprintf(path + len, sizeof(path) - len, "%s%s",
+						parts[n], n ? "/" : "");
+	}
+	fs_unlock();
+	fs.lost_names[fs.lost - 1] = strdup(path[0] && len < sizeof(path) ? path : fallback);
+}
+
 int fs_sync_all(bool give_up)
 {
 	struct fs_inode **list = NULL;
@@ -793,6 +818,7 @@ int fs_sync_all(bool give_up)
 			     " bytes): %s", fs_tfile_ops.name(f, nb, sizeof(nb)), size,
 			     strerror(-r));
 			tfile_unlinked(f);	/* discarded: its flush is cancelled */
+			note_lost(list[i], nb);
 		}
 		if (r)
 			failed++;

@@ -527,7 +527,9 @@ static void lock_holder(int fd, char *buf, size_t len)
 	buf[strcspn(buf, "\n")] = 0;
 }
 
-/* Say who holds the lock: this process, on fs.opts.mountpoint. */
+/* Say who holds the lock: this process, on fs.opts.mountpoint ("running":
+ * lock_note_exit will say how it ends; a file left so, the daemon was
+ * killed). */
 static void lock_note(void)
 {
 	char line[PATH_MAX + 32];
@@ -535,9 +537,48 @@ static void lock_note(void)
 
 	if (lock_fd < 0)
 		return;
-	n = snprintf(line, sizeof(line), "%ld %s\n", (long)getpid(), fs.opts.mountpoint);
+	n = snprintf(line, sizeof(line), "%ld %s\nrunning\n", (long)getpid(),
+		     fs.opts.mountpoint);
 	if (n >= (int)sizeof(line) || pwrite(lock_fd, line, (size_t)n, 0) != n ||
 	    ftruncate(lock_fd, n) < 0)
+		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
+		     strerror(errno));
+}
+
+/*
+ * At exit, after the last flush: add to the lock file how the daemon ends,
+ * for `tierfsctl wait` and tierfs.wait_flushed, which hold it open to read
+ * it once the process is gone (see unlock_backing):
+ *	PID MOUNTPOINT
+ *	exit STATUS
+ *	lost N			files given up (fs_sync_all)
+ *	PATH			one line each, the first FS_LOST_NAMES
+ * All within the file's first 4 KiB, which its first line already
+ * occupies: a full backing file system still takes it.
+ */
+static void lock_note_exit(int status)
+{
+	char buf[4096];
+	int n, i;
+
+	if (lock_fd < 0)
+		return;
+	n = snprintf(buf, sizeof(buf), "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
+		     fs.opts.mountpoint, status, fs.lost);
+	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)sizeof(buf); i++) {
+		const char *p = fs.lost_names[i] ? fs.lost_names[i] : "?";
+		int m = snprintf(buf + n, sizeof(buf) - (size_t)n, "%s\n", p);
+
+		if (m >= (int)sizeof(buf) - n)
+			break;		/* no room for the whole line */
+		for (char *c = buf + n; c < buf + n + m - 1; c++)
+			if (*c == '\n')
+				*c = '?';
+		n += m;
+	}
+	if (n >= (int)sizeof(buf))
+		return;
+	if (pwrite(lock_fd, buf, (size_t)n, 0) != n)
 		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
 		     strerror(errno));
 }
@@ -1157,6 +1198,7 @@ out_session:
 			ret = 1;
 		fs_persist_stop();	/* after the last flush: waits persist_wait */
 		engine_destroy(fs.eng);
+		lock_note_exit(ret);
 	}
 out_unlock:
 	unlock_backing();
