@@ -243,6 +243,12 @@ bool fs_hidden_name(const char *name);
 int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */
 /* The key that names directory `dir` in the restore queue. */
 uint64_t fs_dir_key(const struct fs_inode *dir);
+/* in's path relative to the mount point ("." for the root) into buf, from
+ * the backing directory's own path (/proc/self/fd): 0, -ENOENT where it is
+ * not known (a file without a name, a removed directory), -ENAMETOOLONG.
+ * Takes fs.lock and holds in's (or its directory's) descriptor: not to be
+ * called with fs.lock held. */
+int fs_rel_path(struct fs_inode *in, char *buf, size_t len);
 /* The inode table, keyed by backing (st_dev, st_ino); fs.lock held. */
 struct fs_inode *fs_table_find(dev_t dev, ino_t ino);
 void fs_table_insert(struct fs_inode *in);

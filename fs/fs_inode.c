@@ -755,28 +755,69 @@ void fs_forget_one(fuse_ino_t ino, uint64_t n)
 	fs_unlock();
 }
 
-/* Count in as given up; keep its path (relative to the mount) while there
- * is room, else its name alone (fallback). */
+/* readlink of fd's /proc/self/fd entry into buf[len]: 0 or -errno. */
+static int fd_path(int fd, char *buf, size_t len)
+{
+	char proc[64];
+	ssize_t n;
+
+	if (fd < 0)
+		return fd;
+	fs_proc_path(fd, proc, sizeof(proc));
+	n = readlink(proc, buf, len - 1);
+	if (n < 0)
+		return -errno;
+	buf[n] = 0;
+	return 0;
+}
+
+int fs_rel_path(struct fs_inode *in, char *buf, size_t len)
+{
+	char name[NAME_MAX + 1] = "", dpath[PATH_MAX], rpath[PATH_MAX];
+	struct fs_inode *dir = in;
+	const char *rel;
+	size_t rl;
+	int ret;
+
+	if (!S_ISDIR(in->type)) {	/* a file: its name in its directory */
+		fs_lock();
+		if (!in->name || !in->parent) {
+			fs_unlock();
+			return -ENOENT;
+		}
+		snprintf(name, sizeof(name), "%s", in->name);
+		dir = in->parent;
+		__atomic_add_fetch(&dir->refs, 1, __ATOMIC_ACQ_REL);
+		fs_unlock();
+	}
+	/* the directory: where its backing directory is under the root's */
+	ret = fd_path(fs_fd_hold(dir), dpath, sizeof(dpath));
+	fs_fd_release(dir);
+	if (dir != in)
+		fs_inode_put(dir);
+	if (!ret)
+		ret = fd_path(fs.root_fd, rpath, sizeof(rpath));
+	if (ret)
+		return ret;
+	rl = strlen(rpath);
+	if (strncmp(dpath, rpath, rl) || (dpath[rl] && dpath[rl] != '/'))
+		return -ENOENT;		/* moved out, or removed ("... (deleted)") */
+	rel = dpath[rl] ? dpath + rl + 1 : "";
+	if (snprintf(buf, len, "%s%s%s", *rel ? rel : (*name ? "" : "."),
+		     *rel && *name ? "/" : "", name) >= (int)len)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* Count in as given up; keep its path while there is room (its name
+ * alone, fallback, where the path is not known). */
 static void note_lost(struct fs_inode *in, const char *fallback)
 {
-	const char *parts[64];
 	char path[PATH_MAX];
-	size_t n = 0, len = 0;
-	struct fs_inode *p;
 
 	if (fs.lost++ >= FS_LOST_NAMES)
 		return;
-	fs_lock();
-	for (p = in; p && p != &fs.root && p->name && n < 64; p = p->parent)
-		parts[n++] = p->name;
-	path[0] = 0;
-	if (n && (!p || p == &fs.root)) {
-		while (n-- > 0 && len < sizeof(path))
-			len += (size_t)snprintf(path + len, sizeof(path) - len, "%s%s",
-						parts[n], n ? "/" : "");
-	}
-	fs_unlock();
-	fs.lost_names[fs.lost - 1] = strdup(path[0] && len < sizeof(path) ? path : fallback);
+	fs.lost_names[fs.lost - 1] = strdup(fs_rel_path(in, path, sizeof(path)) ? fallback : path);
 }
 
 int fs_sync_all(bool give_up)
