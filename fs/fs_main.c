@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -650,6 +651,73 @@ static void unlock_backing(void)
 	fs_dir_mtime_put(fs.root_fd, &t, ok);
 }
 
+/* A mountinfo field as it was before the kernel escaped it (\ooo). */
+static void unescape_mnt(char *s)
+{
+	char *o = s;
+
+	for (; *s; s++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+		    s[3] >= '0' && s[3] <= '7') {
+			*o++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
+			s += 3;
+		} else {
+			*o++ = *s;
+		}
+	}
+	*o = 0;
+}
+
+/*
+ * A mount point on a live tierfs mount (its root, or a directory inside
+ * it) is refused: the new mount would hide the first one's files, which
+ * its daemon still flushes.  statfs(2) says whether it is on FUSE at all
+ * (a dead FUSE mount fails it: not ours to judge); the mount holding it,
+ * the last in /proc/self/mountinfo with the longest mount point above it,
+ * says whether that is tierfs.
+ */
+#define FUSE_SUPER_MAGIC_	0x65735546
+
+static void check_not_on_tierfs(void)
+{
+	const char *mp = fs.opts.mountpoint;
+	char line[3 * PATH_MAX], best[PATH_MAX] = "", mnt[PATH_MAX], type[64];
+	size_t bl = 0;
+	struct statfs sf;
+	bool tierfs = false;
+	FILE *f;
+
+	if (statfs(mp, &sf) < 0 || (unsigned long)sf.f_type != FUSE_SUPER_MAGIC_)
+		return;
+	f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *sep = strstr(line, " - ");
+		size_t ml;
+
+		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+		    sscanf(sep + 3, "%63s", type) != 1)
+			continue;
+		unescape_mnt(mnt);
+		ml = strlen(mnt);
+		if (strncmp(mp, mnt, ml) || (mp[ml] && mp[ml] != '/' && strcmp(mnt, "/")) ||
+		    ml < bl)
+			continue;
+		snprintf(best, sizeof(best), "%s", mnt);
+		bl = ml;
+		tierfs = !strcmp(type, "fuse.tierfs");
+	}
+	fclose(f);
+	if (!tierfs)
+		return;
+	if (!strcmp(best, mp))
+		die("mount point %s is a live tierfs mount already: unmount it first "
+		    "(a second mount would hide it)%s", mp, "");
+	die("mount point %s is inside the live tierfs mount %s (its files would be "
+	    "hidden)", mp, best);
+}
+
 /*
  * The mount point may not be the backing directory or inside it (the
  * daemon would serve its own mount through itself).  Compared by st_dev
@@ -679,6 +747,7 @@ static void check_mountpoint(const struct stat *bst)
 		self = false;
 	}
 	free(p);
+	check_not_on_tierfs();
 }
 
 /*
