@@ -155,6 +155,8 @@ struct fs_opts {
 	int show_help, show_version;
 };
 
+#define FS_LOST_NAMES	16		/* names kept of the files given up */
+
 struct fs {
 	struct fs_opts opts;
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
@@ -171,6 +173,9 @@ struct fs {
 	struct fuse_session *se;
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
 	bool killpriv_v2;		/* we clear set-ID bits (fs_kill_privs) */
+	/* files given up at exit (fs_sync_all), written by one thread */
+	unsigned lost;			/* how many */
+	char *lost_names[FS_LOST_NAMES];	/* the first ones' paths */
 };
 
 extern struct fs fs;
@@ -238,6 +243,12 @@ bool fs_hidden_name(const char *name);
 int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */
 /* The key that names directory `dir` in the restore queue. */
 uint64_t fs_dir_key(const struct fs_inode *dir);
+/* in's path relative to the mount point ("." for the root) into buf, from
+ * the backing directory's own path (/proc/self/fd): 0, -ENOENT where it is
+ * not known (a file without a name, a removed directory), -ENAMETOOLONG.
+ * Takes fs.lock and holds in's (or its directory's) descriptor: not to be
+ * called with fs.lock held. */
+int fs_rel_path(struct fs_inode *in, char *buf, size_t len);
 /* The inode table, keyed by backing (st_dev, st_ino); fs.lock held. */
 struct fs_inode *fs_table_find(dev_t dev, ino_t ino);
 void fs_table_insert(struct fs_inode *in);
@@ -274,7 +285,9 @@ void fs_own_new(struct fs_inode *parent, const char *name, fuse_req_t req);
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
 /* Flush every dirty file (unmount, SIGTERM); returns how many could not be
  * written.  give_up: log each of those with its size and drop its cached
- * data, so that the engine can stop (unmount always ends). */
+ * data, so that the engine can stop (unmount always ends), and count it in
+ * fs.lost (its path, relative to the mount, in fs.lost_names while there
+ * is room). */
 int fs_sync_all(bool give_up);
 
 /* fs_loop.c: serve requests until unmount or a signal; the I/O of the

@@ -17,18 +17,34 @@
  * the mount (root, the owner of the mount's root).  Names of files that do not exist yet are accepted and
  * bound to the file when it appears (engine_hint_bind, from lookup and
  * create).  The queue itself lives in the engine.
+ *
+ * A value refused with EINVAL is also said in the log (refused(), at level
+ * notice, at most one line a second): setfattr(1) prints a bare "Invalid
+ * argument", and the shell user finds the reason there.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 
 #include "fs_hints.h"
 #include "tierfs_names.h"
 #include "tierfs.h"
+
+/* Newlines in s[0..n). */
+static size_t memcnt_nl(const char *s, size_t n)
+{
+	size_t c = 0;
+
+	while (n--)
+		c += *s++ == '\n';
+	return c;
+}
 
 /* Drop the references of files[0..n). */
 static void put_files(struct tfile **files, size_t n)
@@ -42,19 +58,82 @@ static void put_files(struct tfile **files, size_t n)
 
 static int may_steer_mount(uid_t uid);
 
+/*
+ * Say why setting attr on in was refused, then return -EINVAL.  At most one
+ * line a second (a loop of bad writes cannot flood the log); the next line
+ * that is said counts those left out meanwhile.  Lock-free: two atomics.
+ */
+static int refused(struct fs_inode *in, const char *attr, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int refused(struct fs_inode *in, const char *attr, const char *fmt, ...)
+{
+	static uint64_t next_s;		/* atomic: first second for a line */
+	static uint64_t left_out;	/* atomic: lines not said since */
+	struct timespec ts;
+	char why[320], path[512];
+	uint64_t now, at;
+	va_list ap;
+
+	if (LOG_NOTICE > tierfs_log_level)
+		return -EINVAL;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec;
+	at = __atomic_load_n(&next_s, __ATOMIC_RELAXED);
+	if (now < at || !__atomic_compare_exchange_n(&next_s, &at, now + 1, false,
+						     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+		__atomic_add_fetch(&left_out, 1, __ATOMIC_RELAXED);
+		return -EINVAL;
+	}
+	uint64_t n = __atomic_exchange_n(&left_out, 0, __ATOMIC_RELAXED);
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (fs_rel_path(in, path, sizeof(path)))
+		snprintf(path, sizeof(path), "(inode %llu)", (unsigned long long)in->ino);
+	if (n)
+		tlog(LOG_NOTICE, "%s on %s refused (EINVAL): %s (and %llu more refused "
+		     "value(s) not logged)", attr, path, why, (unsigned long long)n);
+	else
+		tlog(LOG_NOTICE, "%s on %s refused (EINVAL): %s", attr, path, why);
+	return -EINVAL;
+}
+
+/* A name of a restore order as it may go in a log line: at most 64 bytes,
+ * what is not printable ASCII as '?'. */
+static const char *printable(const char *name, size_t len, char *buf, size_t size)
+{
+	size_t i, n = len < size - 1 ? len : size - 1;
+
+	if (n > 64)
+		n = 64;
+	for (i = 0; i < n; i++)
+		buf[i] = name[i] >= 0x20 && name[i] < 0x7f ? name[i] : '?';
+	buf[n] = 0;
+	if (n < len && n >= 3)
+		memcpy(buf + n - 3, "...", 3);
+	return buf;
+}
+
 static int set_restore_order(struct fs_inode *dir, const char *value, size_t size,
 			     uid_t uid)
 {
+	const char *attr = TIERFS_XATTR_RESTORE_ORDER, *why, *nul;
 	const char **names = NULL;
 	struct tfile **files = NULL;
-	char *copy = NULL;
-	size_t n = 0, cap = 0, i;
+	char *copy = NULL, pb[80];
+	size_t n = 0, cap = 0, i, line = 0;
 	int ret = 0;
 
 	if (!S_ISDIR(dir->type))
-		return -EINVAL;
-	if (size == 0 || memchr(value, 0, size))
-		return -EINVAL;
+		return refused(dir, attr, "not a directory");
+	if (size == 0)
+		return refused(dir, attr, "empty value: one name per line");
+	nul = memchr(value, 0, size);
+	if (nul)
+		return refused(dir, attr, "line %zu: contains a NUL byte",
+			       1 + memcnt_nl(value, (size_t)(nul - value)));
 	copy = malloc(size + 1);
 	if (!copy)
 		return -ENOMEM;
@@ -66,9 +145,14 @@ static int set_restore_order(struct fs_inode *dir, const char *value, size_t siz
 
 		if (nl)
 			*nl = 0;
+		line++;
 		ret = tierfs_hint_name_check(p, len);
-		if (ret < 0)
+		if (ret < 0) {
+			why = tierfs_hint_name_why(p, len);
+			ret = refused(dir, attr, "line %zu '%s': %s", line,
+				      printable(p, len, pb, sizeof(pb)), why ? why : "bad name");
 			goto out;
+		}
 		if (ret == 0) {
 			if (n == cap) {
 				cap = cap ? 2 * cap : 16;
@@ -85,7 +169,7 @@ static int set_restore_order(struct fs_inode *dir, const char *value, size_t siz
 		p += len + 1;
 	}
 	if (n == 0) {
-		ret = -EINVAL;
+		ret = refused(dir, attr, "no names, only empty lines");
 		goto out;
 	}
 	files = calloc(n, sizeof(*files));
@@ -97,6 +181,9 @@ static int set_restore_order(struct fs_inode *dir, const char *value, size_t siz
 		ret = fs_child_tfile(dir, names[i], &files[i]);
 		if (ret) {
 			put_files(files, i);
+			if (ret == -EINVAL)
+				refused(dir, attr, "'%s': exists and is not a regular file",
+					printable(names[i], strlen(names[i]), pb, sizeof(pb)));
 			goto out;
 		}
 	}
@@ -120,7 +207,7 @@ static int set_restore_next(struct fs_inode *in, uid_t uid)
 	int ret;
 
 	if (!S_ISREG(in->type))
-		return -EINVAL;
+		return refused(in, TIERFS_XATTR_RESTORE_NEXT, "not a regular file");
 	fs_lock();
 	if (!in->name || !in->parent) {
 		fs_unlock();
@@ -170,26 +257,27 @@ static int set_flush(struct fs_inode *in)
  */
 static int set_restore_device(struct fs_inode *in, const char *value, size_t size)
 {
+	const char *attr = TIERFS_XATTR_RESTORE_DEVICE;
 	char buf[8];
 	char *end;
 	long dev;
 
 	if (!S_ISREG(in->type))
-		return -EINVAL;
+		return refused(in, attr, "not a regular file");
 	if (size && value[size - 1] == '\n')
 		size--;
 	if (size == 0 || size >= sizeof(buf))
-		return -EINVAL;
+		return refused(in, attr, "not a GPU number below 64 or \"none\"");
 	memcpy(buf, value, size);
 	buf[size] = '\0';
 	if (!strcmp(buf, "none"))
 		return tfile_set_gpu_device(&in->tf, -1);
 	if (buf[0] < '0' || buf[0] > '9')
-		return -EINVAL;
+		return refused(in, attr, "not a GPU number below 64 or \"none\"");
 	errno = 0;
 	dev = strtol(buf, &end, 10);
 	if (errno || *end || dev < 0 || dev >= 64)
-		return -EINVAL;
+		return refused(in, attr, "not a GPU number below 64 or \"none\"");
 	return tfile_set_gpu_device(&in->tf, (int)dev);
 }
 
@@ -210,7 +298,7 @@ static int set_prefetch(struct fs_inode *dir, const char *value, size_t size, ui
 	int ret;
 
 	if (!S_ISDIR(dir->type))
-		return -EINVAL;
+		return refused(dir, TIERFS_XATTR_PREFETCH, "not a directory");
 	ret = may_steer_mount(uid);
 	if (ret)
 		return ret;
@@ -221,7 +309,7 @@ static int set_prefetch(struct fs_inode *dir, const char *value, size_t size, ui
 	else if (size == 4 && !memcmp(value, "stop", 4))
 		engine_prefetch_set(fs.eng, false);
 	else
-		return -EINVAL;
+		return refused(dir, TIERFS_XATTR_PREFETCH, "the value is \"start\" or \"stop\"");
 	return 0;
 }
 
@@ -244,7 +332,7 @@ int fs_hints_set(struct fs_inode *in, const char *name, const char *value,
 	if (!strcmp(name, TIERFS_XATTR_TIER) || !strcmp(name, TIERFS_XATTR_STATE) ||
 	    !strcmp(name, TIERFS_XATTR_STATS) || !strcmp(name, TIERFS_XATTR_SHARED))
 		return -EPERM;
-	return -EINVAL;
+	return refused(in, name, "no such tierfs attribute");
 }
 
 /*

@@ -55,6 +55,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -754,6 +755,71 @@ void fs_forget_one(fuse_ino_t ino, uint64_t n)
 	fs_unlock();
 }
 
+/* readlink of fd's /proc/self/fd entry into buf[len]: 0 or -errno. */
+static int fd_path(int fd, char *buf, size_t len)
+{
+	char proc[64];
+	ssize_t n;
+
+	if (fd < 0)
+		return fd;
+	fs_proc_path(fd, proc, sizeof(proc));
+	n = readlink(proc, buf, len - 1);
+	if (n < 0)
+		return -errno;
+	buf[n] = 0;
+	return 0;
+}
+
+int fs_rel_path(struct fs_inode *in, char *buf, size_t len)
+{
+	char name[NAME_MAX + 1] = "", dpath[PATH_MAX], rpath[PATH_MAX];
+	struct fs_inode *dir = in;
+	const char *rel;
+	size_t rl;
+	int ret;
+
+	if (!S_ISDIR(in->type)) {	/* a file: its name in its directory */
+		fs_lock();
+		if (!in->name || !in->parent) {
+			fs_unlock();
+			return -ENOENT;
+		}
+		snprintf(name, sizeof(name), "%s", in->name);
+		dir = in->parent;
+		__atomic_add_fetch(&dir->refs, 1, __ATOMIC_ACQ_REL);
+		fs_unlock();
+	}
+	/* the directory: where its backing directory is under the root's */
+	ret = fd_path(fs_fd_hold(dir), dpath, sizeof(dpath));
+	fs_fd_release(dir);
+	if (dir != in)
+		fs_inode_put(dir);
+	if (!ret)
+		ret = fd_path(fs.root_fd, rpath, sizeof(rpath));
+	if (ret)
+		return ret;
+	rl = strlen(rpath);
+	if (strncmp(dpath, rpath, rl) || (dpath[rl] && dpath[rl] != '/'))
+		return -ENOENT;		/* moved out, or removed ("... (deleted)") */
+	rel = dpath[rl] ? dpath + rl + 1 : "";
+	if (snprintf(buf, len, "%s%s%s", *rel ? rel : (*name ? "" : "."),
+		     *rel && *name ? "/" : "", name) >= (int)len)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+/* Count in as given up; keep its path while there is room (its name
+ * alone, fallback, where the path is not known). */
+static void note_lost(struct fs_inode *in, const char *fallback)
+{
+	char path[PATH_MAX];
+
+	if (fs.lost++ >= FS_LOST_NAMES)
+		return;
+	fs.lost_names[fs.lost - 1] = strdup(fs_rel_path(in, path, sizeof(path)) ? fallback : path);
+}
+
 int fs_sync_all(bool give_up)
 {
 	struct fs_inode **list = NULL;
@@ -793,6 +859,7 @@ int fs_sync_all(bool give_up)
 			     " bytes): %s", fs_tfile_ops.name(f, nb, sizeof(nb)), size,
 			     strerror(-r));
 			tfile_unlinked(f);	/* discarded: its flush is cancelled */
+			note_lost(list[i], nb);
 		}
 		if (r)
 			failed++;

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -527,7 +528,9 @@ static void lock_holder(int fd, char *buf, size_t len)
 	buf[strcspn(buf, "\n")] = 0;
 }
 
-/* Say who holds the lock: this process, on fs.opts.mountpoint. */
+/* Say who holds the lock: this process, on fs.opts.mountpoint ("running":
+ * lock_note_exit will say how it ends; a file left so, the daemon was
+ * killed). */
 static void lock_note(void)
 {
 	char line[PATH_MAX + 32];
@@ -535,9 +538,48 @@ static void lock_note(void)
 
 	if (lock_fd < 0)
 		return;
-	n = snprintf(line, sizeof(line), "%ld %s\n", (long)getpid(), fs.opts.mountpoint);
+	n = snprintf(line, sizeof(line), "%ld %s\nrunning\n", (long)getpid(),
+		     fs.opts.mountpoint);
 	if (n >= (int)sizeof(line) || pwrite(lock_fd, line, (size_t)n, 0) != n ||
 	    ftruncate(lock_fd, n) < 0)
+		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
+		     strerror(errno));
+}
+
+/*
+ * At exit, after the last flush: add to the lock file how the daemon ends,
+ * for `tierfsctl wait` and tierfs.wait_flushed, which hold it open to read
+ * it once the process is gone (see unlock_backing):
+ *	PID MOUNTPOINT
+ *	exit STATUS
+ *	lost N			files given up (fs_sync_all)
+ *	PATH			one line each, the first FS_LOST_NAMES
+ * All within the file's first 4 KiB, which its first line already
+ * occupies: a full backing file system still takes it.
+ */
+static void lock_note_exit(int status)
+{
+	char buf[4096];
+	int n, i;
+
+	if (lock_fd < 0)
+		return;
+	n = snprintf(buf, sizeof(buf), "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
+		     fs.opts.mountpoint, status, fs.lost);
+	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)sizeof(buf); i++) {
+		const char *p = fs.lost_names[i] ? fs.lost_names[i] : "?";
+		int m = snprintf(buf + n, sizeof(buf) - (size_t)n, "%s\n", p);
+
+		if (m >= (int)sizeof(buf) - n)
+			break;		/* no room for the whole line */
+		for (char *c = buf + n; c < buf + n + m - 1; c++)
+			if (*c == '\n')
+				*c = '?';
+		n += m;
+	}
+	if (n >= (int)sizeof(buf))
+		return;
+	if (pwrite(lock_fd, buf, (size_t)n, 0) != n)
 		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
 		     strerror(errno));
 }
@@ -609,6 +651,73 @@ static void unlock_backing(void)
 	fs_dir_mtime_put(fs.root_fd, &t, ok);
 }
 
+/* A mountinfo field as it was before the kernel escaped it (\ooo). */
+static void unescape_mnt(char *s)
+{
+	char *o = s;
+
+	for (; *s; s++) {
+		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+		    s[3] >= '0' && s[3] <= '7') {
+			*o++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
+			s += 3;
+		} else {
+			*o++ = *s;
+		}
+	}
+	*o = 0;
+}
+
+/*
+ * A mount point on a live tierfs mount (its root, or a directory inside
+ * it) is refused: the new mount would hide the first one's files, which
+ * its daemon still flushes.  statfs(2) says whether it is on FUSE at all
+ * (a dead FUSE mount fails it: not ours to judge); the mount holding it,
+ * the last in /proc/self/mountinfo with the longest mount point above it,
+ * says whether that is tierfs.
+ */
+#define FUSE_SUPER_MAGIC_	0x65735546
+
+static void check_not_on_tierfs(void)
+{
+	const char *mp = fs.opts.mountpoint;
+	char line[3 * PATH_MAX], best[PATH_MAX] = "", mnt[PATH_MAX], type[64];
+	size_t bl = 0;
+	struct statfs sf;
+	bool tierfs = false;
+	FILE *f;
+
+	if (statfs(mp, &sf) < 0 || (unsigned long)sf.f_type != FUSE_SUPER_MAGIC_)
+		return;
+	f = fopen("/proc/self/mountinfo", "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *sep = strstr(line, " - ");
+		size_t ml;
+
+		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+		    sscanf(sep + 3, "%63s", type) != 1)
+			continue;
+		unescape_mnt(mnt);
+		ml = strlen(mnt);
+		if (strncmp(mp, mnt, ml) || (mp[ml] && mp[ml] != '/' && strcmp(mnt, "/")) ||
+		    ml < bl)
+			continue;
+		snprintf(best, sizeof(best), "%s", mnt);
+		bl = ml;
+		tierfs = !strcmp(type, "fuse.tierfs");
+	}
+	fclose(f);
+	if (!tierfs)
+		return;
+	if (!strcmp(best, mp))
+		die("mount point %s is a live tierfs mount already: unmount it first "
+		    "(a second mount would hide it)%s", mp, "");
+	die("mount point %s is inside the live tierfs mount %s (its files would be "
+	    "hidden)", mp, best);
+}
+
 /*
  * The mount point may not be the backing directory or inside it (the
  * daemon would serve its own mount through itself).  Compared by st_dev
@@ -638,6 +747,7 @@ static void check_mountpoint(const struct stat *bst)
 		self = false;
 	}
 	free(p);
+	check_not_on_tierfs();
 }
 
 /*
@@ -1157,6 +1267,7 @@ out_session:
 			ret = 1;
 		fs_persist_stop();	/* after the last flush: waits persist_wait */
 		engine_destroy(fs.eng);
+		lock_note_exit(ret);
 	}
 out_unlock:
 	unlock_backing();

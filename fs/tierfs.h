@@ -265,7 +265,10 @@ char *tierfs_stats(const char *mount);
  * the mount), until the whole mount's flush backlog is empty and no flush
  * runs.  What waits for its age (-o flush_age) is asked for at once
  * (user.tierfs.flush).  timeout_ms < 0 waits for ever.  Returns 0, or -1
- * with errno (ETIMEDOUT after timeout_ms).
+ * with errno (ETIMEDOUT after timeout_ms; ENOTCONN when the daemon stopped
+ * meanwhile, e.g. on SIGTERM: what it wrote before its exit, `tierfsctl
+ * wait` tells).  The call holds the path open: a plain umount(8) of the
+ * mount fails with EBUSY meanwhile, so nothing is given up under it.
  */
 int tierfs_wait_flushed(const char *path, int timeout_ms);
 

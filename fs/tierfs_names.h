@@ -48,22 +48,36 @@ static inline bool tierfs_utf8_ok(const unsigned char *s, size_t n)
 }
 
 /*
+ * Why line name[0..len) of a restore order is refused (the wording of the
+ * Python package's check_names), or NULL if it is not.
+ */
+static inline const char *tierfs_hint_name_why(const char *name, size_t len)
+{
+	if (len > 255)
+		return "longer than 255 bytes";
+	if (memchr(name, '/', len))
+		return "contains '/': only plain names inside the directory";
+	if (memchr(name, 0, len))
+		return "contains a NUL byte";
+	if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
+		return "'.' and '..' are not files";
+	if (len >= sizeof(TIERFS_HIDDEN_PREFIX) - 1 &&
+	    !memcmp(name, TIERFS_HIDDEN_PREFIX, sizeof(TIERFS_HIDDEN_PREFIX) - 1))
+		return "names beginning with '.tierfs' are tierfs's own";
+	if (!tierfs_utf8_ok((const unsigned char *)name, len))
+		return "not valid UTF-8";
+	return NULL;
+}
+
+/*
  * One line of a restore order, name[0..len): 1 when empty (skipped), 0 when
  * valid, -EINVAL otherwise (a slash or NUL, "." or "..", tierfs's own
- * prefix, over 255 bytes, not UTF-8).
+ * prefix, over 255 bytes, not UTF-8: tierfs_hint_name_why says which).
  */
 static inline int tierfs_hint_name_check(const char *name, size_t len)
 {
 	if (len == 0)
 		return 1;
-	if (len > 255 || memchr(name, '/', len) || memchr(name, 0, len))
-		return -EINVAL;
-	if ((len == 1 && name[0] == '.') || (len == 2 && name[0] == '.' && name[1] == '.'))
-		return -EINVAL;
-	if (len >= sizeof(TIERFS_HIDDEN_PREFIX) - 1 &&
-	    !memcmp(name, TIERFS_HIDDEN_PREFIX, sizeof(TIERFS_HIDDEN_PREFIX) - 1))
-		return -EINVAL;
-	return tierfs_utf8_ok((const unsigned char *)name, len) ? 0 : -EINVAL;
+	return tierfs_hint_name_why(name, len) ? -EINVAL : 0;
 }
-
 #endif

@@ -44,6 +44,48 @@ def run_daemon(tmp_path, *opts):
     return r
 
 
+def count_mounts(path):
+    with open("/proc/self/mountinfo") as f:
+        return sum(ln.split()[4] == path for ln in f)
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("where", ["mount point", "inside"])
+def test_over_a_live_tierfs_is_refused(tmp_path, mount, where):
+    """A second tierfs over a live tierfs mount (its mount point, or a
+    directory inside it) is refused before anything is mounted (issue 37)."""
+    m = mount()
+    util.write_file(os.path.join(m.mnt, "f"), b"first")
+    target = m.mnt
+    if where == "inside":
+        target = os.path.join(m.mnt, "sub")
+        os.mkdir(target)
+    b2 = tmp_path / "b2"
+    b2.mkdir()
+    before = count_mounts(target)
+    r = subprocess.run([util.tierfs_bin(), str(b2), target, "-f", "-o", "host_cache=64M"],
+                       capture_output=True, text=True, timeout=60)
+    after = count_mounts(target)
+    if after > before:
+        util.lazy_umount(target)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert after == before, "mounted anyway"
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "live tierfs mount" in lines[0], r.stderr
+    assert (target + " is a live tierfs mount already") in lines[0] if where == "mount point" \
+        else ("inside the live tierfs mount " + m.mnt) in lines[0]
+    assert util.read_file(os.path.join(m.mnt, "f")) == b"first"     # still served
+
+
+@pytest.mark.daemon
+def test_same_place_after_unmount_is_fine(mount):
+    """Where the first mount is gone, the same place mounts again."""
+    m = mount()
+    m.umount()
+    m.start()
+    assert util.is_mounted(m.mnt)
+
+
 @pytest.mark.daemon
 def test_unknown_option_is_one_line(tmp_path):
     r = run_daemon(tmp_path, "host_cache=64M", "bogus=1")

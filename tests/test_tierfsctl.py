@@ -124,7 +124,7 @@ def test_stats_json_prometheus_and_alias(tfs):
     assert m and int(m.group(1)) >= 1
     assert f'tierfs_prefetch_running{{mount="{mnt}"}} 1' in prom
     for line in prom.splitlines():          # the text format, line by line
-        assert line.startswith("# TYPE ") or re.fullmatch(
+        assert line.startswith(("# HELP ", "# TYPE ")) or re.fullmatch(
             r'[a-z_]+\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\} -?[0-9.e+-]+', line), line
     sub = os.path.join(tfs.mnt, "sub")
     os.mkdir(sub)
@@ -163,6 +163,51 @@ def test_record_ends_with_the_mount(tfs, tmp_path):
             p.wait()
     assert "Traceback" not in p.stderr.read()
     assert all("stats" in json.loads(ln) for ln in open(rec))
+
+
+def check_help_and_type(prom):
+    """Each metric family: "# HELP NAME TEXT", then "# TYPE NAME KIND", then
+    its samples, and no family twice (the text exposition format)."""
+    lines = prom.splitlines()
+    seen, i = set(), 0
+    assert lines
+    while i < len(lines):
+        h = re.fullmatch(r"# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (\S.*)", lines[i])
+        assert h, f"line {i + 1}: no HELP before {lines[i]!r}"
+        name = h.group(1)
+        assert "\n" not in h.group(2)
+        assert name not in seen, f"{name} twice"
+        seen.add(name)
+        t = re.fullmatch(rf"# TYPE {re.escape(name)} (counter|gauge)", lines[i + 1])
+        assert t, f"line {i + 2}: {lines[i + 1]!r} is not {name}'s TYPE"
+        assert (t.group(1) == "counter") == name.endswith("_total"), name
+        i += 2
+        n = 0
+        while i < len(lines) and not lines[i].startswith("#"):
+            assert lines[i].startswith(name + "{"), (name, lines[i])
+            i, n = i + 1, n + 1
+        assert n, f"{name}: no samples"
+    return seen
+
+
+def test_prometheus_help_unit():
+    """Every family, known keys and unknown ones alike, without a daemon."""
+    from tierfs import statview
+    s = {"tiers": {"host": {"capacity": 1, "used": 0, "hits": 3, "new_key": 5,
+                            "policy": "score"}},
+         "ssd": {"files_flushed": 2, "seconds": {"total": 0.5}},
+         "prefetch": {"state": "stop", "queue": 0}}
+    names = check_help_and_type(statview.prometheus("/m", s))
+    assert {"tierfs_tier_capacity", "tierfs_tier_hits_total", "tierfs_tier_new_key",
+            "tierfs_ssd_files_flushed_total", "tierfs_prefetch_running"} <= names
+
+
+@pytest.mark.daemon
+def test_prometheus_help_and_type(tfs):
+    write_file(os.path.join(tfs.mnt, "f"), randbytes(MiB))
+    tierfs.wait_flushed(tfs.mnt, timeout=60)
+    names = check_help_and_type(ok("stats", tfs.mnt, "--prometheus").stdout)
+    assert "tierfs_ssd_flush_backlog" in names and "tierfs_tier_capacity" in names
 
 
 @pytest.mark.daemon

@@ -56,7 +56,8 @@ XATTR_PERSIST = PREFIX + "persist"
 XATTR_FLUSH = PREFIX + "flush"
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
-LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT"
+LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT", ...
+                                # (fs_main.c lock_note_exit)
 NAME_MAX = 255
 VALUE_MAX = 64 * 1024           # the kernel's limit on an attribute value
 
@@ -409,6 +410,17 @@ def daemon_pid(mount):
 
 
 def _find_daemon(mnt):
+    found = _open_daemon(mnt)
+    if found is None:
+        return None
+    found[1].close()
+    return found[0]
+
+
+def _open_daemon(mnt):
+    """(pid, file) of the daemon serving mount point `mnt` (resolved), the
+    file its lock file opened for reading (kept readable after the daemon
+    has exited: _daemon_end reads how it ended); None if not found."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -427,15 +439,74 @@ def _find_daemon(mnt):
             if not target.endswith(("/" + LOCK_NAME, "/" + LOCK_NAME + " (deleted)")):
                 continue
             try:
-                with open(f"{d}/{fd}", "rb") as f:   # the daemon's own open file
-                    who, _, where = f.read(8192).decode("utf-8", "surrogateescape") \
-                        .strip().partition(" ")
+                f = open(f"{d}/{fd}", "rb")     # the daemon's own open file
             except OSError:
                 continue
+            try:
+                first = f.read(8192).decode("utf-8", "surrogateescape").split("\n", 1)[0]
+            except OSError:
+                f.close()
+                continue
+            who, _, where = first.strip().partition(" ")
             # the daemon wrote its mount point resolved; never resolve it
             # here: another mount may hang (a stuck daemon) and stat with it
             if who == pid and where == mnt:
-                return int(pid)
+                return int(pid), f
+            f.close()
+    return None
+
+
+def _wait_pid(pid, timeout):
+    """Wait for process `pid` (not our child) to end: True if it did."""
+    import select
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _daemon_end(f):
+    """How the daemon whose lock file `f` is (see _open_daemon) ended,
+    read once it has: None if it cannot be told (a daemon older than this
+    record), else (status, lost, names): its exit status (None: it ended
+    without saying, killed), how many files it gave up and the paths of the
+    first of them, relative to the mount point."""
+    lines = os.pread(f.fileno(), 8192, 0).decode("utf-8", "surrogateescape").split("\n")
+    if len(lines) < 2 or not (lines[1] == "running" or lines[1].startswith("exit ")):
+        return None                     # an older daemon: "PID MOUNTPOINT" alone
+    if lines[1] == "running":
+        return None, 0, []
+    try:
+        status = int(lines[1][5:])
+        lost = int(lines[2][5:]) if lines[2].startswith("lost ") else 0
+    except (ValueError, IndexError):
+        return None, 0, []
+    return status, lost, [n for n in lines[3:3 + lost] if n]
+
+
+def _lost_error(what, end, rel=None):
+    """An OSError EIO saying what the daemon's end `end` (_daemon_end)
+    lost, or None if it lost nothing (of file `rel`, relative to the mount
+    point, when given)."""
+    if end is None:
+        return None
+    status, lost, names = end
+    if status is None:
+        return OSError(errno.EIO, f"{what}: its daemon was killed before it had "
+                       f"written everything (see its log)")
+    if rel is not None and lost and rel not in names and len(names) == lost:
+        return None                     # others were lost, not this one
+    if lost:
+        more = f" and {lost - len(names)} more" if lost > len(names) else ""
+        return OSError(errno.EIO, f"{what}: {lost} file(s) not written to the backing "
+                       f"directory: {', '.join(names)}{more}")
+    if status:
+        return OSError(errno.EIO, f"{what}: its daemon exited with status {status} "
+                       f"(see its log)")
     return None
 
 
@@ -473,26 +544,63 @@ def wait_flushed(path_or_mount, timeout=None, interval=0.05):
     Small files closed moments ago are flushed now, not after their age
     (-o flush_age).  Returns True; raises TimeoutError after `timeout`
     seconds (None: wait for ever).  A file written again meanwhile is
-    waited for again."""
+    waited for again.
+
+    A mount unmounted while it waits is followed to its daemon's end (where
+    its lock file can be read: root or the daemon's user): OSError EIO if
+    the daemon gave data up (the file, or for a directory any file; the
+    message names them) or was killed, True if it wrote everything."""
     st = os.stat(path_or_mount)
     root = mount_of(path_or_mount)
     if _stat.S_ISREG(st.st_mode):
         target = path_or_mount
         done = lambda: _file_flushed(path_or_mount)     # noqa: E731
+        rel = os.path.relpath(os.path.realpath(path_or_mount), os.path.realpath(root))
     else:
         target = root
         done = lambda: _mount_flushed(root)             # noqa: E731
+        rel = None
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = min(interval, 0.005)
     while True:
-        _ask_flush(target)
-        if done():
-            return True
+        try:
+            _ask_flush(target)
+            if done():
+                return True
+        except OSError:
+            if not _unmounted(root):
+                raise
+            return _follow_exit(path_or_mount, os.path.realpath(root), rel, deadline)
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(errno.ETIMEDOUT,
                                f"{path_or_mount}: not flushed after {timeout} s")
         time.sleep(pause)
         pause = min(pause * 2, interval)
+
+
+def _unmounted(root):
+    try:
+        return mount_of(root) != root
+    except OSError:
+        return True
+
+
+def _follow_exit(what, mnt, rel, deadline):
+    """The mount `mnt` is gone: wait for its daemon's end and say what it
+    lost (wait_flushed).  Without a daemon to follow, NotTierfsError."""
+    found = _open_daemon(mnt)
+    if found is None:
+        raise NotTierfsError(errno.ENOTCONN, f"{what}: unmounted while waiting, and its "
+                             f"daemon cannot be followed to its end")
+    pid, f = found
+    with f:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0)
+        if not _wait_pid(pid, left):
+            raise TimeoutError(errno.ETIMEDOUT, f"{what}: still flushing at its unmount")
+        e = _lost_error(what, _daemon_end(f), rel)
+    if e:
+        raise e
+    return True
 
 
 def evict(path, wait=True, timeout=None):

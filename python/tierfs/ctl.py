@@ -151,14 +151,27 @@ def _pid_gone(pid, timeout):
 
 def cmd_wait(a):
     """Until the mount's flush backlog is empty; for an unmounted mount (or
-    one unmounted meanwhile), until its daemon has flushed and exited."""
+    one unmounted meanwhile), until its daemon has flushed and exited.
+    Fails (1) naming the files the daemon gave up, or if it was killed."""
     mnt = os.path.realpath(a.mount)
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
 
     def left():
         return None if deadline is None else max(deadline - time.monotonic(), 0)
 
-    pid = tierfs._find_daemon(mnt)
+    # (pid, its lock file), kept open to read how the daemon ended
+    return _wait(a, mnt, tierfs._open_daemon(mnt), left, deadline)
+
+
+def _wait(a, mnt, found, left, deadline):
+    try:
+        return _wait_loop(a, mnt, found, left, deadline)
+    finally:
+        if found:
+            found[1].close()
+
+
+def _wait_loop(a, mnt, found, left, deadline):
     while True:
         try:
             root = tierfs.mount_of(mnt)     # MOUNT, or a directory inside it
@@ -172,19 +185,27 @@ def cmd_wait(a):
                     return 0
             except TimeoutError:
                 pass
-            except OSError:
-                pass                    # being unmounted: look again
+            except OSError as e:
+                if e.errno == errno.EIO:    # followed to its end: data lost
+                    raise Fail(e.strerror, 1)
+                                        # being unmounted: look again
         else:
-            if pid is None:
-                pid = tierfs._find_daemon(mnt)
-            if pid is None:
+            if found is None:
+                found = tierfs._open_daemon(mnt)
+                if found is not None:   # closed by _wait
+                    return _wait(a, mnt, found, left, deadline)
                 return 0                # no daemon serves it (any more)
-            if _pid_gone(pid, left()):
+            if _pid_gone(found[0], left()):
+                e = tierfs._lost_error(a.mount, tierfs._daemon_end(found[1]))
+                if e:
+                    raise Fail(e.strerror, 1)
                 return 0
         if deadline is not None and time.monotonic() >= deadline:
             raise Fail(f"{a.mount}: still flushing after {a.timeout:g} s", 3)
-        if pid is None:
-            pid = tierfs._find_daemon(mnt)
+        if found is None:
+            found = tierfs._open_daemon(mnt)
+            if found is not None:       # closed by _wait
+                return _wait(a, mnt, found, left, deadline)
 
 
 # ---------------------------------------------------------------- stats

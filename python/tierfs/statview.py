@@ -359,6 +359,63 @@ COUNTERS = {"hits", "late", "misses", "evictions", "evicted_bytes", "evicted_que
             "bytes_prefetched", "files_to_gpu", "bytes_to_gpu", "consumed"}
 
 
+# "# HELP" text per section and key (tierfs-hints(7), STATISTICS); keys not
+# listed get a generic line.
+HELP = {
+    "tier": {
+        "capacity": "Size of the cache tier's buffer in bytes.",
+        "usable": "Bytes of the tier that may receive copies (a GPU cache is mapped "
+                  "piece by piece).",
+        "used": "Bytes held by cached copies.",
+        "fragments": "Entries of the tier's allocation table (copies and gaps).",
+        "gaps": "Free gaps in the tier's allocation table.",
+        "hits": "Read requests served from this tier at once.",
+        "late": "Read requests served from this tier after waiting for a prefetch.",
+        "misses": "Read requests that no cache tier could serve.",
+        "evictions": "Copies evicted to make room.",
+        "evicted_bytes": "Bytes of the copies evicted to make room.",
+        "evicted_queued": "Evicted copies of files still in the restore queue.",
+        "mapped": "Bytes of the GPU cache mapped so far.",
+        "fully_mapped": "1 once the GPU cache is fully mapped.",
+        "device_id": "CUDA device ordinal of the GPU cache (the first one).",
+        "bytes_to_host": "Bytes copied from the GPU cache into the host cache.",
+        "to_host_bandwidth": "GPU to host copy rate in bytes per second.",
+        "touched": "Bytes of the host cache faulted in so far.",
+        "pinned": "1 once the host cache is registered with the GPU driver.",
+    },
+    "ssd": {
+        "bytes_flushed": "Bytes flushed to the backing directory.",
+        "files_flushed": "Files flushed to the backing directory.",
+        "flush_errors": "Failed flushes (each is retried).",
+        "flush_backlog": "Bytes waiting for or being flushed.",
+        "flushes_running": "Flushes in progress.",
+        "flush_aging": "Small files whose flush waits for flush_age.",
+        "flush_bandwidth": "Measured flush rate in bytes per second.",
+        "bytes_written_through": "Bytes written to the SSD directly (no cache room).",
+        "files_written_through": "Files written to the SSD directly (no cache room).",
+    },
+    "prefetch": {
+        "queue": "Entries in the restore queue.",
+        "unbound": "Restore queue entries naming files that do not exist yet.",
+        "files_prefetched": "Files read from the SSD into the host tier ahead of reads.",
+        "bytes_prefetched": "Bytes read from the SSD into the host tier ahead of reads.",
+        "distance": "Entries at the head of the restore queue already cached.",
+        "files_to_gpu": "Files copied on from the host tier into the GPU tier.",
+        "bytes_to_gpu": "Bytes copied on from the host tier into the GPU tier.",
+        "consumed": "Restore queue entries consumed.",
+        "running": "1 while prefetching is started, 0 when stopped.",
+    },
+}
+
+
+def _help(section, key):
+    text = HELP.get(section, {}).get(key)
+    if text is None:
+        what = "cache tier" if section == "tier" else section
+        text = f"tierfs {what} statistic {key} (see tierfs-hints(7), STATISTICS)."
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _label(v):
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -372,33 +429,36 @@ def _value(v):
 def prometheus(mnt, stats):
     """The statistics in the Prometheus text exposition format (version
     0.0.4): tierfs_tier_KEY{mount,tier}, tierfs_ssd_KEY{mount},
-    tierfs_prefetch_KEY{mount}; counters end in _total.  Booleans are 0/1;
+    tierfs_prefetch_KEY{mount}; counters end in _total; each family has a
+    "# HELP" line, then its "# TYPE" line, then its samples.  Booleans are 0/1;
     prefetch's state is tierfs_prefetch_running; other strings are left
     out."""
-    series = {}             # metric name -> (type, [(labels, value)])
+    series = {}             # metric name -> (type, help, [(labels, value)])
 
-    def put(name, key, labels, v):
+    def put(section, key, labels, v):
         v = _value(v)
         if v is None:
             return
+        name = f"tierfs_{section}_{key}"
         kind = "counter" if key in COUNTERS else "gauge"
         if kind == "counter":
             name += "_total"
-        series.setdefault(name, (kind, []))[1].append((labels, v))
+        series.setdefault(name, (kind, _help(section, key), []))[2].append((labels, v))
 
     m = {"mount": mnt}
     for tname, t in tiers_of(stats):
         for k, v in t.items():
-            put(f"tierfs_tier_{k}", k, dict(m, tier=tname), v)
+            put("tier", k, dict(m, tier=tname), v)
     for section in ("ssd", "prefetch"):
         for k, v in sub(stats, section).items():
-            put(f"tierfs_{section}_{k}", k, m, v)
+            put(section, k, m, v)
     state = sub(stats, "prefetch").get("state")
     if isinstance(state, str):
-        put("tierfs_prefetch_running", "running", m, state == "start")
+        put("prefetch", "running", m, state == "start")
     out = []
     for name in sorted(series):
-        kind, samples = series[name]
+        kind, text, samples = series[name]
+        out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {kind}")
         for labels, v in samples:
             lab = ",".join(f'{k}="{_label(x)}"' for k, x in labels.items())
