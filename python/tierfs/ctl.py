@@ -369,7 +369,8 @@ def cmd_plot(a):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise Fail("plot needs matplotlib (Debian: apt-get install python3-matplotlib)")
+        raise Fail(f"plot needs matplotlib, which {sys.executable} cannot import "
+                   "(Debian's /usr/bin/python3: apt-get install python3-matplotlib)")
     t0 = rows[0][0]
     ts = [t - t0 for t, _ in rows]
     n = statview.num
