@@ -220,6 +220,27 @@ def test_warmup(mount):
     assert tierfs.stats(m.mnt)["tiers"]["host"]["hits"] > before
 
 
+@pytest.mark.daemon
+def test_warmup_counts_files_read_in_not_begun(mount, monkeypatch):
+    """A file whose prefetch has begun shows "host" in user.tierfs.tier
+    (state READ_IN_PROGRESS): warmup counts it, and ends, only once it is
+    read in (READ_COMPLETE).  TIERFS_DELAY holds each prefetch read."""
+    monkeypatch.setenv("TIERFS_DELAY", "prefetch_read=1500")
+    m = mount(host_cache="32M", gpu="none")
+    monkeypatch.delenv("TIERFS_DELAY")
+    cold = cold_files(m, 8)
+    assert len(cold) >= 2
+    paths = sorted(cold)[:2]
+    r = ok("warmup", "--progress", *paths)
+    for p in paths:
+        assert tierfs.state(p)["host"] == "READ_COMPLETE", tierfs.state(p)
+    shown = [line for line in re.split(r"[\r\n]", r.stderr) if "files" in line]
+    assert "0/2 files" in shown[0] and "2/2 files" in shown[-1], shown
+    assert not any("1/2 files" in line for line in shown[:3]), shown
+    for p in paths:
+        assert read_file(p) == cold[p]
+
+
 def cold_files(m, n, size=8 * MiB):
     """Write n files through m's cache (32 MiB) and return those that were
     evicted from it (tier ssd only), with their data."""

@@ -235,11 +235,20 @@ def progress(done, total, nfiles, of_files, width=30):
             f"{statview.human(total)}, {nfiles}/{of_files} files")
 
 
+# a cache copy in these states holds the file's data (tierfs-hints(7)); an
+# INIT copy is only reserved, a READ_IN_PROGRESS one is being prefetched
+CACHED_STATES = frozenset(("WRITE_IN_PROGRESS", "WRITE_COMPLETE", "FLUSHED",
+                           "READ_COMPLETE", "CONSUMED"))
+
+
 def cached(p):
+    """Is file p's data in a cache tier (gpu or host)?  A file whose
+    prefetch has begun is listed in user.tierfs.tier already: not yet."""
     try:
-        return any(t in ("gpu", "host") for t in tierfs.tier(p))
+        st = tierfs.state(p)
     except FileNotFoundError:
         return True                     # gone: nothing to wait for
+    return any(t in ("gpu", "host") and s in CACHED_STATES for t, s in st.items())
 
 
 def cmd_warmup(a):
