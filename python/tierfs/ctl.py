@@ -190,7 +190,8 @@ def cmd_wait(a):
 # ---------------------------------------------------------------- stats
 
 def add_stats_args(ap):
-    ap.add_argument("mountpoint", metavar="MOUNT", help="the tierfs mount point")
+    ap.add_argument("mountpoint", metavar="MOUNT",
+                    help="the tierfs mount point (or any path on the mount)")
     ap.add_argument("--watch", nargs="?", const=1.0, default=None, type=positive_float,
                     metavar="SECONDS", help="redraw every SECONDS (default 1) until Ctrl-C")
     g = ap.add_mutually_exclusive_group()
@@ -203,9 +204,12 @@ def stats_text(a, prog, prev=None, dt=0.0):
     s = statview.read_stats(a.mountpoint, prog)
     if a.json:
         return s, json.dumps(s, indent=2) + "\n"
+    real = os.path.realpath(a.mountpoint)
+    root = statview._mount_of(a.mountpoint)[0] or real      # for a path inside it
     if a.prometheus:
-        return s, statview.prometheus(os.path.realpath(a.mountpoint), s)
-    return s, statview.render(a.mountpoint, s, prev, dt, watch=a.watch is not None)
+        return s, statview.prometheus(root, s)
+    return s, statview.render(a.mountpoint if root == real else root, s, prev, dt,
+                              watch=a.watch is not None)
 
 
 def cmd_stats(a, prog="tierfsctl"):
