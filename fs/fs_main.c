@@ -955,7 +955,9 @@ static void open_backing(void)
 	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
 		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
 	check_mountpoint(&st);
-	if (stat(fs.opts.mountpoint, &st) < 0 || !S_ISDIR(st.st_mode))
+	if (stat(fs.opts.mountpoint, &st) < 0)
+		die("cannot use mount point %s: %s", fs.opts.mountpoint, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
 		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
 
 	umask(0);

@@ -253,10 +253,10 @@ int tierfs_restore_order(const char *dir, const char *const *names, size_t n, si
  */
 char **tierfs_restore_queue(const char *dir, size_t *n);
 /*
- * tierfs_stats - the statistics of the mount whose mount point (root
- * directory) is mount, as JSON text (see tierfs-hints(7), STATISTICS):
- * a NUL-terminated string to free(), or NULL with errno (ENODATA: mount is
- * a directory inside the mount, not its root).
+ * tierfs_stats - the statistics of the tierfs mount holding mount (its
+ * mount point, or any file or directory on it), as JSON text (see
+ * tierfs-hints(7), STATISTICS): a NUL-terminated string to free(), or
+ * NULL with errno (ENOTSUP: not on a tierfs mount).
  */
 char *tierfs_stats(const char *mount);
 /*

@@ -209,10 +209,34 @@ TIERFS_EXPORT char *tierfs_stats(const char *mount)
 {
 	ssize_t n, size = 4096;
 	char *buf = NULL;
-	int fd = open_tierfs(mount, O_DIRECTORY), err;
+	int fd = open_tierfs(mount, O_DIRECTORY), up, err;
+	struct stat st, upst;
 
+	if (fd < 0 && errno == ENOTDIR) {	/* a file: from its directory */
+		const char *slash = strrchr(mount, '/');
+		char *dir = slash ? strndup(mount, (size_t)(slash - mount) + 1) : strdup(".");
+
+		if (!dir)
+			return NULL;
+		fd = open_tierfs(dir, O_DIRECTORY);
+		free(dir);
+	}
 	if (fd < 0)
 		return NULL;
+	/* up to the mount's root: the directory whose parent is on another
+	 * device (a parent that cannot be opened: let the attribute say) */
+	while (fstat(fd, &st) == 0) {
+		up = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (up < 0)
+			break;
+		if (fstat(up, &upst) < 0 || upst.st_dev != st.st_dev ||
+		    upst.st_ino == st.st_ino) {
+			close(up);
+			break;
+		}
+		close(fd);
+		fd = up;
+	}
 	for (;;) {
 		char *nb = realloc(buf, (size_t)size + 1);
 

@@ -6,6 +6,8 @@ would be from the site directory.
 
 import errno
 import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -271,6 +273,79 @@ def test_make_install_puts_the_package_where_python_finds_it(tmp_path):
         f.write(text.replace(f'"{pythondir}"', f'"{pkgdir}"'))
     r = subprocess.run([sys.executable, "-S", local, "--version"], capture_output=True,
                        text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"tierfsctl {tierfs.__version__}", r
+
+
+@pytest.mark.parametrize("base", ["this", "path"])
+def test_configure_python_installs_for_that_interpreter(tmp_path, base):
+    """./configure PYTHON=X --prefix=P: the package goes where X imports
+    from under P (here a virtual environment's site-packages, made from the
+    Python running the tests or from python3 on PATH), and the installed
+    tools run under X: their first line is #!X.  With a prefix X imports
+    nothing from, configure says so."""
+    if not os.path.isfile(os.path.join(util.REPO_DIR, "configure")):
+        pytest.skip("the source tree is not bootstrapped (autoreconf)")
+    if os.path.isfile(os.path.join(util.REPO_DIR, "config.status")):
+        pytest.skip("the source tree is configured in place: no build beside it")
+    why = missing_fuse3_headers()
+    if why:
+        pytest.skip(f"the libfuse 3 headers are missing ({why}): configure fails")
+    interp = sys.executable
+    if base == "path":
+        interp = shutil.which("python3")
+        if not interp or subprocess.run(
+                [interp, "-c", "import sys; print(sys.executable)"], capture_output=True,
+                text=True).stdout.strip() == os.path.realpath(sys.executable):
+            pytest.skip("python3 on PATH is the Python running the tests")
+    venv = str(tmp_path / "venv")
+    r = subprocess.run([interp, "-m", "venv", "--without-pip", venv],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        pytest.skip(f"no venv from {interp}: {r.stderr.strip()}")
+    py = os.path.join(venv, "bin", "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    build = tmp_path / "build"
+    build.mkdir()
+    r = subprocess.run([os.path.join(util.REPO_DIR, "configure"), "--without-cuda",
+                        f"--prefix={venv}", f"PYTHON={py}"], cwd=build, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"^ +Python \.+ " + re.escape(py) + "$", r.stdout, re.M), r.stdout
+    assert "WARNING" not in r.stderr, r.stderr
+    r = subprocess.run(["make", "-s", "-C", str(build), "install-python"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # that interpreter imports the installed package, from its site-packages
+    r = subprocess.run([py, "-c", "import tierfs; print(tierfs.__file__)"], env=env,
+                       cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+    assert r.stdout.strip() == os.path.join(site, "tierfs", "__init__.py")
+    # the installed tools run under it
+    for name in ("tierfsctl", "tierfs-stat"):
+        tool = os.path.join(venv, "bin", name)
+        with open(tool) as f:
+            assert f.readline() == f"#!{py}\n", name
+    r = subprocess.run([os.path.join(venv, "bin", "tierfsctl"), "--version"], env=env,
+                       cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"tierfsctl {tierfs.__version__}", r
+    # a prefix the interpreter does not import from: said, and the tools
+    # still find the package there
+    other = tmp_path / "other"
+    build2 = tmp_path / "build2"
+    build2.mkdir()
+    r = subprocess.run([os.path.join(util.REPO_DIR, "configure"), "--without-cuda",
+                        f"--prefix={other}", f"PYTHON={py}"], cwd=build2, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"WARNING: {py} imports nothing under {other}" in r.stderr, r.stderr
+    assert "NOT on that Python's path" in r.stdout
+    r = subprocess.run(["make", "-s", "-C", str(build2), "install-python"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([str(other / "bin" / "tierfsctl"), "--version"], env=env,
+                       cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == f"tierfsctl {tierfs.__version__}", r
 
 

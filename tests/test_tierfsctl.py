@@ -128,8 +128,9 @@ def test_stats_json_prometheus_and_alias(tfs):
             r'[a-z_]+\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\} -?[0-9.e+-]+', line), line
     sub = os.path.join(tfs.mnt, "sub")
     os.mkdir(sub)
-    r = ctl("stats", sub)                   # not the mount root: an error, rc 1
-    assert r.returncode == 1 and "not a tierfs mount" in r.stderr
+    r = ok("stats", sub)                    # a path inside: the mount's statistics
+    assert r.stdout.startswith(f"tierfs {mnt}\n") and "\nssd " in r.stdout
+    assert f'mount="{mnt}"' in ok("stats", sub, "--prometheus").stdout
 
 
 @pytest.mark.daemon
@@ -263,6 +264,27 @@ def test_warmup(mount):
     for p in paths:
         assert read_file(p) == cold[p]
     assert tierfs.stats(m.mnt)["tiers"]["host"]["hits"] > before
+
+
+@pytest.mark.daemon
+def test_warmup_counts_files_read_in_not_begun(mount, monkeypatch):
+    """A file whose prefetch has begun shows "host" in user.tierfs.tier
+    (state READ_IN_PROGRESS): warmup counts it, and ends, only once it is
+    read in (READ_COMPLETE).  TIERFS_DELAY holds each prefetch read."""
+    monkeypatch.setenv("TIERFS_DELAY", "prefetch_read=1500")
+    m = mount(host_cache="32M", gpu="none")
+    monkeypatch.delenv("TIERFS_DELAY")
+    cold = cold_files(m, 8)
+    assert len(cold) >= 2
+    paths = sorted(cold)[:2]
+    r = ok("warmup", "--progress", *paths)
+    for p in paths:
+        assert tierfs.state(p)["host"] == "READ_COMPLETE", tierfs.state(p)
+    shown = [line for line in re.split(r"[\r\n]", r.stderr) if "files" in line]
+    assert "0/2 files" in shown[0] and "2/2 files" in shown[-1], shown
+    assert not any("1/2 files" in line for line in shown[:3]), shown
+    for p in paths:
+        assert read_file(p) == cold[p]
 
 
 def cold_files(m, n, size=8 * MiB):

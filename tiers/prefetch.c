@@ -175,6 +175,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	tier_set_state(&cp->state, TS_READ_IN_PROGRESS);
 	eng_attach_copy(e, f, hi, cp);
 	lease_begin(e, &l, cp, NULL);
+	eng_delay_at(NULL, "prefetch_read");	/* under cp's lease */
 
 	fd = f->ops->data_fd(f, true);
 	if (fd < 0) {

@@ -211,7 +211,8 @@ def _wait_loop(a, mnt, found, left, deadline):
 # ---------------------------------------------------------------- stats
 
 def add_stats_args(ap):
-    ap.add_argument("mountpoint", metavar="MOUNT", help="the tierfs mount point")
+    ap.add_argument("mountpoint", metavar="MOUNT",
+                    help="the tierfs mount point (or any path on the mount)")
     ap.add_argument("--watch", nargs="?", const=1.0, default=None, type=positive_float,
                     metavar="SECONDS", help="redraw every SECONDS (default 1) until Ctrl-C")
     g = ap.add_mutually_exclusive_group()
@@ -224,9 +225,12 @@ def stats_text(a, prog, prev=None, dt=0.0):
     s = statview.read_stats(a.mountpoint, prog)
     if a.json:
         return s, json.dumps(s, indent=2) + "\n"
+    real = os.path.realpath(a.mountpoint)
+    root = statview._mount_of(a.mountpoint)[0] or real      # for a path inside it
     if a.prometheus:
-        return s, statview.prometheus(os.path.realpath(a.mountpoint), s)
-    return s, statview.render(a.mountpoint, s, prev, dt, watch=a.watch is not None)
+        return s, statview.prometheus(root, s)
+    return s, statview.render(a.mountpoint if root == real else root, s, prev, dt,
+                              watch=a.watch is not None)
 
 
 def cmd_stats(a, prog="tierfsctl"):
@@ -256,11 +260,20 @@ def progress(done, total, nfiles, of_files, width=30):
             f"{statview.human(total)}, {nfiles}/{of_files} files")
 
 
+# a cache copy in these states holds the file's data (tierfs-hints(7)); an
+# INIT copy is only reserved, a READ_IN_PROGRESS one is being prefetched
+CACHED_STATES = frozenset(("WRITE_IN_PROGRESS", "WRITE_COMPLETE", "FLUSHED",
+                           "READ_COMPLETE", "CONSUMED"))
+
+
 def cached(p):
+    """Is file p's data in a cache tier (gpu or host)?  A file whose
+    prefetch has begun is listed in user.tierfs.tier already: not yet."""
     try:
-        return any(t in ("gpu", "host") for t in tierfs.tier(p))
+        st = tierfs.state(p)
     except FileNotFoundError:
         return True                     # gone: nothing to wait for
+    return any(t in ("gpu", "host") and s in CACHED_STATES for t, s in st.items())
 
 
 def cmd_warmup(a):
@@ -390,7 +403,8 @@ def cmd_plot(a):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise Fail("plot needs matplotlib (Debian: apt-get install python3-matplotlib)")
+        raise Fail(f"plot needs matplotlib, which {sys.executable} cannot import "
+                   "(Debian's /usr/bin/python3: apt-get install python3-matplotlib)")
     t0 = rows[0][0]
     ts = [t - t0 for t, _ in rows]
     n = statview.num

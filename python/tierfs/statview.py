@@ -51,21 +51,18 @@ def _unescape(s):
 
 
 def read_stats(mnt, prog="tierfsctl"):
-    """The parsed statistics of the tierfs mounted at `mnt` (its mount
-    point, not a directory inside it); StatError with a message naming
+    """The parsed statistics of the tierfs mount holding `mnt` (its mount
+    point, or any file or directory on it); StatError with a message naming
     `prog` otherwise."""
     if not os.path.lexists(mnt):
         raise StatError(f"{prog}: {mnt}: No such file or directory")
+    mp, fstype = _mount_of(mnt)
+    root = mp if mp and fstype.endswith("tierfs") else mnt
     try:
-        raw = os.getxattr(mnt, XATTR)
+        raw = os.getxattr(root, XATTR)
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            msg = f"{prog}: {mnt} is not a tierfs mount"
-            mp, fstype = _mount_of(mnt)
-            if fstype.endswith("tierfs") and mp and \
-                    os.path.realpath(mnt) != mp:
-                msg += f"\n{prog}: (it is inside the tierfs mount {mp}: give that directory)"
-            raise StatError(msg) from None
+            raise StatError(f"{prog}: {mnt} is not a tierfs mount") from None
         raise StatError(f"{prog}: {mnt}: {os.strerror(e.errno)}") from None
     try:
         stats = json.loads(raw.decode("utf-8", errors="replace"))
