@@ -14,9 +14,10 @@
  * appends nothing, and neither does one that would pass a bound on the
  * queue (EDQUOT): the mount's (-o hint_max), and the caller's own (-o
  * hint_max_user, by the uid of the request) unless the caller may steer
- * the mount (root, the owner of the mount's root).  Names of files that do not exist yet are accepted and
- * bound to the file when it appears (engine_hint_bind, from lookup and
- * create).  The queue itself lives in the engine.
+ * the mount (root, the owner of the mount's root).  Names of files that
+ * do not exist yet are accepted and bound to the file when it appears
+ * (engine_hint_bind, from lookup and create).  The queue itself lives in
+ * the engine.
  *
  * A value refused with EINVAL is also said in the log (refused(), at level
  * notice, at most one line a second): setfattr(1) prints a bare "Invalid
