@@ -711,6 +711,9 @@ static void check_not_on_tierfs(void)
 	fclose(f);
 	if (!tierfs)
 		return;
+	/* after lock_backing: a second daemon over the same backing directory
+	 * has been told which daemon holds it; this one's lock goes first */
+	unlock_backing();
 	if (!strcmp(best, mp))
 		die("mount point %s is a live tierfs mount already: unmount it first "
 		    "(a second mount would hide it)%s", mp, "");
@@ -747,7 +750,6 @@ static void check_mountpoint(const struct stat *bst)
 		self = false;
 	}
 	free(p);
-	check_not_on_tierfs();
 }
 
 /*
@@ -968,6 +970,7 @@ static void open_backing(void)
 	fs.tmp_fd = -1;
 	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
 	lock_backing();
+	check_not_on_tierfs();
 	fs_tmp_dir_start();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file and .tierfs.tmp are ours */
 	fs_redo_journal();
