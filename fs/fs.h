@@ -100,6 +100,8 @@ struct fs_inode {
 					 * times or xattrs (fs_attrs_changed) */
 	uint64_t attrs_synced;		/* atomic: of those, how many are
 					 * durable (its backing file synced) */
+	int read_since_atime;		/* atomic: a read came since the access
+					 * time was last considered (fs_file.c) */
 	uint64_t number;		/* atomic: st_ino through the mount, 0:
 					 * not known yet (fs_ino_number) */
 	pthread_mutex_t ilock;		/* a regular file's: a new version

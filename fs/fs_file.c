@@ -221,6 +221,7 @@ void fs_ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	ssize_t ret;
 
 	(void)fi;
+	__atomic_store_n(&in->read_since_atime, 1, __ATOMIC_RELEASE);
 	if (tfile_read_begin(&in->tf, size, off, &p, &n, &pin)) {
 		/* once the reply is out, the reader may close the file and the
 		 * kernel forget it: our reference keeps it until read_end */
@@ -275,9 +276,12 @@ void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 /*
  * Access time.  FUSE leaves it to the daemon (the kernel marks FUSE inodes
  * S_NOATIME), and reads served from the cache never touch the backing
- * file, so tierfs sets it: when a handle that could read is released (the
- * kernel sends RELEASE in the background, so close() does not wait for
- * this), following the mount's option: noatime never; strictatime always;
+ * file, so tierfs sets it: when a handle that could read is released after
+ * a read of the file (the kernel sends RELEASE in the background, so
+ * close() does not wait for this; a handle that only wrote must not move
+ * the access time, nor undo a utimensat(2) made after its close but before
+ * its RELEASE arrived), following the mount's option: noatime never;
+ * strictatime always;
  * relatime (the default) when the access time is not newer than the
  * modification time, or is a day old.  (The ctime test of the kernel's
  * relatime is left out: setting the time moves the backing file's ctime.)
@@ -289,7 +293,8 @@ static void touch_atime(struct fs_inode *in)
 	uint64_t size;
 	struct stat st;
 
-	if (fs.opts.atime == FS_NOATIME)
+	if (fs.opts.atime == FS_NOATIME ||
+	    !__atomic_exchange_n(&in->read_since_atime, 0, __ATOMIC_ACQ_REL))
 		return;
 	/* not while a new version copies the attributes (v_commit): the
 	 * time would land on the version being replaced */

@@ -1337,3 +1337,24 @@ def test_flushes_leave_the_directory_times(tfs):
     assert os.stat(m).st_mtime_ns == past
     write_file(j(d, "new"), b"x")
     assert os.stat(d).st_mtime_ns > past
+
+
+def test_atime_not_moved_by_a_handle_that_only_wrote(tfs):
+    """A handle opened for reading and writing that only wrote leaves the
+    access time alone at its release (which the kernel sends after close
+    returns): a utimensat made meanwhile stays.  A read still moves it."""
+    p = j(tfs.mnt, "w")
+    write_file(p, b"x" * 8192)
+    old = 1_000_000_000 * 10**9
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"touch", 0)
+        os.utime(p, ns=(old, old + 10**9))             # atime < mtime: relatime would move it
+    finally:
+        os.close(fd)
+    tfs.umount()                                       # after every release
+    assert os.stat(j(tfs.backing, "w")).st_atime_ns == old
+    tfs.start()
+    read_file(p)
+    tfs.umount()
+    assert os.stat(j(tfs.backing, "w")).st_atime_ns > old + 10**9
