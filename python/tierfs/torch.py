@@ -234,10 +234,9 @@ def _on_tierfs(path):
         return False
 
 
-def _write_tensors(fd, jobs, use_gpu):
-    """Write [(tensor, offset)]: CUDA ones through _gpu_io first, then CPU
-    ones in vectored writes."""
-    _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+def _cpu_io(fn, fd, jobs, what):
+    """The CPU tensors of [(tensor, offset)] through fn (os.pwritev or
+    os.preadv): one call per run of tensors that lie end to end in the file."""
     cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
     run, start, end = [], None, None
     for t, o in cpu + [(None, None)]:
@@ -246,11 +245,18 @@ def _write_tensors(fd, jobs, use_gpu):
             end += t.numel() * t.element_size()
             continue
         if run:
-            n = _vec_io(os.pwritev, fd, [_cpu_buffer(x) for x in run], start, "write")
-            _count("posix_write", n)
+            n = _vec_io(fn, fd, [_cpu_buffer(x) for x in run], start, what)
+            _count("posix_" + what, n)
         if t is None:
             break
         run, start, end = [t], o, o + t.numel() * t.element_size()
+
+
+def _write_tensors(fd, jobs, use_gpu):
+    """Write [(tensor, offset)]: CUDA ones through _gpu_io first, then CPU
+    ones in vectored writes."""
+    _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+    _cpu_io(os.pwritev, fd, jobs, "write")
     other = [(t, o) for t, o in jobs if t.device.type not in ("cpu", "cuda")]
     for t, o in other:                  # mps, xpu, ...: through host memory
         _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
@@ -258,19 +264,7 @@ def _write_tensors(fd, jobs, use_gpu):
 
 def _read_tensors(fd, jobs, use_gpu):
     """Fill [(contiguous destination tensor, offset)] from the file."""
-    cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
-    run, start, end = [], None, None
-    for t, o in cpu + [(None, None)]:
-        if t is not None and run and o == end:
-            run.append(t)
-            end += t.numel() * t.element_size()
-            continue
-        if run:
-            n = _vec_io(os.preadv, fd, [_cpu_buffer(x) for x in run], start, "read")
-            _count("posix_read", n)
-        if t is None:
-            break
-        run, start, end = [t], o, o + t.numel() * t.element_size()
+    _cpu_io(os.preadv, fd, jobs, "read")
     _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
     for t, o in jobs:
         if t.device.type not in ("cpu", "cuda"):
