@@ -38,12 +38,12 @@
  * sync_file_range over the range; raw ioctl users must do the same).
  *
  * Vectored: TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU carry a struct
- * tierfs_gpu_vec: up to 16 IPC handles and 256 segments (handle index,
+ * tierfs_gpu_vec: up to 64 IPC handles and 256 segments (handle index,
  * offset in it, length, file offset), moved between GPU memory and the one
  * file (vec_ioctl).  Checks, in this order, each before any byte moves:
  *   FUSE_IOCTL_COMPAT, cmd, in_bufsz, regular file, access mode, GPU tier
  *                                                as above
- *   flags or reserved != 0, nhandles not 1..16,
+ *   flags or reserved != 0, nhandles not 1..64,
  *   nsegs not 1..256, a handle's reserved != 0    EINVAL
  *   a segment: handle >= nhandles, flags != 0,
  *   len == 0, handle_off + len wraps,
@@ -399,10 +399,33 @@ static int vec_check(const struct tierfs_gpu_vec *v, bool write, struct vec_rang
 	return 0;
 }
 
-/* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU. */
+/*
+ * The first layout of struct tierfs_gpu_vec had room for 16 handles (9360
+ * bytes, so other command numbers): still taken, moved into today's.
+ */
+#define VEC16_HANDLES	16
+#define VEC16_SIZE	(offsetof(struct tierfs_gpu_vec, handles) +		\
+			 VEC16_HANDLES * sizeof(struct tierfs_gpu_vec_handle) +	\
+			 TIERFS_GPU_VEC_SEGS * sizeof(struct tierfs_gpu_vec_seg))
+#define TIERFS_IOC_PWRITEV_GPU16 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC16_SIZE)
+#define TIERFS_IOC_PREADV_GPU16	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC16_SIZE)
+
+static void vec_from16(struct tierfs_gpu_vec *v, const uint8_t *b)
+{
+	size_t head = offsetof(struct tierfs_gpu_vec, handles);
+	size_t hs = VEC16_HANDLES * sizeof(struct tierfs_gpu_vec_handle);
+
+	memset(v, 0, sizeof(*v));
+	memcpy(v, b, head + hs);
+	memcpy(v->segs, b + head + hs, sizeof(v->segs));
+	if (v->nhandles > VEC16_HANDLES)
+		v->nhandles = TIERFS_GPU_VEC_HANDLES + 1;	/* refused below */
+}
+
+/* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU (and the 16-handle ones). */
 static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool write,
 		      const struct fuse_file_info *fi, const void *in_buf,
-		      size_t in_bufsz)
+		      size_t in_bufsz, bool v16)
 {
 	struct ipc_entry *ent[TIERFS_GPU_VEC_HANDLES] = { NULL };
 	struct tierfs_gpu_io io = { 0 };
@@ -417,7 +440,7 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	uint32_t i, nh = 0;
 	int err;
 
-	if (in_bufsz != sizeof(w->v) || !in_buf) {
+	if (in_bufsz != (v16 ? VEC16_SIZE : sizeof(w->v)) || !in_buf) {
 		err = EINVAL;
 		goto reply;
 	}
@@ -429,7 +452,10 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 		err = ENOMEM;
 		goto reply;
 	}
-	memcpy(&w->v, in_buf, sizeof(w->v));	/* in_buf need not be aligned */
+	if (v16)
+		vec_from16(&w->v, in_buf);
+	else
+		memcpy(&w->v, in_buf, sizeof(w->v));	/* in_buf need not be aligned */
 	err = vec_check(&w->v, write, w->r);
 	if (err)
 		goto reply;
@@ -565,7 +591,11 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		write = false;
 	} else if (cmd == TIERFS_IOC_PWRITEV_GPU || cmd == TIERFS_IOC_PREADV_GPU) {
 		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU, fi, in_buf,
-			  in_bufsz);
+			  in_bufsz, false);
+		return;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU16 || cmd == TIERFS_IOC_PREADV_GPU16) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU16, fi, in_buf,
+			  in_bufsz, true);
 		return;
 	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
 		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);

@@ -85,7 +85,7 @@ struct tierfs_gpu_io {
  * call); each segment names its allocation by index.  Fixed size, as
  * above: libtierfs splits longer lists into several ioctls.
  */
-#define TIERFS_GPU_VEC_HANDLES	16	/* allocations per ioctl */
+#define TIERFS_GPU_VEC_HANDLES	64	/* allocations per ioctl */
 #define TIERFS_GPU_VEC_SEGS	256	/* segments per ioctl */
 
 struct tierfs_gpu_vec_handle {
@@ -142,9 +142,9 @@ _Static_assert(sizeof(struct tierfs_gpu_vec_seg) == 32 &&
 	       offsetof(struct tierfs_gpu_vec_seg, handle) == 24 &&
 	       offsetof(struct tierfs_gpu_vec_seg, flags) == 28,
 	       "struct tierfs_gpu_vec_seg layout");
-_Static_assert(sizeof(struct tierfs_gpu_vec) == 9360 &&
+_Static_assert(sizeof(struct tierfs_gpu_vec) == 12816 &&
 	       offsetof(struct tierfs_gpu_vec, handles) == 16 &&
-	       offsetof(struct tierfs_gpu_vec, segs) == 16 + 16 * 72,
+	       offsetof(struct tierfs_gpu_vec, segs) == 16 + 64 * 72,
 	       "struct tierfs_gpu_vec layout");
 /* FUSE restricted ioctls: the size must fit _IOC_SIZE (14 bits) */
 _Static_assert(sizeof(struct tierfs_gpu_vec) < 16384, "struct tierfs_gpu_vec too big");

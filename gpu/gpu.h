@@ -88,6 +88,20 @@ int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len);
  * of its own; dev < 0: the gpu_init() device), e.g. the GPU that holds the
  * source buffer.  Both addresses must be accessible from dev. */
 int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len);
+/*
+ * A list of copies for one client request (a vectored ioctl): queued in
+ * order on device dev's device-to-device stream (as gpu_copy_dtod_on) and
+ * waited for once, so n segments cost one synchronisation, not n.  dir
+ * says which end is host memory (GPU_H2D: src, GPU_D2H: dst, as a
+ * pointer); GPU_D2D moves may overlap (as gpu_copy_dtod).  Returns 0 or
+ * the first error (some copies may have landed).
+ */
+struct gpu_xfer {
+	uint64_t dst, src;
+	size_t len;
+	enum gpu_dir dir;
+};
+int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n);
 
 /* ---- host memory pinning (gpu_pin.c) -------------------------------- */
 

@@ -108,6 +108,7 @@ out:
 	return ret;
 }
 
+
 /*
  * gpu_copy_dtoh - copy len bytes from device src to host dst (pinned or
  * pageable) on the device-to-host stream; returns once dst holds them.
@@ -187,6 +188,52 @@ int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
 	else
 		GPU_CU(cuMemcpyDtoDAsync(dst, src, len, l->stream), out);
 	GPU_CU(cuStreamSynchronize(l->stream), out);
+out:
+	pthread_mutex_unlock(&l->lock);
+	return ret;
+}
+
+/*
+ * gpu_copy_batch_on - queue every copy of x[0..n) on device dev's
+ * device-to-device lane, in order, then wait once.  On a queueing error
+ * the copies queued before it are still waited for (they read and write
+ * memory that the caller frees after the return).
+ */
+int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
+{
+	struct gpu_lane *l;
+	CUresult r = CUDA_SUCCESS;
+	int ret = 0, i;
+
+	if (n <= 0)
+		return 0;
+	l = dtod_lane_get(dev, &ret);
+	if (!l)
+		return ret;
+	for (i = 0; i < n && r == CUDA_SUCCESS; i++) {
+		const struct gpu_xfer *c = &x[i];
+
+		if (!c->len)
+			continue;
+		if (c->dir == GPU_H2D)
+			r = cuMemcpyHtoDAsync(c->dst, (const void *)(uintptr_t)c->src,
+					      c->len, l->stream);
+		else if (c->dir == GPU_D2H)
+			r = cuMemcpyDtoHAsync((void *)(uintptr_t)c->dst, c->src,
+					      c->len, l->stream);
+		else if (c->dst == c->src)
+			continue;
+		else if (c->dst < c->src + c->len && c->src < c->dst + c->len)
+			r = dtod_overlap(c->dst, c->src, c->len, l->stream);
+		else
+			r = cuMemcpyDtoDAsync(c->dst, c->src, c->len, l->stream);
+	}
+	if (r != CUDA_SUCCESS) {
+		ret = gpu_cu_err("cuMemcpyAsync (batch)", r);
+		cuStreamSynchronize(l->stream);
+	} else {
+		GPU_CU(cuStreamSynchronize(l->stream), out);
+	}
 out:
 	pthread_mutex_unlock(&l->lock);
 	return ret;

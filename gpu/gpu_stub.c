@@ -178,6 +178,14 @@ int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
 	return gpu_copy_dtod(dst, src, len);
 }
 
+int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
+{
+	(void)dev;
+	(void)x;
+	(void)n;
+	return -EOPNOTSUPP;
+}
+
 /* gpu_host_register/unregister - -EOPNOTSUPP: nothing to pin for. */
 int gpu_host_register(void *p, size_t len)
 {

@@ -17,7 +17,10 @@
  *     mount (st_dev and mount id, read with statx(AT_STATX_DONT_SYNC): no
  *     FUSE round trip).
  *  3. The allocation: a cache of exported handles (EXPORT_CACHE_MAX
- *     entries, least recently used out) keyed by the driver's process-wide
+ *     entries: 512, twice the daemon's mappings, so that a state dict of a
+ *     few hundred allocations saved again exports nothing; sets of 8 by
+ *     buffer id, least recently used out of a set) keyed by the driver's
+ *     process-wide
  *     unique buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID), so an allocation
  *     freed and replaced at the same address is exported again, never sent
  *     with its predecessor's handle.  A miss calls gpu_ipc_export.
@@ -47,7 +50,7 @@
  * an allocation already seen in this call asks the driver nothing), each
  * context synchronised once, sync_file_range once over the union; the
  * shared cache takes what it can (a span per segment); the rest goes in
- * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 16 handles and
+ * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 64 handles and
  * TIERFS_GPU_IO_MAX bytes.  Any failure returns -1 (no partial count: the
  * segments have no order a count could describe).
  *
@@ -96,7 +99,9 @@ _Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
 	       "IPC handle sizes of tierfs.h and gpu.h");
 
 #define FUSE_SUPER_MAGIC_	0x65735546
-#define EXPORT_CACHE_MAX	32	/* exported allocations */
+#define EXPORT_CACHE_WAYS	8	/* exported allocations: sets of 8, */
+#define EXPORT_CACHE_SETS	64	/* chosen by buffer id (512 in all) */
+#define EXPORT_CACHE_MAX	(EXPORT_CACHE_WAYS * EXPORT_CACHE_SETS)
 #define MOUNT_CACHE_MAX		16	/* mounts with a verdict */
 
 /* ---- which fds are on tierfs ------------------------------------------ */
@@ -302,14 +307,23 @@ static int sync_buffer(void *ctx)
 	return 0;
 }
 
+/* The set of the cache that buffer id falls in. */
+static struct xent *xset(uint64_t id)
+{
+	uint64_t h = id * 0x9e3779b97f4a7c15ull;
+
+	return &xcache.e[(h >> 58) % EXPORT_CACHE_SETS * EXPORT_CACHE_WAYS];
+}
+
 static void xcache_drop(uint64_t id)
 {
+	struct xent *set = xset(id);
 	int i;
 
 	pthread_mutex_lock(&xcache.lock);
-	for (i = 0; i < EXPORT_CACHE_MAX; i++)
-		if (xcache.e[i].id == id)
-			xcache.e[i].id = 0;
+	for (i = 0; i < EXPORT_CACHE_WAYS; i++)
+		if (set[i].id == id)
+			set[i].id = 0;
 	pthread_mutex_unlock(&xcache.lock);
 }
 
@@ -322,13 +336,15 @@ static int resolve(uint64_t p, struct xent *out, struct ptr_info *pi,
 		   bool *cached, bool no_cache)
 {
 	uint64_t base = 0, size = 0;
+	struct xent *set;
 	int i, victim, dev = -1, ret;
 
 	ptr_query(p, pi);
 	if (pi->id && !no_cache) {
+		set = xset(pi->id);
 		pthread_mutex_lock(&xcache.lock);
-		for (i = 0; i < EXPORT_CACHE_MAX; i++) {
-			struct xent *x = &xcache.e[i];
+		for (i = 0; i < EXPORT_CACHE_WAYS; i++) {
+			struct xent *x = &set[i];
 
 			if (x->id == pi->id && p >= x->base &&
 			    p - x->base < x->size) {
@@ -357,24 +373,21 @@ static int resolve(uint64_t p, struct xent *out, struct ptr_info *pi,
 	if (!out->id)		/* cannot tell it from a successor: no cache */
 		return 0;
 
+	set = xset(out->id);
 	pthread_mutex_lock(&xcache.lock);
 	victim = 0;
-	for (i = 0; i < EXPORT_CACHE_MAX; i++) {
-		struct xent *x = &xcache.e[i];
+	for (i = 0; i < EXPORT_CACHE_WAYS; i++) {
+		struct xent *x = &set[i];
 
-		if (x->id == out->id || (x->id && x->base == base)) {
-			victim = i;	/* same allocation, or a dead one here */
+		if (x->id == out->id || !x->id) {
+			victim = i;	/* the same allocation, or a free slot */
 			break;
 		}
-		if (!x->id) {
-			victim = i;
-			break;
-		}
-		if (x->used < xcache.e[victim].used)
+		if (x->used < set[victim].used)
 			victim = i;
 	}
 	out->used = ++xcache.tick;
-	xcache.e[victim] = *out;
+	set[victim] = *out;
 	pthread_mutex_unlock(&xcache.lock);
 	return 0;
 }

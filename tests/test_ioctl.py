@@ -27,6 +27,7 @@ that may not map the cache) are driven from Python.
 """
 
 import errno
+import functools
 import fcntl
 import json
 import os
@@ -500,33 +501,44 @@ def test_gpu_share_protocol(mount):
 # export: -o gpu_share falls back to the ioctl there; tests/gpu/test_ioctl
 # covers the shared path on a GPU.)
 
-# struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32); 16 handles
+# struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32); 64 handles
 # of (handle[64], device, reserved); 256 segments of (handle_off, len,
-# file_off (u64), handle, flags (u32)).
-VEC_HANDLES, VEC_SEGS = 16, 256
+# file_off (u64), handle, flags (u32)).  The first layout had 16 handles
+# (other command numbers); the daemon still takes it.
+VEC_HANDLES, VEC_SEGS = 64, 256
 VEC_HEAD = struct.Struct("=IIII")
 VEC_HANDLE = struct.Struct("=64sII")
 VEC_SEG = struct.Struct("=QQQII")
-VEC_SIZE = VEC_HEAD.size + VEC_HANDLES * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
+
+
+def vec_size(handles):
+    return VEC_HEAD.size + handles * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
+
+
+VEC_SIZE, VEC16_SIZE = vec_size(VEC_HANDLES), vec_size(16)
 PWRITEV_GPU = _iow("T", 5, VEC_SIZE)
 PREADV_GPU = _iow("T", 6, VEC_SIZE)
+PWRITEV_GPU16 = _iow("T", 5, VEC16_SIZE)
+PREADV_GPU16 = _iow("T", 6, VEC16_SIZE)
 GPU_IO_MAX = 1 << 30
 
 
 def test_vec_abi():
-    assert (VEC_HANDLE.size, VEC_SEG.size, VEC_SIZE) == (72, 32, 9360)
-    assert PWRITEV_GPU == 0x64905405 and PREADV_GPU == 0x64905406
+    assert (VEC_HANDLE.size, VEC_SEG.size, VEC_SIZE, VEC16_SIZE) == (72, 32, 12816, 9360)
+    assert PWRITEV_GPU == 0x72105405 and PREADV_GPU == 0x72105406
+    assert PWRITEV_GPU16 == 0x64905405 and PREADV_GPU16 == 0x64905406
 
 
-def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None):
-    """A struct tierfs_gpu_vec: handles [(bytes, device)], segs
-    [(handle_off, len, file_off, handle index, flags)]."""
-    buf = bytearray(VEC_SIZE)
+def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None, room=VEC_HANDLES):
+    """A struct tierfs_gpu_vec with room for `room` handles: handles
+    [(bytes, device)], segs [(handle_off, len, file_off, handle index,
+    flags)]."""
+    buf = bytearray(vec_size(room))
     VEC_HEAD.pack_into(buf, 0, len(handles) if nhandles is None else nhandles,
                        len(segs) if nsegs is None else nsegs, flags, 0)
     for i, (h, dev) in enumerate(handles):
         VEC_HANDLE.pack_into(buf, VEC_HEAD.size + i * VEC_HANDLE.size, h, dev, 0)
-    base = VEC_HEAD.size + VEC_HANDLES * VEC_HANDLE.size
+    base = VEC_HEAD.size + room * VEC_HANDLE.size
     for i, s in enumerate(segs):
         VEC_SEG.pack_into(buf, base + i * VEC_SEG.size, *s)
     return buf
@@ -554,13 +566,18 @@ def test_vec_errors_without_gpu_tier(mount):
     assert util.read_file(p) == b"x" * 8192
 
 
-def test_vec_ioctl_checks(mount, monkeypatch):
+@pytest.mark.parametrize("layout", [64, 16])
+def test_vec_ioctl_checks(mount, monkeypatch, layout):
     """The daemon's checks of a vectored request, each before any byte
-    moves: garbage handles are only opened once the list is sound."""
+    moves: garbage handles are only opened once the list is sound.  The
+    16-handle layout of the first version is checked the same way."""
     m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M", expect_errors=True)
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"o" * 65536)
     h = [(b"\0" * 64, 0)]
+    PWRITEV_GPU, PREADV_GPU = ((globals()["PWRITEV_GPU"], globals()["PREADV_GPU"])
+                               if layout == 64 else (PWRITEV_GPU16, PREADV_GPU16))
+    gpu_vec = functools.partial(globals()["gpu_vec"], room=layout)
     fd = os.open(p, os.O_RDWR)
     try:
         cases = [
@@ -568,7 +585,7 @@ def test_vec_ioctl_checks(mount, monkeypatch):
             (gpu_vec(h, [], nsegs=0), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 0, 0)], nsegs=VEC_SEGS + 1), errno.EINVAL),
             (gpu_vec([], [(0, 16, 0, 0, 0)]), errno.EINVAL),
-            (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=VEC_HANDLES + 1), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=layout + 1), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 1, 0)]), errno.EINVAL),          # handle index
             (gpu_vec(h * 2, [(0, 16, 0, 0, 0)]), errno.EINVAL),      # unused handle
             (gpu_vec(h, [(0, 16, 0, 0, 2)]), errno.EINVAL),          # segment flags
@@ -690,10 +707,10 @@ if mode == "data":
     print("vec data passed")
 
 elif mode == "many":
-    # 700 segments from 20 allocations: several ioctls (256 segments, 16
+    # 700 segments from 80 allocations: several ioctls (256 segments, 64
     # allocations each)
     sizes = [rng.randrange(1, 3000) for _ in range(700)]
-    segs, want, allocs = layout(20, sizes)
+    segs, want, allocs = layout(80, sizes)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     assert tierfs.pwritev_gpu(fd, segs) == len(want)
     assert pread_all(fd, len(want) + 1) == want
@@ -791,11 +808,14 @@ def vec_child(mode, path, timeout=300, wait=True):
     return r.stdout
 
 
-def test_vec_data(mount, monkeypatch):
+@pytest.mark.parametrize("gpu_cache", ["64M", "4M"])
+def test_vec_data(mount, monkeypatch, gpu_cache):
     """62 segments of state-dict-like sizes from 3 allocations, at shuffled
     file offsets with holes between them: written in one vectored call and
-    read back with another order; byte-exact against read(2)."""
-    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="64M")
+    read back with another order; byte-exact against read(2).  With a 4 MiB
+    GPU cache the file lives in the host cache (copies to and from host
+    memory)."""
+    m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache=gpu_cache)
     vec_child("data", os.path.join(m.mnt, "sd"))
     # after a remount (from the SSD) the file is the same
     want = util.read_file(os.path.join(m.mnt, "sd"))

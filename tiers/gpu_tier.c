@@ -165,6 +165,44 @@ int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
 	return ret;
 }
 
+int gpu_tier_copy_devv(struct gpu_tier *g, const struct tier_dxfer *x, int n,
+		       bool into_cache, bool host)
+{
+	struct gpu_xfer *q;
+	int ret = 0, i = 0, k, cap = 0;
+
+	for (k = 0; k < n; k++) {
+		if (!host && !range_ok(g, into_cache ? "device write" : "device read",
+				       x[k].off, x[k].len))
+			return -EFAULT;
+		cap += host ? 1 : (int)gpu_vmm_ndevices(g->vmm) + 1;
+	}
+	q = malloc((size_t)(cap ? cap : 1) * sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	while (!ret && i < n) {
+		int dev = x[i].dev, nq = 0;
+
+		for (; i < n && x[i].dev == dev; i++) {
+			for (uint64_t at = 0, m; at < x[i].len; at += m) {
+				uint64_t c = host ? x[i].off + at : g->dbase + x[i].off + at;
+				uint64_t d = x[i].dptr + at;
+
+				m = host ? x[i].len : piece(g, x[i].off + at, x[i].len - at);
+				q[nq++] = (struct gpu_xfer){
+					.dst = into_cache ? c : d,
+					.src = into_cache ? d : c,
+					.len = m,
+					.dir = !host ? GPU_D2D : into_cache ? GPU_D2H : GPU_H2D,
+				};
+			}
+		}
+		ret = gpu_copy_batch_on(dev, q, nq);
+	}
+	free(q);
+	return ret;
+}
+
 /* Chunk hashes on the GPU (gpu_hash_chunks: canonical, big-endian high
  * half first), turned into { low, high } pairs. */
 static int gpu_tier_hash(struct cache *c, uint64_t off, uint64_t len, uint64_t chunk,

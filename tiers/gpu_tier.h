@@ -139,6 +139,22 @@ int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
 		      uint64_t len, bool into_cache);
 
 /*
+ * gpu_tier_copy_dev() of a list (a vectored request): the copies of each
+ * run of segments issued on one device are queued together and waited
+ * for once (gpu_copy_batch_on).  host: the other end is host memory
+ * (dptr a pointer), for a copy kept in a host-addressable cache.  0 or the
+ * first -errno; after an error some segments may have been copied.
+ */
+struct tier_dxfer {
+	int dev;			/* issuing device, -1: the first */
+	uint64_t off;			/* cache offset (host: the address) */
+	uint64_t dptr;			/* the application's device address */
+	uint64_t len;
+};
+int gpu_tier_copy_devv(struct gpu_tier *g, const struct tier_dxfer *x, int n,
+		       bool into_cache, bool host);
+
+/*
  * The links between the parts' devices in bytes/s, measured when the tier
  * was created over several GPUs (the input of -o balance): local[i] a copy
  * inside device i, peer[i][j] from device i to device j, host[i] from

@@ -127,14 +127,82 @@ ssize_t tfile_read_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off_
 }
 
 /* Under one f->lock: no write lands between the segments. */
+/*
+ * A vectored read whose segments one cached copy holds entirely (e->lock
+ * held, f->lock too): every segment queued on its device and waited for
+ * once.  Returns the total, -EAGAIN when no single copy holds them all
+ * (the caller reads segment by segment), or -errno.
+ */
+static ssize_t readv_from_copy(struct engine *e, struct tfile *f,
+			       const struct tdev_seg *seg, int n)
+{
+	struct tier_dxfer *x;
+	struct copy *cp = NULL;
+	uint64_t need = 0, total = 0;
+	struct lease l;
+	bool waited, host;
+	int i, ret;
+
+	waited = wait_filled(e, f);	/* a prefetch of it is running */
+	for (i = 0; i < n; i++) {
+		uint64_t end = seg[i].off + seg[i].len;
+
+		if (seg[i].off < f->size && (end > f->size ? f->size : end) > need)
+			need = end > f->size ? f->size : end;
+	}
+	if (!need)
+		return -EAGAIN;		/* nothing but end of file: the slow way */
+	for (i = 0; i < e->ntiers && !cp; i++)
+		if (f->copy[i] && f->copy[i]->state != TS_INIT && need <= f->copy[i]->len)
+			cp = f->copy[i];
+	if (!cp)
+		return -EAGAIN;
+	x = malloc((size_t)n * sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	host = cp->cache->host_addressable;
+	for (i = 0; i < n; i++) {
+		uint64_t len = seg[i].off >= f->size ? 0 :
+			       seg[i].len > f->size - seg[i].off ? f->size - seg[i].off :
+			       seg[i].len;
+
+		x[i] = (struct tier_dxfer){
+			.dev = seg[i].dev,
+			.off = host ? (uint64_t)(uintptr_t)(copy_ptr(cp) + seg[i].off)
+				    : cp->frag->off + seg[i].off,
+			.dptr = seg[i].dptr,
+			.len = len,
+		};
+		total += len;
+		count_read(cp->cache, waited);
+	}
+	lease_begin(e, &l, cp, NULL);
+	ret = gpu_tier_copy_devv(e->gpu, x, n, false, host);
+	lease_end(e, &l);
+	for (i = 0; !ret && i < n; i++)
+		if (x[i].len)
+			eng_read_done(e, f, (off_t)seg[i].off, (size_t)x[i].len);
+	free(x);
+	return ret ? ret : (ssize_t)total;
+}
+
 ssize_t tfile_readv_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 {
+	struct engine *e = f->eng;
 	ssize_t ret = 0, r = 0;
 	int i;
 
-	if (!f->eng->gpu)
+	if (!e->gpu)
 		return -ENODEV;
 	tfile_lock(f);
+	eng_lock(e);
+	r = readv_from_copy(e, f, seg, n);
+	eng_unlock(e);
+	if (r != -EAGAIN) {
+		tfile_unlock(f);
+		return r;
+	}
+	r = 0;
 	for (i = 0; i < n; i++) {
 		r = read_dev_locked(f, seg[i].dptr, seg[i].dev, (size_t)seg[i].len,
 				    (off_t)seg[i].off);

@@ -627,9 +627,67 @@ ssize_t tfile_write_dev(struct tfile *f, uint64_t dptr, int dev, size_t len, off
  * the segments then go in the caller's order (the fs side sorts them by
  * file offset: each zero-fills at most the gap before it).
  */
+/*
+ * The segments of a vectored write, all into f's writable copy cp (e->lock
+ * held on entry and on return, dropped for the copies): the holes between
+ * them past the copy's end are zeroed, then every segment is queued on its
+ * device and waited for once (gpu_tier_copy_devv), not one wait per
+ * segment.  seg[] is sorted by file offset (the ioctl's checks sort it).
+ */
+static ssize_t writev_into(struct engine *e, struct tfile *f, struct copy *cp,
+			   const struct tdev_seg *seg, int n, uint64_t end)
+{
+	struct tier_dxfer *x = malloc((size_t)n * sizeof(*x));
+	bool host = cp->cache->host_addressable;
+	uint64_t at = cp->len, total = 0;
+	struct lease l;
+	int i, ret;
+
+	if (!x)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		eng_note_change(e, f, cp->len < seg[i].off ? cp->len : seg[i].off,
+				seg[i].off + seg[i].len);
+		x[i] = (struct tier_dxfer){
+			.dev = seg[i].dev,
+			.off = host ? (uint64_t)(uintptr_t)(copy_ptr(cp) + seg[i].off)
+				    : cp->frag->off + seg[i].off,
+			.dptr = seg[i].dptr,
+			.len = seg[i].len,
+		};
+		total += seg[i].len;
+	}
+	ret = eng_copy_bounds(cp, 0, end);
+	if (ret)
+		goto out;
+	lease_begin(e, &l, cp, NULL);
+	for (i = 0; i < n; i++) {	/* holes before segments past the end */
+		eng_copy_zero(cp, at, seg[i].off);
+		if (seg[i].off + seg[i].len > at)
+			at = seg[i].off + seg[i].len;
+	}
+	ret = gpu_tier_copy_devv(e->gpu, x, n, true, host);
+	lease_end(e, &l);
+	if (ret) {
+		f->dd_valid = false;	/* some bytes may have changed */
+		f->dd_taint = true;
+		goto out;
+	}
+	if (end > cp->len)
+		cp->len = end;
+	if (end > f->size)
+		f->size = end;
+	cp->last_use = ++e->tick;
+	eng_mark_modified(f);
+out:
+	free(x);
+	return ret ? ret : (ssize_t)total;
+}
+
 ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 {
 	struct engine *e = f->eng;
+	struct copy *cp = NULL;
 	uint64_t end = 0;
 	ssize_t ret = 0, r;
 	int i, err = 0;
@@ -642,12 +700,23 @@ ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 			return -EINVAL;
 		if (seg[i].off + seg[i].len > end)
 			end = seg[i].off + seg[i].len;
+		if (i && seg[i].off < seg[i - 1].off)
+			return -EINVAL;	/* the callers sort */
 	}
 	tfile_lock(f);
 	eng_lock(e);
-	if (f->shadow_fd < 0 && end > f->size)
-		eng_writable_copy(e, f, end, f->size, &err);	/* NULL: write-through */
+	if (n > 0 && seg[0].dev >= 0)
+		f->gpu_wdev = seg[0].dev;	/* its GPU copy goes to that GPU's part */
+	if (f->shadow_fd < 0)
+		cp = eng_writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
+	if (cp) {
+		ret = writev_into(e, f, cp, seg, n, end);
+		eng_unlock(e);
+		tfile_unlock(f);
+		return ret;
+	}
 	eng_unlock(e);
+	/* written through (or no room): one segment at a time */
 	for (i = 0; !err && i < n; i++) {
 		r = do_write_locked(f, NULL, seg[i].dptr, seg[i].dev,
 				    (size_t)seg[i].len, (off_t)seg[i].off);
