@@ -428,6 +428,9 @@ struct share_poll {
 };
 int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 		   struct share_poll *poll);
+struct tierfs_gpu_spanv;
+int fs_share_beginv(uid_t uid, struct fs_inode *in, struct tierfs_gpu_spanv *sv,
+		    struct share_poll *poll);
 void fs_share_poll(struct share_poll *poll);
 
 /* fs_xattr.c */

@@ -516,6 +516,65 @@ reply:
 		fuse_reply_ioctl(req, (int)n, NULL, 0);
 }
 
+/* The checks of a TIERFS_IOC_GPU_SPANV request past check_request(). */
+static int spanv_check(const struct tierfs_gpu_spanv *sv, bool write)
+{
+	uint64_t total = 0;
+	uint32_t i;
+
+	if ((sv->flags & ~TIERFS_SPAN_WRITE) || !sv->nranges ||
+	    sv->nranges > SHARE_SPANV_MAX)
+		return EINVAL;
+	for (i = 0; i < sv->nranges; i++) {
+		const struct tierfs_gpu_spanv_range *r = &sv->r[i];
+
+		if (!r->len || r->file_off > (uint64_t)INT64_MAX ||
+		    r->len > (uint64_t)INT64_MAX - r->file_off)
+			return EINVAL;
+		if (write && i && r->file_off < sv->r[i - 1].file_off + sv->r[i - 1].len)
+			return EINVAL;	/* a write's ranges: sorted, apart */
+		if (r->len > TIERFS_GPU_IO_MAX - total)
+			return E2BIG;
+		total += r->len;
+	}
+	return 0;
+}
+
+/* TIERFS_IOC_GPU_SPANV (fs_share.c): a span over a list of ranges. */
+static void spanv_ioctl(fuse_req_t req, struct fs_inode *in, struct fuse_file_info *fi,
+			const void *in_buf, size_t in_bufsz, size_t out_bufsz)
+{
+	struct tierfs_gpu_io io = { 0 };
+	struct share_poll poll = { 0 };
+	struct tierfs_gpu_spanv *sv;
+	bool write;
+	int err;
+
+	if (in_bufsz != sizeof(*sv) || !in_buf || out_bufsz < sizeof(*sv)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	sv = malloc(sizeof(*sv));
+	if (!sv) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	memcpy(sv, in_buf, sizeof(*sv));
+	write = sv->flags & TIERFS_SPAN_WRITE;
+	err = check_request(in, write, fi, &io);	/* file, access, GPU tier */
+	if (!err)
+		err = spanv_check(sv, write);
+	if (!err)
+		err = fs_share_beginv(fuse_req_ctx(req)->uid, in, sv, &poll);
+	if (err) {
+		fuse_reply_err(req, err);
+	} else {
+		fuse_reply_ioctl(req, 0, sv, sizeof(*sv));
+		fs_share_poll(&poll);	/* the span's end, soon after */
+	}
+	free(sv);
+}
+
 /* TIERFS_IOC_GPU_SHARE and TIERFS_IOC_GPU_SPAN (fs_share.c). */
 static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 			struct fuse_file_info *fi, const void *in_buf,
@@ -599,6 +658,9 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		return;
 	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
 		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);
+		return;
+	} else if (cmd == TIERFS_IOC_GPU_SPANV) {
+		spanv_ioctl(req, in, fi, in_buf, in_bufsz, out_bufsz);
 		return;
 	} else {
 		fuse_reply_err(req, ENOTTY);

@@ -63,7 +63,7 @@ struct span_ent {
 	uint64_t token;
 	struct fs_inode *in;		/* referenced */
 	struct tspan s;
-	uint64_t dptr;			/* the daemon's address of the bytes */
+	uint64_t dptr;			/* the daemon's address of file byte 0 */
 	uint64_t before;		/* file size before a write */
 };
 
@@ -169,35 +169,36 @@ static struct conn *conn_find(uint64_t id)
 	return NULL;
 }
 
-int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
-		   struct share_poll *poll)
+/*
+ * Begin one span over ranges r[0..n) of in's file for connection conn_id:
+ * cache_off[i] and r[i].len (cut at end of file) out, *token 0 when
+ * nothing is pinned.  Returns 0 or a positive errno.
+ */
+static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool write,
+		       struct tspan_range *r, int n, uint64_t *cache_off,
+		       uint64_t *token, struct share_poll *poll)
 {
 	struct gpu_tier *g = engine_gpu_tier(fs.eng);
 	struct span_ent *ent;
 	struct timespec mt;
 	struct conn *c;
-	uint64_t cache_off = 0;
 	bool dead, free_conn, trace = tierfs_log_level >= LOG_DEBUG;
 	double t0;
 	int ret;
 
 	memset(poll, 0, sizeof(*poll));
+	*token = 0;
 	if (!share.started)
 		return EOPNOTSUPP;
 	if (!uid_allowed(uid))
 		return EPERM;
 	if (!g)
 		return ENODEV;
-	/* the outputs: no span unless one is begun below */
-	memset(&sp->cache_id, 0, sizeof(*sp) - offsetof(struct tierfs_gpu_span, cache_id));
-	sp->cache_id = share.cache_id;
-	if (!sp->len)
-		return 0;	/* nothing to move */
 	ent = calloc(1, sizeof(*ent));
 	if (!ent)
 		return ENOMEM;
 	pthread_mutex_lock(&share.lock);
-	c = conn_find(sp->conn_id);
+	c = conn_find(conn_id);
 	pthread_mutex_unlock(&share.lock);
 	if (!c) {
 		free(ent);
@@ -205,26 +206,30 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 	}
 	tfile_attr(&in->tf, &ent->before, &mt);
 	t0 = trace ? tier_now() : 0;
-	ret = -tfile_span_begin(&in->tf, sp->flags & TIERFS_SPAN_WRITE,
-				sp->file_off, sp->len, &ent->s, &cache_off);
+	ret = -tfile_spanv_begin(&in->tf, write, r, n, &ent->s, cache_off);
 	if (trace)
-		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B: placed in %.1f us",
-		     sp->flags & TIERFS_SPAN_WRITE ? "write" : "read", sp->len,
-		     (tier_now() - t0) * 1e6);
+		tlog(LOG_DEBUG, "gpu share: %s span of %d range%s, %" PRIu64 " B: placed "
+		     "in %.1f us", write ? "write" : "read", n, n == 1 ? "" : "s",
+		     ent->s.bytes, (tier_now() - t0) * 1e6);
 	pthread_mutex_lock(&share.lock);
 	dead = c->dead;
 	if (!ret && ent->s.cp && !dead) {
+		int i = 0;
+
+		while (!r[i].len)
+			i++;		/* a range that is in the span */
 		__atomic_add_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
 		ent->token = ++share.next_token;
 		ent->in = in;
-		ent->dptr = gpu_vmm_base(gpu_tier_vmm(g)) + cache_off;
+		/* the daemon's address of file byte 0 of the copy */
+		ent->dptr = gpu_vmm_base(gpu_tier_vmm(g)) + cache_off[i] - r[i].off;
 		fs_inode_get(in);
 		ent->next = c->spans;
 		c->spans = ent;
 		/* the connection stays busy for fs_share_poll() */
 		poll->c = c;
 		poll->token = ent->token;
-		poll->len = ent->s.len;
+		poll->len = ent->s.bytes;
 		free_conn = false;
 	} else {
 		free_conn = --c->busy == 0 && dead;
@@ -237,12 +242,56 @@ int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
 		ret = ESTALE;
 	}
 	if (!ret && ent->token) {
-		sp->token = ent->token;
-		sp->cache_off = cache_off;
-		sp->n = ent->s.len;
+		*token = ent->token;
 		return 0;
 	}
 	free(ent);
+	return ret;
+}
+
+int fs_share_begin(uid_t uid, struct fs_inode *in, struct tierfs_gpu_span *sp,
+		   struct share_poll *poll)
+{
+	struct tspan_range r = { sp->file_off, sp->len };
+	uint64_t cache_off = 0;
+	int ret;
+
+	/* the outputs: no span unless one is begun below */
+	memset(&sp->cache_id, 0, sizeof(*sp) - offsetof(struct tierfs_gpu_span, cache_id));
+	memset(poll, 0, sizeof(*poll));
+	if (share.started && sp->len == 0 && uid_allowed(uid) && engine_gpu_tier(fs.eng)) {
+		sp->cache_id = share.cache_id;
+		return 0;	/* nothing to move */
+	}
+	ret = share_begin(uid, in, sp->conn_id, sp->flags & TIERFS_SPAN_WRITE, &r, 1,
+			  &cache_off, &sp->token, poll);
+	if (ret)
+		return ret;
+	sp->cache_id = share.cache_id;
+	if (sp->token) {
+		sp->cache_off = cache_off;
+		sp->n = r.len;
+	}
+	return 0;
+}
+
+int fs_share_beginv(uid_t uid, struct fs_inode *in, struct tierfs_gpu_spanv *sv,
+		    struct share_poll *poll)
+{
+	struct tspan_range r[SHARE_SPANV_MAX];
+	uint64_t cache_off[SHARE_SPANV_MAX];
+	uint32_t i, n = sv->nranges;
+	int ret;
+
+	for (i = 0; i < n; i++)
+		r[i] = (struct tspan_range){ sv->r[i].file_off, sv->r[i].len };
+	ret = share_begin(uid, in, sv->conn_id, sv->flags & TIERFS_SPAN_WRITE, r, (int)n,
+			  cache_off, &sv->token, poll);
+	sv->cache_id = ret ? 0 : share.cache_id;
+	for (i = 0; i < n; i++) {
+		sv->r[i].cache_off = !ret && sv->token ? cache_off[i] : 0;
+		sv->r[i].n = !ret && sv->token ? r[i].len : 0;
+	}
 	return ret;
 }
 
@@ -258,11 +307,11 @@ static int64_t span_finish(struct span_ent *ent, bool ok)
 	__atomic_sub_fetch(&share.open_spans, 1, __ATOMIC_RELAXED);
 	t1 = trace ? tier_now() : 0;
 	if (ent->s.write)
-		fs_kernel_written(fs_ino_of(ent->in), ent->dptr + ent->s.len - 1, ent->s.off,
-				  ent->s.len, ent->before);
+		fs_kernel_written(fs_ino_of(ent->in), ent->dptr + ent->s.hi - 1, ent->s.lo,
+				  ent->s.hi - ent->s.lo, ent->before);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: %s span of %" PRIu64 " B ended: commit %.1f us, "
-		     "kernel notify %.1f us", ent->s.write ? "write" : "read", ent->s.len,
+		     "kernel notify %.1f us", ent->s.write ? "write" : "read", ent->s.bytes,
 		     (t1 - t0) * 1e6, (tier_now() - t1) * 1e6);
 	fs_inode_put(ent->in);
 	free(ent);

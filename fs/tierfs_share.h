@@ -36,7 +36,7 @@
 #include <sys/ioctl.h>
 
 #define SHARE_MAGIC		0x48534654u	/* "TFSH" */
-#define SHARE_VERSION		2	/* 2: SHARE_END_NOREPLY */
+#define SHARE_VERSION		3	/* 2: SHARE_END_NOREPLY, 3: SPANV */
 #define SHARE_VERSION_MIN	1	/* the oldest a client still speaks */
 #define SHARE_NAME_MAX		64
 #define SHARE_BATCH_MAX		64
@@ -64,6 +64,35 @@ struct tierfs_gpu_span {
 
 #define TIERFS_IOC_GPU_SHARE	_IOR('T', 3, struct tierfs_gpu_share)
 #define TIERFS_IOC_GPU_SPAN	_IOWR('T', 4, struct tierfs_gpu_span)
+
+/*
+ * Version 3: TIERFS_IOC_GPU_SPANV, one span over up to SHARE_SPANV_MAX
+ * ranges of one file (a vectored call), placed or found at once, ended by
+ * one struct share_end (its token), which commits them all: the client
+ * copies every range and waits once.  A write's ranges come sorted by
+ * file offset and do not overlap; their lengths add up to at most
+ * TIERFS_GPU_IO_MAX (E2BIG).  A read's n are cut at end of file.  The
+ * errors are the span ioctl's; EAGAIN means the daemon must copy them all.
+ */
+#define SHARE_SPANV_MAX		256
+
+struct tierfs_gpu_spanv_range {
+	uint64_t file_off;		/* in */
+	uint64_t len;			/* in, > 0 */
+	uint64_t cache_off;		/* out */
+	uint64_t n;			/* out */
+};
+
+struct tierfs_gpu_spanv {
+	uint64_t conn_id;		/* in: from share_hello */
+	uint32_t flags;			/* in: TIERFS_SPAN_WRITE or 0 */
+	uint32_t nranges;		/* in: 1..SHARE_SPANV_MAX */
+	uint64_t cache_id;		/* out */
+	uint64_t token;			/* out: 0 when nothing is read */
+	struct tierfs_gpu_spanv_range r[SHARE_SPANV_MAX];
+};
+
+#define TIERFS_IOC_GPU_SPANV	_IOWR('T', 7, struct tierfs_gpu_spanv)
 
 struct share_hello {
 	uint32_t magic, version;

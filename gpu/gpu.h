@@ -149,6 +149,9 @@ void gpu_share_release(int dev, uint64_t va, uint64_t mapped, uint64_t chunk,
 /* Device-to-device copy in ctx (a CUcontext, or NULL: dev's primary
  * context) on its legacy default stream; waits for it. */
 int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len);
+/* gpu_share_copy() of a list of device-to-device copies (x[i].dir
+ * GPU_D2D), queued in order and waited for once. */
+int gpu_share_copyv(int dev, void *ctx, const struct gpu_xfer *x, int n);
 
 /* ---- chunk hashing (gpu_hash.c, kernels in gpu_hash.cu) ------------- */
 

@@ -177,3 +177,34 @@ out_pop:
 out:
 	return ret;
 }
+
+/* gpu_share_copyv - gpu_share_copy() of a list, waited for once. */
+int gpu_share_copyv(int dev, void *ctx, const struct gpu_xfer *x, int n)
+{
+	CUcontext pctx = NULL, popped;
+	CUdevice d = 0;
+	CUresult r = CUDA_SUCCESS;
+	int ret = 0, i;
+
+	if (ctx) {
+		GPU_CU(cuCtxPushCurrent((CUcontext)ctx), out);
+	} else {
+		ret = share_enter(dev, &pctx, &d);
+		if (ret)
+			return ret;
+	}
+	for (i = 0; i < n && r == CUDA_SUCCESS; i++)
+		if (x[i].len)
+			r = cuMemcpyDtoDAsync(x[i].dst, x[i].src, x[i].len, NULL);
+	if (r != CUDA_SUCCESS)
+		ret = gpu_cu_err("cuMemcpyDtoDAsync (list)", r);
+	/* what was queued before a failure runs all the same: wait for it */
+	GPU_CU(cuStreamSynchronize(NULL), out_pop);
+out_pop:
+	if (pctx)
+		share_leave(d);
+	else
+		cuCtxPopCurrent(&popped);
+out:
+	return ret;
+}

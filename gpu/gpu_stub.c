@@ -312,6 +312,15 @@ int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len)
 	return -EOPNOTSUPP;
 }
 
+int gpu_share_copyv(int dev, void *ctx, const struct gpu_xfer *x, int n)
+{
+	(void)dev;
+	(void)ctx;
+	(void)x;
+	(void)n;
+	return -EOPNOTSUPP;
+}
+
 /* gpu_hash_chunks - -EOPNOTSUPP: hash on the host instead; out untouched. */
 int gpu_hash_chunks(uint64_t src, uint64_t len, uint64_t chunk,
 		    uint8_t (*out)[GPU_HASH_SIZE])

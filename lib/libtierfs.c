@@ -49,7 +49,9 @@
  * the fd, then each distinct allocation is resolved once (a segment inside
  * an allocation already seen in this call asks the driver nothing), each
  * context synchronised once, sync_file_range once over the union; the
- * shared cache takes what it can (a span per segment); the rest goes in
+ * shared cache takes what it can (a span per list of up to 256 ranges,
+ * TIERFS_IOC_GPU_SPANV, copied with one wait; a span per segment with a
+ * daemon older than share protocol 3); the rest goes in
  * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 64 handles and
  * TIERFS_GPU_IO_MAX bytes.  Any failure returns -1 (no partial count: the
  * segments have no order a count could describe).
@@ -423,6 +425,7 @@ struct share {
 	int device;
 	uint64_t conn_id, cache_id, va, size, chunk, mapped;
 	bool noreply;		/* the daemon takes SHARE_END_NOREPLY */
+	bool spanv;		/* ... and TIERFS_IOC_GPU_SPANV */
 	pthread_mutex_t io;	/* one span end at a time on sock */
 };
 
@@ -553,6 +556,7 @@ static int share_setup(struct share *sh, int fd)
 		return -EPROTO;
 	sh->device = h.device;
 	sh->noreply = h.version >= 2;
+	sh->spanv = h.version >= 3;
 	sh->conn_id = h.conn_id;
 	sh->cache_id = h.cache_id;
 	sh->size = h.size;
@@ -935,6 +939,116 @@ static int vec_send(int fd, bool write, struct tierfs_gpu_vec *v,
 	}
 }
 
+/*
+ * The segments on the shared cache's GPU, in the context of the first of
+ * them, through TIERFS_IOC_GPU_SPANV: lists of at most SHARE_SPANV_MAX
+ * ranges and TIERFS_GPU_IO_MAX bytes, each placed or found by one ioctl,
+ * copied with one wait and ended by one message.  Segments it moves get
+ * done/over set; the others (another device or context, longer than one
+ * call, not in the GPU tier) are left for the span-by-span loop and the
+ * daemon.  Returns 0, 1 when the daemon must copy the rest (not in the GPU
+ * tier, the share gone), or -1 with errno on a failure that fails the call.
+ */
+static int share_iov(struct share *sh, int fd, struct vseg **by_off, int iovcnt,
+		     const struct valloc *al, bool write, uint64_t *moved)
+{
+	struct tierfs_gpu_spanv *sv = malloc(sizeof(*sv));
+	struct gpu_xfer *x = malloc(SHARE_SPANV_MAX * sizeof(*x));
+	struct vseg *pick[SHARE_SPANV_MAX];
+	void *ctx = NULL;
+	bool have_ctx = false;
+	int i = 0, k, ret = -1;
+
+	if (!sv || !x) {
+		errno = ENOMEM;
+		goto out;
+	}
+	while (i < iovcnt) {
+		uint64_t total = 0;
+		int n = 0, r;
+		int64_t res;
+
+		memset(sv, 0, offsetof(struct tierfs_gpu_spanv, r));
+		for (; i < iovcnt && n < SHARE_SPANV_MAX; i++) {
+			struct vseg *s = by_off[i];
+			const struct valloc *a = &al[s->a];
+
+			if (a->x.device != sh->device || s->len > TIERFS_GPU_IO_MAX)
+				continue;
+			if (have_ctx && a->pi.ctx != ctx)
+				continue;
+			if (s->len > TIERFS_GPU_IO_MAX - total)
+				break;
+			ctx = a->pi.ctx;
+			have_ctx = true;
+			sv->r[n].file_off = s->off;
+			sv->r[n].len = s->len;
+			pick[n++] = s;
+			total += s->len;
+		}
+		if (!n)
+			continue;
+		sv->conn_id = sh->conn_id;
+		sv->flags = write ? TIERFS_SPAN_WRITE : 0;
+		sv->nranges = (uint32_t)n;
+		while ((r = ioctl(fd, TIERFS_IOC_GPU_SPANV, sv)) < 0 && errno == EINTR)
+			;
+		if (r < 0) {
+			if (errno == ESTALE)
+				share_kill(sh);
+			if (errno == EAGAIN || errno == ESTALE || errno == EPERM) {
+				ret = 1;	/* the daemon copies the rest */
+				goto out;
+			}
+			goto out;
+		}
+		if (!sv->token) {		/* a read wholly past end of file */
+			for (k = 0; k < n; k++)
+				pick[k]->over = true;
+			continue;
+		}
+		if (sv->cache_id != sh->cache_id) {
+			share_end(sh, sv->token, false, write, 0);
+			share_kill(sh);
+			ret = 1;
+			goto out;
+		}
+		for (k = 0; k < n; k++) {
+			uint64_t at = sh->va + sv->r[k].cache_off;
+
+			x[k] = (struct gpu_xfer){
+				.dst = write ? at : pick[k]->p,
+				.src = write ? pick[k]->p : at,
+				.len = sv->r[k].n,
+				.dir = GPU_D2D,
+			};
+		}
+		r = gpu_share_copyv(sh->device, ctx, x, n);
+		total = 0;
+		for (k = 0; k < n; k++)
+			total += sv->r[k].n;
+		res = share_end(sh, sv->token, r == 0, write, total);
+		if (r) {
+			errno = r == -ENOMEM ? ENOMEM : EIO;
+			goto out;
+		}
+		if (res < 0) {
+			errno = (int)-res;
+			goto out;
+		}
+		for (k = 0; k < n; k++) {
+			pick[k]->done = sv->r[k].n;
+			pick[k]->over = true;	/* all of it, or end of file */
+			*moved += sv->r[k].n;
+		}
+	}
+	ret = 0;
+out:
+	free(x);
+	free(sv);
+	return ret;
+}
+
 static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 		       bool write)
 {
@@ -1016,16 +1130,23 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 			    SYNC_FILE_RANGE_WAIT_AFTER) < 0)
 		goto out;
 
-	/* 6. the shared GPU cache, segment by segment, where it can */
+	/* 6. the shared GPU cache, where it can: lists of ranges (one span
+	 * each), else segment by segment */
 	{
 		struct share *sh = share_get(fd, dev, mnt_id);
+		int sr = sh && sh->spanv ? share_iov(sh, fd, by_off, iovcnt, al, write,
+						     &moved) : 0;
 
-		for (i = 0; sh && i < iovcnt; i++) {
+		if (sr < 0) {
+			share_put(sh);
+			goto out;
+		}
+		for (i = 0; sh && sr == 0 && i < iovcnt; i++) {
 			struct vseg *s = &sg[i];
 			size_t done = 0;
 			int r;
 
-			if (al[s->a].x.device != sh->device)
+			if (al[s->a].x.device != sh->device || s->over || s->done)
 				continue;
 			r = share_io(sh, fd, s->p, al[s->a].pi.ctx, (size_t)s->len,
 				     (off_t)s->off, write, &done);

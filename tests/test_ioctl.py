@@ -823,6 +823,24 @@ def test_vec_data(mount, monkeypatch, gpu_cache):
     util.assert_same(util.read_file(os.path.join(m.mnt, "sd")), want, "after remount")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["data", "many"])
+def test_vec_gpu_share(mount, mode):
+    """The vectored calls through a shared GPU cache: the library copies in
+    its own context, a list of ranges per span (TIERFS_IOC_GPU_SPANV), not
+    a span per segment: 62 (700) segments take 1 (3) write spans and as
+    many read spans, and the data is byte-exact."""
+    m = mount(gpu_share=True, gpu_cache="256M")
+    vec_child(mode, os.path.join(m.mnt, "sd"))
+    g = stats(m)["tiers"]["gpu"]
+    print("gpu tier counters:", g)
+    assert 0 < g["client_writes"] <= (1 if mode == "data" else 3), g
+    assert 0 < g["client_reads"] <= (3 if mode == "data" else 4), g
+    want = util.read_file(os.path.join(m.mnt, "sd"))
+    m.remount()
+    util.assert_same(util.read_file(os.path.join(m.mnt, "sd")), want, "after remount")
+
+
 def test_vec_many_segments(mount, monkeypatch):
     """More segments and allocations than one ioctl carries: split."""
     m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M")

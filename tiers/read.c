@@ -226,19 +226,25 @@ ssize_t tfile_readv_dev(struct tfile *f, const struct tdev_seg *seg, int n)
  * do_write() under f->lock).  A write span counts as a writer of the file
  * (f->writers), so its close does not complete the copy under it.
  */
-int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
-		     struct tspan *s, uint64_t *cache_off)
+int tfile_spanv_begin(struct tfile *f, bool write, struct tspan_range *r, int n,
+		      struct tspan *s, uint64_t *cache_off)
 {
 	struct engine *e = f->eng;
-	uint64_t end = off + len;
+	uint64_t lo = UINT64_MAX, hi = 0, bytes = 0, at;
 	struct copy *cp = NULL;
-	int ret = 0, err;
+	int ret = 0, err, i, last = 0;
 
 	memset(s, 0, sizeof(*s));
 	if (!e->gpu)
 		return -ENODEV;
-	if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off)
+	if (n < 1)
 		return -EINVAL;
+	for (i = 0; i < n; i++) {
+		if (r[i].off > (uint64_t)INT64_MAX || r[i].len > (uint64_t)INT64_MAX - r[i].off)
+			return -EINVAL;
+		if (write && i && r[i].off < r[i - 1].off + r[i - 1].len)
+			return -EINVAL;		/* unsorted or overlapping */
+	}
 	tfile_lock(f);
 	eng_lock(e);
 	if (write) {
@@ -246,7 +252,8 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* written through: the daemon copies */
 			goto out;
 		}
-		cp = eng_writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
+		hi = r[n - 1].off + r[n - 1].len;
+		cp = eng_writable_copy(e, f, hi > f->size ? hi : f->size, f->size, &err);
 		if (!cp) {
 			ret = err ? err : -EAGAIN;
 			goto out;
@@ -255,50 +262,85 @@ int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 			ret = -EAGAIN;	/* not in the GPU tier */
 			goto out;
 		}
-		eng_note_change(e, f, cp->len < off ? cp->len : off, end);
+		for (i = 0; i < n; i++)
+			eng_note_change(e, f, cp->len < r[i].off ? cp->len : r[i].off,
+					r[i].off + r[i].len);
+		lo = r[0].off;
+		last = n - 1;
 		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		f->writers++;
 		e->client_writes++;
+		at = cp->len;
 		eng_unlock(e);
-		eng_copy_zero(cp, cp->len, off);	/* a hole before the span */
+		for (i = 0; i < n; i++) {	/* the holes before the ranges */
+			eng_copy_zero(cp, at, r[i].off);
+			if (r[i].off + r[i].len > at)
+				at = r[i].off + r[i].len;
+		}
 		eng_lock(e);
 	} else {
 		bool waited = wait_filled(e, f);	/* a prefetch of it is running */
 
-		if (off >= f->size)
+		for (i = 0; i < n; i++) {
+			if (r[i].off >= f->size)
+				r[i].len = 0;	/* nothing to read there */
+			else if (r[i].len > f->size - r[i].off)
+				r[i].len = f->size - r[i].off;
+			if (!r[i].len)
+				continue;
+			if (r[i].off < lo)
+				lo = r[i].off;
+			if (r[i].off + r[i].len > hi) {
+				hi = r[i].off + r[i].len;
+				last = i;
+			}
+		}
+		if (!hi)
 			goto out;	/* nothing to read: no span */
-		if (end > f->size)
-			len = f->size - off;
 		cp = f->copy[0];
-		if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT ||
-		    off + len > cp->len) {
+		if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT || hi > cp->len) {
 			ret = -EAGAIN;	/* not in the GPU tier */
 			goto out;
 		}
 		copy_lease(cp);		/* until tfile_span_end() */
 		cp->spans++;
 		cp->last_use = ++e->tick;
-		count_read(cp->cache, waited);
+		for (i = 0; i < n; i++)
+			if (r[i].len)
+				count_read(cp->cache, waited);
 		e->client_reads++;
 	}
+	for (i = 0; i < n; i++) {
+		cache_off[i] = cp->frag->off + r[i].off;
+		bytes += r[i].len;
+	}
 	s->cp = cp;
-	s->off = off;
-	s->len = len;
+	s->off = r[last].off;
+	s->len = r[last].len;
+	s->lo = lo;
+	s->hi = hi;
+	s->bytes = bytes;
 	s->write = write;
-	*cache_off = cp->frag->off + off;
 out:
 	eng_unlock(e);
 	tfile_unlock(f);
 	return ret;
 }
 
+int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
+		     struct tspan *s, uint64_t *cache_off)
+{
+	struct tspan_range r = { off, len };
+
+	return tfile_spanv_begin(f, write, &r, 1, s, cache_off);
+}
+
 ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 {
 	struct engine *e = f->eng;
 	struct copy *cp = s->cp;
-	ssize_t ret = ok ? (ssize_t)s->len : -EIO;
-	uint64_t end = s->off + s->len;
+	ssize_t ret = ok ? (ssize_t)s->bytes : -EIO;
 
 	if (!cp)
 		return 0;
@@ -311,17 +353,17 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		/* a failed copy may have changed bytes inside the file: they
 		 * are flushed as they are, and the size stays */
 		if (ok) {
-			if (end > cp->len)
-				cp->len = end;
-			if (end > f->size)
-				f->size = end;
-			e->client_bytes += s->len;
+			if (s->hi > cp->len)
+				cp->len = s->hi;
+			if (s->hi > f->size)
+				f->size = s->hi;
+			e->client_bytes += s->bytes;
 		}
 		cp->last_use = ++e->tick;
 		eng_mark_modified(f);
 		eng_writer_done(e, f);	/* a span cannot be written through */
 	} else if (ok) {
-		e->client_bytes += s->len;
+		e->client_bytes += s->bytes;
 		eng_read_done(e, f, (off_t)s->off, (size_t)s->len);
 	}
 	eng_wake(e);

@@ -215,11 +215,28 @@ int tfile_gpu_device(struct tfile *f);
  */
 struct tspan {
 	struct copy *cp;		/* pinned copy, NULL: no span */
-	uint64_t off, len;		/* the file range */
+	uint64_t off, len;		/* the file range (a list: its last) */
+	uint64_t lo, hi;		/* the union of the ranges */
+	uint64_t bytes;			/* the sum of their lengths */
 	bool write;
 };
 int tfile_span_begin(struct tfile *f, bool write, uint64_t off, uint64_t len,
 		     struct tspan *s, uint64_t *cache_off);
+/*
+ * tfile_spanv_begin - one span over a list of file ranges of one file (a
+ * vectored client copy): placed once (write: one writable copy sized for
+ * the list's end, the holes before ranges past the copy's end zeroed) or
+ * found once (read: every range in the GPU tier's one copy), pinned once
+ * and committed by one tfile_span_end.  r[i].len is cut at end of file
+ * for a read (0: that range reads nothing); cache_off[i] is each range's
+ * offset in the GPU cache.  A write's ranges must come sorted by offset,
+ * not overlapping (-EINVAL).  Returns as tfile_span_begin.
+ */
+struct tspan_range {
+	uint64_t off, len;
+};
+int tfile_spanv_begin(struct tfile *f, bool write, struct tspan_range *r, int n,
+		      struct tspan *s, uint64_t *cache_off);
 ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok);
 /* Make the file durable on the SSD; returns 0 or the flush error. */
 int tfile_fsync(struct tfile *f);
