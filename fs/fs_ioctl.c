@@ -136,6 +136,7 @@ _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
 
 struct ipc_entry {
 	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];
+	uint64_t hash;		/* handle_hash(handle): compared first */
 	uint64_t base;		/* device address of the mapping */
 	uint64_t size;		/* allocation size */
 	int dev;		/* the GPU it was opened on (its own), -1: the
@@ -149,6 +150,7 @@ static struct {
 	pthread_mutex_t lock;
 	struct ipc_entry *e[IPC_CACHE_MAX];
 	int n;
+	time_t expired_at;	/* the last table_expire() pass (seconds) */
 	bool shut;		/* fs_ioctl_shutdown() ran: cache nothing */
 } ipc_cache = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -184,6 +186,11 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
 {
 	int i, n = 0, lru = -1;
 
+	/* idleness counts in seconds: one pass a second is enough, unless
+	 * room is needed (a vectored call looks up 64 handles at a time) */
+	if (!need_room && ipc_cache.expired_at == now)
+		return 0;
+	ipc_cache.expired_at = now;
 	for (i = 0; i < ipc_cache.n;) {
 		struct ipc_entry *ent = ipc_cache.e[i];
 
@@ -205,15 +212,26 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
  * ipc_get - the mapping of `handle`, referenced: from the cache, or opened
  * and cached.  Returns 0 or gpu_ipc_open()'s -errno.
  */
-/* The cached mapping of handle, referenced, or NULL.  ipc_cache.lock held. */
-static struct ipc_entry *table_get(const uint8_t *handle, time_t now)
+/* FNV-1a of a handle's bytes. */
+static uint64_t handle_hash(const uint8_t *handle)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (int i = 0; i < TIERFS_IPC_HANDLE_SIZE; i++)
+		h = (h ^ handle[i]) * 0x100000001b3ull;
+	return h;
+}
+
+/* The cached mapping of handle (hash h), referenced, or NULL.
+ * ipc_cache.lock held. */
+static struct ipc_entry *table_get(const uint8_t *handle, uint64_t h, time_t now)
 {
 	int i;
 
 	for (i = 0; i < ipc_cache.n; i++) {
 		struct ipc_entry *ent = ipc_cache.e[i];
 
-		if (!memcmp(ent->handle, handle, TIERFS_IPC_HANDLE_SIZE)) {
+		if (ent->hash == h && !memcmp(ent->handle, handle, TIERFS_IPC_HANDLE_SIZE)) {
 			ent->refs++;
 			ent->last_use = now;
 			return ent;
@@ -226,10 +244,11 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 {
 	struct ipc_entry *dead[IPC_CACHE_MAX], *ent = NULL, *mine;
 	time_t now = (time_t)tier_now();
+	uint64_t h = handle_hash(handle);
 	int i, ndead, ret;
 
 	pthread_mutex_lock(&ipc_cache.lock);
-	ent = table_get(handle, now);
+	ent = table_get(handle, h, now);
 	ndead = table_expire(now, false, dead);
 	pthread_mutex_unlock(&ipc_cache.lock);
 	for (i = 0; i < ndead; i++)
@@ -253,11 +272,12 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 		return ret;
 	}
 	memcpy(mine->handle, handle, TIERFS_IPC_HANDLE_SIZE);
+	mine->hash = h;
 	mine->refs = 1;
 	mine->last_use = now;
 
 	pthread_mutex_lock(&ipc_cache.lock);
-	ent = table_get(handle, now);
+	ent = table_get(handle, h, now);
 	ndead = 0;
 	if (!ent && !ipc_cache.shut) {
 		ndead = table_expire(now, true, dead);

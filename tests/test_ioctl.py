@@ -397,7 +397,7 @@ def test_gpu_share_protocol(mount):
         assert name.startswith(b"tierfs-share-") and device == int(util.GPU)
         s, hello, fds = share_connect(name)
         magic, version, err, hdev, hcache, conn, size, chunk, nchunks = hello
-        assert (magic, version, err, hdev, hcache) == (0x48534654, 2, 0, device, cache_id)
+        assert (magic, version, err, hdev, hcache) == (0x48534654, 3, 0, device, cache_id)
         assert nchunks == (size + chunk - 1) // chunk == len(fds) and size > 0
         for f in fds:
             os.close(f)

@@ -29,7 +29,10 @@ daemon would refuse; it names the bad line.  Other failures of the calls
 import errno
 import json
 import os
+import select
 import stat as _stat
+import struct
+import threading
 import time
 
 __all__ = [
@@ -90,6 +93,8 @@ class BadNameError(TierfsError, ValueError):
 
 def _unescape(s):
     """mountinfo's octal escapes (\\040 for a space, ...)."""
+    if "\\" not in s:
+        return s
     out, i = bytearray(), 0
     b = s.encode("utf-8", "surrogateescape")
     while i < len(b):
@@ -102,19 +107,51 @@ def _unescape(s):
     return out.decode("utf-8", "surrogateescape")
 
 
+# The mount table, parsed once and kept until it changes: /proc/self/mountinfo
+# is pollable (proc(5)): a mount or unmount marks an open descriptor of it
+# with POLLPRI until it is read again.  A save or load asks which file system
+# it is on each time; parsing the table each time cost about a millisecond
+# with a few dozen mounts.
+_mtab = {"pid": None, "file": None, "poll": None, "table": None}
+_mtab_lock = threading.Lock()
+
+
+def _read_mounts(f):
+    out = []
+    f.seek(0)
+    for line in f:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5:
+            continue
+        r = right.split()
+        out.append((_unescape(fields[4]), r[0] if r else "",
+                    _unescape(r[1]) if len(r) > 1 else ""))
+    return out
+
+
 def _mounts():
     """[(mount point, fstype, source)] of /proc/self/mountinfo, in order."""
-    out = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            left, sep, right = line.partition(" - ")
-            fields = left.split()
-            if not sep or len(fields) < 5:
-                continue
-            r = right.split()
-            out.append((_unescape(fields[4]), r[0] if r else "",
-                        _unescape(r[1]) if len(r) > 1 else ""))
-    return out
+    with _mtab_lock:
+        m = _mtab
+        try:
+            if m["pid"] != os.getpid():         # a forked child: its own table
+                if m["file"] is not None:
+                    m["file"].close()
+                m.update(pid=None, file=None, table=None)
+                m["file"] = open("/proc/self/mountinfo", encoding="utf-8",
+                                 errors="surrogateescape")
+                m["poll"] = select.poll()
+                m["poll"].register(m["file"].fileno(), select.POLLPRI | select.POLLERR)
+                m["pid"] = os.getpid()
+            if m["table"] is None or m["poll"].poll(0):
+                m["table"] = None
+                m["table"] = _read_mounts(m["file"])
+            return list(m["table"])
+        except (OSError, ValueError):
+            m.update(pid=None, table=None)
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                return _read_mounts(f)
 
 
 def mount_of(path):
@@ -703,28 +740,27 @@ def pread_gpu(fd, ptr, nbytes, offset=0):
     return _gpu_io(False, fd, ptr, nbytes, offset)
 
 
+_IOV = struct.Struct("=QQq")       # struct tierfs_gpu_iovec: dev_ptr, len, off
+
+
 def _gpu_iov(write, fd, segments):
     import ctypes
-
-    class Iovec(ctypes.Structure):      # struct tierfs_gpu_iovec
-        _fields_ = [("dev_ptr", ctypes.c_void_p), ("len", ctypes.c_size_t),
-                    ("off", ctypes.c_longlong)]
 
     lib = _libtierfs()
     name = "tierfs_pwritev_gpu" if write else "tierfs_preadv_gpu"
     fn = getattr(lib, name, None)
     if fn is None:
         raise TierfsError(f"libtierfs has no {name} (too old)")
-    segs = list(segments)
-    arr = (Iovec * max(len(segs), 1))()
-    for i, (ptr, nbytes, offset) in enumerate(segs):
+    segs = segments if isinstance(segments, list) else list(segments)
+    buf = bytearray(_IOV.size * max(len(segs), 1))
+    pack = _IOV.pack_into
+    try:
+        for i, (ptr, nbytes, offset) in enumerate(segs):
+            pack(buf, i * _IOV.size, ptr, nbytes, offset)
+    except struct.error:
         # out of range values: EINVAL, as the library says for its checks
-        if not (0 <= ptr < 1 << 64 and 0 <= nbytes < 1 << 64 and
-                -(1 << 63) <= offset < 1 << 63):
-            raise OSError(errno.EINVAL, f"segment {i}: {os.strerror(errno.EINVAL)}")
-        arr[i].dev_ptr = ptr or None
-        arr[i].len = nbytes
-        arr[i].off = offset
+        raise OSError(errno.EINVAL, f"segment {i}: {os.strerror(errno.EINVAL)}") from None
+    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
     r = fn(fd, arr, len(segs))
     if r < 0:
         e = ctypes.get_errno()
