@@ -45,6 +45,21 @@
 /** File, read-only: "SHARED SIZE": bytes of its backing file (as flushed)
  *  whose extents other files share too (-o dedup), and the file's size. */
 #define TIERFS_XATTR_SHARED		"user.tierfs.shared"
+/** Directory, write (any value): commit it as a checkpoint set: every
+ *  regular file in it is written and closed (EBUSY: one is open for
+ *  writing, the log names it), their flush is asked for, and the set's
+ *  files, sizes and times are recorded durably beside them (tierfs-hints(7),
+ *  CHECKPOINT SETS). */
+#define TIERFS_XATTR_COMMIT		"user.tierfs.commit"
+/** Directory, read-only: a committed set's state, one "KEY VALUE" a line:
+ *  committed TIME, files N, bytes N, then per level ("cache", "ssd", "pfs")
+ *  "complete [TIME]", "pending N", "incomplete N" or "off"; "level L" (the
+ *  last complete level, or "none"); "file NAME WHAT" for each file that
+ *  keeps a level from being complete.  ENODATA: not a committed set. */
+#define TIERFS_XATTR_SET		"user.tierfs.set"
+/** Directory, read/write: keep the N newest sets complete at ssd in it on
+ *  the SSD ("0": off); read: the number in effect (-o keep_sets). */
+#define TIERFS_XATTR_KEEP		"user.tierfs.keep"
 /** Mount root, read-only: statistics as JSON. */
 #define TIERFS_XATTR_STATS		"user.tierfs.stats"
 
