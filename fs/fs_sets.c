@@ -963,6 +963,7 @@ static void retain(struct fs_inode *parent)
 	closedir(dp);
 	fs_fd_release(parent);
 	qsort(c, n, sizeof(*c), newest_first);
+	tlog(LOG_DEBUG, "sets: keep %u: %zu set(s) in a directory", keep, n);
 	for (i = 0; i < n; i++) {
 		bool mine = false;
 
@@ -1014,6 +1015,27 @@ static void watch_add(struct fs_inode *dir, bool retain)
 	sets_unlock();
 }
 
+/* Directory dir's parent, if the inode table knows it (the kernel
+ * looked it up: it did, to reach dir): referenced, or NULL. */
+static struct fs_inode *parent_of(struct fs_inode *dir)
+{
+	struct fs_inode *p = NULL;
+	struct stat st;
+	int fd = fs_fd_hold(dir);
+
+	if (fd >= 0 && fstatat(fd, "..", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		fs_lock();
+		p = fs_table_find(st.st_dev, st.st_ino);
+		if (p && p != dir)
+			fs_inode_get(p);
+		else
+			p = NULL;
+		fs_unlock();
+	}
+	fs_fd_release(dir);
+	return p;
+}
+
 /* Follow one watched set; true: done with it. */
 static bool watch_one(struct watch *w)
 {
@@ -1021,6 +1043,7 @@ static bool watch_one(struct watch *w)
 	struct eval ev;
 	bool done;
 
+	tlog(LOG_DEBUG, "sets: watching %p%s", (void *)w->dir, w->retain ? " (keep)" : "");
 	if (w->retain) {
 		retain(w->dir);
 		return true;
@@ -1031,11 +1054,7 @@ static bool watch_one(struct watch *w)
 					ev.lv[L_PFS].unmarked == ev.m.n || ev.lv[L_PFS].bad);
 	if (complete(&ev, L_SSD) && !w->kept) {
 		w->kept = true;
-		fs_lock();
-		parent = w->dir->unlinked ? NULL : w->dir->parent;
-		if (parent)
-			fs_inode_get(parent);
-		fs_unlock();
+		parent = parent_of(w->dir);
 	}
 	eval_free(&ev);
 	if (parent) {
