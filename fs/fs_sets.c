@@ -633,6 +633,8 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 		snprintf(what, sizeof(what), "flush-failed %s", strerrorname_np(-fx.flush_err) ?
 			 strerrorname_np(-fx.flush_err) : "?");
 		problem(ev, f->name, what);
+	} else if (changed) {
+		ev->lv[L_SSD].bad++;	/* its next flush is not the commit's */
 	} else if (fx.dirty || fx.writers) {
 		ev->lv[L_SSD].pending++;
 	} else if (!bsame) {
@@ -649,6 +651,8 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 		fs_persist_describe(in, tier, sizeof(tier), state, sizeof(state));
 		if (strstr(state, "pfs:PERSISTED") && !fx.dirty && bsame)
 			;
+		else if (changed)
+			ev->lv[L_PFS].bad++;
 		else if (strstr(state, "pfs:FAILED")) {
 			ev->lv[L_PFS].bad++;
 			problem(ev, f->name, "persist-failed");
@@ -881,7 +885,7 @@ static bool remove_set(struct fs_inode *parent, struct cand *c)
 	if (!ret) {
 		fuse_lowlevel_notify_inval_entry(fs.se, fs_ino_of(parent), c->name,
 						 strlen(c->name));
-		say(parent, LOG_INFO, "sets: keep: removed %s/%s from the SSD%s", c->name, "");
+		say(parent, LOG_NOTICE, "sets: keep: removed %s/%s from the SSD%s", c->name, "");
 	} else {
 		say(c->in, LOG_NOTICE, "sets: keep: %s not removed: %s%s", strerror(-ret), "");
 	}
