@@ -285,6 +285,11 @@ void fs_own_new(struct fs_inode *parent, const char *name, fuse_req_t req);
 /* The file `name` in dir, referenced, or NULL if there is none yet;
  * -EINVAL if it is not a regular file. */
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
+/* fs_ops.c: unlink (flags 0) or rmdir (AT_REMOVEDIR) p/name as a request
+ * would, but in the backing directory only: DIR (-o persist) keeps its
+ * copy (retention of sets, fs_sets.c).  No names lock held.  0 or -errno;
+ * the caller invalidates the kernel's entry. */
+int fs_remove_local(struct fs_inode *p, const char *name, int flags);
 /* Flush every dirty file (unmount, SIGTERM); returns how many could not be
  * written.  give_up: log each of those with its size and drop its cached
  * data, so that the engine can stop (unmount always ends), and count it in

@@ -32,6 +32,7 @@
 #include "config.h"
 #include "fs.h"
 #include "fs_persist.h"
+#include "fs_sets.h"
 #include "../gpu/gpu.h"
 
 extern int tierfs_log_syslog;
@@ -287,6 +288,9 @@ static void usage(const char *prog)
 "    -o persist_keep=N      each directory of DIR keeps its N newest files\n"
 "    -o persist_timeout=SECS  a DIR silent this long is taken as not\n"
 "                           answering (default 10)\n"
+"    -o keep_sets=N         each directory keeps its N newest complete\n"
+"                           checkpoint sets on the SSD (default 0: all;\n"
+"                           user.tierfs.keep sets it per directory)\n"
 "    -o noatime|relatime|strictatime   access times (default relatime)\n"
 "    -o allow_other         let other users access the mount\n"
 "    -f                     stay in the foreground, log to stderr\n"
@@ -1204,6 +1208,7 @@ int main(int argc, char *argv[])
 
 	check_options(&ecfg, ram);
 	fs_persist_setup(&args);	/* -o persist=DIR and its options */
+	fs_sets_setup(&args);		/* -o keep_sets=N */
 	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
@@ -1256,9 +1261,11 @@ int main(int argc, char *argv[])
 	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
 		fs_share_start();	/* failing, the daemon copies */
 	fs_persist_start();
+	fs_sets_start();
 	daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
+	fs_sets_stop();			/* no retention while the mount goes */
 	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
 	fuse_session_unmount(fs.se);
 out_signals:

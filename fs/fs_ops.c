@@ -35,6 +35,7 @@
 
 #include "fs.h"
 #include "fs_persist.h"
+#include "fs_sets.h"
 
 struct fs fs;
 
@@ -525,9 +526,9 @@ static void put_child(struct fs_inode *in)
  * handle, which can wait for a commit, and fs.lock is every lookup's,
  * open's and release's.
  */
-static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
+static int remove_core(struct fs_inode *p, const char *name, int flags, bool persist)
 {
-	struct fs_inode *p = fs_inode_of(parent), *in;
+	struct fs_inode *in;
 	struct pop *pop = NULL;
 	int ret = 0, pfd, fd;
 
@@ -538,12 +539,16 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	fs_unlock();
 	if (pfd < 0)
 		ret = pfd;
-	else if ((flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
+	else if (persist && (flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
 		;	/* DIR has entries in it that the mount shows */
 	else {
-		pop = fs_persist_remove_begin(p, name, flags & AT_REMOVEDIR);
+		if (persist)
+			pop = fs_persist_remove_begin(p, name, flags & AT_REMOVEDIR);
 		if (unlinkat(pfd, name, flags) < 0)
 			ret = -errno;
+		/* a set's own hidden files (fs_sets.c) go with it */
+		if (ret == -ENOTEMPTY && (flags & AT_REMOVEDIR) && fs_sets_rmdir_clean(pfd, name))
+			ret = unlinkat(pfd, name, flags) < 0 ? -errno : 0;
 	}
 	if (!ret && in) {
 		fs_lock();
@@ -554,7 +559,17 @@ static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int
 	fs_names_unlock(p, NULL);
 	fs_fd_release(p);
 	put_child(in);
-	fuse_reply_err(req, -ret);
+	return ret;
+}
+
+static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
+{
+	fuse_reply_err(req, -remove_core(fs_inode_of(parent), name, flags, true));
+}
+
+int fs_remove_local(struct fs_inode *p, const char *name, int flags)
+{
+	return remove_core(p, name, flags, false);
 }
 
 static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)

@@ -1701,16 +1701,24 @@ static int newer_first(const void *a, const void *b)
  * -o persist_keep=N: DIR's directory dfd (rel: its path, for the log) keeps
  * the N newest regular files (modification time, then name); older ones
  * are removed there, not in the backing directory.  Subdirectories and
- * temporaries do not count.
+ * temporaries do not count.  A checkpoint set (its backing directory has
+ * the manifest of fs_sets.c) is one checkpoint: its files are never pruned
+ * one by one.
  */
 static void prune(int dfd, const char *rel)
 {
 	struct kent *e = NULL;
 	size_t n = 0, cap = 0, i;
 	struct dirent *de;
-	int fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	char man[PATH_MAX];
+	int fd;
+	DIR *d;
 
+	if (snprintf(man, sizeof(man), "%s/" FS_HIDDEN_PREFIX ".set", rel) < (int)sizeof(man) &&
+	    faccessat(fs.root_fd, man, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		return;
+	fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	d = fd < 0 ? NULL : fdopendir(fd);
 	if (!d) {
 		if (fd >= 0)
 			close(fd);

@@ -22,6 +22,7 @@
 #include "fs.h"
 #include "fs_hints.h"
 #include "fs_persist.h"
+#include "fs_sets.h"
 #include "tierfs.h"
 
 static bool tierfs_name(const char *name)
@@ -115,6 +116,8 @@ static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t l
 	}
 	if (fs_persist_xattr(name))
 		return fs_persist_getx(in, buf, len);
+	if (fs_sets_xattr(name))
+		return fs_sets_getx(in, name, buf, len);
 	if (strcmp(name, TIERFS_XATTR_SHARED) == 0)
 		return S_ISREG(in->type) ? shared_get(in, buf, len) : -ENODATA;
 	if (strcmp(name, TIERFS_XATTR_TIER) == 0 || strcmp(name, TIERFS_XATTR_STATE) == 0) {
@@ -193,6 +196,10 @@ void fs_ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 		fuse_reply_err(req, -fs_persist_setx(in, value, size));
 		return;
 	}
+	if (fs_sets_xattr(name)) {
+		fuse_reply_err(req, -fs_sets_setx(in, name, value, size));
+		return;
+	}
 	if (tierfs_name(name)) {
 		fuse_reply_err(req, -fs_hints_set(in, name, value, size, flags,
 						  fuse_req_ctx(req)->uid));
@@ -266,6 +273,10 @@ void fs_ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 
 	if (fs_persist_xattr(name)) {
 		fuse_reply_err(req, -fs_persist_removex(in));
+		return;
+	}
+	if (fs_sets_xattr(name)) {
+		fuse_reply_err(req, -fs_sets_removex(in, name));
 		return;
 	}
 	if (tierfs_name(name)) {

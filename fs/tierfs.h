@@ -45,6 +45,21 @@
 /** File, read-only: "SHARED SIZE": bytes of its backing file (as flushed)
  *  whose extents other files share too (-o dedup), and the file's size. */
 #define TIERFS_XATTR_SHARED		"user.tierfs.shared"
+/** Directory, write (any value): commit it as a checkpoint set: every
+ *  regular file in it is written and closed (EBUSY: one is open for
+ *  writing, the log names it), their flush is asked for, and the set's
+ *  files, sizes and times are recorded durably beside them (tierfs-hints(7),
+ *  CHECKPOINT SETS). */
+#define TIERFS_XATTR_COMMIT		"user.tierfs.commit"
+/** Directory, read-only: a committed set's state, one "KEY VALUE" a line:
+ *  committed TIME, files N, bytes N, then per level ("cache", "ssd", "pfs")
+ *  "complete [TIME]", "pending N", "incomplete N" or "off"; "level L" (the
+ *  last complete level, or "none"); "file NAME WHAT" for each file that
+ *  keeps a level from being complete.  ENODATA: not a committed set. */
+#define TIERFS_XATTR_SET		"user.tierfs.set"
+/** Directory, read/write: keep the N newest sets complete at ssd in it on
+ *  the SSD ("0": off); read: the number in effect (-o keep_sets). */
+#define TIERFS_XATTR_KEEP		"user.tierfs.keep"
 /** Mount root, read-only: statistics as JSON. */
 #define TIERFS_XATTR_STATS		"user.tierfs.stats"
 
@@ -271,6 +286,33 @@ char *tierfs_stats(const char *mount);
  * mount fails with EBUSY meanwhile, so nothing is given up under it.
  */
 int tierfs_wait_flushed(const char *path, int timeout_ms);
+/*
+ * Checkpoint sets (tierfs-hints(7), CHECKPOINT SETS).  level is "cache",
+ * "ssd" or "pfs" (EINVAL otherwise).
+ *
+ * tierfs_commit - commit directory set as one checkpoint: every regular
+ * file in it is written and closed; their flush starts now.  Returns 0 or
+ * -1 with errno: EBUSY while a file in it is open for writing (the
+ * daemon's log names it), EINVAL for a directory without files or the
+ * mount's root, ENOTSUP off tierfs.
+ */
+int tierfs_commit(const char *set);
+/*
+ * tierfs_latest - the newest set directly under directory parent that is
+ * complete at level (the restart target): its path (parent/NAME), a
+ * string to free(); NULL with errno ENOENT when there is none, or the
+ * errors of opendir(3) and getxattr(2).
+ */
+char *tierfs_latest(const char *parent, const char *level);
+/*
+ * tierfs_wait_set - wait until set is complete at level.  timeout_ms < 0
+ * waits for ever.  Returns 0, or -1 with errno: EIO when a file of the set
+ * is lost (missing, changed since its commit, failed to reach DIR: the
+ * set's user.tierfs.set names it); ETIMEDOUT (files whose flush fails are
+ * retried until then); ENODATA: not a committed set; EINVAL: level pfs
+ * where the set does not go to DIR.
+ */
+int tierfs_wait_set(const char *set, const char *level, int timeout_ms);
 
 #ifdef __cplusplus
 }

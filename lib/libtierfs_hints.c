@@ -1,7 +1,8 @@
 /*
  * libtierfs_hints.c - the restore hints and statistics of tierfs-hints(7)
  * as C calls (fs/tierfs.h): tierfs_restore_order(), tierfs_restore_queue(),
- * tierfs_stats(), tierfs_wait_flushed().  Plain extended-attribute calls: no CUDA, no
+ * tierfs_stats(), tierfs_wait_flushed(), and the checkpoint sets'
+ * tierfs_commit(), tierfs_latest(), tierfs_wait_set().  Plain extended-attribute calls: no CUDA, no
  * state, thread-safe.
  *
  * Names are checked here as the daemon checks them (fs/fs_hints.c), so a
@@ -20,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <time.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "tierfs.h"
@@ -385,4 +387,199 @@ fail:
 	close(fd);
 	errno = err;
 	return -1;
+}
+
+/* ---- checkpoint sets ------------------------------------------------ */
+
+TIERFS_EXPORT int tierfs_commit(const char *set)
+{
+	int fd = open_tierfs(set, O_DIRECTORY), err;
+
+	if (fd < 0)
+		return -1;
+	if (fsetxattr(fd, TIERFS_XATTR_COMMIT, "", 0, 0) < 0) {
+		err = errno;
+		close(fd);
+		errno = err;
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+static bool level_ok(const char *level)
+{
+	return level && (!strcmp(level, "cache") || !strcmp(level, "ssd") ||
+			 !strcmp(level, "pfs"));
+}
+
+/* The state of set fd (user.tierfs.set), NUL-terminated, malloc'ed; NULL
+ * with errno. */
+static char *set_text(int fd)
+{
+	ssize_t n = fgetxattr(fd, TIERFS_XATTR_SET, NULL, 0);
+	char *buf;
+
+	if (n < 0)
+		return NULL;
+	buf = malloc((size_t)n + 4096);	/* it may grow between the calls */
+	if (!buf)
+		return NULL;
+	n = fgetxattr(fd, TIERFS_XATTR_SET, buf, (size_t)n + 4095);
+	if (n < 0) {
+		int err = errno;
+
+		free(buf);
+		errno = err;
+		return NULL;
+	}
+	buf[n] = 0;
+	return buf;
+}
+
+/* The value of line "KEY ..." of state text s (after the key and a space),
+ * or NULL. */
+static const char *set_line(const char *s, const char *key)
+{
+	size_t kl = strlen(key);
+
+	for (const char *p = s; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, key, kl) && p[kl] == ' ')
+			return p + kl + 1;
+	return NULL;
+}
+
+static bool word_is(const char *v, const char *w)
+{
+	size_t l = strlen(w);
+
+	return v && !strncmp(v, w, l) && (v[l] == ' ' || v[l] == '\n' || !v[l]);
+}
+
+TIERFS_EXPORT char *tierfs_latest(const char *parent, const char *level)
+{
+	struct dirent *de;
+	double best = -1;
+	char *out = NULL;
+	DIR *dp;
+	int dfd;
+
+	if (!level_ok(level)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	dfd = open_tierfs(parent, O_DIRECTORY);
+	if (dfd < 0)
+		return NULL;
+	dp = fdopendir(dfd);
+	if (!dp) {
+		int err = errno;
+
+		close(dfd);
+		errno = err;
+		return NULL;
+	}
+	while ((de = readdir(dp))) {
+		const char *c, *v;
+		char *text;
+		double t;
+		int fd;
+
+		if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN)
+			continue;
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		fd = openat(dirfd(dp), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		text = set_text(fd);
+		close(fd);
+		if (!text)
+			continue;	/* not a set */
+		c = set_line(text, "committed");
+		v = set_line(text, level);
+		t = c ? strtod(c, NULL) : -1;
+		if (word_is(v, "complete") && t > best) {
+			size_t len = strlen(parent) + strlen(de->d_name) + 2;
+			char *p = malloc(len);
+
+			if (p) {
+				snprintf(p, len, "%s/%s", parent, de->d_name);
+				free(out);
+				out = p;
+				best = t;
+			}
+		}
+		free(text);
+	}
+	closedir(dp);
+	if (!out)
+		errno = ENOENT;
+	return out;
+}
+
+TIERFS_EXPORT int tierfs_wait_set(const char *set, const char *level, int timeout_ms)
+{
+	double end = now() + timeout_ms / 1000.0;
+	useconds_t pause = 1000;
+	int fd, err = 0;
+
+	if (!level_ok(level)) {
+		errno = EINVAL;
+		return -1;
+	}
+	fd = open_tierfs(set, O_DIRECTORY);
+	if (fd < 0)
+		return -1;
+	for (;;) {
+		char *text = set_text(fd);
+		const char *v, *f;
+		bool lost = false;
+
+		if (!text) {
+			err = errno;
+			break;
+		}
+		v = set_line(text, level);
+		/* a file that will not get there by itself */
+		for (f = set_line(text, "file"); f; f = set_line(f, "file")) {
+			const char *w = strchr(f, '\n');
+			size_t l = w ? (size_t)(w - f) : strlen(f);
+			char line[512];
+
+			snprintf(line, sizeof(line), " %.*s ", (int)(l < 500 ? l : 500), f);
+			if (strstr(line, " missing ") || strstr(line, " changed ") ||
+			    (!strcmp(level, "pfs") && strstr(line, " persist-failed ")))
+				lost = true;
+			if (!w)
+				break;
+			f = w;	/* set_line looks from here on */
+		}
+		if (word_is(v, "complete")) {
+			free(text);
+			break;
+		}
+		free(text);
+		if (word_is(v, "off")) {
+			err = EINVAL;
+			break;
+		}
+		if (lost) {
+			err = EIO;
+			break;
+		}
+		if (timeout_ms >= 0 && now() >= end) {
+			err = ETIMEDOUT;
+			break;
+		}
+		usleep(pause);
+		if (pause < 50000)
+			pause *= 2;
+	}
+	close(fd);
+	if (err) {
+		errno = err;
+		return -1;
+	}
+	return 0;
 }

@@ -448,6 +448,16 @@ int tfile_pending_error(struct tfile *f)
 	return ret;
 }
 
+void tfile_facts(struct tfile *f, struct tfile_facts *out)
+{
+	eng_lock(f->eng);
+	out->writers = f->writers;
+	out->restore_queued = f->hint_first != NULL;
+	out->dirty = f->dirty || f->shadow_fd >= 0;
+	out->flush_err = f->flush_err ? f->flush_err : f->write_err;
+	eng_unlock(f->eng);
+}
+
 /*
  * With a GPU cache over several GPUs, ,"balance":{...}: the policy, where
  * copies went (their GPU's part, a peer's, host memory) and the links

@@ -26,6 +26,8 @@
  *      (fs/fs_fd.c)    never held with engine.lock
  *  8   ino.lock        the block of inode numbers reserved     nothing (a leaf; taken under
  *      (fs/fs_inode.c) on the backing root (fs_ino_number)     a file ilock, fs.nslock)
+ *  9   sets.lock       the watch list of committed sets        nothing (a leaf)
+ *      (fs/fs_sets.c)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
  * engine.lock, and fs.nslock -> fs.lock -> fdc.lock.  Two files' ilocks
@@ -59,6 +61,7 @@ enum lock_rank {
 	LR_ENGINE,		/* engine.lock */
 	LR_FS_FD,		/* fdc.lock */
 	LR_FS_INO,		/* fs_inode.c's ino.lock: a leaf */
+	LR_SETS,		/* fs_sets.c's sets.lock: a leaf */
 };
 
 #ifndef NDEBUG

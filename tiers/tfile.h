@@ -258,6 +258,15 @@ void tfile_set_mtime(struct tfile *f, const struct timespec *mt);
 struct timespec tfile_mtime(struct tfile *f);
 /* The error a close() should report (a flush that already failed). */
 int tfile_pending_error(struct tfile *f);
+/* What a checkpoint set asks of one of its files (fs/fs_sets.c), read at
+ * once under the engine's lock. */
+struct tfile_facts {
+	int writers;			/* open handles that may write */
+	bool restore_queued;		/* in the restore queue */
+	bool dirty;			/* content newer than the backing file */
+	int flush_err;			/* last flush failure (-errno), or 0 */
+};
+void tfile_facts(struct tfile *f, struct tfile_facts *out);
 /* Copies' tiers and states, "host:FLUSHED" etc., for xattrs. */
 int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t sl);
 

@@ -3,7 +3,7 @@
 _tierfsctl()
 {
 	local cur=${COMP_WORDS[COMP_CWORD]} cmd=${COMP_WORDS[1]:-}
-	local cmds="order next prefetch info wait stats warmup evict record plot"
+	local cmds="order next prefetch info wait commit sets latest keep stats warmup evict record plot"
 
 	if [ "$COMP_CWORD" -eq 1 ]; then
 		COMPREPLY=($(compgen -W "$cmds --help --version" -- "$cur"))
@@ -21,7 +21,18 @@ _tierfsctl()
 			return ;;
 		esac ;;
 	order) case $cur in -*) COMPREPLY=($(compgen -W "--clear --from" -- "$cur")); return ;; esac ;;
-	wait|evict) case $cur in -*) COMPREPLY=($(compgen -W "--timeout" -- "$cur")); return ;; esac ;;
+	wait) case $cur in -*) COMPREPLY=($(compgen -W "--timeout --level" -- "$cur")); return ;; esac
+		if [ "${COMP_WORDS[COMP_CWORD-1]}" = --level ]; then
+			COMPREPLY=($(compgen -W "cache ssd pfs" -- "$cur"))
+			return
+		fi ;;
+	latest) case $cur in -*) COMPREPLY=($(compgen -W "--level" -- "$cur")); return ;; esac
+		if [ "${COMP_WORDS[COMP_CWORD-1]}" = --level ]; then
+			COMPREPLY=($(compgen -W "cache ssd pfs" -- "$cur"))
+			return
+		fi ;;
+	sets) case $cur in -*) COMPREPLY=($(compgen -W "--json" -- "$cur")); return ;; esac ;;
+	evict) case $cur in -*) COMPREPLY=($(compgen -W "--timeout" -- "$cur")); return ;; esac ;;
 	warmup) case $cur in -*) COMPREPLY=($(compgen -W "--stall --progress --no-progress" -- "$cur")); return ;; esac ;;
 	record) case $cur in -*) COMPREPLY=($(compgen -W "--interval --count" -- "$cur")); return ;; esac ;;
 	esac

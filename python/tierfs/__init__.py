@@ -40,6 +40,7 @@ __all__ = [
     "restore_order", "queued", "clear", "restore_next", "prefetch",
     "tier", "state", "shared", "stats", "wait_flushed", "evict", "is_tierfs", "mount_of",
     "daemon_pid", "check_names", "persist", "persist_sync",
+    "commit", "set_state", "sets", "latest", "wait_set", "keep", "LEVELS",
     "pwrite_gpu", "pread_gpu", "pwritev_gpu", "preadv_gpu", "save_gpu", "load_gpu",
 ]
 
@@ -57,6 +58,10 @@ XATTR_STATS = PREFIX + "stats"
 XATTR_EVICT = PREFIX + "evict"
 XATTR_PERSIST = PREFIX + "persist"
 XATTR_FLUSH = PREFIX + "flush"
+XATTR_COMMIT = PREFIX + "commit"
+XATTR_SET = PREFIX + "set"
+XATTR_KEEP = PREFIX + "keep"
+LEVELS = ("cache", "ssd", "pfs")    # checkpoint sets' levels, in order
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
 LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT", ...
@@ -673,6 +678,158 @@ def persist_sync(path):
     gave (ENOSPC, EROFS, EIO, ...)."""
     _need_tierfs(path)
     os.setxattr(path, XATTR_PERSIST, b"sync")
+
+
+# ---- checkpoint sets (tierfs-hints(7), CHECKPOINT SETS) -------------------
+
+def commit(path):
+    """Commit directory `path` as a checkpoint set: every regular file in it
+    is written and closed; tierfs records them and flushes them now.
+    OSError EBUSY while a file in it is open for writing (the daemon's log
+    names it); EINVAL for a directory without files."""
+    _need_tierfs(path)
+    os.setxattr(path, XATTR_COMMIT, b"")
+
+
+def _parse_state(text):
+    out = {"files_not_done": []}
+    for line in text.splitlines():
+        key, _, val = line.partition(" ")
+        if key == "committed":
+            out["committed"] = float(val)
+        elif key in ("files", "bytes", "more"):
+            out[key] = int(val)
+        elif key in LEVELS:
+            word, _, rest = val.partition(" ")
+            out[key] = word
+            if word == "complete" and rest:
+                out[key + "_at"] = float(rest)
+            elif word in ("pending", "incomplete"):
+                out[key + "_files"] = int(rest or 0)
+        elif key == "level":
+            out["level"] = None if val == "none" else val
+        elif key == "file":
+            parts = val.split(" ")
+            # "file NAME WHAT [DETAIL...]": WHAT is the first word that
+            # is one of the known ones, from the right end of the name
+            for i in range(len(parts) - 1, 0, -1):
+                if parts[i] in _FILE_WHATS:
+                    out["files_not_done"].append((" ".join(parts[:i]), " ".join(parts[i:])))
+                    break
+    return out
+
+
+_FILE_WHATS = ("missing", "changed", "open-for-writing", "flush-failed", "persist-failed",
+               "some-files-not-persistent")
+
+
+def set_state(path):
+    """The state of checkpoint set `path` (user.tierfs.set) as a dict:
+    committed (seconds since the epoch), files, bytes; for each level of
+    LEVELS its word ("complete", "pending", "incomplete" or "off"), with
+    LEVEL_at (when it was recorded complete) or LEVEL_files (how many files
+    are not there); level (the last complete level, or None);
+    files_not_done: [(name, what)] for files that keep a level from being
+    complete ("flush-failed ENOSPC", "missing", "changed ...",
+    "open-for-writing", "persist-failed").  None if `path` is not a
+    committed set."""
+    _need_tierfs(path)
+    try:
+        text = os.getxattr(path, XATTR_SET).decode("utf-8", "surrogateescape")
+    except OSError as e:
+        if e.errno == errno.ENODATA:
+            return None
+        raise
+    return _parse_state(text)
+
+
+def sets(parent):
+    """The committed sets directly under directory `parent`, oldest first:
+    [(path, state)] with state as set_state gives it."""
+    _need_tierfs(parent)
+    out = []
+    with os.scandir(parent) as it:
+        for e in it:
+            if not e.is_dir(follow_symlinks=False):
+                continue
+            try:
+                st = set_state(e.path)
+            except OSError:
+                continue                # removed meanwhile
+            if st is not None:
+                out.append((e.path, st))
+    out.sort(key=lambda x: (x[1]["committed"], x[0]))
+    return out
+
+
+def latest(parent, level="ssd"):
+    """The path of the newest set under `parent` complete at `level` (one
+    of LEVELS): the restart target; None if there is none."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}")
+    done = [p for p, st in sets(parent) if st.get(level) == "complete"]
+    return done[-1] if done else None
+
+
+def _set_lost(st, level):
+    """The files of set state `st` that will not reach `level` by
+    themselves (missing, changed, persist-failed), or []."""
+    bad = ("missing", "changed", "persist-failed") if level != "cache" else \
+        ("missing", "changed")
+    return [(n, w) for n, w in st["files_not_done"] if w.split(" ")[0] in bad]
+
+
+def wait_set(path, level="ssd", timeout=None, interval=0.05):
+    """Wait until checkpoint set `path` is complete at `level` (one of
+    LEVELS).  Returns its state.  OSError EIO when a file of it is lost
+    (missing, changed since the commit, failed to reach DIR; the message
+    names them) or the daemon gave data up while the mount went away;
+    TimeoutError after `timeout` seconds (the message names files whose
+    flush fails: those are retried, e.g. until space is freed); OSError
+    ENODATA if `path` is not a committed set; EINVAL for pfs where the set
+    does not go to DIR ("off")."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}")
+    root = mount_of(path)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = min(interval, 0.005)
+    while True:
+        try:
+            st = set_state(path)
+        except OSError:
+            if not _unmounted(root):
+                raise
+            return _follow_exit(path, os.path.realpath(root), None, deadline)
+        if st is None:
+            raise OSError(errno.ENODATA, f"{path}: not a committed checkpoint set")
+        if st.get(level) == "complete":
+            return st
+        if st.get(level) == "off":
+            raise OSError(errno.EINVAL, f"{path}: its files do not go to a persistent "
+                          f"tier (-o persist=DIR, user.tierfs.persist)")
+        lost = _set_lost(st, level)
+        if lost:
+            raise OSError(errno.EIO, f"{path}: not complete at {level}: " +
+                          ", ".join(f"{n} ({w})" for n, w in lost))
+        if deadline is not None and time.monotonic() >= deadline:
+            why = [f"{n} ({w})" for n, w in st["files_not_done"]]
+            raise TimeoutError(errno.ETIMEDOUT, f"{path}: not complete at {level} after "
+                               f"{timeout} s" + (": " + ", ".join(why) if why else ""))
+        time.sleep(pause)
+        pause = min(pause * 2, interval)
+
+
+def keep(parent, n=None):
+    """Keep the `n` newest sets complete at ssd under directory `parent` on
+    the SSD (0: all), older complete ones are removed from the caches and
+    the backing directory (see tierfs-hints(7)).  Returns the number in
+    effect (n None: only read it; -o keep_sets where none was set)."""
+    _need_tierfs(parent)
+    if n is not None:
+        if int(n) < 0:
+            raise ValueError("keep: a number of sets, 0 or more")
+        os.setxattr(parent, XATTR_KEEP, str(int(n)).encode())
+    return int(os.getxattr(parent, XATTR_KEEP))
 
 
 # ---- GPU memory through the ioctl (libtierfs, tierfs-gpu(7)) -------------

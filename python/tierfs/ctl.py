@@ -5,6 +5,11 @@
     tierfsctl prefetch start|stop|status [PATH]
     tierfsctl info PATH...
     tierfsctl wait MOUNT [--timeout SECONDS]
+    tierfsctl wait --level cache|ssd|pfs SET [--timeout SECONDS]
+    tierfsctl commit SET...
+    tierfsctl sets PARENT [--json]
+    tierfsctl latest PARENT [--level cache|ssd|pfs]
+    tierfsctl keep PARENT [N]
     tierfsctl stats MOUNT [--watch [SECONDS]] [--json | --prometheus]
     tierfsctl warmup PATH... [--stall SECONDS] [--no-progress]
     tierfsctl evict PATH... [--timeout SECONDS]
@@ -152,7 +157,11 @@ def _pid_gone(pid, timeout):
 def cmd_wait(a):
     """Until the mount's flush backlog is empty; for an unmounted mount (or
     one unmounted meanwhile), until its daemon has flushed and exited.
-    Fails (1) naming the files the daemon gave up, or if it was killed."""
+    Fails (1) naming the files the daemon gave up, or if it was killed.
+    With --level: until the set MOUNT is complete at that level (1: a file
+    of it is lost)."""
+    if a.level:
+        return cmd_wait_set(a)
     mnt = os.path.realpath(a.mount)
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
 
@@ -206,6 +215,76 @@ def _wait_loop(a, mnt, found, left, deadline):
             found = tierfs._open_daemon(mnt)
             if found is not None:       # closed by _wait
                 return _wait(a, mnt, found, left, deadline)
+
+
+def cmd_wait_set(a):
+    try:
+        st = tierfs.wait_set(a.mount, a.level, timeout=a.timeout)
+    except TimeoutError as e:
+        raise Fail(e.strerror, 3)
+    except OSError as e:
+        if e.errno in (errno.EIO, errno.ENODATA, errno.EINVAL):
+            raise Fail(e.strerror, 1)
+        raise
+    print(f"{a.mount}: complete at {a.level}")
+    return 0 if st else 1
+
+
+# ---------------------------------------------------------------- sets
+
+def cmd_commit(a):
+    for p in a.sets:
+        try:
+            tierfs.commit(p)
+        except OSError as e:
+            if e.errno == errno.EBUSY:
+                raise Fail(f"{p}: a file in it is still open for writing (the daemon's "
+                           f"log names it)", 1)
+            if e.errno == errno.EINVAL:
+                raise Fail(f"{p}: cannot be committed (no file in it, or the mount's "
+                           f"root; the daemon's log says why)", 1)
+            raise
+    return 0
+
+
+def _when(t):
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def cmd_sets(a):
+    found = tierfs.sets(a.parent)
+    if a.json:
+        print(json.dumps([dict(st, path=p) for p, st in found], indent=1))
+        return 0
+    if not found:
+        print(f"{a.parent}: no committed set")
+        return 0
+    rows = [("SET", "SIZE", "COMMITTED", "LEVEL", "CACHE", "SSD", "PFS")]
+    for p, st in found:
+        lv = [st.get(x, "-") + (f" {st[x + '_files']}" if x + "_files" in st else "")
+              for x in tierfs.LEVELS]
+        rows.append((os.path.basename(p), statview.human(st.get("bytes", 0)),
+                     _when(st.get("committed")), st.get("level") or "none", *lv))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
+    for p, st in found:
+        for n, what in st["files_not_done"]:
+            print(f"{os.path.basename(p)}/{n}: {what}")
+    return 0
+
+
+def cmd_latest(a):
+    p = tierfs.latest(a.parent, a.level)
+    if p is None:
+        raise Fail(f"{a.parent}: no set complete at {a.level}", 1)
+    print(p)
+    return 0
+
+
+def cmd_keep(a):
+    print(tierfs.keep(a.parent, a.n))
+    return 0
 
 
 # ---------------------------------------------------------------- stats
@@ -497,9 +576,34 @@ def parser(prog="tierfsctl"):
 
     p = sp.add_parser("wait", help="until nothing is left to flush, or the daemon "
                       "of an unmounted mount has exited")
-    p.add_argument("mount", metavar="MOUNT")
+    p.add_argument("mount", metavar="MOUNT",
+                   help="the mount (or, with --level, a checkpoint set)")
     p.add_argument("--timeout", type=positive_float, metavar="SECONDS")
+    p.add_argument("--level", choices=tierfs.LEVELS,
+                   help="wait until the set MOUNT is complete at this level")
     p.set_defaults(fn=cmd_wait)
+
+    p = sp.add_parser("commit", help="commit directories as checkpoint sets")
+    p.add_argument("sets", metavar="SET", nargs="+")
+    p.set_defaults(fn=cmd_commit)
+
+    p = sp.add_parser("sets", help="the checkpoint sets under PARENT: size, commit "
+                      "time, level reached")
+    p.add_argument("parent", metavar="PARENT")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_sets)
+
+    p = sp.add_parser("latest", help="the newest set under PARENT complete at a level")
+    p.add_argument("parent", metavar="PARENT")
+    p.add_argument("--level", choices=tierfs.LEVELS, default="ssd",
+                   help="cache, ssd (default) or pfs")
+    p.set_defaults(fn=cmd_latest)
+
+    p = sp.add_parser("keep", help="keep the N newest complete sets of PARENT on the "
+                      "SSD (no N: show it)")
+    p.add_argument("parent", metavar="PARENT")
+    p.add_argument("n", metavar="N", type=int, nargs="?")
+    p.set_defaults(fn=cmd_keep)
 
     p = sp.add_parser("stats", help="statistics (table, --json, --prometheus)")
     add_stats_args(p)

@@ -1,0 +1,1234 @@
+/*
+ * fs_sets.c - checkpoint sets (tierfs-hints(7), CHECKPOINT SETS).
+ *
+ * A set is a directory whose regular files are one checkpoint (its
+ * subdirectories are not part of it).  Setting user.tierfs.commit on it
+ * records, in the hidden file .tierfs.set of its backing directory (the
+ * manifest), the commit time and each file's name, size and modification
+ * time: written to a temporary name, synced, renamed, the directory
+ * synced, so a commit that returned survives the daemon and the node.  A
+ * file still open for writing refuses the commit (EBUSY, the log names
+ * it).  The set's state at each level is judged against the manifest
+ * whenever it is asked (user.tierfs.set) or watched:
+ *  - cache: every file exists, has no writer, and has the manifest's size
+ *    and modification time;
+ *  - ssd: so has its backing file, nothing newer is cached, and files and
+ *    directory entries are synced (done the first time the set is seen so;
+ *    the manifest then records "ssd TIME");
+ *  - pfs: every file is in DIR (-o persist), as user.tierfs.state says;
+ *    recorded as "pfs TIME".
+ * A file missing, different from the manifest (a kill before its flush
+ * loses what only the cache held), or whose flush failed keeps its levels
+ * from being complete, and the state names it.  So a set is never said
+ * complete with a file missing, whatever happened between its commit and
+ * the question.
+ *
+ * The watcher thread follows committed sets until they reach their last
+ * level (each commit asks for the set's flush at once); when one reaches
+ * ssd it applies retention to its parent directory: user.tierfs.keep=N
+ * there (an xattr of the backing directory), else -o keep_sets=N, keeps
+ * the N newest sets complete at ssd, and removes older complete ones from
+ * the caches and the backing directory, except one with a file open or in
+ * the restore queue, the newest complete at any level, and (with -o
+ * persist) one whose files are persistent and not all in DIR yet.  DIR
+ * keeps what the SSD drops (its persist_keep counts sets there).
+ *
+ * Locks: sets.lock (LR_SETS, a leaf) guards the watch list and its flags
+ * only; evaluations and removals run with no lock of this file held, the
+ * manifest's rewrites under fs.nslock (which orders them with commits).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_persist.h"
+#include "fs_sets.h"
+#include "tierfs.h"
+#include "../tiers/log.h"
+
+#define MANIFEST	FS_HIDDEN_PREFIX ".set"
+#define MANIFEST_TMP	FS_HIDDEN_PREFIX ".set.new"
+#define MANIFEST_MAX	(64u << 20)		/* bytes read at most */
+#define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
+#define KEEP_XATTR	TIERFS_XATTR_KEEP	/* on the backing directory */
+
+enum { L_CACHE, L_SSD, L_PFS, L_N };
+static const char *const level_name[L_N] = { "cache", "ssd", "pfs" };
+
+struct mfile {
+	char *name;
+	uint64_t size;
+	struct timespec mtime;
+};
+
+struct manifest {
+	struct timespec committed;
+	struct timespec at[L_N];	/* when ssd, pfs were recorded */
+	bool rec[L_N];			/* recorded (ssd, pfs) */
+	size_t n;
+	struct mfile *f;
+	uint64_t bytes;
+	char *text;			/* as read: names point into it */
+};
+
+struct level {
+	size_t pending;			/* files not there yet */
+	size_t bad;			/* files that will not get there */
+	size_t unmarked;		/* pfs: files not persistent */
+};
+
+struct eval {
+	struct manifest m;
+	struct level lv[L_N];
+	bool busy;			/* a file open, or in the restore queue */
+	char *probs;			/* "file NAME WHAT\n" lines */
+	size_t plen, pcap, pmore;
+};
+
+struct watch {
+	struct watch *next;
+	struct fs_inode *dir;		/* referenced */
+	bool kept;			/* retention applied at its ssd */
+	bool retain;			/* only apply retention in dir (a request
+					 * cannot: its directory is locked by
+					 * the kernel, which the entries'
+					 * invalidation needs) */
+};
+
+static struct {
+	unsigned keep;			/* -o keep_sets, 0: off */
+	pthread_mutex_t lock;		/* LR_SETS: the fields below */
+	pthread_cond_t cond;		/* a set was committed; stop */
+	struct watch *head;
+	pthread_t thr;
+	bool started, stop;
+	uint64_t removed;		/* sets removed by retention */
+} sets = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+};
+
+static void sets_lock(void)
+{
+	lock_rank_take(LR_SETS);
+	pthread_mutex_lock(&sets.lock);
+}
+
+static void sets_unlock(void)
+{
+	pthread_mutex_unlock(&sets.lock);
+	lock_rank_drop(LR_SETS);
+}
+
+/* ------------------------------------------------------------ options */
+
+struct sopts {
+	char *keep;
+};
+
+static const struct fuse_opt sopt_spec[] = {
+	{ "keep_sets=%s", offsetof(struct sopts, keep), 0 },
+	FUSE_OPT_END
+};
+
+/* "N": 0..1000000; -1 otherwise. */
+static long parse_keep(const char *s, size_t len)
+{
+	char buf[16], *end;
+	long v;
+
+	if (len && s[len - 1] == '\n')
+		len--;
+	if (len == 0 || len >= sizeof(buf) || s[0] < '0' || s[0] > '9')
+		return -1;
+	memcpy(buf, s, len);
+	buf[len] = 0;
+	errno = 0;
+	v = strtol(buf, &end, 10);
+	return errno || *end || v > 1000000 ? -1 : v;
+}
+
+void fs_sets_setup(struct fuse_args *args)
+{
+	struct sopts o = { 0 };
+	long v;
+
+	if (fuse_opt_parse(args, &o, sopt_spec, NULL) < 0)
+		exit(2);
+	if (o.keep) {
+		v = parse_keep(o.keep, strlen(o.keep));
+		if (v < 0) {
+			fprintf(stderr, "tierfs: bad keep_sets (a number of sets, 0: off): %s\n",
+				o.keep);
+			exit(2);
+		}
+		sets.keep = (unsigned)v;
+	}
+	free(o.keep);
+}
+
+/* ------------------------------------------------------------ manifest */
+
+static void ts_now(struct timespec *t)
+{
+	clock_gettime(CLOCK_REALTIME, t);
+}
+
+static int ts_cmp(const struct timespec *a, const struct timespec *b)
+{
+	if (a->tv_sec != b->tv_sec)
+		return a->tv_sec < b->tv_sec ? -1 : 1;
+	return a->tv_nsec < b->tv_nsec ? -1 : a->tv_nsec > b->tv_nsec;
+}
+
+/* "SEC.NSEC" at *p; advances *p.  false: not one. */
+static bool parse_ts(char **p, struct timespec *t)
+{
+	char *end;
+
+	errno = 0;
+	t->tv_sec = strtoll(*p, &end, 10);
+	if (errno || end == *p || *end != '.')
+		return false;
+	*p = end + 1;
+	t->tv_nsec = strtol(*p, &end, 10);
+	if (errno || end == *p || t->tv_nsec < 0 || t->tv_nsec > 999999999)
+		return false;
+	*p = end;
+	return true;
+}
+
+static void manifest_free(struct manifest *m)
+{
+	free(m->f);
+	free(m->text);
+	memset(m, 0, sizeof(*m));
+}
+
+/*
+ * Read and parse the manifest of the backing directory dfd (O_PATH is
+ * enough): 0, -ENODATA where there is none (not a set), -EIO for one that
+ * does not parse (logged).
+ */
+static int manifest_read(int dfd, struct manifest *m)
+{
+	struct stat st;
+	size_t cap = 0;
+	char *p, *nl;
+	int fd, ret = 0;
+	ssize_t n;
+
+	memset(m, 0, sizeof(*m));
+	fd = openat(dfd, MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT || errno == ENOTDIR ? -ENODATA : -errno;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+		close(fd);
+		return -EIO;
+	}
+	m->text = malloc((size_t)st.st_size + 1);
+	if (!m->text) {
+		close(fd);
+		return -ENOMEM;
+	}
+	n = pread(fd, m->text, (size_t)st.st_size, 0);
+	close(fd);
+	if (n != st.st_size) {
+		ret = -EIO;
+		goto out;
+	}
+	m->text[n] = 0;
+	if (strncmp(m->text, "tierfs-set 1\n", 13)) {
+		ret = -EIO;
+		goto out;
+	}
+	for (p = m->text + 13; *p; p = nl + 1) {
+		nl = strchr(p, '\n');
+		if (!nl) {
+			ret = -EIO;	/* the last line is whole in a whole file */
+			goto out;
+		}
+		*nl = 0;
+		if (!strncmp(p, "committed ", 10)) {
+			p += 10;
+			if (!parse_ts(&p, &m->committed))
+				ret = -EIO;
+		} else if (!strncmp(p, "ssd ", 4) || !strncmp(p, "pfs ", 4)) {
+			int l = p[0] == 's' ? L_SSD : L_PFS;
+
+			p += 4;
+			if (!parse_ts(&p, &m->at[l]))
+				ret = -EIO;
+			m->rec[l] = true;
+		} else if (!strncmp(p, "file ", 5)) {
+			struct mfile *f;
+			char *end;
+
+			if (m->n == cap) {
+				cap = cap ? 2 * cap : 16;
+				f = realloc(m->f, cap * sizeof(*f));
+				if (!f) {
+					ret = -ENOMEM;
+					goto out;
+				}
+				m->f = f;
+			}
+			f = &m->f[m->n];
+			p += 5;
+			errno = 0;
+			f->size = strtoull(p, &end, 10);
+			if (errno || end == p || *end != ' ') {
+				ret = -EIO;
+				goto out;
+			}
+			p = end + 1;
+			if (!parse_ts(&p, &f->mtime) || *p != ' ' || !p[1]) {
+				ret = -EIO;
+				goto out;
+			}
+			f->name = p + 1;
+			m->bytes += f->size;
+			m->n++;
+		}			/* other keys: a newer format's, skipped */
+		if (ret)
+			goto out;
+	}
+	if (!m->committed.tv_sec)
+		ret = -EIO;
+out:
+	if (ret == -EIO)
+		tlog(LOG_WARNING, "sets: a %s that does not parse: taken as no commit", MANIFEST);
+	if (ret)
+		manifest_free(m);
+	return ret;
+}
+
+/* The manifest's text for m, with the records that are set: malloc'ed. */
+static char *manifest_text(const struct manifest *m, size_t *len)
+{
+	size_t cap = 128 + m->n * 64, at = 0, i;
+	char *s = malloc(cap), *ns;
+
+	for (i = 0; s && i <= m->n + 1; i++) {
+		size_t need = i < m->n ? strlen(m->f[i].name) + 64 : 128;
+
+		if (at + need >= cap) {
+			cap = 2 * cap + need;
+			ns = realloc(s, cap);
+			if (!ns) {
+				free(s);
+				return NULL;
+			}
+			s = ns;
+		}
+		if (i == 0)
+			at += (size_t)snprintf(s + at, cap - at, "tierfs-set 1\ncommitted %lld.%09ld\n",
+					       (long long)m->committed.tv_sec, m->committed.tv_nsec);
+		if (i < m->n)
+			at += (size_t)snprintf(s + at, cap - at, "file %" PRIu64 " %lld.%09ld %s\n",
+					       m->f[i].size, (long long)m->f[i].mtime.tv_sec,
+					       m->f[i].mtime.tv_nsec, m->f[i].name);
+		else if (i == m->n + 1)
+			for (int l = L_SSD; l < L_N; l++)
+				if (m->rec[l])
+					at += (size_t)snprintf(s + at, cap - at, "%s %lld.%09ld\n",
+							       level_name[l],
+							       (long long)m->at[l].tv_sec,
+							       m->at[l].tv_nsec);
+	}
+	*len = at;
+	return s;
+}
+
+/* fsync directory dfd/rel (O_PATH dfd).  0 or -errno. */
+static int sync_dir(int dfd, const char *rel)
+{
+	int fd = openat(dfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/*
+ * Write m as dfd's manifest (temporary name, fsync, rename, the directory
+ * synced), keeping the directory's mtime (the set's files did not change).
+ * fs.nslock held.  0 or -errno (the old manifest, if any, stays).
+ */
+static int manifest_write(int dfd, const struct manifest *m)
+{
+	struct timespec mt;
+	size_t len;
+	char *s = manifest_text(m, &len);
+	bool ok;
+	int fd, ret = 0;
+
+	if (!s)
+		return -ENOMEM;
+	fs_dir_mtime_get(dfd, &mt, &ok);
+	fd = openat(dfd, MANIFEST_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+		    0600);
+	if (fd < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if (write(fd, s, len) != (ssize_t)len)
+		ret = errno ? -errno : -EIO;
+	else if (fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	if (!ret && renameat(dfd, MANIFEST_TMP, dfd, MANIFEST) < 0)
+		ret = -errno;
+	if (ret)
+		unlinkat(dfd, MANIFEST_TMP, 0);
+	else
+		ret = sync_dir(dfd, ".");
+out:
+	fs_dir_mtime_put(dfd, &mt, ok);
+	free(s);
+	return ret;
+}
+
+/* ------------------------------------------------------------ commit */
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct mfile *)a)->name, ((const struct mfile *)b)->name);
+}
+
+static void say(struct fs_inode *in, int level, const char *fmt, const char *a, const char *b)
+{
+	char path[512];
+
+	if (level > tierfs_log_level)
+		return;
+	if (fs_rel_path(in, path, sizeof(path)))
+		snprintf(path, sizeof(path), "(inode %llu)", (unsigned long long)in->ino);
+	tierfs_log(level, fmt, path, a, b);
+}
+
+static void watch_add(struct fs_inode *dir, bool retain);
+
+/*
+ * Commit directory dir as a set: every regular file in it is written and
+ * closed (else -EBUSY, the first open one named in the log); their flush
+ * is asked for now; the manifest records them.  -EINVAL: not a directory,
+ * the mount's root, no file, a name with a newline.  A set committed again
+ * is recorded anew (its levels are judged again).
+ */
+static int commit(struct fs_inode *dir)
+{
+	struct manifest m = { 0 };
+	size_t cap = 0;
+	struct dirent *de;
+	DIR *dp = NULL;
+	int dfd, rfd, ret = 0;
+
+	if (!S_ISDIR(dir->type))
+		return -ENOTDIR;
+	if (dir == &fs.root) {
+		say(dir, LOG_NOTICE, "sets: commit of %s refused: the mount's root cannot be "
+		    "a set (make a directory per checkpoint)%s%s", "", "");
+		return -EINVAL;
+	}
+	dfd = fs_fd_hold(dir);
+	if (dfd < 0) {
+		fs_fd_release(dir);
+		return dfd;
+	}
+	rfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dp = rfd >= 0 ? fdopendir(rfd) : NULL;
+	if (!dp) {
+		ret = -errno;
+		if (rfd >= 0)
+			close(rfd);
+		goto out;
+	}
+	ts_now(&m.committed);
+	while ((de = readdir(dp))) {
+		struct tfile *tf;
+		struct tfile_facts fx;
+		struct stat st;
+		struct mfile *f;
+
+		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
+			continue;
+		if (fs_hidden_name(de->d_name) || !strcmp(de->d_name, ".") ||
+		    !strcmp(de->d_name, ".."))
+			continue;
+		if (strchr(de->d_name, '\n')) {
+			say(dir, LOG_NOTICE, "sets: commit of %s refused: a file name with a "
+			    "newline%s%s", "", "");
+			ret = -EINVAL;
+			goto out;
+		}
+		ret = fs_child_tfile(dir, de->d_name, &tf);
+		if (ret == -EINVAL) {		/* not a regular file: not in the set */
+			ret = 0;
+			continue;
+		}
+		if (ret)
+			goto out;
+		if (!tf)
+			continue;		/* gone meanwhile */
+		tfile_facts(tf, &fx);
+		if (fx.writers) {
+			say(dir, LOG_NOTICE, "sets: commit of %s refused (EBUSY): %s%s is open "
+			    "for writing", "", de->d_name);
+			tf->ops->put(tf);
+			ret = -EBUSY;
+			goto out;
+		}
+		ret = fs_stat_inode((struct fs_inode *)tf, &st);
+		if (!ret)
+			engine_flush_now(fs.eng, tf);
+		tf->ops->put(tf);
+		if (ret)
+			goto out;
+		if (m.n == cap) {
+			cap = cap ? 2 * cap : 16;
+			f = realloc(m.f, cap * sizeof(*f));
+			if (!f) {
+				ret = -ENOMEM;
+				goto out;
+			}
+			m.f = f;
+		}
+		f = &m.f[m.n];
+		f->name = strdup(de->d_name);
+		if (!f->name) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		f->size = (uint64_t)st.st_size;
+		f->mtime = st.st_mtim;
+		m.n++;
+	}
+	if (m.n == 0) {
+		say(dir, LOG_NOTICE, "sets: commit of %s refused: no file in it%s%s", "", "");
+		ret = -EINVAL;
+		goto out;
+	}
+	qsort(m.f, m.n, sizeof(*m.f), name_cmp);
+	fs_ns_lock();
+	ret = manifest_write(dfd, &m);
+	fs_ns_unlock();
+	if (ret)
+		say(dir, LOG_WARNING, "sets: commit of %s failed: cannot write its %s: %s",
+		    MANIFEST, strerror(-ret));
+	else
+		say(dir, LOG_INFO, "sets: %s committed%s%s", "", "");
+out:
+	if (dp)
+		closedir(dp);
+	fs_fd_release(dir);
+	for (size_t i = 0; i < m.n; i++)
+		free(m.f[i].name);
+	free(m.f);
+	if (!ret)
+		watch_add(dir, false);
+	return ret;
+}
+
+/* ------------------------------------------------------------ state */
+
+static void problem(struct eval *ev, const char *name, const char *what)
+{
+	size_t need = strlen(name) + strlen(what) + 8;
+
+	if (ev->plen + need > PROBLEMS_MAX) {
+		ev->pmore++;
+		return;
+	}
+	if (ev->plen + need >= ev->pcap) {
+		size_t cap = 2 * ev->pcap + need + 256;
+		char *p = realloc(ev->probs, cap);
+
+		if (!p) {
+			ev->pmore++;
+			return;
+		}
+		ev->probs = p;
+		ev->pcap = cap;
+	}
+	ev->plen += (size_t)snprintf(ev->probs + ev->plen, ev->pcap - ev->plen, "file %s %s\n",
+				     name, what);
+}
+
+static bool same(const struct stat *st, const struct mfile *f)
+{
+	return (uint64_t)st->st_size == f->size && st->st_mtim.tv_sec == f->mtime.tv_sec &&
+	       st->st_mtim.tv_nsec == f->mtime.tv_nsec;
+}
+
+/* fsync dfd/name's backing file.  0 or -errno. */
+static int sync_file(int dfd, const char *name)
+{
+	int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/* One file of the set against its manifest line. */
+static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, struct eval *ev)
+{
+	char tier[256], state[512], what[96];
+	struct tfile_facts fx;
+	struct stat bst, st;
+	struct fs_inode *in;
+	struct tfile *tf = NULL;
+	bool bsame, changed = false;
+	int nopen;
+
+	if (fstatat(dfd, f->name, &bst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(bst.st_mode) ||
+	    fs_child_tfile(dir, f->name, &tf) || !tf) {
+		problem(ev, f->name, "missing");
+		for (int l = 0; l < L_N; l++)
+			ev->lv[l].bad++;
+		return;
+	}
+	in = (struct fs_inode *)tf;
+	tfile_facts(tf, &fx);
+	fs_lock();
+	nopen = in->nopen;
+	fs_unlock();
+	if (nopen || fx.restore_queued)
+		ev->busy = true;
+	bsame = same(&bst, f);
+	if (fs_stat_inode(in, &st))
+		st = bst;
+	/* cache: written and closed, as committed */
+	if (fx.writers) {
+		ev->lv[L_CACHE].pending++;
+		problem(ev, f->name, "open-for-writing");
+	} else if (!same(&st, f)) {
+		ev->lv[L_CACHE].bad++;
+		changed = true;
+		snprintf(what, sizeof(what), "changed size %" PRIu64 " committed %" PRIu64,
+			 (uint64_t)st.st_size, f->size);
+		problem(ev, f->name, what);
+	}
+	/* ssd: the backing file is that version, nothing newer cached */
+	if (fx.dirty && fx.flush_err) {
+		ev->lv[L_SSD].bad++;
+		snprintf(what, sizeof(what), "flush-failed %s", strerrorname_np(-fx.flush_err) ?
+			 strerrorname_np(-fx.flush_err) : "?");
+		problem(ev, f->name, what);
+	} else if (changed) {
+		ev->lv[L_SSD].bad++;	/* its next flush is not the commit's */
+	} else if (fx.dirty || fx.writers) {
+		ev->lv[L_SSD].pending++;
+	} else if (!bsame) {
+		ev->lv[L_SSD].bad++;
+		if (!changed)
+			problem(ev, f->name, "changed");
+	} else if (!ev->m.rec[L_SSD] && sync_file(dfd, f->name)) {
+		ev->lv[L_SSD].pending++;	/* not durable yet: asked again */
+	}
+	/* pfs: its copy in DIR is this version */
+	if (!fs_persist_on())
+		ev->lv[L_PFS].unmarked++;
+	else if (!tfile_describe(tf, tier, sizeof(tier), state, sizeof(state))) {
+		fs_persist_describe(in, tier, sizeof(tier), state, sizeof(state));
+		if (strstr(state, "pfs:PERSISTED") && !fx.dirty && bsame)
+			;
+		else if (changed)
+			ev->lv[L_PFS].bad++;
+		else if (strstr(state, "pfs:FAILED")) {
+			ev->lv[L_PFS].bad++;
+			problem(ev, f->name, "persist-failed");
+		} else if (strstr(state, "pfs:") || fx.dirty || fx.writers)
+			ev->lv[L_PFS].pending++;
+		else if (!bsame)
+			ev->lv[L_PFS].bad++;
+		else
+			ev->lv[L_PFS].unmarked++;
+	} else {
+		ev->lv[L_PFS].pending++;
+	}
+	tf->ops->put(tf);
+}
+
+static bool complete(const struct eval *ev, int l)
+{
+	const struct level *v = &ev->lv[l];
+
+	return !v->pending && !v->bad && !v->unmarked;
+}
+
+static void eval_free(struct eval *ev)
+{
+	manifest_free(&ev->m);
+	free(ev->probs);
+}
+
+/*
+ * Record level l (ssd, pfs) as reached in dfd's manifest, if it is still
+ * the commit judged (a commit meanwhile starts over).  ssd: the set's
+ * directory entries synced first (its files were, by eval_file).
+ */
+static void record(int dfd, struct eval *ev, int l)
+{
+	struct manifest now;
+
+	if (l == L_SSD && (sync_dir(dfd, ".") || sync_dir(dfd, "..")))
+		return;
+	fs_ns_lock();
+	if (!manifest_read(dfd, &now)) {
+		if (!ts_cmp(&now.committed, &ev->m.committed) && !now.rec[l]) {
+			ts_now(&now.at[l]);
+			now.rec[l] = true;
+			if (!manifest_write(dfd, &now)) {
+				ev->m.rec[l] = true;
+				ev->m.at[l] = now.at[l];
+			}
+		} else if (now.rec[l]) {
+			ev->m.rec[l] = true;
+			ev->m.at[l] = now.at[l];
+		}
+		manifest_free(&now);
+	}
+	fs_ns_unlock();
+}
+
+/*
+ * Judge set dir against its manifest: 0 with ev filled (eval_free it),
+ * -ENODATA for a directory that is no set.  Levels reached for the first
+ * time are recorded.
+ */
+static int evaluate(struct fs_inode *dir, struct eval *ev)
+{
+	int dfd, ret;
+
+	memset(ev, 0, sizeof(*ev));
+	if (!S_ISDIR(dir->type))
+		return -ENODATA;
+	dfd = fs_fd_hold(dir);
+	if (dfd < 0) {
+		fs_fd_release(dir);
+		return dfd;
+	}
+	ret = manifest_read(dfd, &ev->m);
+	if (ret) {
+		fs_fd_release(dir);
+		return ret == -EIO ? -ENODATA : ret;
+	}
+	for (size_t i = 0; i < ev->m.n; i++)
+		eval_file(dir, dfd, &ev->m.f[i], ev);
+	if (ev->lv[L_PFS].unmarked && ev->lv[L_PFS].unmarked < ev->m.n) {
+		/* some files not persistent: the set never gets to DIR whole */
+		ev->lv[L_PFS].bad += ev->lv[L_PFS].unmarked;
+		ev->lv[L_PFS].unmarked = 0;
+		problem(ev, "-", "some-files-not-persistent");
+	}
+	for (int l = L_SSD; l < L_N; l++)
+		if (complete(ev, l) && !ev->m.rec[l])
+			record(dfd, ev, l);
+	fs_fd_release(dir);
+	return 0;
+}
+
+static size_t put(char *buf, size_t len, size_t at, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static size_t put(char *buf, size_t len, size_t at, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	at += (size_t)vsnprintf(buf + at, at < len ? len - at : 0, fmt, ap);
+	va_end(ap);
+	return at;
+}
+
+/* user.tierfs.set: see tierfs-hints(7), CHECKPOINT SETS. */
+static int state_text(struct fs_inode *dir, char *buf, size_t len)
+{
+	struct eval ev;
+	const char *top = "none";
+	size_t at = 0;
+	int ret = evaluate(dir, &ev);
+
+	if (ret)
+		return ret;
+	at = put(buf, len, at, "committed %lld.%09ld\nfiles %zu\nbytes %" PRIu64 "\n",
+		 (long long)ev.m.committed.tv_sec, ev.m.committed.tv_nsec, ev.m.n, ev.m.bytes);
+	for (int l = 0; l < L_N; l++) {
+		const struct level *v = &ev.lv[l];
+
+		at = put(buf, len, at, "%s ", level_name[l]);
+		if (complete(&ev, l)) {
+			top = level_name[l];
+			if (ev.m.rec[l])
+				at = put(buf, len, at, "complete %lld.%09ld\n",
+					 (long long)ev.m.at[l].tv_sec, ev.m.at[l].tv_nsec);
+			else
+				at = put(buf, len, at, "complete\n");
+		} else if (v->bad) {
+			at = put(buf, len, at, "incomplete %zu\n", v->bad);
+		} else if (l == L_PFS && v->unmarked == ev.m.n) {
+			at = put(buf, len, at, "off\n");
+		} else {
+			at = put(buf, len, at, "pending %zu\n", v->pending + v->unmarked);
+		}
+	}
+	at = put(buf, len, at, "level %s\n", top);
+	if (ev.plen)
+		at = put(buf, len, at, "%.*s", (int)ev.plen, ev.probs);
+	if (ev.pmore)
+		at = put(buf, len, at, "more %zu\n", ev.pmore);
+	eval_free(&ev);
+	return at >= len ? -ERANGE : (int)at;
+}
+
+/* ------------------------------------------------------------ retention */
+
+/* The number of sets dir keeps: its user.tierfs.keep, else keep_sets. */
+static unsigned keep_of(struct fs_inode *dir)
+{
+	char path[64], val[16];
+	ssize_t n;
+	long v = -1;
+	int fd = fs_fd_hold(dir);
+
+	if (fd >= 0 && !fs_proc_path(fd, path, sizeof(path))) {
+		n = getxattr(path, KEEP_XATTR, val, sizeof(val));
+		if (n > 0)
+			v = parse_keep(val, (size_t)n);
+	}
+	fs_fd_release(dir);
+	return v >= 0 ? (unsigned)v : sets.keep;
+}
+
+struct cand {
+	char *name;
+	struct fs_inode *in;		/* referenced */
+	struct timespec committed;
+	bool done[L_N];			/* complete at that level */
+	bool busy, persistent;
+};
+
+static int newest_first(const void *a, const void *b)
+{
+	return ts_cmp(&((const struct cand *)b)->committed, &((const struct cand *)a)->committed);
+}
+
+/* A child directory's inode (looked up, referenced), or NULL. */
+static struct fs_inode *child_dir(struct fs_inode *dir, const char *name)
+{
+	struct fuse_entry_param e;
+	struct fs_inode *in;
+
+	if (fs_lookup(dir, name, &e))
+		return NULL;
+	in = fs_inode_of(e.ino);
+	fs_inode_get(in);
+	fs_forget_one(e.ino, 1);
+	if (!S_ISDIR(in->type)) {
+		fs_inode_put(in);
+		return NULL;
+	}
+	return in;
+}
+
+/* Remove set c (a child of parent): its files, its manifest, itself. */
+static bool remove_set(struct fs_inode *parent, struct cand *c)
+{
+	struct dirent *de;
+	DIR *dp;
+	int dfd = fs_fd_hold(c->in), rfd, ret = 0;
+
+	rfd = dfd >= 0 ? openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	dp = rfd >= 0 ? fdopendir(rfd) : NULL;
+	if (!dp) {
+		if (rfd >= 0)
+			close(rfd);
+		fs_fd_release(c->in);
+		return false;
+	}
+	while (!ret && (de = readdir(dp))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    fs_hidden_name(de->d_name))
+			continue;
+		if (de->d_type == DT_DIR) {
+			ret = -ENOTEMPTY;	/* not the set's: left to its owner */
+			break;
+		}
+		ret = fs_remove_local(c->in, de->d_name, 0);
+		if (!ret)
+			fuse_lowlevel_notify_inval_entry(fs.se, fs_ino_of(c->in), de->d_name,
+							 strlen(de->d_name));
+	}
+	closedir(dp);
+	fs_fd_release(c->in);
+	if (!ret)
+		ret = fs_remove_local(parent, c->name, AT_REMOVEDIR);
+	if (!ret) {
+		fuse_lowlevel_notify_inval_entry(fs.se, fs_ino_of(parent), c->name,
+						 strlen(c->name));
+		say(parent, LOG_NOTICE, "sets: keep: removed %s/%s from the SSD%s", c->name, "");
+	} else {
+		say(c->in, LOG_NOTICE, "sets: keep: %s not removed: %s%s", strerror(-ret), "");
+	}
+	return !ret;
+}
+
+/*
+ * Retention in directory parent: keep its N newest sets complete at ssd,
+ * remove older complete ones (see the top of the file).
+ */
+static void retain(struct fs_inode *parent)
+{
+	unsigned keep = keep_of(parent);
+	struct cand *c = NULL;
+	size_t n = 0, cap = 0, i, kept = 0;
+	struct dirent *de;
+	DIR *dp;
+	int dfd, rfd;
+	bool newest[L_N] = { false };
+
+	if (!keep)
+		return;
+	dfd = fs_fd_hold(parent);
+	rfd = dfd >= 0 ? openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	dp = rfd >= 0 ? fdopendir(rfd) : NULL;
+	if (!dp) {
+		if (rfd >= 0)
+			close(rfd);
+		fs_fd_release(parent);
+		return;
+	}
+	while ((de = readdir(dp))) {
+		struct eval ev;
+		struct fs_inode *in;
+
+		if (de->d_type != DT_DIR || fs_hidden_name(de->d_name) ||
+		    !strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		{
+			char mp[NAME_MAX + 16];
+
+			snprintf(mp, sizeof(mp), "%s/" MANIFEST, de->d_name);
+			if (faccessat(rfd, mp, F_OK, AT_SYMLINK_NOFOLLOW) < 0)
+				continue;	/* not a set: no lookup */
+		}
+		in = child_dir(parent, de->d_name);
+		if (!in)
+			continue;
+		if (evaluate(in, &ev)) {
+			fs_inode_put(in);
+			continue;
+		}
+		if (n == cap) {
+			struct cand *nc;
+
+			cap = cap ? 2 * cap : 16;
+			nc = realloc(c, cap * sizeof(*c));
+			if (!nc) {
+				eval_free(&ev);
+				fs_inode_put(in);
+				break;
+			}
+			c = nc;
+		}
+		c[n].name = strdup(de->d_name);
+		c[n].in = in;
+		c[n].committed = ev.m.committed;
+		for (int l = 0; l < L_N; l++)
+			c[n].done[l] = complete(&ev, l);
+		c[n].busy = ev.busy;
+		c[n].persistent = fs_persist_on() && ev.lv[L_PFS].unmarked < ev.m.n;
+		eval_free(&ev);
+		if (!c[n].name) {
+			fs_inode_put(in);
+			continue;
+		}
+		n++;
+	}
+	closedir(dp);
+	fs_fd_release(parent);
+	qsort(c, n, sizeof(*c), newest_first);
+	tlog(LOG_DEBUG, "sets: keep %u: %zu set(s) in a directory", keep, n);
+	for (i = 0; i < n; i++) {
+		bool mine = false;
+
+		for (int l = 0; l < L_N; l++)
+			if (c[i].done[l] && !newest[l])
+				newest[l] = mine = true;	/* the newest complete at l */
+		if (!c[i].done[L_SSD])
+			continue;
+		if (kept < keep) {
+			kept++;
+			continue;
+		}
+		if (mine || c[i].busy || (c[i].persistent && !c[i].done[L_PFS]))
+			continue;
+		if (remove_set(parent, &c[i])) {
+			sets_lock();
+			sets.removed++;
+			sets_unlock();
+		}
+	}
+	for (i = 0; i < n; i++) {
+		fs_inode_put(c[i].in);
+		free(c[i].name);
+	}
+	free(c);
+}
+
+/* ------------------------------------------------------------ watcher */
+
+static void watch_add(struct fs_inode *dir, bool retain)
+{
+	struct watch *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return;		/* judged when asked, retention at the next commit */
+	fs_inode_get(dir);
+	w->dir = dir;
+	w->retain = retain;
+	sets_lock();
+	if (!sets.started || sets.stop) {
+		sets_unlock();
+		fs_inode_put(dir);
+		free(w);
+		return;
+	}
+	w->next = sets.head;
+	sets.head = w;
+	pthread_cond_signal(&sets.cond);
+	sets_unlock();
+}
+
+/* Directory dir's parent, if the inode table knows it (the kernel
+ * looked it up: it did, to reach dir): referenced, or NULL. */
+static struct fs_inode *parent_of(struct fs_inode *dir)
+{
+	struct fs_inode *p = NULL;
+	struct stat st;
+	int fd = fs_fd_hold(dir);
+
+	if (fd >= 0 && fstatat(fd, "..", &st, AT_SYMLINK_NOFOLLOW) == 0) {
+		fs_lock();
+		p = fs_table_find(st.st_dev, st.st_ino);
+		if (p && p != dir)
+			fs_inode_get(p);
+		else
+			p = NULL;
+		fs_unlock();
+	}
+	fs_fd_release(dir);
+	return p;
+}
+
+/* Follow one watched set; true: done with it. */
+static bool watch_one(struct watch *w)
+{
+	struct fs_inode *parent = NULL;
+	struct eval ev;
+	bool done;
+
+	tlog(LOG_DEBUG, "sets: watching %p%s", (void *)w->dir, w->retain ? " (keep)" : "");
+	if (w->retain) {
+		retain(w->dir);
+		return true;
+	}
+	if (evaluate(w->dir, &ev))
+		return true;		/* no set any more */
+	done = complete(&ev, L_SSD) && (complete(&ev, L_PFS) ||
+					ev.lv[L_PFS].unmarked == ev.m.n || ev.lv[L_PFS].bad);
+	if (complete(&ev, L_SSD) && !w->kept) {
+		w->kept = true;
+		parent = parent_of(w->dir);
+	}
+	eval_free(&ev);
+	if (parent) {
+		retain(parent);
+		fs_inode_put(parent);
+	}
+	return done;
+}
+
+static void *watcher(void *arg)
+{
+	double pause = 0.005;
+
+	(void)arg;
+	sets_lock();
+	while (!sets.stop) {
+		struct watch *list = sets.head, *keepl = NULL, *w;
+		struct timespec until;
+
+		sets.head = NULL;
+		sets_unlock();
+		while ((w = list)) {
+			list = w->next;
+			if (watch_one(w)) {
+				fs_inode_put(w->dir);
+				free(w);
+			} else {
+				w->next = keepl;
+				keepl = w;
+			}
+		}
+		sets_lock();
+		while ((w = keepl)) {
+			keepl = w->next;
+			w->next = sets.head;
+			sets.head = w;
+		}
+		if (sets.stop)
+			break;
+		if (sets.head) {
+			pause = pause < 0.2 ? pause * 2 : 0.25;
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += (long)(pause * 1e9);
+			until.tv_sec += until.tv_nsec / 1000000000;
+			until.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&sets.cond, &sets.lock, &until);
+		} else {
+			pause = 0.005;
+			pthread_cond_wait(&sets.cond, &sets.lock);
+		}
+	}
+	sets_unlock();
+	return NULL;
+}
+
+void fs_sets_start(void)
+{
+	sets_lock();
+	sets.started = pthread_create(&sets.thr, NULL, watcher, NULL) == 0;
+	if (!sets.started)
+		tlog(LOG_WARNING, "sets: no watcher thread: levels are recorded when asked");
+	sets_unlock();
+}
+
+void fs_sets_stop(void)
+{
+	struct watch *w;
+	bool started;
+
+	sets_lock();
+	started = sets.started;
+	sets.stop = true;
+	pthread_cond_signal(&sets.cond);
+	sets_unlock();
+	if (started)
+		pthread_join(sets.thr, NULL);
+	sets_lock();
+	while ((w = sets.head)) {
+		sets.head = w->next;
+		sets_unlock();
+		fs_inode_put(w->dir);
+		free(w);
+		sets_lock();
+	}
+	sets_unlock();
+}
+
+/* ------------------------------------------------------------ xattrs */
+
+bool fs_sets_xattr(const char *name)
+{
+	return !strcmp(name, TIERFS_XATTR_COMMIT) || !strcmp(name, TIERFS_XATTR_SET) ||
+	       !strcmp(name, TIERFS_XATTR_KEEP);
+}
+
+int fs_sets_getx(struct fs_inode *in, const char *name, char *buf, size_t len)
+{
+	if (!strcmp(name, TIERFS_XATTR_SET))
+		return state_text(in, buf, len);
+	if (!strcmp(name, TIERFS_XATTR_KEEP)) {
+		if (!S_ISDIR(in->type))
+			return -ENODATA;
+		return snprintf(buf, len, "%u", keep_of(in));
+	}
+	return -ENODATA;	/* commit: write-only */
+}
+
+/* user.tierfs.keep on a directory: kept on its backing directory. */
+static int keep_set(struct fs_inode *in, const char *value, size_t size, bool remove)
+{
+	char path[64], v[24];
+	long k = remove ? 0 : parse_keep(value, size);
+	int fd, ret;
+
+	if (!S_ISDIR(in->type))
+		return -ENOTDIR;
+	if (k < 0)
+		return -EINVAL;
+	fs_attrs_lock(in);
+	fd = fs_fd_hold(in);
+	ret = fd < 0 ? fd : fs_proc_path(fd, path, sizeof(path));
+	if (!ret && remove)
+		ret = removexattr(path, KEEP_XATTR) < 0 ? -errno : 0;
+	else if (!ret) {
+		snprintf(v, sizeof(v), "%ld", k);
+		ret = setxattr(path, KEEP_XATTR, v, strlen(v), 0) < 0 ? -errno : 0;
+	}
+	fs_fd_release(in);
+	fs_attrs_unlock(in);
+	if (!ret && !remove)
+		watch_add(in, true);	/* a smaller N applies now */
+	return ret;
+}
+
+int fs_sets_setx(struct fs_inode *in, const char *name, const char *value, size_t size)
+{
+	if (!strcmp(name, TIERFS_XATTR_COMMIT))
+		return commit(in);
+	if (!strcmp(name, TIERFS_XATTR_KEEP))
+		return keep_set(in, value, size, false);
+	return -EPERM;		/* set: read-only */
+}
+
+int fs_sets_removex(struct fs_inode *in, const char *name)
+{
+	if (!strcmp(name, TIERFS_XATTR_KEEP))
+		return keep_set(in, NULL, 0, true);
+	return -EPERM;
+}
+
+bool fs_sets_rmdir_clean(int dfd, const char *name)
+{
+	struct dirent *de;
+	bool only = true;
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *dp = fd >= 0 ? fdopendir(fd) : NULL;
+
+	if (!dp) {
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	while (only && (de = readdir(dp)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+		    strcmp(de->d_name, MANIFEST) && strcmp(de->d_name, MANIFEST_TMP))
+			only = false;
+	if (only) {
+		only = unlinkat(fd, MANIFEST, 0) == 0;
+		unlinkat(fd, MANIFEST_TMP, 0);
+	}
+	closedir(dp);
+	return only;
+}
