@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -81,11 +82,13 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("exit_timeout=", 10),
 	FUSE_OPT_KEY("dedup_chunk=", 11),
 	FUSE_OPT_KEY("dedup_index=", 12),
+	FUSE_OPT_KEY("allow_root", 13),
 	FUSE_OPT_END
 };
 
 static int nonopts;
 static char *dedup_chunk_str, *dedup_index_str;
+static bool allow_root;			/* -o allow_root (libfuse's) */
 
 #define DEDUP_CHUNK_DEFAULT	(16u << 10)	/* bench/RESULTS.md section 9 */
 #define DEDUP_INDEX_DEFAULT	(64u << 20)
@@ -137,6 +140,9 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		free(dedup_index_str);
 		dedup_index_str = strdup(arg + strlen("dedup_index="));
 		return 0;
+	case 13:
+		allow_root = true;
+		return 1;		/* libfuse's */
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
 			char *r = realpath(arg, NULL);
@@ -472,9 +478,8 @@ static int sync_before_exit(void)
 	return failed ? fs_sync_all(true) : 0;
 }
 
-/* One-line error and exit 1 (before mounting): on the console, and in
- * the log file when there is one. */
-static void die(const char *fmt, const char *a, const char *b)
+/* One line on the console, and in the log file when there is one. */
+static void say(const char *fmt, const char *a, const char *b)
 {
 	FILE *out[2] = { console ? console : stderr, stderr };
 	int i;
@@ -485,6 +490,12 @@ static void die(const char *fmt, const char *a, const char *b)
 		fputc('\n', out[i]);
 		fflush(out[i]);
 	}
+}
+
+/* One-line error and exit 1 (before mounting): see say(). */
+static void die(const char *fmt, const char *a, const char *b)
+{
+	say(fmt, a, b);
 	exit(1);
 }
 
@@ -941,6 +952,92 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 }
 
 /*
+ * Mounting as a user (tierfs(8), MOUNTING AS A USER).  A daemon that is
+ * not root opens /dev/fuse itself and has fusermount3 (set-user-ID root)
+ * mount it, which refuses a mount point the user may not write, a sticky
+ * one that is not the user's, and allow_other or allow_root unless
+ * /etc/fuse.conf says user_allow_other.  Each is checked here first, so
+ * that the error says what is wrong and what it takes, before anything is
+ * made in the backing directory.
+ */
+#define FUSE_CONF	"/etc/fuse.conf"
+
+static const char *user_name(uid_t uid, char *buf, size_t len)
+{
+	struct passwd *pw = getpwuid(uid);
+
+	if (pw)
+		snprintf(buf, len, "%s", pw->pw_name);
+	else
+		snprintf(buf, len, "%lu", (unsigned long)uid);
+	return buf;
+}
+
+/* Does /etc/fuse.conf have a line user_allow_other?  1, 0, or -errno. */
+static int fuse_conf_allow_other(void)
+{
+	char line[256];
+	FILE *f = fopen(FUSE_CONF, "re");
+	int yes = 0;
+
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = line, *e;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		e = p + strcspn(p, "\r\n");
+		while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		*e = 0;
+		if (!strcmp(p, "user_allow_other"))
+			yes = 1;
+	}
+	fclose(f);
+	return yes;
+}
+
+static void check_user_mount(const struct stat *mst)
+{
+	char me[64], owner[64], mode[8], why[PATH_MAX + 256];
+	uid_t uid = geteuid();
+
+	if (uid == 0)
+		return;
+	user_name(uid, me, sizeof(me));
+	if (access("/dev/fuse", R_OK | W_OK) < 0) {
+		if (errno == ENOENT)
+			die("/dev/fuse is missing: load the FUSE module (modprobe fuse)%s%s", "", "");
+		snprintf(why, sizeof(why), "user %s cannot open /dev/fuse (%s): a user mounts "
+			 "only with read and write access to it (its mode is usually 0666; "
+			 "see tierfs(8), MOUNTING AS A USER)", me, strerror(errno));
+		die("%s%s", why, "");
+	}
+	user_name(mst->st_uid, owner, sizeof(owner));
+	snprintf(mode, sizeof(mode), "%04o", (unsigned)(mst->st_mode & 07777));
+	if ((mst->st_mode & S_ISVTX) && mst->st_uid != uid) {
+		snprintf(why, sizeof(why), "mount point %s is sticky and not user %s's own "
+			 "(owner %s, mode %s): fusermount3 mounts a user's file system on a "
+			 "sticky directory only if it is the user's", fs.opts.mountpoint, me,
+			 owner, mode);
+		die("%s%s", why, "");
+	}
+	if (access(fs.opts.mountpoint, W_OK) < 0) {
+		snprintf(why, sizeof(why), "mount point %s is not writable by user %s (owner "
+			 "%s, mode %s): fusermount3 mounts a user's file system only on a "
+			 "directory the user may write", fs.opts.mountpoint, me, owner, mode);
+		die("%s%s", why, "");
+	}
+	if ((fs.opts.allow_other || allow_root) && fuse_conf_allow_other() <= 0) {
+		snprintf(why, sizeof(why), "%s: a user may use it only where %s has a line "
+			 "user_allow_other, and it has none here (or mount as root)",
+			 fs.opts.allow_other ? "allow_other" : "allow_root", FUSE_CONF);
+		die("%s%s", why, "");
+	}
+}
+
+/*
  * The backing directory: checked, locked (one daemon), what a killed
  * daemon left finished (fs_redo_journal), the root inode and the table.
  */
@@ -961,6 +1058,7 @@ static void open_backing(void)
 		die("cannot use mount point %s: %s", fs.opts.mountpoint, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
 		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
+	check_user_mount(&st);
 
 	umask(0);
 	raise_nofile();
@@ -1156,7 +1254,7 @@ int main(int argc, char *argv[])
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct engine_config ecfg = { 0 };
 	uint64_t ram = total_ram();
-	int ret = 1, level;
+	int ret = 1, level, mret;
 
 	console = stderr;
 	fs.opts.direct_writes = 1;
@@ -1225,8 +1323,19 @@ int main(int argc, char *argv[])
 		ret = 1;
 		goto out_session;
 	}
-	if (fuse_session_mount(fs.se, fs.opts.mountpoint) != 0) {
-		fprintf(stderr, "tierfs: cannot mount on %s\n", fs.opts.mountpoint);
+	fuse_complaint[0] = 0;
+	fuse_capture = true;		/* libfuse's reason, for the one line below */
+	mret = fuse_session_mount(fs.se, fs.opts.mountpoint);
+	fuse_capture = false;
+	if (mret != 0) {
+		char line[PATH_MAX + sizeof(fuse_complaint) + 32], *c = fuse_complaint;
+
+		c[strcspn(c, "\n")] = 0;
+		while (!strncmp(c, "fuse: ", 6))
+			c += 6;
+		snprintf(line, sizeof(line), "cannot mount on %s%s%s", fs.opts.mountpoint,
+			 *c ? ": " : "", c);
+		say("%s%s", line, "");
 		ret = 1;
 		goto out_signals;
 	}
