@@ -565,31 +565,42 @@ static void lock_note(void)
  *	exit STATUS
  *	lost N			files given up (fs_sync_all)
  *	PATH			one line each, the first FS_LOST_NAMES
+ *	unpersisted M DIR	the last line: operations that did not reach
+ *				-o persist's DIR (M 0, no DIR: none)
  * All within the file's first 4 KiB, which its first line already
  * occupies: a full backing file system still takes it.
  */
-static void lock_note_exit(int status)
+#define LOCK_TAIL_ROOM	(PATH_MAX + 32)		/* the unpersisted line */
+
+static void lock_note_exit(int status, unsigned unpersisted)
 {
-	char buf[4096];
-	int n, i;
+	char buf[4096 + LOCK_TAIL_ROOM];
+	const size_t room = 4096 - 64;		/* for the lines before the last */
+	const char *pdir = fs_persist_dir();
+	int n, i, m;
 
 	if (lock_fd < 0)
 		return;
-	n = snprintf(buf, sizeof(buf), "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
+	n = snprintf(buf, room, "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
 		     fs.opts.mountpoint, status, fs.lost);
-	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)sizeof(buf); i++) {
+	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)room; i++) {
 		const char *p = fs.lost_names[i] ? fs.lost_names[i] : "?";
-		int m = snprintf(buf + n, sizeof(buf) - (size_t)n, "%s\n", p);
 
-		if (m >= (int)sizeof(buf) - n)
+		m = snprintf(buf + n, room - (size_t)n, "%s\n", p);
+		if (m >= (int)room - n)
 			break;		/* no room for the whole line */
 		for (char *c = buf + n; c < buf + n + m - 1; c++)
 			if (*c == '\n')
 				*c = '?';
 		n += m;
 	}
-	if (n >= (int)sizeof(buf))
+	if (n >= (int)room)
 		return;
+	m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u %s\n", unpersisted,
+		     pdir ? pdir : "-");
+	if (n + m > 4096 || strchr(buf + n, '\n') != buf + n + m - 1)	/* DIR left out */
+		m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u -\n", unpersisted);
+	n += m;
 	if (pwrite(lock_fd, buf, (size_t)n, 0) != n)
 		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
 		     strerror(errno));
@@ -1377,11 +1388,14 @@ out_session:
 	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
 	fs_share_stop();		/* clients' open copies fail */
 	if (fs.eng) {
+		unsigned unpersisted;
+
 		if (sync_before_exit())
 			ret = 1;
-		fs_persist_stop();	/* after the last flush: waits persist_wait */
+		/* after the last flush: waits persist_wait */
+		unpersisted = fs_persist_stop();
 		engine_destroy(fs.eng);
-		lock_note_exit(ret);
+		lock_note_exit(ret, unpersisted);
 	}
 out_unlock:
 	unlock_backing();

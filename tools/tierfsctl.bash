@@ -21,7 +21,8 @@ _tierfsctl()
 			return ;;
 		esac ;;
 	order) case $cur in -*) COMPREPLY=($(compgen -W "--clear --from" -- "$cur")); return ;; esac ;;
-	wait|evict) case $cur in -*) COMPREPLY=($(compgen -W "--timeout" -- "$cur")); return ;; esac ;;
+	wait) case $cur in -*) COMPREPLY=($(compgen -W "--timeout --unmount" -- "$cur")); return ;; esac ;;
+	evict) case $cur in -*) COMPREPLY=($(compgen -W "--timeout" -- "$cur")); return ;; esac ;;
 	warmup) case $cur in -*) COMPREPLY=($(compgen -W "--stall --progress --no-progress" -- "$cur")); return ;; esac ;;
 	record) case $cur in -*) COMPREPLY=($(compgen -W "--interval --count" -- "$cur")); return ;; esac ;;
 	esac
