@@ -93,10 +93,10 @@ def test_job_mounts_writes_drains_unmounts(node):
     env = node.task_env(101)
     assert env["TIERFS_MOUNT"] == mnt and env["TIERFS_BACKING"] == backing
     assert env["TIERFS_PERSIST"] == f"{pdir}/{node.user.name}/101"
-    w = node.user.run(["sh", "-c", f"mkdir $TIERFS_MOUNT/step-1 && head -c 3000000 "
-                       f"/dev/urandom > $TIERFS_MOUNT/step-1/rank0 && echo meta > "
-                       f"$TIERFS_MOUNT/step-1/.metadata && "
+    w = node.user.run(["sh", "-c", f"mkdir $TIERFS_MOUNT/step-1 && "
                        f"setfattr -n user.tierfs.persist -v 1 $TIERFS_MOUNT/step-1 && "
+                       f"head -c 3000000 /dev/urandom > $TIERFS_MOUNT/step-1/rank0 && "
+                       f"echo meta > $TIERFS_MOUNT/step-1/.metadata && "
                        f"cp $TIERFS_MOUNT/step-1/rank0 {work}/expected"],
                       env={"TIERFS_MOUNT": mnt})
     assert w.returncode == 0, w.stderr

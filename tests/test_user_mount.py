@@ -7,9 +7,10 @@ The users are the suite's test users (conftest.fuse_users): a may open
 would run them, with a log file in the user's directory.
 """
 
+import contextlib
+import fcntl
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -118,58 +119,67 @@ def fuse_conf_allows_other():
 
 @pytest.mark.parametrize("opt", ["allow_other", "allow_root"])
 def test_allow_other_without_user_allow_other(fuse_users, opt):
-    if fuse_conf_allows_other():
-        pytest.skip("/etc/fuse.conf has user_allow_other here")
     a, _ = fuse_users
-    line = one_line(user_mount(a, opt))
+    with fuse_conf_lock():
+        if fuse_conf_allows_other():
+            pytest.skip("/etc/fuse.conf has user_allow_other here")
+        line = one_line(user_mount(a, opt))
     assert opt in line and "user_allow_other" in line and "/etc/fuse.conf" in line, line
     assert not util.is_mounted(os.path.join(a.home, "m"))
 
 
-@pytest.fixture
+@contextlib.contextmanager
+def fuse_conf_lock():
+    """Held while a test reads or changes /etc/fuse.conf (pytest-xdist runs
+    tests side by side)."""
+    with open("/run/lock/tierfs-test-fuse-conf.lock" if os.path.isdir("/run/lock")
+              else "/tmp/tierfs-test-fuse-conf.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def user_allow_other():
-    """/etc/fuse.conf with user_allow_other for the test (read by
-    fusermount3 when it mounts), put back after."""
+    """/etc/fuse.conf with user_allow_other (read by fusermount3 when it
+    mounts) while the block runs; put back after."""
     path = "/etc/fuse.conf"
-    try:
-        with open(path) as f:
-            old = f.read()
-    except FileNotFoundError:
-        old = None
-    if old is not None and any(ln.strip() == "user_allow_other" for ln in old.splitlines()):
-        yield
-        return
-    with open(path, "a") as f:
-        f.write("\nuser_allow_other\n")
-    try:
-        yield
-    finally:
-        if old is None:
-            os.unlink(path)
-        else:
-            with open(path, "w") as f:
-                f.write(old)
+    with fuse_conf_lock():
+        try:
+            with open(path) as f:
+                old = f.read()
+        except FileNotFoundError:
+            old = None
+        if old is None or not any(ln.strip() == "user_allow_other"
+                                  for ln in old.splitlines()):
+            with open(path, "a") as f:
+                f.write("\nuser_allow_other\n")
+        try:
+            yield
+        finally:
+            if old is None:
+                os.unlink(path)
+            else:
+                with open(path, "w") as f:
+                    f.write(old)
 
 
-def test_allow_other_files_of_other_users(fuse_users, user_allow_other):
+def test_allow_other_files_of_other_users(fuse_users):
     """With user_allow_other, a user's mount with allow_other takes files
     from other users; a daemon that is not root cannot give them away, so
     they are the mount's user's (said once in the log, not per file)."""
     a, b = fuse_users
-    r = user_mount(a, "allow_other")
+    a.mkdir("b", mode=0o755)            # b may look in
+    with user_allow_other():
+        r = user_mount(a, "allow_other")
     assert r.returncode == 0, r.stderr + user_log(a)
     mnt = os.path.join(a.home, "m")
     try:
-        os.chmod(os.path.join(a.home, "b"), 0o755)
-        os.chmod(os.path.join(a.home, "b"), 0o755)
-        d = a.run(["sh", "-c", f"mkdir -m 1777 {mnt}/shared"])
+        d = a.run(["mkdir", "-m", "1777", f"{mnt}/shared"])
         assert d.returncode == 0, d.stderr
         w = b.run(["sh", "-c", f"for i in 1 2 3; do echo $i > {mnt}/shared/f$i; done; "
-                   f"cat {mnt}/shared/f2"])
-        assert w.returncode == 0 and w.stdout == "2\n", w.stderr
-        for i in (1, 2, 3):
-            st = os.stat(os.path.join(mnt, "shared", f"f{i}"))
-            assert st.st_uid == a.uid, st
+                   f"cat {mnt}/shared/f2; stat -c %u {mnt}/shared/f1 {mnt}/shared/f3"])
+        assert w.returncode == 0, w.stderr
+        assert w.stdout.split() == ["2", str(a.uid), str(a.uid)], w.stdout
         u = a.run(["fusermount3", "-u", mnt])
         assert u.returncode == 0, u.stderr
         util.wait_until(lambda: "exited" in user_log(a), "the daemon's exit")
