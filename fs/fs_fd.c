@@ -299,6 +299,11 @@ int fs_fd_setup(int max_fds)
 		if (fd >= 0) {
 			close(fd);
 			fdc.handles = true;
+		} else if (errno == EPERM && geteuid() != 0) {
+			/* a user's daemon (tierfs(8), MOUNTING AS A USER): expected */
+			tlog(LOG_NOTICE, "descriptors: one is kept per known file, up to "
+			     "RLIMIT_NOFILE (%u): a daemon without CAP_DAC_READ_SEARCH cannot "
+			     "reopen files from handles (max_fds does not apply)", soft);
 		} else {
 			tlog(LOG_WARNING, "descriptors are not bounded: open_by_handle_at: %s "
 			     "(it needs CAP_DAC_READ_SEARCH); one is kept per known file",

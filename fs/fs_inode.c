@@ -887,18 +887,43 @@ int fs_check_new_name(const char *name)
 	return fs_hidden_name(name) ? -EPERM : 0;
 }
 
-/* Give a freshly created backing object to the caller. */
+/*
+ * Give a freshly created backing object to the caller.  A daemon that is
+ * not root (a user's mount) made it as its own user and cannot give it
+ * away: an object another user makes through allow_other stays the
+ * mount's user's (said once), and the mount's user's own take the
+ * caller's group where the daemon may (a group it is in).
+ */
 void fs_own_new(struct fs_inode *parent, const char *name, fuse_req_t req)
 {
+	static int said_others, said_group;
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct stat pst;
 	gid_t gid = ctx->gid;
-	int pfd = fs_fd_hold(parent);
+	uid_t me = geteuid();
+	int pfd;
 
+	if (me != 0 && ctx->uid != me) {
+		if (!__atomic_exchange_n(&said_others, 1, __ATOMIC_RELAXED))
+			tlog(LOG_NOTICE, "files that other users make (allow_other) belong to "
+			     "the mount's user, uid %lu: a daemon not run as root cannot give "
+			     "them away", (unsigned long)me);
+		return;
+	}
+	pfd = fs_fd_hold(parent);
 	if (pfd >= 0 && fstatat(pfd, "", &pst, AT_EMPTY_PATH) == 0 && (pst.st_mode & S_ISGID))
 		gid = (gid_t)-1;	/* setgid directory: keep its group */
-	if (pfd >= 0 && fchownat(pfd, name, ctx->uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
-		tlog(LOG_WARNING, "chown of new %s: %s", name, strerror(errno));
+	if (me != 0)
+		gid = gid == getegid() ? (gid_t)-1 : gid;
+	if (pfd >= 0 && (me == 0 || gid != (gid_t)-1) &&
+	    fchownat(pfd, name, me == 0 ? ctx->uid : (uid_t)-1, gid, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (me == 0)
+			tlog(LOG_WARNING, "chown of new %s: %s", name, strerror(errno));
+		else if (!__atomic_exchange_n(&said_group, 1, __ATOMIC_RELAXED))
+			tlog(LOG_NOTICE, "new files keep the daemon's group where the caller's "
+			     "(gid %lu) is not one of its groups: %s", (unsigned long)ctx->gid,
+			     strerror(errno));
+	}
 	fs_fd_release(parent);
 }
 

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -82,11 +83,13 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("exit_timeout=", 10),
 	FUSE_OPT_KEY("dedup_chunk=", 11),
 	FUSE_OPT_KEY("dedup_index=", 12),
+	FUSE_OPT_KEY("allow_root", 13),
 	FUSE_OPT_END
 };
 
 static int nonopts;
 static char *dedup_chunk_str, *dedup_index_str;
+static bool allow_root;			/* -o allow_root (libfuse's) */
 
 #define DEDUP_CHUNK_DEFAULT	(16u << 10)	/* bench/RESULTS.md section 9 */
 #define DEDUP_INDEX_DEFAULT	(64u << 20)
@@ -138,6 +141,9 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		free(dedup_index_str);
 		dedup_index_str = strdup(arg + strlen("dedup_index="));
 		return 0;
+	case 13:
+		allow_root = true;
+		return 1;		/* libfuse's */
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
 			char *r = realpath(arg, NULL);
@@ -476,9 +482,8 @@ static int sync_before_exit(void)
 	return failed ? fs_sync_all(true) : 0;
 }
 
-/* One-line error and exit 1 (before mounting): on the console, and in
- * the log file when there is one. */
-static void die(const char *fmt, const char *a, const char *b)
+/* One line on the console, and in the log file when there is one. */
+static void say(const char *fmt, const char *a, const char *b)
 {
 	FILE *out[2] = { console ? console : stderr, stderr };
 	int i;
@@ -489,6 +494,12 @@ static void die(const char *fmt, const char *a, const char *b)
 		fputc('\n', out[i]);
 		fflush(out[i]);
 	}
+}
+
+/* One-line error and exit 1 (before mounting): see say(). */
+static void die(const char *fmt, const char *a, const char *b)
+{
+	say(fmt, a, b);
 	exit(1);
 }
 
@@ -558,31 +569,42 @@ static void lock_note(void)
  *	exit STATUS
  *	lost N			files given up (fs_sync_all)
  *	PATH			one line each, the first FS_LOST_NAMES
+ *	unpersisted M DIR	the last line: operations that did not reach
+ *				-o persist's DIR (M 0, no DIR: none)
  * All within the file's first 4 KiB, which its first line already
  * occupies: a full backing file system still takes it.
  */
-static void lock_note_exit(int status)
+#define LOCK_TAIL_ROOM	(PATH_MAX + 32)		/* the unpersisted line */
+
+static void lock_note_exit(int status, unsigned unpersisted)
 {
-	char buf[4096];
-	int n, i;
+	char buf[4096 + LOCK_TAIL_ROOM];
+	const size_t room = 4096 - 64;		/* for the lines before the last */
+	const char *pdir = fs_persist_dir();
+	int n, i, m;
 
 	if (lock_fd < 0)
 		return;
-	n = snprintf(buf, sizeof(buf), "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
+	n = snprintf(buf, room, "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
 		     fs.opts.mountpoint, status, fs.lost);
-	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)sizeof(buf); i++) {
+	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)room; i++) {
 		const char *p = fs.lost_names[i] ? fs.lost_names[i] : "?";
-		int m = snprintf(buf + n, sizeof(buf) - (size_t)n, "%s\n", p);
 
-		if (m >= (int)sizeof(buf) - n)
+		m = snprintf(buf + n, room - (size_t)n, "%s\n", p);
+		if (m >= (int)room - n)
 			break;		/* no room for the whole line */
 		for (char *c = buf + n; c < buf + n + m - 1; c++)
 			if (*c == '\n')
 				*c = '?';
 		n += m;
 	}
-	if (n >= (int)sizeof(buf))
+	if (n >= (int)room)
 		return;
+	m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u %s\n", unpersisted,
+		     pdir ? pdir : "-");
+	if (n + m > 4096 || strchr(buf + n, '\n') != buf + n + m - 1)	/* DIR left out */
+		m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u -\n", unpersisted);
+	n += m;
 	if (pwrite(lock_fd, buf, (size_t)n, 0) != n)
 		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
 		     strerror(errno));
@@ -945,6 +967,92 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 }
 
 /*
+ * Mounting as a user (tierfs(8), MOUNTING AS A USER).  A daemon that is
+ * not root opens /dev/fuse itself and has fusermount3 (set-user-ID root)
+ * mount it, which refuses a mount point the user may not write, a sticky
+ * one that is not the user's, and allow_other or allow_root unless
+ * /etc/fuse.conf says user_allow_other.  Each is checked here first, so
+ * that the error says what is wrong and what it takes, before anything is
+ * made in the backing directory.
+ */
+#define FUSE_CONF	"/etc/fuse.conf"
+
+static const char *user_name(uid_t uid, char *buf, size_t len)
+{
+	struct passwd *pw = getpwuid(uid);
+
+	if (pw)
+		snprintf(buf, len, "%s", pw->pw_name);
+	else
+		snprintf(buf, len, "%lu", (unsigned long)uid);
+	return buf;
+}
+
+/* Does /etc/fuse.conf have a line user_allow_other?  1, 0, or -errno. */
+static int fuse_conf_allow_other(void)
+{
+	char line[256];
+	FILE *f = fopen(FUSE_CONF, "re");
+	int yes = 0;
+
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = line, *e;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		e = p + strcspn(p, "\r\n");
+		while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+			e--;
+		*e = 0;
+		if (!strcmp(p, "user_allow_other"))
+			yes = 1;
+	}
+	fclose(f);
+	return yes;
+}
+
+static void check_user_mount(const struct stat *mst)
+{
+	char me[64], owner[64], mode[8], why[PATH_MAX + 256];
+	uid_t uid = geteuid();
+
+	if (uid == 0)
+		return;
+	user_name(uid, me, sizeof(me));
+	if (access("/dev/fuse", R_OK | W_OK) < 0) {
+		if (errno == ENOENT)
+			die("/dev/fuse is missing: load the FUSE module (modprobe fuse)%s%s", "", "");
+		snprintf(why, sizeof(why), "user %s cannot open /dev/fuse (%s): a user mounts "
+			 "only with read and write access to it (its mode is usually 0666; "
+			 "see tierfs(8), MOUNTING AS A USER)", me, strerror(errno));
+		die("%s%s", why, "");
+	}
+	user_name(mst->st_uid, owner, sizeof(owner));
+	snprintf(mode, sizeof(mode), "%04o", (unsigned)(mst->st_mode & 07777));
+	if ((mst->st_mode & S_ISVTX) && mst->st_uid != uid) {
+		snprintf(why, sizeof(why), "mount point %s is sticky and not user %s's own "
+			 "(owner %s, mode %s): fusermount3 mounts a user's file system on a "
+			 "sticky directory only if it is the user's", fs.opts.mountpoint, me,
+			 owner, mode);
+		die("%s%s", why, "");
+	}
+	if (access(fs.opts.mountpoint, W_OK) < 0) {
+		snprintf(why, sizeof(why), "mount point %s is not writable by user %s (owner "
+			 "%s, mode %s): fusermount3 mounts a user's file system only on a "
+			 "directory the user may write", fs.opts.mountpoint, me, owner, mode);
+		die("%s%s", why, "");
+	}
+	if ((fs.opts.allow_other || allow_root) && fuse_conf_allow_other() <= 0) {
+		snprintf(why, sizeof(why), "%s: a user may use it only where %s has a line "
+			 "user_allow_other, and it has none here (or mount as root)",
+			 fs.opts.allow_other ? "allow_other" : "allow_root", FUSE_CONF);
+		die("%s%s", why, "");
+	}
+}
+
+/*
  * The backing directory: checked, locked (one daemon), what a killed
  * daemon left finished (fs_redo_journal), the root inode and the table.
  */
@@ -965,6 +1073,7 @@ static void open_backing(void)
 		die("cannot use mount point %s: %s", fs.opts.mountpoint, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
 		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
+	check_user_mount(&st);
 
 	umask(0);
 	raise_nofile();
@@ -1160,7 +1269,7 @@ int main(int argc, char *argv[])
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct engine_config ecfg = { 0 };
 	uint64_t ram = total_ram();
-	int ret = 1, level;
+	int ret = 1, level, mret;
 
 	console = stderr;
 	fs.opts.direct_writes = 1;
@@ -1230,8 +1339,19 @@ int main(int argc, char *argv[])
 		ret = 1;
 		goto out_session;
 	}
-	if (fuse_session_mount(fs.se, fs.opts.mountpoint) != 0) {
-		fprintf(stderr, "tierfs: cannot mount on %s\n", fs.opts.mountpoint);
+	fuse_complaint[0] = 0;
+	fuse_capture = true;		/* libfuse's reason, for the one line below */
+	mret = fuse_session_mount(fs.se, fs.opts.mountpoint);
+	fuse_capture = false;
+	if (mret != 0) {
+		char line[PATH_MAX + sizeof(fuse_complaint) + 32], *c = fuse_complaint;
+
+		c[strcspn(c, "\n")] = 0;
+		while (!strncmp(c, "fuse: ", 6))
+			c += 6;
+		snprintf(line, sizeof(line), "cannot mount on %s%s%s", fs.opts.mountpoint,
+			 *c ? ": " : "", c);
+		say("%s%s", line, "");
 		ret = 1;
 		goto out_signals;
 	}
@@ -1275,11 +1395,14 @@ out_session:
 	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
 	fs_share_stop();		/* clients' open copies fail */
 	if (fs.eng) {
+		unsigned unpersisted;
+
 		if (sync_before_exit())
 			ret = 1;
-		fs_persist_stop();	/* after the last flush: waits persist_wait */
+		/* after the last flush: waits persist_wait */
+		unpersisted = fs_persist_stop();
 		engine_destroy(fs.eng);
-		lock_note_exit(ret);
+		lock_note_exit(ret, unpersisted);
 	}
 out_unlock:
 	unlock_backing();

@@ -2364,14 +2364,19 @@ void fs_persist_start(void)
 	     pq.all ? " (persist_all)" : "");
 }
 
-void fs_persist_stop(void)
+const char *fs_persist_dir(void)
+{
+	return pq.started ? pq.dir : NULL;
+}
+
+unsigned fs_persist_stop(void)
 {
 	struct timespec ts;
 	struct pop *op, *next;
 	unsigned left = 0;
 
 	if (!pq.started)
-		return;
+		return 0;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	ts.tv_sec += (time_t)pq.wait_s;
 	ts.tv_nsec += (long)((pq.wait_s - (double)(time_t)pq.wait_s) * 1e9);
@@ -2391,10 +2396,13 @@ void fs_persist_stop(void)
 	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
 		;
 	if (!pq.exited) {
+		for (op = pq.head; op; op = op->next)
+			left++;
 		pthread_mutex_unlock(&pq.lock);
 		tlog(LOG_ERR, "persist: %s does not answer: exiting without waiting for it",
 		     pq.dir);
-		return;		/* the thread is left; the process ends */
+		/* the thread is left; the process ends */
+		return left ? left : 1;
 	}
 	pthread_mutex_unlock(&pq.lock);
 	pthread_join(pq.thr, NULL);
@@ -2425,6 +2433,7 @@ void fs_persist_stop(void)
 		close(pq.jfd);
 	pq.jfd = -1;
 	pq.head = pq.tail = NULL;
+	return left + (unsigned)pq.failed;
 }
 
 /* ------------------------------------------------------------ restart */

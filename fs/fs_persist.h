@@ -21,9 +21,13 @@ struct fuse_args;
 void fs_persist_setup(struct fuse_args *args);
 bool fs_persist_on(void);
 /* The persister thread: start after the engine; stop after the last
- * flush (waits at most -o persist_wait, logs what was not persisted). */
+ * flush (waits at most -o persist_wait, logs what was not persisted).
+ * fs_persist_stop returns how many operations did not reach DIR (left in
+ * the journal for the next mount, or copies given up); 0 without DIR. */
 void fs_persist_start(void);
-void fs_persist_stop(void);
+unsigned fs_persist_stop(void);
+/* DIR, or NULL without -o persist. */
+const char *fs_persist_dir(void);
 
 /* Hooks of the namespace, each called with fs.nslock held (it orders
  * them): a new version of in was committed; a name is removed or renamed

@@ -9,6 +9,9 @@ Fixtures
   tfs     one default mount (host_cache=64M, gpu=$TIERFS_GPU or none).
   test_users  [(uid, gid), (uid, gid)] of two unprivileged users,
           tierfs-test-a and tierfs-test-b, made with useradd if missing.
+  fuse_users  (a, b): those users as conftest.User (run a command as the
+          user, a home directory of the test's); a may open /dev/fuse, b
+          may not (named entries in the device's ACL, left in place).
 
 Markers
   gpu     skip unless TIERFS_GPU names a device number.
@@ -171,3 +174,116 @@ def test_users():
             pw = pwd.getpwnam(name)
         out.append((pw.pw_uid, pw.pw_gid))
     return out
+
+
+# ---------------------------------------------------------------- users who mount
+
+def _acl_with_users(path, users):
+    """The system.posix_acl_access of `path` with named-user entries
+    `users` ({uid: rwx bits}) added or changed, the rest as it was (or, on
+    a file without an ACL, as its mode says; the mask lets rw through)."""
+    import struct
+    und = 0xffffffff
+    try:
+        v = os.getxattr(path, "system.posix_acl_access")
+        ents = [struct.unpack_from("<HHI", v, off) for off in range(4, len(v), 8)]
+    except OSError:
+        mode = os.stat(path).st_mode & 0o777
+        ents = [(0x01, (mode >> 6) & 7, und), (0x04, (mode >> 3) & 7, und),
+                (0x10, 6, und), (0x20, mode & 7, und)]
+    ents = [e for e in ents if not (e[0] == 0x02 and e[2] in users)]
+    ents += [(0x02, p, u) for u, p in users.items()]
+    ents = [(t, (p | 6) if t == 0x10 else p, i) for t, p, i in ents]
+    ents.sort(key=lambda e: (e[0], e[2] if e[0] in (0x02, 0x08) else 0))
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in ents)
+
+
+def _acl_users(path):
+    """{uid: bits} of the named-user entries of path's access ACL."""
+    import struct
+    try:
+        v = os.getxattr(path, "system.posix_acl_access")
+    except OSError:
+        return {}
+    out = {}
+    for off in range(4, len(v), 8):
+        t, p, i = struct.unpack_from("<HHI", v, off)
+        if t == 0x02:
+            out[i] = p
+    return out
+
+
+class User:
+    """An unprivileged user of the tests: run(cmd) runs cmd as that user
+    (setpriv, the user's own groups), with a working directory `home`
+    (made for the test, the user's own, under a world-searchable one)."""
+
+    def __init__(self, name, uid, gid, home):
+        self.name, self.uid, self.gid, self.home = name, uid, gid, home
+
+    def cmd(self, argv):
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups",
+                "--reset-env", "--"] + list(argv)
+
+    def run(self, argv, **kw):
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("timeout", 120)
+        env = kw.pop("env", None)
+        if env:
+            argv = ["env"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
+        return subprocess.run(self.cmd(argv), cwd=self.home, **kw)
+
+    def mkdir(self, *parts, mode=0o755):
+        """The directory home/parts..., made the user's (mode `mode`) if
+        missing, else left as it is."""
+        p = os.path.join(self.home, *parts)
+        if not os.path.isdir(p):
+            os.makedirs(p)
+            os.chown(p, self.uid, self.gid)
+            os.chmod(p, mode)
+        return p
+
+
+@pytest.fixture
+def fuse_users(test_users, tmp_path):
+    """(a, b): the two test users as User objects; a may read and write
+    /dev/fuse, b may not (named entries of the device's access ACL, so that
+    the device's mode and its other users are left alone: b's entry denies
+    b even where the mode lets everybody in, as Debian's 0666 does).  The
+    entries stay after the test (other workers may be using them); skipped
+    where the device takes no ACL.  Each user's `home` is a new directory
+    under /tmp, removed after the test."""
+    import pwd
+    import tempfile
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse")
+    for tool in ("setpriv", "fusermount3"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} not installed")
+    (ua, ga), (ub, gb) = test_users
+    want = {ua: 6, ub: 0}
+    have = _acl_users("/dev/fuse")
+    if any(have.get(u) != p for u, p in want.items()):
+        try:
+            os.setxattr("/dev/fuse", "system.posix_acl_access",
+                        _acl_with_users("/dev/fuse", want))
+        except OSError as e:
+            pytest.skip(f"cannot give a test user access to /dev/fuse (ACL): {e}")
+    users = []
+    top = tempfile.mkdtemp(prefix="tierfs-users-", dir="/tmp")
+    os.chmod(top, 0o755)
+    for (uid, gid) in test_users:
+        name = pwd.getpwuid(uid).pw_name
+        home = os.path.join(top, name)
+        os.mkdir(home)
+        os.chown(home, uid, gid)
+        users.append(User(name, uid, gid, home))
+    yield tuple(users)
+    for u in users:             # a mount left behind by a failed test
+        with open("/proc/self/mountinfo") as f:
+            mps = [ln.split()[4] for ln in f]
+        for mp in mps:
+            if mp.startswith(u.home + "/"):
+                util.lazy_umount(mp)
+    shutil.rmtree(top, ignore_errors=True)

@@ -54,7 +54,7 @@ def test_readme_option_list_is_tierfs_help():
 # PAGE(N) followed by a section name in capitals: `tierfs(8)` ("MOUNTING AT
 # BOOT"), (tierfs-gpu(7), VECTORED CALLS), tierfs(8),\n# MOUNTING AT BOOT
 SECTION_REF = re.compile(r"\b(tierfs(?:-hints|-gpu)?|tierfsctl)\\?\(([178])\\?\)`?"
-                         r"(?:,\s*#?\s*| \(\"?)\"?([A-Z][A-Z]+(?:\s+[A-Z][A-Z]+)*)\b")
+                         r"(?:,\s*#?\s*| \(\"?)\"?([A-Z][A-Z]+(?:\s+[A-Z]+)*)\b")
 
 
 def man_sections(page, n):
@@ -65,7 +65,8 @@ def man_sections(page, n):
 def test_cited_man_sections_exist():
     files = [os.path.join(util.REPO_DIR, "README.md"),
              os.path.join(util.REPO_DIR, "fs", "tierfs.h")]
-    files += glob.glob(os.path.join(util.REPO_DIR, "tools", "*"))
+    files += [p for p in glob.glob(os.path.join(util.REPO_DIR, "tools", "**", "*"),
+                                   recursive=True) if os.path.isfile(p)]
     files += glob.glob(os.path.join(util.REPO_DIR, "man", "*.[178]"))
     files += glob.glob(os.path.join(util.REPO_DIR, "python", "tierfs", "*.py"))
     cited, bad = 0, []

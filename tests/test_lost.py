@@ -129,3 +129,50 @@ def test_previous_version_kept(mount, tmpfs64):
     assert proc.wait(timeout=60) == 1
     assert read_file(os.path.join(tmpfs64, "big")) == old
     m.finished = True
+
+
+def test_wait_unmount_names_the_lost_file(mount, tmpfs64):
+    """wait --unmount finds the daemon before it unmounts, so that its end
+    is read however soon it comes (the epilog of a batch job)."""
+    m = too_big(mount, tmpfs64)
+    proc = m.proc
+    w = ctl("wait", "--unmount", m.mnt)
+    assert proc.poll() is not None and proc.returncode == 1
+    assert not util.is_mounted(m.mnt)
+    assert w.returncode == 1, (w.returncode, w.stdout, w.stderr)
+    assert "big" in w.stderr and "not written" in w.stderr, w.stderr
+    m.finished = True
+
+
+def test_wait_unmount_clean(mount):
+    m = mount()
+    write_file(os.path.join(m.mnt, "f"), randbytes(MiB))
+    proc = m.proc
+    w = ctl("wait", "--unmount", m.mnt)
+    assert w.returncode == 0, w.stderr
+    assert proc.poll() == 0 and not util.is_mounted(m.mnt)
+    assert os.path.getsize(os.path.join(m.backing, "f")) == MiB
+    m.proc = None
+    m.runs[-1][3] = "unmount"
+
+
+def test_wait_reports_what_did_not_reach_dir(mount, tmp_path, tmpfs64):
+    """-o persist: operations left out of DIR at the daemon's exit (DIR
+    read-only, persist_wait over) fail tierfsctl wait, which names DIR."""
+    pdir = tmpfs64
+    m = mount(persist=pdir, persist_all=True, persist_wait=1,
+              expect_errors=["persist: .*Read-only", "persist: .*not in ",
+                             "persist: .*not applied"])
+    subprocess.run(["mount", "-o", "remount,ro", pdir], check=True)
+    try:
+        write_file(os.path.join(m.mnt, "y"), b"data of y")
+        util.wait_flushed(m)
+        proc = m.proc
+        w = ctl("wait", "--unmount", m.mnt)
+        assert proc.poll() == 0         # BACKING_DIR has everything
+        assert w.returncode == 1, (w.returncode, w.stdout, w.stderr)
+        assert "did not reach" in w.stderr and pdir in w.stderr, w.stderr
+        m.proc = None
+        m.runs[-1][3] = "unmount"
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", pdir])

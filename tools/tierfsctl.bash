@@ -21,7 +21,7 @@ _tierfsctl()
 			return ;;
 		esac ;;
 	order) case $cur in -*) COMPREPLY=($(compgen -W "--clear --from" -- "$cur")); return ;; esac ;;
-	wait) case $cur in -*) COMPREPLY=($(compgen -W "--timeout --level" -- "$cur")); return ;; esac
+	wait) case $cur in -*) COMPREPLY=($(compgen -W "--timeout --level --unmount" -- "$cur")); return ;; esac
 		if [ "${COMP_WORDS[COMP_CWORD-1]}" = --level ]; then
 			COMPREPLY=($(compgen -W "cache ssd pfs" -- "$cur"))
 			return

@@ -527,7 +527,34 @@ def _daemon_end(f):
         lost = int(lines[2][5:]) if lines[2].startswith("lost ") else 0
     except (ValueError, IndexError):
         return None, 0, []
-    return status, lost, [n for n in lines[3:3 + lost] if n]
+    names = lines[3:]
+    if _unpersisted_line(lines):
+        names = names[:-2]              # the last line, and the "" after it
+    return status, lost, [n for n in names[:lost] if n]
+
+
+def _unpersisted_line(lines):
+    """The "unpersisted M DIR" line that ends an exit record, or None."""
+    if len(lines) >= 5 and lines[-1] == "" and lines[-2].startswith("unpersisted ") \
+            and lines[1].startswith("exit "):
+        return lines[-2]
+    return None
+
+
+def _daemon_unpersisted(f):
+    """(M, DIR) of the daemon whose lock file `f` is, once it has ended:
+    the operations that did not reach -o persist's DIR (its journal keeps
+    them for the next mount, or copies it gave up).  (0, None) without
+    DIR, or where the record does not say (a daemon older than it)."""
+    lines = os.pread(f.fileno(), 8192, 0).decode("utf-8", "surrogateescape").split("\n")
+    line = _unpersisted_line(lines)
+    if not line:
+        return 0, None
+    _, n, pdir = (line.split(" ", 2) + ["-"])[:3]
+    try:
+        return int(n), (None if pdir == "-" else pdir)
+    except ValueError:
+        return 0, None
 
 
 def _lost_error(what, end, rel=None):

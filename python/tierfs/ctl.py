@@ -4,7 +4,7 @@
     tierfsctl next FILE...
     tierfsctl prefetch start|stop|status [PATH]
     tierfsctl info PATH...
-    tierfsctl wait MOUNT [--timeout SECONDS]
+    tierfsctl wait MOUNT [--timeout SECONDS] [--unmount]
     tierfsctl wait --level cache|ssd|pfs SET [--timeout SECONDS]
     tierfsctl commit SET...
     tierfsctl sets PARENT [--json]
@@ -24,9 +24,11 @@ import argparse
 import errno
 import json
 import os
+import re
 import select
 import signal
 import stat as _stat
+import subprocess
 import sys
 import time
 
@@ -157,10 +159,15 @@ def _pid_gone(pid, timeout):
 def cmd_wait(a):
     """Until the mount's flush backlog is empty; for an unmounted mount (or
     one unmounted meanwhile), until its daemon has flushed and exited.
-    Fails (1) naming the files the daemon gave up, or if it was killed.
-    With --level: until the set MOUNT is complete at that level (1: a file
-    of it is lost)."""
+    Fails (1) naming the files the daemon gave up, or if it was killed, or
+    if operations did not reach its persistent tier.  --unmount: unmount
+    it first (the daemon found before, so that its end is read whenever it
+    comes).  With --level: until the set MOUNT is complete at that level
+    (1: a file of it is lost)."""
     if a.level:
+        if a.unmount:
+            raise Fail("wait: --level waits for a set, --unmount for a mount: "
+                       "give one of them", 2)
         return cmd_wait_set(a)
     mnt = os.path.realpath(a.mount)
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
@@ -169,7 +176,60 @@ def cmd_wait(a):
         return None if deadline is None else max(deadline - time.monotonic(), 0)
 
     # (pid, its lock file), kept open to read how the daemon ended
-    return _wait(a, mnt, tierfs._open_daemon(mnt), left, deadline)
+    found = tierfs._open_daemon(mnt)
+    if getattr(a, "unmount", False):
+        try:
+            _unmount(mnt, found)
+        except Fail:
+            if found:
+                found[1].close()
+            raise
+    return _wait(a, mnt, found, left, deadline)
+
+
+def _umount_cmd(mnt, lazy):
+    for tool in ("fusermount3", "fusermount"):
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(":") + ["/usr/bin", "/bin"]:
+            if d and os.access(os.path.join(d, tool), os.X_OK):
+                return [os.path.join(d, tool), "-u"] + (["-z"] if lazy else []) + [mnt]
+    return ["umount"] + (["-l"] if lazy else []) + [mnt]
+
+
+def _is_mount_point(mnt):
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                        line.split()[4])
+            if mp == mnt:
+                return True
+    return False
+
+
+def _unmount(mnt, found, busy_for=5.0):
+    """wait --unmount: fusermount3 -u MNT, again while it is busy (files
+    still open) for busy_for seconds; then detach it lazily and ask the
+    daemon (found: _open_daemon's) to finish with SIGTERM, as a stop does.
+    Nothing mounted there: nothing to do."""
+    until = time.monotonic() + busy_for
+    why = ""
+    while _is_mount_point(mnt):
+        r = subprocess.run(_umount_cmd(mnt, False), capture_output=True, text=True)
+        if r.returncode == 0 or not _is_mount_point(mnt):
+            return
+        why = (r.stderr.strip().splitlines() or ["busy"])[-1]
+        if time.monotonic() >= until:
+            r = subprocess.run(_umount_cmd(mnt, True), capture_output=True, text=True)
+            if r.returncode and _is_mount_point(mnt):
+                raise Fail(f"{mnt}: cannot unmount: {why}", 1)
+            print(f"tierfsctl: {mnt}: busy ({why}): detached; its daemon is asked "
+                  f"to finish (SIGTERM)", file=sys.stderr)
+            if found:
+                try:
+                    os.kill(found[0], signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            return
+        time.sleep(0.1)
 
 
 def _wait(a, mnt, found, left, deadline):
@@ -208,6 +268,11 @@ def _wait_loop(a, mnt, found, left, deadline):
                 e = tierfs._lost_error(a.mount, tierfs._daemon_end(found[1]))
                 if e:
                     raise Fail(e.strerror, 1)
+                n, pdir = tierfs._daemon_unpersisted(found[1])
+                if n:
+                    raise Fail(f"{a.mount}: {n} operation(s) did not reach the "
+                               f"persistent tier {pdir or ''} (see the daemon's log; the "
+                               f"next mount over its backing directory resumes them)", 1)
                 return 0
         if deadline is not None and time.monotonic() >= deadline:
             raise Fail(f"{a.mount}: still flushing after {a.timeout:g} s", 3)
@@ -581,6 +646,8 @@ def parser(prog="tierfsctl"):
     p.add_argument("--timeout", type=positive_float, metavar="SECONDS")
     p.add_argument("--level", choices=tierfs.LEVELS,
                    help="wait until the set MOUNT is complete at this level")
+    p.add_argument("--unmount", action="store_true",
+                   help="unmount MOUNT first, then wait for its daemon's end")
     p.set_defaults(fn=cmd_wait)
 
     p = sp.add_parser("commit", help="commit directories as checkpoint sets")
