@@ -554,6 +554,102 @@ def test_cuda_plain_directory_through_host_memory(tmp_path):
     assert_equal(sd["model"], model.state_dict())
 
 
+# ---------------------------------------------------------------- repeated saves
+
+def _plans_used():
+    return tt.io_stats["saves_from_plan"], tt.io_stats["loads_from_plan"]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+def test_repeated_saves_reuse_their_plan_and_stay_exact(mount, monkeypatch, device):
+    """A training loop: the same state dict saved again after each step
+    (tensors changed in place) reuses the first save's plan, and every file
+    is what a fresh save writes; anything the layout depends on (a value, a
+    tensor replaced, reshaped or made non-contiguous, -0.0 for 0.0) makes a
+    new plan, never a file with the old value.  Loads into the same tensors
+    do the same."""
+    _libtierfs(monkeypatch)
+    opts = {"host_cache": "128M"}
+    if device == "cuda":
+        opts.update(gpu=util.GPU or "0", gpu_cache="128M")
+    m = mount(**opts)
+    model, opt = trained(device)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1, "lr": 0.0}
+    path = os.path.join(m.mnt, "ck.st")
+    plain = os.path.join(m.backing, "..", "fresh.st")       # off the mount: no plan
+
+    def check(where):
+        tt.save(sd, plain)
+        with open(path, "rb") as f, open(plain, "rb") as g:
+            assert f.read() == g.read(), where
+        assert_equal(sd, tt.load(path), where)
+
+    s0, l0 = _plans_used()
+    tt.save(sd, path)                    # makes the plan
+    check("first")
+    for k in range(3):
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(1.0)
+        tt.save(sd, path)
+        check(f"step {k}")
+    assert _plans_used()[0] - s0 == 3
+    changes = [
+        ("a value", lambda: sd.__setitem__("step", 2)),
+        ("a float's sign", lambda: sd.__setitem__("lr", -0.0)),
+        ("a tensor replaced", lambda: sd["model"].__setitem__(
+            "0.weight", torch.randn(16, 8, device=device))),
+        ("a tensor reshaped", lambda: sd["model"].__setitem__(
+            "0.bias", sd["model"]["0.bias"].view(4, 4))),
+        ("a key added", lambda: sd.__setitem__("extra", torch.ones(3, device=device))),
+    ]
+    for what, change in changes:
+        before = _plans_used()[0]
+        change()
+        tt.save(sd, path)
+        assert _plans_used()[0] == before, what          # not from a plan
+        check(what)
+        tt.save(sd, path)                                 # its own plan now
+        assert _plans_used()[0] == before + 1, what
+        check(what + ", again")
+    sd["model"]["0.weight"] = sd["model"]["0.weight"].t()  # not contiguous: no plan
+    before = _plans_used()[0]
+    tt.save(sd, path)
+    tt.save(sd, path)
+    assert _plans_used()[0] == before
+    check("non-contiguous")
+
+    # loads into the same tensors: the second one from the plan
+    into = {"model": model.state_dict(), "optim": opt.state_dict()}
+    tt.save(into, path)
+    want = {"model": collections.OrderedDict((k, v.clone()) for k, v in into["model"].items())}
+    with torch.no_grad():
+        for t in model.parameters():
+            t.zero_()
+    tt.load(path, into=into)
+    l1 = _plans_used()[1]
+    for k in range(2):
+        with torch.no_grad():
+            for t in model.parameters():
+                t.zero_()
+        assert tt.load(path, into=into) is into
+        assert_equal(want["model"], into["model"], f"load {k}")
+    assert _plans_used()[1] - l1 == 2
+    # a file with another header (a value changed): not from the plan
+    into["optim"]["param_groups"][0]["lr"] = 0.5
+    tt.save(into, path)
+    into["optim"]["param_groups"][0]["lr"] = 0.01
+    l2 = _plans_used()[1]
+    tt.load(path, into=into)
+    assert _plans_used()[1] == l2 and into["optim"]["param_groups"][0]["lr"] == 0.5
+    # the same header, a shorter file: never a plan's load of a truncated file
+    tt.load(path, into=into)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 4)
+    with pytest.raises(tt.FormatError):
+        tt.load(path, into=into)
+
+
 @cuda
 @pytest.mark.gpu
 def test_cuda_tensors_device_to_device_on_a_gpu_tier(mount, monkeypatch):

@@ -927,7 +927,24 @@ def pread_gpu(fd, ptr, nbytes, offset=0):
 _IOV = struct.Struct("=QQq")       # struct tierfs_gpu_iovec: dev_ptr, len, off
 
 
-def _gpu_iov(write, fd, segments):
+def _pack_iov(segments):
+    """A list of (device_ptr, nbytes, file_offset) as an array of struct
+    tierfs_gpu_iovec (a bytearray).  OSError EINVAL for a value out of range,
+    as the library says for its own checks."""
+    segs = segments if isinstance(segments, list) else list(segments)
+    buf = bytearray(_IOV.size * max(len(segs), 1))
+    pack = _IOV.pack_into
+    i = 0
+    try:
+        for i, (ptr, nbytes, offset) in enumerate(segs):
+            pack(buf, i * _IOV.size, ptr, nbytes, offset)
+    except struct.error:
+        raise OSError(errno.EINVAL, f"segment {i}: {os.strerror(errno.EINVAL)}") from None
+    return buf, len(segs)
+
+
+def _gpu_iov_packed(write, fd, buf, n):
+    """tierfs_pwritev_gpu / preadv_gpu of n segments packed by _pack_iov."""
     import ctypes
 
     lib = _libtierfs()
@@ -935,21 +952,16 @@ def _gpu_iov(write, fd, segments):
     fn = getattr(lib, name, None)
     if fn is None:
         raise TierfsError(f"libtierfs has no {name} (too old)")
-    segs = segments if isinstance(segments, list) else list(segments)
-    buf = bytearray(_IOV.size * max(len(segs), 1))
-    pack = _IOV.pack_into
-    try:
-        for i, (ptr, nbytes, offset) in enumerate(segs):
-            pack(buf, i * _IOV.size, ptr, nbytes, offset)
-    except struct.error:
-        # out of range values: EINVAL, as the library says for its checks
-        raise OSError(errno.EINVAL, f"segment {i}: {os.strerror(errno.EINVAL)}") from None
-    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
-    r = fn(fd, arr, len(segs))
+    r = fn(fd, (ctypes.c_char * len(buf)).from_buffer(buf), n)
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
     return r
+
+
+def _gpu_iov(write, fd, segments):
+    buf, n = _pack_iov(segments)
+    return _gpu_iov_packed(write, fd, buf, n)
 
 
 def pwritev_gpu(fd, segments):

@@ -65,6 +65,19 @@ Safety
     overlapping, size matching dtype x shape), the file's size, and the
     structure's references.
 
+Repeated saves
+    A training loop saves the same object again and again, its tensors
+    changed in place.  On tierfs, save() keeps the plan of its last few saves
+    (the header, each GPU's packed segment list, the host writes) under a
+    fingerprint of the object: each container's type, length and keys, each
+    other value's type and value, each tensor's device, dtype, shape,
+    strides, storage offset and address.  A save with the same fingerprint
+    writes from the plan, without walking the object's tensors again; any
+    difference (a step count, a tensor replaced or reshaped) makes a new
+    plan.  load(into=...) does the same for a file with the same header read
+    into the same tensors.  Tensors written from copies (non-contiguous, or
+    staged through host memory) are never planned.  io_stats counts both.
+
 torch.distributed.checkpoint (torch >= 2.0)
     FileSystemWriter and FileSystemReader here are drop-in replacements of
     torch's, for dcp.save, dcp.async_save and dcp.load: each rank's data file
@@ -129,7 +142,9 @@ _FROM_NAME = {s: d for d, s in DTYPES.items()}
 io_stats = collections.Counter()
 """Bytes moved by each path since import: gpu_write, gpu_read (the vectored
 GPU calls), posix_write, posix_read; gpu_fallbacks counts the GPU calls that
-fell back to host memory (no GPU tier, not tierfs, no libtierfs)."""
+fell back to host memory (no GPU tier, not tierfs, no libtierfs);
+saves_from_plan and loads_from_plan the saves and loads that reused the plan
+of an earlier one (see "Repeated saves" in the module's documentation)."""
 _stats_lock = threading.Lock()
 
 
@@ -182,9 +197,10 @@ def _gpu_fallback(e):
 def _gpu_io(write, fd, jobs, use_gpu):
     """Move CUDA tensors: jobs = [(contiguous CUDA tensor, file offset)].
     Device to device through tierfs.pwritev_gpu / preadv_gpu where use_gpu
-    and they work; else through host memory.  Returns nothing."""
+    and they work; else through host memory.  Returns True when the device
+    path moved them all (or there were none)."""
     if not jobs:
-        return
+        return True
     fn = getattr(_tierfs, "pwritev_gpu" if write else "preadv_gpu", None) if use_gpu else None
     if fn is not None:
         by_dev = collections.OrderedDict()
@@ -205,7 +221,7 @@ def _gpu_io(write, fd, jobs, use_gpu):
                             raise OSError(errno.EIO, f"GPU write: {got} of {want} bytes")
                         raise FormatError(f"file ends early: {got} of {want} bytes read")
                     _count("gpu_write" if write else "gpu_read", want)
-            return
+            return True
         except OSError as e:
             if not _gpu_fallback(e):
                 raise
@@ -225,6 +241,7 @@ def _gpu_io(write, fd, jobs, use_gpu):
                 n = _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read")
                 _count("posix_read", n)
                 part.copy_(host)
+    return False
 
 
 def _on_tierfs(path):
@@ -254,23 +271,29 @@ def _cpu_io(fn, fd, jobs, what):
 
 def _write_tensors(fd, jobs, use_gpu):
     """Write [(tensor, offset)]: CUDA ones through _gpu_io first, then CPU
-    ones in vectored writes."""
-    _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+    ones in vectored writes.  Returns True when every tensor was written
+    from its own memory (the CUDA ones device to device, no other device)."""
+    direct = _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
     _cpu_io(os.pwritev, fd, jobs, "write")
     other = [(t, o) for t, o in jobs if t.device.type not in ("cpu", "cuda")]
     for t, o in other:                  # mps, xpu, ...: through host memory
         _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
+    return direct and not other
 
 
 def _read_tensors(fd, jobs, use_gpu):
-    """Fill [(contiguous destination tensor, offset)] from the file."""
+    """Fill [(contiguous destination tensor, offset)] from the file.  Returns
+    True when every tensor was read into its own memory (the CUDA ones
+    device to device, no other device)."""
     _cpu_io(os.preadv, fd, jobs, "read")
-    _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+    direct = _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
     for t, o in jobs:
         if t.device.type not in ("cpu", "cuda"):
+            direct = False
             host = torch.empty(t.shape, dtype=t.dtype)
             _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
             t.copy_(host)
+    return direct
 
 
 # ---------------------------------------------------------------- the header
@@ -318,7 +341,8 @@ class _Header:
         size = os.fstat(fd).st_size
         if size < 8:
             raise FormatError(f"{path}: {size} bytes: not a safetensors file (truncated?)")
-        n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+        head = os.pread(fd, 8, 0)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
         if n > MAX_HEADER:
             raise FormatError(f"{path}: header length {n} is over {MAX_HEADER} bytes: "
                               "not a safetensors file")
@@ -328,6 +352,7 @@ class _Header:
         raw = os.pread(fd, n, 8)
         if len(raw) != n:
             raise FormatError(f"{path}: file ends inside the header")
+        self.raw, self.size = head + raw, size
         try:
             text = raw.decode("utf-8")
             if not text.startswith("{"):
@@ -395,6 +420,7 @@ class _Saver:
 
     def __init__(self):
         self.leaves = []                # [(path name, tensor, node to fill)]
+        self.copied = False             # a tensor is written from a copy
 
     def key(self, k, path):
         if k is None or isinstance(k, (bool, int, str)):
@@ -468,9 +494,11 @@ class _Saver:
             ls = [self.leaves[i] for i in idx]
             t0 = ls[0][1]
             sig = lambda t: (t.dtype, t.storage_offset(), tuple(t.shape), t.stride())  # noqa: E731
-            if all(sig(t) == sig(t0) for _, t, _ in ls):
+            if len(ls) == 1 or all(sig(t) == sig(t0) for _, t, _ in ls):
                 name = unique(ls[0][0])
-                out.append((name, t0.contiguous()))
+                c = t0.contiguous()
+                self.copied |= c is not t0
+                out.append((name, c))
                 for _, _, node in ls:
                     node["tensor"] = name
             elif all(t.dtype == t0.dtype for _, t, _ in ls):
@@ -487,7 +515,9 @@ class _Saver:
             else:                       # views of one storage as different dtypes
                 for lname, t, node in ls:
                     name = unique(lname)
-                    out.append((name, t.contiguous()))
+                    c = t.contiguous()
+                    self.copied |= c is not t
+                    out.append((name, c))
                     node["tensor"] = name
         for name, t in out:
             if t.device.type != "cpu":
@@ -496,14 +526,19 @@ class _Saver:
 
 
 def _decode_key(k, where):
+    """A key of the structure; `where` (a name, or a path made a name only
+    for an error) says where it is."""
     if isinstance(k, dict):
+        if not isinstance(where, str):
+            where = _path_name(where)
         if set(k) == {"tuple"} and isinstance(k["tuple"], list):
             return tuple(_decode_key(x, where) for x in k["tuple"])
         if set(k) == {"float"}:
             return _decode_leaf(k, where)
         raise FormatError(f"{where}: bad key {k!r}")
     if isinstance(k, list):
-        raise FormatError(f"{where}: bad key {k!r}")
+        raise FormatError(f"{where if isinstance(where, str) else _path_name(where)}: "
+                          f"bad key {k!r}")
     return k
 
 
@@ -621,9 +656,10 @@ def _write_file(fd, header, jobs, use_gpu):
     """The tensors, then the header: the device tensors' vectored call goes
     first and gives the file its size, so that the host writes land inside
     it (a write far past the end makes a file system fill the hole; tierfs's
-    host cache fills it in memory)."""
-    _write_tensors(fd, jobs, use_gpu)
+    host cache fills it in memory).  Returns _write_tensors's answer."""
+    direct = _write_tensors(fd, jobs, use_gpu)
     _vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
+    return direct
 
 
 def _tmp_name(path):
@@ -631,24 +667,182 @@ def _tmp_name(path):
     return os.path.join(d, f".{base}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
 
 
-def save(obj, path, fsync=None):
-    """Save `obj` (a state dict: tensors in nested dicts, lists and tuples,
-    with None, bool, int, float, str and bytes leaves) to file `path` in the
-    safetensors layout (see the module's documentation).
+# ---------------------------------------------------------------- repeated saves
+#
+# A training loop saves the same state dict again and again: the same
+# structure and the same tensors (updated in place: same storage, shape and
+# dtype), other bytes.  save() keeps the plans of its last few saves on
+# tierfs (the header, the packed segment list of each GPU's vectored call,
+# the host writes) under a fingerprint of the object that covers everything
+# the file's layout and the plan depend on: each container's type, length
+# and keys, each other leaf's type and value, each tensor's type, device,
+# dtype, shape, strides, storage offset and address.  A save whose
+# fingerprint matches writes from the plan; any difference makes a new one.
+# Plans are made only where every tensor is written from its own memory
+# (no contiguous copy, no staging through host memory).
 
-    The file is written under a temporary name in the same directory and
-    renamed over `path` when complete; a save that fails leaves the previous
-    file as it was.  fsync: None (the default) fsyncs the file before the
-    rename except on tierfs (whose close already caches it; wait_flushed for
-    the SSD copy), True or False to choose.
+_PLAN_MAX = 4
+_plans = collections.OrderedDict()
+_plans_lock = threading.Lock()
 
-    CUDA tensors are written device to device on a tierfs mount with a GPU
-    tier, else through host memory; their producers are synchronised first.
-    Non-contiguous tensors are written as contiguous copies.
 
-    Raises TypeError for what cannot be saved (a dtype safetensors lacks, an
-    object that is not a tensor, container or plain value), before any file
-    is touched; OSError for I/O errors."""
+_FP_BIG = 1 << 16                       # longer str/bytes leaves: no plan
+
+
+def _scalar_fp(x):
+    tp = type(x)
+    if tp is float:
+        return (float, x.hex())         # tells -0.0 from 0.0
+    if tp is tuple:
+        return (tuple, tuple(_scalar_fp(e) for e in x))
+    if (tp is bytes or tp is str) and len(x) > _FP_BIG:
+        return [x]                      # unhashable: no plan (a plan would keep it)
+    return (tp, x)
+
+
+def _fingerprint(obj, out):
+    if isinstance(obj, torch.Tensor):
+        out.append((type(obj), obj.device, obj.dtype, obj.shape, obj.stride(),
+                    obj.storage_offset(), obj.data_ptr(), obj.layout))
+    elif isinstance(obj, dict):
+        out.append((type(obj), len(obj)))
+        if type(obj) is not dict:       # an OrderedDict's _metadata
+            _fingerprint(getattr(obj, "_metadata", None), out)
+        for k, v in obj.items():
+            out.append(k if type(k) is str else _scalar_fp(k))
+            _fingerprint(v, out)
+    elif type(obj) is list or type(obj) is tuple:
+        out.append((type(obj), len(obj)))
+        for v in obj:
+            _fingerprint(v, out)
+    else:
+        out.append(_scalar_fp(obj))
+
+
+def _plan_key(obj):
+    """The fingerprint of obj as a dict key, or None (unhashable leaves)."""
+    fp = []
+    _fingerprint(obj, fp)
+    key = tuple(fp)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _make_plan(header, jobs):
+    """The plan of a save (or, header None, of a load) whose tensors all
+    moved from or into their own memory: {"gpu": [(device, packed segments,
+    n, bytes)], "host": [(file offset, [(address or bytes, length)])] (runs
+    of adjacent ranges, a save's header first)}."""
+    gpu = collections.OrderedDict()
+    for t, off in jobs:
+        n = t.numel() * t.element_size()
+        if t.device.type == "cuda" and n:
+            gpu.setdefault(t.device, []).append((t.data_ptr(), n, off))
+    plan = {"gpu": [], "host": []}
+    for dev, segs in gpu.items():
+        buf, n = _tierfs._pack_iov(segs)
+        plan["gpu"].append((dev, buf, n, sum(x[1] for x in segs)))
+    runs = [(0, [(header, len(header))])] if header is not None else []
+    for t, off in sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1]):
+        n = t.numel() * t.element_size()
+        if not n:
+            continue
+        start, bufs = runs[-1] if runs else (None, None)
+        if runs and start + sum(b[1] for b in bufs) == off:
+            bufs.append((t.data_ptr(), n))
+        else:
+            runs.append((off, [(t.data_ptr(), n)]))
+    plan["host"] = runs
+    return plan
+
+
+def _write_plan(fd, plan):
+    """Write a file from a plan: each GPU's segments in one vectored call,
+    then the host runs (the header with the host tensors after it).
+    Returns False when the GPU call is refused in a way that means "use
+    host memory" (the caller writes the slow way)."""
+    for dev, buf, n, want in plan["gpu"]:
+        try:
+            with torch.cuda.device(dev):
+                torch.cuda.synchronize(dev)
+                got = _tierfs._gpu_iov_packed(True, fd, buf, n)
+        except OSError as e:
+            if _gpu_fallback(e):
+                return False
+            raise
+        if got != want:
+            raise OSError(errno.EIO, f"GPU write: {got} of {want} bytes")
+        _count("gpu_write", want)
+    for off, bufs in plan["host"]:
+        views = [memoryview(b) if isinstance(b, (bytes, bytearray)) else
+                 memoryview((ctypes.c_ubyte * n).from_address(b)).cast("B") for b, n in bufs]
+        _count("posix_write", _vec_io(os.pwritev, fd, views, off, "write"))
+    _count("saves_from_plan", 1)
+    return True
+
+
+def _read_plan(fd, plan):
+    """Read a file by a load's plan (the host runs, then each GPU's vectored
+    call).  Returns False when the GPU call is refused in a way that means
+    "use host memory" (the caller reads the slow way)."""
+    for off, bufs in plan["host"]:
+        views = [memoryview((ctypes.c_ubyte * n).from_address(b)).cast("B") for b, n in bufs]
+        _count("posix_read", _vec_io(os.preadv, fd, views, off, "read"))
+    for dev, buf, n, want in plan["gpu"]:
+        try:
+            with torch.cuda.device(dev):
+                torch.cuda.synchronize(dev)
+                got = _tierfs._gpu_iov_packed(False, fd, buf, n)
+        except OSError as e:
+            if _gpu_fallback(e):
+                return False
+            raise
+        if got != want:
+            raise FormatError(f"file ends early: {got} of {want} bytes read")
+        _count("gpu_read", want)
+    return True
+
+
+_load_plans = collections.OrderedDict()
+
+
+def _load_by_plan(path, into, strict):
+    """load(path, into=into) from the plan of an earlier load of the same
+    header into the same `into` (same fingerprint: containers, values, tensor
+    addresses), or None where there is none (or the GPU path is refused).
+    The earlier load left `into`'s other values equal to the file's (they
+    are in the fingerprint, taken after it), so only the tensors are read."""
+    key = _plan_key(into)
+    if key is None:
+        return None
+    with _plans_lock:
+        ent = _load_plans.get((key, strict))
+        if ent is not None:
+            _load_plans.move_to_end((key, strict))
+    if ent is None:
+        return None
+    raw, size, plan = ent
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if os.pread(fd, len(raw), 0) != raw or os.fstat(fd).st_size != size:
+            return None
+        with torch.no_grad():
+            if not _read_plan(fd, plan):
+                with _plans_lock:
+                    _load_plans.pop((key, strict), None)
+                return None
+    finally:
+        os.close(fd)
+    _count("loads_from_plan", 1)
+    return into
+
+
+def _prepare(obj):
+    """Walk obj: (header bytes, [(tensor, file offset)], whether a tensor is
+    written from a copy).  Raises TypeError for what cannot be saved."""
     s = _Saver()
     root = s.node(obj, ())
     ents, devices = s.entries()
@@ -669,17 +863,57 @@ def save(obj, path, fsync=None):
         [(name, DTYPES[t.dtype], t.shape, t.numel() * t.element_size()) for name, t in ents],
         meta)
     jobs = [(t, len(header) + o) for (_, t), o in zip(ents, offs)]
+    return header, jobs, s.copied
 
+
+def save(obj, path, fsync=None):
+    """Save `obj` (a state dict: tensors in nested dicts, lists and tuples,
+    with None, bool, int, float, str and bytes leaves) to file `path` in the
+    safetensors layout (see the module's documentation).
+
+    The file is written under a temporary name in the same directory and
+    renamed over `path` when complete; a save that fails leaves the previous
+    file as it was.  fsync: None (the default) fsyncs the file before the
+    rename except on tierfs (whose close already caches it; wait_flushed for
+    the SSD copy), True or False to choose.
+
+    CUDA tensors are written device to device on a tierfs mount with a GPU
+    tier, else through host memory; their producers are synchronised first.
+    Non-contiguous tensors are written as contiguous copies.  Saving the same
+    object again (same structure, tensors updated in place) on tierfs reuses
+    the last save's header and segment lists.
+
+    Raises TypeError for what cannot be saved (a dtype safetensors lacks, an
+    object that is not a tensor, container or plain value), before any file
+    is touched; OSError for I/O errors."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     on_tfs = _on_tierfs(d)
+    key = _plan_key(obj) if on_tfs else None
+    with _plans_lock:
+        plan = _plans.get(key) if key is not None else None
+        if plan is not None:
+            _plans.move_to_end(key)
+    prep = None if plan is not None else _prepare(obj)
     if fsync is None:
         fsync = not on_tfs
     tmp = _tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
-            _write_file(fd, header, jobs, on_tfs)
+            if plan is not None and not _write_plan(fd, plan):
+                with _plans_lock:
+                    _plans.pop(key, None)
+                plan, prep = None, _prepare(obj)
+            if plan is None:
+                header, jobs, copied = prep
+                direct = _write_file(fd, header, jobs, on_tfs)
+                if key is not None and direct and not copied:
+                    new = _make_plan(header, jobs)
+                    with _plans_lock:
+                        _plans[key] = new
+                        while len(_plans) > _PLAN_MAX:
+                            _plans.popitem(last=False)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -769,23 +1003,23 @@ def _walk_into(node, target, path, plan):
     """Check saved node against `into` target (nothing changes yet).
     plan: {"direct": {entry: target tensor}, "copy": [(target, node, path)],
     "set": [...]}.  Raises MismatchError."""
-    where = _path_name(path)
     if isinstance(node, dict) and ("tensor" in node or "view" in node):
         if target is _MISSING or target is None:
             return
         if not isinstance(target, torch.Tensor):
-            raise MismatchError(f"{where}: the file has a tensor, `into` a "
+            raise MismatchError(f"{_path_name(path)}: the file has a tensor, `into` a "
                                 f"{type(target).__name__}")
-        plan["targets"].append((node, target, where))
+        plan["targets"].append((node, target, path))
         return
     if isinstance(node, dict) and "dict" in node:
         if target is _MISSING or target is None:
             return
         if not isinstance(target, dict):
-            raise MismatchError(f"{where}: the file has a dict, `into` a {type(target).__name__}")
+            raise MismatchError(f"{_path_name(path)}: the file has a dict, `into` a "
+                                f"{type(target).__name__}")
         seen = set()
         for k, v in node["dict"]:
-            k = _decode_key(k, where)
+            k = _decode_key(k, path)
             seen.add(k)
             _walk_into(v, target.get(k, _MISSING), path + (k,), plan)
         if plan["strict"]:
@@ -798,7 +1032,8 @@ def _walk_into(node, target, path, plan):
         if target is _MISSING or target is None:
             return
         if not isinstance(target, (list, tuple)) or len(target) != len(items):
-            raise MismatchError(f"{where}: the file has a sequence of {len(items)}, `into` "
+            raise MismatchError(f"{_path_name(path)}: the file has a sequence of "
+                                f"{len(items)}, `into` "
                                 f"{type(target).__name__}"
                                 + (f" of {len(target)}" if isinstance(target, (list, tuple))
                                    else ""))
@@ -806,7 +1041,8 @@ def _walk_into(node, target, path, plan):
             _walk_into(v, target[i], path + (i,), plan)
         return
     if isinstance(target, torch.Tensor) and plan["strict"]:
-        raise MismatchError(f"{where}: `into` has a tensor, the file a {type(node).__name__}")
+        raise MismatchError(f"{_path_name(path)}: `into` has a tensor, the file a "
+                            f"{type(node).__name__}")
 
 
 def _has_tensor(x):
@@ -869,8 +1105,16 @@ def load(path, map_location=None, into=None, strict=True):
     Tied tensors come back as one object, views of one storage as views of
     one new storage (see the module's documentation).
 
+    Loading the same file layout into the same `into` again on tierfs (a
+    restart loop) reuses the last load's segment lists.
+
     Raises FormatError (a ValueError) for a file that is not in this layout,
     truncated, or whose header lies; TypeError for a dtype this torch lacks."""
+    on_tfs = into is not None and _on_tierfs(path)
+    if on_tfs:
+        got = _load_by_plan(path, into, strict)
+        if got is not None:
+            return got
     fd, hdr = _open_read(path)
     try:
         st = _structure(path, hdr)
@@ -887,7 +1131,8 @@ def load(path, map_location=None, into=None, strict=True):
         if into is not None:
             plan = {"targets": [], "strict": strict}
             _walk_into(st["root"], into, (), plan)
-            for node, target, where in plan["targets"]:
+            for node, target, tpath in plan["targets"]:
+                where = _path_name(tpath)
                 if "tensor" in node:
                     dt, shape, _, _ = hdr.entries[node["tensor"]]
                 else:
@@ -916,14 +1161,23 @@ def load(path, map_location=None, into=None, strict=True):
             tensors[name] = t
             jobs.append((t.detach(), b))
         with torch.no_grad():
-            _read_tensors(fd, jobs, _on_tierfs(path))
+            direct_io = _read_tensors(fd, jobs, _on_tierfs(path))
     finally:
         os.close(fd)
     loader.tensors = tensors
     if into is None:
         return loader.build(st["root"])
     with torch.no_grad():
-        return _merge(st["root"], into, loader)
+        got = _merge(st["root"], into, loader)
+    if on_tfs and direct_io and got is into and set(uses) == set(direct) and \
+            all(u == [1, 0] for u in uses.values()):
+        key = _plan_key(into)           # after the merge: the file's values
+        if key is not None:
+            with _plans_lock:
+                _load_plans[(key, strict)] = (hdr.raw, hdr.size, _make_plan(None, jobs))
+                while len(_load_plans) > _PLAN_MAX:
+                    _load_plans.popitem(last=False)
+    return got
 
 
 # ---------------------------------------------------------------- DCP
