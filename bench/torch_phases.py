@@ -64,8 +64,7 @@ def main():
     timed(os, "pwritev", "host write")
     timed(os, "preadv", "host read")
     timed(os, "pread", "host read")
-    timed(tierfs, "pwritev_gpu", "gpu call")
-    timed(tierfs, "preadv_gpu", "gpu call")
+    timed(tierfs, "_gpu_iov_packed", "gpu call")     # under pwritev_gpu / preadv_gpu
     timed(torch.cuda, "synchronize", "cuda sync")
     rows = collections.defaultdict(lambda: {"save": [], "load": []})
     for k in range(args.saves):

@@ -337,22 +337,32 @@ class _Header:
     """A checked header: entries {name: (dtype name, shape, begin, end)}
     with begin/end absolute file offsets, in file order; metadata dict."""
 
-    def __init__(self, path, fd):
+    @staticmethod
+    def read_raw(path, fd):
+        """(the length and header bytes, the file's size), read with one
+        pread where the header is under 64 KiB."""
         size = os.fstat(fd).st_size
         if size < 8:
             raise FormatError(f"{path}: {size} bytes: not a safetensors file (truncated?)")
-        head = os.pread(fd, 8, 0)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        first = os.pread(fd, min(size, 1 << 16), 0)
+        n = struct.unpack("<Q", first[:8])[0] if len(first) >= 8 else 0
         if n > MAX_HEADER:
             raise FormatError(f"{path}: header length {n} is over {MAX_HEADER} bytes: "
                               "not a safetensors file")
         if n > size - 8:
             raise FormatError(f"{path}: header of {n} bytes but the file has {size}: "
                               "truncated, or not a safetensors file")
-        raw = os.pread(fd, n, 8)
+        raw = first[8:8 + n]
+        if len(raw) < n:
+            raw += os.pread(fd, n - len(raw), 8 + len(raw))
         if len(raw) != n:
             raise FormatError(f"{path}: file ends inside the header")
-        self.raw, self.size = head + raw, size
+        return first[:8] + raw, size
+
+    def __init__(self, path, fd, got=None):
+        head_raw, size = got if got is not None else self.read_raw(path, fd)
+        raw, n = head_raw[8:], len(head_raw) - 8
+        self.raw, self.size = head_raw, size
         try:
             text = raw.decode("utf-8")
             if not text.startswith("{"):
@@ -954,6 +964,39 @@ def _open_read(path):
         raise
 
 
+# Checkpoints of one training run have one header as long as their other
+# values are equal (the tensors' bytes are not in it): load() keeps the
+# checked form of its last few headers, keyed by their bytes and the file's
+# size, and skips parsing and checking one it has seen (every check depends
+# on nothing else).
+_HEADERS_MAX = 4
+_headers = collections.OrderedDict()
+
+
+def _checked(path, fd):
+    """(header, structure, uses) of the file open at fd, checked."""
+    got = _Header.read_raw(path, fd)
+    with _plans_lock:
+        hit = _headers.get(got)
+        if hit is not None:
+            _headers.move_to_end(got)
+            return hit
+    hdr = _Header(path, fd, got)
+    st = _structure(path, hdr)
+    _Loader(path, hdr.entries, {}).check(st["root"])
+    uses = {}
+    _uses(st["root"], uses)
+    for name, (dt, _, _, _) in hdr.entries.items():
+        if dt not in _FROM_NAME:
+            raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
+                            f"({torch.__version__}) has no dtype for")
+    with _plans_lock:
+        _headers[got] = (hdr, st, uses)
+        while len(_headers) > _HEADERS_MAX:
+            _headers.popitem(last=False)
+    return hdr, st, uses
+
+
 def _structure(path, hdr):
     """The decoded and checked structure of a tierfs file, or a flat one
     for another writer's file."""
@@ -1115,40 +1158,33 @@ def load(path, map_location=None, into=None, strict=True):
         got = _load_by_plan(path, into, strict)
         if got is not None:
             return got
-    fd, hdr = _open_read(path)
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        st = _structure(path, hdr)
+        hdr, st, uses = _checked(path, fd)
         loader = _Loader(path, hdr.entries, {})
-        loader.check(st["root"])
         devs = st.get("devices", {})
-        uses = {}
-        _uses(st["root"], uses)
-        for name, (dt, _, _, _) in hdr.entries.items():
-            if dt not in _FROM_NAME:
-                raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
-                                f"({torch.__version__}) has no dtype for")
         direct, hint = {}, {}
         if into is not None:
             plan = {"targets": [], "strict": strict}
             _walk_into(st["root"], into, (), plan)
             for node, target, tpath in plan["targets"]:
-                where = _path_name(tpath)
                 if "tensor" in node:
                     dt, shape, _, _ = hdr.entries[node["tensor"]]
                 else:
                     dt, shape = hdr.entries[node["view"]][0], tuple(node["shape"])
                 if tuple(target.shape) != tuple(shape):
-                    raise MismatchError(f"{where}: the file has shape {list(shape)}, `into` "
-                                        f"{list(target.shape)}")
+                    raise MismatchError(f"{_path_name(tpath)}: the file has shape "
+                                        f"{list(shape)}, `into` {list(target.shape)}")
                 if target.dtype != _FROM_NAME[dt]:
-                    raise MismatchError(f"{where}: the file has dtype {_FROM_NAME[dt]}, `into` "
-                                        f"{target.dtype}")
+                    raise MismatchError(f"{_path_name(tpath)}: the file has dtype "
+                                        f"{_FROM_NAME[dt]}, `into` {target.dtype}")
                 name = node.get("tensor")
                 if name:
-                    hint[name] = target.device
-                if (name and uses.get(name) == [1, 0] and target.is_contiguous()
-                        and target.device.type in ("cpu", "cuda")):
-                    direct[name] = target
+                    hint[name] = dev = target.device
+                    if (uses.get(name) == [1, 0] and dev.type in ("cpu", "cuda")
+                            and target.is_contiguous()):
+                        direct[name] = target
         tensors, jobs = {}, []
         for name, (dt, shape, b, e) in hdr.entries.items():
             if name in direct:
@@ -1159,7 +1195,7 @@ def load(path, map_location=None, into=None, strict=True):
             else:
                 continue                # written but not referenced: not loaded
             tensors[name] = t
-            jobs.append((t.detach(), b))
+            jobs.append((t, b))             # bytes in place: no autograd (no_grad below)
         with torch.no_grad():
             direct_io = _read_tensors(fd, jobs, _on_tierfs(path))
     finally:
