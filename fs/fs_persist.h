@@ -10,6 +10,8 @@
 #include <dirent.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <time.h>
 
 struct fs_inode;
 struct fuse_args;
@@ -80,6 +82,34 @@ struct fs_psnap;
 struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp);
 size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off);
 void fs_persist_snap_free(struct fs_psnap *s);
+
+/*
+ * Checkpoint sets in DIR (fs_sets.c owns the record's format): a set's
+ * commit record is the hidden file FS_SET_RECORD of its directory; in DIR
+ * it is the commit point, written only once every file it names is there.
+ */
+#define FS_SET_RECORD	FS_HIDDEN_PREFIX ".set"
+
+struct fs_pfile {
+	char *name;
+	uint64_t size;
+	struct timespec mtime;
+};
+
+/* Write text as set dir's record in DIR once each of files[0..n) is in
+ * DIR's directory of dir as a regular file of its size and modification
+ * time (temporary name, fsync, rename, the directory synced); then, with
+ * -o persist_keep, sets are counted in DIR's parent of it.  0, -ESTALE (a
+ * file is not there as named), -ETIMEDOUT (DIR did not answer), -errno. */
+int fs_persist_record_put(struct fs_inode *dir, const char *text, size_t len,
+			  const struct fs_pfile *files, size_t n);
+/* DIR's record of set dir: *text (malloc'ed, NUL-terminated) and the
+ * regular files of DIR's directory of dir (*files, sorted by name; free
+ * with fs_persist_files_free).  0; -ENODATA: no record there (or DIR did
+ * not answer, or is off). */
+int fs_persist_record_get(struct fs_inode *dir, char **text, struct fs_pfile **files,
+			  size_t *n);
+void fs_persist_files_free(struct fs_pfile *files, size_t n);
 
 /* user.tierfs.persist (get/set/remove) and the additions to tier, state
  * and stats. */

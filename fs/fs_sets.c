@@ -57,7 +57,7 @@
 #include "tierfs.h"
 #include "../tiers/log.h"
 
-#define MANIFEST	FS_HIDDEN_PREFIX ".set"
+#define MANIFEST	FS_SET_RECORD		/* fs_persist.h */
 #define MANIFEST_TMP	FS_HIDDEN_PREFIX ".set.new"
 #define MANIFEST_MAX	(64u << 20)		/* bytes read at most */
 #define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
@@ -216,39 +216,14 @@ static void manifest_free(struct manifest *m)
 	memset(m, 0, sizeof(*m));
 }
 
-/*
- * Read and parse the manifest of the backing directory dfd (O_PATH is
- * enough): 0, -ENODATA where there is none (not a set), -EIO for one that
- * does not parse (logged).
- */
-static int manifest_read(int dfd, struct manifest *m)
+/* Parse m->text (malloc'ed, NUL-terminated; m owns it): 0, or -EIO for
+ * one that does not parse (logged; m freed). */
+static int manifest_parse(struct manifest *m)
 {
-	struct stat st;
 	size_t cap = 0;
 	char *p, *nl;
-	int fd, ret = 0;
-	ssize_t n;
+	int ret = 0;
 
-	memset(m, 0, sizeof(*m));
-	fd = openat(dfd, MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT || errno == ENOTDIR ? -ENODATA : -errno;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
-		close(fd);
-		return -EIO;
-	}
-	m->text = malloc((size_t)st.st_size + 1);
-	if (!m->text) {
-		close(fd);
-		return -ENOMEM;
-	}
-	n = pread(fd, m->text, (size_t)st.st_size, 0);
-	close(fd);
-	if (n != st.st_size) {
-		ret = -EIO;
-		goto out;
-	}
-	m->text[n] = 0;
 	if (strncmp(m->text, "tierfs-set 1\n", 13)) {
 		ret = -EIO;
 		goto out;
@@ -298,6 +273,11 @@ static int manifest_read(int dfd, struct manifest *m)
 				goto out;
 			}
 			f->name = p + 1;
+			if (strchr(f->name, '/') || !strcmp(f->name, ".") ||
+			    !strcmp(f->name, "..")) {
+				ret = -EIO;	/* not a name of the set's directory */
+				goto out;
+			}
 			m->bytes += f->size;
 			m->n++;
 		}			/* other keys: a newer format's, skipped */
@@ -311,6 +291,43 @@ out:
 		tlog(LOG_WARNING, "sets: a %s that does not parse: taken as no commit", MANIFEST);
 	if (ret)
 		manifest_free(m);
+	return ret;
+}
+
+/*
+ * Read and parse the manifest of the backing directory dfd (O_PATH is
+ * enough): 0, -ENODATA where there is none (not a set), -EIO for one that
+ * does not parse (logged).
+ */
+static int manifest_read(int dfd, struct manifest *m)
+{
+	struct stat st;
+	int fd, ret = 0;
+	ssize_t n;
+
+	memset(m, 0, sizeof(*m));
+	fd = openat(dfd, MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT || errno == ENOTDIR ? -ENODATA : -errno;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+		close(fd);
+		return -EIO;
+	}
+	m->text = malloc((size_t)st.st_size + 1);
+	if (!m->text) {
+		close(fd);
+		return -ENOMEM;
+	}
+	n = pread(fd, m->text, (size_t)st.st_size, 0);
+	close(fd);
+	if (n != st.st_size) {
+		ret = -EIO;
+		goto out;
+	}
+	m->text[n] = 0;
+	return manifest_parse(m);
+out:
+	manifest_free(m);
 	return ret;
 }
 
@@ -404,6 +421,11 @@ out:
 }
 
 /* ------------------------------------------------------------ commit */
+
+static int pfile_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct fs_pfile *)a)->name, ((const struct fs_pfile *)b)->name);
+}
 
 static int name_cmp(const void *a, const void *b)
 {
@@ -682,20 +704,68 @@ static void eval_free(struct eval *ev)
 }
 
 /*
+ * The set's record into DIR, the commit point there: m's text (its pfs
+ * time, without the ssd one, which is this node's) once each of its files
+ * is in DIR as committed.  0 or -errno.
+ */
+static int record_to_dir(struct fs_inode *dir, const struct manifest *m0)
+{
+	struct manifest m = *m0;
+	struct fs_pfile *pf;
+	size_t len;
+	char *text;
+	int ret;
+
+	m.rec[L_SSD] = false;
+	text = manifest_text(&m, &len);
+	pf = calloc(m.n ? m.n : 1, sizeof(*pf));
+	if (!text || !pf) {
+		free(text);
+		free(pf);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < m.n; i++) {
+		pf[i].name = m.f[i].name;	/* borrowed */
+		pf[i].size = m.f[i].size;
+		pf[i].mtime = m.f[i].mtime;
+	}
+	ret = fs_persist_record_put(dir, text, len, pf, m.n);
+	free(pf);
+	free(text);
+	return ret;
+}
+
+/*
  * Record level l (ssd, pfs) as reached in dfd's manifest, if it is still
  * the commit judged (a commit meanwhile starts over).  ssd: the set's
- * directory entries synced first (its files were, by eval_file).
+ * directory entries synced first (its files were, by eval_file); pfs: the
+ * record is written to DIR first (with no lock held: DIR may be slow), and
+ * pfs is recorded here only once it is there.
  */
-static void record(int dfd, struct eval *ev, int l)
+static void record(struct fs_inode *dir, int dfd, struct eval *ev, int l)
 {
 	struct manifest now;
+	struct timespec at;
+	int ret;
 
+	ts_now(&at);
 	if (l == L_SSD && (sync_dir(dfd, ".") || sync_dir(dfd, "..")))
 		return;
+	if (l == L_PFS) {
+		ev->m.at[L_PFS] = at;
+		ev->m.rec[L_PFS] = true;
+		ret = record_to_dir(dir, &ev->m);
+		ev->m.rec[L_PFS] = false;
+		if (ret) {
+			say(dir, LOG_INFO, "sets: %s: its record not written to DIR yet: %s%s",
+			    strerror(-ret), "");
+			return;
+		}
+	}
 	fs_ns_lock();
 	if (!manifest_read(dfd, &now)) {
 		if (!ts_cmp(&now.committed, &ev->m.committed) && !now.rec[l]) {
-			ts_now(&now.at[l]);
+			now.at[l] = at;
 			now.rec[l] = true;
 			if (!manifest_write(dfd, &now)) {
 				ev->m.rec[l] = true;
@@ -710,6 +780,81 @@ static void record(int dfd, struct eval *ev, int l)
 	fs_ns_unlock();
 }
 
+static const struct fs_pfile *pfile_find(const struct fs_pfile *pf, size_t n, const char *name)
+{
+	struct fs_pfile key = { .name = (char *)name };
+
+	return n ? bsearch(&key, pf, n, sizeof(*pf), pfile_cmp) : NULL;
+}
+
+/*
+ * A set whose backing directory has no manifest, but DIR has its record
+ * (a restart on a fresh backing directory, or retention removed it from
+ * the SSD): judged by that record.  Complete at pfs where every file is in
+ * DIR as recorded; a file not in the backing directory keeps cache and
+ * ssd pending (only-in-pfs) until it is fetched.  Once all are here, the
+ * record becomes the backing directory's manifest (*adopted) and the set
+ * is judged as any other.  0, or -ENODATA: DIR has no record of it.
+ */
+static int evaluate_from_dir(struct fs_inode *dir, int dfd, struct eval *ev, bool *adopted)
+{
+	struct fs_pfile *pf;
+	size_t npf, here = 0;
+	char *text;
+	int ret;
+
+	*adopted = false;
+	if (fs_persist_record_get(dir, &text, &pf, &npf))
+		return -ENODATA;
+	ev->m.text = text;
+	ret = manifest_parse(&ev->m);
+	if (ret) {
+		fs_persist_files_free(pf, npf);
+		return -ENODATA;
+	}
+	for (size_t i = 0; i < ev->m.n; i++) {
+		const struct mfile *f = &ev->m.f[i];
+		const struct fs_pfile *p = pfile_find(pf, npf, f->name);
+		bool indir = p && p->size == f->size && p->mtime.tv_sec == f->mtime.tv_sec &&
+			     p->mtime.tv_nsec == f->mtime.tv_nsec;
+		struct stat bst;
+		bool local = fstatat(dfd, f->name, &bst, AT_SYMLINK_NOFOLLOW) == 0 &&
+			     S_ISREG(bst.st_mode) && same(&bst, f);
+
+		if (!indir) {
+			ev->lv[L_PFS].bad++;
+			problem(ev, f->name, "missing-in-pfs");
+		}
+		if (local) {
+			here++;
+		} else if (indir) {
+			ev->lv[L_CACHE].pending++;
+			ev->lv[L_SSD].pending++;
+			problem(ev, f->name, "only-in-pfs");
+		} else {
+			ev->lv[L_CACHE].bad++;
+			ev->lv[L_SSD].bad++;
+			problem(ev, f->name, "missing");
+		}
+	}
+	fs_persist_files_free(pf, npf);
+	if (ev->m.n && here == ev->m.n && !ev->lv[L_PFS].bad) {
+		struct manifest cur;
+
+		/* all fetched: DIR's record is the backing directory's now */
+		fs_ns_lock();
+		if (manifest_read(dfd, &cur) == -ENODATA)
+			*adopted = !manifest_write(dfd, &ev->m);
+		else
+			manifest_free(&cur);
+		fs_ns_unlock();
+		if (*adopted)
+			say(dir, LOG_INFO, "sets: %s: fetched from DIR whole, its record "
+			    "adopted%s%s", "", "");
+	}
+	return 0;
+}
+
 /*
  * Judge set dir against its manifest: 0 with ev filled (eval_free it),
  * -ENODATA for a directory that is no set.  Levels reached for the first
@@ -717,8 +862,10 @@ static void record(int dfd, struct eval *ev, int l)
  */
 static int evaluate(struct fs_inode *dir, struct eval *ev)
 {
+	bool adopted = false;
 	int dfd, ret;
 
+again:
 	memset(ev, 0, sizeof(*ev));
 	if (!S_ISDIR(dir->type))
 		return -ENODATA;
@@ -728,6 +875,17 @@ static int evaluate(struct fs_inode *dir, struct eval *ev)
 		return dfd;
 	}
 	ret = manifest_read(dfd, &ev->m);
+	if (ret == -ENODATA && fs_persist_on() && !adopted && dir != &fs.root) {
+		ret = evaluate_from_dir(dir, dfd, ev, &adopted);
+		fs_fd_release(dir);
+		if (adopted) {
+			eval_free(ev);
+			goto again;
+		}
+		if (ret)
+			eval_free(ev);
+		return ret;
+	}
 	if (ret) {
 		fs_fd_release(dir);
 		return ret == -EIO ? -ENODATA : ret;
@@ -742,7 +900,12 @@ static int evaluate(struct fs_inode *dir, struct eval *ev)
 	}
 	for (int l = L_SSD; l < L_N; l++)
 		if (complete(ev, l) && !ev->m.rec[l])
-			record(dfd, ev, l);
+			record(dir, dfd, ev, l);
+	if (complete(ev, L_PFS) && !ev->m.rec[L_PFS]) {
+		/* its files are in DIR, its record not yet: not there as a set */
+		ev->lv[L_PFS].pending++;
+		problem(ev, "-", "record-pending");
+	}
 	fs_fd_release(dir);
 	return 0;
 }

@@ -5,6 +5,7 @@ in their xattr, Python, tierfsctl and libtierfs forms."""
 
 import ctypes
 import errno
+import json
 import os
 import random
 import signal
@@ -329,4 +330,104 @@ def test_retention_never_drops_the_newest_set_in_dir(mount, tmp_path):
                     timeout=60)
     assert os.path.exists(j(m.backing, "ck", "s2", "rank0"))
     for i in range(3):                              # DIR keeps them all
-        assert sorted(os.listdir(pdir / "ck" / f"s{i}")) == ["rank0", "rank1", "rank2"]
+        assert sorted(os.listdir(pdir / "ck" / f"s{i}")) == [".tierfs.set", "rank0", "rank1",
+                                                             "rank2"]
+
+
+def test_set_in_dir_found_after_restart_on_a_fresh_backing_directory(mount, tmp_path):
+    """The commit record reaches DIR after the set's files: a daemon started
+    over an empty backing directory (another node, the SSD lost) finds the
+    sets that are in DIR, complete at pfs and not at ssd or cache until
+    their files are fetched; they read back equal."""
+    pdir = tmp_path / "shared"
+    pdir.mkdir()
+    a = mount(persist=str(pdir))
+    top = j(a.mnt, "ck")
+    os.mkdir(top)
+    tierfs.persist(top, True)
+    rng = random.Random(SEED)
+    want = {}
+    for i in range(2):
+        want[i] = make_set(j(top, f"s{i}"), rng=rng)
+        tierfs.wait_set(j(top, f"s{i}"), "pfs", timeout=60)
+        assert (pdir / "ck" / f"s{i}" / ".tierfs.set").exists()
+    a.umount()
+    b = mount(persist=str(pdir))            # a fresh backing directory
+    assert not os.path.exists(j(b.backing, "ck"))
+    top = j(b.mnt, "ck")
+    assert tierfs.latest(top, "pfs") == j(top, "s1")
+    assert tierfs.latest(top, "ssd") is None and tierfs.latest(top, "cache") is None
+    st = tierfs.set_state(j(top, "s1"))
+    assert st["pfs"] == "complete" and st["ssd"] == "pending" and st["cache"] == "pending", st
+    assert st["files"] == 3 and st["level"] == "pfs", st
+    r = ctl("latest", top, "--level", "pfs")
+    assert r.returncode == 0 and r.stdout.strip() == j(top, "s1"), r
+    r = ctl("sets", top)
+    assert r.returncode == 0 and "s0" in r.stdout and "s1" in r.stdout, r
+    for name, data in want[1].items():              # fetched from DIR
+        with open(j(top, "s1", name), "rb") as f:
+            assert f.read() == data, name
+    st = tierfs.wait_set(j(top, "s1"), "ssd", timeout=60)
+    assert st["cache"] == "complete" and st["pfs"] == "complete", st
+    assert tierfs.latest(top, "ssd") == j(top, "s1")
+    assert os.path.exists(j(b.backing, "ck", "s1", ".tierfs.set"))
+    st = tierfs.set_state(j(top, "s0"))             # still in DIR only
+    assert st["pfs"] == "complete" and st["ssd"] == "pending", st
+    # a set removed through the mount goes from DIR, its record with it
+    import shutil
+    shutil.rmtree(j(top, "s0"))
+    util.wait_until(lambda: not (pdir / "ck" / "s0").exists(), "s0's removal from DIR",
+                    timeout=60)
+
+
+def test_set_whose_dir_copy_lacks_a_file_is_not_complete_at_pfs(mount, tmp_path):
+    """DIR's record is checked against DIR's files when it is read: a file
+    missing there, or of another size, keeps the set from pfs."""
+    pdir = tmp_path / "shared"
+    pdir.mkdir()
+    a = mount(persist=str(pdir))
+    top = j(a.mnt, "ck")
+    os.mkdir(top)
+    tierfs.persist(top, True)
+    rng = random.Random(SEED)
+    for i in range(3):
+        make_set(j(top, f"s{i}"), rng=rng)
+        tierfs.wait_set(j(top, f"s{i}"), "pfs", timeout=60)
+    a.umount()
+    os.unlink(pdir / "ck" / "s2" / "rank1")
+    with open(pdir / "ck" / "s1" / "rank0", "r+b") as f:
+        f.truncate(100)
+    b = mount(persist=str(pdir))
+    top = j(b.mnt, "ck")
+    for s, name in (("s2", "rank1"), ("s1", "rank0")):
+        st = tierfs.set_state(j(top, s))
+        assert st is not None and st["pfs"] == "incomplete", (s, st)
+        assert (name, "missing-in-pfs") in st["files_not_done"], (s, st)
+    assert tierfs.latest(top, "pfs") == j(top, "s0")
+    r = ctl("wait", "--level", "pfs", j(top, "s2"))
+    assert r.returncode == 1 and "rank1" in r.stderr, r
+
+
+def test_persist_keep_counts_sets(mount, tmp_path):
+    """-o persist_keep=2 where sets are: DIR keeps the two newest sets
+    complete at pfs (whole directories, records included); the mount keeps
+    them all on the SSD."""
+    pdir = tmp_path / "shared"
+    pdir.mkdir()
+    m = mount(persist=str(pdir), persist_keep=2)
+    top = j(m.mnt, "ck")
+    os.mkdir(top)
+    tierfs.persist(top, True)
+    rng = random.Random(SEED)
+    for i in range(4):
+        make_set(j(top, f"s{i}"), rng=rng)
+        tierfs.wait_set(j(top, f"s{i}"), "pfs", timeout=60)
+    util.wait_until(lambda: sorted(os.listdir(pdir / "ck")) == ["s2", "s3"],
+                    "persist_keep of sets", timeout=60)
+    for s in ("s2", "s3"):
+        assert sorted(os.listdir(pdir / "ck" / s)) == [".tierfs.set", "rank0", "rank1",
+                                                       "rank2"], s
+    assert sorted(os.listdir(top)) == ["s0", "s1", "s2", "s3"]
+    assert tierfs.latest(top, "pfs") == j(top, "s3")
+    st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["persist"]
+    assert st["pruned"] == 2, st

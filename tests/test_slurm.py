@@ -245,3 +245,36 @@ def test_run_as_root(node):
     assert e.returncode == 0, e.stderr
     st = os.stat(os.path.join(backing, "ckpt"))
     assert (st.st_uid, st.st_gid) == (node.user.uid, node.user.gid)
+
+
+def test_epilog_waits_for_each_set_to_reach_the_persistent_tier(node):
+    """The epilog waits for every committed set under the mount to be
+    complete in the persistent tier (its files there, then its record);
+    a set that cannot be (a file changed after its commit) fails the
+    epilog, which names it."""
+    pdir = node.user.mkdir("pfs-sets")
+    node.conf["PERSIST"] = pdir + "/%j"
+    node.write_conf()
+    for job, bad in ((1001, False), (1002, True)):
+        assert node.run("tierfs-prolog", job).returncode == 0
+        mnt = node.path(job, "MOUNT")
+        script = (f"set -e; mkdir -p {mnt}/run; setfattr -n user.tierfs.persist -v 1 {mnt}/run; "
+                  f"for s in step-1 step-2; do mkdir {mnt}/run/$s; "
+                  f"head -c 200000 /dev/urandom > {mnt}/run/$s/rank0; "
+                  f"echo meta > {mnt}/run/$s/.metadata; "
+                  f"setfattr -n user.tierfs.commit -v '' {mnt}/run/$s; done")
+        if bad:
+            script += f"; echo more >> {mnt}/run/step-2/rank0"
+        w = node.user.run(["sh", "-c", script])
+        assert w.returncode == 0, w.stderr
+        e = node.run("tierfs-epilog", job)
+        if bad:
+            assert e.returncode == 1, e.stderr
+            assert "job 1002" in e.stderr and "run/step-2" in e.stderr, e.stderr
+            assert "step-1" not in e.stderr.replace("run/step-2", ""), e.stderr
+            assert not util.is_mounted(mnt)
+            assert os.path.isdir(node.path(job, "BACKING"))     # kept
+        else:
+            assert e.returncode == 0, e.stderr + open(node.path(job, "LOGFILE")).read()
+            for s in ("step-1", "step-2"):
+                assert os.path.exists(os.path.join(pdir, str(job), "run", s, ".tierfs.set")), s

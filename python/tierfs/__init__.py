@@ -747,7 +747,7 @@ def _parse_state(text):
 
 
 _FILE_WHATS = ("missing", "changed", "open-for-writing", "flush-failed", "persist-failed",
-               "some-files-not-persistent")
+               "some-files-not-persistent", "only-in-pfs", "missing-in-pfs", "record-pending")
 
 
 def set_state(path):
@@ -801,8 +801,8 @@ def latest(parent, level="ssd"):
 def _set_lost(st, level):
     """The files of set state `st` that will not reach `level` by
     themselves (missing, changed, persist-failed), or []."""
-    bad = ("missing", "changed", "persist-failed") if level != "cache" else \
-        ("missing", "changed")
+    bad = ("missing", "changed", "persist-failed", "missing-in-pfs") if level == "pfs" else \
+        ("missing", "changed", "persist-failed") if level == "ssd" else ("missing", "changed")
     return [(n, w) for n, w in st["files_not_done"] if w.split(" ")[0] in bad]
 
 
