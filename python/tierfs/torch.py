@@ -74,9 +74,10 @@ Repeated saves
     strides, storage offset and address.  A save with the same fingerprint
     writes from the plan, without walking the object's tensors again; any
     difference (a step count, a tensor replaced or reshaped) makes a new
-    plan.  load(into=...) does the same for a file with the same header read
-    into the same tensors.  Tensors written from copies (non-contiguous, or
-    staged through host memory) are never planned.  io_stats counts both.
+    plan.  Tensors written from copies (non-contiguous, or staged through
+    host memory) are never planned.  io_stats counts the saves from plans.
+    load() keeps the checked form of its last few headers: checkpoints of
+    one run share theirs while their other values are equal.
 
 torch.distributed.checkpoint (torch >= 2.0)
     FileSystemWriter and FileSystemReader here are drop-in replacements of
@@ -143,8 +144,9 @@ io_stats = collections.Counter()
 """Bytes moved by each path since import: gpu_write, gpu_read (the vectored
 GPU calls), posix_write, posix_read; gpu_fallbacks counts the GPU calls that
 fell back to host memory (no GPU tier, not tierfs, no libtierfs);
-saves_from_plan and loads_from_plan the saves and loads that reused the plan
-of an earlier one (see "Repeated saves" in the module's documentation)."""
+saves_from_plan the saves that reused the plan of an earlier one,
+headers_reused the loads that reused the checked header of an earlier one
+(see "Repeated saves" in the module's documentation)."""
 _stats_lock = threading.Lock()
 
 
@@ -700,33 +702,51 @@ _FP_BIG = 1 << 16                       # longer str/bytes leaves: no plan
 
 
 def _scalar_fp(x):
+    """A plain value's part of the fingerprint; for anything that is not a
+    plain value (or is too long) an unhashable one: no plan (the save itself
+    then says whether it can be saved)."""
     tp = type(x)
     if tp is float:
         return (float, x.hex())         # tells -0.0 from 0.0
     if tp is tuple:
         return (tuple, tuple(_scalar_fp(e) for e in x))
     if (tp is bytes or tp is str) and len(x) > _FP_BIG:
-        return [x]                      # unhashable: no plan (a plan would keep it)
-    return (tp, x)
+        return [x]                      # a plan would keep it alive
+    if x is None or isinstance(x, (bool, int, str, bytes, torch.Size)):
+        return (tp, x)
+    return [x]
 
 
 def _fingerprint(obj, out):
-    if isinstance(obj, torch.Tensor):
+    """Append obj's fingerprint to out (tensors and plain values of a
+    container inline: one call per container, not per leaf)."""
+    Tensor = torch.Tensor
+    if isinstance(obj, Tensor):
         out.append((type(obj), obj.device, obj.dtype, obj.shape, obj.stride(),
                     obj.storage_offset(), obj.data_ptr(), obj.layout))
-    elif isinstance(obj, dict):
+        return
+    if isinstance(obj, dict):
         out.append((type(obj), len(obj)))
         if type(obj) is not dict:       # an OrderedDict's _metadata
             _fingerprint(getattr(obj, "_metadata", None), out)
-        for k, v in obj.items():
-            out.append(k if type(k) is str else _scalar_fp(k))
-            _fingerprint(v, out)
+        items = obj.items()
     elif type(obj) is list or type(obj) is tuple:
         out.append((type(obj), len(obj)))
-        for v in obj:
-            _fingerprint(v, out)
+        items = enumerate(obj)
     else:
         out.append(_scalar_fp(obj))
+        return
+    keyed = type(obj) is not list and type(obj) is not tuple
+    for k, v in items:
+        if keyed:
+            out.append(k if type(k) is str else _scalar_fp(k))
+        if isinstance(v, Tensor):
+            out.append((type(v), v.device, v.dtype, v.shape, v.stride(),
+                        v.storage_offset(), v.data_ptr(), v.layout))
+        elif isinstance(v, (dict, list, tuple)):
+            _fingerprint(v, out)
+        else:
+            out.append(_scalar_fp(v))
 
 
 def _plan_key(obj):
@@ -742,10 +762,10 @@ def _plan_key(obj):
 
 
 def _make_plan(header, jobs):
-    """The plan of a save (or, header None, of a load) whose tensors all
-    moved from or into their own memory: {"gpu": [(device, packed segments,
-    n, bytes)], "host": [(file offset, [(address or bytes, length)])] (runs
-    of adjacent ranges, a save's header first)}."""
+    """The plan of a save whose tensors were all written from their own
+    memory: {"gpu": [(device, packed segments, n, bytes)], "host": [(file
+    offset, [(address or bytes, length)])] (runs of adjacent ranges, the
+    header first)}."""
     gpu = collections.OrderedDict()
     for t, off in jobs:
         n = t.numel() * t.element_size()
@@ -755,13 +775,13 @@ def _make_plan(header, jobs):
     for dev, segs in gpu.items():
         buf, n = _tierfs._pack_iov(segs)
         plan["gpu"].append((dev, buf, n, sum(x[1] for x in segs)))
-    runs = [(0, [(header, len(header))])] if header is not None else []
+    runs = [(0, [(header, len(header))])]
     for t, off in sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1]):
         n = t.numel() * t.element_size()
         if not n:
             continue
-        start, bufs = runs[-1] if runs else (None, None)
-        if runs and start + sum(b[1] for b in bufs) == off:
+        start, bufs = runs[-1]
+        if start + sum(b[1] for b in bufs) == off:
             bufs.append((t.data_ptr(), n))
         else:
             runs.append((off, [(t.data_ptr(), n)]))
@@ -792,62 +812,6 @@ def _write_plan(fd, plan):
         _count("posix_write", _vec_io(os.pwritev, fd, views, off, "write"))
     _count("saves_from_plan", 1)
     return True
-
-
-def _read_plan(fd, plan):
-    """Read a file by a load's plan (the host runs, then each GPU's vectored
-    call).  Returns False when the GPU call is refused in a way that means
-    "use host memory" (the caller reads the slow way)."""
-    for off, bufs in plan["host"]:
-        views = [memoryview((ctypes.c_ubyte * n).from_address(b)).cast("B") for b, n in bufs]
-        _count("posix_read", _vec_io(os.preadv, fd, views, off, "read"))
-    for dev, buf, n, want in plan["gpu"]:
-        try:
-            with torch.cuda.device(dev):
-                torch.cuda.synchronize(dev)
-                got = _tierfs._gpu_iov_packed(False, fd, buf, n)
-        except OSError as e:
-            if _gpu_fallback(e):
-                return False
-            raise
-        if got != want:
-            raise FormatError(f"file ends early: {got} of {want} bytes read")
-        _count("gpu_read", want)
-    return True
-
-
-_load_plans = collections.OrderedDict()
-
-
-def _load_by_plan(path, into, strict):
-    """load(path, into=into) from the plan of an earlier load of the same
-    header into the same `into` (same fingerprint: containers, values, tensor
-    addresses), or None where there is none (or the GPU path is refused).
-    The earlier load left `into`'s other values equal to the file's (they
-    are in the fingerprint, taken after it), so only the tensors are read."""
-    key = _plan_key(into)
-    if key is None:
-        return None
-    with _plans_lock:
-        ent = _load_plans.get((key, strict))
-        if ent is not None:
-            _load_plans.move_to_end((key, strict))
-    if ent is None:
-        return None
-    raw, size, plan = ent
-    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if os.pread(fd, len(raw), 0) != raw or os.fstat(fd).st_size != size:
-            return None
-        with torch.no_grad():
-            if not _read_plan(fd, plan):
-                with _plans_lock:
-                    _load_plans.pop((key, strict), None)
-                return None
-    finally:
-        os.close(fd)
-    _count("loads_from_plan", 1)
-    return into
 
 
 def _prepare(obj):
@@ -980,7 +944,9 @@ def _checked(path, fd):
         hit = _headers.get(got)
         if hit is not None:
             _headers.move_to_end(got)
-            return hit
+    if hit is not None:
+        _count("headers_reused", 1)
+        return hit
     hdr = _Header(path, fd, got)
     st = _structure(path, hdr)
     _Loader(path, hdr.entries, {}).check(st["root"])
@@ -1148,16 +1114,8 @@ def load(path, map_location=None, into=None, strict=True):
     Tied tensors come back as one object, views of one storage as views of
     one new storage (see the module's documentation).
 
-    Loading the same file layout into the same `into` again on tierfs (a
-    restart loop) reuses the last load's segment lists.
-
     Raises FormatError (a ValueError) for a file that is not in this layout,
     truncated, or whose header lies; TypeError for a dtype this torch lacks."""
-    on_tfs = into is not None and _on_tierfs(path)
-    if on_tfs:
-        got = _load_by_plan(path, into, strict)
-        if got is not None:
-            return got
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -1197,23 +1155,14 @@ def load(path, map_location=None, into=None, strict=True):
             tensors[name] = t
             jobs.append((t, b))             # bytes in place: no autograd (no_grad below)
         with torch.no_grad():
-            direct_io = _read_tensors(fd, jobs, _on_tierfs(path))
+            _read_tensors(fd, jobs, _on_tierfs(path))
     finally:
         os.close(fd)
     loader.tensors = tensors
     if into is None:
         return loader.build(st["root"])
     with torch.no_grad():
-        got = _merge(st["root"], into, loader)
-    if on_tfs and direct_io and got is into and set(uses) == set(direct) and \
-            all(u == [1, 0] for u in uses.values()):
-        key = _plan_key(into)           # after the merge: the file's values
-        if key is not None:
-            with _plans_lock:
-                _load_plans[(key, strict)] = (hdr.raw, hdr.size, _make_plan(None, jobs))
-                while len(_load_plans) > _PLAN_MAX:
-                    _load_plans.popitem(last=False)
-    return got
+        return _merge(st["root"], into, loader)
 
 
 # ---------------------------------------------------------------- DCP
