@@ -139,6 +139,7 @@ def far(fs, i):
     dt = time.perf_counter() - t
     used = fs.stats()["tiers"]["host"]["used"] if isinstance(fs, Tierfs) else 0
     os.close(fd)
+    os.unlink(p)
     return dt * 1e3, used / MiB
 
 
@@ -147,7 +148,9 @@ def blocks(fs, i):
     fd = os.open(os.path.join(fs.mnt, name), os.O_WRONLY | os.O_CREAT, 0o644)
     os.pwrite(fd, os.urandom(4096), 500 * MiB)
     sync_close(fd)
-    return os.stat(fs.settle(name, 500 * MiB + 4096)).st_blocks
+    n = os.stat(fs.settle(name, 500 * MiB + 4096)).st_blocks
+    os.unlink(os.path.join(fs.mnt, name))
+    return n
 
 
 def punch(fs, i):
@@ -163,6 +166,7 @@ def punch(fs, i):
     sync_close(fd)
     time.sleep(0.05)    # a write-through version commits at RELEASE
     after = os.stat(fs.settle(name, 8 * MiB)).st_blocks
+    os.unlink(p)
     return before, after
 
 
@@ -182,7 +186,9 @@ def small(fs, i):
     b = fs.settle(name, 2 * GiB)
     dt = time.perf_counter() - t
     w = (fs.written() - w0) if isinstance(fs, Tierfs) else 0
-    return dt, w / MiB, os.stat(b).st_blocks
+    n = os.stat(b).st_blocks
+    os.unlink(p)
+    return dt, w / MiB, n
 
 
 print(f"{reps} runs each, host cache {cache} (small: 64M); medians [min-max]")
