@@ -399,8 +399,8 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		return -EAGAIN;
 	uint64_t inner = 0, last = 0;
 	bool host = cp->cache->host_addressable;
-	struct ssd_seg *seg = host ? malloc((in->n + 1) * sizeof(*seg)) : NULL;
-	unsigned ns = 0;
+	unsigned ns = 0, cap = in->n + 1;
+	struct ssd_seg *seg = host ? malloc(cap * sizeof(*seg)) : NULL, *more;
 
 	if (host && !seg)
 		return -ENOMEM;		/* retried, like any failed flush */
@@ -418,11 +418,29 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 			continue;
 		inner += b - a;
 		last = b;
-		if (host) {		/* written together, below */
-			seg[ns++] = (struct ssd_seg){ .off = a, .len = b - a,
-						      .buf = copy_ptr(cp) + a };
-			continue;
+		/* written together, below; runs of zeros (a punched hole)
+		 * punched over the clone instead */
+		for (uint64_t p = a, q; host && p < b && !ret; p = q) {
+			bool hole;
+
+			q = backing_run(copy_ptr(cp), p, b, &hole);
+			if (hole && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+					      (off_t)p, (off_t)(q - p)) == 0)
+				continue;
+			if (ns == cap) {
+				cap *= 2;
+				more = realloc(seg, cap * sizeof(*seg));
+				if (!more) {
+					ret = -ENOMEM;
+					break;
+				}
+				seg = more;
+			}
+			seg[ns++] = (struct ssd_seg){ .off = p, .len = q - p,
+						      .buf = copy_ptr(cp) + p };
 		}
+		if (host)
+			continue;
 		ret = write_range(ring, fd, cp, a, b, &done);
 		tierfs_fault_kill("incr_write");
 	}
