@@ -145,7 +145,14 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
  * e->lock and f->lock held; e->lock is dropped to look at the backing
  * file.  hole_at: where the write starts (the hole is before it).
  */
-#define SPARSE_HOLE	(1u << 20)
+/*
+ * Holes shorter than this are taken as zeros: they cost the cache little
+ * (a flush leaves them holes anyway), and writes come out of order (the
+ * kernel's writeback with -o writeback sends a later page range first;
+ * threads share a file): a smaller hole would send such a file through to
+ * the SSD, where a full disk fails the writes that a cache would hold.
+ */
+#define SPARSE_HOLE	(32u << 20)
 
 static bool goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end)
 {
