@@ -341,6 +341,8 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
 void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t length,
 		     struct fuse_file_info *fi);
+void fs_ll_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		 struct fuse_file_info *fi);
 
 /* In a polling loop: let the other hardware thread of the core run. */
 static inline void fs_cpu_relax(void)

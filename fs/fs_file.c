@@ -1,6 +1,6 @@
 /*
  * fs_file.c - FUSE operations on file content: open, create, read, write,
- * flush, release, fsync, fallocate; and what the kernel is told when the
+ * flush, release, fsync, fallocate, lseek (holes); and what the kernel is told when the
  * GPU wrote a file behind its back (fs_kernel_written).
  *
  * Content goes through the engine (tiers/): each handler takes an inode
@@ -392,21 +392,32 @@ void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,
 	} else if (mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) ||
 		   mode == FALLOC_FL_ZERO_RANGE ||
 		   mode == (FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)) {
-		static const char zeros[65536];
-		uint64_t pos = (uint64_t)off, stop = end;
-
-		if ((mode & FALLOC_FL_KEEP_SIZE) && stop > size)
-			stop = size;
-		while (pos < stop && !ret) {
-			size_t n = stop - pos < sizeof(zeros) ? (size_t)(stop - pos) : sizeof(zeros);
-			ssize_t w = tfile_write(&in->tf, zeros, n, (off_t)pos);
-			ret = w < 0 ? (int)w : 0;
-			pos += n;
-		}
+		/* zeros inside the file (holes once flushed); past its end a
+		 * zero range grows it, whose new bytes are zeros already */
+		if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size)
+			ret = tfile_truncate(&in->tf, end);
+		if (!ret && (uint64_t)off < size)
+			ret = tfile_zero(&in->tf, (uint64_t)off,
+					 (end < size ? end : size) - (uint64_t)off);
 	} else {
 		ret = -EOPNOTSUPP;
 	}
 	fuse_reply_err(req, -ret);
+}
+
+/* SEEK_DATA / SEEK_HOLE (the kernel answers the other whences itself). */
+void fs_ll_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence,
+		 struct fuse_file_info *fi)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	off_t ret;
+
+	(void)fi;
+	ret = tfile_seek(&in->tf, off, whence);
+	if (ret < 0)
+		fuse_reply_err(req, (int)-ret);
+	else
+		fuse_reply_lseek(req, ret);
 }
 
 /*

@@ -827,5 +827,6 @@ const struct fuse_lowlevel_ops fs_ll_ops = {
 	.listxattr	= fs_ll_listxattr,
 	.removexattr	= fs_ll_removexattr,
 	.fallocate	= fs_ll_fallocate,
+	.lseek		= fs_ll_lseek,
 	.ioctl		= fs_ll_ioctl,
 };

@@ -3,7 +3,8 @@
  * between a cache, device memory and a backing file, through one bounce
  * buffer (backing_move), and the plain file I/O of the engine (reads that
  * zero-fill past the end of a file, writes that write everything, the
- * sparse copy of a backing file into a new version).
+ * sparse copy of a backing file into a new version), and where a buffer's
+ * holes are (backing_run: the runs of zeros a version leaves unwritten).
  *
  * Owns nothing and takes no lock: callers hold a lease on any copy they
  * name (engine_int.h) and have dropped e->lock.  Calls the tiers' copy
@@ -119,6 +120,54 @@ int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
 			__atomic_store_n(progress, done, __ATOMIC_RELAXED);
 	}
 	free(b);
+	return ret;
+}
+
+/* Is block [b, b + TIER_ALIGN) of buf (cut at end) all zeros? */
+static bool zero_block(const uint8_t *buf, uint64_t b, uint64_t end)
+{
+	size_t n = end - b < TIER_ALIGN ? (size_t)(end - b) : TIER_ALIGN;
+	const uint8_t *p = buf + b;
+
+	return !p[0] && !memcmp(p, p + 1, n - 1);
+}
+
+uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
+{
+	uint64_t b = pos, zs = pos;	/* zs: where the current zero blocks start */
+
+	while (b < end && zero_block(buf, b, end))
+		b += TIER_ALIGN;
+	b = b < end ? b : end;
+	if (b > pos && (b - pos >= SPARSE_RUN || b == end)) {
+		*hole = true;
+		return b;
+	}
+	*hole = false;
+	for (zs = end; b < end; b += TIER_ALIGN) {
+		if (!zero_block(buf, b, end)) {
+			zs = end;
+			continue;
+		}
+		if (zs == end)
+			zs = b;
+		if (b + TIER_ALIGN - zs >= SPARSE_RUN)
+			return zs;
+	}
+	return zs;		/* zeros to the end are the next run, a hole */
+}
+
+int backing_pwrite_sparse(int fd, const void *buf, uint64_t n)
+{
+	uint64_t pos = 0, next;
+	bool hole;
+	int ret = 0;
+
+	for (; pos < n && !ret; pos = next) {
+		next = backing_run(buf, pos, n, &hole);
+		if (!hole)
+			ret = backing_pwrite(fd, (const uint8_t *)buf + pos, next - pos, (off_t)pos);
+	}
 	return ret;
 }
 

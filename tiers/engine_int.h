@@ -513,6 +513,20 @@ int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
 int backing_pread(int fd, void *buf, size_t n, off_t off);
 /* Write all n bytes of buf at off of fd: 0 / -errno. */
 int backing_pwrite(int fd, const void *buf, size_t n, off_t off);
+/*
+ * Holes (sparse files).  A version leaves unwritten, as a hole, every run
+ * of zeros of whole TIER_ALIGN blocks that is at least SPARSE_RUN bytes
+ * long or reaches the end of what is written (shorter runs between data
+ * are written: fewer, larger writes); reads give the same zeros.
+ * backing_run() returns the end of the run that starts at pos (a multiple
+ * of TIER_ALIGN) in buf[pos, end): a hole (*hole) or data (which may hold
+ * shorter runs of zeros).  Callers check no more than they write.
+ */
+#define SPARSE_RUN	(64u << 10)
+uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole);
+/* Write the n bytes of buf at offset 0 of fd, a fresh file, holes left
+ * out (backing_run); the caller sizes the file.  0 / -errno. */
+int backing_pwrite_sparse(int fd, const void *buf, uint64_t n);
 /* Copy the first len bytes of f's backing content into fd, holes kept
  * (copy_file_range, else read and write): 0 / -errno. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len);

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <linux/falloc.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -327,6 +328,53 @@ static int write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t 
 }
 
 /*
+ * Write bytes [a, b) of cp at the same offset of fd, its holes
+ * (backing_run) left out: a fresh version's are holes already, and a
+ * version written in place (inplace) has them punched (written as zeros
+ * where the file system cannot punch).  a is a multiple of TIER_ALIGN.
+ * Only host-addressable copies are looked at; others are written whole.
+ */
+static int write_sparse(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+			uint64_t b, uint64_t *progress, bool inplace)
+{
+	struct ssd_seg *seg = NULL, *ns;
+	unsigned n = 0, cap = 0;
+	uint64_t pos, next, holes = 0;
+	bool hole;
+	int ret = 0;
+
+	if (!cp->cache->host_addressable)
+		return write_range(ring, fd, cp, a, b, progress);
+	for (pos = a; pos < b && !ret; pos = next) {
+		next = backing_run(copy_ptr(cp), pos, b, &hole);
+		if (hole) {
+			holes += next - pos;
+			if (inplace && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+						 (off_t)pos, (off_t)(next - pos)) < 0)
+				ret = write_range(ring, fd, cp, pos, next, progress);
+			continue;
+		}
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			ns = realloc(seg, cap * sizeof(*seg));
+			if (!ns) {
+				ret = -ENOMEM;	/* retried, like any failed flush */
+				break;
+			}
+			seg = ns;
+		}
+		seg[n++] = (struct ssd_seg){ .off = pos, .len = next - pos,
+					     .buf = copy_ptr(cp) + pos };
+	}
+	if (!ret && n)
+		ret = write_segs(ring, fd, seg, n, progress);
+	free(seg);
+	if (!ret && progress)
+		__atomic_add_fetch(progress, holes, __ATOMIC_RELAXED);
+	return ret;
+}
+
+/*
  * Fill version fd with cp's len bytes incrementally: clone the base's
  * unchanged blocks, write the changed ranges and the tail.  e->lock not
  * held, cp leased.  Returns 0, -EAGAIN when the base is not what the plan
@@ -351,8 +399,8 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		return -EAGAIN;
 	uint64_t inner = 0, last = 0;
 	bool host = cp->cache->host_addressable;
-	struct ssd_seg *seg = host ? malloc((in->n + 1) * sizeof(*seg)) : NULL;
-	unsigned ns = 0;
+	unsigned ns = 0, cap = in->n + 1;
+	struct ssd_seg *seg = host ? malloc(cap * sizeof(*seg)) : NULL, *more;
 
 	if (host && !seg)
 		return -ENOMEM;		/* retried, like any failed flush */
@@ -370,11 +418,29 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 			continue;
 		inner += b - a;
 		last = b;
-		if (host) {		/* written together, below */
-			seg[ns++] = (struct ssd_seg){ .off = a, .len = b - a,
-						      .buf = copy_ptr(cp) + a };
-			continue;
+		/* written together, below; runs of zeros (a punched hole)
+		 * punched over the clone instead */
+		for (uint64_t p = a, q; host && p < b && !ret; p = q) {
+			bool hole;
+
+			q = backing_run(copy_ptr(cp), p, b, &hole);
+			if (hole && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+					      (off_t)p, (off_t)(q - p)) == 0)
+				continue;
+			if (ns == cap) {
+				cap *= 2;
+				more = realloc(seg, cap * sizeof(*seg));
+				if (!more) {
+					ret = -ENOMEM;
+					break;
+				}
+				seg = more;
+			}
+			seg[ns++] = (struct ssd_seg){ .off = p, .len = q - p,
+						      .buf = copy_ptr(cp) + p };
 		}
+		if (host)
+			continue;
 		ret = write_range(ring, fd, cp, a, b, &done);
 		tierfs_fault_kill("incr_write");
 	}
@@ -386,8 +452,8 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 			ret = write_segs(ring, fd, seg + 1, ns - 1, &done);
 	}
 	free(seg);
-	if (!ret)
-		ret = write_range(ring, fd, cp, in->clone, end, &done);
+	if (!ret)	/* past what was cloned the version is a hole */
+		ret = write_sparse(ring, fd, cp, in->clone, end, &done, false);
 	in->written = inner + (end > in->clone ? end - in->clone : 0);
 	in->cloned = in->clone - inner;
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
@@ -967,8 +1033,8 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		ret = write_segs(ring, fd, seg, ns, &done);
 	free(seg);
 	tierfs_fault_kill("dedup_write");
-	if (!ret)
-		ret = write_range(ring, fd, cp, d->nhashed * C, end, &done);
+	if (!ret)	/* past the clone: a hole until written */
+		ret = write_sparse(ring, fd, cp, d->nhashed * C, end, &done, false);
 	d->written += inner + (end > d->nhashed * C ? end - d->nhashed * C : 0);
 	d->cloned += cloned;
 	return ret;
@@ -999,7 +1065,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
-				ret = write_range(ring, fd, cp, ws, i * C, &done);
+				ret = write_sparse(ring, fd, cp, ws, i * C, &done, false);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, fd, i * C, d->src[i], d->soff[i],
@@ -1015,8 +1081,8 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		}
 		i = j;		/* not cloned: joins the bytes to write */
 	}
-	if (!ret)
-		ret = write_range(ring, fd, cp, ws, end, &done);
+	if (!ret)	/* a fresh version: holes need no writing */
+		ret = write_sparse(ring, fd, cp, ws, end, &done, false);
 	d->written += end > ws ? end - ws : 0;
 out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
@@ -1186,7 +1252,8 @@ int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool sma
 	return small || !ring ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
 }
 
-/* Write all len bytes of cp into version fd, size it and settle it.
+/* Write cp's len bytes into version fd (its holes left out: write_sparse),
+ * size it and settle it.
  * e->lock not held, cp leased. */
 static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
 		       uint64_t len, bool direct, bool small, bool inplace)
@@ -1198,18 +1265,13 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
 						   .at = cp->frag->off },
 				   len, &cp->flushed_bytes);
-	else if (direct)
-		ret = ssd_write(ring, fd, copy_ptr(cp), tier_round(len), 0,
-				&cp->flushed_bytes);
-	else if (small) {
-		/* a few pages: one plain write, not a trip through io-wq */
-		ret = backing_pwrite(fd, copy_ptr(cp), len, 0);
-		if (!ret)
-			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
-	} else
-		ret = ssd_write(ring, fd, copy_ptr(cp), len, 0, &cp->flushed_bytes);
-	/* a fresh version written with plain writes already has its size */
-	if (!ret && !(small && !inplace) && ftruncate(fd, (off_t)len) < 0)
+	else	/* a few pages (small) as plain writes, not a trip through io-wq */
+		ret = write_sparse(small ? NULL : ring, fd, cp, 0, direct ? tier_round(len) : len,
+				   &cp->flushed_bytes, inplace);
+	/* a fresh version written with plain writes has its size when its
+	 * last byte was written (not in a hole: not a zero) */
+	if (!ret && !(small && !inplace && (!len || copy_ptr(cp)[len - 1])) &&
+	    ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
 	if (!ret) {
 		double t0 = tier_now();

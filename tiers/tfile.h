@@ -167,6 +167,21 @@ int tfile_read_begin(struct tfile *f, size_t len, off_t off,
 void tfile_read_end(struct tfile *f, struct copy *pin);
 int tfile_truncate(struct tfile *f, uint64_t size);
 /*
+ * Zero [off, off + len) of the file, cut at its size (punch hole, zero
+ * range): in its cached copy, which a flush then leaves as holes where the
+ * zeros make whole runs; a hole punched in a version being written
+ * through.  The size does not change.  Returns 0 or -errno.
+ */
+int tfile_zero(struct tfile *f, uint64_t off, uint64_t len);
+/*
+ * lseek(2)'s SEEK_DATA / SEEK_HOLE (whence) from off: the backing file's
+ * answer for a file that is not dirty or is being written through, the
+ * cached copy's holes (as a flush will leave them) otherwise.  Returns the
+ * offset, -ENXIO at or past the end (SEEK_DATA: no data after off), or
+ * -errno.
+ */
+off_t tfile_seek(struct tfile *f, off_t off, int whence);
+/*
  * Write / read with the other side in GPU memory (device address dptr, in
  * this process's CUDA context).  The file's GPU copy is used when it has
  * one (device-to-device); a host copy or the SSD otherwise (a new file's

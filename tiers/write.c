@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
 
 #include "engine_int.h"
 #include "gpu_tier.h"
@@ -59,7 +61,9 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	if (fd < 0) {
 		ret = fd;
 	} else if (cp && cp->cache->host_addressable) {
-		ret = backing_pwrite(fd, copy_ptr(cp), cp->len, 0);
+		/* a new version's holes need no writing; the file itself's do */
+		ret = inplace ? backing_pwrite(fd, copy_ptr(cp), cp->len, 0) :
+			backing_pwrite_sparse(fd, copy_ptr(cp), cp->len);
 	} else if (cp) {
 		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
@@ -123,6 +127,55 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	f->flush_err = 0;
 	f->dirty = false;
 	return 0;
+}
+
+/*
+ * Holes stay out of the caches.  A cached copy is one contiguous fragment
+ * from the file's offset 0, so a write far past the end of a file, or one
+ * that loads a sparse file into a cache to change it, would fill the
+ * caches with the holes' zeros (and copy them on every growth).  Such a
+ * file is written through instead: a new version of its backing file,
+ * holes kept (backing_copy_file), takes the write, and holes stay holes
+ * there.  Sparse means: the write leaves a hole of SPARSE_HOLE bytes or
+ * more past the end of the file, unless the file's copy already has room
+ * for it (a vectored write's placement made it); or the file has no copy
+ * and its backing file lacks SPARSE_HOLE bytes or more of blocks (a file
+ * sized by ftruncate and written in the cache is no such file while its
+ * copy lives: a size given before writing reserves its room).
+ * e->lock and f->lock held; e->lock is dropped to look at the backing
+ * file.  hole_at: where the write starts (the hole is before it).
+ */
+/*
+ * Holes shorter than this are taken as zeros: they cost the cache little
+ * (a flush leaves them holes anyway), and writes come out of order (the
+ * kernel's writeback with -o writeback sends a later page range first;
+ * threads share a file): a smaller hole would send such a file through to
+ * the SSD, where a full disk fails the writes that a cache would hold.
+ */
+#define SPARSE_HOLE	(32u << 20)
+
+static bool goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end)
+{
+	int t = fastest_copy(e, f);
+	bool far = hole_at > f->size && hole_at - f->size >= SPARSE_HOLE, sparse = false;
+	struct stat st;
+	int fd;
+
+	if (t >= 0)
+		return far && copy_cap(f->copy[t]) < end;
+	if (far)
+		return true;
+	if (f->size < SPARSE_HOLE)
+		return false;
+	eng_unlock(e);
+	fd = f->ops->data_fd(f, false);
+	if (fd >= 0) {
+		sparse = fstat(fd, &st) == 0 &&
+			(uint64_t)st.st_blocks * 512 + SPARSE_HOLE <= (uint64_t)st.st_size;
+		f->ops->release_data_fd(f, fd);
+	}
+	eng_lock(e);
+	return sparse && fastest_copy(e, f) < 0;	/* no copy came meanwhile */
 }
 
 /* Zero bytes [from, to) of cp. */
@@ -524,6 +577,9 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 	eng_lock(e);
 	if (!buf && dev >= 0)
 		f->gpu_wdev = dev;	/* its GPU copy goes to that GPU's part */
+	if (f->shadow_fd < 0 && goes_sparse(e, f, (uint64_t)off, end) &&
+	    (ret = start_shadow(e, f)))
+		goto out;
 	if (f->shadow_fd < 0) {
 		uint64_t cap = end > f->size ? end : f->size;
 
@@ -688,7 +744,7 @@ ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 {
 	struct engine *e = f->eng;
 	struct copy *cp = NULL;
-	uint64_t end = 0;
+	uint64_t end = 0, lo = UINT64_MAX;
 	ssize_t ret = 0, r;
 	int i, err = 0;
 
@@ -702,12 +758,16 @@ ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 			end = seg[i].off + seg[i].len;
 		if (i && seg[i].off < seg[i - 1].off)
 			return -EINVAL;	/* the callers sort */
+		if (seg[i].off < lo)
+			lo = seg[i].off;
 	}
 	tfile_lock(f);
 	eng_lock(e);
 	if (n > 0 && seg[0].dev >= 0)
 		f->gpu_wdev = seg[0].dev;	/* its GPU copy goes to that GPU's part */
-	if (f->shadow_fd < 0)
+	/* no room is made for a list that leaves a hole (goes_sparse): its
+	 * segments go one at a time, written through */
+	if (f->shadow_fd < 0 && !goes_sparse(e, f, lo, end))
 		cp = eng_writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
 	if (cp) {
 		ret = writev_into(e, f, cp, seg, n, end);
@@ -738,6 +798,10 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 	tfile_lock(f);
 	eng_lock(e);
 	if (size == f->size && !f->dirty && !f->copy[host_index(e)])
+		goto out;
+	/* a sparse file is not loaded into a cache for it (the room a size
+	 * given before writing reserves is no hole: hole_at 0) */
+	if (f->shadow_fd < 0 && goes_sparse(e, f, 0, size) && (ret = start_shadow(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		/* keep at most `size` bytes of the old content */
@@ -771,6 +835,150 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 			ret = commit_shadow(e, f, false);
 	}
 out:
+	eng_unlock(e);
+	tfile_unlock(f);
+	return ret;
+}
+
+/* Zero [off, end) of the write-through version fd: a hole punched, or
+ * zeros written where the file system punches none.  0 / -errno. */
+static int shadow_zero(int fd, uint64_t off, uint64_t end)
+{
+	static const uint8_t zeros[1 << 16];
+	int ret = 0;
+
+	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+		      (off_t)(end - off)) == 0)
+		return 0;
+	if (errno != EOPNOTSUPP)
+		return -errno;
+	while (off < end && !ret) {
+		size_t n = end - off < sizeof(zeros) ? (size_t)(end - off) : sizeof(zeros);
+
+		ret = backing_pwrite(fd, zeros, n, (off_t)off);
+		off += n;
+	}
+	return ret;
+}
+
+int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
+{
+	struct engine *e = f->eng;
+	uint64_t end = off + len < off ? UINT64_MAX : off + len;
+	struct copy *cp;
+	struct lease l;
+	int ret = 0, err;
+
+	tfile_lock(f);
+	eng_lock(e);
+	if (end > f->size)
+		end = f->size;
+	if (off >= end)
+		goto out;
+	if (f->shadow_fd < 0 && goes_sparse(e, f, 0, f->size) && (ret = start_shadow(e, f)))
+		goto out;
+	if (f->shadow_fd < 0) {
+		cp = eng_writable_copy(e, f, f->size, f->size, &err);
+		if (!cp && err) {
+			ret = err;
+			goto out;
+		}
+		if (cp) {
+			eng_note_change(e, f, off, end);
+			if (end > cp->len)
+				end = cp->len;	/* past it: zeros already */
+			lease_begin(e, &l, cp, NULL);
+			eng_copy_zero(cp, off, end);
+			lease_end(e, &l);
+			cp->last_use = ++e->tick;
+			eng_mark_modified(f);
+			if (!f->writers)
+				eng_complete_copy(e, f, false);
+			goto out;
+		}
+		ret = start_shadow(e, f);
+		if (ret)
+			goto out;
+	}
+	eng_unlock(e);
+	ret = shadow_zero(f->shadow_fd, off, end);
+	eng_lock(e);
+	if (ret) {
+		f->write_err = ret;	/* for fsync, as a failed write */
+		goto out;
+	}
+	eng_mark_modified(f);
+	if (!f->writers)
+		ret = commit_shadow(e, f, false);
+out:
+	eng_unlock(e);
+	tfile_unlock(f);
+	return ret;
+}
+
+/*
+ * The first data (SEEK_DATA) or hole (SEEK_HOLE) at or after off in
+ * buf[0, len) of a file of `size` bytes (len <= size; past len: a hole),
+ * holes as a flush leaves them (backing_run).  -ENXIO: no data after off.
+ */
+static off_t seek_in(const uint8_t *buf, uint64_t len, uint64_t size, uint64_t off,
+		     int whence)
+{
+	uint64_t pos = off - off % TIER_ALIGN, next;
+	bool hole;
+
+	for (; pos < len; pos = next) {
+		next = backing_run(buf, pos, len, &hole);
+		if (next > off && hole == (whence == SEEK_HOLE))
+			return (off_t)(pos > off ? pos : off);
+	}
+	if (whence == SEEK_DATA)
+		return -ENXIO;
+	return (off_t)(len > off ? len : off < size ? off : size);
+}
+
+off_t tfile_seek(struct tfile *f, off_t off, int whence)
+{
+	struct engine *e = f->eng;
+	struct copy *cp;
+	struct lease l;
+	uint64_t size;
+	off_t ret;
+	int t, fd;
+
+	if (whence != SEEK_DATA && whence != SEEK_HOLE)
+		return -EINVAL;
+	tfile_lock(f);
+	eng_lock(e);
+	size = f->size;
+	t = fastest_copy(e, f);
+	cp = t >= 0 ? f->copy[t] : NULL;
+	if (off < 0 || (uint64_t)off >= size) {
+		ret = -ENXIO;
+	} else if (f->shadow_fd >= 0 || !f->dirty || !cp) {
+		/* the version being written through, or the backing file,
+		 * which holds the content (a file not dirty) */
+		bool shadow = f->shadow_fd >= 0;
+
+		eng_unlock(e);
+		fd = shadow ? f->shadow_fd : f->ops->data_fd(f, false);
+		if (fd == -ENOENT)	/* never flushed and all hole */
+			ret = whence == SEEK_DATA ? -ENXIO : off;
+		else if (fd < 0)
+			ret = fd;
+		else if ((ret = lseek(fd, off, whence)) < 0)
+			ret = -errno;
+		if (fd >= 0 && !shadow)
+			f->ops->release_data_fd(f, fd);
+		eng_lock(e);
+	} else if (!cp->cache->host_addressable) {
+		ret = whence == SEEK_DATA ? off : (off_t)size;	/* all data */
+	} else {
+		lease_begin(e, &l, cp, NULL);
+		ret = seek_in(copy_ptr(cp), cp->len < size ? cp->len : size, size,
+			      (uint64_t)off, whence);
+		lease_end(e, &l);
+	}
 	eng_unlock(e);
 	tfile_unlock(f);
 	return ret;

@@ -8,7 +8,8 @@
  * backing files); eviction under pressure; fsync leaves the content in the
  * backing file; a file bigger than the cache is written through; restore
  * hints make the prefetcher bring evicted files back; truncate; several
- * threads writing and reading at once.  Exit 0 pass, 1 fail, 77 skip (no
+ * threads writing and reading at once; where a flush leaves holes
+ * (backing_run against a brute-force reading).  Exit 0 pass, 1 fail, 77 skip (no
  * io_uring).  Runs under ASan and TSan as built.
  */
 #include <dirent.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine_int.h"	/* backing_run */
 
 #define FAIL(...) do {							\
 	fprintf(stderr, "test_engine: %s:%d: ", __FILE__, __LINE__);	\
@@ -247,6 +249,59 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/*
+ * backing_run over random block patterns (zero blocks, data blocks, a
+ * partial last block): the runs tile the buffer; a hole is all zeros and
+ * at least SPARSE_RUN long or reaches the end; data starts with a data
+ * block or a short zero run, and holds no zero run of SPARSE_RUN.
+ */
+static void check_runs(void)
+{
+	enum { B = TIER_ALIGN, NB = 64 };
+	static uint8_t buf[NB * B];
+	uint64_t seed = 3803;
+
+	for (int round = 0; round < 2000; round++) {
+		uint64_t len = (uint64_t)(seed % NB + 1) * B - (round % 3 ? 0 : seed % B);
+		uint64_t pos, next;
+		bool hole;
+
+		for (int b = 0; b < NB; b++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			memset(buf + (size_t)b * B, 0, B);
+			if ((seed >> 33) % 4 == 0)	/* a quarter of the blocks: data */
+				buf[(size_t)b * B + (seed >> 40) % B] = 1;
+		}
+		for (pos = 0; pos < len; pos = next) {
+			next = backing_run(buf, pos, len, &hole);
+			ENSURE(next > pos && next <= len && (next % B == 0 || next == len),
+			       "round %d: run [%" PRIu64 ", %" PRIu64 ")", round, pos, next);
+			uint64_t zrun = 0, zmax = 0;
+			for (uint64_t i = pos; i < next; i++) {
+				ENSURE(!hole || !buf[i], "round %d: data in a hole at %" PRIu64,
+				       round, i);
+				if (i % B == 0)
+					zrun = 0;
+			}
+			for (uint64_t b = pos; b < next; b += B) {
+				uint64_t e = b + B < next ? b + B : next, i;
+				for (i = b; i < e && !buf[i]; i++)
+					;
+				zrun = i == e ? zrun + (e - b) : 0;
+				zmax = zrun > zmax ? zrun : zmax;
+			}
+			if (hole)
+				ENSURE(next - pos >= SPARSE_RUN || next == len,
+				       "round %d: short hole [%" PRIu64 ", %" PRIu64 ")",
+				       round, pos, next);
+			else
+				ENSURE(zmax < SPARSE_RUN, "round %d: data [%" PRIu64 ", %" PRIu64
+				       ") holds %" PRIu64 " zero bytes in a row", round, pos, next,
+				       zmax);
+		}
+	}
+}
+
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
@@ -261,6 +316,7 @@ int main(void)
 	struct engine *e;
 	int ret, i;
 
+	check_runs();
 	snprintf(dir, sizeof(dir), "%s/test_engine.XXXXXX", tmp);
 	ENSURE(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
 	ret = engine_create(&e, &cfg);
