@@ -17,7 +17,9 @@ usage: torch_phases.py --mount MNT [--gib 4] [--saves 5]
 
 import argparse
 import collections
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -53,6 +55,8 @@ def main():
     ap.add_argument("--mount", required=True)
     ap.add_argument("--gib", type=float, default=4.0)
     ap.add_argument("--saves", type=int, default=5)
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the Python profile (cProfile) of the saves and loads")
     args = ap.parse_args()
 
     sd = bt.make_state(args.gib, "cuda")
@@ -67,12 +71,17 @@ def main():
     timed(tierfs, "_gpu_iov_packed", "gpu call")     # under pwritev_gpu / preadv_gpu
     timed(torch.cuda, "synchronize", "cuda sync")
     rows = collections.defaultdict(lambda: {"save": [], "load": []})
+    prof = {w: cProfile.Profile() for w in ("save", "load")} if args.profile else None
     for k in range(args.saves):
         bt.step(sd, k, "cuda")
         torch.cuda.synchronize()
         acc.clear()
         t0 = time.perf_counter()
+        if prof and k:
+            prof["save"].enable()
         tt.save(sd, os.path.join(d, f"ckpt-{k}"))
+        if prof:
+            prof["save"].disable()
         total = time.perf_counter() - t0
         for ph, v in acc.items():
             rows[ph]["save"].append(v)
@@ -83,7 +92,11 @@ def main():
         torch.cuda.synchronize()
         acc.clear()
         t0 = time.perf_counter()
+        if prof and k != args.saves - 1:
+            prof["load"].enable()
         tt.load(os.path.join(d, f"ckpt-{k}"), into=dst)
+        if prof:
+            prof["load"].disable()
         torch.cuda.synchronize()
         total = time.perf_counter() - t0
         for ph, v in acc.items():
@@ -113,6 +126,9 @@ def main():
                  for w in ("save", "load")]
         print(f"{ph:<16}{cells[0]}{cells[1]}")
     print(f"{'raw D2D copy':<16}{statistics.median(raw) * 1e3:10.2f}")
+    for w, p in (prof or {}).items():
+        print(f"\nPython profile of the {w}s after the first:")
+        pstats.Stats(p).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
