@@ -292,6 +292,7 @@ static void usage(const char *prog)
 "                           (default 5), then log what is missing\n"
 "    -o persist_bw=RATE     cap the copies to DIR (bytes/s, K/M/G suffixes)\n"
 "    -o persist_keep=N      each directory of DIR keeps its N newest files\n"
+"                           (or checkpoint sets, where it holds sets)\n"
 "    -o persist_timeout=SECS  a DIR silent this long is taken as not\n"
 "                           answering (default 10)\n"
 "    -o keep_sets=N         each directory keeps its N newest complete\n"
