@@ -747,3 +747,7 @@ def stat_main(argv=None, prog="tierfs-stat"):
     add_stats_args(ap)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     return run(cmd_stats, prog, a, prog)
+
+
+if __name__ == "__main__":              # python3 -m tierfs.ctl ...
+    sys.exit(main(prog="tierfsctl"))
