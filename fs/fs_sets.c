@@ -1129,7 +1129,8 @@ static void retain(struct fs_inode *parent)
 	}
 	closedir(dp);
 	fs_fd_release(parent);
-	qsort(c, n, sizeof(*c), newest_first);
+	if (n)		/* c is NULL when the directory holds no set */
+		qsort(c, n, sizeof(*c), newest_first);
 	tlog(LOG_DEBUG, "sets: keep %u: %zu set(s) in a directory", keep, n);
 	for (i = 0; i < n; i++) {
 		bool mine = false;
