@@ -468,6 +468,9 @@ void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t
 /* e->lock held: f is being cut or extended to size (its copy cp). */
 void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint64_t size);
 void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
+/* A write of [hole_at, end) to f goes write-through, leaving its hole out of
+ * the caches (write.c); e->lock and f->lock held, e->lock dropped meanwhile. */
+bool eng_goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end);
 
 /* ---- flush.c ---------------------------------------------------------- */
 

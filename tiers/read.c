@@ -248,11 +248,13 @@ int tfile_spanv_begin(struct tfile *f, bool write, struct tspan_range *r, int n,
 	tfile_lock(f);
 	eng_lock(e);
 	if (write) {
-		if (f->shadow_fd >= 0) {
-			ret = -EAGAIN;	/* written through: the daemon copies */
+		hi = r[n - 1].off + r[n - 1].len;
+		/* written through, or to be (a hole the caches do not take):
+		 * the daemon copies */
+		if (f->shadow_fd >= 0 || eng_goes_sparse(e, f, r[0].off, hi)) {
+			ret = -EAGAIN;
 			goto out;
 		}
-		hi = r[n - 1].off + r[n - 1].len;
 		cp = eng_writable_copy(e, f, hi > f->size ? hi : f->size, f->size, &err);
 		if (!cp) {
 			ret = err ? err : -EAGAIN;

@@ -154,7 +154,7 @@ static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
  */
 #define SPARSE_HOLE	(32u << 20)
 
-static bool goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end)
+bool eng_goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end)
 {
 	int t = fastest_copy(e, f);
 	bool far = hole_at > f->size && hole_at - f->size >= SPARSE_HOLE, sparse = false;
@@ -577,7 +577,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 	eng_lock(e);
 	if (!buf && dev >= 0)
 		f->gpu_wdev = dev;	/* its GPU copy goes to that GPU's part */
-	if (f->shadow_fd < 0 && goes_sparse(e, f, (uint64_t)off, end) &&
+	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, (uint64_t)off, end) &&
 	    (ret = start_shadow(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
@@ -765,9 +765,9 @@ ssize_t tfile_writev_dev(struct tfile *f, const struct tdev_seg *seg, int n)
 	eng_lock(e);
 	if (n > 0 && seg[0].dev >= 0)
 		f->gpu_wdev = seg[0].dev;	/* its GPU copy goes to that GPU's part */
-	/* no room is made for a list that leaves a hole (goes_sparse): its
+	/* no room is made for a list that leaves a hole (eng_goes_sparse): its
 	 * segments go one at a time, written through */
-	if (f->shadow_fd < 0 && !goes_sparse(e, f, lo, end))
+	if (f->shadow_fd < 0 && !eng_goes_sparse(e, f, lo, end))
 		cp = eng_writable_copy(e, f, end > f->size ? end : f->size, f->size, &err);
 	if (cp) {
 		ret = writev_into(e, f, cp, seg, n, end);
@@ -801,7 +801,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 		goto out;
 	/* a sparse file is not loaded into a cache for it (the room a size
 	 * given before writing reserves is no hole: hole_at 0) */
-	if (f->shadow_fd < 0 && goes_sparse(e, f, 0, size) && (ret = start_shadow(e, f)))
+	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, size) && (ret = start_shadow(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		/* keep at most `size` bytes of the old content */
@@ -875,7 +875,7 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 		end = f->size;
 	if (off >= end)
 		goto out;
-	if (f->shadow_fd < 0 && goes_sparse(e, f, 0, f->size) && (ret = start_shadow(e, f)))
+	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, f->size) && (ret = start_shadow(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		cp = eng_writable_copy(e, f, f->size, f->size, &err);
