@@ -100,6 +100,8 @@ struct watch {
 	struct watch *next;
 	struct fs_inode *dir;		/* referenced */
 	bool kept;			/* retention applied at its ssd */
+	bool kept_pfs;			/* ... and at its pfs (an older set
+					 * kept as the newest in DIR goes now) */
 	bool retain;			/* only apply retention in dir (a request
 					 * cannot: its directory is locked by
 					 * the kernel, which the entries'
@@ -1220,8 +1222,9 @@ static bool watch_one(struct watch *w)
 		return true;		/* no set any more */
 	done = complete(&ev, L_SSD) && (complete(&ev, L_PFS) ||
 					ev.lv[L_PFS].unmarked == ev.m.n || ev.lv[L_PFS].bad);
-	if (complete(&ev, L_SSD) && !w->kept) {
-		w->kept = true;
+	if ((complete(&ev, L_SSD) && !w->kept) || (complete(&ev, L_PFS) && !w->kept_pfs)) {
+		w->kept |= complete(&ev, L_SSD);
+		w->kept_pfs |= complete(&ev, L_PFS);
 		parent = parent_of(w->dir);
 	}
 	eval_free(&ev);

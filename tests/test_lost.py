@@ -58,7 +58,7 @@ def too_big(mount, backing, old=None):
 def test_wait_after_umount_names_the_lost_file(mount, tmpfs64):
     m = too_big(mount, tmpfs64)
     proc = m.proc
-    r = subprocess.run(["umount", m.mnt], capture_output=True, text=True)
+    r = m.umount_now()
     assert r.returncode == 0, r.stderr
     w = ctl("wait", m.mnt)
     assert proc.poll() is not None, "wait returned before the daemon exited"
@@ -81,7 +81,7 @@ def test_wait_during_exit_names_the_lost_file(mount, tmpfs64):
                          stderr=subprocess.PIPE, text=True)
     util.wait_until(lambda: tierfs.stats(m.mnt)["ssd"]["flush_errors"] > 0,
                     "a failed flush", 60)
-    r = subprocess.run(["umount", m.mnt], capture_output=True, text=True)
+    r = m.umount_now()
     assert r.returncode == 0, r.stderr
     out, err = w.communicate(timeout=120)
     assert proc.wait(timeout=60) == 1
@@ -107,7 +107,7 @@ def test_wait_flushed_python_raises(mount, tmpfs64):
     util.wait_until(lambda: tierfs.stats(m.mnt)["ssd"]["flush_errors"] > 0,
                     "a failed flush", 60)
     proc = m.proc
-    r = subprocess.run(["umount", m.mnt], capture_output=True, text=True)
+    r = m.umount_now()
     assert r.returncode == 0, r.stderr
     t.join(120)
     assert proc.wait(timeout=60) == 1
@@ -123,7 +123,7 @@ def test_previous_version_kept(mount, tmpfs64):
     old = randbytes(4 * MiB)
     m = too_big(mount, tmpfs64, old=old)
     proc = m.proc
-    r = subprocess.run(["umount", m.mnt], capture_output=True, text=True)
+    r = m.umount_now()
     assert r.returncode == 0, r.stderr
     assert ctl("wait", m.mnt).returncode == 1
     assert proc.wait(timeout=60) == 1

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 import re
+import time
 
 import pytest
 
@@ -28,6 +29,17 @@ def user_mount(user, *extra, backing="b", mnt="m", log="tierfs.log"):
     b, m = user.mkdir(backing, mode=0o700), user.mkdir(mnt)
     opts = ",".join([OPTS, f"logfile={os.path.join(user.home, log)}"] + list(extra))
     return user.run([util.tierfs_bin(), b, m, "-o", opts])
+
+
+def user_umount(user, mnt, seconds=10):
+    """fusermount3 -u as `user`, again while the mount is busy for a moment
+    (a request still in flight); returns the last CompletedProcess."""
+    deadline = time.monotonic() + seconds
+    while True:
+        u = user.run(["fusermount3", "-u", mnt])
+        if u.returncode == 0 or "busy" not in u.stderr or time.monotonic() > deadline:
+            return u
+        time.sleep(0.1)
 
 
 def user_log(user, log="tierfs.log"):
@@ -61,7 +73,7 @@ def test_user_mounts_writes_and_unmounts(fuse_users):
         w = a.run(["sh", "-c", f"head -c 300000 /dev/urandom > {mnt}/ckpt && "
                    f"mkdir {mnt}/d && echo small > {mnt}/d/f && cmp {mnt}/ckpt {mnt}/ckpt"])
         assert w.returncode == 0, w.stderr
-        u = a.run(["fusermount3", "-u", mnt])
+        u = user_umount(a, mnt)
         assert u.returncode == 0, u.stderr
         w = a.run([TOOL, "wait", mnt, "--timeout", "60"],
                   env={"PYTHONPATH": os.path.join(util.REPO_DIR, "python")})
@@ -180,7 +192,7 @@ def test_allow_other_files_of_other_users(fuse_users):
                    f"cat {mnt}/shared/f2; stat -c %u {mnt}/shared/f1 {mnt}/shared/f3"])
         assert w.returncode == 0, w.stderr
         assert w.stdout.split() == ["2", str(a.uid), str(a.uid)], w.stdout
-        u = a.run(["fusermount3", "-u", mnt])
+        u = user_umount(a, mnt)
         assert u.returncode == 0, u.stderr
         util.wait_until(lambda: "exited" in user_log(a), "the daemon's exit")
     finally:
@@ -200,6 +212,8 @@ def test_second_user_daemon_same_backing_refused(fuse_users):
         line = one_line(user_mount(a, mnt="m2", log="second.log"))
         assert "in use by another tierfs daemon" in line, line
     finally:
-        a.run(["fusermount3", "-u", os.path.join(a.home, "m")])
-        util.wait_until(lambda: "exited" in user_log(a), "the daemon's exit")
+        u = user_umount(a, os.path.join(a.home, "m"))
+        util.wait_until(lambda: "exited" in user_log(a), lambda: (
+            f"the daemon's exit (fusermount3 -u: rc {u.returncode} {u.stderr.strip()}; "
+            f"log: {user_log(a)[-600:]})"))
         util.lazy_umount(os.path.join(a.home, "m"))

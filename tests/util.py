@@ -349,6 +349,18 @@ class Mount:
             parts.append(f"--- run {i}: {' '.join(cmd)} (rc {proc.returncode})\n{text}")
         return "\n".join(parts)
 
+    def umount_now(self, seconds=10):
+        """umount(8) the mount, again while it is busy for a moment (a call
+        of the test's own, such as a wait_flushed poll, in flight on it), for
+        at most `seconds`; the daemon is not waited for.  Returns the last
+        CompletedProcess."""
+        deadline = time.monotonic() + seconds
+        while True:
+            r = subprocess.run(["umount", self.mnt], capture_output=True, text=True)
+            if r.returncode == 0 or "busy" not in r.stderr or time.monotonic() > deadline:
+                return r
+            time.sleep(0.05)
+
     def umount(self, timeout=EXIT_TIMEOUT):
         """Unmount cleanly, wait for the daemon to exit; raise if it failed."""
         if self.plain or self.proc is None:
