@@ -175,22 +175,11 @@ int gpu_copy_dtod(uint64_t dst, uint64_t src, size_t len)
  */
 int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
 {
-	struct gpu_lane *l;
-	int ret = 0;
+	struct gpu_xfer x = { .dst = dst, .src = src, .len = len, .dir = GPU_D2D };
 
 	if (!len || dst == src)
 		return 0;
-	l = dtod_lane_get(dev, &ret);
-	if (!l)
-		return ret;
-	if (dst < src + len && src < dst + len)
-		GPU_CU(dtod_overlap(dst, src, len, l->stream), out);
-	else
-		GPU_CU(cuMemcpyDtoDAsync(dst, src, len, l->stream), out);
-	GPU_CU(cuStreamSynchronize(l->stream), out);
-out:
-	pthread_mutex_unlock(&l->lock);
-	return ret;
+	return gpu_copy_batch_on(dev, &x, 1);
 }
 
 /*

@@ -156,26 +156,9 @@ void gpu_share_release(int dev, uint64_t va, uint64_t mapped, uint64_t chunk,
  */
 int gpu_share_copy(int dev, void *ctx, uint64_t dst, uint64_t src, size_t len)
 {
-	CUcontext pctx = NULL, popped;
-	CUdevice d = 0;
-	int ret = 0;
+	struct gpu_xfer x = { .dst = dst, .src = src, .len = len, .dir = GPU_D2D };
 
-	if (ctx) {
-		GPU_CU(cuCtxPushCurrent((CUcontext)ctx), out);
-	} else {
-		ret = share_enter(dev, &pctx, &d);
-		if (ret)
-			return ret;
-	}
-	GPU_CU(cuMemcpyDtoDAsync(dst, src, len, NULL), out_pop);
-	GPU_CU(cuStreamSynchronize(NULL), out_pop);
-out_pop:
-	if (pctx)
-		share_leave(d);
-	else
-		cuCtxPopCurrent(&popped);
-out:
-	return ret;
+	return gpu_share_copyv(dev, ctx, &x, 1);
 }
 
 /* gpu_share_copyv - gpu_share_copy() of a list, waited for once. */

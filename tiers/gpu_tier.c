@@ -153,16 +153,9 @@ static int gpu_tier_move(struct cache *c, uint64_t dst, uint64_t src,
 int gpu_tier_copy_dev(struct gpu_tier *g, int dev, uint64_t off, uint64_t dptr,
 		      uint64_t len, bool into_cache)
 {
-	int ret = 0;
+	struct tier_dxfer x = { .dev = dev, .off = off, .dptr = dptr, .len = len };
 
-	if (!range_ok(g, into_cache ? "device write" : "device read", off, len))
-		return -EFAULT;
-	for (uint64_t at = 0, n; !ret && at < len; at += n) {
-		n = piece(g, off + at, len - at);
-		ret = into_cache ? gpu_copy_dtod_on(dev, g->dbase + off + at, dptr + at, n) :
-				   gpu_copy_dtod_on(dev, dptr + at, g->dbase + off + at, n);
-	}
-	return ret;
+	return gpu_tier_copy_devv(g, &x, 1, into_cache, false);
 }
 
 int gpu_tier_copy_devv(struct gpu_tier *g, const struct tier_dxfer *x, int n,
