@@ -561,6 +561,28 @@ static int copy_in(struct copy *cp, uint64_t off, const void *buf, uint64_t dptr
 	return gpu_tier_copy_dev(cp->file->eng->gpu, dev, cp->frag->off + off, dptr, len, true);
 }
 
+/*
+ * e->lock held, after bytes were copied into f's writable copy cp up to
+ * file offset end: on success (err 0) the copy and the file grow to end
+ * and the file is modified; after a failed copy some bytes may have
+ * changed, so the dedup base is no longer trusted (sizes stay).
+ */
+static void copy_written(struct engine *e, struct tfile *f, struct copy *cp,
+			 uint64_t end, int err)
+{
+	if (err) {
+		f->dd_valid = false;
+		f->dd_taint = true;
+		return;
+	}
+	if (end > cp->len)
+		cp->len = end;
+	if (end > f->size)
+		f->size = end;
+	cp->last_use = ++e->tick;
+	eng_mark_modified(f);	/* lease_end() woke e->cond */
+}
+
 /* One write, f->lock held (taken and dropped by the caller). */
 static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 			       int dev, size_t len, off_t off)
@@ -606,17 +628,9 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
 			}
 			lease_end(e, &l);	/* wakes e->cond */
-			if (ret) {
-				f->dd_valid = false;	/* some bytes may have changed */
-				f->dd_taint = true;
+			copy_written(e, f, cp, end, (int)ret);
+			if (ret)
 				goto out;
-			}
-			if (end > cp->len)
-				cp->len = end;
-			if (end > f->size)
-				f->size = end;
-			cp->last_use = ++e->tick;
-			eng_mark_modified(f);	/* lease_end() woke e->cond */
 			ret = (ssize_t)len;
 			goto out;
 		}
@@ -724,17 +738,7 @@ static ssize_t writev_into(struct engine *e, struct tfile *f, struct copy *cp,
 	}
 	ret = gpu_tier_copy_devv(e->gpu, x, n, true, host);
 	lease_end(e, &l);
-	if (ret) {
-		f->dd_valid = false;	/* some bytes may have changed */
-		f->dd_taint = true;
-		goto out;
-	}
-	if (end > cp->len)
-		cp->len = end;
-	if (end > f->size)
-		f->size = end;
-	cp->last_use = ++e->tick;
-	eng_mark_modified(f);
+	copy_written(e, f, cp, end, ret);
 out:
 	free(x);
 	return ret ? ret : (ssize_t)total;
