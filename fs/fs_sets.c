@@ -370,10 +370,10 @@ static char *manifest_text(const struct manifest *m, size_t *len)
 	return s;
 }
 
-/* fsync directory dfd/rel (O_PATH dfd).  0 or -errno. */
-static int sync_dir(int dfd, const char *rel)
+/* fsync dfd/rel, opened read-only with `flags` added.  0 or -errno. */
+static int sync_at(int dfd, const char *rel, int flags)
 {
-	int fd = openat(dfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+	int fd = openat(dfd, rel, O_RDONLY | O_CLOEXEC | flags), ret = 0;
 
 	if (fd < 0)
 		return -errno;
@@ -381,6 +381,12 @@ static int sync_dir(int dfd, const char *rel)
 		ret = -errno;
 	close(fd);
 	return ret;
+}
+
+/* fsync directory dfd/rel (O_PATH dfd).  0 or -errno. */
+static int sync_dir(int dfd, const char *rel)
+{
+	return sync_at(dfd, rel, O_DIRECTORY);
 }
 
 /*
@@ -599,18 +605,6 @@ static bool same(const struct stat *st, const struct mfile *f)
 	       st->st_mtim.tv_nsec == f->mtime.tv_nsec;
 }
 
-/* fsync dfd/name's backing file.  0 or -errno. */
-static int sync_file(int dfd, const char *name)
-{
-	int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), ret = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		ret = -errno;
-	close(fd);
-	return ret;
-}
 
 /* One file of the set against its manifest line. */
 static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, struct eval *ev)
@@ -665,7 +659,7 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 		ev->lv[L_SSD].bad++;
 		if (!changed)
 			problem(ev, f->name, "changed");
-	} else if (!ev->m.rec[L_SSD] && sync_file(dfd, f->name)) {
+	} else if (!ev->m.rec[L_SSD] && sync_at(dfd, f->name, O_NOFOLLOW)) {
 		ev->lv[L_SSD].pending++;	/* not durable yet: asked again */
 	}
 	/* pfs: its copy in DIR is this version */
