@@ -253,22 +253,26 @@ def _on_tierfs(path):
         return False
 
 
+def _host_runs(jobs):
+    """The CPU tensors of [(tensor, offset)] as runs that lie end to end in
+    the file: [(offset, [tensor, ...])], by offset."""
+    runs, end = [], None
+    for t, o in sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1]):
+        if runs and o == end:
+            runs[-1][1].append(t)
+        else:
+            runs.append((o, [t]))
+            end = o
+        end += t.numel() * t.element_size()
+    return runs
+
+
 def _cpu_io(fn, fd, jobs, what):
     """The CPU tensors of [(tensor, offset)] through fn (os.pwritev or
     os.preadv): one call per run of tensors that lie end to end in the file."""
-    cpu = sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1])
-    run, start, end = [], None, None
-    for t, o in cpu + [(None, None)]:
-        if t is not None and run and o == end:
-            run.append(t)
-            end += t.numel() * t.element_size()
-            continue
-        if run:
-            n = _vec_io(fn, fd, [_cpu_buffer(x) for x in run], start, what)
-            _count("posix_" + what, n)
-        if t is None:
-            break
-        run, start, end = [t], o, o + t.numel() * t.element_size()
+    for start, run in _host_runs(jobs):
+        n = _vec_io(fn, fd, [_cpu_buffer(x) for x in run], start, what)
+        _count("posix_" + what, n)
 
 
 def _write_tensors(fd, jobs, use_gpu):
@@ -775,17 +779,18 @@ def _make_plan(header, jobs):
     for dev, segs in gpu.items():
         buf, n = _tierfs._pack_iov(segs)
         plan["gpu"].append((dev, buf, n, sum(x[1] for x in segs)))
-    runs = [(0, [(header, len(header))])]
-    for t, off in sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1]):
-        n = t.numel() * t.element_size()
-        if not n:
+    host, end = [(0, [(header, len(header))])], len(header)
+    for off, run in _host_runs(jobs):
+        bufs = [(t.data_ptr(), t.numel() * t.element_size()) for t in run]
+        bufs = [b for b in bufs if b[1]]
+        if not bufs:
             continue
-        start, bufs = runs[-1]
-        if start + sum(b[1] for b in bufs) == off:
-            bufs.append((t.data_ptr(), n))
+        if off == end:
+            host[-1][1].extend(bufs)    # the header's run, or the last one
         else:
-            runs.append((off, [(t.data_ptr(), n)]))
-    plan["host"] = runs
+            host.append((off, bufs))
+        end = off + sum(b[1] for b in bufs)
+    plan["host"] = host
     return plan
 
 
