@@ -118,6 +118,21 @@ def loop_mounted(img, root, what):
         _run(["umount", "-l", str(root)])
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A backing directory on an 8 MiB tmpfs (the "SSD" that fills up).
+    test_persist.py and test_integrity_misc.py have their own."""
+    util.require_daemon("ENOSPC must come from the daemon's flush")
+    d = tmp_path / "ssd"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M,mode=0755", "tmpfs", str(d)],
+                   check=True)
+    try:
+        yield str(d)
+    finally:
+        util.lazy_umount(str(d))
+
+
 @pytest.fixture(autouse=True)
 def _watchdog():
     """A hung FUSE call cannot be interrupted: dump stacks and abort the run."""

@@ -252,20 +252,6 @@ def test_gpu_tier_roundtrip(mount):
 
 # ------------------------------------------------------------ ENOSPC
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A backing directory on a tmpfs of 8 MiB (the "SSD")."""
-    util.require_daemon("ENOSPC must come from the daemon's flush")
-    d = tmp_path / "ssd"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M,mode=0755", "tmpfs", str(d)],
-                   check=True)
-    try:
-        yield str(d)
-    finally:
-        util.lazy_umount(str(d))
-
-
 def _close_tolerant(fd):
     """close(); while the SSD is full close may also report the failed flush."""
     try:

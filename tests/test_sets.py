@@ -33,6 +33,18 @@ def ctl(*args, timeout=120):
                           timeout=timeout)
 
 
+def persisted_parent(mount, tmp_path, **opts):
+    """A mount with -o persist=TMP/shared (and opts) and a persistent
+    directory ck on it: (mount, DIR, ck)."""
+    pdir = tmp_path / "shared"
+    pdir.mkdir()
+    m = mount(persist=str(pdir), **opts)
+    top = j(m.mnt, "ck")
+    os.mkdir(top)
+    tierfs.persist(top, True)
+    return m, pdir, top
+
+
 def make_set(d, nfiles=3, size=64 * 1024, rng=None, commit=True):
     os.makedirs(d, exist_ok=True)
     rng = rng or random.Random(SEED)
@@ -190,20 +202,6 @@ def test_sets_committed_by_several_writers_at_once(mount):
     assert len(tierfs.sets(top)) == n + 1
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A backing directory on an 8 MiB tmpfs (the "SSD")."""
-    util.require_daemon("ENOSPC must come from the daemon's flush")
-    d = tmp_path / "ssd"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M,mode=0755", "tmpfs", str(d)],
-                   check=True)
-    try:
-        yield str(d)
-    finally:
-        util.lazy_umount(str(d))
-
-
 def test_a_file_that_fails_to_flush_is_named_never_complete(mount, small_tmpfs):
     m = mount(backing=small_tmpfs, host_cache="64M", expect_errors=True)
     top = j(m.mnt, "ck")
@@ -310,12 +308,7 @@ def test_retention_keeps_newest_and_sets_being_restored(mount):
 def test_retention_never_drops_the_newest_set_in_dir(mount, tmp_path):
     """With -o persist: a set goes from the SSD only once it is in DIR, and
     DIR keeps it; the newest set complete at pfs stays on the SSD."""
-    pdir = tmp_path / "shared"
-    pdir.mkdir()
-    m = mount(persist=str(pdir), keep_sets=1)
-    top = j(m.mnt, "ck")
-    os.mkdir(top)
-    tierfs.persist(top, True)
+    m, pdir, top = persisted_parent(mount, tmp_path, keep_sets=1)
     rng = random.Random(SEED)
     for i in range(3):
         make_set(j(top, f"s{i}"), rng=rng)
@@ -339,12 +332,7 @@ def test_set_in_dir_found_after_restart_on_a_fresh_backing_directory(mount, tmp_
     over an empty backing directory (another node, the SSD lost) finds the
     sets that are in DIR, complete at pfs and not at ssd or cache until
     their files are fetched; they read back equal."""
-    pdir = tmp_path / "shared"
-    pdir.mkdir()
-    a = mount(persist=str(pdir))
-    top = j(a.mnt, "ck")
-    os.mkdir(top)
-    tierfs.persist(top, True)
+    a, pdir, top = persisted_parent(mount, tmp_path)
     rng = random.Random(SEED)
     want = {}
     for i in range(2):
@@ -383,12 +371,7 @@ def test_set_in_dir_found_after_restart_on_a_fresh_backing_directory(mount, tmp_
 def test_set_whose_dir_copy_lacks_a_file_is_not_complete_at_pfs(mount, tmp_path):
     """DIR's record is checked against DIR's files when it is read: a file
     missing there, or of another size, keeps the set from pfs."""
-    pdir = tmp_path / "shared"
-    pdir.mkdir()
-    a = mount(persist=str(pdir))
-    top = j(a.mnt, "ck")
-    os.mkdir(top)
-    tierfs.persist(top, True)
+    a, pdir, top = persisted_parent(mount, tmp_path)
     rng = random.Random(SEED)
     for i in range(3):
         make_set(j(top, f"s{i}"), rng=rng)
@@ -412,12 +395,7 @@ def test_persist_keep_counts_sets(mount, tmp_path):
     """-o persist_keep=2 where sets are: DIR keeps the two newest sets
     complete at pfs (whole directories, records included); the mount keeps
     them all on the SSD."""
-    pdir = tmp_path / "shared"
-    pdir.mkdir()
-    m = mount(persist=str(pdir), persist_keep=2)
-    top = j(m.mnt, "ck")
-    os.mkdir(top)
-    tierfs.persist(top, True)
+    m, pdir, top = persisted_parent(mount, tmp_path, persist_keep=2)
     rng = random.Random(SEED)
     for i in range(4):
         make_set(j(top, f"s{i}"), rng=rng)
