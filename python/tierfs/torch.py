@@ -288,18 +288,14 @@ def _write_tensors(fd, jobs, use_gpu):
 
 
 def _read_tensors(fd, jobs, use_gpu):
-    """Fill [(contiguous destination tensor, offset)] from the file.  Returns
-    True when every tensor was read into its own memory (the CUDA ones
-    device to device, no other device)."""
+    """Fill [(contiguous destination tensor, offset)] from the file."""
     _cpu_io(os.preadv, fd, jobs, "read")
-    direct = _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
+    _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
     for t, o in jobs:
         if t.device.type not in ("cpu", "cuda"):
-            direct = False
             host = torch.empty(t.shape, dtype=t.dtype)
             _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
             t.copy_(host)
-    return direct
 
 
 # ---------------------------------------------------------------- the header
@@ -368,7 +364,6 @@ class _Header:
     def __init__(self, path, fd, got=None):
         head_raw, size = got if got is not None else self.read_raw(path, fd)
         raw, n = head_raw[8:], len(head_raw) - 8
-        self.raw, self.size = head_raw, size
         try:
             text = raw.decode("utf-8")
             if not text.startswith("{"):
