@@ -11,7 +11,7 @@ synchronisation, and the rest (Python: walking the state dict, the
 header's JSON).  Prints, per phase, the median milliseconds per save and
 per load, and the raw device-to-device copy of the same bytes.
 
-usage: torch_phases.py --mount MNT [--gib 4] [--saves 5]
+usage: torch_phases.py --mount MNT [--gib 4] [--saves 5] [--files N] [--profile]
 (root not needed; a GPU and torch 2.x with CUDA; TIERFS_LIB for libtierfs)
 """
 
@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--mount", required=True)
     ap.add_argument("--gib", type=float, default=4.0)
     ap.add_argument("--saves", type=int, default=5)
+    ap.add_argument("--files", type=int, default=0,
+                    help="names to cycle through (default: one per save); "
+                         "more saves than the GPU cache holds files")
     ap.add_argument("--profile", action="store_true",
                     help="also print the Python profile (cProfile) of the saves and loads")
     args = ap.parse_args()
@@ -72,6 +75,7 @@ def main():
     timed(torch.cuda, "synchronize", "cuda sync")
     rows = collections.defaultdict(lambda: {"save": [], "load": []})
     prof = {w: cProfile.Profile() for w in ("save", "load")} if args.profile else None
+    files = args.files or args.saves
     for k in range(args.saves):
         bt.step(sd, k, "cuda")
         torch.cuda.synchronize()
@@ -79,7 +83,7 @@ def main():
         t0 = time.perf_counter()
         if prof and k:
             prof["save"].enable()
-        tt.save(sd, os.path.join(d, f"ckpt-{k}"))
+        tt.save(sd, os.path.join(d, f"ckpt-{k % files}"))
         if prof:
             prof["save"].disable()
         total = time.perf_counter() - t0
@@ -94,7 +98,7 @@ def main():
         t0 = time.perf_counter()
         if prof and k != args.saves - 1:
             prof["load"].enable()
-        tt.load(os.path.join(d, f"ckpt-{k}"), into=dst)
+        tt.load(os.path.join(d, f"ckpt-{k % files}"), into=dst)
         if prof:
             prof["load"].disable()
         torch.cuda.synchronize()

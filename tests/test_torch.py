@@ -359,7 +359,7 @@ def test_failed_save_leaves_previous_file(place, monkeypatch):
         os.write(fd, b"partial")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(tt, "_write_tensors", broken)
-    monkeypatch.setattr(tt, "_write_plan", broken)  # a save like an earlier one
+    monkeypatch.setattr(tt, "_write_plan_host", broken)  # a save like an earlier one
     with pytest.raises(OSError, match="No space"):
         tt.save({"w": torch.zeros(100)}, path)
     with open(path, "rb") as f:
@@ -605,19 +605,23 @@ def test_repeated_saves_reuse_their_plan_and_stay_exact(mount, monkeypatch, devi
         ("a key added", lambda: sd.__setitem__("extra", torch.ones(3, device=device))),
     ]
     for what, change in changes:
-        before = _plans_used()[0]
+        before, missed = _plans_used()[0], tt.io_stats["plans_missed"]
         change()
         tt.save(sd, path)
         assert _plans_used()[0] == before, what          # not from a plan
+        # it guessed the object's last plan (its GPU calls ran while the
+        # fingerprint was taken), then started its file again
+        assert tt.io_stats["plans_missed"] == missed + 1, what
         check(what)
         tt.save(sd, path)                                 # its own plan now
         assert _plans_used()[0] == before + 1, what
         check(what + ", again")
     sd["model"]["0.weight"] = sd["model"]["0.weight"].t()  # not contiguous: no plan
-    before = _plans_used()[0]
+    before, missed = _plans_used()[0], tt.io_stats["plans_missed"]
     tt.save(sd, path)
     tt.save(sd, path)
     assert _plans_used()[0] == before
+    assert tt.io_stats["plans_missed"] == missed + 1     # no second guess
     check("non-contiguous")
 
     # loads: a header seen before is not parsed and checked again, and a

@@ -145,6 +145,7 @@ io_stats = collections.Counter()
 GPU calls), posix_write, posix_read; gpu_fallbacks counts the GPU calls that
 fell back to host memory (no GPU tier, not tierfs, no libtierfs);
 saves_from_plan the saves that reused the plan of an earlier one,
+plans_missed the saves that guessed a plan their fingerprint then refused,
 headers_reused the loads that reused the checked header of an earlier one
 (see "Repeated saves" in the module's documentation)."""
 _stats_lock = threading.Lock()
@@ -196,24 +197,36 @@ def _gpu_fallback(e):
     return e.errno in (errno.ENODEV, errno.ENOTTY, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def _gpu_io(write, fd, jobs, use_gpu):
-    """Move CUDA tensors: jobs = [(contiguous CUDA tensor, file offset)].
-    Device to device through tierfs.pwritev_gpu / preadv_gpu where use_gpu
-    and they work; else through host memory.  Returns True when the device
-    path moved them all (or there were none)."""
-    if not jobs:
+def _split(jobs):
+    """[(tensor, offset)] by device: (CPU jobs, {CUDA device: jobs}, other
+    jobs), each tensor's device asked once."""
+    cpu, cuda, other = [], {}, []
+    for j in jobs:
+        d = j[0].device
+        if d.type == "cpu":
+            cpu.append(j)
+        elif d.type == "cuda":
+            cuda.setdefault(d, []).append(j)
+        else:
+            other.append(j)
+    return cpu, cuda, other
+
+
+def _gpu_io(write, fd, by_dev, use_gpu):
+    """Move CUDA tensors: by_dev = {device: [(contiguous CUDA tensor on it,
+    file offset)]}.  Device to device through tierfs.pwritev_gpu /
+    preadv_gpu where use_gpu and they work; else through host memory.
+    Returns True when the device path moved them all (or there were none)."""
+    if not by_dev:
         return True
     fn = getattr(_tierfs, "pwritev_gpu" if write else "preadv_gpu", None) if use_gpu else None
     if fn is not None:
-        by_dev = collections.OrderedDict()
-        for t, off in jobs:
-            by_dev.setdefault(t.device, []).append((t, off))
         try:
             for dev, js in by_dev.items():
                 with torch.cuda.device(dev):
                     torch.cuda.synchronize(dev)
-                    segs = [(t.data_ptr(), t.numel() * t.element_size(), off)
-                            for t, off in js if t.numel()]
+                    segs = [(t.data_ptr(), n, off) for t, off in js
+                            for n in (t.numel() * t.element_size(),) if n]
                     want = sum(s[1] for s in segs)
                     if not segs:
                         continue
@@ -228,7 +241,7 @@ def _gpu_io(write, fd, jobs, use_gpu):
             if not _gpu_fallback(e):
                 raise
             _count("gpu_fallbacks", 1)
-    for t, off in jobs:                 # through host memory, a chunk at a time
+    for t, off in (j for js in by_dev.values() for j in js):   # through host memory
         flat = t.view(-1)
         per = max(1, _CHUNK // max(1, t.element_size()))
         for a in range(0, flat.numel(), per):
@@ -254,10 +267,10 @@ def _on_tierfs(path):
 
 
 def _host_runs(jobs):
-    """The CPU tensors of [(tensor, offset)] as runs that lie end to end in
-    the file: [(offset, [tensor, ...])], by offset."""
+    """CPU tensors [(tensor, offset)] as runs that lie end to end in the
+    file: [(offset, [tensor, ...])], by offset."""
     runs, end = [], None
-    for t, o in sorted(((t, o) for t, o in jobs if t.device.type == "cpu"), key=lambda j: j[1]):
+    for t, o in sorted(jobs, key=lambda j: j[1]):
         if runs and o == end:
             runs[-1][1].append(t)
         else:
@@ -268,8 +281,8 @@ def _host_runs(jobs):
 
 
 def _cpu_io(fn, fd, jobs, what):
-    """The CPU tensors of [(tensor, offset)] through fn (os.pwritev or
-    os.preadv): one call per run of tensors that lie end to end in the file."""
+    """CPU tensors [(tensor, offset)] through fn (os.pwritev or os.preadv):
+    one call per run of tensors that lie end to end in the file."""
     for start, run in _host_runs(jobs):
         n = _vec_io(fn, fd, [_cpu_buffer(x) for x in run], start, what)
         _count("posix_" + what, n)
@@ -279,9 +292,9 @@ def _write_tensors(fd, jobs, use_gpu):
     """Write [(tensor, offset)]: CUDA ones through _gpu_io first, then CPU
     ones in vectored writes.  Returns True when every tensor was written
     from its own memory (the CUDA ones device to device, no other device)."""
-    direct = _gpu_io(True, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
-    _cpu_io(os.pwritev, fd, jobs, "write")
-    other = [(t, o) for t, o in jobs if t.device.type not in ("cpu", "cuda")]
+    cpu, cuda, other = _split(jobs)
+    direct = _gpu_io(True, fd, cuda, use_gpu)
+    _cpu_io(os.pwritev, fd, cpu, "write")
     for t, o in other:                  # mps, xpu, ...: through host memory
         _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
     return direct and not other
@@ -289,13 +302,13 @@ def _write_tensors(fd, jobs, use_gpu):
 
 def _read_tensors(fd, jobs, use_gpu):
     """Fill [(contiguous destination tensor, offset)] from the file."""
-    _cpu_io(os.preadv, fd, jobs, "read")
-    _gpu_io(False, fd, [(t, o) for t, o in jobs if t.device.type == "cuda"], use_gpu)
-    for t, o in jobs:
-        if t.device.type not in ("cpu", "cuda"):
-            host = torch.empty(t.shape, dtype=t.dtype)
-            _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
-            t.copy_(host)
+    cpu, cuda, other = _split(jobs)
+    _cpu_io(os.preadv, fd, cpu, "read")
+    _gpu_io(False, fd, cuda, use_gpu)
+    for t, o in other:
+        host = torch.empty(t.shape, dtype=t.dtype)
+        _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
+        t.copy_(host)
 
 
 # ---------------------------------------------------------------- the header
@@ -636,29 +649,63 @@ class _Loader:
         else:
             _decode_leaf(n, where)
 
-    def build(self, n):
-        if isinstance(n, list):
-            return [self.build(v) for v in n]
-        if not isinstance(n, dict):
-            return n
-        if "tensor" in n:
-            return self.tensors[n["tensor"]]
-        if "view" in n:
-            key = json.dumps(n, sort_keys=True)
-            if key not in self.views:   # one object per distinct view, like torch.load
-                self.views[key] = self.tensors[n["view"]].as_strided(
-                    n["shape"], n["stride"], n["offset"])
-            return self.views[key]
-        if "dict" in n:
-            d = collections.OrderedDict() if n.get("ordered") else {}
-            for k, v in n["dict"]:
-                d[_decode_key(k, "")] = self.build(v)
-            if "_metadata" in n:
-                d._metadata = self.build(n["_metadata"])
+    def build(self, c):
+        """The value of compiled node c (see _compile), with the loaded
+        tensors; containers are new objects."""
+        k = c[0]
+        if k is _X:
+            return c[1]
+        if k is _T:
+            return self.tensors[c[1]]
+        if k is _D:
+            d = collections.OrderedDict() if c[2] else {}
+            for key, v in c[1]:
+                d[key] = self.build(v)
+            if c[3] is not None:
+                d._metadata = self.build(c[3])
             return d
-        if "tuple" in n:
-            return tuple(self.build(v) for v in n["tuple"])
-        return _decode_leaf(n, "")
+        if k is _L:
+            return [self.build(v) for v in c[1]]
+        if k is _U:
+            return tuple(self.build(v) for v in c[1])
+        v = self.views.get(c)           # one object per distinct view, like torch.load
+        if v is None:
+            shape, stride, off = c[2]
+            v = self.views[c] = self.tensors[c[1]].as_strided(shape, stride, off)
+        return v
+
+
+# A checked structure compiled for loading: nested tuples with the keys and
+# leaves decoded, so that a load walks it without parsing anything again.
+#   (_T, entry)                         a tensor
+#   (_V, entry, (shape, stride, offset)) a view of an entry
+#   (_D, [(key, node)], ordered, _metadata node or None, number of keys)
+#   (_L, [node]) a list, (_U, [node]) a tuple
+#   (_X, value)                         None, bool, int, float, str, bytes,
+#                                       torch.Size: immutable, shared by loads
+_T, _V, _D, _L, _U, _X = range(6)
+
+
+def _compile(n, uses):
+    """Compile checked structure node n; count each entry's references in
+    uses {entry: [tensor refs, view refs]}."""
+    if isinstance(n, list):
+        return (_L, [_compile(v, uses) for v in n])
+    if not isinstance(n, dict):
+        return (_X, n)
+    if "tensor" in n:
+        uses.setdefault(n["tensor"], [0, 0])[0] += 1
+        return (_T, n["tensor"])
+    if "view" in n:
+        uses.setdefault(n["view"], [0, 0])[1] += 1
+        return (_V, n["view"], (tuple(n["shape"]), tuple(n["stride"]), n["offset"]))
+    if "dict" in n:
+        items = [(_decode_key(k, ""), _compile(v, uses)) for k, v in n["dict"]]
+        md = _compile(n["_metadata"], uses) if "_metadata" in n else None
+        return (_D, items, bool(n.get("ordered")), md, len({k for k, _ in items}))
+    if "tuple" in n:
+        return (_U, [_compile(v, uses) for v in n["tuple"]])
+    return (_X, _decode_leaf(n, ""))
 
 
 # ---------------------------------------------------------------- save / load
@@ -763,41 +810,46 @@ def _plan_key(obj):
 def _make_plan(header, jobs):
     """The plan of a save whose tensors were all written from their own
     memory: {"gpu": [(device, packed segments, n, bytes)], "host": [(file
-    offset, [(address or bytes, length)])] (runs of adjacent ranges, the
-    header first)}."""
-    gpu = collections.OrderedDict()
-    for t, off in jobs:
-        n = t.numel() * t.element_size()
-        if t.device.type == "cuda" and n:
-            gpu.setdefault(t.device, []).append((t.data_ptr(), n, off))
+    offset, (byte views of the header and the host tensors' memory))] (runs
+    of adjacent ranges, the header first).  The views are used only once a
+    save's fingerprint has matched: the tensors are the same, where they
+    were."""
+    cpu, cuda, _ = _split(jobs)
     plan = {"gpu": [], "host": []}
-    for dev, segs in gpu.items():
+    for dev, js in cuda.items():
+        segs = [(t.data_ptr(), n, off) for t, off in js
+                for n in (t.numel() * t.element_size(),) if n]
+        if not segs:
+            continue
         buf, n = _tierfs._pack_iov(segs)
         plan["gpu"].append((dev, buf, n, sum(x[1] for x in segs)))
-    host, end = [(0, [(header, len(header))])], len(header)
-    for off, run in _host_runs(jobs):
-        bufs = [(t.data_ptr(), t.numel() * t.element_size()) for t in run]
-        bufs = [b for b in bufs if b[1]]
-        if not bufs:
+    host, end = [(0, [memoryview(header)])], len(header)
+    for off, run in _host_runs(cpu):
+        views = [_cpu_buffer(t) for t in run if t.numel()]
+        if not views:
             continue
         if off == end:
-            host[-1][1].extend(bufs)    # the header's run, or the last one
+            host[-1][1].extend(views)   # the header's run, or the last one
         else:
-            host.append((off, bufs))
-        end = off + sum(b[1] for b in bufs)
-    plan["host"] = host
+            host.append((off, views))
+        end = off + sum(len(v) for v in views)
+    plan["host"] = [(off, tuple(views)) for off, views in host]
     return plan
 
 
-def _write_plan(fd, plan):
-    """Write a file from a plan: each GPU's segments in one vectored call,
-    then the host runs (the header with the host tensors after it).
-    Returns False when the GPU call is refused in a way that means "use
-    host memory" (the caller writes the slow way)."""
+def _write_plan_gpu(fd, plan, first=None):
+    """The GPU part of a plan: each GPU's segments in one vectored call;
+    first() is called just before the first call (which releases the GIL
+    while the GPU copies: the moment for another thread's Python).  Returns
+    False when a GPU call is refused in a way that means "use host memory"
+    (the caller writes the slow way)."""
     for dev, buf, n, want in plan["gpu"]:
         try:
             with torch.cuda.device(dev):
                 torch.cuda.synchronize(dev)
+                if first is not None:
+                    first()
+                    first = None
                 got = _tierfs._gpu_iov_packed(True, fd, buf, n)
         except OSError as e:
             if _gpu_fallback(e):
@@ -806,12 +858,60 @@ def _write_plan(fd, plan):
         if got != want:
             raise OSError(errno.EIO, f"GPU write: {got} of {want} bytes")
         _count("gpu_write", want)
-    for off, bufs in plan["host"]:
-        views = [memoryview(b) if isinstance(b, (bytes, bytearray)) else
-                 memoryview((ctypes.c_ubyte * n).from_address(b)).cast("B") for b, n in bufs]
-        _count("posix_write", _vec_io(os.pwritev, fd, views, off, "write"))
-    _count("saves_from_plan", 1)
     return True
+
+
+def _write_plan_host(fd, plan):
+    """The host part of a plan: the header with the host tensors after it,
+    and the other runs of host tensors."""
+    for off, views in plan["host"]:
+        _count("posix_write", _vec_io(os.pwritev, fd, list(views), off, "write"))
+    _count("saves_from_plan", 1)
+
+
+# A save from a plan checks the object's fingerprint while the plan's GPU
+# calls run: the fingerprint is taken in a thread of the module's own (the
+# GPU calls release the GIL), and a save whose fingerprint turns out to
+# differ from its plan's starts its file again (only the guess was wasted:
+# the GPU calls read memory and wrote the temporary file).  The guess is
+# the plan last used for the same object (by id).
+
+_GUESS_MAX = 16
+_guesses = collections.OrderedDict()    # id(obj) -> plan key
+_worker = [None, None]                  # [pid, executor]
+
+
+def _in_background(fn, *args):
+    """A concurrent.futures.Future of fn(*args) run by the module's thread."""
+    with _plans_lock:
+        if _worker[0] != os.getpid():   # none yet, or made before a fork
+            import concurrent.futures
+            _worker[:] = [os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="tierfs.torch")]
+        return _worker[1].submit(fn, *args)
+
+
+def _guess(obj):
+    """(key, plan) of the plan last used for obj, or None."""
+    with _plans_lock:
+        key = _guesses.get(id(obj))
+        plan = _plans.get(key) if key is not None else None
+    return (key, plan) if plan is not None else None
+
+
+def _remember(obj, key, plan=None):
+    """Keep plan (if given) under key and key as obj's guess."""
+    with _plans_lock:
+        if plan is not None:
+            _plans[key] = plan
+            while len(_plans) > _PLAN_MAX:
+                _plans.popitem(last=False)
+        else:
+            _plans.move_to_end(key)
+        _guesses[id(obj)] = key
+        _guesses.move_to_end(id(obj))
+        while len(_guesses) > _GUESS_MAX:
+            _guesses.popitem(last=False)
 
 
 def _prepare(obj):
@@ -863,31 +963,23 @@ def save(obj, path, fsync=None):
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     on_tfs = _on_tierfs(d)
-    key = _plan_key(obj) if on_tfs else None
-    with _plans_lock:
-        plan = _plans.get(key) if key is not None else None
-        if plan is not None:
-            _plans.move_to_end(key)
-    prep = None if plan is not None else _prepare(obj)
     if fsync is None:
         fsync = not on_tfs
+    guess = _guess(obj) if on_tfs else None
+    key = _plan_key(obj) if on_tfs and guess is None else None
+    prep = None
+    if guess is None:
+        with _plans_lock:
+            if key is None or key not in _plans:
+                prep = _prepare(obj)    # TypeError before any file is touched
     tmp = _tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         try:
-            if plan is not None and not _write_plan(fd, plan):
-                with _plans_lock:
-                    _plans.pop(key, None)
-                plan, prep = None, _prepare(obj)
-            if plan is None:
-                header, jobs, copied = prep
-                direct = _write_file(fd, header, jobs, on_tfs)
-                if key is not None and direct and not copied:
-                    new = _make_plan(header, jobs)
-                    with _plans_lock:
-                        _plans[key] = new
-                        while len(_plans) > _PLAN_MAX:
-                            _plans.popitem(last=False)
+            if guess is not None:
+                _save_guessed(fd, obj, guess)
+            else:
+                _save_keyed(fd, obj, key, on_tfs, prep)
             if fsync:
                 os.fsync(fd)
         finally:
@@ -899,6 +991,57 @@ def save(obj, path, fsync=None):
         except OSError:
             pass
         raise
+
+
+def _save_guessed(fd, obj, guess):
+    """Write obj to fd from the plan guessed for it while its fingerprint
+    is taken in the background; start again when the fingerprint differs."""
+    gkey, plan = guess
+    pending = []
+
+    def start():
+        pending.append(_in_background(_plan_key, obj))
+    try:
+        ok, err = _write_plan_gpu(fd, plan, start), None
+    except OSError as e:
+        ok, err = False, e
+    key = pending[0].result() if pending else _plan_key(obj)   # no GPU call: no overlap
+    if key == gkey:
+        if err is not None:
+            raise err
+        if ok:
+            _write_plan_host(fd, plan)
+            _remember(obj, key)
+            return
+        with _plans_lock:               # refused: the slow way, no plan
+            _plans.pop(key, None)
+    else:
+        _count("plans_missed", 1)
+    os.ftruncate(fd, 0)
+    _save_keyed(fd, obj, key, True, None)
+
+
+def _save_keyed(fd, obj, key, on_tfs, prep):
+    """Write obj to fd: from the plan kept under key if there is one, else
+    from prep (_prepare's answer, made here if None), keeping the plan where
+    one can be made."""
+    with _plans_lock:
+        plan = _plans.get(key) if key is not None else None
+    if plan is not None:
+        if _write_plan_gpu(fd, plan):
+            _write_plan_host(fd, plan)
+            _remember(obj, key)
+            return
+        with _plans_lock:
+            _plans.pop(key, None)
+        os.ftruncate(fd, 0)
+    header, jobs, copied = prep or _prepare(obj)
+    direct = _write_file(fd, header, jobs, on_tfs)
+    if key is not None and direct and not copied:
+        _remember(obj, key, _make_plan(header, jobs))
+    elif key is not None:
+        with _plans_lock:               # no plan: no guess either
+            _guesses.pop(id(obj), None)
 
 
 def _device_for(saved, map_location):
@@ -938,7 +1081,8 @@ _headers = collections.OrderedDict()
 
 
 def _checked(path, fd):
-    """(header, structure, uses) of the file open at fd, checked."""
+    """(header, structure, compiled root, uses) of the file open at fd,
+    checked."""
     got = _Header.read_raw(path, fd)
     with _plans_lock:
         hit = _headers.get(got)
@@ -951,16 +1095,16 @@ def _checked(path, fd):
     st = _structure(path, hdr)
     _Loader(path, hdr.entries, {}).check(st["root"])
     uses = {}
-    _uses(st["root"], uses)
+    root = _compile(st["root"], uses)
     for name, (dt, _, _, _) in hdr.entries.items():
         if dt not in _FROM_NAME:
             raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
                             f"({torch.__version__}) has no dtype for")
     with _plans_lock:
-        _headers[got] = (hdr, st, uses)
+        _headers[got] = (hdr, st, root, uses)
         while len(_headers) > _HEADERS_MAX:
             _headers.popitem(last=False)
-    return hdr, st, uses
+    return hdr, st, root, uses
 
 
 def _structure(path, hdr):
@@ -988,70 +1132,8 @@ def _structure(path, hdr):
     return st
 
 
-def _uses(node, acc):
-    """Count the references to each entry: {name: [tensor refs, view refs]}."""
-    if isinstance(node, list):
-        for v in node:
-            _uses(v, acc)
-    elif isinstance(node, dict):
-        if "tensor" in node:
-            acc.setdefault(node["tensor"], [0, 0])[0] += 1
-        elif "view" in node:
-            acc.setdefault(node["view"], [0, 0])[1] += 1
-        elif "dict" in node:
-            for _, v in node["dict"]:
-                _uses(v, acc)
-        elif "tuple" in node:
-            _uses(node["tuple"], acc)
-
-
 _MISSING = object()
-
-
-def _walk_into(node, target, path, plan):
-    """Check saved node against `into` target (nothing changes yet).
-    plan: {"direct": {entry: target tensor}, "copy": [(target, node, path)],
-    "set": [...]}.  Raises MismatchError."""
-    if isinstance(node, dict) and ("tensor" in node or "view" in node):
-        if target is _MISSING or target is None:
-            return
-        if not isinstance(target, torch.Tensor):
-            raise MismatchError(f"{_path_name(path)}: the file has a tensor, `into` a "
-                                f"{type(target).__name__}")
-        plan["targets"].append((node, target, path))
-        return
-    if isinstance(node, dict) and "dict" in node:
-        if target is _MISSING or target is None:
-            return
-        if not isinstance(target, dict):
-            raise MismatchError(f"{_path_name(path)}: the file has a dict, `into` a "
-                                f"{type(target).__name__}")
-        seen = set()
-        for k, v in node["dict"]:
-            k = _decode_key(k, path)
-            seen.add(k)
-            _walk_into(v, target.get(k, _MISSING), path + (k,), plan)
-        if plan["strict"]:
-            for k, v in target.items():
-                if k not in seen and _has_tensor(v):
-                    raise MismatchError(f"{_path_name(path + (k,))}: in `into`, not in the file")
-        return
-    if isinstance(node, list) or (isinstance(node, dict) and "tuple" in node):
-        items = node if isinstance(node, list) else node["tuple"]
-        if target is _MISSING or target is None:
-            return
-        if not isinstance(target, (list, tuple)) or len(target) != len(items):
-            raise MismatchError(f"{_path_name(path)}: the file has a sequence of "
-                                f"{len(items)}, `into` "
-                                f"{type(target).__name__}"
-                                + (f" of {len(target)}" if isinstance(target, (list, tuple))
-                                   else ""))
-        for i, v in enumerate(items):
-            _walk_into(v, target[i], path + (i,), plan)
-        return
-    if isinstance(target, torch.Tensor) and plan["strict"]:
-        raise MismatchError(f"{_path_name(path)}: `into` has a tensor, the file a "
-                            f"{type(node).__name__}")
+_SAME = object()                        # a slot keeps its object (changed in place)
 
 
 def _has_tensor(x):
@@ -1064,30 +1146,103 @@ def _has_tensor(x):
     return False
 
 
-def _merge(node, target, loader):
-    """Put the saved node into target (checked by _walk_into); returns the
-    value for target's slot."""
-    if isinstance(node, dict) and ("tensor" in node or "view" in node):
-        if isinstance(target, torch.Tensor):
-            src = loader.build(node)
-            if src is not target:
-                with torch.no_grad():
-                    target.copy_(src)
-            return target
-        return loader.build(node)
-    if isinstance(node, dict) and "dict" in node and isinstance(target, dict):
-        for k, v in node["dict"]:
-            k = _decode_key(k, "")
-            target[k] = _merge(v, target.get(k, _MISSING), loader)
-        return target
-    if isinstance(node, list) and isinstance(target, list):
-        for i, v in enumerate(node):
-            target[i] = _merge(v, target[i], loader)
-        return target
-    if isinstance(node, dict) and "tuple" in node and isinstance(target, (list, tuple)):
-        return type(target)(_merge(v, t, loader) for v, t in zip(node["tuple"], target)) \
-            if isinstance(target, tuple) else _merge(node["tuple"], target, loader)
-    return loader.build(node)
+def _path_of(link):
+    """The path tuple of a (parent link, key) chain."""
+    out = []
+    while link:
+        link, k = link
+        out.append(k)
+    return tuple(reversed(out))
+
+
+class _Into:
+    """One walk of the compiled structure against load(into=)'s object: it
+    checks everything (MismatchError) and collects, changing nothing, what
+    the load then does: the tensors to fill (targets), and the slots to set
+    afterwards (sets: [(container, key, compiled node or _Seq)]).  Paths are
+    (parent, key) chains, made names only for an error."""
+
+    def __init__(self, strict):
+        self.strict = strict
+        self.targets = []               # [(compiled tensor or view node, tensor, path)]
+        self.sets = []
+
+    @staticmethod
+    def bad(link, msg):
+        raise MismatchError(f"{_path_name(_path_of(link))}: {msg}")
+
+    def leaf(self, target, link, value):
+        if self.strict and isinstance(target, torch.Tensor):
+            self.bad(link, f"`into` has a tensor, the file a {type(value).__name__}")
+
+    def walk(self, c, t, link):
+        """Check node c against target t; returns _SAME when t stays in its
+        slot (filled or changed in place), else what the slot gets: a
+        compiled node to build, or a _Seq."""
+        k = c[0]
+        if k is _X:
+            self.leaf(t, link, c[1])
+            return c
+        if t is _MISSING or t is None:
+            return c
+        if k is _T or k is _V:
+            if not isinstance(t, torch.Tensor):
+                self.bad(link, f"the file has a tensor, `into` a {type(t).__name__}")
+            self.targets.append((c, t, link))
+            return _SAME
+        sets = self.sets
+        if k is _D:
+            if not isinstance(t, dict):
+                self.bad(link, f"the file has a dict, `into` a {type(t).__name__}")
+            found = 0
+            for key, v in c[1]:
+                tv = t.get(key, _MISSING)
+                found += tv is not _MISSING
+                if v[0] is _X:
+                    if self.strict and isinstance(tv, torch.Tensor):
+                        self.leaf(tv, (link, key), v[1])
+                    sets.append((t, key, v))
+                    continue
+                r = self.walk(v, tv, (link, key))
+                if r is not _SAME:
+                    sets.append((t, key, r))
+            if self.strict and found < len(t):
+                keys = {key for key, _ in c[1]}
+                for key, v in t.items():
+                    if key not in keys and _has_tensor(v):
+                        self.bad((link, key), "in `into`, not in the file")
+            return _SAME
+        items = c[1]
+        if not isinstance(t, (list, tuple)) or len(t) != len(items):
+            what = type(t).__name__ + (f" of {len(t)}" if isinstance(t, (list, tuple)) else "")
+            self.bad(link, f"the file has a sequence of {len(items)}, `into` {what}")
+        if isinstance(t, list):         # changed in place
+            for i, v in enumerate(items):
+                r = self.walk(v, t[i], (link, i))
+                if r is not _SAME:
+                    sets.append((t, i, r))
+            return _SAME
+        if k is _L:                     # a list where `into` has a tuple: a new list
+            for i, v in enumerate(items):
+                self.walk(v, t[i], (link, i))
+            return c
+        return _Seq(type(t), [(self.walk(v, t[i], (link, i)), t[i])
+                              for i, v in enumerate(items)])
+
+
+class _Seq:
+    """A tuple of `into` rebuilt: [(what the element gets, its old value)]."""
+    __slots__ = ("kind", "parts")
+
+    def __init__(self, kind, parts):
+        self.kind, self.parts = kind, parts
+
+    def value(self, loader):
+        return self.kind(old if r is _SAME else _value(r, loader) for r, old in self.parts)
+
+
+def _value(r, loader):
+    return r.value(loader) if type(r) is _Seq else loader.build(r)
 
 
 def load(path, map_location=None, into=None, strict=True):
@@ -1119,50 +1274,60 @@ def load(path, map_location=None, into=None, strict=True):
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        hdr, st, uses = _checked(path, fd)
-        loader = _Loader(path, hdr.entries, {})
+        hdr, st, root, uses = _checked(path, fd)
+        entries = hdr.entries
         devs = st.get("devices", {})
-        direct, hint = {}, {}
+        direct, hint, copies = {}, {}, []
         if into is not None:
-            plan = {"targets": [], "strict": strict}
-            _walk_into(st["root"], into, (), plan)
-            for node, target, tpath in plan["targets"]:
-                if "tensor" in node:
-                    dt, shape, _, _ = hdr.entries[node["tensor"]]
+            walk = _Into(strict)
+            top = walk.walk(root, into, ())
+            for c, target, link in walk.targets:
+                if c[0] is _T:
+                    dt, shape, _, _ = entries[c[1]]
                 else:
-                    dt, shape = hdr.entries[node["view"]][0], tuple(node["shape"])
-                if tuple(target.shape) != tuple(shape):
-                    raise MismatchError(f"{_path_name(tpath)}: the file has shape "
+                    dt, shape = entries[c[1]][0], c[2][0]
+                if target.shape != shape:
+                    raise MismatchError(f"{_path_name(_path_of(link))}: the file has shape "
                                         f"{list(shape)}, `into` {list(target.shape)}")
                 if target.dtype != _FROM_NAME[dt]:
-                    raise MismatchError(f"{_path_name(tpath)}: the file has dtype "
+                    raise MismatchError(f"{_path_name(_path_of(link))}: the file has dtype "
                                         f"{_FROM_NAME[dt]}, `into` {target.dtype}")
-                name = node.get("tensor")
-                if name:
+                if c[0] is _T:
+                    name = c[1]
                     hint[name] = dev = target.device
-                    if (uses.get(name) == [1, 0] and dev.type in ("cpu", "cuda")
+                    if (uses[name] == [1, 0] and dev.type in ("cpu", "cuda")
                             and target.is_contiguous()):
                         direct[name] = target
-        tensors, jobs = {}, []
-        for name, (dt, shape, b, e) in hdr.entries.items():
-            if name in direct:
-                t = direct[name]
-            elif name in uses:
-                dev = hint.get(name) or _device_for(devs.get(name, "cpu"), map_location)
+                        continue
+                copies.append((target, c))
+        tensors, jobs, where = {}, [], {}
+        for name, (dt, shape, b, e) in entries.items():
+            t = direct.get(name)
+            if t is None:
+                if name not in uses:
+                    continue            # written but not referenced: not loaded
+                dev = hint.get(name)
+                if dev is None:
+                    saved = devs.get(name, "cpu")
+                    dev = where.get(saved)
+                    if dev is None:
+                        dev = where[saved] = _device_for(saved, map_location)
                 t = torch.empty(shape, dtype=_FROM_NAME[dt], device=dev)
-            else:
-                continue                # written but not referenced: not loaded
             tensors[name] = t
             jobs.append((t, b))             # bytes in place: no autograd (no_grad below)
         with torch.no_grad():
             _read_tensors(fd, jobs, _on_tierfs(path))
     finally:
         os.close(fd)
-    loader.tensors = tensors
+    loader = _Loader(path, entries, tensors)
     if into is None:
-        return loader.build(st["root"])
+        return loader.build(root)
     with torch.no_grad():
-        return _merge(st["root"], into, loader)
+        for target, c in copies:
+            target.copy_(loader.build(c))
+        for container, key, r in walk.sets:
+            container[key] = _value(r, loader)
+    return into if top is _SAME else _value(top, loader)
 
 
 # ---------------------------------------------------------------- DCP
