@@ -43,13 +43,15 @@
  * file (vec_ioctl).  Checks, in this order, each before any byte moves:
  *   FUSE_IOCTL_COMPAT, cmd, in_bufsz, regular file, access mode, GPU tier
  *                                                as above
- *   flags or reserved != 0, nhandles not 1..64,
- *   nsegs not 1..256, a handle's reserved != 0    EINVAL
+ *   out_bufsz short of the struct                 EINVAL
+ *   flags, reserved or reserved2 != 0,
+ *   nhandles not 1..64, nsegs not 1..256,
+ *   a handle's reserved != 0                     EINVAL
  *   a segment: handle >= nhandles, flags != 0,
  *   len == 0, handle_off + len wraps,
  *   file_off + len > INT64_MAX                   EINVAL
  *   a handle no segment uses                     EINVAL
- *   lengths adding up past TIERFS_GPU_IO_MAX     E2BIG
+ *   lengths adding up past TIERFS_GPU_VEC_MAX    E2BIG
  *   write: two file ranges overlap               EINVAL  (reads may)
  *   each handle opened once (ipc_get)            its errors, as above
  *   a segment's range past its allocation        EINVAL
@@ -60,12 +62,15 @@
  * A write that fails part-way may have written the segments before the
  * failure.  After a write the kernel's pages of the union of the ranges
  * are dropped once (fs_kernel_written), whether it failed or not; the size
- * moves only on success.  The reply is the total (a read's segment is
- * short at end of file).
+ * moves only on success.  The reply is the struct with the total in
+ * `moved` (a read's segment is short at end of file), so that one call
+ * moves a whole state dict: four 1 GiB calls left the GPU idle between
+ * them.  The earlier layouts (vec_from_old) get the total as the result,
+ * at most TIERFS_GPU_IO_MAX (E2BIG past it).
  *
- * One call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the count
- * fits the ioctl's int result: a longer request returns a short count, as
- * write(2) does past its own limit (libtierfs loops).
+ * A single call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the
+ * count fits the ioctl's int result: a longer request returns a short
+ * count, as write(2) does past its own limit (libtierfs loops).
  *
  * Access: FUSE ioctl requests carry the file handle but not the open flags;
  * open_common() (fs_ops.c) stores the open flags in fi->fh for that
@@ -378,13 +383,14 @@ static int range_cmp(const void *a, const void *b)
  * top), in order; 0 or a positive errno.  Fills r[] with the segments'
  * ranges sorted by file offset.
  */
-static int vec_check(const struct tierfs_gpu_vec *v, bool write, struct vec_range *r)
+static int vec_check(const struct tierfs_gpu_vec *v, bool write, uint64_t max,
+		     struct vec_range *r)
 {
 	bool used[TIERFS_GPU_VEC_HANDLES] = { false }, big = false;
 	uint64_t total = 0;
 	uint32_t i;
 
-	if (v->flags || v->reserved)
+	if (v->flags || v->reserved || v->reserved2)
 		return EINVAL;
 	if (!v->nhandles || v->nhandles > TIERFS_GPU_VEC_HANDLES ||
 	    !v->nsegs || v->nsegs > TIERFS_GPU_VEC_SEGS)
@@ -401,7 +407,7 @@ static int vec_check(const struct tierfs_gpu_vec *v, bool write, struct vec_rang
 		    sg->len > (uint64_t)INT64_MAX - sg->file_off)
 			return EINVAL;
 		used[sg->handle] = true;
-		if (sg->len > TIERFS_GPU_IO_MAX - total)
+		if (sg->len > max - total)
 			big = true;
 		else
 			total += sg->len;
@@ -420,32 +426,37 @@ static int vec_check(const struct tierfs_gpu_vec *v, bool write, struct vec_rang
 }
 
 /*
- * The first layout of struct tierfs_gpu_vec had room for 16 handles (9360
- * bytes, so other command numbers): still taken, moved into today's.
+ * The earlier layouts of struct tierfs_gpu_vec, still taken: no `moved`
+ * (the count is the ioctl's result, so at most TIERFS_GPU_IO_MAX bytes a
+ * call), room for 16 handles (9360 bytes) or 64 (12816 bytes); their
+ * command numbers differ by size and direction.
  */
-#define VEC16_HANDLES	16
-#define VEC16_SIZE	(offsetof(struct tierfs_gpu_vec, handles) +		\
-			 VEC16_HANDLES * sizeof(struct tierfs_gpu_vec_handle) +	\
+#define VEC_OLD_HEAD	16
+#define VEC_OLD_SIZE(h)	(VEC_OLD_HEAD + (h) * sizeof(struct tierfs_gpu_vec_handle) +	\
 			 TIERFS_GPU_VEC_SEGS * sizeof(struct tierfs_gpu_vec_seg))
-#define TIERFS_IOC_PWRITEV_GPU16 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC16_SIZE)
-#define TIERFS_IOC_PREADV_GPU16	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC16_SIZE)
+#define TIERFS_IOC_PWRITEV_GPU16 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC_OLD_SIZE(16))
+#define TIERFS_IOC_PREADV_GPU16	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC_OLD_SIZE(16))
+#define TIERFS_IOC_PWRITEV_GPU64 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC_OLD_SIZE(64))
+#define TIERFS_IOC_PREADV_GPU64	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC_OLD_SIZE(64))
 
-static void vec_from16(struct tierfs_gpu_vec *v, const uint8_t *b)
+/* v = the old layout with room for `room` handles at b. */
+static void vec_from_old(struct tierfs_gpu_vec *v, const uint8_t *b, uint32_t room)
 {
-	size_t head = offsetof(struct tierfs_gpu_vec, handles);
-	size_t hs = VEC16_HANDLES * sizeof(struct tierfs_gpu_vec_handle);
+	size_t hs = room * sizeof(struct tierfs_gpu_vec_handle);
 
 	memset(v, 0, sizeof(*v));
-	memcpy(v, b, head + hs);
-	memcpy(v->segs, b + head + hs, sizeof(v->segs));
-	if (v->nhandles > VEC16_HANDLES)
+	memcpy(v, b, VEC_OLD_HEAD);
+	memcpy(v->handles, b + VEC_OLD_HEAD, hs);
+	memcpy(v->segs, b + VEC_OLD_HEAD + hs, sizeof(v->segs));
+	if (v->nhandles > room)
 		v->nhandles = TIERFS_GPU_VEC_HANDLES + 1;	/* refused below */
 }
 
-/* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU (and the 16-handle ones). */
+/* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU; old: the room for
+ * handles of an earlier layout (the count in the result), or 0. */
 static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool write,
 		      const struct fuse_file_info *fi, const void *in_buf,
-		      size_t in_bufsz, bool v16)
+		      size_t in_bufsz, size_t out_bufsz, uint32_t old)
 {
 	struct ipc_entry *ent[TIERFS_GPU_VEC_HANDLES] = { NULL };
 	struct tierfs_gpu_io io = { 0 };
@@ -460,7 +471,8 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	uint32_t i, nh = 0;
 	int err;
 
-	if (in_bufsz != (v16 ? VEC16_SIZE : sizeof(w->v)) || !in_buf) {
+	if (in_bufsz != (old ? VEC_OLD_SIZE(old) : sizeof(w->v)) || !in_buf ||
+	    (!old && out_bufsz < sizeof(w->v))) {
 		err = EINVAL;
 		goto reply;
 	}
@@ -472,11 +484,11 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 		err = ENOMEM;
 		goto reply;
 	}
-	if (v16)
-		vec_from16(&w->v, in_buf);
+	if (old)
+		vec_from_old(&w->v, in_buf, old);
 	else
 		memcpy(&w->v, in_buf, sizeof(w->v));	/* in_buf need not be aligned */
-	err = vec_check(&w->v, write, w->r);
+	err = vec_check(&w->v, write, old ? TIERFS_GPU_IO_MAX : TIERFS_GPU_VEC_MAX, w->r);
 	if (err)
 		goto reply;
 	/* each allocation once, however many segments it holds */
@@ -526,14 +538,18 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 reply:
 	for (i = 0; i < nh; i++)
 		ipc_put(ent[i]);
-	free(w);
 	if (tierfs_log_level >= LOG_DEBUG)
 		tlog(LOG_DEBUG, "gpu ioctl: vectored %s of %zu-byte request: %s",
 		     write ? "write" : "read", in_bufsz, err ? strerror(err) : "done");
-	if (err)
+	if (err) {
 		fuse_reply_err(req, err);
-	else
+	} else if (old) {
 		fuse_reply_ioctl(req, (int)n, NULL, 0);
+	} else {
+		w->v.moved = (uint64_t)n;
+		fuse_reply_ioctl(req, 0, &w->v, sizeof(w->v));
+	}
+	free(w);
 }
 
 /* The checks of a TIERFS_IOC_GPU_SPANV request past check_request(). */
@@ -670,11 +686,15 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		write = false;
 	} else if (cmd == TIERFS_IOC_PWRITEV_GPU || cmd == TIERFS_IOC_PREADV_GPU) {
 		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU, fi, in_buf,
-			  in_bufsz, false);
+			  in_bufsz, out_bufsz, 0);
+		return;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU64 || cmd == TIERFS_IOC_PREADV_GPU64) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU64, fi, in_buf,
+			  in_bufsz, out_bufsz, 64);
 		return;
 	} else if (cmd == TIERFS_IOC_PWRITEV_GPU16 || cmd == TIERFS_IOC_PREADV_GPU16) {
 		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU16, fi, in_buf,
-			  in_bufsz, true);
+			  in_bufsz, out_bufsz, 16);
 		return;
 	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
 		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);

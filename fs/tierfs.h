@@ -98,7 +98,9 @@ struct tierfs_gpu_io {
  * and one file.  The allocations go in a small table (a caching allocator
  * puts many buffers in few allocations: the daemon opens each once per
  * call); each segment names its allocation by index.  Fixed size, as
- * above: libtierfs splits longer lists into several ioctls.
+ * above: libtierfs splits longer lists into several ioctls.  Two earlier
+ * layouts (16 and 64 handles, no `moved`, the count the ioctl's result,
+ * at most TIERFS_GPU_IO_MAX bytes a call) are still taken by the daemon.
  */
 #define TIERFS_GPU_VEC_HANDLES	64	/* allocations per ioctl */
 #define TIERFS_GPU_VEC_SEGS	256	/* segments per ioctl */
@@ -118,23 +120,30 @@ struct tierfs_gpu_vec_seg {
 };
 
 struct tierfs_gpu_vec {
-	uint32_t nhandles;	/**< entries of handles[] in use, 1..16, each
+	uint32_t nhandles;	/**< entries of handles[] in use, 1..64, each
 				 *   used by some segment */
 	uint32_t nsegs;		/**< entries of segs[] in use, 1..256 */
 	uint32_t flags;		/**< 0 (reserved for future use) */
 	uint32_t reserved;	/**< 0 */
+	uint64_t moved;		/**< out: the bytes moved (in: ignored) */
+	uint64_t reserved2;	/**< 0 */
 	struct tierfs_gpu_vec_handle handles[TIERFS_GPU_VEC_HANDLES];
 	struct tierfs_gpu_vec_seg segs[TIERFS_GPU_VEC_SEGS];
 };
 
+/** Most bytes one vectored ioctl moves (its count comes back in `moved`,
+ *  not in the ioctl's int result). */
+#define TIERFS_GPU_VEC_MAX	(1ULL << 40)
+
 /** Write every segment (write segments' file ranges must not overlap; any
- *  order).  All checks come before any byte moves.  Returns the total
- *  (the sum of the lengths, at most TIERFS_GPU_IO_MAX: E2BIG past it). */
-#define TIERFS_IOC_PWRITEV_GPU	_IOW(TIERFS_IOC_MAGIC, 5, struct tierfs_gpu_vec)
-/** Read every segment (file ranges may overlap).  Returns the total bytes
- *  read: a segment reaching past end of file reads only up to it, and its
- *  buffer's bytes past that are left as they were. */
-#define TIERFS_IOC_PREADV_GPU	_IOW(TIERFS_IOC_MAGIC, 6, struct tierfs_gpu_vec)
+ *  order).  All checks come before any byte moves.  Returns 0, with the
+ *  total in `moved` (the sum of the lengths, at most TIERFS_GPU_VEC_MAX:
+ *  E2BIG past it). */
+#define TIERFS_IOC_PWRITEV_GPU	_IOWR(TIERFS_IOC_MAGIC, 5, struct tierfs_gpu_vec)
+/** Read every segment (file ranges may overlap).  Returns 0, with the total
+ *  bytes read in `moved`: a segment reaching past end of file reads only up
+ *  to it, and its buffer's bytes past that are left as they were. */
+#define TIERFS_IOC_PREADV_GPU	_IOWR(TIERFS_IOC_MAGIC, 6, struct tierfs_gpu_vec)
 /** Most segments one libtierfs vectored call takes (iovcnt). */
 #define TIERFS_GPU_IOV_MAX	65536
 
@@ -157,9 +166,10 @@ _Static_assert(sizeof(struct tierfs_gpu_vec_seg) == 32 &&
 	       offsetof(struct tierfs_gpu_vec_seg, handle) == 24 &&
 	       offsetof(struct tierfs_gpu_vec_seg, flags) == 28,
 	       "struct tierfs_gpu_vec_seg layout");
-_Static_assert(sizeof(struct tierfs_gpu_vec) == 12816 &&
-	       offsetof(struct tierfs_gpu_vec, handles) == 16 &&
-	       offsetof(struct tierfs_gpu_vec, segs) == 16 + 64 * 72,
+_Static_assert(sizeof(struct tierfs_gpu_vec) == 12832 &&
+	       offsetof(struct tierfs_gpu_vec, moved) == 16 &&
+	       offsetof(struct tierfs_gpu_vec, handles) == 32 &&
+	       offsetof(struct tierfs_gpu_vec, segs) == 32 + 64 * 72,
 	       "struct tierfs_gpu_vec layout");
 /* FUSE restricted ioctls: the size must fit _IOC_SIZE (14 bits) */
 _Static_assert(sizeof(struct tierfs_gpu_vec) < 16384, "struct tierfs_gpu_vec too big");
@@ -213,7 +223,7 @@ struct tierfs_gpu_iovec {
  * tierfs_pwritev_gpu - write iovcnt segments of GPU memory to fd, each at
  * its own file offset (any order; the file ranges must not overlap), in
  * one ioctl per TIERFS_GPU_VEC_SEGS segments, TIERFS_GPU_VEC_HANDLES
- * allocations or TIERFS_GPU_IO_MAX bytes (a longer segment is cut).  Each
+ * allocations or TIERFS_GPU_VEC_MAX bytes (a longer segment is cut).  Each
  * distinct allocation is exported once (and cached, as tierfs_pwrite_gpu
  * does).  Every segment is checked before any byte moves; a list that fits
  * one ioctl is written with the file locked throughout, so no flush commits

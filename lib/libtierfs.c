@@ -53,7 +53,8 @@
  * TIERFS_IOC_GPU_SPANV, copied with one wait; a span per segment with a
  * daemon older than share protocol 3); the rest goes in
  * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 64 handles and
- * TIERFS_GPU_IO_MAX bytes.  Any failure returns -1 (no partial count: the
+ * TIERFS_GPU_VEC_MAX bytes (the count comes back in the struct: a 4 GiB
+ * state dict is one call).  Any failure returns -1 (no partial count: the
  * segments have no order a count could describe).
  *
  * Without CUDA (built without it, or no libcuda.so.1 at run time) the
@@ -898,9 +899,10 @@ static int off_cmp(const void *a, const void *b)
 }
 
 /* Send one batch; on an EINVAL of a cached handle re-export its
- * allocations once.  Returns the daemon's count or -1 with errno. */
-static int vec_send(int fd, bool write, struct tierfs_gpu_vec *v,
-		    struct valloc *al, int nal, bool *retried)
+ * allocations once.  Returns the daemon's count (v->moved) or -1 with
+ * errno. */
+static int64_t vec_send(int fd, bool write, struct tierfs_gpu_vec *v,
+			struct valloc *al, int nal, bool *retried)
 {
 	unsigned long cmd = write ? TIERFS_IOC_PWRITEV_GPU : TIERFS_IOC_PREADV_GPU;
 	int r, i;
@@ -908,9 +910,10 @@ static int vec_send(int fd, bool write, struct tierfs_gpu_vec *v,
 	for (;;) {
 		bool any = false;
 
+		v->moved = 0;
 		r = ioctl(fd, cmd, v);
 		if (r >= 0)
-			return r;
+			return (int64_t)v->moved;
 		if (errno == EINTR)
 			continue;
 		if (errno != EINVAL || *retried)
@@ -1170,7 +1173,7 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 
 	/* 7. the rest through the daemon: batches of at most
 	 * TIERFS_GPU_VEC_SEGS pieces, TIERFS_GPU_VEC_HANDLES allocations and
-	 * TIERFS_GPU_IO_MAX bytes (a longer segment is cut) */
+	 * TIERFS_GPU_VEC_MAX bytes (a longer segment is cut) */
 	v = malloc(sizeof(*v));
 	if (!v)
 		goto out;
@@ -1188,7 +1191,7 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 
 			if (s->over || s->done == s->len)
 				continue;
-			if (v->nsegs == TIERFS_GPU_VEC_SEGS || btotal == TIERFS_GPU_IO_MAX ||
+			if (v->nsegs == TIERFS_GPU_VEC_SEGS || btotal == TIERFS_GPU_VEC_MAX ||
 			    (x->slot < 0 && v->nhandles == TIERFS_GPU_VEC_HANDLES))
 				break;
 			if (x->slot < 0) {
@@ -1199,8 +1202,8 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 					x->x.device < 0 ? 0 : (uint32_t)x->x.device;
 			}
 			piece = s->len - s->done;
-			if (piece > TIERFS_GPU_IO_MAX - btotal)
-				piece = TIERFS_GPU_IO_MAX - btotal;
+			if (piece > TIERFS_GPU_VEC_MAX - btotal)
+				piece = TIERFS_GPU_VEC_MAX - btotal;
 			o = &v->segs[v->nsegs++];
 			o->handle_off = s->p + s->done - x->x.base;
 			o->len = piece;
@@ -1216,7 +1219,7 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 			break;
 		{
 			double t0 = trace ? mono_s() : 0;
-			int r = vec_send(fd, write, v, al, nal, &retried);
+			int64_t r = vec_send(fd, write, v, al, nal, &retried);
 
 			if (trace) {
 				tio += mono_s() - t0;

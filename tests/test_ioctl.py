@@ -501,44 +501,56 @@ def test_gpu_share_protocol(mount):
 # export: -o gpu_share falls back to the ioctl there; tests/gpu/test_ioctl
 # covers the shared path on a GPU.)
 
-# struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32); 64 handles
-# of (handle[64], device, reserved); 256 segments of (handle_off, len,
-# file_off (u64), handle, flags (u32)).  The first layout had 16 handles
-# (other command numbers); the daemon still takes it.
+# struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32), moved (u64,
+# out), reserved2 (u64); 64 handles of (handle[64], device, reserved); 256
+# segments of (handle_off, len, file_off (u64), handle, flags (u32)); read
+# and write commands: the daemon writes the struct back, the count in
+# `moved`.  The earlier layouts (no moved/reserved2, 16 or 64 handles,
+# write-only commands, the count as the result) are still taken.
 VEC_HANDLES, VEC_SEGS = 64, 256
-VEC_HEAD = struct.Struct("=IIII")
+VEC_HEAD = struct.Struct("=IIIIQQ")
+VEC_OLD_HEAD = struct.Struct("=IIII")
 VEC_HANDLE = struct.Struct("=64sII")
 VEC_SEG = struct.Struct("=QQQII")
+LAYOUTS = ["now", 64, 16]       # today's, and the earlier ones by their room
 
 
-def vec_size(handles):
-    return VEC_HEAD.size + handles * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
+def vec_size(layout):
+    head, room = (VEC_HEAD, VEC_HANDLES) if layout == "now" else (VEC_OLD_HEAD, layout)
+    return head.size + room * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
 
 
-VEC_SIZE, VEC16_SIZE = vec_size(VEC_HANDLES), vec_size(16)
-PWRITEV_GPU = _iow("T", 5, VEC_SIZE)
-PREADV_GPU = _iow("T", 6, VEC_SIZE)
-PWRITEV_GPU16 = _iow("T", 5, VEC16_SIZE)
-PREADV_GPU16 = _iow("T", 6, VEC16_SIZE)
+VEC_SIZE = vec_size("now")
+PWRITEV_GPU = _iowr("T", 5, VEC_SIZE)
+PREADV_GPU = _iowr("T", 6, VEC_SIZE)
+VEC_OLD_CMDS = {n: (_iow("T", 5, vec_size(n)), _iow("T", 6, vec_size(n))) for n in (64, 16)}
 GPU_IO_MAX = 1 << 30
+GPU_VEC_MAX = 1 << 40
 
 
 def test_vec_abi():
-    assert (VEC_HANDLE.size, VEC_SEG.size, VEC_SIZE, VEC16_SIZE) == (72, 32, 12816, 9360)
-    assert PWRITEV_GPU == 0x72105405 and PREADV_GPU == 0x72105406
-    assert PWRITEV_GPU16 == 0x64905405 and PREADV_GPU16 == 0x64905406
+    assert (VEC_HANDLE.size, VEC_SEG.size) == (72, 32)
+    assert (VEC_SIZE, vec_size(64), vec_size(16)) == (12832, 12816, 9360)
+    assert PWRITEV_GPU == 0xf2205405 and PREADV_GPU == 0xf2205406
+    assert VEC_OLD_CMDS[64] == (0x72105405, 0x72105406)
+    assert VEC_OLD_CMDS[16] == (0x64905405, 0x64905406)
 
 
-def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None, room=VEC_HANDLES):
-    """A struct tierfs_gpu_vec with room for `room` handles: handles
-    [(bytes, device)], segs [(handle_off, len, file_off, handle index,
-    flags)]."""
-    buf = bytearray(vec_size(room))
-    VEC_HEAD.pack_into(buf, 0, len(handles) if nhandles is None else nhandles,
-                       len(segs) if nsegs is None else nsegs, flags, 0)
+def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None, layout="now", reserved2=0):
+    """A struct tierfs_gpu_vec of `layout`: handles [(bytes, device)], segs
+    [(handle_off, len, file_off, handle index, flags)]."""
+    buf = bytearray(vec_size(layout))
+    nh = len(handles) if nhandles is None else nhandles
+    ns = len(segs) if nsegs is None else nsegs
+    if layout == "now":
+        VEC_HEAD.pack_into(buf, 0, nh, ns, flags, 0, 0, reserved2)
+        head, room = VEC_HEAD.size, VEC_HANDLES
+    else:
+        VEC_OLD_HEAD.pack_into(buf, 0, nh, ns, flags, 0)
+        head, room = VEC_OLD_HEAD.size, layout
     for i, (h, dev) in enumerate(handles):
-        VEC_HANDLE.pack_into(buf, VEC_HEAD.size + i * VEC_HANDLE.size, h, dev, 0)
-    base = VEC_HEAD.size + room * VEC_HANDLE.size
+        VEC_HANDLE.pack_into(buf, head + i * VEC_HANDLE.size, h, dev, 0)
+    base = head + room * VEC_HANDLE.size
     for i, s in enumerate(segs):
         VEC_SEG.pack_into(buf, base + i * VEC_SEG.size, *s)
     return buf
@@ -566,18 +578,21 @@ def test_vec_errors_without_gpu_tier(mount):
     assert util.read_file(p) == b"x" * 8192
 
 
-@pytest.mark.parametrize("layout", [64, 16])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_vec_ioctl_checks(mount, monkeypatch, layout):
     """The daemon's checks of a vectored request, each before any byte
     moves: garbage handles are only opened once the list is sound.  The
-    16-handle layout of the first version is checked the same way."""
+    layouts of the earlier versions are checked the same way (their limit
+    on the total is the int result's)."""
     m = mount(gpu=util.gpu_or_fake(monkeypatch), gpu_cache="32M", expect_errors=True)
     p = os.path.join(m.mnt, "f")
     util.write_file(p, b"o" * 65536)
     h = [(b"\0" * 64, 0)]
     PWRITEV_GPU, PREADV_GPU = ((globals()["PWRITEV_GPU"], globals()["PREADV_GPU"])
-                               if layout == 64 else (PWRITEV_GPU16, PREADV_GPU16))
-    gpu_vec = functools.partial(globals()["gpu_vec"], room=layout)
+                               if layout == "now" else VEC_OLD_CMDS[layout])
+    room = VEC_HANDLES if layout == "now" else layout
+    most = GPU_VEC_MAX if layout == "now" else GPU_IO_MAX
+    gpu_vec = functools.partial(globals()["gpu_vec"], layout=layout)
     fd = os.open(p, os.O_RDWR)
     try:
         cases = [
@@ -585,19 +600,23 @@ def test_vec_ioctl_checks(mount, monkeypatch, layout):
             (gpu_vec(h, [], nsegs=0), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 0, 0)], nsegs=VEC_SEGS + 1), errno.EINVAL),
             (gpu_vec([], [(0, 16, 0, 0, 0)]), errno.EINVAL),
-            (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=layout + 1), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=room + 1), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 1, 0)]), errno.EINVAL),          # handle index
             (gpu_vec(h * 2, [(0, 16, 0, 0, 0)]), errno.EINVAL),      # unused handle
             (gpu_vec(h, [(0, 16, 0, 0, 2)]), errno.EINVAL),          # segment flags
             (gpu_vec(h, [(0, 16, 0, 0, 0), (0, 0, 64, 0, 0)]), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 2**63 - 8, 0, 0)]), errno.EINVAL),
             (gpu_vec(h, [(2**64 - 8, 16, 0, 0, 0)]), errno.EINVAL),
-            (gpu_vec(h, [(0, GPU_IO_MAX, 0, 0, 0), (0, 1, GPU_IO_MAX, 0, 0)]),
-             errno.E2BIG),
+            (gpu_vec(h, [(0, most, 0, 0, 0), (0, 1, most, 0, 0)]), errno.E2BIG),
             (gpu_vec(h, [(0, 16, 100, 0, 0), (64, 16, 0, 0, 0), (0, 16, 108, 0, 0)]),
              errno.EINVAL),                                         # overlap
             (gpu_vec(h, [(0, 16, 0, 0, 0)]), errno.EINVAL),          # garbage handle
         ]
+        if layout == "now":
+            cases += [(gpu_vec(h, [(0, 16, 0, 0, 0)], reserved2=1), errno.EINVAL),
+                      # the old limit is no longer one: past it, the handle
+                      (gpu_vec(h, [(0, GPU_IO_MAX, 0, 0, 0), (0, 1, GPU_IO_MAX, 0, 0)]),
+                       errno.EINVAL)]
         for i, (buf, code) in enumerate(cases):
             assert ioctl_errno(fd, PWRITEV_GPU, buf) == code, i
         # reads may overlap: only the garbage handle is wrong
