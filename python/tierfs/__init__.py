@@ -137,6 +137,12 @@ def _read_mounts(f):
 
 def _mounts():
     """[(mount point, fstype, source)] of /proc/self/mountinfo, in order."""
+    return list(_mount_table())
+
+
+def _mount_table():
+    """The table _mounts() copies: the same object until the mount table
+    changes (callers may key what they decided on it)."""
     with _mtab_lock:
         m = _mtab
         try:
@@ -152,7 +158,7 @@ def _mounts():
             if m["table"] is None or m["poll"].poll(0):
                 m["table"] = None
                 m["table"] = _read_mounts(m["file"])
-            return list(m["table"])
+            return m["table"]
         except (OSError, ValueError):
             m.update(pid=None, table=None)
             with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:

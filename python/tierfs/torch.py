@@ -76,8 +76,16 @@ Repeated saves
     difference (a step count, a tensor replaced or reshaped) makes a new
     plan.  Tensors written from copies (non-contiguous, or staged through
     host memory) are never planned.  io_stats counts the saves from plans.
+    The save of an object saved before starts from that object's last plan
+    at once and takes the fingerprint in a thread of the module's while the
+    GPU copies (the vectored call releases the GIL); when it differs, the
+    temporary file is started again (io_stats plans_missed).
     load() keeps the checked form of its last few headers: checkpoints of
     one run share theirs while their other values are equal.
+
+Tracing
+    TIERFS_TRACE=1 in the environment prints each save's and load's phases
+    on stderr (and libtierfs prints its vectored calls').
 
 torch.distributed.checkpoint (torch >= 2.0)
     FileSystemWriter and FileSystemReader here are drop-in replacements of
@@ -99,6 +107,7 @@ import os
 import struct
 import sys
 import threading
+import time
 
 import torch
 
@@ -150,6 +159,35 @@ headers_reused the loads that reused the checked header of an earlier one
 (see "Repeated saves" in the module's documentation)."""
 _stats_lock = threading.Lock()
 
+_TRACE = os.environ.get("TIERFS_TRACE", "").strip() not in ("", "0")
+
+
+class _Marks:
+    """TIERFS_TRACE=1: the phases of one save or load, printed on stderr
+    when it ends (as libtierfs prints its vectored calls')."""
+
+    def __init__(self, what):
+        self.what, self.t = what, [time.perf_counter()]
+        self.names = []
+
+    def __call__(self, name):
+        self.t.append(time.perf_counter())
+        self.names.append(name)
+
+    def done(self):
+        parts = ", ".join(f"{n} {(b - a) * 1e6:.0f} us" for n, a, b in
+                          zip(self.names, self.t, self.t[1:]))
+        print(f"tierfs.torch: {self.what}: {parts}, in all "
+              f"{(self.t[-1] - self.t[0]) * 1e6:.0f} us", file=sys.stderr)
+
+
+def _no_mark(name):
+    pass
+
+
+def _marks(what):
+    return _Marks(what) if _TRACE else _no_mark
+
 
 def _count(key, n):
     with _stats_lock:
@@ -158,10 +196,11 @@ def _count(key, n):
 
 # ---------------------------------------------------------------- raw I/O
 
-def _cpu_buffer(t):
-    """A writable byte view of the memory of contiguous CPU tensor t (the
+def _cpu_buffer(t, n=None):
+    """A writable byte view of the n bytes of contiguous CPU tensor t (the
     tensor must outlive the view)."""
-    n = t.numel() * t.element_size()
+    if n is None:
+        n = t.numel() * t.element_size()
     if n == 0:
         return memoryview(b"")
     return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
@@ -199,10 +238,10 @@ def _gpu_fallback(e):
 
 def _split(jobs):
     """[(tensor, offset)] by device: (CPU jobs, {CUDA device: jobs}, other
-    jobs), each tensor's device asked once."""
+    jobs) of (tensor, offset, bytes), each tensor asked once."""
     cpu, cuda, other = [], {}, []
-    for j in jobs:
-        d = j[0].device
+    for t, o in jobs:
+        d, j = t.device, (t, o, t.numel() * t.element_size())
         if d.type == "cpu":
             cpu.append(j)
         elif d.type == "cuda":
@@ -214,7 +253,7 @@ def _split(jobs):
 
 def _gpu_io(write, fd, by_dev, use_gpu):
     """Move CUDA tensors: by_dev = {device: [(contiguous CUDA tensor on it,
-    file offset)]}.  Device to device through tierfs.pwritev_gpu /
+    file offset, bytes)]}.  Device to device through tierfs.pwritev_gpu /
     preadv_gpu where use_gpu and they work; else through host memory.
     Returns True when the device path moved them all (or there were none)."""
     if not by_dev:
@@ -225,8 +264,7 @@ def _gpu_io(write, fd, by_dev, use_gpu):
             for dev, js in by_dev.items():
                 with torch.cuda.device(dev):
                     torch.cuda.synchronize(dev)
-                    segs = [(t.data_ptr(), n, off) for t, off in js
-                            for n in (t.numel() * t.element_size(),) if n]
+                    segs = [(t.data_ptr(), n, off) for t, off, n in js if n]
                     want = sum(s[1] for s in segs)
                     if not segs:
                         continue
@@ -241,7 +279,7 @@ def _gpu_io(write, fd, by_dev, use_gpu):
             if not _gpu_fallback(e):
                 raise
             _count("gpu_fallbacks", 1)
-    for t, off in (j for js in by_dev.values() for j in js):   # through host memory
+    for t, off, _ in (j for js in by_dev.values() for j in js):   # through host memory
         flat = t.view(-1)
         per = max(1, _CHUNK // max(1, t.element_size()))
         for a in range(0, flat.numel(), per):
@@ -259,32 +297,49 @@ def _gpu_io(write, fd, by_dev, use_gpu):
     return False
 
 
+_ON_TIERFS_MAX = 64
+_on_tierfs_seen = {}                    # path -> the mount table it was found on tierfs under
+
+
 def _on_tierfs(path):
+    """Whether path is on a tierfs mount.  A path found there is not asked
+    again (a stat and a realpath: FUSE round trips at every save) while the
+    mount table stays the same; a symlink changed meanwhile is not seen,
+    and a GPU call through it then fails over to host memory."""
     try:
-        return _tierfs.is_tierfs(path)
+        table = _tierfs._mount_table()
+        if _on_tierfs_seen.get(path) is table:
+            return True
+        if not _tierfs.is_tierfs(path):
+            return False
+        if len(_on_tierfs_seen) >= _ON_TIERFS_MAX:
+            _on_tierfs_seen.clear()
+        _on_tierfs_seen[path] = table
+        return True
     except Exception:                   # noqa: BLE001 - a hint only
         return False
 
 
 def _host_runs(jobs):
-    """CPU tensors [(tensor, offset)] as runs that lie end to end in the
-    file: [(offset, [tensor, ...])], by offset."""
+    """CPU tensors [(tensor, offset, bytes)] as runs that lie end to end in
+    the file: [(offset, [(tensor, bytes), ...])], by offset."""
     runs, end = [], None
-    for t, o in sorted(jobs, key=lambda j: j[1]):
+    for t, o, n in sorted(jobs, key=lambda j: j[1]):
         if runs and o == end:
-            runs[-1][1].append(t)
+            runs[-1][1].append((t, n))
         else:
-            runs.append((o, [t]))
+            runs.append((o, [(t, n)]))
             end = o
-        end += t.numel() * t.element_size()
+        end += n
     return runs
 
 
 def _cpu_io(fn, fd, jobs, what):
-    """CPU tensors [(tensor, offset)] through fn (os.pwritev or os.preadv):
-    one call per run of tensors that lie end to end in the file."""
+    """CPU tensors [(tensor, offset, bytes)] through fn (os.pwritev or
+    os.preadv): one call per run of tensors that lie end to end in the
+    file."""
     for start, run in _host_runs(jobs):
-        n = _vec_io(fn, fd, [_cpu_buffer(x) for x in run], start, what)
+        n = _vec_io(fn, fd, [_cpu_buffer(t, n) for t, n in run], start, what)
         _count("posix_" + what, n)
 
 
@@ -295,17 +350,21 @@ def _write_tensors(fd, jobs, use_gpu):
     cpu, cuda, other = _split(jobs)
     direct = _gpu_io(True, fd, cuda, use_gpu)
     _cpu_io(os.pwritev, fd, cpu, "write")
-    for t, o in other:                  # mps, xpu, ...: through host memory
+    for t, o, _ in other:               # mps, xpu, ...: through host memory
         _count("posix_write", _vec_io(os.pwritev, fd, [_cpu_buffer(t.cpu())], o, "write"))
     return direct and not other
 
 
 def _read_tensors(fd, jobs, use_gpu):
     """Fill [(contiguous destination tensor, offset)] from the file."""
-    cpu, cuda, other = _split(jobs)
+    _read_split(fd, *_split(jobs), use_gpu)
+
+
+def _read_split(fd, cpu, cuda, other, use_gpu):
+    """_read_tensors of jobs split by device (see _split)."""
     _cpu_io(os.preadv, fd, cpu, "read")
     _gpu_io(False, fd, cuda, use_gpu)
-    for t, o in other:
+    for t, o, _ in other:
         host = torch.empty(t.shape, dtype=t.dtype)
         _count("posix_read", _vec_io(os.preadv, fd, [_cpu_buffer(host)], o, "read"))
         t.copy_(host)
@@ -795,16 +854,37 @@ def _fingerprint(obj, out):
             out.append(_scalar_fp(v))
 
 
+class _Key:
+    """A fingerprint as a dict key: its hash taken once (a fingerprint is a
+    tuple of a few thousand items, and a tuple hashes them all each time)."""
+    __slots__ = ("fp", "h")
+
+    def __init__(self, fp):
+        self.fp, self.h = fp, hash(fp)
+
+    def __hash__(self):
+        return self.h
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, _Key) and self.h == other.h
+                                 and self.fp == other.fp)
+
+
 def _plan_key(obj):
     """The fingerprint of obj as a dict key, or None (unhashable leaves)."""
     fp = []
     _fingerprint(obj, fp)
-    key = tuple(fp)
     try:
-        hash(key)
+        return _Key(tuple(fp))
     except TypeError:
         return None
-    return key
+
+
+def _check_guess(obj, gkey):
+    """(obj's plan key, whether it is gkey): the background half of a
+    guessed save."""
+    key = _plan_key(obj)
+    return key, key == gkey
 
 
 def _make_plan(header, jobs):
@@ -817,15 +897,14 @@ def _make_plan(header, jobs):
     cpu, cuda, _ = _split(jobs)
     plan = {"gpu": [], "host": []}
     for dev, js in cuda.items():
-        segs = [(t.data_ptr(), n, off) for t, off in js
-                for n in (t.numel() * t.element_size(),) if n]
+        segs = [(t.data_ptr(), n, off) for t, off, n in js if n]
         if not segs:
             continue
         buf, n = _tierfs._pack_iov(segs)
         plan["gpu"].append((dev, buf, n, sum(x[1] for x in segs)))
     host, end = [(0, [memoryview(header)])], len(header)
     for off, run in _host_runs(cpu):
-        views = [_cpu_buffer(t) for t in run if t.numel()]
+        views = [_cpu_buffer(t, n) for t, n in run if n]
         if not views:
             continue
         if off == end:
@@ -961,6 +1040,7 @@ def save(obj, path, fsync=None):
     object that is not a tensor, container or plain value), before any file
     is touched; OSError for I/O errors."""
     path = os.fspath(path)
+    mark = _marks(f"save {path}")
     d = os.path.dirname(os.path.abspath(path))
     on_tfs = _on_tierfs(d)
     if fsync is None:
@@ -972,19 +1052,26 @@ def save(obj, path, fsync=None):
         with _plans_lock:
             if key is None or key not in _plans:
                 prep = _prepare(obj)    # TypeError before any file is touched
+    mark("guessed" if guess is not None else "planned" if prep is None else "walked")
     tmp = _tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    mark("open")
     try:
         try:
             if guess is not None:
-                _save_guessed(fd, obj, guess)
+                _save_guessed(fd, obj, guess, mark)
             else:
-                _save_keyed(fd, obj, key, on_tfs, prep)
+                _save_keyed(fd, obj, key, on_tfs, prep, mark)
             if fsync:
                 os.fsync(fd)
+                mark("fsync")
         finally:
             os.close(fd)
+        mark("close")
         os.replace(tmp, path)
+        mark("rename")
+        if mark is not _no_mark:
+            mark.done()
     except BaseException:
         try:
             os.unlink(tmp)
@@ -993,35 +1080,38 @@ def save(obj, path, fsync=None):
         raise
 
 
-def _save_guessed(fd, obj, guess):
+def _save_guessed(fd, obj, guess, mark):
     """Write obj to fd from the plan guessed for it while its fingerprint
     is taken in the background; start again when the fingerprint differs."""
     gkey, plan = guess
     pending = []
 
     def start():
-        pending.append(_in_background(_plan_key, obj))
+        pending.append(_in_background(_check_guess, obj, gkey))
     try:
         ok, err = _write_plan_gpu(fd, plan, start), None
     except OSError as e:
         ok, err = False, e
-    key = pending[0].result() if pending else _plan_key(obj)   # no GPU call: no overlap
-    if key == gkey:
+    mark("gpu")
+    key, same = pending[0].result() if pending else _check_guess(obj, gkey)
+    mark("fingerprint")
+    if same:
         if err is not None:
             raise err
         if ok:
             _write_plan_host(fd, plan)
-            _remember(obj, key)
+            _remember(obj, gkey)
+            mark("host")
             return
         with _plans_lock:               # refused: the slow way, no plan
             _plans.pop(key, None)
     else:
         _count("plans_missed", 1)
     os.ftruncate(fd, 0)
-    _save_keyed(fd, obj, key, True, None)
+    _save_keyed(fd, obj, key, True, None, mark)
 
 
-def _save_keyed(fd, obj, key, on_tfs, prep):
+def _save_keyed(fd, obj, key, on_tfs, prep, mark):
     """Write obj to fd: from the plan kept under key if there is one, else
     from prep (_prepare's answer, made here if None), keeping the plan where
     one can be made."""
@@ -1029,14 +1119,17 @@ def _save_keyed(fd, obj, key, on_tfs, prep):
         plan = _plans.get(key) if key is not None else None
     if plan is not None:
         if _write_plan_gpu(fd, plan):
+            mark("gpu")
             _write_plan_host(fd, plan)
             _remember(obj, key)
+            mark("host")
             return
         with _plans_lock:
             _plans.pop(key, None)
         os.ftruncate(fd, 0)
     header, jobs, copied = prep or _prepare(obj)
     direct = _write_file(fd, header, jobs, on_tfs)
+    mark("written")
     if key is not None and direct and not copied:
         _remember(obj, key, _make_plan(header, jobs))
     elif key is not None:
@@ -1058,6 +1151,8 @@ def _device_for(saved, map_location):
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"a tensor was saved on {saved} and CUDA is not available here: "
                            "load with map_location='cpu'")
+    if dev.type == "cuda" and dev.index is None:    # as its tensors will say
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
@@ -1272,9 +1367,12 @@ def load(path, map_location=None, into=None, strict=True):
     Raises FormatError (a ValueError) for a file that is not in this layout,
     truncated, or whose header lies; TypeError for a dtype this torch lacks."""
     path = os.fspath(path)
+    mark = _marks(f"load {path}")
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    mark("open")
     try:
         hdr, st, root, uses = _checked(path, fd)
+        mark("header")
         entries = hdr.entries
         devs = st.get("devices", {})
         direct, hint, copies = {}, {}, []
@@ -1297,13 +1395,17 @@ def load(path, map_location=None, into=None, strict=True):
                     hint[name] = dev = target.device
                     if (uses[name] == [1, 0] and dev.type in ("cpu", "cuda")
                             and target.is_contiguous()):
-                        direct[name] = target
+                        direct[name] = (target, dev)
                         continue
                 copies.append((target, c))
-        tensors, jobs, where = {}, [], {}
+            mark("into")
+        tensors, where = {}, {}
+        cpu, cuda, other = [], {}, []   # the jobs by device (see _split)
         for name, (dt, shape, b, e) in entries.items():
-            t = direct.get(name)
-            if t is None:
+            td = direct.get(name)
+            if td is not None:
+                t, dev = td
+            else:
                 if name not in uses:
                     continue            # written but not referenced: not loaded
                 dev = hint.get(name)
@@ -1314,20 +1416,33 @@ def load(path, map_location=None, into=None, strict=True):
                         dev = where[saved] = _device_for(saved, map_location)
                 t = torch.empty(shape, dtype=_FROM_NAME[dt], device=dev)
             tensors[name] = t
-            jobs.append((t, b))             # bytes in place: no autograd (no_grad below)
+            job = (t, b, e - b)         # bytes in place: no autograd (no_grad below)
+            if dev.type == "cpu":
+                cpu.append(job)
+            elif dev.type == "cuda":
+                cuda.setdefault(dev, []).append(job)
+            else:
+                other.append(job)
+        mark("tensors")
         with torch.no_grad():
-            _read_tensors(fd, jobs, _on_tierfs(path))
+            _read_split(fd, cpu, cuda, other, _on_tierfs(path))
+        mark("read")
     finally:
         os.close(fd)
     loader = _Loader(path, entries, tensors)
     if into is None:
-        return loader.build(root)
-    with torch.no_grad():
-        for target, c in copies:
-            target.copy_(loader.build(c))
-        for container, key, r in walk.sets:
-            container[key] = _value(r, loader)
-    return into if top is _SAME else _value(top, loader)
+        out = loader.build(root)
+    else:
+        with torch.no_grad():
+            for target, c in copies:
+                target.copy_(loader.build(c))
+            for container, key, r in walk.sets:
+                container[key] = _value(r, loader)
+        out = into if top is _SAME else _value(top, loader)
+    if mark is not _no_mark:
+        mark("close, build")
+        mark.done()
+    return out
 
 
 # ---------------------------------------------------------------- DCP
