@@ -30,7 +30,8 @@
  * (at most -o persist_wait seconds; what is left is logged).
  *
  * Restart anywhere: a lookup that finds nothing in the backing directory
- * looks in DIR (fs_persist_fetch): a directory is made, a file is copied
+ * looks in DIR (fs_persist_fetch, which the inode table calls through
+ * fs.inode_ops: this room is above it): a directory is made, a file is copied
  * into the backing directory (temporary name, fsync, rename) and then is
  * an ordinary file.  A name removed or renamed away through the mount, and
  * not yet so in DIR, is not brought back: the queued operation is its
@@ -310,6 +311,16 @@ static bool under(const char *path, const char *top)
 					      (l == 1 && top[0] == '/'));
 }
 
+static int fs_persist_fetch(struct fs_inode *dir, const char *name);
+static void fs_persist_forget(struct fs_inode *in);
+
+/* What the inode table asks of DIR (fs.h): a name the backing directory
+ * lacks, an inode freed. */
+static const struct fs_inode_ops persist_inode_ops = {
+	.fetch = fs_persist_fetch,
+	.forget = fs_persist_forget,
+};
+
 void fs_persist_setup(struct fuse_args *args)
 {
 	struct popts o = { 0 };
@@ -361,16 +372,13 @@ void fs_persist_setup(struct fuse_args *args)
 	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
 		pdie(r, "persist directory: must not be inside the mount point");
 	pq.dir = r;
+	fs.persist = true;
+	fs.inode_ops = &persist_inode_ops;
 	free(o.dir);
 	free(o.wait);
 	free(o.bw);
 	free(o.timeout);
 	free(o.keep);
-}
-
-bool fs_persist_on(void)
-{
-	return pq.dir != NULL;
 }
 
 /* ------------------------------------------------------------ paths */
@@ -1409,7 +1417,8 @@ void fs_persist_released(struct fs_inode *in)
 	fs_ns_unlock();
 }
 
-void fs_persist_forget(struct fs_inode *in)
+/* A regular file's inode is freed (fs.lock held). */
+static void fs_persist_forget(struct fs_inode *in)
 {
 	created_done(in);
 }
@@ -2589,7 +2598,10 @@ static int job_fetch(struct pjob *j)
 	return ret;
 }
 
-int fs_persist_fetch(struct fs_inode *dir, const char *name)
+/* A lookup found no dir/name in the backing directory: bring it from DIR
+ * (0: it is there now; -ENOENT: DIR has none either, or it was removed
+ * through the mount).  fs.nslock not held. */
+static int fs_persist_fetch(struct fs_inode *dir, const char *name)
 {
 	char drel[PATH_MAX];
 	struct pjob *j;
