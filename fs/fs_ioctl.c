@@ -4,9 +4,10 @@
  * TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU carry a struct tierfs_gpu_io:
  * the CUDA IPC handle of the caller's allocation, the buffer's offset in it,
  * a length and a file offset.  The daemon maps the allocation into its own
- * CUDA context (gpu_ipc_open) and hands the device address to the engine
- * (tfile_write_dev / tfile_read_dev), which moves the bytes device to device
- * into or out of the file's GPU cache copy.  The reply is the byte count.
+ * CUDA context (gpu_tier_ipc_open) and hands the device address to the
+ * engine (tfile_write_dev / tfile_read_dev), which moves the bytes device
+ * to device into or out of the file's GPU cache copy.  The reply is the
+ * byte count.
  *
  * Checks, in this order (the first that fails gives the error):
  *   FUSE_IOCTL_COMPAT (a 32-bit caller)          ENOSYS
@@ -21,7 +22,7 @@
  *   len == 0                                     returns 0
  *   handle_off + len or file_off + len wraps,
  *   file_off + len > INT64_MAX                   EINVAL
- *   handle not openable                          what gpu_ipc_open says:
+ *   handle not openable                          what gpu_tier_ipc_open says:
  *                                                EINVAL (garbage, exported
  *                                                by the daemon; a freed
  *                                                allocation's handle may
@@ -92,7 +93,7 @@
  * state dict of 200 such tensors saved through one vectored call every few
  * seconds must find its mappings here (with 64 each save reopened all 200,
  * a few hundred microseconds each).  Entries are reference counted: an
- * entry is closed (gpu_ipc_close) only when no ioctl is using it.  When
+ * entry is closed (gpu_tier_ipc_close) only when no ioctl is using it.  When
  * all 256 are in use at once a mapping is opened for the one call and
  * closed after it.
  * fs_ioctl_shutdown() closes everything at unmount.
@@ -105,7 +106,7 @@
  * order; flags other than TIERFS_SPAN_WRITE are EINVAL.
  *
  * Locking: ipc_cache.lock protects the table and every entry's refs,
- * last_use and `cached`; gpu_ipc_open/close run outside it.
+ * last_use and `cached`; gpu_tier_ipc_open/close run outside it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -123,12 +124,12 @@
 
 /* Seconds an ioctl waits for a GPU tier that is still being built. */
 #define FS_GPU_WAIT_S	30.0
-#include "gpu.h"
+#include "gpu_tier.h"
 #include "tierfs.h"
 #include "tierfs_share.h"
 
-_Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
-	       "IPC handle sizes of tierfs.h and gpu.h");
+_Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_TIER_IPC_HANDLE_SIZE,
+	       "IPC handle sizes of tierfs.h and gpu_tier.h");
 _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
 
 #define IPC_CACHE_MAX	256	/* cached mappings */
@@ -140,7 +141,7 @@ struct ipc_entry {
 	uint64_t base;		/* device address of the mapping */
 	uint64_t size;		/* allocation size */
 	int dev;		/* the GPU it was opened on (its own), -1: the
-				 * GPU tier's first (gpu_ipc_open_on) */
+				 * GPU tier's first (gpu_tier_ipc_open) */
 	int refs;		/* ioctls using it */
 	bool cached;		/* in the table (else closed at refs 0) */
 	time_t last_use;	/* CLOCK_MONOTONIC seconds */
@@ -158,7 +159,7 @@ static struct {
 
 static void entry_close(struct ipc_entry *ent)
 {
-	int ret = gpu_ipc_close_on(ent->dev, ent->base);
+	int ret = gpu_tier_ipc_close(ent->dev, ent->base);
 
 	if (ret)
 		tlog(LOG_WARNING, "gpu ioctl: closing an IPC mapping: %s",
@@ -210,7 +211,7 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
 
 /*
  * ipc_get - the mapping of `handle`, referenced: from the cache, or opened
- * and cached.  Returns 0 or gpu_ipc_open()'s -errno.
+ * and cached.  Returns 0 or gpu_tier_ipc_open()'s -errno.
  */
 /* FNV-1a of a handle's bytes. */
 static uint64_t handle_hash(const uint8_t *handle)
@@ -266,7 +267,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	 * context, where its copies then run (they never cross a link to
 	 * reach memory of the GPU they run on); any other in the first's */
 	mine->dev = engine_gpu_spans(fs.eng, dev) ? dev : -1;
-	ret = gpu_ipc_open_on(mine->dev, handle, &mine->base, &mine->size);
+	ret = gpu_tier_ipc_open(mine->dev, handle, &mine->base, &mine->size);
 	if (ret) {
 		free(mine);
 		return ret;

@@ -34,7 +34,7 @@
 #include "fs.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
-#include "../gpu/gpu.h"
+#include "../tiers/gpu_tier.h"
 
 extern int tierfs_log_syslog;
 
@@ -1227,7 +1227,7 @@ static int start_engine(struct engine_config *ecfg)
 	ecfg->later = true;		/* fs_run_loop starts the background work */
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
-	} else if (!gpu_built()) {
+	} else if (!gpu_tier_built()) {
 		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
 	} else {
 		/* built in the background; the engine logs what it found */
@@ -1290,7 +1290,7 @@ int main(int argc, char *argv[])
 	}
 	if (fs.opts.show_version) {
 		printf("tierfs %s (FUSE %s, GPU tier %s)\n", PACKAGE_VERSION,
-		       fuse_pkgversion(), gpu_built() ? "built" : "not built");
+		       fuse_pkgversion(), gpu_tier_built() ? "built" : "not built");
 		return 0;
 	}
 	if (!fs.opts.backing || !fs.opts.mountpoint) {
