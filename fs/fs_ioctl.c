@@ -105,8 +105,9 @@
  * as the others (regular file, access mode, GPU tier, ranges) in the same
  * order; flags other than TIERFS_SPAN_WRITE are EINVAL.
  *
- * Locking: ipc_cache.lock protects the table and every entry's refs,
- * last_use and `cached`; gpu_tier_ipc_open/close run outside it.
+ * Locking: ipc_cache.lock (LR_IPC) protects the table and every entry's
+ * refs, last_use and `cached`; it is taken with no other lock held, and
+ * nothing is taken under it (gpu_tier_ipc_open/close run outside it).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -156,6 +157,19 @@ static struct {
 } ipc_cache = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 };
+
+/* ipc_cache.lock, through the lock-order check (lockorder.h). */
+static void ipc_lock(void)
+{
+	lock_rank_take(LR_IPC);
+	pthread_mutex_lock(&ipc_cache.lock);
+}
+
+static void ipc_unlock(void)
+{
+	pthread_mutex_unlock(&ipc_cache.lock);
+	lock_rank_drop(LR_IPC);
+}
 
 static void entry_close(struct ipc_entry *ent)
 {
@@ -248,10 +262,10 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	uint64_t h = handle_hash(handle);
 	int i, ndead, ret;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ent = table_get(handle, h, now);
 	ndead = table_expire(now, false, dead);
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < ndead; i++)
 		entry_close(dead[i]);
 	if (ent) {
@@ -277,7 +291,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	mine->refs = 1;
 	mine->last_use = now;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ent = table_get(handle, h, now);
 	ndead = 0;
 	if (!ent && !ipc_cache.shut) {
@@ -288,7 +302,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 		}
 		/* else: every entry is in use; mine serves this call only */
 	}
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < ndead; i++)
 		entry_close(dead[i]);
 	if (ent) {		/* lost the race: drop our second open */
@@ -303,9 +317,9 @@ static void ipc_put(struct ipc_entry *ent)
 {
 	bool close_it;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	close_it = --ent->refs == 0 && !ent->cached;
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	if (close_it)
 		entry_close(ent);
 }
@@ -320,7 +334,7 @@ void fs_ioctl_shutdown(void)
 	struct ipc_entry *dead[IPC_CACHE_MAX];
 	int i, n = 0;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ipc_cache.shut = true;
 	while (ipc_cache.n) {
 		struct ipc_entry *ent = table_take(ipc_cache.n - 1);
@@ -328,7 +342,7 @@ void fs_ioctl_shutdown(void)
 		if (!ent->refs)
 			dead[n++] = ent;
 	}
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < n; i++)
 		entry_close(dead[i]);
 }

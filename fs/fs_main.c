@@ -371,7 +371,8 @@ static int log_fd = -1;			/* the log file, -1: none */
 static bool log_bol = true;		/* next byte starts a line (log_mu) */
 /* The stream's own lock serialises log_write() in glibc, but nothing
  * promises that of a cookie stream (and ThreadSanitizer cannot see it):
- * the line state has a lock of its own. */
+ * the line state has a lock of its own, the last of the lock order
+ * (LR_LOG: a message may be written under any lock; nothing under it). */
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t log_stamp(char *buf, size_t len)
@@ -395,6 +396,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 	size_t done = 0;
 
 	(void)cookie;
+	lock_rank_take(LR_LOG);
 	pthread_mutex_lock(&log_mu);
 	while (done < len) {
 		const char *nl = memchr(buf + done, '\n', len - done);
@@ -413,6 +415,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 		done += n;
 	}
 	pthread_mutex_unlock(&log_mu);
+	lock_rank_drop(LR_LOG);
 	return (ssize_t)len;
 }
 
