@@ -36,10 +36,12 @@
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -159,8 +161,14 @@ struct fs_opts {
 
 #define FS_LOST_NAMES	16		/* names kept of the files given up */
 
+struct fs_inode_ops;
+
 struct fs {
 	struct fs_opts opts;
+	bool persist;			/* -o persist=DIR (fs_persist.c): every
+					 * namespace change under fs.nslock */
+	const struct fs_inode_ops *inode_ops;	/* the persistent tier's, for
+					 * the inode table; NULL: none */
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
 	int tmp_fd;			/* O_PATH fd of BACKING_DIR/.tierfs.tmp,
 					 * where new versions are linked before
@@ -207,7 +215,16 @@ static inline void fs_ns_unlock(void)
 	lock_rank_drop(LR_FS_NS);
 }
 
+/* Is there a persistent tier (-o persist=DIR, set before the mount serves
+ * anything)? */
+static inline bool fs_persist_on(void)
+{
+	return fs.persist;
+}
+
 /*
+ * fs_locks.c: the inodes' ilocks, taken through the lock-order check.
+ *
  * A regular file's ilock (and fs.nslock with -o persist): held while a new
  * version of it is made current (v_commit, v_small; the commit copies the
  * mode, owner, times and xattrs onto it) and while those attributes change
@@ -239,7 +256,6 @@ fuse_ino_t fs_ino_of(struct fs_inode *in);
 void fs_inode_get(struct fs_inode *in);	/* +1 ref, fs.lock not held */
 void fs_inode_put(struct fs_inode *in);
 void fs_maybe_free(struct fs_inode *in);	/* fs.lock held: free it if unused */
-int fs_proc_path(int fd, char *buf, size_t len);
 /* .tierfs*: reserved in every directory, never shown through the mount */
 bool fs_hidden_name(const char *name);
 int fs_check_new_name(const char *name);	/* -EPERM for a reserved one */
@@ -285,6 +301,19 @@ void fs_own_new(struct fs_inode *parent, const char *name, fuse_req_t req);
 /* The file `name` in dir, referenced, or NULL if there is none yet;
  * -EINVAL if it is not a regular file. */
 int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
+/*
+ * What the inode table asks of the persistent tier, the room above it
+ * (fs_persist.c sets fs.inode_ops when it has a DIR, before the mount
+ * serves anything), as tiers/ calls up through struct tfile_ops:
+ *  - fetch: a lookup found no dir/name in the backing directory: bring it
+ *    from DIR.  0: it is there now; -ENOENT: DIR has none either, or it
+ *    was removed through the mount.  No names lock held.
+ *  - forget: regular file in is being freed (fs.lock held).
+ */
+struct fs_inode_ops {
+	int (*fetch)(struct fs_inode *dir, const char *name);
+	void (*forget)(struct fs_inode *in);
+};
 /* fs_ops.c: unlink (flags 0) or rmdir (AT_REMOVEDIR) p/name as a request
  * would, but in the backing directory only: DIR (-o persist) keeps its
  * copy (retention of sets, fs_sets.c).  No names lock held.  0 or -errno;
@@ -352,6 +381,14 @@ static inline void fs_cpu_relax(void)
 #elif defined(__aarch64__)
 	__asm__ __volatile__("yield");
 #endif
+}
+
+/* The /proc/self/fd path of descriptor fd into buf[len], for the calls
+ * that take a path and no descriptor (the xattr calls on an O_PATH fd):
+ * 0, or -ENAMETOOLONG (buf too small). */
+static inline int fs_proc_path(int fd, char *buf, size_t len)
+{
+	return snprintf(buf, len, "/proc/self/fd/%d", fd) >= (int)len ? -ENAMETOOLONG : 0;
 }
 
 /*

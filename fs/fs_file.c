@@ -24,7 +24,7 @@
 
 #include "fs.h"
 #include "fs_persist.h"
-#include "../gpu/gpu.h"
+#include "../tiers/gpu_tier.h"
 
 static bool writable(int flags)
 {
@@ -441,7 +441,7 @@ void fs_kernel_written(fuse_ino_t ino, uint64_t last_src, uint64_t off,
 	int ret;
 
 	if (fs.opts.writeback && off + n > before) {
-		ret = gpu_copy_dtoh(&byte, last_src, 1);
+		ret = gpu_tier_read_dev(&byte, last_src, 1);
 		if (!ret) {
 			last.buf[0].mem = &byte;
 			ret = fuse_lowlevel_notify_store(fs.se, ino,

@@ -46,6 +46,11 @@
  *    makes none).  A copy of a backing file made outside the mount with
  *    its xattrs (cp -a, rsync -X there) shares the original's number.
  *
+ * Calls fs_fd.c (descriptors), fs_locks.c (ilocks) and tiers/; the
+ * persistent tier (fs_persist.c), which uses the table, only through
+ * fs.inode_ops: a lookup that finds nothing may fetch the name from DIR,
+ * and a regular file's inode is forgotten there when it is freed.
+ *
  * Locking (see fs.h): the table, names and counts under fs.lock; a lookup
  * that misses without fs.nslock looks again with it (fs_lookup), because a
  * version commit may be half done.  ino.lock (a leaf) guards the counter.
@@ -68,12 +73,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_persist.h"
-
-int fs_proc_path(int fd, char *buf, size_t len)
-{
-	return snprintf(buf, len, "/proc/self/fd/%d", fd) >= (int)len ? -ENAMETOOLONG : 0;
-}
 
 /*
  * Reserved names: .tierfs* in every directory (new versions being renamed
@@ -306,7 +305,8 @@ static void inode_free(struct fs_inode *in)
 	struct fs_inode *parent = in->parent;
 
 	if (S_ISREG(in->type)) {
-		fs_persist_forget(in);
+		if (fs.inode_ops)
+			fs.inode_ops->forget(in);
 		tfile_destroy(&in->tf);
 	}
 	fs_fd_detach(in);
@@ -705,13 +705,13 @@ static int lookup_local(struct fs_inode *parent, const char *name,
 	return ret;
 }
 
-/* ...or, with -o persist, brought from its DIR (fs_persist.c) */
+/* ...or, with -o persist, brought from its DIR (fs.inode_ops) */
 int fs_lookup(struct fs_inode *parent, const char *name,
 		     struct fuse_entry_param *e)
 {
 	int ret = lookup_local(parent, name, e);
 
-	if (ret == -ENOENT && fs_persist_on() && fs_persist_fetch(parent, name) == 0)
+	if (ret == -ENOENT && fs.inode_ops && fs.inode_ops->fetch(parent, name) == 0)
 		ret = lookup_local(parent, name, e);
 	if (!ret)
 		e->attr.st_ino = fs_ino_number(fs_inode_of(e->ino), &e->attr);

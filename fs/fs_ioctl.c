@@ -4,9 +4,10 @@
  * TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU carry a struct tierfs_gpu_io:
  * the CUDA IPC handle of the caller's allocation, the buffer's offset in it,
  * a length and a file offset.  The daemon maps the allocation into its own
- * CUDA context (gpu_ipc_open) and hands the device address to the engine
- * (tfile_write_dev / tfile_read_dev), which moves the bytes device to device
- * into or out of the file's GPU cache copy.  The reply is the byte count.
+ * CUDA context (gpu_tier_ipc_open) and hands the device address to the
+ * engine (tfile_write_dev / tfile_read_dev), which moves the bytes device
+ * to device into or out of the file's GPU cache copy.  The reply is the
+ * byte count.
  *
  * Checks, in this order (the first that fails gives the error):
  *   FUSE_IOCTL_COMPAT (a 32-bit caller)          ENOSYS
@@ -21,7 +22,7 @@
  *   len == 0                                     returns 0
  *   handle_off + len or file_off + len wraps,
  *   file_off + len > INT64_MAX                   EINVAL
- *   handle not openable                          what gpu_ipc_open says:
+ *   handle not openable                          what gpu_tier_ipc_open says:
  *                                                EINVAL (garbage, exported
  *                                                by the daemon; a freed
  *                                                allocation's handle may
@@ -97,7 +98,7 @@
  * state dict of 200 such tensors saved through one vectored call every few
  * seconds must find its mappings here (with 64 each save reopened all 200,
  * a few hundred microseconds each).  Entries are reference counted: an
- * entry is closed (gpu_ipc_close) only when no ioctl is using it.  When
+ * entry is closed (gpu_tier_ipc_close) only when no ioctl is using it.  When
  * all 256 are in use at once a mapping is opened for the one call and
  * closed after it.
  * fs_ioctl_shutdown() closes everything at unmount.
@@ -109,8 +110,9 @@
  * as the others (regular file, access mode, GPU tier, ranges) in the same
  * order; flags other than TIERFS_SPAN_WRITE are EINVAL.
  *
- * Locking: ipc_cache.lock protects the table and every entry's refs,
- * last_use and `cached`; gpu_ipc_open/close run outside it.
+ * Locking: ipc_cache.lock (LR_IPC) protects the table and every entry's
+ * refs, last_use and `cached`; it is taken with no other lock held, and
+ * nothing is taken under it (gpu_tier_ipc_open/close run outside it).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -128,12 +130,12 @@
 
 /* Seconds an ioctl waits for a GPU tier that is still being built. */
 #define FS_GPU_WAIT_S	30.0
-#include "gpu.h"
+#include "gpu_tier.h"
 #include "tierfs.h"
 #include "tierfs_share.h"
 
-_Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE,
-	       "IPC handle sizes of tierfs.h and gpu.h");
+_Static_assert(TIERFS_IPC_HANDLE_SIZE == GPU_TIER_IPC_HANDLE_SIZE,
+	       "IPC handle sizes of tierfs.h and gpu_tier.h");
 _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
 
 #define IPC_CACHE_MAX	256	/* cached mappings */
@@ -145,7 +147,7 @@ struct ipc_entry {
 	uint64_t base;		/* device address of the mapping */
 	uint64_t size;		/* allocation size */
 	int dev;		/* the GPU it was opened on (its own), -1: the
-				 * GPU tier's first (gpu_ipc_open_on) */
+				 * GPU tier's first (gpu_tier_ipc_open) */
 	int refs;		/* ioctls using it */
 	bool cached;		/* in the table (else closed at refs 0) */
 	time_t last_use;	/* CLOCK_MONOTONIC seconds */
@@ -161,9 +163,22 @@ static struct {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
+/* ipc_cache.lock, through the lock-order check (lockorder.h). */
+static void ipc_lock(void)
+{
+	lock_rank_take(LR_IPC);
+	pthread_mutex_lock(&ipc_cache.lock);
+}
+
+static void ipc_unlock(void)
+{
+	pthread_mutex_unlock(&ipc_cache.lock);
+	lock_rank_drop(LR_IPC);
+}
+
 static void entry_close(struct ipc_entry *ent)
 {
-	int ret = gpu_ipc_close_on(ent->dev, ent->base);
+	int ret = gpu_tier_ipc_close(ent->dev, ent->base);
 
 	if (ret)
 		tlog(LOG_WARNING, "gpu ioctl: closing an IPC mapping: %s",
@@ -215,7 +230,7 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
 
 /*
  * ipc_get - the mapping of `handle`, referenced: from the cache, or opened
- * and cached.  Returns 0 or gpu_ipc_open()'s -errno.
+ * and cached.  Returns 0 or gpu_tier_ipc_open()'s -errno.
  */
 /* FNV-1a of a handle's bytes. */
 static uint64_t handle_hash(const uint8_t *handle)
@@ -252,10 +267,10 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	uint64_t h = handle_hash(handle);
 	int i, ndead, ret;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ent = table_get(handle, h, now);
 	ndead = table_expire(now, false, dead);
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < ndead; i++)
 		entry_close(dead[i]);
 	if (ent) {
@@ -271,7 +286,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	 * context, where its copies then run (they never cross a link to
 	 * reach memory of the GPU they run on); any other in the first's */
 	mine->dev = engine_gpu_spans(fs.eng, dev) ? dev : -1;
-	ret = gpu_ipc_open_on(mine->dev, handle, &mine->base, &mine->size);
+	ret = gpu_tier_ipc_open(mine->dev, handle, &mine->base, &mine->size);
 	if (ret) {
 		free(mine);
 		return ret;
@@ -281,7 +296,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	mine->refs = 1;
 	mine->last_use = now;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ent = table_get(handle, h, now);
 	ndead = 0;
 	if (!ent && !ipc_cache.shut) {
@@ -292,7 +307,7 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 		}
 		/* else: every entry is in use; mine serves this call only */
 	}
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < ndead; i++)
 		entry_close(dead[i]);
 	if (ent) {		/* lost the race: drop our second open */
@@ -307,9 +322,9 @@ static void ipc_put(struct ipc_entry *ent)
 {
 	bool close_it;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	close_it = --ent->refs == 0 && !ent->cached;
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	if (close_it)
 		entry_close(ent);
 }
@@ -324,7 +339,7 @@ void fs_ioctl_shutdown(void)
 	struct ipc_entry *dead[IPC_CACHE_MAX];
 	int i, n = 0;
 
-	pthread_mutex_lock(&ipc_cache.lock);
+	ipc_lock();
 	ipc_cache.shut = true;
 	while (ipc_cache.n) {
 		struct ipc_entry *ent = table_take(ipc_cache.n - 1);
@@ -332,7 +347,7 @@ void fs_ioctl_shutdown(void)
 		if (!ent->refs)
 			dead[n++] = ent;
 	}
-	pthread_mutex_unlock(&ipc_cache.lock);
+	ipc_unlock();
 	for (i = 0; i < n; i++)
 		entry_close(dead[i]);
 }

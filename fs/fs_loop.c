@@ -24,7 +24,7 @@
 
 #include "config.h"
 #include "fs.h"
-#include "../gpu/gpu.h"
+#include "../tiers/gpu_tier.h"
 
 /*
  * The request loop.  Instead of libfuse's loop, a fixed pool of workers,
@@ -318,7 +318,7 @@ int fs_run_loop(void)
 		 * buffers once, when it is there */
 		if (pinned == 0 && engine_has_gpu(fs.eng)) {
 			for (i = 0; i < n; i++)
-				if (gpu_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
+				if (gpu_tier_host_register(w[i].buf.mem, FS_RECV_SIZE) == 0) {
 					w[i].registered = true;
 					pinned++;
 				}
@@ -333,7 +333,7 @@ int fs_run_loop(void)
 	for (i = 0; i < n; i++) {
 		pthread_join(w[i].th, NULL);
 		if (w[i].registered)
-			gpu_host_unregister(w[i].buf.mem);
+			gpu_tier_host_unregister(w[i].buf.mem);
 		free(w[i].buf.mem);
 	}
 	free(w);

@@ -34,7 +34,7 @@
 #include "fs.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
-#include "../gpu/gpu.h"
+#include "../tiers/gpu_tier.h"
 
 extern int tierfs_log_syslog;
 
@@ -371,7 +371,8 @@ static int log_fd = -1;			/* the log file, -1: none */
 static bool log_bol = true;		/* next byte starts a line (log_mu) */
 /* The stream's own lock serialises log_write() in glibc, but nothing
  * promises that of a cookie stream (and ThreadSanitizer cannot see it):
- * the line state has a lock of its own. */
+ * the line state has a lock of its own, the last of the lock order
+ * (LR_LOG: a message may be written under any lock; nothing under it). */
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t log_stamp(char *buf, size_t len)
@@ -395,6 +396,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 	size_t done = 0;
 
 	(void)cookie;
+	lock_rank_take(LR_LOG);
 	pthread_mutex_lock(&log_mu);
 	while (done < len) {
 		const char *nl = memchr(buf + done, '\n', len - done);
@@ -413,6 +415,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 		done += n;
 	}
 	pthread_mutex_unlock(&log_mu);
+	lock_rank_drop(LR_LOG);
 	return (ssize_t)len;
 }
 
@@ -1227,7 +1230,7 @@ static int start_engine(struct engine_config *ecfg)
 	ecfg->later = true;		/* fs_run_loop starts the background work */
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
-	} else if (!gpu_built()) {
+	} else if (!gpu_tier_built()) {
 		tlog(LOG_NOTICE, "GPU tier: not available (built without CUDA); using host + SSD");
 	} else {
 		/* built in the background; the engine logs what it found */
@@ -1290,7 +1293,7 @@ int main(int argc, char *argv[])
 	}
 	if (fs.opts.show_version) {
 		printf("tierfs %s (FUSE %s, GPU tier %s)\n", PACKAGE_VERSION,
-		       fuse_pkgversion(), gpu_built() ? "built" : "not built");
+		       fuse_pkgversion(), gpu_tier_built() ? "built" : "not built");
 		return 0;
 	}
 	if (!fs.opts.backing || !fs.opts.mountpoint) {

@@ -30,14 +30,20 @@
  * (at most -o persist_wait seconds; what is left is logged).
  *
  * Restart anywhere: a lookup that finds nothing in the backing directory
- * looks in DIR (fs_persist_fetch): a directory is made, a file is copied
+ * looks in DIR (fs_persist_fetch, which the inode table calls through
+ * fs.inode_ops: this room is above it): a directory is made, a file is copied
  * into the backing directory (temporary name, fsync, rename) and then is
  * an ordinary file.  A name removed or renamed away through the mount, and
  * not yet so in DIR, is not brought back: the queued operation is its
  * whiteout.  Listings merge DIR's entries (fs_persist_snapshot).
  *
- * Locks: pq.lock guards the queue, the statistics and the inodes' pstate,
- * perr and pq fields; no other lock is taken while it is held.
+ * Locks: pq.lock (LR_PERSIST) guards the queue, the journal's writes, the
+ * statistics and the inodes' pstate, perr, pq_n and pcreated fields; it is
+ * taken under a file's tfile.lock and ilock, fs.nslock, directories'
+ * ilocks and fs.lock (an inode freed).  pg.lock (LR_PERSIST_POOL) guards
+ * the pool of DIR's requests; it is taken under fs.nslock and
+ * directories' ilocks.  The two are never held together, and nothing but
+ * the log's lock is taken under either.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -175,6 +181,31 @@ static struct {
 	.timeout = 10.0,
 };
 
+/* pq.lock and pg.lock, through the lock-order check (lockorder.h). */
+static void pq_lock(void)
+{
+	lock_rank_take(LR_PERSIST);
+	pthread_mutex_lock(&pq.lock);
+}
+
+static void pq_unlock(void)
+{
+	pthread_mutex_unlock(&pq.lock);
+	lock_rank_drop(LR_PERSIST);
+}
+
+static void pg_lock(void)
+{
+	lock_rank_take(LR_PERSIST_POOL);
+	pthread_mutex_lock(&pg.lock);
+}
+
+static void pg_unlock(void)
+{
+	pthread_mutex_unlock(&pg.lock);
+	lock_rank_drop(LR_PERSIST_POOL);
+}
+
 /*
  * The journal, BACKING_DIR/.tierfs.persist.journal: every queued operation
  * is appended (kind, flags, path, path2, NUL-separated) and the file is
@@ -248,12 +279,12 @@ static void jtemp(const char *rel, const char *tmp)
 		return;
 	n += m + 1;
 	rec[n++] = 0;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	if (pq.jfd >= 0 && write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
 		pq.jerr = true;
 		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 }
 
 /* ------------------------------------------------------------ options */
@@ -310,6 +341,16 @@ static bool under(const char *path, const char *top)
 					      (l == 1 && top[0] == '/'));
 }
 
+static int fs_persist_fetch(struct fs_inode *dir, const char *name);
+static void fs_persist_forget(struct fs_inode *in);
+
+/* What the inode table asks of DIR (fs.h): a name the backing directory
+ * lacks, an inode freed. */
+static const struct fs_inode_ops persist_inode_ops = {
+	.fetch = fs_persist_fetch,
+	.forget = fs_persist_forget,
+};
+
 void fs_persist_setup(struct fuse_args *args)
 {
 	struct popts o = { 0 };
@@ -361,16 +402,13 @@ void fs_persist_setup(struct fuse_args *args)
 	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
 		pdie(r, "persist directory: must not be inside the mount point");
 	pq.dir = r;
+	fs.persist = true;
+	fs.inode_ops = &persist_inode_ops;
 	free(o.dir);
 	free(o.wait);
 	free(o.bw);
 	free(o.timeout);
 	free(o.keep);
-}
-
-bool fs_persist_on(void)
-{
-	return pq.dir != NULL;
 }
 
 /* ------------------------------------------------------------ paths */
@@ -569,9 +607,9 @@ static bool whiteout_locked(const char *rel)
 {
 	bool w;
 
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	w = whiteout(rel);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	return w;
 }
 
@@ -830,9 +868,9 @@ static void pjob_put(struct pjob *j)
 {
 	bool last;
 
-	pthread_mutex_lock(&pg.lock);
+	pg_lock();
 	last = --j->refs == 0;
-	pthread_mutex_unlock(&pg.lock);
+	pg_unlock();
 	if (!last)
 		return;
 	if (j->in)
@@ -848,7 +886,7 @@ static void pjob_put(struct pjob *j)
 static void *pg_thread(void *arg)
 {
 	(void)arg;
-	pthread_mutex_lock(&pg.lock);
+	pg_lock();
 	for (;;) {
 		struct pjob *j;
 
@@ -861,9 +899,9 @@ static void *pg_thread(void *arg)
 		if (!pg.head)
 			pg.tail = NULL;
 		if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
-			pthread_mutex_unlock(&pg.lock);
+			pg_unlock();
 			j->ret = j->fn(j);
-			pthread_mutex_lock(&pg.lock);
+			pg_lock();
 			if (pg.hung) {
 				pg.hung = false;
 				tlog(LOG_NOTICE, "persist: %s answers again", pq.dir);
@@ -871,9 +909,9 @@ static void *pg_thread(void *arg)
 		}
 		j->done = true;
 		pthread_cond_broadcast(&pg.done);
-		pthread_mutex_unlock(&pg.lock);
+		pg_unlock();
 		pjob_put(j);
-		pthread_mutex_lock(&pg.lock);
+		pg_lock();
 	}
 	return NULL;
 }
@@ -889,9 +927,9 @@ static bool pg_run(struct pjob *j, const char *what)
 	bool answered;
 
 	j->alive = now_ms();
-	pthread_mutex_lock(&pg.lock);
+	pg_lock();
 	if (pg.hung) {
-		pthread_mutex_unlock(&pg.lock);
+		pg_unlock();
 		return false;
 	}
 	if (!pg.idle && pg.threads < PG_THREADS) {
@@ -905,7 +943,7 @@ static bool pg_run(struct pjob *j, const char *what)
 		pthread_attr_destroy(&a);
 	}
 	if (!pg.threads) {	/* no thread: ask DIR here, unbounded */
-		pthread_mutex_unlock(&pg.lock);
+		pg_unlock();
 		j->ret = j->fn(j);
 		return true;
 	}
@@ -946,7 +984,7 @@ static bool pg_run(struct pjob *j, const char *what)
 		pthread_cond_timedwait(&pg.done, &pg.lock, &ts);
 	}
 	answered = j->done;
-	pthread_mutex_unlock(&pg.lock);
+	pg_unlock();
 	return answered;
 }
 
@@ -1009,7 +1047,7 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	fs_inode_get(in);
 	op->in = in;
 	op->kind = P_COPY;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	/*
 	 * A queued copy of in to this name, not started, with no removal or
 	 * rename queued after it that touches the name: it will take the
@@ -1032,7 +1070,7 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 			w->next = same->waiters;
 			same->waiters = w;
 		}
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 		op_free(op);
 		return;
 	}
@@ -1042,7 +1080,7 @@ static void queue_copy(struct fs_inode *in, const char *rel, struct pwait *w)
 	pq.backlog_files++;
 	pq.backlog_bytes += op->bytes;
 	queue(op);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 }
 
 /*
@@ -1053,7 +1091,7 @@ static void path_failed(struct fs_inode *in, const char *name)
 {
 	bool first;
 
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	first = in->pstate != PS_FAILED || in->perr != -ENAMETOOLONG;
 	in->pstate = PS_FAILED;
 	in->perr = -ENAMETOOLONG;
@@ -1062,7 +1100,7 @@ static void path_failed(struct fs_inode *in, const char *name)
 		pq.failed++;
 		snprintf(pq.last_what, sizeof(pq.last_what), "%s", strerror(ENAMETOOLONG));
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (first)
 		tlog(LOG_ERR, "persist: .../%s: its path is longer than %d bytes: not copied "
 		     "to %s", name, PATH_MAX, pq.dir);
@@ -1074,14 +1112,14 @@ static void refused(const char *rel, int err)
 {
 	bool log;
 
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	pq.errors++;
 	pq.refused++;
 	log = strncmp(pq.last_refused, rel, sizeof(pq.last_refused) - 1) != 0;
 	if (log)
 		snprintf(pq.last_refused, sizeof(pq.last_refused), "%.*s",
 			 (int)sizeof(pq.last_refused) - 1, rel);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (log)
 		tlog(LOG_WARNING, "persist: %s/%s: %s on its way there: not followed",
 		     pq.dir, rel, err == -ELOOP ? "a symbolic link" : "not a directory");
@@ -1110,9 +1148,9 @@ static void copy_name(struct fs_inode *in, struct fs_inode *dir, const char *nam
 		queue_copy(in, rel, NULL);
 		return;
 	}
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });	/* 'I' */
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 }
 
 #define PNAMES_MAX	16	/* names of a hard-linked file copied per commit */
@@ -1315,13 +1353,13 @@ static void created_done(struct fs_inode *in)
 {
 	if (!pq.dir)
 		return;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	if (in->pcreated) {
 		in->pcreated = false;
 		pq.intents--;
 		jempty();
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 }
 
 void fs_persist_committed(struct fs_inode *in)
@@ -1349,10 +1387,10 @@ bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_ino
 	}
 	if (m == 0 || (m < 0 && !marked(rel)))
 		return false;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	pq.intents++;	/* the journal keeps the record until it ends */
 	jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });	/* 'I' */
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	return true;
 }
 
@@ -1366,7 +1404,7 @@ void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *n
 			fs_persist_intent_end();
 		return;
 	}
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	bool first = !in->pcreated;
 
 	if (first) {
@@ -1376,7 +1414,7 @@ void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *n
 			jappend(&(struct pop){ .kind = P_COPY, .path = rel, .started = true });
 		}
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (!first && held)
 		fs_persist_intent_end();	/* its creation is counted already */
 }
@@ -1391,9 +1429,9 @@ void fs_persist_released(struct fs_inode *in)
 
 	if (!pq.dir)
 		return;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	pending = in->pcreated;
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (!pending)
 		return;
 	/* data not flushed yet: its commit queues the copies */
@@ -1409,7 +1447,8 @@ void fs_persist_released(struct fs_inode *in)
 	fs_ns_unlock();
 }
 
-void fs_persist_forget(struct fs_inode *in)
+/* A regular file's inode is freed (fs.lock held). */
+static void fs_persist_forget(struct fs_inode *in)
 {
 	created_done(in);
 }
@@ -1419,9 +1458,9 @@ void fs_persist_intent(struct fs_inode *in, bool counted)
 	if (pq.jfd < 0 || !S_ISREG(in->type))
 		return;
 	if (counted) {
-		pthread_mutex_lock(&pq.lock);
+		pq_lock();
 		pq.intents++;
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 	}
 	each_name(in, true);
 }
@@ -1430,10 +1469,10 @@ void fs_persist_intent_end(void)
 {
 	if (pq.jfd < 0)
 		return;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	pq.intents--;
 	jempty();
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 }
 
 static const char *base_of(const char *rel);
@@ -1564,9 +1603,9 @@ static struct pop *ns_begin(enum pkind kind, const char *path, const char *path2
 	}
 	op->kind = kind;
 	op->flags = flags;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	jappend(op);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	op->journaled = true;
 	return op;
 }
@@ -1598,7 +1637,7 @@ void fs_persist_ns_end(struct pop *op, bool done)
 
 	if (!op)
 		return;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	/* Y: made, Z: not made (a replay drops it) */
 	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(made)) != sizeof(made))
 		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
@@ -1606,7 +1645,7 @@ void fs_persist_ns_end(struct pop *op, bool done)
 		queue(op);
 		op = NULL;
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (op)
 		op_free(op);
 }
@@ -1768,9 +1807,9 @@ static void prune(int dfd, const char *rel)
 		qsort(e, n, sizeof(*e), newer_first);
 	for (i = pq.keep; i < n; i++) {
 		if (unlinkat(dfd, e[i].name, 0) == 0) {
-			pthread_mutex_lock(&pq.lock);
+			pq_lock();
 			pq.pruned++;
-			pthread_mutex_unlock(&pq.lock);
+			pq_unlock();
 			tlog(LOG_INFO, "persist: persist_keep=%u: removed %s/%s%s%s", pq.keep,
 			     pq.dir, rel, *rel ? "/" : "", e[i].name);
 		} else if (errno != ENOENT) {
@@ -1888,9 +1927,9 @@ copy:
 		ret = copy_out(src, &st, op->path);
 	close(src);
 	if (!ret) {
-		pthread_mutex_lock(&pq.lock);
+		pq_lock();
 		pq.bytes += (uint64_t)st.st_size;
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 	}
 	return ret;
 }
@@ -2066,7 +2105,7 @@ static void *persister(void *arg)
 
 	(void)arg;
 	lower_priority();
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	for (;;) {
 		while (!pq.head && !pq.stop)
 			pthread_cond_wait(&pq.cond, &pq.lock);
@@ -2076,20 +2115,20 @@ static void *persister(void *arg)
 
 		op->started = true;	/* a new commit queues a new copy */
 		__atomic_store_n(&pq.alive, now_ms(), __ATOMIC_RELAXED);
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 		double t0 = tier_now();
 		int ret = op->kind == P_COPY ? do_copy(op) : do_ns(op);
 		double dt = tier_now() - t0;
 
-		pthread_mutex_lock(&pq.lock);
+		pq_lock();
 		if (ret == -ECANCELED && pq.abort)
 			break;
 		op_ended(op, ret, dt);
 		if (pq.head != op) {
 			backoff = 0;
-			pthread_mutex_unlock(&pq.lock);
+			pq_unlock();
 			op_free(op);
-			pthread_mutex_lock(&pq.lock);
+			pq_lock();
 			continue;
 		}
 		if (ret == -EAGAIN)
@@ -2110,7 +2149,7 @@ static void *persister(void *arg)
 	}
 	pq.exited = true;
 	pthread_cond_broadcast(&pq.done);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	return NULL;
 }
 
@@ -2411,7 +2450,7 @@ unsigned fs_persist_stop(void)
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000L;
 	}
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	pq.stop = true;
 	pthread_cond_broadcast(&pq.cond);
 	while (!pq.exited && pthread_cond_timedwait(&pq.done, &pq.lock, &ts) == 0)
@@ -2425,13 +2464,13 @@ unsigned fs_persist_stop(void)
 	if (!pq.exited) {
 		for (op = pq.head; op; op = op->next)
 			left++;
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 		tlog(LOG_ERR, "persist: %s does not answer: exiting without waiting for it",
 		     pq.dir);
 		/* the thread is left; the process ends */
 		return left ? left : 1;
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	pthread_join(pq.thr, NULL);
 	for (op = pq.head; op; op = next) {
 		next = op->next;
@@ -2512,10 +2551,10 @@ static int fetch_file(int src, const struct stat *st, struct fs_inode *dir, cons
 	if (tmp[0])
 		unlinkat(fs.root_fd, tmp, 0);
 	if (!ret) {
-		pthread_mutex_lock(&pq.lock);
+		pq_lock();
 		pq.fetched_files++;
 		pq.fetched_bytes += (uint64_t)st->st_size;
-		pthread_mutex_unlock(&pq.lock);
+		pq_unlock();
 		tlog(LOG_INFO, "persist: fetched %s from %s", rel, pq.dir);
 	}
 	return ret;
@@ -2589,7 +2628,10 @@ static int job_fetch(struct pjob *j)
 	return ret;
 }
 
-int fs_persist_fetch(struct fs_inode *dir, const char *name)
+/* A lookup found no dir/name in the backing directory: bring it from DIR
+ * (0: it is there now; -ENOENT: DIR has none either, or it was removed
+ * through the mount).  fs.nslock not held. */
+static int fs_persist_fetch(struct fs_inode *dir, const char *name)
 {
 	char drel[PATH_MAX];
 	struct pjob *j;
@@ -2976,9 +3018,9 @@ static void prune_sets(int pfd, const char *rel)
 		int ret = remove_dir_set(pfd, e[i].name);
 
 		if (!ret) {
-			pthread_mutex_lock(&pq.lock);
+			pq_lock();
 			pq.pruned++;
-			pthread_mutex_unlock(&pq.lock);
+			pq_unlock();
 			tlog(LOG_INFO, "persist: persist_keep=%u: removed set %s/%s%s%s", pq.keep,
 			     pq.dir, rel, *rel ? "/" : "", e[i].name);
 		} else {
@@ -3229,13 +3271,13 @@ static bool in_dir_already(struct fs_inode *in)
 		fs_ns_unlock();
 		return false;
 	}
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	quiet = in->pq_n == 0 && in->pstate != PS_FAILED;
 	for (struct pop *op = pq.head; quiet && op; op = op->next)
 		if (op->kind != P_COPY && (covers(op->path, rel) ||
 					   (op->path2 && covers(op->path2, rel))))
 			quiet = false;
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	fs_ns_unlock();
 	return quiet && same_in_dir(in);
 }
@@ -3263,7 +3305,7 @@ static int persist_sync(struct fs_inode *in)
 	fs_ns_unlock();
 	if (ret)
 		return ret;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	ret = -ECANCELED;
 	while (!w.done && !pq.exited) {
 		struct timespec ts;
@@ -3290,7 +3332,7 @@ static int persist_sync(struct fs_inode *in)
 		if (*pp)
 			*pp = w.next;
 	}
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	return ret;
 }
 
@@ -3408,9 +3450,9 @@ void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state
 
 	if (!pq.dir || !S_ISREG(in->type))
 		return;
-	pthread_mutex_lock(&pq.lock);
+	pq_lock();
 	ps = in->pstate;
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (ps == PS_NONE && same_in_dir(in))
 		ps = PS_PERSISTED;
 	if (ps == PS_NONE)
@@ -3433,11 +3475,11 @@ int fs_persist_stats(char *buf, int n, size_t len)
 	end = memrchr(buf, '}', (size_t)n);
 	if (!end)
 		return n;
-	pthread_mutex_lock(&pg.lock);
+	pg_lock();
 	hung = pg.hung;
 	timeouts = pg.timeouts;
-	pthread_mutex_unlock(&pg.lock);
-	pthread_mutex_lock(&pq.lock);
+	pg_unlock();
+	pq_lock();
 	/* both may hold any byte a path can (quotes, backslashes) */
 	tier_json_string(jdir, sizeof(jdir), pq.dir);
 	tier_json_string(jwhat, sizeof(jwhat), pq.last_what);
@@ -3455,7 +3497,7 @@ int fs_persist_stats(char *buf, int n, size_t len)
 		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
 		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts,
 		pq.pruned, pq.keep, pq.failed, pq.refused);
-	pthread_mutex_unlock(&pq.lock);
+	pq_unlock();
 	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
 		return -ERANGE;
 	return (int)(end - buf) + m;

@@ -21,7 +21,6 @@ struct fuse_args;
 /* Take the persist options out of args, check DIR (exits on a bad one).
  * After the main options (backing and mount point known). */
 void fs_persist_setup(struct fuse_args *args);
-bool fs_persist_on(void);
 /* The persister thread: start after the engine; stop after the last
  * flush (waits at most -o persist_wait, logs what was not persisted).
  * fs_persist_stop returns how many operations did not reach DIR (left in
@@ -57,7 +56,6 @@ bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_ino
 void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name,
 			bool held);
 void fs_persist_released(struct fs_inode *in);
-void fs_persist_forget(struct fs_inode *in);
 /* a new name of in (link) */
 void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
 struct pop;
@@ -68,11 +66,6 @@ void fs_persist_ns_end(struct pop *op, bool done);	/* done: the change was made 
 /* rmdir of dir/name: -ENOTEMPTY while DIR has entries in it that the
  * backing directory lacks.  fs.nslock held. */
 int fs_persist_may_rmdir(struct fs_inode *dir, const char *name);
-
-/* A lookup found no dir/name in the backing directory: bring it from DIR
- * (0: it is there now; -ENOENT: DIR has none either, or it was removed
- * through the mount).  fs.nslock not held. */
-int fs_persist_fetch(struct fs_inode *dir, const char *name);
 
 /* Directory listings: DIR's entries that the backing directory (dp, an
  * open stream of in) lacks.  NULL: none (list the backing directory as

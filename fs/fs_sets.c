@@ -58,7 +58,7 @@
 #include "../tiers/log.h"
 
 #define MANIFEST	FS_SET_RECORD		/* fs_persist.h */
-#define MANIFEST_TMP	FS_HIDDEN_PREFIX ".set.new"
+#define MANIFEST_TMP	FS_SET_RECORD_TMP	/* fs_sets.h */
 #define MANIFEST_MAX	(64u << 20)		/* bytes read at most */
 #define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
 #define KEEP_XATTR	TIERFS_XATTR_KEEP	/* on the backing directory */
@@ -1368,28 +1368,4 @@ int fs_sets_removex(struct fs_inode *in, const char *name)
 	if (!strcmp(name, TIERFS_XATTR_KEEP))
 		return keep_set(in, NULL, 0, true);
 	return -EPERM;
-}
-
-bool fs_sets_rmdir_clean(int dfd, const char *name)
-{
-	struct dirent *de;
-	bool only = true;
-	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *dp = fd >= 0 ? fdopendir(fd) : NULL;
-
-	if (!dp) {
-		if (fd >= 0)
-			close(fd);
-		return false;
-	}
-	while (only && (de = readdir(dp)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
-		    strcmp(de->d_name, MANIFEST) && strcmp(de->d_name, MANIFEST_TMP))
-			only = false;
-	if (only) {
-		only = unlinkat(fd, MANIFEST, 0) == 0;
-		unlinkat(fd, MANIFEST_TMP, 0);
-	}
-	closedir(dp);
-	return only;
 }

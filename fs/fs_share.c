@@ -54,7 +54,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "gpu.h"
 #include "gpu_tier.h"
 #include "tierfs_share.h"
 
@@ -122,7 +121,7 @@ static struct gpu_tier *tier_ready(int *err)
 		*err = ENODEV;
 		return NULL;
 	}
-	if (gpu_vmm_mapped(gpu_tier_vmm(g)) < gpu_vmm_size(gpu_tier_vmm(g))) {
+	if (gpu_tier_mapped(g) < gpu_tier_size(g)) {
 		*err = EAGAIN;
 		return NULL;
 	}
@@ -222,7 +221,7 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 		ent->token = ++share.next_token;
 		ent->in = in;
 		/* the daemon's address of file byte 0 of the copy */
-		ent->dptr = gpu_vmm_base(gpu_tier_vmm(g)) + cache_off[i] - r[i].off;
+		ent->dptr = gpu_tier_base(g) + cache_off[i] - r[i].off;
 		fs_inode_get(in);
 		ent->next = c->spans;
 		c->spans = ent;
@@ -350,7 +349,6 @@ static void conn_close(struct conn *c)
 /* Send the hello and the chunks' descriptors.  Returns 0 or -errno. */
 static int send_chunks(struct conn *c, struct gpu_tier *g, int err)
 {
-	struct gpu_vmm *v = g ? gpu_tier_vmm(g) : NULL;
 	struct share_hello h = {
 		.magic = SHARE_MAGIC, .version = SHARE_VERSION, .err = err,
 		.cache_id = share.cache_id, .conn_id = c->id,
@@ -359,10 +357,10 @@ static int send_chunks(struct conn *c, struct gpu_tier *g, int err)
 	uint64_t i = 0, k;
 	int ret = 0;
 
-	if (v) {
+	if (g) {
 		h.device = gpu_tier_device(g);
-		h.size = gpu_vmm_size(v);
-		h.chunk = gpu_vmm_chunk(v);
+		h.size = gpu_tier_size(g);
+		h.chunk = gpu_tier_chunk(g);
 		h.nchunks = (h.size + h.chunk - 1) / h.chunk;
 	}
 	if (send(c->fd, &h, sizeof(h), MSG_NOSIGNAL) != sizeof(h))
@@ -378,7 +376,7 @@ static int send_chunks(struct conn *c, struct gpu_tier *g, int err)
 		struct cmsghdr *cm;
 
 		for (k = 0; k < SHARE_BATCH_MAX && i + k < h.nchunks; k++) {
-			fds[k] = gpu_vmm_export(v, i + k);
+			fds[k] = gpu_tier_export(g, i + k);
 			if (fds[k] < 0) {
 				ret = fds[k];
 				break;

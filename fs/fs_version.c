@@ -9,11 +9,12 @@
  * over it through a redo journal instead (copy_journalled).  The inode moves to the new version's backing
  * object before its name does (swap_fd).
  *
- * Locking: the file's ilock across a commit (its attributes steady), its
- * directory's names lock across the part that reads and uses its name
- * (fs_dirs_lock), fs.nslock too for a hard-linked file's journalled copy;
- * fs.lock only around table and descriptor bookkeeping; the syscalls that
- * change the backing directory run without fs.lock (see v_commit).
+ * Locking (the helpers are fs_locks.c's): the file's ilock across a commit
+ * (its attributes steady), its directory's names lock across the part
+ * that reads and uses its name (fs_dirs_lock), fs.nslock too for a
+ * hard-linked file's journalled copy; fs.lock only around table and
+ * descriptor bookkeeping; the syscalls that change the backing directory
+ * run without fs.lock (see v_commit).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -730,64 +731,6 @@ static void counter_reached(uint64_t *c, uint64_t v)
 	       !__atomic_compare_exchange_n(c, &had, v, false, __ATOMIC_ACQ_REL,
 					    __ATOMIC_ACQUIRE))
 		;
-}
-
-void fs_attrs_lock(struct fs_inode *in)
-{
-	if (S_ISREG(in->type)) {
-		lock_rank_take(LR_FS_FILE);
-		pthread_mutex_lock(&in->ilock);
-	}
-	if (fs_persist_on())
-		fs_ns_lock();	/* the journal's records in order with renames */
-}
-
-void fs_attrs_unlock(struct fs_inode *in)
-{
-	if (fs_persist_on())
-		fs_ns_unlock();
-	if (S_ISREG(in->type)) {
-		pthread_mutex_unlock(&in->ilock);
-		lock_rank_drop(LR_FS_FILE);
-	}
-}
-
-void fs_dirs_lock(struct fs_inode *a, struct fs_inode *b)
-{
-	lock_rank_take(LR_FS_DIR);
-	if (b == a)
-		b = NULL;
-	if (b && (uintptr_t)b < (uintptr_t)a) {
-		struct fs_inode *t = a;
-
-		a = b;
-		b = t;
-	}
-	pthread_mutex_lock(&a->ilock);
-	if (b)
-		pthread_mutex_lock(&b->ilock);
-}
-
-void fs_dirs_unlock(struct fs_inode *a, struct fs_inode *b)
-{
-	if (b && b != a)
-		pthread_mutex_unlock(&b->ilock);
-	pthread_mutex_unlock(&a->ilock);
-	lock_rank_drop(LR_FS_DIR);
-}
-
-void fs_names_lock(struct fs_inode *a, struct fs_inode *b)
-{
-	if (fs_persist_on())
-		fs_ns_lock();
-	fs_dirs_lock(a, b);
-}
-
-void fs_names_unlock(struct fs_inode *a, struct fs_inode *b)
-{
-	fs_dirs_unlock(a, b);
-	if (fs_persist_on())
-		fs_ns_unlock();
 }
 
 /*

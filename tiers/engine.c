@@ -590,28 +590,6 @@ static void cache_json(struct cache *c, char *buf, size_t len, size_t *at)
 		c->policy->name);
 }
 
-void eng_delay_at(struct engine *e, const char *point)
-{
-	const char *d = getenv("TIERFS_DELAY");
-	size_t n = strlen(point);
-	long ms = -1;
-
-	for (; d && *d; d += strcspn(d, ","), d += *d == ',') {
-		if (strncmp(d, point, n) == 0 && d[n] == '=') {
-			ms = strtol(d + n + 1, NULL, 10);
-			break;
-		}
-	}
-	if (ms <= 0)
-		return;
-	tlog(LOG_DEBUG, "TIERFS_DELAY: %ld ms at %s", ms, point);
-	if (e)
-		eng_unlock(e);
-	usleep((useconds_t)(ms * 1000));
-	if (e)
-		eng_lock(e);
-}
-
 int engine_stats_json(struct engine *e, char *buf, size_t len)
 {
 	size_t at = 0;

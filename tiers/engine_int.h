@@ -42,9 +42,11 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "lockorder.h"
+#include "log.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
 /*
@@ -349,9 +351,20 @@ static inline void eng_flushed(struct engine *e)
  * A test hook for races: TIERFS_DELAY="point=ms[,point=ms...]" makes each
  * thread that reaches `point` sleep that many milliseconds (e->lock, held
  * when e is given, is dropped meanwhile: the caller looks at its state
- * again after).  Unset, it costs one getenv.
+ * again after).  Unset, it costs one getenv (tierfs_delay_ms, log.c).
  */
-void eng_delay_at(struct engine *e, const char *point);
+static inline void eng_delay_at(struct engine *e, const char *point)
+{
+	long ms = tierfs_delay_ms(point);
+
+	if (ms <= 0)
+		return;
+	if (e)
+		eng_unlock(e);
+	usleep((useconds_t)(ms * 1000));
+	if (e)
+		eng_lock(e);
+}
 
 /* Wake every waiter: e->cond's and e->events'. */
 static inline void eng_wake(struct engine *e)

@@ -37,6 +37,7 @@
 #include "gpu_tier.h"
 
 _Static_assert(GPU_TIER_MAX_DEVICES == GPU_MAX_DEVICES, "one limit of GPUs per cache");
+_Static_assert(GPU_TIER_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE, "one IPC handle size");
 
 #define MiB(x)	((unsigned long long)((x) >> 20))
 
@@ -567,9 +568,24 @@ struct cache *gpu_tier_cache(struct gpu_tier *g)
 	return &g->cache;
 }
 
-struct gpu_vmm *gpu_tier_vmm(struct gpu_tier *g)
+uint64_t gpu_tier_base(struct gpu_tier *g)
 {
-	return g->vmm;
+	return gpu_vmm_base(g->vmm);
+}
+
+uint64_t gpu_tier_size(struct gpu_tier *g)
+{
+	return gpu_vmm_size(g->vmm);
+}
+
+uint64_t gpu_tier_chunk(struct gpu_tier *g)
+{
+	return gpu_vmm_chunk(g->vmm);
+}
+
+int gpu_tier_export(struct gpu_tier *g, uint64_t i)
+{
+	return gpu_vmm_export(g->vmm, i);
 }
 
 int gpu_tier_device(struct gpu_tier *g)
@@ -757,4 +773,36 @@ int gpu_tier_unpin_host(void *buf, uint64_t *pinned)
 		     strerror(-ret));
 	__atomic_store_n(pinned, 0, __ATOMIC_RELEASE);
 	return ret;
+}
+
+/* ---- the GPU outside the cache, for fs/ ------------------------------- */
+
+bool gpu_tier_built(void)
+{
+	return gpu_built();
+}
+
+int gpu_tier_read_dev(void *dst, uint64_t dptr, size_t n)
+{
+	return gpu_copy_dtoh(dst, dptr, n);
+}
+
+int gpu_tier_ipc_open(int dev, const void *handle, uint64_t *dptr, uint64_t *size)
+{
+	return gpu_ipc_open_on(dev, handle, dptr, size);
+}
+
+int gpu_tier_ipc_close(int dev, uint64_t dptr)
+{
+	return gpu_ipc_close_on(dev, dptr);
+}
+
+int gpu_tier_host_register(void *p, size_t len)
+{
+	return gpu_host_register(p, len);
+}
+
+int gpu_tier_host_unregister(void *p)
+{
+	return gpu_host_unregister(p);
 }

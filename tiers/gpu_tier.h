@@ -1,6 +1,9 @@
 /*
  * gpu_tier.h - the GPU cache tier: a struct cache over a VMM reservation,
- * and pinning of the host cache (hipc22 §IV).
+ * and pinning of the host cache (hipc22 §IV); and what fs/ uses of the GPU
+ * outside the cache (IPC mappings of clients' buffers, the cache's export
+ * for -o gpu_share, pinned request buffers): fs/ reaches gpu/ only through
+ * tiers/, and this is its way (tools/check-calls checks it).
  *
  * The GPU cache is one contiguous range of device addresses
  * (gpu_vmm_create) that a background thread of gpu/ maps chunk by chunk
@@ -79,9 +82,18 @@ uint64_t gpu_tier_default_size(uint64_t free_b);
 
 /* The tier's cache (level 0, "gpu").  Valid until gpu_tier_destroy(). */
 struct cache *gpu_tier_cache(struct gpu_tier *g);
-/* Its VMM range (gpu.h; shareable when created so) and device ordinal. */
-struct gpu_vmm *gpu_tier_vmm(struct gpu_tier *g);
+/* Its device ordinal (the first device's). */
 int gpu_tier_device(struct gpu_tier *g);
+/*
+ * Its VMM range as -o gpu_share hands it to clients (fs_share.c): the
+ * device address of its start, the bytes reserved, the bytes per mapped
+ * chunk, and chunk i as a POSIX fd (the caller closes it; -errno, e.g.
+ * when the range was not created shareable).  Constant but the export.
+ */
+uint64_t gpu_tier_base(struct gpu_tier *g);
+uint64_t gpu_tier_size(struct gpu_tier *g);
+uint64_t gpu_tier_chunk(struct gpu_tier *g);
+int gpu_tier_export(struct gpu_tier *g, uint64_t i);
 
 /*
  * Raise c->usable to what is mapped now (it never goes down).  Cheap (one
@@ -208,5 +220,27 @@ int gpu_tier_unpin_host(void *buf, uint64_t *pinned);
 /* The default pin lock: GPU_TIER_PIN_LOCK, or GPU_TIER_PIN_LOCK_TMP when
  * /run/lock is not a writable directory. */
 const char *gpu_tier_pin_lock_path(void);
+
+/*
+ * The GPU outside the cache, for the FUSE side, which reaches gpu/ only
+ * through tiers/ (the calls of gpu.h of the same names, which say more):
+ *  - gpu_tier_built(): was tierfs built with CUDA;
+ *  - gpu_tier_read_dev(): n bytes of device memory at dptr (a client's
+ *    buffer, the cache) into dst; 0 or -errno;
+ *  - gpu_tier_ipc_open() / gpu_tier_ipc_close(): a client's IPC memory
+ *    handle (GPU_TIER_IPC_HANDLE_SIZE bytes) mapped in device dev's
+ *    context (dev < 0: the first device's), *dptr and *size its whole
+ *    allocation; closed with the same dev; 0 or -errno (-EINVAL garbage,
+ *    -EXDEV memory of another device, -ENODEV no GPU);
+ *  - gpu_tier_host_register() / gpu_tier_host_unregister(): host memory
+ *    pinned for the driver's copies (the request buffers); 0 or -errno.
+ */
+#define GPU_TIER_IPC_HANDLE_SIZE	64	/* gpu.h's GPU_IPC_HANDLE_SIZE */
+bool gpu_tier_built(void);
+int gpu_tier_read_dev(void *dst, uint64_t dptr, size_t n);
+int gpu_tier_ipc_open(int dev, const void *handle, uint64_t *dptr, uint64_t *size);
+int gpu_tier_ipc_close(int dev, uint64_t dptr);
+int gpu_tier_host_register(void *p, size_t len);
+int gpu_tier_host_unregister(void *p);
 
 #endif /* TIERFS_GPU_TIER_H */

@@ -13,6 +13,8 @@ static const char *const rank_names[] = {
 	[LR_TFILE] = "tfile.lock", [LR_FS_FILE] = "a file's ilock",
 	[LR_FS_NS] = "fs.nslock", [LR_FS_DIR] = "a directory's ilock", [LR_FS] = "fs.lock",
 	[LR_ENGINE] = "engine.lock", [LR_FS_FD] = "fdc.lock", [LR_FS_INO] = "ino.lock",
+	[LR_SETS] = "sets.lock", [LR_PERSIST_POOL] = "pg.lock", [LR_PERSIST] = "pq.lock",
+	[LR_IPC] = "ipc_cache.lock", [LR_LOG] = "log_mu",
 };
 
 /* Debug-only checker state: the ranks this thread holds (bit r). */

@@ -28,6 +28,15 @@
  *      (fs/fs_inode.c) on the backing root (fs_ino_number)     a file ilock, fs.nslock)
  *  9   sets.lock       the watch list of committed sets        nothing (a leaf)
  *      (fs/fs_sets.c)
+ * 10   pg.lock         the pool of requests to the persistent  nothing (a leaf; taken under
+ *      (fs/fs_persist.c) tier's DIR, its hung state            fs.nslock, directory ilocks)
+ * 11   pq.lock         the persister's queue and journal, its  nothing (a leaf; taken under
+ *      (fs/fs_persist.c) statistics, the inodes' pstate        tfile.lock, ilocks, fs.nslock,
+ *                                                              fs.lock: an inode freed)
+ * 12   ipc_cache.lock  the cached IPC mappings of clients'     nothing (a leaf; taken with
+ *      (fs/fs_ioctl.c) GPU buffers                             no lock held)
+ * 13   log_mu          the line state of -o logfile's stream   nothing (the last: a message
+ *      (fs/fs_main.c)                                          is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
  * engine.lock, and fs.nslock -> fs.lock -> fdc.lock.  Two files' ilocks
@@ -42,8 +51,10 @@
  *    fs.lock or fdc.lock.
  *  - engine threads (flushers, cascade, prefetcher) never take a
  *    tfile.lock.
- * share.lock (fs_share.c) and ipc_cache.lock (fs_ioctl.c) are leaves: no
- * tiers/ call is made under them.
+ * Not in the table yet: share.lock (fs_share.c: -o gpu_share's connections;
+ * a leaf taken with no lock held, no tiers/ call made under it), and
+ * gpu/'s own locks (gpu_common.c, gpu_copy.c, gpu_hash.c, gpu_vmm.c; gpu/
+ * is below tiers/ and does not include this header).
  *
  * Debug builds (NDEBUG not defined) check the order where tiers/ takes its
  * locks: lock_rank_take() asserts that the thread holds no lock of the
@@ -62,6 +73,10 @@ enum lock_rank {
 	LR_FS_FD,		/* fdc.lock */
 	LR_FS_INO,		/* fs_inode.c's ino.lock: a leaf */
 	LR_SETS,		/* fs_sets.c's sets.lock: a leaf */
+	LR_PERSIST_POOL,	/* fs_persist.c's pg.lock: a leaf */
+	LR_PERSIST,		/* fs_persist.c's pq.lock: a leaf */
+	LR_IPC,			/* fs_ioctl.c's ipc_cache.lock: a leaf */
+	LR_LOG,			/* fs_main.c's log_mu: the last */
 };
 
 #ifndef NDEBUG

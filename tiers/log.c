@@ -71,3 +71,21 @@ void tierfs_fault_kill(const char *point)
 	if (tierfs_fault(point))
 		raise(SIGKILL);
 }
+
+long tierfs_delay_ms(const char *point)
+{
+	const char *d = getenv("TIERFS_DELAY");
+	size_t n = strlen(point);
+	long ms = -1;
+
+	for (; d && *d; d += strcspn(d, ","), d += *d == ',') {
+		if (strncmp(d, point, n) == 0 && d[n] == '=') {
+			ms = strtol(d + n + 1, NULL, 10);
+			break;
+		}
+	}
+	if (ms <= 0)
+		return 0;
+	tlog(LOG_DEBUG, "TIERFS_DELAY: %ld ms at %s", ms, point);
+	return ms;
+}
