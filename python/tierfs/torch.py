@@ -1176,8 +1176,8 @@ _headers = collections.OrderedDict()
 
 
 def _checked(path, fd):
-    """(header, structure, compiled root, uses) of the file open at fd,
-    checked."""
+    """(header, structure, compiled root, uses, the entries referenced once
+    as a whole tensor) of the file open at fd, checked."""
     got = _Header.read_raw(path, fd)
     with _plans_lock:
         hit = _headers.get(got)
@@ -1195,11 +1195,12 @@ def _checked(path, fd):
         if dt not in _FROM_NAME:
             raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
                             f"({torch.__version__}) has no dtype for")
+    single = frozenset(n for n, u in uses.items() if u == [1, 0])
     with _plans_lock:
-        _headers[got] = (hdr, st, root, uses)
+        _headers[got] = (hdr, st, root, uses, single)
         while len(_headers) > _HEADERS_MAX:
             _headers.popitem(last=False)
-    return hdr, st, root, uses
+    return hdr, st, root, uses, single
 
 
 def _structure(path, hdr):
@@ -1253,14 +1254,16 @@ def _path_of(link):
 class _Into:
     """One walk of the compiled structure against load(into=)'s object: it
     checks everything (MismatchError) and collects, changing nothing, what
-    the load then does: the tensors to fill (targets), and the slots to set
-    afterwards (sets: [(container, key, compiled node or _Seq)]).  Paths are
-    (parent, key) chains, made names only for an error."""
+    the load then does: the tensors to read straight into (direct: {entry:
+    (tensor, device)}), the devices to load the other entries to (hint),
+    the tensors to copy into once loaded (copies: [(tensor, compiled
+    node)]), and the slots to set afterwards (sets: [(container, key,
+    compiled node or _Seq)]).  Paths are (parent, key) chains, made names
+    only for an error."""
 
-    def __init__(self, strict):
-        self.strict = strict
-        self.targets = []               # [(compiled tensor or view node, tensor, path)]
-        self.sets = []
+    def __init__(self, strict, entries, single):
+        self.strict, self.entries, self.single = strict, entries, single
+        self.direct, self.hint, self.copies, self.sets = {}, {}, [], []
 
     @staticmethod
     def bad(link, msg):
@@ -1269,6 +1272,24 @@ class _Into:
     def leaf(self, target, link, value):
         if self.strict and isinstance(target, torch.Tensor):
             self.bad(link, f"`into` has a tensor, the file a {type(value).__name__}")
+
+    def tensor(self, c, t, link):
+        """Tensor or view node c against tensor t of `into`."""
+        if c[0] is _T:
+            dt, shape, _, _ = self.entries[c[1]]
+        else:
+            dt, shape = self.entries[c[1]][0], c[2][0]
+        if t.shape != shape:
+            self.bad(link, f"the file has shape {list(shape)}, `into` {list(t.shape)}")
+        if t.dtype is not _FROM_NAME[dt]:
+            self.bad(link, f"the file has dtype {_FROM_NAME[dt]}, `into` {t.dtype}")
+        if c[0] is _T:
+            name = c[1]
+            self.hint[name] = dev = t.device
+            if name in self.single and dev.type in ("cpu", "cuda") and t.is_contiguous():
+                self.direct[name] = (t, dev)
+                return
+        self.copies.append((t, c))
 
     def walk(self, c, t, link):
         """Check node c against target t; returns _SAME when t stays in its
@@ -1283,24 +1304,31 @@ class _Into:
         if k is _T or k is _V:
             if not isinstance(t, torch.Tensor):
                 self.bad(link, f"the file has a tensor, `into` a {type(t).__name__}")
-            self.targets.append((c, t, link))
+            self.tensor(c, t, link)
             return _SAME
         sets = self.sets
         if k is _D:
             if not isinstance(t, dict):
                 self.bad(link, f"the file has a dict, `into` a {type(t).__name__}")
             found = 0
+            Tensor = torch.Tensor
             for key, v in c[1]:
                 tv = t.get(key, _MISSING)
-                found += tv is not _MISSING
-                if v[0] is _X:
-                    if self.strict and isinstance(tv, torch.Tensor):
+                if tv is _MISSING:
+                    sets.append((t, key, v))    # built, whatever it is
+                    continue
+                found += 1
+                vk = v[0]
+                if vk is _X:
+                    if self.strict and isinstance(tv, Tensor):
                         self.leaf(tv, (link, key), v[1])
                     sets.append((t, key, v))
-                    continue
-                r = self.walk(v, tv, (link, key))
-                if r is not _SAME:
-                    sets.append((t, key, r))
+                elif vk is _T and isinstance(tv, Tensor):
+                    self.tensor(v, tv, (link, key))
+                else:
+                    r = self.walk(v, tv, (link, key))
+                    if r is not _SAME:
+                        sets.append((t, key, r))
             if self.strict and found < len(t):
                 keys = {key for key, _ in c[1]}
                 for key, v in t.items():
@@ -1371,34 +1399,17 @@ def load(path, map_location=None, into=None, strict=True):
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     mark("open")
     try:
-        hdr, st, root, uses = _checked(path, fd)
+        hdr, st, root, uses, single = _checked(path, fd)
         mark("header")
         entries = hdr.entries
         devs = st.get("devices", {})
-        direct, hint, copies = {}, {}, []
         if into is not None:
-            walk = _Into(strict)
+            walk = _Into(strict, entries, single)
             top = walk.walk(root, into, ())
-            for c, target, link in walk.targets:
-                if c[0] is _T:
-                    dt, shape, _, _ = entries[c[1]]
-                else:
-                    dt, shape = entries[c[1]][0], c[2][0]
-                if target.shape != shape:
-                    raise MismatchError(f"{_path_name(_path_of(link))}: the file has shape "
-                                        f"{list(shape)}, `into` {list(target.shape)}")
-                if target.dtype != _FROM_NAME[dt]:
-                    raise MismatchError(f"{_path_name(_path_of(link))}: the file has dtype "
-                                        f"{_FROM_NAME[dt]}, `into` {target.dtype}")
-                if c[0] is _T:
-                    name = c[1]
-                    hint[name] = dev = target.device
-                    if (uses[name] == [1, 0] and dev.type in ("cpu", "cuda")
-                            and target.is_contiguous()):
-                        direct[name] = (target, dev)
-                        continue
-                copies.append((target, c))
+            direct, hint, copies = walk.direct, walk.hint, walk.copies
             mark("into")
+        else:
+            direct, hint, copies = {}, {}, ()
         tensors, where = {}, {}
         cpu, cuda, other = [], {}, []   # the jobs by device (see _split)
         for name, (dt, shape, b, e) in entries.items():
