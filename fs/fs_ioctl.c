@@ -39,14 +39,15 @@
  * sync_file_range over the range; raw ioctl users must do the same).
  *
  * Vectored: TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU carry a struct
- * tierfs_gpu_vec: up to 64 IPC handles and 256 segments (handle index,
+ * tierfs_gpu_vec: up to 128 IPC handles and 192 segments (handle index,
  * offset in it, length, file offset), moved between GPU memory and the one
  * file (vec_ioctl).  Checks, in this order, each before any byte moves:
  *   FUSE_IOCTL_COMPAT, cmd, in_bufsz, regular file, access mode, GPU tier
  *                                                as above
  *   out_bufsz short of the struct                 EINVAL
  *   flags, reserved or reserved2 != 0,
- *   nhandles not 1..64, nsegs not 1..256,
+ *   nhandles not 1..128, nsegs not 1..192
+ *   (the earlier layouts: 16 or 64, and 256),
  *   a handle's reserved != 0                     EINVAL
  *   a segment: handle >= nhandles, flags != 0,
  *   len == 0, handle_off + len wraps,
@@ -66,7 +67,7 @@
  * moves only on success.  The reply is the struct with the total in
  * `moved` (a read's segment is short at end of file), so that one call
  * moves a whole state dict: four 1 GiB calls left the GPU idle between
- * them.  The earlier layouts (vec_from_old) get the total as the result,
+ * them.  The earlier layouts (vec_parse) get the total as the result,
  * at most TIERFS_GPU_IO_MAX (E2BIG past it).
  *
  * A single call moves at most TIERFS_GPU_IO_MAX (1 GiB) bytes, so that the
@@ -207,7 +208,8 @@ static int table_expire(time_t now, bool need_room, struct ipc_entry **out)
 	int i, n = 0, lru = -1;
 
 	/* idleness counts in seconds: one pass a second is enough, unless
-	 * room is needed (a vectored call looks up 64 handles at a time) */
+	 * room is needed (a vectored call looks up to TIERFS_GPU_VEC_HANDLES
+	 * at a time) */
 	if (!need_room && ipc_cache.expired_at == now)
 		return 0;
 	ipc_cache.expired_at = now;
@@ -394,77 +396,105 @@ static int range_cmp(const void *a, const void *b)
 }
 
 /*
- * The checks of a vectored request that need no GPU (see the table at the
- * top), in order; 0 or a positive errno.  Fills r[] with the segments'
- * ranges sorted by file offset.
+ * A vectored request of any layout, as the checks and the copies read it:
+ * today's struct tierfs_gpu_vec, or an earlier one (vec_parse).
  */
-static int vec_check(const struct tierfs_gpu_vec *v, bool write, uint64_t max,
-		     struct vec_range *r)
-{
-	bool used[TIERFS_GPU_VEC_HANDLES] = { false }, big = false;
-	uint64_t total = 0;
-	uint32_t i;
+#define VEC_SEGS_MAX	256	/* the most segments of any layout (the earlier ones') */
 
-	if (v->flags || v->reserved || v->reserved2)
-		return EINVAL;
-	if (!v->nhandles || v->nhandles > TIERFS_GPU_VEC_HANDLES ||
-	    !v->nsegs || v->nsegs > TIERFS_GPU_VEC_SEGS)
-		return EINVAL;
-	for (i = 0; i < v->nhandles; i++)
-		if (v->handles[i].reserved)
-			return EINVAL;
-	for (i = 0; i < v->nsegs; i++) {
-		const struct tierfs_gpu_vec_seg *sg = &v->segs[i];
-
-		if (sg->handle >= v->nhandles || sg->flags || !sg->len ||
-		    sg->handle_off + sg->len < sg->handle_off ||
-		    sg->file_off > (uint64_t)INT64_MAX ||
-		    sg->len > (uint64_t)INT64_MAX - sg->file_off)
-			return EINVAL;
-		used[sg->handle] = true;
-		if (sg->len > max - total)
-			big = true;
-		else
-			total += sg->len;
-		r[i] = (struct vec_range){ sg->file_off, sg->len, i };
-	}
-	for (i = 0; i < v->nhandles; i++)
-		if (!used[i])
-			return EINVAL;
-	if (big)
-		return E2BIG;
-	qsort(r, v->nsegs, sizeof(*r), range_cmp);
-	for (i = 1; write && i < v->nsegs; i++)
-		if (r[i - 1].off + r[i - 1].len > r[i].off)
-			return EINVAL;
-	return 0;
-}
+struct vec_req {
+	uint32_t nhandles, nsegs;
+	uint32_t room, seg_room;	/* the handles and segments its layout holds */
+	uint64_t max;			/* the most bytes it may move */
+	struct tierfs_gpu_vec_handle handles[TIERFS_GPU_VEC_HANDLES];
+	struct tierfs_gpu_vec_seg segs[VEC_SEGS_MAX];
+};
 
 /*
  * The earlier layouts of struct tierfs_gpu_vec, still taken: no `moved`
  * (the count is the ioctl's result, so at most TIERFS_GPU_IO_MAX bytes a
- * call), room for 16 handles (9360 bytes) or 64 (12816 bytes); their
- * command numbers differ by size and direction.
+ * call), room for 16 handles (9360 bytes) or 64 (12816 bytes), and 256
+ * segments; their command numbers differ by size and direction.
  */
 #define VEC_OLD_HEAD	16
 #define VEC_OLD_SIZE(h)	(VEC_OLD_HEAD + (h) * sizeof(struct tierfs_gpu_vec_handle) +	\
-			 TIERFS_GPU_VEC_SEGS * sizeof(struct tierfs_gpu_vec_seg))
+			 VEC_SEGS_MAX * sizeof(struct tierfs_gpu_vec_seg))
 #define TIERFS_IOC_PWRITEV_GPU16 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC_OLD_SIZE(16))
 #define TIERFS_IOC_PREADV_GPU16	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC_OLD_SIZE(16))
 #define TIERFS_IOC_PWRITEV_GPU64 _IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 5, VEC_OLD_SIZE(64))
 #define TIERFS_IOC_PREADV_GPU64	_IOC(_IOC_WRITE, TIERFS_IOC_MAGIC, 6, VEC_OLD_SIZE(64))
 
-/* v = the old layout with room for `room` handles at b. */
-static void vec_from_old(struct tierfs_gpu_vec *v, const uint8_t *b, uint32_t room)
+/*
+ * q = the request at b: today's layout (v, a copy of b, kept for the
+ * reply) where old is 0, else the earlier one with room for old handles.
+ * EINVAL for flags or reserved fields that are not 0.
+ */
+static int vec_parse(struct vec_req *q, const struct tierfs_gpu_vec *v, const uint8_t *b,
+		     uint32_t old)
 {
-	size_t hs = room * sizeof(struct tierfs_gpu_vec_handle);
+	uint32_t head[4];
 
-	memset(v, 0, sizeof(*v));
-	memcpy(v, b, VEC_OLD_HEAD);
-	memcpy(v->handles, b + VEC_OLD_HEAD, hs);
-	memcpy(v->segs, b + VEC_OLD_HEAD + hs, sizeof(v->segs));
-	if (v->nhandles > room)
-		v->nhandles = TIERFS_GPU_VEC_HANDLES + 1;	/* refused below */
+	if (!old) {
+		if (v->flags || v->reserved || v->reserved2)
+			return EINVAL;
+		*q = (struct vec_req){ .nhandles = v->nhandles, .nsegs = v->nsegs,
+				       .room = TIERFS_GPU_VEC_HANDLES,
+				       .seg_room = TIERFS_GPU_VEC_SEGS,
+				       .max = TIERFS_GPU_VEC_MAX };
+		memcpy(q->handles, v->handles, sizeof(v->handles));
+		memcpy(q->segs, v->segs, sizeof(v->segs));
+		return 0;
+	}
+	memcpy(head, b, sizeof(head));		/* nhandles, nsegs, flags, reserved */
+	if (head[2] || head[3])
+		return EINVAL;
+	*q = (struct vec_req){ .nhandles = head[0], .nsegs = head[1], .room = old,
+			       .seg_room = VEC_SEGS_MAX, .max = TIERFS_GPU_IO_MAX };
+	memcpy(q->handles, b + VEC_OLD_HEAD, old * sizeof(q->handles[0]));
+	memcpy(q->segs, b + VEC_OLD_HEAD + old * sizeof(q->handles[0]), sizeof(q->segs));
+	return 0;
+}
+
+/*
+ * The checks of a vectored request that need no GPU (see the table at the
+ * top), in order; 0 or a positive errno.  Fills r[] with the segments'
+ * ranges sorted by file offset.
+ */
+static int vec_check(const struct vec_req *q, bool write, struct vec_range *r)
+{
+	bool used[TIERFS_GPU_VEC_HANDLES] = { false }, big = false;
+	uint64_t total = 0;
+	uint32_t i;
+
+	if (!q->nhandles || q->nhandles > q->room || !q->nsegs || q->nsegs > q->seg_room)
+		return EINVAL;
+	for (i = 0; i < q->nhandles; i++)
+		if (q->handles[i].reserved)
+			return EINVAL;
+	for (i = 0; i < q->nsegs; i++) {
+		const struct tierfs_gpu_vec_seg *sg = &q->segs[i];
+
+		if (sg->handle >= q->nhandles || sg->flags || !sg->len ||
+		    sg->handle_off + sg->len < sg->handle_off ||
+		    sg->file_off > (uint64_t)INT64_MAX ||
+		    sg->len > (uint64_t)INT64_MAX - sg->file_off)
+			return EINVAL;
+		used[sg->handle] = true;
+		if (sg->len > q->max - total)
+			big = true;
+		else
+			total += sg->len;
+		r[i] = (struct vec_range){ sg->file_off, sg->len, i };
+	}
+	for (i = 0; i < q->nhandles; i++)
+		if (!used[i])
+			return EINVAL;
+	if (big)
+		return E2BIG;
+	qsort(r, q->nsegs, sizeof(*r), range_cmp);
+	for (i = 1; write && i < q->nsegs; i++)
+		if (r[i - 1].off + r[i - 1].len > r[i].off)
+			return EINVAL;
+	return 0;
 }
 
 /* TIERFS_IOC_PWRITEV_GPU / TIERFS_IOC_PREADV_GPU; old: the room for
@@ -476,9 +506,10 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	struct ipc_entry *ent[TIERFS_GPU_VEC_HANDLES] = { NULL };
 	struct tierfs_gpu_io io = { 0 };
 	struct {
-		struct tierfs_gpu_vec v;
-		struct vec_range r[TIERFS_GPU_VEC_SEGS];
-		struct tdev_seg d[TIERFS_GPU_VEC_SEGS];
+		struct tierfs_gpu_vec v;	/* today's layout: the reply */
+		struct vec_req q;
+		struct vec_range r[VEC_SEGS_MAX];
+		struct tdev_seg d[VEC_SEGS_MAX];
 	} *w = NULL;
 	uint64_t before = 0, lo = UINT64_MAX, hi = 0, last_src = 0;
 	struct timespec mtime;
@@ -499,18 +530,18 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 		err = ENOMEM;
 		goto reply;
 	}
-	if (old)
-		vec_from_old(&w->v, in_buf, old);
-	else
+	if (!old)
 		memcpy(&w->v, in_buf, sizeof(w->v));	/* in_buf need not be aligned */
-	err = vec_check(&w->v, write, old ? TIERFS_GPU_IO_MAX : TIERFS_GPU_VEC_MAX, w->r);
+	err = vec_parse(&w->q, &w->v, in_buf, old);
+	if (!err)
+		err = vec_check(&w->q, write, w->r);
 	if (err)
 		goto reply;
 	/* each allocation once, however many segments it holds */
-	for (nh = 0; nh < w->v.nhandles; nh++) {
-		uint32_t dev = w->v.handles[nh].device;
+	for (nh = 0; nh < w->q.nhandles; nh++) {
+		uint32_t dev = w->q.handles[nh].device;
 
-		err = -ipc_get(w->v.handles[nh].handle, (int)(dev < 64 ? dev : 64),
+		err = -ipc_get(w->q.handles[nh].handle, (int)(dev < 64 ? dev : 64),
 			       &ent[nh]);
 		if (err) {
 			tlog(LOG_INFO, "gpu ioctl: IPC handle %" PRIu32 " of a vector "
@@ -518,8 +549,8 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 			goto reply;
 		}
 	}
-	for (i = 0; i < w->v.nsegs; i++) {
-		const struct tierfs_gpu_vec_seg *sg = &w->v.segs[w->r[i].i];
+	for (i = 0; i < w->q.nsegs; i++) {
+		const struct tierfs_gpu_vec_seg *sg = &w->q.segs[w->r[i].i];
 		const struct ipc_entry *e = ent[sg->handle];
 
 		if (sg->handle_off > e->size || sg->len > e->size - sg->handle_off) {
@@ -541,12 +572,12 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	}
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
-		n = tfile_writev_dev(&in->tf, w->d, (int)w->v.nsegs);
+		n = tfile_writev_dev(&in->tf, w->d, (int)w->q.nsegs);
 		/* after a failure some segments may be written: the kernel
 		 * drops its pages of them all the same (its size stays) */
 		fs_kernel_written(ino, last_src, lo, hi - lo, n > 0 ? before : UINT64_MAX);
 	} else {
-		n = tfile_readv_dev(&in->tf, w->d, (int)w->v.nsegs);
+		n = tfile_readv_dev(&in->tf, w->d, (int)w->q.nsegs);
 	}
 	if (n < 0)
 		err = (int)-n;

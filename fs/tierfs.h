@@ -98,12 +98,14 @@ struct tierfs_gpu_io {
  * and one file.  The allocations go in a small table (a caching allocator
  * puts many buffers in few allocations: the daemon opens each once per
  * call); each segment names its allocation by index.  Fixed size, as
- * above: libtierfs splits longer lists into several ioctls.  Two earlier
- * layouts (16 and 64 handles, no `moved`, the count the ioctl's result,
- * at most TIERFS_GPU_IO_MAX bytes a call) are still taken by the daemon.
+ * above: libtierfs splits longer lists into several ioctls.  There are
+ * about as many handles as segments: a caching allocator gives each large
+ * tensor an allocation of its own.  Two earlier layouts (16 or 64 handles
+ * and 256 segments, no `moved`, the count the ioctl's result, at most
+ * TIERFS_GPU_IO_MAX bytes a call) are still taken by the daemon.
  */
-#define TIERFS_GPU_VEC_HANDLES	64	/* allocations per ioctl */
-#define TIERFS_GPU_VEC_SEGS	256	/* segments per ioctl */
+#define TIERFS_GPU_VEC_HANDLES	128	/* allocations per ioctl */
+#define TIERFS_GPU_VEC_SEGS	192	/* segments per ioctl */
 
 struct tierfs_gpu_vec_handle {
 	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];	/**< cudaIpcMemHandle_t bytes */
@@ -120,9 +122,9 @@ struct tierfs_gpu_vec_seg {
 };
 
 struct tierfs_gpu_vec {
-	uint32_t nhandles;	/**< entries of handles[] in use, 1..64, each
+	uint32_t nhandles;	/**< entries of handles[] in use, 1..128, each
 				 *   used by some segment */
-	uint32_t nsegs;		/**< entries of segs[] in use, 1..256 */
+	uint32_t nsegs;		/**< entries of segs[] in use, 1..192 */
 	uint32_t flags;		/**< 0 (reserved for future use) */
 	uint32_t reserved;	/**< 0 */
 	uint64_t moved;		/**< out: the bytes moved (in: ignored) */
@@ -166,10 +168,10 @@ _Static_assert(sizeof(struct tierfs_gpu_vec_seg) == 32 &&
 	       offsetof(struct tierfs_gpu_vec_seg, handle) == 24 &&
 	       offsetof(struct tierfs_gpu_vec_seg, flags) == 28,
 	       "struct tierfs_gpu_vec_seg layout");
-_Static_assert(sizeof(struct tierfs_gpu_vec) == 12832 &&
+_Static_assert(sizeof(struct tierfs_gpu_vec) == 15392 &&
 	       offsetof(struct tierfs_gpu_vec, moved) == 16 &&
 	       offsetof(struct tierfs_gpu_vec, handles) == 32 &&
-	       offsetof(struct tierfs_gpu_vec, segs) == 32 + 64 * 72,
+	       offsetof(struct tierfs_gpu_vec, segs) == 32 + 128 * 72,
 	       "struct tierfs_gpu_vec layout");
 /* FUSE restricted ioctls: the size must fit _IOC_SIZE (14 bits) */
 _Static_assert(sizeof(struct tierfs_gpu_vec) < 16384, "struct tierfs_gpu_vec too big");

@@ -52,7 +52,7 @@
  * shared cache takes what it can (a span per list of up to 256 ranges,
  * TIERFS_IOC_GPU_SPANV, copied with one wait; a span per segment with a
  * daemon older than share protocol 3); the rest goes in
- * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 256 pieces, 64 handles and
+ * TIERFS_IOC_PWRITEV_GPU / PREADV_GPU batches of 192 pieces, 128 handles and
  * TIERFS_GPU_VEC_MAX bytes (the count comes back in the struct: a 4 GiB
  * state dict is one call).  Any failure returns -1 (no partial count: the
  * segments have no order a count could describe).

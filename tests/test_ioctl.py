@@ -502,12 +502,13 @@ def test_gpu_share_protocol(mount):
 # covers the shared path on a GPU.)
 
 # struct tierfs_gpu_vec: nhandles, nsegs, flags, reserved (u32), moved (u64,
-# out), reserved2 (u64); 64 handles of (handle[64], device, reserved); 256
+# out), reserved2 (u64); 128 handles of (handle[64], device, reserved); 192
 # segments of (handle_off, len, file_off (u64), handle, flags (u32)); read
 # and write commands: the daemon writes the struct back, the count in
-# `moved`.  The earlier layouts (no moved/reserved2, 16 or 64 handles,
-# write-only commands, the count as the result) are still taken.
-VEC_HANDLES, VEC_SEGS = 64, 256
+# `moved`.  The earlier layouts (no moved/reserved2, 16 or 64 handles and
+# 256 segments, write-only commands, the count as the result) are still
+# taken.
+VEC_HANDLES, VEC_SEGS, VEC_OLD_SEGS = 128, 192, 256
 VEC_HEAD = struct.Struct("=IIIIQQ")
 VEC_OLD_HEAD = struct.Struct("=IIII")
 VEC_HANDLE = struct.Struct("=64sII")
@@ -515,9 +516,15 @@ VEC_SEG = struct.Struct("=QQQII")
 LAYOUTS = ["now", 64, 16]       # today's, and the earlier ones by their room
 
 
+def vec_room(layout):
+    """(handles, segments) a layout holds."""
+    return (VEC_HANDLES, VEC_SEGS) if layout == "now" else (layout, VEC_OLD_SEGS)
+
+
 def vec_size(layout):
-    head, room = (VEC_HEAD, VEC_HANDLES) if layout == "now" else (VEC_OLD_HEAD, layout)
-    return head.size + room * VEC_HANDLE.size + VEC_SEGS * VEC_SEG.size
+    head = VEC_HEAD if layout == "now" else VEC_OLD_HEAD
+    room, segs = vec_room(layout)
+    return head.size + room * VEC_HANDLE.size + segs * VEC_SEG.size
 
 
 VEC_SIZE = vec_size("now")
@@ -530,8 +537,8 @@ GPU_VEC_MAX = 1 << 40
 
 def test_vec_abi():
     assert (VEC_HANDLE.size, VEC_SEG.size) == (72, 32)
-    assert (VEC_SIZE, vec_size(64), vec_size(16)) == (12832, 12816, 9360)
-    assert PWRITEV_GPU == 0xf2205405 and PREADV_GPU == 0xf2205406
+    assert (VEC_SIZE, vec_size(64), vec_size(16)) == (15392, 12816, 9360)
+    assert PWRITEV_GPU == 0xfc205405 and PREADV_GPU == 0xfc205406
     assert VEC_OLD_CMDS[64] == (0x72105405, 0x72105406)
     assert VEC_OLD_CMDS[16] == (0x64905405, 0x64905406)
 
@@ -542,12 +549,13 @@ def gpu_vec(handles, segs, flags=0, nhandles=None, nsegs=None, layout="now", res
     buf = bytearray(vec_size(layout))
     nh = len(handles) if nhandles is None else nhandles
     ns = len(segs) if nsegs is None else nsegs
+    room, _ = vec_room(layout)
     if layout == "now":
         VEC_HEAD.pack_into(buf, 0, nh, ns, flags, 0, 0, reserved2)
-        head, room = VEC_HEAD.size, VEC_HANDLES
+        head = VEC_HEAD.size
     else:
         VEC_OLD_HEAD.pack_into(buf, 0, nh, ns, flags, 0)
-        head, room = VEC_OLD_HEAD.size, layout
+        head = VEC_OLD_HEAD.size
     for i, (h, dev) in enumerate(handles):
         VEC_HANDLE.pack_into(buf, head + i * VEC_HANDLE.size, h, dev, 0)
     base = head + room * VEC_HANDLE.size
@@ -590,7 +598,7 @@ def test_vec_ioctl_checks(mount, monkeypatch, layout):
     h = [(b"\0" * 64, 0)]
     PWRITEV_GPU, PREADV_GPU = ((globals()["PWRITEV_GPU"], globals()["PREADV_GPU"])
                                if layout == "now" else VEC_OLD_CMDS[layout])
-    room = VEC_HANDLES if layout == "now" else layout
+    room, segs = vec_room(layout)
     most = GPU_VEC_MAX if layout == "now" else GPU_IO_MAX
     gpu_vec = functools.partial(globals()["gpu_vec"], layout=layout)
     fd = os.open(p, os.O_RDWR)
@@ -598,7 +606,7 @@ def test_vec_ioctl_checks(mount, monkeypatch, layout):
         cases = [
             (gpu_vec(h, [(0, 16, 0, 0, 0)], flags=1), errno.EINVAL),
             (gpu_vec(h, [], nsegs=0), errno.EINVAL),
-            (gpu_vec(h, [(0, 16, 0, 0, 0)], nsegs=VEC_SEGS + 1), errno.EINVAL),
+            (gpu_vec(h, [(0, 16, 0, 0, 0)], nsegs=segs + 1), errno.EINVAL),
             (gpu_vec([], [(0, 16, 0, 0, 0)]), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 0, 0)], nhandles=room + 1), errno.EINVAL),
             (gpu_vec(h, [(0, 16, 0, 1, 0)]), errno.EINVAL),          # handle index
@@ -726,7 +734,7 @@ if mode == "data":
     print("vec data passed")
 
 elif mode == "many":
-    # 700 segments from 80 allocations: several ioctls (256 segments, 64
+    # 700 segments from 80 allocations: several ioctls (192 segments, 128
     # allocations each)
     sizes = [rng.randrange(1, 3000) for _ in range(700)]
     segs, want, allocs = layout(80, sizes)
