@@ -327,8 +327,13 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_err(req, 0);		/* nothing below can fail */
 	if ((fi->flags & O_ACCMODE) != O_WRONLY)
 		touch_atime(in);
-	if (writable(fi->flags))
+	if (writable(fi->flags)) {
+		long ms = tierfs_delay_ms("release");	/* a test hook for races */
+
+		if (ms > 0)
+			usleep((useconds_t)(ms * 1000));
 		tfile_close_writer(&in->tf);
+	}
 	if (writable(fi->flags) && fs_persist_on())
 		fs_persist_released(in);	/* made and closed empty */
 	fs_lock();

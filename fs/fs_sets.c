@@ -453,9 +453,13 @@ static void say(struct fs_inode *in, int level, const char *fmt, const char *a, 
 
 static void watch_add(struct fs_inode *dir, bool retain);
 
+#define RELEASE_WAIT_MS	500	/* a commit waits this long for a writer's release */
+
 /*
  * Commit directory dir as a set: every regular file in it is written and
- * closed (else -EBUSY, the first open one named in the log); their flush
+ * closed (else -EBUSY, the first open one named in the log, after waiting
+ * RELEASE_WAIT_MS for the release of a close that has just returned: the
+ * kernel sends it after close(2) returns); their flush
  * is asked for now; the manifest records them.  -EINVAL: not a directory,
  * the mount's root, no file, a name with a newline.  A set committed again
  * is recorded anew (its levels are judged again).
@@ -516,6 +520,12 @@ static int commit(struct fs_inode *dir)
 		if (!tf)
 			continue;		/* gone meanwhile */
 		tfile_facts(tf, &fx);
+		/* close(2) returns before the kernel's release reaches us: a
+		 * writer that has just closed is given RELEASE_WAIT_MS */
+		for (int w = 0; fx.writers && w < RELEASE_WAIT_MS / 5; w++) {
+			usleep(5000);
+			tfile_facts(tf, &fx);
+		}
 		if (fx.writers) {
 			say(dir, LOG_NOTICE, "sets: commit of %s refused (EBUSY): %s%s is open "
 			    "for writing", "", de->d_name);

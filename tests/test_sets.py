@@ -163,6 +163,29 @@ def test_commit_refused_while_a_file_is_open_for_writing(mount):
     assert ei.value.errno == errno.EINVAL
 
 
+def test_commit_right_after_the_last_close_waits_for_its_release(mount, monkeypatch):
+    """close(2) returns before the kernel's release of the file reaches the
+    daemon: a commit right after the last close waits for the release
+    instead of refusing the set (TIERFS_DELAY holds each writer's release
+    200 ms); a file really open for writing is still refused."""
+    monkeypatch.setenv("TIERFS_DELAY", "release=200")
+    m = mount()
+    monkeypatch.delenv("TIERFS_DELAY")
+    d = j(m.mnt, "s")
+    want = make_set(d, commit=False)
+    tierfs.commit(d)                    # the last release is still held
+    assert tierfs.wait_set(d, "ssd", timeout=60)["files"] == len(want)
+    for name, data in want.items():
+        util.assert_same(util.read_file(j(m.backing, "s", name)), data)
+    fd = os.open(j(d, "rank1"), os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as ei:
+            tierfs.commit(d)
+        assert ei.value.errno == errno.EBUSY
+    finally:
+        os.close(fd)
+
+
 def test_sets_committed_by_several_writers_at_once(mount):
     """Eight writers: each writes its rank of a shared set and its own set,
     commits its own; the shared one is committed once all ranks are in.
