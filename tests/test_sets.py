@@ -243,6 +243,11 @@ def test_a_file_that_fails_to_flush_is_named_never_complete(mount, small_tmpfs):
             os.close(fd)
         except OSError as e:
             assert e.errno == errno.ENOSPC
+    # the commit writes its record into the full tmpfs too: once the flush
+    # of big has failed (and given back what it had written), not while it
+    # fills the disk
+    util.wait_until(lambda: tierfs.state(j(d, "big")).get("ssd") == "FLUSH_FAILED",
+                    lambda: f"big's flush to fail: {tierfs.state(j(d, 'big'))}")
     tierfs.commit(d)
     with pytest.raises(TimeoutError) as ei:
         tierfs.wait_set(d, "ssd", timeout=3)
