@@ -32,6 +32,7 @@
 #include "balance.h"
 #include "config.h"
 #include "fs.h"
+#include "fs_opt.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "../tiers/gpu_tier.h"
@@ -40,7 +41,7 @@ extern int tierfs_log_syslog;
 
 #define OPT(t, p, v) { t, offsetof(struct fs_opts, p), v }
 
-static char *host_cache_str, *gpu_cache_str, *logfile_path, *exit_timeout_str;
+static char *host_cache_str, *gpu_cache_str, *logfile_path;
 static int gpu_spec(const char *s, int *devs, unsigned *n, bool *all);
 
 static const struct fuse_opt opt_spec[] = {
@@ -48,17 +49,9 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("gpu=%s", gpu, 0),
 	OPT("balance=%s", balance, 0),
 	OPT("log=%s", log, 0),
-	OPT("flush_threads=%d", flush_threads, 0),
-	OPT("flush_age=%d", flush_age_ms, 0),
-	OPT("queue_depth=%d", queue_depth, 0),
-	OPT("hint_max=%d", hint_max, 0),
-	OPT("hint_max_user=%d", hint_max_user, 0),
 	OPT("writeback", writeback, 1),
 	OPT("no_writeback", writeback, 0),
 	OPT("direct_writes", direct_writes, 1),
-	OPT("readahead_kb=%d", readahead_kb, 0),
-	OPT("poll_us=%d", poll_us, 0),
-	OPT("max_fds=%d", max_fds, 0),
 	OPT("no_direct_writes", direct_writes, 0),
 	OPT("direct_reads", direct_reads, 1),
 	OPT("no_direct_reads", direct_reads, 0),
@@ -80,6 +73,14 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("relatime", 7),
 	FUSE_OPT_KEY("strictatime", 8),
 	FUSE_OPT_KEY("logfile=", 9),
+	FUSE_OPT_KEY("flush_threads=", 10),
+	FUSE_OPT_KEY("flush_age=", 10),
+	FUSE_OPT_KEY("queue_depth=", 10),
+	FUSE_OPT_KEY("hint_max=", 10),
+	FUSE_OPT_KEY("hint_max_user=", 10),
+	FUSE_OPT_KEY("readahead_kb=", 10),
+	FUSE_OPT_KEY("poll_us=", 10),
+	FUSE_OPT_KEY("max_fds=", 10),
 	FUSE_OPT_KEY("exit_timeout=", 10),
 	FUSE_OPT_KEY("dedup_chunk=", 11),
 	FUSE_OPT_KEY("dedup_index=", 12),
@@ -88,6 +89,42 @@ static const struct fuse_opt opt_spec[] = {
 };
 
 static int nonopts;
+
+#define EXIT_TIMEOUT_DEFAULT	60
+static int exit_timeout = EXIT_TIMEOUT_DEFAULT;	/* -o exit_timeout, seconds */
+
+/*
+ * The options that take a whole number: the value as given (opt_proc),
+ * read by check_options() with fs_opt_uint() into dst.  A dst keeps its
+ * "not given" value (main) until then.
+ */
+static struct num_opt {
+	const char *name;
+	int *dst;
+	int64_t min, max;
+	const char *unit;
+	char *val;			/* as given; NULL: not given */
+} num_opts[] = {
+	{ "flush_threads", &fs.opts.flush_threads, 1, 64, NULL, NULL },
+	{ "flush_age", &fs.opts.flush_age_ms, 0, 60000, "milliseconds", NULL },
+	{ "queue_depth", &fs.opts.queue_depth, 1, 256, NULL, NULL },
+	{ "hint_max", &fs.opts.hint_max, 1, INT_MAX, NULL, NULL },
+	{ "hint_max_user", &fs.opts.hint_max_user, 1, INT_MAX, NULL, NULL },
+	{ "readahead_kb", &fs.opts.readahead_kb, 0, 65536, NULL, NULL },
+	{ "poll_us", &fs.opts.poll_us, 0, 100000, NULL, NULL },
+	{ "max_fds", &fs.opts.max_fds, 0, INT_MAX, NULL, NULL },
+	{ "exit_timeout", &exit_timeout, 0, 7 * 24 * 3600, "seconds", NULL },
+};
+
+/* The value given to the number option name, or NULL. */
+static const char *num_opt_given(const char *name)
+{
+	for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++)
+		if (!strcmp(num_opts[i].name, name))
+			return num_opts[i].val;
+	return NULL;
+}
+
 static char *dedup_chunk_str, *dedup_index_str;
 static bool allow_root;			/* -o allow_root (libfuse's) */
 
@@ -130,8 +167,14 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		logfile_path = strdup(arg + strlen("logfile="));
 		return 0;
 	case 10:
-		free(exit_timeout_str);
-		exit_timeout_str = strdup(arg + strlen("exit_timeout="));
+		for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++) {
+			size_t l = strlen(num_opts[i].name);
+
+			if (!strncmp(arg, num_opts[i].name, l) && arg[l] == '=') {
+				free(num_opts[i].val);
+				num_opts[i].val = strdup(arg + l + 1);
+			}
+		}
 		return 0;
 	case 11:
 		free(dedup_chunk_str);
@@ -163,35 +206,6 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		return 0;
 	}
 	return 1;
-}
-
-/* "64M", "4G", "1048576", "25%" (of total RAM) -> bytes; -EINVAL if bad. */
-static int parse_size(const char *s, uint64_t ram, uint64_t *out)
-{
-	char *end;
-	double v;
-
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0)
-		return -EINVAL;
-	switch (*end) {
-	case 0:	break;
-	case 'k': case 'K': v *= 1024; end++; break;
-	case 'm': case 'M': v *= 1024.0 * 1024; end++; break;
-	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': v *= 1024.0 * 1024 * 1024 * 1024; end++; break;
-	case '%': v = v / 100.0 * (double)ram; end++; break;
-	default: return -EINVAL;
-	}
-	if (*end == 'i' || *end == 'B')
-		end++;
-	if (*end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	*out = (uint64_t)v;
-	return 0;
 }
 
 static int parse_level(const char *s)
@@ -290,7 +304,7 @@ static void usage(const char *prog)
 "    -o persist_all         every file is persistent unless marked 0\n"
 "    -o persist_wait=SECS   at unmount, wait this long for the copies to DIR\n"
 "                           (default 5), then log what is missing\n"
-"    -o persist_bw=RATE     cap the copies to DIR (bytes/s, K/M/G suffixes)\n"
+"    -o persist_bw=RATE     cap the copies to DIR (a SIZE per second)\n"
 "    -o persist_keep=N      each directory of DIR keeps its N newest files\n"
 "                           (or checkpoint sets, where it holds sets)\n"
 "    -o persist_timeout=SECS  a DIR silent this long is taken as not\n"
@@ -467,10 +481,6 @@ static int syslog_reachable(void)
  * exit_timeout seconds; then each is logged with its size and given up,
  * and the daemon exits 1.  Returns how many were given up.
  */
-#define EXIT_TIMEOUT_DEFAULT	60
-
-static long exit_timeout = EXIT_TIMEOUT_DEFAULT;
-
 static int sync_before_exit(void)
 {
 	double until = tier_now() + (double)exit_timeout;
@@ -478,7 +488,7 @@ static int sync_before_exit(void)
 
 	if (failed)
 		tlog(LOG_WARNING, "%d file(s) cannot be written to %s; retrying for up to "
-		     "%ld s (exit_timeout)", failed, fs.opts.backing, exit_timeout);
+		     "%d s (exit_timeout)", failed, fs.opts.backing, exit_timeout);
 	while (failed && tier_now() < until) {
 		sleep(1);
 		failed = fs_sync_all(false);
@@ -896,10 +906,25 @@ static void say_fuse_complaint(void)
 /* The options that configure the engine, checked (exits on a bad one). */
 static void check_options(struct engine_config *ecfg, uint64_t ram)
 {
+	char msg[FS_OPT_MSG];
+
+	for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++) {
+		struct num_opt *n = &num_opts[i];
+		int64_t v;
+
+		if (!n->val)
+			continue;
+		if (fs_opt_uint(n->name, n->val, n->min, n->max, n->unit, &v, msg, sizeof(msg)))
+			die("%s%s", msg, "");
+		*n->dst = (int)v;
+	}
 	ecfg->host_cache = ram / 4;
-	if (host_cache_str && (parse_size(host_cache_str, ram, &ecfg->host_cache) ||
-			       ecfg->host_cache < TIER_ALIGN))
-		die("bad host_cache '%s': give a size like 512M, 8G or 25%%%s", host_cache_str, "");
+	if (host_cache_str && fs_opt_size("host_cache", host_cache_str, FS_OPT_PCT, ram,
+					  &ecfg->host_cache, msg, sizeof(msg)))
+		die("%s%s", msg, "");
+	if (ecfg->host_cache < TIER_ALIGN)
+		die("host_cache=%s is too small: give a size like 512M, 8G or 25%%%s",
+		    host_cache_str, "");
 	if (ecfg->host_cache > ram)
 		die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
 	ecfg->policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
@@ -907,49 +932,26 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
 	if (fs.opts.flush_threads == -1)	/* not given: the engine's default */
 		fs.opts.flush_threads = 0;
-	else if (fs.opts.flush_threads < 1 || fs.opts.flush_threads > 64)
-		die("flush_threads must be 1..64%s%s", "", "");
 	if (fs.opts.flush_age_ms == INT_MIN)	/* not given */
 		fs.opts.flush_age_ms = FS_FLUSH_AGE_DEFAULT_MS;
-	else if (fs.opts.flush_age_ms < 0 || fs.opts.flush_age_ms > 60000)
-		die("flush_age must be 0..60000 milliseconds%s%s", "", "");
-	if (fs.opts.readahead_kb < 0 || fs.opts.readahead_kb > 65536)
-		die("readahead_kb must be 0..65536%s%s", "", "");
 	if (fs.opts.poll_us == -1)	/* default: where a CPU can be spared */
 		fs.opts.poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= FS_POLL_MIN_CPUS ?
 				 FS_POLL_US_DEFAULT : 0;
-	if (fs.opts.poll_us < 0 || fs.opts.poll_us > 100000)
-		die("poll_us must be 0..100000%s%s", "", "");
 	if (fs.opts.queue_depth == -1)		/* not given: the engine's default */
 		fs.opts.queue_depth = 0;
-	else if (fs.opts.queue_depth < 1 || fs.opts.queue_depth > 256)
-		die("queue_depth must be 1..256%s%s", "", "");
 	if (fs.opts.hint_max == -1)
 		fs.opts.hint_max = ENGINE_HINT_MAX;
-	else if (fs.opts.hint_max < 1)
-		die("hint_max must be 1 or more%s%s", "", "");
 	if (fs.opts.hint_max_user == -1)
 		fs.opts.hint_max_user = ENGINE_HINT_MAX_USER;
-	else if (fs.opts.hint_max_user < 1)
-		die("hint_max_user must be 1 or more%s%s", "", "");
 	ecfg->hint_max = (uint64_t)fs.opts.hint_max;
 	ecfg->hint_max_user = (uint64_t)fs.opts.hint_max_user;
-	if (exit_timeout_str) {
-		char *end;
-
-		errno = 0;
-		exit_timeout = strtol(exit_timeout_str, &end, 10);
-		if (errno || end == exit_timeout_str || *end || exit_timeout < 0 ||
-		    exit_timeout > 7 * 24 * 3600)
-			die("exit_timeout must be 0..604800 seconds, not '%s'%s",
-			    exit_timeout_str, "");
-	}
 	ecfg->flush_threads = fs.opts.flush_threads;
 	ecfg->queue_depth = (unsigned)fs.opts.queue_depth;
 	ecfg->flush_age_ms = (unsigned)fs.opts.flush_age_ms;
 	ecfg->hugepages = true;
-	if (gpu_cache_str && parse_size(gpu_cache_str, ram, &fs.opts.gpu_cache))
-		die("bad gpu_cache '%s'%s", gpu_cache_str, "");
+	if (gpu_cache_str && fs_opt_size("gpu_cache", gpu_cache_str, FS_OPT_PCT, ram,
+					 &fs.opts.gpu_cache, msg, sizeof(msg)))
+		die("%s%s", msg, "");
 	if (fs.opts.balance) {
 		enum balance_policy bp;
 
@@ -1106,8 +1108,9 @@ static void open_backing(void)
 	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
 	if (!fs.htab)
 		die("out of memory%s%s", "", "");
-	if (fs.opts.max_fds < 0 || (fs.opts.max_fds > 0 && fs.opts.max_fds < 16))
-		die("max_fds must be 16 or more%s%s", "", "");
+	if (fs.opts.max_fds > 0 && fs.opts.max_fds < 16)
+		die("max_fds must be 16 or more (0: the default), not '%s'%s",
+		    num_opt_given("max_fds"), "");
 	fs_fd_setup(fs.opts.max_fds);
 }
 
@@ -1118,16 +1121,18 @@ static void open_backing(void)
 static void probe_dedup(struct engine_config *ecfg)
 {
 	const char *mode = fs.opts.dedup ? fs.opts.dedup : "auto";
-	char why[160];
+	char why[160], msg[FS_OPT_MSG];
 	uint64_t chunk = DEDUP_CHUNK_DEFAULT, index = DEDUP_INDEX_DEFAULT;
 	uint32_t blk = 0;
 
-	if (dedup_chunk_str && (parse_size(dedup_chunk_str, 0, &chunk) || chunk < 4096 ||
-				chunk > (64u << 20) || (chunk & (chunk - 1))))
+	if (dedup_chunk_str && fs_opt_size("dedup_chunk", dedup_chunk_str, 0, 0, &chunk, msg,
+					   sizeof(msg)))
+		die("%s%s", msg, "");
+	if (dedup_chunk_str && (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1))))
 		die("bad dedup_chunk '%s': a power of two from 4K to 64M%s", dedup_chunk_str, "");
-	if (dedup_index_str && parse_size(dedup_index_str, total_ram(), &index))
-		die("bad dedup_index '%s': a size like 64M, or 0 (no index)%s",
-		    dedup_index_str, "");
+	if (dedup_index_str && fs_opt_size("dedup_index", dedup_index_str, FS_OPT_PCT,
+					   total_ram(), &index, msg, sizeof(msg)))
+		die("%s%s", msg, "");
 	if (strcmp(mode, "off") == 0)
 		return;
 	if (strcmp(mode, "auto") && strcmp(mode, "on"))

@@ -50,6 +50,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/openat2.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_opt.h"
 #include "fs_persist.h"
 #include "../tiers/clock.h"
 #include "../tiers/log.h"
@@ -315,24 +317,6 @@ static void pdie(const char *what, const char *arg)
 	exit(2);
 }
 
-/* "100M", "2G", "1048576" (bytes per second) */
-static uint64_t parse_rate(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (end == s || v < 0)
-		pdie("bad persist_bw (a rate such as 200M)", s);
-	switch (*end) {
-	case 'k': case 'K': v *= 1 << 10; end++; break;
-	case 'm': case 'M': v *= 1 << 20; end++; break;
-	case 'g': case 'G': v *= 1 << 30; end++; break;
-	}
-	if (*end && strcmp(end, "/s") != 0)
-		pdie("bad persist_bw (a rate such as 200M)", s);
-	return (uint64_t)v;
-}
-
 static bool under(const char *path, const char *top)
 {
 	size_t l = strlen(top);
@@ -354,36 +338,26 @@ static const struct fs_inode_ops persist_inode_ops = {
 void fs_persist_setup(struct fuse_args *args)
 {
 	struct popts o = { 0 };
+	char msg[FS_OPT_MSG];
 	struct stat st;
+	int64_t keep;
 	char *r;
 
 	if (fuse_opt_parse(args, &o, popt_spec, NULL) < 0)
 		exit(2);
 	pq.all = o.all;
-	if (o.wait) {
-		char *end;
-
-		pq.wait_s = strtod(o.wait, &end);
-		if (end == o.wait || *end || pq.wait_s < 0)
-			pdie("bad persist_wait (seconds)", o.wait);
+	if ((o.wait && fs_opt_seconds("persist_wait", o.wait, 0, HUGE_VAL, 0, &pq.wait_s, msg,
+				      sizeof(msg))) ||
+	    (o.bw && fs_opt_size("persist_bw", o.bw, FS_OPT_RATE, 0, &pq.bw, msg, sizeof(msg))) ||
+	    (o.timeout && fs_opt_seconds("persist_timeout", o.timeout, 0, 86400, 1, &pg.timeout,
+					 msg, sizeof(msg))) ||
+	    (o.keep && fs_opt_uint("persist_keep", o.keep, 1, 1000000, "files", &keep, msg,
+				   sizeof(msg)))) {
+		fprintf(stderr, "tierfs: %s\n", msg);
+		exit(2);
 	}
-	if (o.bw)
-		pq.bw = parse_rate(o.bw);
-	if (o.timeout) {
-		char *end;
-
-		pg.timeout = strtod(o.timeout, &end);
-		if (end == o.timeout || *end || !(pg.timeout > 0) || pg.timeout > 86400)
-			pdie("bad persist_timeout (seconds, more than 0)", o.timeout);
-	}
-	if (o.keep) {
-		char *end;
-		unsigned long k = strtoul(o.keep, &end, 10);
-
-		if (end == o.keep || *end || k == 0 || k > 1000000 || o.keep[0] == '-')
-			pdie("bad persist_keep (a number of files, 1 or more)", o.keep);
-		pq.keep = (unsigned)k;
-	}
+	if (o.keep)
+		pq.keep = (unsigned)keep;
 	if (!o.dir) {
 		if (o.all || o.wait || o.bw || o.timeout || o.keep)
 			pdie("persist_all, persist_wait, persist_bw, persist_timeout and "

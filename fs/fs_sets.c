@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "fs_opt.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "tierfs.h"
@@ -164,15 +165,14 @@ static long parse_keep(const char *s, size_t len)
 void fs_sets_setup(struct fuse_args *args)
 {
 	struct sopts o = { 0 };
-	long v;
+	char msg[FS_OPT_MSG];
+	int64_t v;
 
 	if (fuse_opt_parse(args, &o, sopt_spec, NULL) < 0)
 		exit(2);
 	if (o.keep) {
-		v = parse_keep(o.keep, strlen(o.keep));
-		if (v < 0) {
-			fprintf(stderr, "tierfs: bad keep_sets (a number of sets, 0: off): %s\n",
-				o.keep);
+		if (fs_opt_uint("keep_sets", o.keep, 0, 1000000, "sets", &v, msg, sizeof(msg))) {
+			fprintf(stderr, "tierfs: %s\n", msg);
 			exit(2);
 		}
 		sets.keep = (unsigned)v;

@@ -6,6 +6,7 @@ mount namespace (unshare -m) where an overlay puts tools/mount.tierfs into
 /sbin, so nothing outside the test changes.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -96,17 +97,62 @@ def test_unknown_option_is_one_line(tmp_path):
 
 @pytest.mark.daemon
 @pytest.mark.parametrize("opt, msg", [
-    ("flush_threads=0", "flush_threads must be 1..64"),
-    ("flush_threads=65", "flush_threads must be 1..64"),
-    ("queue_depth=0", "queue_depth must be 1..256"),
-    ("queue_depth=257", "queue_depth must be 1..256"),
-    ("flush_age=-1", "flush_age must be 0..60000 milliseconds"),
-    ("flush_age=60001", "flush_age must be 0..60000 milliseconds"),
+    ("flush_threads=0", "flush_threads must be 1..64, not '0'"),
+    ("flush_threads=65", "flush_threads must be 1..64, not '65'"),
+    ("flush_threads=4x", "flush_threads must be 1..64, not '4x'"),
+    ("queue_depth=0", "queue_depth must be 1..256, not '0'"),
+    ("queue_depth=257", "queue_depth must be 1..256, not '257'"),
+    ("flush_age=-1", "flush_age must be 0..60000 milliseconds, not '-1'"),
+    ("flush_age=60001", "flush_age must be 0..60000 milliseconds, not '60001'"),
+    ("exit_timeout=1.5", "exit_timeout must be 0..604800 seconds, not '1.5'"),
+    ("hint_max=99999999999999999999",
+     "hint_max must be 1 or more (at most 2147483647), not '99999999999999999999'"),
 ])
 def test_option_ranges(tmp_path, opt, msg):
     r = run_daemon(tmp_path, "host_cache=64M", opt)
     assert r.returncode == 1
     assert r.stderr.splitlines() == [f"tierfs: {msg}"], r.stderr
+
+
+SIZE_OPTIONS = ["host_cache", "gpu_cache", "dedup_chunk", "dedup_index", "persist_bw"]
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("opt", SIZE_OPTIONS)
+@pytest.mark.parametrize("value, why", [
+    ("12Q", None), ("-1", None), ("1e3", None), ("nan", None), ("", None),
+    ("99999999999999999999G", "too large"),
+])
+def test_size_junk_refused(tmp_path, opt, value, why):
+    """Every size option reads its value by the one parser (tierfs(8),
+    OPTIONS): junk and overflow stop the start with one line naming the
+    option and the value."""
+    pdir = tmp_path / "pdir"
+    pdir.mkdir()
+    r = run_daemon(tmp_path, "gpu=none", f"persist={pdir}", f"{opt}={value}")
+    assert r.returncode in (1, 2), (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tierfs: bad {opt} '{value}': "), r.stderr
+    if why:
+        assert lines[0].endswith(why), r.stderr
+
+
+@pytest.mark.daemon
+def test_size_forms_mean_the_same(tmp_path, mount):
+    """One size, written in each accepted form, is one host cache; and every
+    size option takes those forms."""
+    sizes = set()
+    for form in ["64M", "64MiB", "64MB", "64m", "65536K", "0.0625G", "67108864", "67108864B"]:
+        m = mount(host_cache=form, gpu="none")
+        sizes.add(json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["tiers"]["host"]
+                  ["capacity"])
+        m.umount()
+    assert sizes == {64 << 20}, sizes
+    pdir = tmp_path / "pdir"
+    pdir.mkdir()
+    m = mount(host_cache="64MiB", gpu_cache="0.5g", dedup_chunk="16KiB",
+              dedup_index="1.5M", persist=str(pdir), persist_bw="1M/s", gpu="none")
+    util.write_file(os.path.join(m.mnt, "f"), b"x" * 4096)
 
 
 @pytest.mark.daemon
