@@ -157,6 +157,14 @@ struct fs_opts {
 	int version_sync;		/* fdatasync every version before its
 					 * rename, whatever the file system */
 	int show_help, show_version;
+	/* the persistent tier's (fs_persist.c) and the sets' (fs_sets.c) */
+	char *persist;			/* -o persist=DIR, as given; NULL: none */
+	int persist_all;		/* -o persist_all */
+	double persist_wait;		/* seconds; -1: not given */
+	uint64_t persist_bw;		/* bytes per second; 0: no cap */
+	double persist_timeout;		/* seconds; 0: not given */
+	int persist_keep;		/* files (sets) kept in DIR; 0: all */
+	int keep_sets;			/* sets kept on the SSD; 0: all */
 };
 
 #define FS_LOST_NAMES	16		/* names kept of the files given up */

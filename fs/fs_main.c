@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("no_gpu_share", gpu_share, 0),
 	OPT("dedup=%s", dedup, 0),
 	OPT("version_sync", version_sync, 1),
+	OPT("persist=%s", persist, 0),
+	OPT("persist_all", persist_all, 1),
 	OPT("-h", show_help, 1),
 	OPT("--help", show_help, 1),
 	OPT("-V", show_version, 1),
@@ -82,6 +85,11 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("poll_us=", 10),
 	FUSE_OPT_KEY("max_fds=", 10),
 	FUSE_OPT_KEY("exit_timeout=", 10),
+	FUSE_OPT_KEY("persist_keep=", 10),
+	FUSE_OPT_KEY("keep_sets=", 10),
+	FUSE_OPT_KEY("persist_wait=", 14),
+	FUSE_OPT_KEY("persist_bw=", 15),
+	FUSE_OPT_KEY("persist_timeout=", 16),
 	FUSE_OPT_KEY("dedup_chunk=", 11),
 	FUSE_OPT_KEY("dedup_index=", 12),
 	FUSE_OPT_KEY("allow_root", 13),
@@ -93,27 +101,33 @@ static int nonopts;
 #define EXIT_TIMEOUT_DEFAULT	60
 static int exit_timeout = EXIT_TIMEOUT_DEFAULT;	/* -o exit_timeout, seconds */
 
+static char *persist_wait_str, *persist_bw_str, *persist_timeout_str;
+
 /*
  * The options that take a whole number: the value as given (opt_proc),
  * read by check_options() with fs_opt_uint() into dst.  A dst keeps its
- * "not given" value (main) until then.
+ * "not given" value (main) until then.  A bad value exits 1; those of the
+ * persistent tier and the sets exit 2, as they always have.
  */
 static struct num_opt {
 	const char *name;
 	int *dst;
 	int64_t min, max;
 	const char *unit;
+	int status;			/* exit status of a refusal */
 	char *val;			/* as given; NULL: not given */
 } num_opts[] = {
-	{ "flush_threads", &fs.opts.flush_threads, 1, 64, NULL, NULL },
-	{ "flush_age", &fs.opts.flush_age_ms, 0, 60000, "milliseconds", NULL },
-	{ "queue_depth", &fs.opts.queue_depth, 1, 256, NULL, NULL },
-	{ "hint_max", &fs.opts.hint_max, 1, INT_MAX, NULL, NULL },
-	{ "hint_max_user", &fs.opts.hint_max_user, 1, INT_MAX, NULL, NULL },
-	{ "readahead_kb", &fs.opts.readahead_kb, 0, 65536, NULL, NULL },
-	{ "poll_us", &fs.opts.poll_us, 0, 100000, NULL, NULL },
-	{ "max_fds", &fs.opts.max_fds, 0, INT_MAX, NULL, NULL },
-	{ "exit_timeout", &exit_timeout, 0, 7 * 24 * 3600, "seconds", NULL },
+	{ "flush_threads", &fs.opts.flush_threads, 1, 64, NULL, 1, NULL },
+	{ "flush_age", &fs.opts.flush_age_ms, 0, 60000, "milliseconds", 1, NULL },
+	{ "queue_depth", &fs.opts.queue_depth, 1, 256, NULL, 1, NULL },
+	{ "hint_max", &fs.opts.hint_max, 1, INT_MAX, NULL, 1, NULL },
+	{ "hint_max_user", &fs.opts.hint_max_user, 1, INT_MAX, NULL, 1, NULL },
+	{ "readahead_kb", &fs.opts.readahead_kb, 0, 65536, NULL, 1, NULL },
+	{ "poll_us", &fs.opts.poll_us, 0, 100000, NULL, 1, NULL },
+	{ "max_fds", &fs.opts.max_fds, 0, INT_MAX, NULL, 1, NULL },
+	{ "exit_timeout", &exit_timeout, 0, 7 * 24 * 3600, "seconds", 1, NULL },
+	{ "persist_keep", &fs.opts.persist_keep, 1, 1000000, "files", 2, NULL },
+	{ "keep_sets", &fs.opts.keep_sets, 0, 1000000, "sets", 2, NULL },
 };
 
 /* The value given to the number option name, or NULL. */
@@ -187,6 +201,18 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	case 13:
 		allow_root = true;
 		return 1;		/* libfuse's */
+	case 14:
+		free(persist_wait_str);
+		persist_wait_str = strdup(arg + strlen("persist_wait="));
+		return 0;
+	case 15:
+		free(persist_bw_str);
+		persist_bw_str = strdup(arg + strlen("persist_bw="));
+		return 0;
+	case 16:
+		free(persist_timeout_str);
+		persist_timeout_str = strdup(arg + strlen("persist_timeout="));
+		return 0;
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
 			char *r = realpath(arg, NULL);
@@ -903,6 +929,30 @@ static void say_fuse_complaint(void)
 	fprintf(stderr, "tierfs: %s (see tierfs --help)\n", *r ? r : "bad FUSE options");
 }
 
+/* The persistent tier's options (exit 2 on a bad one, as they always have). */
+static void check_persist_options(void)
+{
+	char msg[FS_OPT_MSG];
+
+	fs.opts.persist_wait = -1;
+	if ((persist_wait_str && fs_opt_seconds("persist_wait", persist_wait_str, 0, HUGE_VAL, 0,
+						&fs.opts.persist_wait, msg, sizeof(msg))) ||
+	    (persist_bw_str && fs_opt_size("persist_bw", persist_bw_str, FS_OPT_RATE, 0,
+					   &fs.opts.persist_bw, msg, sizeof(msg))) ||
+	    (persist_timeout_str && fs_opt_seconds("persist_timeout", persist_timeout_str, 0,
+						   86400, 1, &fs.opts.persist_timeout, msg,
+						   sizeof(msg)))) {
+		say("%s%s", msg, "");
+		exit(2);
+	}
+	if (!fs.opts.persist && (fs.opts.persist_all || persist_wait_str || persist_bw_str ||
+				 persist_timeout_str || num_opt_given("persist_keep"))) {
+		say("persist_all, persist_wait, persist_bw, persist_timeout and persist_keep "
+		    "need: -o persist=DIR%s%s", "", "");
+		exit(2);
+	}
+}
+
 /* The options that configure the engine, checked (exits on a bad one). */
 static void check_options(struct engine_config *ecfg, uint64_t ram)
 {
@@ -914,8 +964,10 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 
 		if (!n->val)
 			continue;
-		if (fs_opt_uint(n->name, n->val, n->min, n->max, n->unit, &v, msg, sizeof(msg)))
-			die("%s%s", msg, "");
+		if (fs_opt_uint(n->name, n->val, n->min, n->max, n->unit, &v, msg, sizeof(msg))) {
+			say("%s%s", msg, "");
+			exit(n->status);
+		}
 		*n->dst = (int)v;
 	}
 	ecfg->host_cache = ram / 4;
@@ -970,6 +1022,7 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 			die("bad gpu '%s': a device number, several joined by ':' "
 			    "(0:1, at most 8, each once), all, or none%s", fs.opts.gpu, "");
 	}
+	check_persist_options();
 }
 
 /*
@@ -1325,8 +1378,8 @@ int main(int argc, char *argv[])
 	}
 
 	check_options(&ecfg, ram);
-	fs_persist_setup(&args);	/* -o persist=DIR and its options */
-	fs_sets_setup(&args);		/* -o keep_sets=N */
+	fs_persist_setup();		/* -o persist=DIR and its options */
+	fs_sets_setup((unsigned)fs.opts.keep_sets);
 	open_backing();
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");

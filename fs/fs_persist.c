@@ -50,7 +50,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/openat2.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +61,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_opt.h"
 #include "fs_persist.h"
 #include "../tiers/clock.h"
 #include "../tiers/log.h"
@@ -291,26 +289,6 @@ static void jtemp(const char *rel, const char *tmp)
 
 /* ------------------------------------------------------------ options */
 
-struct popts {
-	char *dir;
-	int all;
-	char *wait;
-	char *bw;
-	char *timeout;
-	char *keep;
-};
-
-#define POPT(t, p, v) { t, offsetof(struct popts, p), v }
-static const struct fuse_opt popt_spec[] = {
-	POPT("persist=%s", dir, 0),
-	POPT("persist_all", all, 1),
-	POPT("persist_wait=%s", wait, 0),
-	POPT("persist_bw=%s", bw, 0),
-	POPT("persist_timeout=%s", timeout, 0),
-	POPT("persist_keep=%s", keep, 0),
-	FUSE_OPT_END
-};
-
 static void pdie(const char *what, const char *arg)
 {
 	fprintf(stderr, "tierfs: %s: %s\n", what, arg);
@@ -335,42 +313,28 @@ static const struct fs_inode_ops persist_inode_ops = {
 	.forget = fs_persist_forget,
 };
 
-void fs_persist_setup(struct fuse_args *args)
+void fs_persist_setup(void)
 {
-	struct popts o = { 0 };
-	char msg[FS_OPT_MSG];
+	const char *dir = fs.opts.persist;
 	struct stat st;
-	int64_t keep;
 	char *r;
 
-	if (fuse_opt_parse(args, &o, popt_spec, NULL) < 0)
-		exit(2);
-	pq.all = o.all;
-	if ((o.wait && fs_opt_seconds("persist_wait", o.wait, 0, HUGE_VAL, 0, &pq.wait_s, msg,
-				      sizeof(msg))) ||
-	    (o.bw && fs_opt_size("persist_bw", o.bw, FS_OPT_RATE, 0, &pq.bw, msg, sizeof(msg))) ||
-	    (o.timeout && fs_opt_seconds("persist_timeout", o.timeout, 0, 86400, 1, &pg.timeout,
-					 msg, sizeof(msg))) ||
-	    (o.keep && fs_opt_uint("persist_keep", o.keep, 1, 1000000, "files", &keep, msg,
-				   sizeof(msg)))) {
-		fprintf(stderr, "tierfs: %s\n", msg);
-		exit(2);
-	}
-	if (o.keep)
-		pq.keep = (unsigned)keep;
-	if (!o.dir) {
-		if (o.all || o.wait || o.bw || o.timeout || o.keep)
-			pdie("persist_all, persist_wait, persist_bw, persist_timeout and "
-			     "persist_keep need", "-o persist=DIR");
+	pq.all = fs.opts.persist_all;
+	if (fs.opts.persist_wait >= 0)
+		pq.wait_s = fs.opts.persist_wait;
+	pq.bw = fs.opts.persist_bw;
+	if (fs.opts.persist_timeout > 0)
+		pg.timeout = fs.opts.persist_timeout;
+	pq.keep = (unsigned)fs.opts.persist_keep;
+	if (!dir)
 		return;
-	}
-	if (stat(o.dir, &st) < 0)
-		pdie(o.dir, "persist directory: cannot stat it (it must exist)");
+	if (stat(dir, &st) < 0)
+		pdie(dir, "persist directory: cannot stat it (it must exist)");
 	if (!S_ISDIR(st.st_mode))
-		pdie(o.dir, "persist directory: not a directory");
-	r = realpath(o.dir, NULL);
+		pdie(dir, "persist directory: not a directory");
+	r = realpath(dir, NULL);
 	if (!r)
-		pdie(o.dir, "persist directory: cannot resolve it");
+		pdie(dir, "persist directory: cannot resolve it");
 	if (fs.opts.backing && (under(r, fs.opts.backing) || under(fs.opts.backing, r)))
 		pdie(r, "persist directory: must not contain or be inside the backing directory");
 	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
@@ -378,11 +342,6 @@ void fs_persist_setup(struct fuse_args *args)
 	pq.dir = r;
 	fs.persist = true;
 	fs.inode_ops = &persist_inode_ops;
-	free(o.dir);
-	free(o.wait);
-	free(o.bw);
-	free(o.timeout);
-	free(o.keep);
 }
 
 /* ------------------------------------------------------------ paths */

@@ -14,13 +14,12 @@
 #include <time.h>
 
 struct fs_inode;
-struct fuse_args;
 
 #define TIERFS_XATTR_PERSIST	"user.tierfs.persist"
 
-/* Take the persist options out of args, check DIR (exits on a bad one).
- * After the main options (backing and mount point known). */
-void fs_persist_setup(struct fuse_args *args);
+/* The persist options (fs.opts, read by fs_main.c): check DIR (exits on
+ * a bad one).  After the main options (backing and mount point known). */
+void fs_persist_setup(void);
 /* The persister thread: start after the engine; stop after the last
  * flush (waits at most -o persist_wait, logs what was not persisted).
  * fs_persist_stop returns how many operations did not reach DIR (left in

@@ -52,7 +52,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_opt.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "tierfs.h"
@@ -136,15 +135,6 @@ static void sets_unlock(void)
 
 /* ------------------------------------------------------------ options */
 
-struct sopts {
-	char *keep;
-};
-
-static const struct fuse_opt sopt_spec[] = {
-	{ "keep_sets=%s", offsetof(struct sopts, keep), 0 },
-	FUSE_OPT_END
-};
-
 /* "N": 0..1000000; -1 otherwise. */
 static long parse_keep(const char *s, size_t len)
 {
@@ -162,22 +152,9 @@ static long parse_keep(const char *s, size_t len)
 	return errno || *end || v > 1000000 ? -1 : v;
 }
 
-void fs_sets_setup(struct fuse_args *args)
+void fs_sets_setup(unsigned keep)
 {
-	struct sopts o = { 0 };
-	char msg[FS_OPT_MSG];
-	int64_t v;
-
-	if (fuse_opt_parse(args, &o, sopt_spec, NULL) < 0)
-		exit(2);
-	if (o.keep) {
-		if (fs_opt_uint("keep_sets", o.keep, 0, 1000000, "sets", &v, msg, sizeof(msg))) {
-			fprintf(stderr, "tierfs: %s\n", msg);
-			exit(2);
-		}
-		sets.keep = (unsigned)v;
-	}
-	free(o.keep);
+	sets.keep = keep;
 }
 
 /* ------------------------------------------------------------ manifest */

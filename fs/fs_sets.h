@@ -11,10 +11,9 @@
 #include <sys/types.h>
 
 struct fs_inode;
-struct fuse_args;
 
-/* Take -o keep_sets=N out of args (exits on a bad value). */
-void fs_sets_setup(struct fuse_args *args);
+/* -o keep_sets=N (read by fs_main.c): sets kept per directory, 0: all. */
+void fs_sets_setup(unsigned keep);
 /* The watcher thread: start after the engine and the persister; stop
  * before the last flush (sets not followed then are judged when asked). */
 void fs_sets_start(void);
