@@ -470,7 +470,7 @@ struct tierfs_gpu_share;
 struct tierfs_gpu_span;
 int fs_share_start(void);
 void fs_share_stop(void);
-/* The ioctls' work; 0 or a positive errno. */
+/* The ioctls' work; 0 or -errno. */
 int fs_share_info(uid_t uid, struct tierfs_gpu_share *out);
 /* what the span ioctl's worker polls for after its reply (fs_share_poll) */
 struct share_poll {

@@ -354,7 +354,7 @@ void fs_ioctl_shutdown(void)
 		entry_close(dead[i]);
 }
 
-/* The checks that need no GPU; 0 or a positive errno. */
+/* The checks that need no GPU; 0 or -errno. */
 static int check_request(struct fs_inode *in, bool write,
 			 const struct fuse_file_info *fi,
 			 const struct tierfs_gpu_io *io)
@@ -362,23 +362,23 @@ static int check_request(struct fs_inode *in, bool write,
 	int acc;
 
 	if (!S_ISREG(in->type))
-		return EINVAL;
+		return -EINVAL;
 	if (!(fi->fh & FS_FH_FLAGS))
-		return EBADF;
+		return -EBADF;
 	acc = (int)(fi->fh & O_ACCMODE);
 	if (write ? acc == O_RDONLY : acc == O_WRONLY)
-		return EBADF;
+		return -EBADF;
 	/* right after mounting, the GPU tier may still be being built */
 	if (!engine_wait_gpu(fs.eng, FS_GPU_WAIT_S))
-		return ENODEV;
+		return -ENODEV;
 	if (io->flags != 0)
-		return EINVAL;
+		return -EINVAL;
 	if (io->len == 0)
 		return 0;
 	if (io->handle_off + io->len < io->handle_off ||
 	    io->file_off > (uint64_t)INT64_MAX ||
 	    io->len > (uint64_t)INT64_MAX - io->file_off)
-		return EINVAL;
+		return -EINVAL;
 	return 0;
 }
 
@@ -426,7 +426,7 @@ struct vec_req {
 /*
  * q = the request at b: today's layout (v, a copy of b, kept for the
  * reply) where old is 0, else the earlier one with room for old handles.
- * EINVAL for flags or reserved fields that are not 0.
+ * -EINVAL for flags or reserved fields that are not 0.
  */
 static int vec_parse(struct vec_req *q, const struct tierfs_gpu_vec *v, const uint8_t *b,
 		     uint32_t old)
@@ -435,7 +435,7 @@ static int vec_parse(struct vec_req *q, const struct tierfs_gpu_vec *v, const ui
 
 	if (!old) {
 		if (v->flags || v->reserved || v->reserved2)
-			return EINVAL;
+			return -EINVAL;
 		*q = (struct vec_req){ .nhandles = v->nhandles, .nsegs = v->nsegs,
 				       .room = TIERFS_GPU_VEC_HANDLES,
 				       .seg_room = TIERFS_GPU_VEC_SEGS,
@@ -446,7 +446,7 @@ static int vec_parse(struct vec_req *q, const struct tierfs_gpu_vec *v, const ui
 	}
 	memcpy(head, b, sizeof(head));		/* nhandles, nsegs, flags, reserved */
 	if (head[2] || head[3])
-		return EINVAL;
+		return -EINVAL;
 	*q = (struct vec_req){ .nhandles = head[0], .nsegs = head[1], .room = old,
 			       .seg_room = VEC_SEGS_MAX, .max = TIERFS_GPU_IO_MAX };
 	memcpy(q->handles, b + VEC_OLD_HEAD, old * sizeof(q->handles[0]));
@@ -456,7 +456,7 @@ static int vec_parse(struct vec_req *q, const struct tierfs_gpu_vec *v, const ui
 
 /*
  * The checks of a vectored request that need no GPU (see the table at the
- * top), in order; 0 or a positive errno.  Fills r[] with the segments'
+ * top), in order; 0 or -errno.  Fills r[] with the segments'
  * ranges sorted by file offset.
  */
 static int vec_check(const struct vec_req *q, bool write, struct vec_range *r)
@@ -466,10 +466,10 @@ static int vec_check(const struct vec_req *q, bool write, struct vec_range *r)
 	uint32_t i;
 
 	if (!q->nhandles || q->nhandles > q->room || !q->nsegs || q->nsegs > q->seg_room)
-		return EINVAL;
+		return -EINVAL;
 	for (i = 0; i < q->nhandles; i++)
 		if (q->handles[i].reserved)
-			return EINVAL;
+			return -EINVAL;
 	for (i = 0; i < q->nsegs; i++) {
 		const struct tierfs_gpu_vec_seg *sg = &q->segs[i];
 
@@ -477,7 +477,7 @@ static int vec_check(const struct vec_req *q, bool write, struct vec_range *r)
 		    sg->handle_off + sg->len < sg->handle_off ||
 		    sg->file_off > (uint64_t)INT64_MAX ||
 		    sg->len > (uint64_t)INT64_MAX - sg->file_off)
-			return EINVAL;
+			return -EINVAL;
 		used[sg->handle] = true;
 		if (sg->len > q->max - total)
 			big = true;
@@ -487,13 +487,13 @@ static int vec_check(const struct vec_req *q, bool write, struct vec_range *r)
 	}
 	for (i = 0; i < q->nhandles; i++)
 		if (!used[i])
-			return EINVAL;
+			return -EINVAL;
 	if (big)
-		return E2BIG;
+		return -E2BIG;
 	qsort(r, q->nsegs, sizeof(*r), range_cmp);
 	for (i = 1; write && i < q->nsegs; i++)
 		if (r[i - 1].off + r[i - 1].len > r[i].off)
-			return EINVAL;
+			return -EINVAL;
 	return 0;
 }
 
@@ -519,7 +519,7 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 
 	if (in_bufsz != (old ? VEC_OLD_SIZE(old) : sizeof(w->v)) || !in_buf ||
 	    (!old && out_bufsz < sizeof(w->v))) {
-		err = EINVAL;
+		err = -EINVAL;
 		goto reply;
 	}
 	err = check_request(in, write, fi, &io);	/* file, access, GPU tier */
@@ -527,7 +527,7 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 		goto reply;
 	w = malloc(sizeof(*w));
 	if (!w) {
-		err = ENOMEM;
+		err = -ENOMEM;
 		goto reply;
 	}
 	if (!old)
@@ -541,11 +541,11 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	for (nh = 0; nh < w->q.nhandles; nh++) {
 		uint32_t dev = w->q.handles[nh].device;
 
-		err = -ipc_get(w->q.handles[nh].handle, (int)(dev < 64 ? dev : 64),
+		err = ipc_get(w->q.handles[nh].handle, (int)(dev < 64 ? dev : 64),
 			       &ent[nh]);
 		if (err) {
 			tlog(LOG_INFO, "gpu ioctl: IPC handle %" PRIu32 " of a vector "
-			     "refused: %s", nh, strerror(err));
+			     "refused: %s", nh, strerror(-err));
 			goto reply;
 		}
 	}
@@ -557,7 +557,7 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 			tlog(LOG_INFO, "gpu ioctl: segment %" PRIu32 ": range %" PRIu64
 			     "+%" PRIu64 " outside the %" PRIu64 "-byte allocation",
 			     w->r[i].i, sg->handle_off, sg->len, e->size);
-			err = EINVAL;
+			err = -EINVAL;
 			goto reply;
 		}
 		w->d[i] = (struct tdev_seg){ .dptr = e->base + sg->handle_off,
@@ -580,15 +580,15 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 		n = tfile_readv_dev(&in->tf, w->d, (int)w->q.nsegs);
 	}
 	if (n < 0)
-		err = (int)-n;
+		err = (int)n;
 reply:
 	for (i = 0; i < nh; i++)
 		ipc_put(ent[i]);
 	if (tierfs_log_level >= LOG_DEBUG)
 		tlog(LOG_DEBUG, "gpu ioctl: vectored %s of %zu-byte request: %s",
-		     write ? "write" : "read", in_bufsz, err ? strerror(err) : "done");
+		     write ? "write" : "read", in_bufsz, err ? strerror(-err) : "done");
 	if (err) {
-		fuse_reply_err(req, err);
+		fuse_reply_err(req, -err);
 	} else if (old) {
 		fuse_reply_ioctl(req, (int)n, NULL, 0);
 	} else {
@@ -606,17 +606,17 @@ static int spanv_check(const struct tierfs_gpu_spanv *sv, bool write)
 
 	if ((sv->flags & ~TIERFS_SPAN_WRITE) || !sv->nranges ||
 	    sv->nranges > SHARE_SPANV_MAX)
-		return EINVAL;
+		return -EINVAL;
 	for (i = 0; i < sv->nranges; i++) {
 		const struct tierfs_gpu_spanv_range *r = &sv->r[i];
 
 		if (!r->len || r->file_off > (uint64_t)INT64_MAX ||
 		    r->len > (uint64_t)INT64_MAX - r->file_off)
-			return EINVAL;
+			return -EINVAL;
 		if (write && i && r->file_off < sv->r[i - 1].file_off + sv->r[i - 1].len)
-			return EINVAL;	/* a write's ranges: sorted, apart */
+			return -EINVAL;	/* a write's ranges: sorted, apart */
 		if (r->len > TIERFS_GPU_IO_MAX - total)
-			return E2BIG;
+			return -E2BIG;
 		total += r->len;
 	}
 	return 0;
@@ -649,7 +649,7 @@ static void spanv_ioctl(fuse_req_t req, struct fs_inode *in, struct fuse_file_in
 	if (!err)
 		err = fs_share_beginv(fuse_req_ctx(req)->uid, in, sv, &poll);
 	if (err) {
-		fuse_reply_err(req, err);
+		fuse_reply_err(req, -err);
 	} else {
 		fuse_reply_ioctl(req, 0, sv, sizeof(*sv));
 		fs_share_poll(&poll);	/* the span's end, soon after */
@@ -675,9 +675,9 @@ static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 			fuse_reply_err(req, EINVAL);
 			return;
 		}
-		err = !S_ISREG(in->type) ? EINVAL : fs_share_info(uid, &sh);
+		err = !S_ISREG(in->type) ? -EINVAL : fs_share_info(uid, &sh);
 		if (err)
-			fuse_reply_err(req, err);
+			fuse_reply_err(req, -err);
 		else
 			fuse_reply_ioctl(req, 0, &sh, sizeof(sh));
 		return;
@@ -692,14 +692,14 @@ static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 	io.file_off = sp.file_off;
 	err = check_request(in, write, fi, &io);
 	if (!err && (sp.flags & ~TIERFS_SPAN_WRITE))
-		err = EINVAL;
+		err = -EINVAL;
 	if (!err) {
 		if (sp.len > TIERFS_GPU_IO_MAX)
 			sp.len = TIERFS_GPU_IO_MAX;
 		err = fs_share_begin(uid, in, &sp, &poll);
 	}
 	if (err) {
-		fuse_reply_err(req, err);
+		fuse_reply_err(req, -err);
 	} else {
 		fuse_reply_ioctl(req, 0, &sp, sizeof(sp));
 		fs_share_poll(&poll);	/* the span's end, soon after */
@@ -762,17 +762,17 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 	err = check_request(in, write, fi, &io);
 	if (err || io.len == 0) {
 		if (err)
-			fuse_reply_err(req, err);
+			fuse_reply_err(req, -err);
 		else
 			fuse_reply_ioctl(req, 0, NULL, 0);
 		return;
 	}
 
-	err = -ipc_get(io.handle, (int)(io.device < 64 ? io.device : 64), &ent);
+	err = ipc_get(io.handle, (int)(io.device < 64 ? io.device : 64), &ent);
 	if (err) {
 		tlog(LOG_INFO, "gpu ioctl: IPC handle refused: %s",
-		     strerror(err));
-		fuse_reply_err(req, err);
+		     strerror(-err));
+		fuse_reply_err(req, -err);
 		return;
 	}
 	if (io.handle_off > ent->size || io.len > ent->size - io.handle_off) {

@@ -1331,6 +1331,7 @@ int main(int argc, char *argv[])
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
 	struct engine_config ecfg = { 0 };
 	uint64_t ram = total_ram();
+	char msg[PATH_MAX + 128];
 	int ret = 1, level, mret;
 
 	console = stderr;
@@ -1378,7 +1379,10 @@ int main(int argc, char *argv[])
 	}
 
 	check_options(&ecfg, ram);
-	fs_persist_setup();		/* -o persist=DIR and its options */
+	if (fs_persist_setup(msg, sizeof(msg))) {	/* -o persist=DIR */
+		say("%s%s", msg, "");
+		return 2;
+	}
 	fs_sets_setup((unsigned)fs.opts.keep_sets);
 	open_backing();
 

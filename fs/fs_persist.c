@@ -289,12 +289,6 @@ static void jtemp(const char *rel, const char *tmp)
 
 /* ------------------------------------------------------------ options */
 
-static void pdie(const char *what, const char *arg)
-{
-	fprintf(stderr, "tierfs: %s: %s\n", what, arg);
-	exit(2);
-}
-
 static bool under(const char *path, const char *top)
 {
 	size_t l = strlen(top);
@@ -313,9 +307,16 @@ static const struct fs_inode_ops persist_inode_ops = {
 	.forget = fs_persist_forget,
 };
 
-void fs_persist_setup(void)
+/* "DIR: persist directory: why" into msg; returns err. */
+static int refuse(int err, char *msg, size_t len, const char *dir, const char *why)
 {
-	const char *dir = fs.opts.persist;
+	snprintf(msg, len, "%s: persist directory: %s", dir, why);
+	return err;
+}
+
+int fs_persist_setup(char *msg, size_t len)
+{
+	const char *dir = fs.opts.persist, *why = NULL;
 	struct stat st;
 	char *r;
 
@@ -327,21 +328,27 @@ void fs_persist_setup(void)
 		pg.timeout = fs.opts.persist_timeout;
 	pq.keep = (unsigned)fs.opts.persist_keep;
 	if (!dir)
-		return;
+		return 0;
 	if (stat(dir, &st) < 0)
-		pdie(dir, "persist directory: cannot stat it (it must exist)");
+		return refuse(-errno, msg, len, dir, "cannot stat it (it must exist)");
 	if (!S_ISDIR(st.st_mode))
-		pdie(dir, "persist directory: not a directory");
+		return refuse(-ENOTDIR, msg, len, dir, "not a directory");
 	r = realpath(dir, NULL);
 	if (!r)
-		pdie(dir, "persist directory: cannot resolve it");
+		return refuse(-errno, msg, len, dir, "cannot resolve it");
 	if (fs.opts.backing && (under(r, fs.opts.backing) || under(fs.opts.backing, r)))
-		pdie(r, "persist directory: must not contain or be inside the backing directory");
-	if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
-		pdie(r, "persist directory: must not be inside the mount point");
+		why = "must not contain or be inside the backing directory";
+	else if (fs.opts.mountpoint && under(r, fs.opts.mountpoint))
+		why = "must not be inside the mount point";
+	if (why) {
+		refuse(-EINVAL, msg, len, r, why);
+		free(r);
+		return -EINVAL;
+	}
 	pq.dir = r;
 	fs.persist = true;
 	fs.inode_ops = &persist_inode_ops;
+	return 0;
 }
 
 /* ------------------------------------------------------------ paths */

@@ -17,9 +17,10 @@ struct fs_inode;
 
 #define TIERFS_XATTR_PERSIST	"user.tierfs.persist"
 
-/* The persist options (fs.opts, read by fs_main.c): check DIR (exits on
- * a bad one).  After the main options (backing and mount point known). */
-void fs_persist_setup(void);
+/* The persist options (fs.opts, read by fs_main.c) taken, DIR checked.
+ * After the main options (backing and mount point known).  0, or -errno
+ * with the one line to say in msg (the mount must not go on). */
+int fs_persist_setup(char *msg, size_t len);
 /* The persister thread: start after the engine; stop after the last
  * flush (waits at most -o persist_wait, logs what was not persisted).
  * fs_persist_stop returns how many operations did not reach DIR (left in

@@ -112,17 +112,17 @@ static bool uid_allowed(uid_t uid)
 	return uid == 0 || uid == geteuid();
 }
 
-/* The GPU tier when it is fully mapped; else NULL and *err says why. */
+/* The GPU tier when it is fully mapped; else NULL and *err (-errno) says why. */
 static struct gpu_tier *tier_ready(int *err)
 {
 	struct gpu_tier *g = engine_gpu_tier(fs.eng);
 
 	if (!g) {
-		*err = ENODEV;
+		*err = -ENODEV;
 		return NULL;
 	}
 	if (gpu_tier_mapped(g) < gpu_tier_size(g)) {
-		*err = EAGAIN;
+		*err = -EAGAIN;
 		return NULL;
 	}
 	return g;
@@ -136,9 +136,9 @@ int fs_share_info(uid_t uid, struct tierfs_gpu_share *out)
 	int err;
 
 	if (!share.started)
-		return engine_has_gpu(fs.eng) ? EOPNOTSUPP : ENODEV;
+		return engine_has_gpu(fs.eng) ? -EOPNOTSUPP : -ENODEV;
 	if (!uid_allowed(uid))
-		return EPERM;
+		return -EPERM;
 	g = tier_ready(&err);
 	if (!g)
 		return err;
@@ -171,7 +171,7 @@ static struct conn *conn_find(uint64_t id)
 /*
  * Begin one span over ranges r[0..n) of in's file for connection conn_id:
  * cache_off[i] and r[i].len (cut at end of file) out, *token 0 when
- * nothing is pinned.  Returns 0 or a positive errno.
+ * nothing is pinned.  Returns 0 or -errno.
  */
 static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool write,
 		       struct tspan_range *r, int n, uint64_t *cache_off,
@@ -188,24 +188,24 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 	memset(poll, 0, sizeof(*poll));
 	*token = 0;
 	if (!share.started)
-		return EOPNOTSUPP;
+		return -EOPNOTSUPP;
 	if (!uid_allowed(uid))
-		return EPERM;
+		return -EPERM;
 	if (!g)
-		return ENODEV;
+		return -ENODEV;
 	ent = calloc(1, sizeof(*ent));
 	if (!ent)
-		return ENOMEM;
+		return -ENOMEM;
 	pthread_mutex_lock(&share.lock);
 	c = conn_find(conn_id);
 	pthread_mutex_unlock(&share.lock);
 	if (!c) {
 		free(ent);
-		return ESTALE;
+		return -ESTALE;
 	}
 	tfile_attr(&in->tf, &ent->before, &mt);
 	t0 = trace ? tier_now() : 0;
-	ret = -tfile_spanv_begin(&in->tf, write, r, n, &ent->s, cache_off);
+	ret = tfile_spanv_begin(&in->tf, write, r, n, &ent->s, cache_off);
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: %s span of %d range%s, %" PRIu64 " B: placed "
 		     "in %.1f us", write ? "write" : "read", n, n == 1 ? "" : "s",
@@ -238,7 +238,7 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 		conn_free(c);
 	if (!ret && dead) {	/* the client went away meanwhile */
 		tfile_span_end(&in->tf, &ent->s, false);
-		ret = ESTALE;
+		ret = -ESTALE;
 	}
 	if (!ret && ent->token) {
 		*token = ent->token;
@@ -346,11 +346,13 @@ static void conn_close(struct conn *c)
 		conn_free(c);
 }
 
-/* Send the hello and the chunks' descriptors.  Returns 0 or -errno. */
+/* Send the hello (err: 0 or -errno, the refusal) and, unless refused, the
+ * chunks' descriptors.  Returns 0 or -errno. */
 static int send_chunks(struct conn *c, struct gpu_tier *g, int err)
 {
 	struct share_hello h = {
-		.magic = SHARE_MAGIC, .version = SHARE_VERSION, .err = err,
+		.magic = SHARE_MAGIC, .version = SHARE_VERSION,
+		.err = -err,		/* the protocol's: a positive errno */
 		.cache_id = share.cache_id, .conn_id = c->id,
 	};
 	int fds[SHARE_BATCH_MAX];
@@ -426,9 +428,9 @@ static void accept_one(void)
 	/* a client that stops reading cannot hold this thread for long */
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0)
-		err = EPERM;
+		err = -EPERM;
 	else if (c->uid = cred.uid, c->pid = cred.pid, !uid_allowed(cred.uid))
-		err = EPERM;
+		err = -EPERM;
 	else
 		g = tier_ready(&err);
 	ret = send_chunks(c, g, err);
@@ -438,7 +440,7 @@ static void accept_one(void)
 			     (int)c->pid, strerror(-ret));
 		else
 			tlog(LOG_INFO, "gpu share: pid %d (uid %d) refused: %s",
-			     (int)c->pid, (int)c->uid, strerror(err));
+			     (int)c->pid, (int)c->uid, strerror(-err));
 		conn_free(c);
 		return;
 	}
