@@ -63,6 +63,7 @@
 #include "fs.h"
 #include "fs_persist.h"
 #include "../tiers/clock.h"
+#include "../tiers/json.h"
 #include "../tiers/log.h"
 
 #define PCHUNK		(1u << 20)	/* copy buffer */
@@ -3403,42 +3404,39 @@ void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state
 	append(state, sl, s);
 }
 
-int fs_persist_stats(char *buf, int n, size_t len)
+void fs_persist_stats_put(struct json *j)
 {
-	char *end, jdir[6 * PATH_MAX + 1], jwhat[6 * 96 + 1];
 	uint64_t timeouts;
 	bool hung;
-	int m;
 
-	if (!pq.dir || n <= 0)
-		return n;
-	end = memrchr(buf, '}', (size_t)n);
-	if (!end)
-		return n;
+	if (!pq.dir)
+		return;
 	pg_lock();
 	hung = pg.hung;
 	timeouts = pg.timeouts;
 	pg_unlock();
 	pq_lock();
-	/* both may hold any byte a path can (quotes, backslashes) */
-	tier_json_string(jdir, sizeof(jdir), pq.dir);
-	tier_json_string(jwhat, sizeof(jwhat), pq.last_what);
-	m = snprintf(end, len - (size_t)(end - buf),
-		",\"persist\":{\"dir\":\"%s\",\"backlog_files\":%" PRIu64
-		",\"backlog_bytes\":%" PRIu64 ",\"files_persisted\":%" PRIu64
-		",\"bytes_persisted\":%" PRIu64 ",\"namespace_ops\":%" PRIu64
-		",\"skipped\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"last_error\":\"%s\""
-		",\"state\":\"%s\",\"bandwidth\":%.0f,\"bw_cap\":%" PRIu64
-		",\"files_fetched\":%" PRIu64 ",\"bytes_fetched\":%" PRIu64
-		",\"dir_answers\":%s,\"timeouts\":%" PRIu64 ",\"pruned\":%" PRIu64
-		",\"keep\":%u,\"failed\":%" PRIu64 ",\"refused\":%" PRIu64 "}}",
-		jdir, pq.backlog_files, pq.backlog_bytes, pq.files, pq.bytes, pq.ops,
-		pq.skipped, pq.errors, jwhat, hung ? "not answering" : pq.last_err ? "retrying" : "ok",
-		pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, pq.bw,
-		pq.fetched_files, pq.fetched_bytes, hung ? "false" : "true", timeouts,
-		pq.pruned, pq.keep, pq.failed, pq.refused);
+	json_obj(j, "persist");
+	json_str(j, "dir", pq.dir);	/* any byte a path can hold: escaped */
+	json_u64(j, "backlog_files", pq.backlog_files);
+	json_u64(j, "backlog_bytes", pq.backlog_bytes);
+	json_u64(j, "files_persisted", pq.files);
+	json_u64(j, "bytes_persisted", pq.bytes);
+	json_u64(j, "namespace_ops", pq.ops);
+	json_u64(j, "skipped", pq.skipped);
+	json_u64(j, "errors", pq.errors);
+	json_str(j, "last_error", pq.last_what);
+	json_str(j, "state", hung ? "not answering" : pq.last_err ? "retrying" : "ok");
+	json_num(j, "bandwidth", pq.busy_s > 0 ? (double)pq.bytes / pq.busy_s : 0.0, 0);
+	json_u64(j, "bw_cap", pq.bw);
+	json_u64(j, "files_fetched", pq.fetched_files);
+	json_u64(j, "bytes_fetched", pq.fetched_bytes);
+	json_bool(j, "dir_answers", !hung);
+	json_u64(j, "timeouts", timeouts);
+	json_u64(j, "pruned", pq.pruned);
+	json_u64(j, "keep", pq.keep);
+	json_u64(j, "failed", pq.failed);
+	json_u64(j, "refused", pq.refused);
+	json_close(j);
 	pq_unlock();
-	if (m < 0 || (size_t)m >= len - (size_t)(end - buf))
-		return -ERANGE;
-	return (int)(end - buf) + m;
 }

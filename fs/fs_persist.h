@@ -111,6 +111,9 @@ int fs_persist_getx(struct fs_inode *in, char *buf, size_t len);
 int fs_persist_setx(struct fs_inode *in, const char *value, size_t size);
 int fs_persist_removex(struct fs_inode *in);
 void fs_persist_describe(struct fs_inode *in, char *tier, size_t tl, char *state, size_t sl);
-int fs_persist_stats(char *buf, int n, size_t len);
+/* The "persist":{...} member of user.tierfs.stats, written by j into the
+ * object it has open; nothing without DIR. */
+struct json;
+void fs_persist_stats_put(struct json *j);
 
 #endif /* TIERFS_FS_PERSIST_H */

@@ -24,6 +24,7 @@
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "tierfs.h"
+#include "../tiers/json.h"
 
 static bool tierfs_name(const char *name)
 {
@@ -110,9 +111,16 @@ static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t l
 	int ret;
 
 	if (strcmp(name, TIERFS_XATTR_STATS) == 0) {
+		struct json j;
+
 		if (in != &fs.root)
 			return -ENODATA;
-		return fs_persist_stats(buf, engine_stats_json(fs.eng, buf, len), len);
+		json_init(&j, buf, len);
+		json_obj(&j, NULL);
+		engine_stats_put(fs.eng, &j);
+		fs_persist_stats_put(&j);
+		json_close(&j);
+		return json_end(&j);
 	}
 	if (fs_persist_xattr(name))
 		return fs_persist_getx(in, buf, len);

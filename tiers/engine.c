@@ -25,6 +25,7 @@
 #include "ssd.h"
 #include "gpu.h"
 #include "gpu_tier.h"
+#include "json.h"
 
 static void *gbuilder_main(void *arg);
 
@@ -459,36 +460,41 @@ void tfile_facts(struct tfile *f, struct tfile_facts *out)
 }
 
 /*
- * With a GPU cache over several GPUs, ,"balance":{...}: the policy, where
+ * With a GPU cache over several GPUs, "balance":{...}: the policy, where
  * copies went (their GPU's part, a peer's, host memory) and the links
  * measured at start-up (bytes/s: local, to each peer, to host memory, per
- * GPU in the parts' order).  "" with one GPU.  e->lock held.  Returns the
- * length snprintf would have written.
+ * GPU in the parts' order).  Nothing with one GPU.  e->lock held.
  */
-static size_t balance_json(struct engine *e, char *buf, size_t len)
+static void balance_json(struct engine *e, struct json *j)
 {
 	const struct gpu_links *l = gpu_tier_links(e->gpu);
 	unsigned n = gpu_tier_ndevices(e->gpu);
-	size_t at = 0;
 
 	if (n < 2)
-		return 0;
-#define PUT(...) (at += (size_t)snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__))
-	PUT(",\"balance\":{\"policy\":\"%s\",\"own\":%" PRIu64 ",\"to_peer\":%" PRIu64
-	    ",\"to_peer_bytes\":%" PRIu64 ",\"split\":%" PRIu64 ",\"to_host\":%" PRIu64 ",\"to_host_bytes\":%"
-	    PRIu64 ",\"links_measured\":%s,\"links\":[",
-	    balance_policy_name((enum balance_policy)e->cfg.balance), e->bal_own, e->bal_peer,
-	    e->bal_peer_bytes, e->bal_split, e->bal_host, e->bal_host_bytes, l->probed ? "true" : "false");
+		return;
+	json_obj(j, "balance");
+	json_str(j, "policy", balance_policy_name((enum balance_policy)e->cfg.balance));
+	json_u64(j, "own", e->bal_own);
+	json_u64(j, "to_peer", e->bal_peer);
+	json_u64(j, "to_peer_bytes", e->bal_peer_bytes);
+	json_u64(j, "split", e->bal_split);
+	json_u64(j, "to_host", e->bal_host);
+	json_u64(j, "to_host_bytes", e->bal_host_bytes);
+	json_bool(j, "links_measured", l->probed);
+	json_arr(j, "links");
 	for (unsigned i = 0; i < n && i < GPU_TIER_MAX_DEVICES; i++) {
-		PUT("%s{\"device_id\":%d,\"local\":%.0f,\"host\":%.0f,\"peer\":[", i ? "," : "",
-		    gpu_tier_part_device(e->gpu, i), l->local[i], l->host[i]);
-		for (unsigned j = 0; j < n && j < GPU_TIER_MAX_DEVICES; j++)
-			PUT("%s%.0f", j ? "," : "", i == j ? 0.0 : l->peer[i][j]);
-		PUT("]}");
+		json_obj(j, NULL);
+		json_int(j, "device_id", gpu_tier_part_device(e->gpu, i));
+		json_num(j, "local", l->local[i], 0);
+		json_num(j, "host", l->host[i], 0);
+		json_arr(j, "peer");
+		for (unsigned k = 0; k < n && k < GPU_TIER_MAX_DEVICES; k++)
+			json_num(j, NULL, i == k ? 0.0 : l->peer[i][k], 0);
+		json_close_arr(j);
+		json_close(j);
 	}
-	PUT("]}");
-#undef PUT
-	return at;
+	json_close_arr(j);
+	json_close(j);
 }
 
 /* Does the mount's GPU tier span GPU dev (or, while it is being built,
@@ -576,99 +582,120 @@ int tfile_describe(struct tfile *f, char *tier, size_t tl, char *state, size_t s
 }
 
 
-static void cache_json(struct cache *c, char *buf, size_t len, size_t *at)
+/* "NAME":{... a cache's members, left open for the tier's own. */
+static void cache_json(struct cache *c, struct json *j)
 {
-	*at += (size_t)snprintf(buf + *at, *at < len ? len - *at : 0,
-		"\"%s\":{\"capacity\":%" PRIu64 ",\"usable\":%" PRIu64
-		",\"used\":%" PRIu64 ",\"fragments\":%" PRIu64 ",\"gaps\":%" PRIu64
-		",\"hits\":%" PRIu64 ",\"late\":%" PRIu64 ",\"misses\":%" PRIu64
-		",\"evictions\":%" PRIu64
-		",\"evicted_bytes\":%" PRIu64 ",\"evicted_queued\":%" PRIu64
-		",\"policy\":\"%s\"}",
-		c->name, c->size, c->usable, c->used, c->nfrags, c->ngaps,
-		c->hits, c->late, c->misses, c->evictions, c->evicted_bytes, c->evicted_queued,
-		c->policy->name);
+	json_obj(j, c->name);
+	json_u64(j, "capacity", c->size);
+	json_u64(j, "usable", c->usable);
+	json_u64(j, "used", c->used);
+	json_u64(j, "fragments", c->nfrags);
+	json_u64(j, "gaps", c->ngaps);
+	json_u64(j, "hits", c->hits);
+	json_u64(j, "late", c->late);
+	json_u64(j, "misses", c->misses);
+	json_u64(j, "evictions", c->evictions);
+	json_u64(j, "evicted_bytes", c->evicted_bytes);
+	json_u64(j, "evicted_queued", c->evicted_queued);
+	json_str(j, "policy", c->policy->name);
+}
+
+static double rate(uint64_t bytes, double s)
+{
+	return s > 0 ? (double)bytes / s : 0.0;
+}
+
+void engine_stats_put(struct engine *e, struct json *j)
+{
+	uint64_t touched = __atomic_load_n(&e->touched, __ATOMIC_RELAXED);
+	int i;
+
+	eng_lock(e);
+	json_obj(j, "tiers");
+	for (i = 0; i < e->ntiers; i++) {
+		struct cache *c = e->tiers[i];
+
+		if (c == &e->gpu_slot)
+			continue;	/* no GPU tier (yet) */
+		cache_json(c, j);
+		if (e->gpu && c == e->tiers[0]) {
+			gpu_tier_stats_put(e->gpu, j);
+			json_u64(j, "bytes_to_host", e->bytes_to_host);
+			json_num(j, "to_host_bandwidth", rate(e->bytes_to_host, e->to_host_s), 0);
+			json_u64(j, "client_writes", e->client_writes);
+			json_u64(j, "client_reads", e->client_reads);
+			json_u64(j, "client_bytes", e->client_bytes);
+			balance_json(e, j);
+		} else if (c == &e->host) {
+			json_u64(j, "touched", touched);
+			json_bool(j, "pinned", __atomic_load_n(&e->host_pinned, __ATOMIC_ACQUIRE));
+		}
+		json_close(j);
+	}
+	json_close(j);
+	json_u64(j, "host_touched", touched);
+
+	json_obj(j, "ssd");
+	json_u64(j, "bytes_flushed", e->bytes_flushed);
+	json_u64(j, "files_flushed", e->files_flushed);
+	json_u64(j, "flush_errors", e->flush_errors);
+	json_u64(j, "flush_backlog", e->backlog);
+	json_int(j, "flushes_running", e->busy);
+	json_u64(j, "flush_aging", e->aq_len);
+	json_num(j, "flush_bandwidth", e->flush_bw, 0);
+	json_u64(j, "bytes_written_through", e->bytes_written_through);
+	json_u64(j, "files_written_through", e->files_written_through);
+	json_obj(j, "seconds");
+	json_num(j, "total", e->fl_total_s, 6);
+	json_num(j, "clone", e->fl_clone_s, 6);
+	json_num(j, "sync", e->fl_sync_s, 6);
+	json_num(j, "commit", e->fl_commit_s, 6);
+	json_close(j);
+	json_close(j);
+
+	json_obj(j, "prefetch");
+	json_str(j, "state", e->prefetch_on ? "start" : "stop");
+	json_u64(j, "queue", e->hq_len);
+	json_u64(j, "unbound", e->hq_unbound);
+	json_u64(j, "files_prefetched", e->files_prefetched);
+	json_u64(j, "bytes_prefetched", e->bytes_prefetched);
+	json_u64(j, "distance", eng_prefetch_distance(e));
+	json_u64(j, "files_to_gpu", e->files_to_gpu);
+	json_u64(j, "bytes_to_gpu", e->bytes_to_gpu);
+	json_u64(j, "consumed", e->files_consumed);
+	json_close(j);
+
+	json_obj(j, "dedup");
+	json_bool(j, "on", e->cfg.dedup);
+	json_u64(j, "block", e->cfg.dedup_block);
+	json_u64(j, "bytes_logical", e->dd_bytes_logical);
+	json_u64(j, "bytes_written", e->dd_bytes_written);
+	json_u64(j, "bytes_cloned", e->dd_bytes_cloned);
+	json_u64(j, "files_incremental", e->dd_files_incremental);
+	json_u64(j, "files_full", e->dd_files_full);
+	json_u64(j, "files_dedup", e->dd_files_dedup);
+	json_u64(j, "chunk", e->cfg.dedup_chunk);
+	json_u64(j, "chunks_hashed", e->dd_chunks_hashed);
+	json_u64(j, "chunks_found", e->dd_chunks_found);
+	json_num(j, "hash_bandwidth", rate(e->dd_bytes_hashed, e->dd_hash_s), 0);
+	json_u64(j, "sampled_out", e->dd_sampled_out);
+	json_u64(j, "index_entries", e->ddx.live);
+	json_u64(j, "index_bytes", dd_index_bytes(&e->ddx) + e->dd_cgen_bytes);
+	json_u64(j, "versions_open", e->dd_nlive);
+	json_u64(j, "versions_carried", e->dd_carried);
+	json_u64(j, "gpu_chunks_hashed", e->dd_gpu_chunks);
+	json_num(j, "gpu_hash_bandwidth", rate(e->dd_gpu_bytes, e->dd_gpu_s), 0);
+	json_close(j);
+	eng_unlock(e);
 }
 
 int engine_stats_json(struct engine *e, char *buf, size_t len)
 {
-	size_t at = 0;
-	int i;
+	struct json j;
 
-	eng_lock(e);
-	at += (size_t)snprintf(buf, len, "{\"tiers\":{");
-	for (i = 0; i < e->ntiers; i++) {
-		if (e->tiers[i] == &e->gpu_slot)
-			continue;	/* no GPU tier (yet) */
-		if (at > 0 && at <= len && buf[at - 1] != '{')
-			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, ",");
-		cache_json(e->tiers[i], buf, len, &at);
-		if (at < len && at > 0) {
-			at--;		/* extend the tier's object */
-			if (e->gpu && e->tiers[i] == e->tiers[0]) {
-				int n = gpu_tier_stats_json(e->gpu, buf + at, len - at);
-				at += n > 0 ? (size_t)n : 0;
-				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-						       ",\"bytes_to_host\":%" PRIu64
-						       ",\"to_host_bandwidth\":%.0f"
-						       ",\"client_writes\":%" PRIu64
-						       ",\"client_reads\":%" PRIu64
-						       ",\"client_bytes\":%" PRIu64, e->bytes_to_host,
-						       e->to_host_s > 0 ? (double)e->bytes_to_host /
-						       e->to_host_s : 0.0, e->client_writes,
-						       e->client_reads, e->client_bytes);
-				at += balance_json(e, buf + at, at < len ? len - at : 0);
-			} else if (e->tiers[i] == &e->host) {
-				at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-						       ",\"touched\":%" PRIu64 ",\"pinned\":%s",
-						       __atomic_load_n(&e->touched, __ATOMIC_RELAXED),
-						       __atomic_load_n(&e->host_pinned,
-								       __ATOMIC_ACQUIRE) ?
-						       "true" : "false");
-			}
-			at += (size_t)snprintf(buf + at, at < len ? len - at : 0, "}");
-		}
-	}
-	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-		"},\"host_touched\":%" PRIu64 ",\"ssd\":{", __atomic_load_n(&e->touched, __ATOMIC_RELAXED));
-	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-		"\"bytes_flushed\":%" PRIu64 ",\"files_flushed\":%" PRIu64
-		",\"flush_errors\":%" PRIu64 ",\"flush_backlog\":%" PRIu64
-		",\"flushes_running\":%d,\"flush_aging\":%" PRIu64 ",\"flush_bandwidth\":%.0f"
-		",\"bytes_written_through\":%" PRIu64 ",\"files_written_through\":%" PRIu64
-		",\"seconds\":{\"total\":%.6f,\"clone\":%.6f,\"sync\":%.6f,\"commit\":%.6f}}}",
-		e->bytes_flushed, e->files_flushed, e->flush_errors, e->backlog,
-		e->busy, e->aq_len, e->flush_bw, e->bytes_written_through, e->files_written_through,
-		e->fl_total_s, e->fl_clone_s, e->fl_sync_s, e->fl_commit_s);
-	if (at)
-		at--;			/* reopen the outer object */
-	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-		",\"prefetch\":{\"state\":\"%s\",\"queue\":%" PRIu64
-		",\"unbound\":%" PRIu64 ",\"files_prefetched\":%" PRIu64
-		",\"bytes_prefetched\":%" PRIu64 ",\"distance\":%" PRIu64
-		",\"files_to_gpu\":%" PRIu64 ",\"bytes_to_gpu\":%" PRIu64
-		",\"consumed\":%" PRIu64 "}}",
-		e->prefetch_on ? "start" : "stop", e->hq_len, e->hq_unbound,
-		e->files_prefetched, e->bytes_prefetched, eng_prefetch_distance(e),
-		e->files_to_gpu, e->bytes_to_gpu, e->files_consumed);
-	if (at)
-		at--;			/* reopen the outer object */
-	at += (size_t)snprintf(buf + at, at < len ? len - at : 0,
-		",\"dedup\":{\"on\":%s,\"block\":%u,\"bytes_logical\":%" PRIu64
-		",\"bytes_written\":%" PRIu64 ",\"bytes_cloned\":%" PRIu64
-		",\"files_incremental\":%" PRIu64 ",\"files_full\":%" PRIu64
-		",\"files_dedup\":%" PRIu64 ",\"chunk\":%" PRIu64 ",\"chunks_hashed\":%" PRIu64
-		",\"chunks_found\":%" PRIu64 ",\"hash_bandwidth\":%.0f,\"sampled_out\":%" PRIu64
-		",\"index_entries\":%" PRIu64 ",\"index_bytes\":%" PRIu64
-		",\"versions_open\":%u,\"versions_carried\":%" PRIu64
-		",\"gpu_chunks_hashed\":%" PRIu64
-		",\"gpu_hash_bandwidth\":%.0f}}",
-		e->cfg.dedup ? "true" : "false", e->cfg.dedup_block, e->dd_bytes_logical,
-		e->dd_bytes_written, e->dd_bytes_cloned, e->dd_files_incremental,
-		e->dd_files_full, e->dd_files_dedup, e->cfg.dedup_chunk, e->dd_chunks_hashed,
-		e->dd_chunks_found, e->dd_hash_s > 0 ? (double)e->dd_bytes_hashed / e->dd_hash_s : 0.0,
-		e->dd_sampled_out, e->ddx.live, dd_index_bytes(&e->ddx) + e->dd_cgen_bytes,
-		e->dd_nlive, e->dd_carried, e->dd_gpu_chunks, e->dd_gpu_s > 0 ? (double)e->dd_gpu_bytes / e->dd_gpu_s : 0.0);
-	eng_unlock(e);
-	return at >= len ? -ERANGE : (int)at;
+	json_init(&j, buf, len);
+	json_obj(&j, NULL);
+	engine_stats_put(e, &j);
+	json_close(&j);
+	return json_end(&j);
 }

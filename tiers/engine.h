@@ -156,6 +156,10 @@ void engine_flush_now(struct engine *e, struct tfile *f);
 
 /* Statistics as JSON into buf; returns length or -ERANGE. */
 int engine_stats_json(struct engine *e, char *buf, size_t len);
+/* The same, as members of the object that j has open (user.tierfs.stats
+ * adds the persistent tier's after them). */
+struct json;
+void engine_stats_put(struct engine *e, struct json *j);
 uint64_t engine_host_cache_size(struct engine *e);
 
 /*

@@ -35,6 +35,7 @@
 #include "clock.h"
 #include "gpu.h"
 #include "gpu_tier.h"
+#include "json.h"
 
 _Static_assert(GPU_TIER_MAX_DEVICES == GPU_MAX_DEVICES, "one limit of GPUs per cache");
 _Static_assert(GPU_TIER_IPC_HANDLE_SIZE == GPU_IPC_HANDLE_SIZE, "one IPC handle size");
@@ -664,48 +665,39 @@ void gpu_tier_destroy(struct gpu_tier *g)
 
 /* ---- statistics ------------------------------------------------------- */
 
-int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len)
+void gpu_tier_stats_put(struct gpu_tier *g, struct json *j)
 {
-	char name[2 * sizeof(g->name)];
-	int n;
-
-	tier_json_string(name, sizeof(name), g->name);
-	n = snprintf(buf, len, ",\"mapped\":%" PRIu64 ",\"fully_mapped\":%s"
-		     ",\"device\":\"%s\",\"device_id\":%d",
-		     gpu_vmm_mapped(g->vmm),
-		     gpu_tier_fully_mapped(g) ? "true" : "false", name, g->dev);
-	if (n < 0)
-		return -EINVAL;
-	if ((size_t)n >= len)
-		return -ERANGE;
+	json_u64(j, "mapped", gpu_vmm_mapped(g->vmm));
+	json_bool(j, "fully_mapped", gpu_tier_fully_mapped(g));
+	json_str(j, "device", g->name);
+	json_int(j, "device_id", g->dev);
 	if (gpu_vmm_ndevices(g->vmm) > 1) {
 		/* several GPUs: each one's part of the range */
 		uint64_t used[GPU_MAX_DEVICES];
 		unsigned nd = gpu_tier_device_use(g, used, GPU_MAX_DEVICES);
-		int m;
 
-		m = snprintf(buf + n, len - (size_t)n, ",\"devices\":[");
-		for (unsigned i = 0; m >= 0 && (size_t)(n + m) < len && i < nd; i++) {
+		json_arr(j, "devices");
+		for (unsigned i = 0; i < nd; i++) {
 			uint64_t lo = i ? gpu_vmm_part_end(g->vmm, i - 1) : 0;
 
-			n += m;
-			m = snprintf(buf + n, len - (size_t)n,
-				     "%s{\"device_id\":%d,\"offset\":%" PRIu64 ",\"size\":%"
-				     PRIu64 ",\"used\":%" PRIu64 "}", i ? "," : "",
-				     gpu_vmm_device(g->vmm, i), lo,
-				     gpu_vmm_part_end(g->vmm, i) - lo, used[i]);
+			json_obj(j, NULL);
+			json_int(j, "device_id", gpu_vmm_device(g->vmm, i));
+			json_u64(j, "offset", lo);
+			json_u64(j, "size", gpu_vmm_part_end(g->vmm, i) - lo);
+			json_u64(j, "used", used[i]);
+			json_close(j);
 		}
-		if (m < 0)
-			return -EINVAL;
-		n += m;
-		if ((size_t)n >= len)
-			return -ERANGE;
-		m = snprintf(buf + n, len - (size_t)n, "]");
-		if (m < 0)
-			return -EINVAL;
-		n += m;
+		json_close_arr(j);
 	}
-	return (size_t)n >= len ? -ERANGE : n;
+}
+
+int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len)
+{
+	struct json j;
+
+	json_init_inside(&j, buf, len);
+	gpu_tier_stats_put(g, &j);
+	return json_end(&j);
 }
 
 /* ---- host cache pinning (hipc22 §IV) ---------------------------------- */

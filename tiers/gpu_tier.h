@@ -191,6 +191,9 @@ const struct gpu_links *gpu_tier_links(struct gpu_tier *g);
  * is too small (buf then holds a truncated, NUL-terminated string).
  */
 int gpu_tier_stats_json(struct gpu_tier *g, char *buf, size_t len);
+/* The same members, written by j into the object it has open. */
+struct json;
+void gpu_tier_stats_put(struct gpu_tier *g, struct json *j);
 
 /*
  * Pin the host cache (hipc22 §IV): meant for the host toucher thread, once

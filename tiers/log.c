@@ -37,28 +37,6 @@ void tierfs_log(int level, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* s as the inside of a JSON string into buf (always NUL-terminated). */
-void tier_json_string(char *buf, size_t len, const char *s)
-{
-	size_t at = 0;
-
-	if (!len)
-		return;
-	for (; *s && at + 7 < len; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\') {
-			buf[at++] = '\\';
-			buf[at++] = (char)ch;
-		} else if (ch < 0x20) {
-			at += (size_t)snprintf(buf + at, len - at, "\\u%04x", ch);
-		} else {
-			buf[at++] = (char)ch;
-		}
-	}
-	buf[at] = '\0';
-}
-
 bool tierfs_fault(const char *point)
 {
 	const char *f = getenv("TIERFS_FAULT");

@@ -17,10 +17,6 @@ void tierfs_log(int level, const char *fmt, ...)
 } while (0)
 extern int tierfs_log_syslog;		/* log to syslog (detached daemon) */
 
-/* s as the inside of a JSON string into buf (always NUL-terminated):
- * quotes, backslashes and control characters escaped. */
-void tier_json_string(char *buf, size_t len, const char *s);
-
 /*
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
