@@ -45,6 +45,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "../common/fault.h"
 #include "../tiers/engine.h"
 #include "../tiers/lockorder.h"
 

@@ -62,9 +62,9 @@
 
 #include "fs.h"
 #include "fs_persist.h"
+#include "../common/json.h"
 #include "../tiers/clock.h"
-#include "../tiers/json.h"
-#include "../tiers/log.h"
+#include "../common/log.h"
 
 #define PCHUNK		(1u << 20)	/* copy buffer */
 #define PBACKOFF_MIN	0.5		/* seconds before the first retry */

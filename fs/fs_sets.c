@@ -55,7 +55,7 @@
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "tierfs.h"
-#include "../tiers/log.h"
+#include "../common/log.h"
 
 #define MANIFEST	FS_SET_RECORD		/* fs_persist.h */
 #define MANIFEST_TMP	FS_SET_RECORD_TMP	/* fs_sets.h */

@@ -24,7 +24,7 @@
 #include "fs_persist.h"
 #include "fs_sets.h"
 #include "tierfs.h"
-#include "../tiers/json.h"
+#include "../common/json.h"
 
 static bool tierfs_name(const char *name)
 {

@@ -8,10 +8,10 @@
  * file that includes it goes through the driver table gpu_dl.c fills at
  * run time (nothing links libcuda).
  *
- * Logging: tierfs_log() is defined by the daemon (and by test programs).
- * It is declared weak here so that a program linking only part of gpu/
- * without a logger (libtierfs, for gpu_ipc_export) still links; gpu_log()
- * then drops the message.
+ * Logging: tierfs_log() of common/log.c, which every program that links
+ * gpu/ links too (libtierfs a silent one; the GPU test programs their
+ * own).  gpu_log() calls it without reading tierfs_log_level: it filters
+ * by level itself, and a test program's own logger has no level.
  */
 #ifndef TIERFS_GPU_INTERNAL_H
 #define TIERFS_GPU_INTERNAL_H
@@ -22,15 +22,9 @@
 
 #include "gpu.h"
 #include "gpu_dl.h"
+#include "log.h"
 
-/* Defined by the daemon; syslog levels; filters by level itself. */
-extern void tierfs_log(int level, const char *fmt, ...)
-	__attribute__((weak, format(printf, 2, 3)));
-
-#define gpu_log(level, ...) do {				\
-	if (tierfs_log)						\
-		tierfs_log((level), __VA_ARGS__);		\
-} while (0)
+#define gpu_log(level, ...)	tierfs_log((level), __VA_ARGS__)
 
 /*
  * Map a CUresult to -errno without logging: out of memory -> -ENOMEM,

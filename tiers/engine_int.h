@@ -46,6 +46,7 @@
 
 #include "engine.h"
 #include "lockorder.h"
+#include "fault.h"
 #include "log.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */

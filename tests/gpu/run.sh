@@ -88,10 +88,10 @@ prep() {
 			# shellcheck disable=SC2046
 			gcc -std=gnu11 -D_GNU_SOURCE -O2 -g -Wall -Wextra \
 			    -Wno-unused-parameter -pthread \
-			    -I. -I../tiers -I../gpu \
+			    -I. -I../common -I../tiers -I../gpu \
 			    -o tests/unit/test_gpu_tier \
 			    ../tests/unit/test_gpu_tier.c ../tiers/gpu_tier.c \
-			    libtiers.a libgpucuda.a -lxxhash -ldl -lpthread \
+			    libtiers.a libgpucuda.a libcommon.a -lxxhash -ldl -lpthread \
 			    $(pkg-config --libs liburing) || exit 1
 		fi
 	) || die "building $BUILD failed"

@@ -23,8 +23,8 @@
  * Exit 0 pass, 1 fail, 77 skipped (no GPU).
  *
  * Build (not in Makefile.am yet; tests/gpu/run.sh prep does this):
- *   gcc -std=gnu11 -D_GNU_SOURCE -Itiers -Igpu tests/unit/test_gpu_tier.c \
- *       tiers/gpu_tier.c libtiers.a libgpucuda.a -ldl -lpthread -luring
+ *   gcc -std=gnu11 -D_GNU_SOURCE -Icommon -Itiers -Igpu tests/unit/test_gpu_tier.c \
+ *       tiers/gpu_tier.c libtiers.a libgpucuda.a libcommon.a -ldl -lpthread -luring
  */
 #include <errno.h>
 #include <inttypes.h>

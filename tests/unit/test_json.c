@@ -1,5 +1,5 @@
 /*
- * test_json.c - the statistics' JSON writer (tiers/json.c): commas,
+ * test_json.c - the statistics' JSON writer (common/json.c): commas,
  * nesting, string escaping, and -ERANGE with a NUL-terminated prefix when
  * the buffer is short.  Exit 0 pass, 1 fail.
  */

@@ -1,8 +1,9 @@
 /*
  * log.c - tierfs_log(): one line per message on stderr (or syslog once the
- * daemon is in the background), "tierfs: LEVEL: text".
+ * daemon is in the background), "tierfs: LEVEL: text".  Every room logs
+ * through it, gpu/ included; it calls nothing of theirs.  libtierfs links
+ * it too, silent (TIERFS_LOG_DEFAULT -1): the library prints nothing.
  */
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,11 @@
 
 #include "log.h"
 
-int tierfs_log_level = LOG_NOTICE;
+#ifndef TIERFS_LOG_DEFAULT
+#define TIERFS_LOG_DEFAULT	LOG_NOTICE
+#endif
+
+int tierfs_log_level = TIERFS_LOG_DEFAULT;
 int tierfs_log_syslog;			/* set by the daemon when detached */
 
 static const char *const level_names[] = {
@@ -35,35 +40,4 @@ void tierfs_log(int level, const char *fmt, ...)
 			level_names[level & 7], line);
 	}
 	va_end(ap);
-}
-
-bool tierfs_fault(const char *point)
-{
-	const char *f = getenv("TIERFS_FAULT");
-
-	return f && strcmp(f, point) == 0;
-}
-
-void tierfs_fault_kill(const char *point)
-{
-	if (tierfs_fault(point))
-		raise(SIGKILL);
-}
-
-long tierfs_delay_ms(const char *point)
-{
-	const char *d = getenv("TIERFS_DELAY");
-	size_t n = strlen(point);
-	long ms = -1;
-
-	for (; d && *d; d += strcspn(d, ","), d += *d == ',') {
-		if (strncmp(d, point, n) == 0 && d[n] == '=') {
-			ms = strtol(d + n + 1, NULL, 10);
-			break;
-		}
-	}
-	if (ms <= 0)
-		return 0;
-	tlog(LOG_DEBUG, "TIERFS_DELAY: %ld ms at %s", ms, point);
-	return ms;
 }

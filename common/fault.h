@@ -1,21 +1,11 @@
 /*
- * log.h - tierfs_log() and tlog(): one line per message, syslog levels;
- * tlog() checks the level before it formats anything.
+ * fault.h - test hooks (tests/README.md): fault injection and delays at
+ * named points of the daemon, set from the environment.
  */
-#ifndef TIERFS_LOG_H
-#define TIERFS_LOG_H
+#ifndef TIERFS_FAULT_H
+#define TIERFS_FAULT_H
 
-#include <stddef.h>
-#include <syslog.h>
-
-extern int tierfs_log_level;		/* syslog level, LOG_NOTICE default */
-void tierfs_log(int level, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-#define tlog(level, ...) do {						\
-	if ((level) <= tierfs_log_level)				\
-		tierfs_log((level), __VA_ARGS__);			\
-} while (0)
-extern int tierfs_log_syslog;		/* log to syslog (detached daemon) */
+#include <stdbool.h>
 
 /*
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
@@ -26,7 +16,6 @@ extern int tierfs_log_syslog;		/* log to syslog (detached daemon) */
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
  * tierfs_fault_kill() kills there if it is.
  */
-#include <stdbool.h>
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);
 /*
@@ -38,4 +27,4 @@ void tierfs_fault_kill(const char *point);
  */
 long tierfs_delay_ms(const char *point);
 
-#endif /* TIERFS_LOG_H */
+#endif /* TIERFS_FAULT_H */
