@@ -128,4 +128,65 @@ uint64_t dd_index_bytes(const struct dd_index *x);
 void dd_hash_chunks(const uint8_t *p, uint64_t len, uint64_t chunk, struct dd_hash *out,
 		    uint64_t first, uint64_t n);
 
+/* ---- per-file and per-engine state (struct tfile's dd, struct engine's dd) */
+
+/* Chunk hashes of a file's content computed on the GPU by the cascade. */
+struct dd_ghash {
+	struct dd_hash *h;		/* n hashes (owned), NULL: none */
+	uint64_t n, chunk, len;		/* of n chunks of chunk bytes of len */
+	uint64_t gen, epoch;		/* its gen and wepoch then */
+};
+
+/*
+ * A file's incremental-flush state (-o dedup; write.c records, the dedup
+ * flush uses), under e->lock.  The "base" is the backing file's current
+ * version.  While valid, the file's content differs from the base only
+ * inside ranges (block aligned) and at or past clean_len (the least size
+ * the file had since it equalled the base); base_len is the base's size.
+ */
+struct tfile_dedup {
+	struct dset ranges;
+	uint64_t base_len, clean_len;
+	bool valid;
+	struct dd_src *src;		/* its current version in the chunk index */
+	bool hashed_whole;		/* an incremental flush hashed it whole
+					 * (once: then its versions are carried) */
+	/*
+	 * Chunk hashes of the content computed on the GPU by the cascade
+	 * (flush.c): valid while gen and wepoch are what they were then
+	 * (wepoch counts the copies made writable: a failed write may
+	 * change bytes without a new gen).
+	 */
+	struct dd_ghash gh;
+	uint64_t wepoch;
+	bool taint;			/* a copy may differ from the base although
+					 * the file is not dirty (a failed write):
+					 * no base until a full flush */
+};
+
+/* The engine's dedup statistics, chunk index and live versions, under
+ * e->lock. */
+struct engine_dedup {
+	/* statistics of the flushes */
+	uint64_t bytes_logical;		/* bytes of the versions flushed */
+	uint64_t bytes_written;		/* of which written to the SSD */
+	uint64_t bytes_cloned;		/* of which shared with earlier versions */
+	uint64_t files_incremental, files_full;
+	/* content de-duplication */
+	struct dd_index index;		/* chunks of versions flushed */
+	struct dd_src *live, *live_tail;	/* live versions, oldest first */
+	uint32_t nlive;
+	int *close;			/* fds of retired versions, closed by
+					 * a flusher without e->lock */
+	size_t nclose, closecap;
+	double dup;			/* share of chunks found, recent flushes */
+	uint64_t files_dedup, chunks_hashed, chunks_found, sampled_out;
+	uint64_t bytes_hashed;
+	double hash_s;
+	uint64_t carried;		/* versions carried over (dd_src_carry) */
+	uint64_t cgen_bytes;		/* memory of their chunk generations */
+	uint64_t gpu_chunks, gpu_bytes;	/* hashed on the GPU */
+	double gpu_s;
+};
+
 #endif /* TIERFS_DEDUP_H */

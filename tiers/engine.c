@@ -145,8 +145,8 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		e->cfg.queue_depth = 32;
 	if (!e->cfg.chunk)
 		e->cfg.chunk = 1u << 20;
-	e->dd_dup = 1.0;	/* until flushes say otherwise */
-	if (e->cfg.dedup && e->cfg.dedup_chunk && dd_index_init(&e->ddx, e->cfg.dedup_index))
+	e->dd.dup = 1.0;	/* until flushes say otherwise */
+	if (e->cfg.dedup && e->cfg.dedup_chunk && dd_index_init(&e->dd.index, e->cfg.dedup_index))
 		tlog(LOG_WARNING, "dedup: no memory for the chunk index: whole new files "
 		     "are not de-duplicated");
 	if (!e->cfg.policy)
@@ -325,9 +325,9 @@ void tfile_destroy(struct tfile *f)
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
-	dset_free(&f->dd_ranges);
-	free(f->dd_gh);
-	f->dd_gh = NULL;
+	dset_free(&f->dd.ranges);
+	free(f->dd.gh.h);
+	f->dd.gh.h = NULL;
 	pthread_mutex_destroy(&f->lock);
 }
 
@@ -668,23 +668,23 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_obj(j, "dedup");
 	json_bool(j, "on", e->cfg.dedup);
 	json_u64(j, "block", e->cfg.dedup_block);
-	json_u64(j, "bytes_logical", e->dd_bytes_logical);
-	json_u64(j, "bytes_written", e->dd_bytes_written);
-	json_u64(j, "bytes_cloned", e->dd_bytes_cloned);
-	json_u64(j, "files_incremental", e->dd_files_incremental);
-	json_u64(j, "files_full", e->dd_files_full);
-	json_u64(j, "files_dedup", e->dd_files_dedup);
+	json_u64(j, "bytes_logical", e->dd.bytes_logical);
+	json_u64(j, "bytes_written", e->dd.bytes_written);
+	json_u64(j, "bytes_cloned", e->dd.bytes_cloned);
+	json_u64(j, "files_incremental", e->dd.files_incremental);
+	json_u64(j, "files_full", e->dd.files_full);
+	json_u64(j, "files_dedup", e->dd.files_dedup);
 	json_u64(j, "chunk", e->cfg.dedup_chunk);
-	json_u64(j, "chunks_hashed", e->dd_chunks_hashed);
-	json_u64(j, "chunks_found", e->dd_chunks_found);
-	json_num(j, "hash_bandwidth", rate(e->dd_bytes_hashed, e->dd_hash_s), 0);
-	json_u64(j, "sampled_out", e->dd_sampled_out);
-	json_u64(j, "index_entries", e->ddx.live);
-	json_u64(j, "index_bytes", dd_index_bytes(&e->ddx) + e->dd_cgen_bytes);
-	json_u64(j, "versions_open", e->dd_nlive);
-	json_u64(j, "versions_carried", e->dd_carried);
-	json_u64(j, "gpu_chunks_hashed", e->dd_gpu_chunks);
-	json_num(j, "gpu_hash_bandwidth", rate(e->dd_gpu_bytes, e->dd_gpu_s), 0);
+	json_u64(j, "chunks_hashed", e->dd.chunks_hashed);
+	json_u64(j, "chunks_found", e->dd.chunks_found);
+	json_num(j, "hash_bandwidth", rate(e->dd.bytes_hashed, e->dd.hash_s), 0);
+	json_u64(j, "sampled_out", e->dd.sampled_out);
+	json_u64(j, "index_entries", e->dd.index.live);
+	json_u64(j, "index_bytes", dd_index_bytes(&e->dd.index) + e->dd.cgen_bytes);
+	json_u64(j, "versions_open", e->dd.nlive);
+	json_u64(j, "versions_carried", e->dd.carried);
+	json_u64(j, "gpu_chunks_hashed", e->dd.gpu_chunks);
+	json_num(j, "gpu_hash_bandwidth", rate(e->dd.gpu_bytes, e->dd.gpu_s), 0);
 	json_close(j);
 	eng_unlock(e);
 }

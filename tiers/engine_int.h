@@ -135,26 +135,8 @@ struct engine {
 	pthread_t toucher;		/* pre-faults the host buffer */
 	bool toucher_started;
 	uint64_t touched;		/* host bytes touched so far */
-	/* dedup statistics (flush.c) */
-	uint64_t dd_bytes_logical;	/* bytes of the versions flushed */
-	uint64_t dd_bytes_written;	/* of which written to the SSD */
-	uint64_t dd_bytes_cloned;	/* of which shared with earlier versions */
-	uint64_t dd_files_incremental, dd_files_full;
-	/* content de-duplication (flush.c) */
-	struct dd_index ddx;		/* chunks of versions flushed */
-	struct dd_src *dd_live, *dd_live_tail;	/* live versions, oldest first */
-	uint32_t dd_nlive;
-	int *dd_close;			/* fds of retired versions, closed by
-					 * a flusher without e->lock */
-	size_t dd_nclose, dd_closecap;
-	double dd_dup;			/* share of chunks found, recent flushes */
-	uint64_t dd_files_dedup, dd_chunks_hashed, dd_chunks_found, dd_sampled_out;
-	uint64_t dd_bytes_hashed;
-	double dd_hash_s;
-	uint64_t dd_carried;		/* versions carried over (dd_src_carry) */
-	uint64_t dd_cgen_bytes;		/* memory of their chunk generations */
-	uint64_t dd_gpu_chunks, dd_gpu_bytes;	/* hashed on the GPU */
-	double dd_gpu_s;
+	struct engine_dedup dd;		/* -o dedup: statistics, chunk index,
+					 * live versions (dedup.h) */
 	/* where the SSD flushes spent their time (flush.c, "ssd":"seconds"):
 	 * all of flush_one, of which in FICLONERANGE, in the version's
 	 * fsync/fdatasync, and in version_commit (rename, directory fsync) */

@@ -275,17 +275,17 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 	uint64_t blk = e->cfg.dedup_block, c;
 
 	memset(in, 0, sizeof(*in));
-	if (!e->cfg.dedup || !blk || !f->dd_valid)
+	if (!e->cfg.dedup || !blk || !f->dd.valid)
 		return;
 	/* O_DIRECT writes want TIER_ALIGN; blocks are powers of two */
 	blk = blk < TIER_ALIGN ? TIER_ALIGN : blk;
-	c = f->dd_clean_len < f->dd_base_len ? f->dd_clean_len : f->dd_base_len;
+	c = f->dd.clean_len < f->dd.base_len ? f->dd.clean_len : f->dd.base_len;
 	if (c > len)
 		c = len;
 	c -= c % blk;
-	if (!c || dset_dup(&f->dd_ranges, &in->r, &in->n))
+	if (!c || dset_dup(&f->dd.ranges, &in->r, &in->n))
 		return;		/* nothing to share, or no memory: all written */
-	in->base_len = f->dd_base_len;
+	in->base_len = f->dd.base_len;
 	in->clone = c;
 	in->align = blk;
 	in->on = true;
@@ -493,17 +493,17 @@ static void dd_close_later(struct engine *e, int fd)
 {
 	if (fd < 0)
 		return;
-	if (e->dd_nclose == e->dd_closecap) {
-		size_t cap = e->dd_closecap ? 2 * e->dd_closecap : 16;
-		int *c = realloc(e->dd_close, cap * sizeof(*c));
+	if (e->dd.nclose == e->dd.closecap) {
+		size_t cap = e->dd.closecap ? 2 * e->dd.closecap : 16;
+		int *c = realloc(e->dd.close, cap * sizeof(*c));
 
 		if (c) {
-			e->dd_close = c;
-			e->dd_closecap = cap;
+			e->dd.close = c;
+			e->dd.closecap = cap;
 		}
 	}
-	if (e->dd_nclose < e->dd_closecap)
-		e->dd_close[e->dd_nclose++] = fd;
+	if (e->dd.nclose < e->dd.closecap)
+		e->dd.close[e->dd.nclose++] = fd;
 	else
 		close(fd);	/* no memory: rather a slow close than a leak */
 	pthread_cond_broadcast(&e->cond);
@@ -516,21 +516,21 @@ static void dd_src_retire(struct engine *e, struct dd_src *s)
 	if (s->retired)
 		return;
 	s->retired = true;
-	((struct tfile *)s->owner)->dd_src = NULL;
+	((struct tfile *)s->owner)->dd.src = NULL;
 	s->owner = NULL;
 	if (s->prev)
 		s->prev->next = s->next;
 	else
-		e->dd_live = s->next;
+		e->dd.live = s->next;
 	if (s->next)
 		s->next->prev = s->prev;
 	else
-		e->dd_live_tail = s->prev;
-	e->dd_nlive--;
+		e->dd.live_tail = s->prev;
+	e->dd.nlive--;
 	dd_close_later(e, s->fd);
 	s->fd = -1;
 	if (s->cgen) {		/* no entry of it is valid any more */
-		e->dd_cgen_bytes -= s->nchunks * sizeof(*s->cgen);
+		e->dd.cgen_bytes -= s->nchunks * sizeof(*s->cgen);
 		free(s->cgen);
 		s->cgen = NULL;
 	}
@@ -546,7 +546,7 @@ static void dd_src_retire(struct engine *e, struct dd_src *s)
 static struct dd_src *dd_src_suspend(struct engine *e, struct dd_src *s)
 {
 	if (!s || s->retired || s->fd < 0 || s->epoch >= UINT32_MAX - 1 ||
-	    e->dd_cgen_bytes > e->cfg.dedup_index / 4)
+	    e->dd.cgen_bytes > e->cfg.dedup_index / 4)
 		return NULL;	/* no room for more chunk generations */
 	dd_close_later(e, s->fd);	/* the old version: it is not changed,
 					 * only replaced (or changed in place:
@@ -571,7 +571,7 @@ static void dd_src_carry(struct engine *e, struct tfile *f, struct dd_src *s, in
 {
 	uint64_t C = s->chunk, nn = C ? len / C : 0, cap, first;
 	struct stat st;
-	bool ok = in->done && vfd >= 0 && !s->retired && f->dd_src == s && !f->unlinked &&
+	bool ok = in->done && vfd >= 0 && !s->retired && f->dd.src == s && !f->unlinked &&
 		  s->epoch < UINT32_MAX && C && fstat(vfd, &st) == 0 &&
 		  (uint64_t)st.st_size == len;
 
@@ -588,14 +588,14 @@ static void dd_src_carry(struct engine *e, struct tfile *f, struct dd_src *s, in
 			else
 				for (uint64_t k = cap; k < want; k++)
 					g[k] = 0;
-			e->dd_cgen_bytes += (want - cap) * sizeof(*g);
+			e->dd.cgen_bytes += (want - cap) * sizeof(*g);
 			s->cgen = g;
 			s->nchunks = want;
 		}
 	}
 	if (!ok) {
 		dd_close_later(e, vfd);
-		if (!s->retired && f->dd_src == s)
+		if (!s->retired && f->dd.src == s)
 			dd_src_retire(e, s);
 		dd_src_put(s);
 		return;
@@ -614,13 +614,13 @@ static void dd_src_carry(struct engine *e, struct tfile *f, struct dd_src *s, in
 		for (uint64_t i = 0; i < in->nck; i++) {
 			if (in->ck[i] >= nn)
 				continue;
-			struct dd_src *gone = dd_index_add(&e->ddx, &in->ch[i], s, in->ck[i] * C,
+			struct dd_src *gone = dd_index_add(&e->dd.index, &in->ch[i], s, in->ck[i] * C,
 							   s->epoch);
 
 			if (gone)
 				dd_src_free(gone);	/* retired, its last entry gone */
 		}
-	e->dd_carried++;
+	e->dd.carried++;
 	dd_src_put(s);
 }
 
@@ -689,32 +689,32 @@ static void incr_changed(struct engine *e, struct copy *cp, uint64_t len, uint64
 			dd_hash_chunks(copy_ptr(cp) + in->ck[i] * chunk, chunk, chunk,
 				       &in->ch[i], 0, 1);
 	eng_lock(e);
-	e->dd_hash_s += tier_now() - t0;
-	e->dd_bytes_hashed += n * chunk;
-	e->dd_chunks_hashed += n;
+	e->dd.hash_s += tier_now() - t0;
+	e->dd.bytes_hashed += n * chunk;
+	e->dd.chunks_hashed += n;
 	eng_unlock(e);
 }
 
 void eng_dd_retire(struct engine *e, struct tfile *f)
 {
-	if (f->dd_src)
-		dd_src_retire(e, f->dd_src);
+	if (f->dd.src)
+		dd_src_retire(e, f->dd.src);
 }
 
 void eng_dd_destroy(struct engine *e)
 {
-	struct dd_index *x = &e->ddx;
+	struct dd_index *x = &e->dd.index;
 
-	while (e->dd_live)
-		dd_src_retire(e, e->dd_live);
+	while (e->dd.live)
+		dd_src_retire(e, e->dd.live);
 	for (uint32_t i = 0; i < x->count; i++)
 		if (x->ent[i].src)
 			dd_src_put(x->ent[i].src);
 	dd_index_free(x);
-	while (e->dd_nclose)
-		close(e->dd_close[--e->dd_nclose]);
-	free(e->dd_close);
-	e->dd_close = NULL;
+	while (e->dd.nclose)
+		close(e->dd.close[--e->dd.nclose]);
+	free(e->dd.close);
+	e->dd.close = NULL;
 }
 
 /* A whole new file's flush by chunks: the plan, and what it found. */
@@ -738,8 +738,8 @@ struct ddf {
  * from), so that it is flushed by chunks? */
 static bool ddf_whole_new(struct engine *e, struct tfile *f, uint64_t len)
 {
-	return e->cfg.dedup && e->ddx.cap && e->cfg.dedup_chunk && f->dd_valid &&
-	       !f->dd_clean_len && len >= e->cfg.dedup_chunk;
+	return e->cfg.dedup && e->dd.index.cap && e->cfg.dedup_chunk && f->dd.valid &&
+	       !f->dd.clean_len && len >= e->cfg.dedup_chunk;
 }
 
 /*
@@ -764,9 +764,9 @@ static struct dd_hash *ddf_cache_hash(struct engine *e, struct copy *cp, uint64_
 	}
 	if (h) {
 		eng_lock(e);
-		e->dd_gpu_chunks += n;
-		e->dd_gpu_bytes += n * chunk;
-		e->dd_gpu_s += tier_now() - t0;
+		e->dd.gpu_chunks += n;
+		e->dd.gpu_bytes += n * chunk;
+		e->dd.gpu_s += tier_now() - t0;
 		eng_unlock(e);
 	}
 	return h;
@@ -783,23 +783,23 @@ static void ddf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_
 	    (!cp->cache->host_addressable && !cp->cache->ops->hash))
 		return;		/* not a whole new file we can hash */
 	d->n = len / d->chunk;
-	d->sample = e->dd_dup < DD_LOW;
+	d->sample = e->dd.dup < DD_LOW;
 	d->on = true;
 	/* hashes the cascade computed on the GPU, if they are of this content */
-	if (f->dd_gh && f->dd_gh_gen == f->gen && f->dd_gh_epoch == f->dd_wepoch &&
-	    f->dd_gh_chunk == d->chunk && f->dd_gh_n == d->n && f->dd_gh_len == len) {
-		d->gh = f->dd_gh;
-		f->dd_gh = NULL;
+	if (f->dd.gh.h && f->dd.gh.gen == f->gen && f->dd.gh.epoch == f->dd.wepoch &&
+	    f->dd.gh.chunk == d->chunk && f->dd.gh.n == d->n && f->dd.gh.len == len) {
+		d->gh = f->dd.gh.h;
+		f->dd.gh.h = NULL;
 	}
-	free(f->dd_gh);		/* used or stale: once only */
-	f->dd_gh = NULL;
+	free(f->dd.gh.h);		/* used or stale: once only */
+	f->dd.gh.h = NULL;
 }
 
 /* e->lock held: look chunks [a, b) up, referencing the versions found. */
 static void ddf_lookup(struct engine *e, struct ddf *d, uint64_t a, uint64_t b)
 {
 	for (uint64_t i = a; i < b; i++) {
-		const struct dd_ent *x = dd_index_find(&e->ddx, &d->h[i], d->uid);
+		const struct dd_ent *x = dd_index_find(&e->dd.index, &d->h[i], d->uid);
 
 		if (x) {
 			d->src[i] = x->src;
@@ -889,10 +889,10 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 		if (d->gh)
 			ddf_take_hashes(e, d, d->gh, 0, d->n);
 		eng_lock(e);
-		e->dd_chunks_hashed += d->nhashed;
-		e->dd_chunks_found += d->found;
+		e->dd.chunks_hashed += d->nhashed;
+		e->dd.chunks_found += d->found;
 		if (d->nhashed)
-			e->dd_dup = (double)d->found / (double)d->nhashed;
+			e->dd.dup = (double)d->found / (double)d->nhashed;
 		eng_unlock(e);
 		return;
 	}
@@ -903,13 +903,13 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 		ddf_take_hashes(e, d, d->h + m, m, d->n);
 	}
 	eng_lock(e);
-	e->dd_hash_s += tier_now() - t0;
-	e->dd_chunks_hashed += d->nhashed;
-	e->dd_bytes_hashed += d->nhashed * d->chunk;
-	e->dd_chunks_found += d->found;
+	e->dd.hash_s += tier_now() - t0;
+	e->dd.chunks_hashed += d->nhashed;
+	e->dd.bytes_hashed += d->nhashed * d->chunk;
+	e->dd.chunks_found += d->found;
 	if (d->nhashed < d->n)
-		e->dd_sampled_out++;
-	e->dd_dup = (double)d->found / (double)d->nhashed;	/* the last file says */
+		e->dd.sampled_out++;
+	e->dd.dup = (double)d->found / (double)d->nhashed;	/* the last file says */
 	eng_unlock(e);
 }
 
@@ -1132,7 +1132,7 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		for (uint64_t i = 0; i < d->n; i++)
 			if (d->src[i])
 				dd_src_put(d->src[i]);
-	if (ok && d->vfd >= 0 && d->nhashed && !f->unlinked && !f->dd_src)
+	if (ok && d->vfd >= 0 && d->nhashed && !f->unlinked && !f->dd.src)
 		s = calloc(1, sizeof(*s));
 	if (s) {
 		s->fd = d->vfd;
@@ -1142,17 +1142,17 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		s->nchunks = d->n;
 		s->refs = 1;
 		s->owner = f;
-		f->dd_src = s;
-		s->prev = e->dd_live_tail;
-		if (e->dd_live_tail)
-			e->dd_live_tail->next = s;
+		f->dd.src = s;
+		s->prev = e->dd.live_tail;
+		if (e->dd.live_tail)
+			e->dd.live_tail->next = s;
 		else
-			e->dd_live = s;
-		e->dd_live_tail = s;
-		if (++e->dd_nlive > DD_SRC_MAX)
-			dd_src_retire(e, e->dd_live);
+			e->dd.live = s;
+		e->dd.live_tail = s;
+		if (++e->dd.nlive > DD_SRC_MAX)
+			dd_src_retire(e, e->dd.live);
 		for (uint64_t i = 0; i < d->nhashed; i++) {
-			struct dd_src *gone = dd_index_add(&e->ddx, &d->h[i], s, i * d->chunk, 0);
+			struct dd_src *gone = dd_index_add(&e->dd.index, &d->h[i], s, i * d->chunk, 0);
 
 			if (gone)
 				dd_src_free(gone);	/* retired, its last entry gone */
@@ -1192,10 +1192,10 @@ static void ddf_hash_whole(struct engine *e, struct tfile *f, struct copy *cp, u
 	double t0 = tier_now();
 	bool gpu = !cp->cache->host_addressable;
 
-	if (f->dd_hashed_whole || !e->ddx.cap || !d->chunk || len < d->chunk ||
+	if (f->dd.hashed_whole || !e->dd.index.cap || !d->chunk || len < d->chunk ||
 	    (gpu && !cp->cache->ops->hash) || (!gpu && len > DD_WHOLE_MAX))
 		return;
-	f->dd_hashed_whole = true;
+	f->dd.hashed_whole = true;
 	d->n = len / d->chunk;
 	if (gpu) {
 		d->h = ddf_cache_hash(e, cp, d->n, d->chunk);
@@ -1209,10 +1209,10 @@ static void ddf_hash_whole(struct engine *e, struct tfile *f, struct copy *cp, u
 	d->nhashed = d->n;
 	eng_lock(e);
 	if (!gpu) {
-		e->dd_hash_s += tier_now() - t0;
-		e->dd_bytes_hashed += d->n * d->chunk;
+		e->dd.hash_s += tier_now() - t0;
+		e->dd.bytes_hashed += d->n * d->chunk;
 	}
-	e->dd_chunks_hashed += d->n;
+	e->dd.chunks_hashed += d->n;
 	eng_unlock(e);
 }
 
@@ -1320,10 +1320,10 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	gen = f->gen;
 	len = cp->len;
 	incr_plan(e, f, len, &incr);
-	had_src = f->dd_src != NULL;
+	had_src = f->dd.src != NULL;
 	/* its backing version is about to change: out of the index, or
 	 * suspended there to be carried over to the new version */
-	incr.carry = incr.on && e->ddx.cap ? dd_src_suspend(e, f->dd_src) : NULL;
+	incr.carry = incr.on && e->dd.index.cap ? dd_src_suspend(e, f->dd.src) : NULL;
 	if (!incr.carry)
 		eng_dd_retire(e, f);
 	ddf_plan(e, f, cp, len, &ddf);
@@ -1423,26 +1423,26 @@ out:
 		e->bytes_flushed += len;
 		e->files_flushed++;
 		if (e->cfg.dedup) {
-			e->dd_bytes_logical += len;
-			e->dd_bytes_written += incr.on ? incr.written : ddf.on ? ddf.written : len;
-			e->dd_bytes_cloned += incr.on ? incr.cloned : ddf.on ? ddf.cloned : 0;
+			e->dd.bytes_logical += len;
+			e->dd.bytes_written += incr.on ? incr.written : ddf.on ? ddf.written : len;
+			e->dd.bytes_cloned += incr.on ? incr.cloned : ddf.on ? ddf.cloned : 0;
 			if (incr.on)
-				e->dd_files_incremental++;
+				e->dd.files_incremental++;
 			else if (ddf.on && ddf.cloned)
-				e->dd_files_dedup++;
+				e->dd.files_dedup++;
 			else
-				e->dd_files_full++;
+				e->dd.files_full++;
 		}
 		/* the base is this version now (any change made since is a
 		 * change against it too: the ranges are kept) */
-		f->dd_base_len = len;
+		f->dd.base_len = len;
 		f->flushed_gen = gen;
 		if (f->flush_err)
 			tlog(LOG_NOTICE, "%s: flushed after earlier failure", nb);
 		f->flush_err = 0;
 		if (f->gen == gen) {
 			backlog_del(e, cp);
-			f->dd_taint = false;
+			f->dd.taint = false;
 			f->dirty = false;
 			if (f->aging) {	/* flushed before its age (an fsync) */
 				aging_remove(e, f);
@@ -1572,8 +1572,8 @@ void *eng_flusher_main(void *arg)
 			eng_lock(e);
 			continue;
 		}
-		if (e->dd_nclose) {	/* retired versions (dd_src_retire) */
-			int fd = e->dd_close[--e->dd_nclose];
+		if (e->dd.nclose) {	/* retired versions (dd_src_retire) */
+			int fd = e->dd.close[--e->dd.nclose];
 
 			eng_unlock(e);
 			close(fd);
@@ -1679,7 +1679,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	       len / e->cfg.dedup_chunk : 0;
 	gh_chunk = e->cfg.dedup_chunk;
 	gh_gen = f->gen;
-	gh_epoch = f->dd_wepoch;
+	gh_epoch = f->dd.wepoch;
 	eng_unlock(e);		/* under the lease of cp and hcp */
 	t0 = tier_now();
 	ret = eng_copy_bounds(hcp, 0, len);
@@ -1716,14 +1716,14 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		return;
 	}
 	hcp->len = len;
-	if (gh && f->gen == gh_gen && f->dd_wepoch == gh_epoch) {
-		free(f->dd_gh);
-		f->dd_gh = gh;	/* for the flush of hcp (ddf_plan) */
-		f->dd_gh_n = gh_n;
-		f->dd_gh_chunk = gh_chunk;
-		f->dd_gh_len = len;
-		f->dd_gh_gen = gh_gen;
-		f->dd_gh_epoch = gh_epoch;
+	if (gh && f->gen == gh_gen && f->dd.wepoch == gh_epoch) {
+		free(f->dd.gh.h);
+		f->dd.gh.h = gh;	/* for the flush of hcp (ddf_plan) */
+		f->dd.gh.n = gh_n;
+		f->dd.gh.chunk = gh_chunk;
+		f->dd.gh.len = len;
+		f->dd.gh.gen = gh_gen;
+		f->dd.gh.epoch = gh_epoch;
 		gh = NULL;
 	}
 	free(gh);

@@ -111,31 +111,8 @@ struct tfile {
 	struct tfile *gq_next;		/* GPU -> host queue link */
 	bool gqueued;			/* on the GPU -> host queue */
 	double retry_at;		/* after a failed flush (tier_now) */
-	/*
-	 * Incremental flushes (-o dedup; write.c records, flush.c uses).  The
-	 * "base" is the backing file's current version.  While dd_valid, the
-	 * file's content differs from the base only inside dd_ranges (block
-	 * aligned) and at or past dd_clean_len (the least size the file had
-	 * since it equalled the base); dd_base_len is the base's size.
-	 */
-	struct dset dd_ranges;
-	uint64_t dd_base_len, dd_clean_len;
-	bool dd_valid;
-	struct dd_src *dd_src;		/* its current version in the chunk index */
-	bool dd_hashed_whole;		/* an incremental flush hashed it whole
-					 * (once: then its versions are carried) */
-	/*
-	 * Chunk hashes of the content computed on the GPU by the cascade
-	 * (flush.c): valid while gen and dd_wepoch are what they were then
-	 * (dd_wepoch counts the copies made writable: a failed write may
-	 * change bytes without a new gen).
-	 */
-	struct dd_hash *dd_gh;
-	uint64_t dd_gh_n, dd_gh_chunk, dd_gh_len, dd_gh_gen, dd_gh_epoch;
-	uint64_t dd_wepoch;
-	bool dd_taint;			/* a copy may differ from the base although
-					 * the file is not dirty (a failed write):
-					 * no base until a full flush */
+	struct tfile_dedup dd;		/* incremental flushes and the chunk
+					 * index (-o dedup): dedup.h */
 };
 
 void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,

@@ -85,7 +85,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	for (int i = 0; i < e->ntiers; i++)
 		if (f->copy[i])
 			eng_discard_copy(e, f, i);
-	f->dd_valid = false;	/* the shadow is written whole */
+	f->dd.valid = false;	/* the shadow is written whole */
 	eng_dd_retire(e, f);	/* and may be the backing file itself */
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
@@ -261,7 +261,7 @@ static bool snap_unpin_holds(struct engine *e, struct tfile *f, struct copies_sn
 /* e->lock held: cp is about to be written (no flush may start on it). */
 static void make_writable(struct engine *e, struct copy *cp)
 {
-	cp->file->dd_wepoch++;	/* chunk hashes of the old bytes are stale */
+	cp->file->dd.wepoch++;	/* chunk hashes of the old bytes are stale */
 	if (cp->state != TS_WRITE_IN_PROGRESS) {
 		backlog_del(e, cp);
 		tier_set_state(&cp->state, TS_WRITE_IN_PROGRESS);
@@ -508,20 +508,20 @@ void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t
 
 	if (!e->cfg.dedup)
 		return;
-	if (!f->dirty && f->shadow_fd < 0 && !f->dd_taint) {
+	if (!f->dirty && f->shadow_fd < 0 && !f->dd.taint) {
 		/* not dirty: every copy holds what the backing file holds */
-		dset_clear(&f->dd_ranges);
-		f->dd_base_len = f->dd_clean_len = f->size;
-		f->dd_valid = true;
+		dset_clear(&f->dd.ranges);
+		f->dd.base_len = f->dd.clean_len = f->size;
+		f->dd.valid = true;
 	}
-	if (!f->dd_valid || end <= start)
+	if (!f->dd.valid || end <= start)
 		return;
 	start -= start % blk;
-	if (start >= f->dd_clean_len)
+	if (start >= f->dd.clean_len)
 		return;		/* past the base's bytes: always written */
 	end = end + blk - 1 < end ? UINT64_MAX : (end + blk - 1) / blk * blk;
-	if (dset_add(&f->dd_ranges, start, end))
-		f->dd_valid = false;	/* no memory: the next flush writes all */
+	if (dset_add(&f->dd.ranges, start, end))
+		f->dd.valid = false;	/* no memory: the next flush writes all */
 }
 
 void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint64_t size)
@@ -529,12 +529,12 @@ void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint6
 	uint64_t have = cp && cp->len < f->size ? cp->len : f->size;
 
 	eng_note_change(e, f, size, size);	/* only starts from the base */
-	if (!e->cfg.dedup || !f->dd_valid)
+	if (!e->cfg.dedup || !f->dd.valid)
 		return;
 	if (size > have)	/* zeros: different from what the base had there */
 		eng_note_change(e, f, have, size);
-	if (size < f->dd_clean_len)
-		f->dd_clean_len = size;
+	if (size < f->dd.clean_len)
+		f->dd.clean_len = size;
 }
 
 void eng_mark_modified(struct tfile *f)
@@ -571,8 +571,8 @@ static void copy_written(struct engine *e, struct tfile *f, struct copy *cp,
 			 uint64_t end, int err)
 {
 	if (err) {
-		f->dd_valid = false;
-		f->dd_taint = true;
+		f->dd.valid = false;
+		f->dd.taint = true;
 		return;
 	}
 	if (end > cp->len)
