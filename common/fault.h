@@ -11,7 +11,7 @@
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
  * inplace_copy, new_linked, small_written (fs_version.c); incr_write,
- * dedup_write (flush.c); name_made (a new name in the backing directory,
+ * dedup_write (dedup_flush.c); name_made (a new name in the backing directory,
  * made by create, mknod or link, before anything else: fs_file.c,
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
  * tierfs_fault_kill() kills there if it is.

@@ -4,11 +4,15 @@
  * buffer (backing_move), and the plain file I/O of the engine (reads that
  * zero-fill past the end of a file, writes that write everything, the
  * sparse copy of a backing file into a new version), and where a buffer's
- * holes are (backing_run: the runs of zeros a version leaves unwritten).
+ * holes are (backing_run: the runs of zeros a version leaves unwritten);
+ * the writes of a flush into its version, through a flusher's io_uring or
+ * plain, holes left out (flush.c and dedup_flush.c share them), and the
+ * settling of a version before its rename (eng_settle_version, and
+ * eng_settle_cloned for one holding clones).
  *
  * Owns nothing and takes no lock: callers hold a lease on any copy they
  * name (engine_int.h) and have dropped e->lock.  Calls the tiers' copy
- * functions (struct tier_ops) and gpu/ (gpu_copy_*).
+ * functions (struct tier_ops), gpu/ (gpu_copy_*) and ssd.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,9 +24,11 @@
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+#include <linux/falloc.h>
 
 #include "engine_int.h"
 #include "gpu.h"
+#include "ssd.h"
 
 #define BOUNCE_MAX	(8u << 20)	/* bytes per bounced chunk */
 
@@ -169,6 +175,148 @@ int backing_pwrite_sparse(int fd, const void *buf, uint64_t n)
 			ret = backing_pwrite(fd, (const uint8_t *)buf + pos, next - pos, (off_t)pos);
 	}
 	return ret;
+}
+
+/* ---- a flush's writes and the settling of its version --------------- */
+
+/*
+ * ssd_write_segs() through a flusher's io_uring, or, without one (ring
+ * NULL: an fsync flushing its small file itself, eng_flush_inline), plain
+ * writes in the caller's thread.  0 or the first -errno.
+ */
+int backing_write_segs(struct ssd_ring *ring, int fd, const struct ssd_seg *seg, unsigned n,
+		       uint64_t *progress)
+{
+	if (ring)
+		return ssd_write_segs(ring, fd, seg, n, progress);
+	for (unsigned i = 0; i < n; i++) {
+		int ret = backing_pwrite(fd, seg[i].buf, seg[i].len, (off_t)seg[i].off);
+
+		if (ret)
+			return ret;
+		if (progress)
+			__atomic_add_fetch(progress, seg[i].len, __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
+/* Write bytes [a, b) of cp at the same offset of fd: 0 / -errno. */
+int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+			uint64_t b, uint64_t *progress)
+{
+	if (b <= a)
+		return 0;
+	if (!cp->cache->host_addressable)
+		return backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .at = a },
+				    &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						    .at = cp->frag->off + a },
+				    b - a, NULL);
+	return backing_write_segs(ring, fd, &(struct ssd_seg){ .off = a, .len = b - a,
+							       .buf = copy_ptr(cp) + a },
+				  1, progress);
+}
+
+/*
+ * Write bytes [a, b) of cp at the same offset of fd, its holes
+ * (backing_run) left out: a fresh version's are holes already, and a
+ * version written in place (inplace) has them punched (written as zeros
+ * where the file system cannot punch).  a is a multiple of TIER_ALIGN.
+ * Only host-addressable copies are looked at; others are written whole.
+ * 0 or -errno (-ENOMEM too: retried, like any failed flush).
+ */
+int backing_write_sparse(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+			 uint64_t b, uint64_t *progress, bool inplace)
+{
+	struct ssd_seg *seg = NULL, *ns;
+	unsigned n = 0, cap = 0;
+	uint64_t pos, next, holes = 0;
+	bool hole;
+	int ret = 0;
+
+	if (!cp->cache->host_addressable)
+		return backing_write_range(ring, fd, cp, a, b, progress);
+	for (pos = a; pos < b && !ret; pos = next) {
+		next = backing_run(copy_ptr(cp), pos, b, &hole);
+		if (hole) {
+			holes += next - pos;
+			if (inplace && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+						 (off_t)pos, (off_t)(next - pos)) < 0)
+				ret = backing_write_range(ring, fd, cp, pos, next, progress);
+			continue;
+		}
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			ns = realloc(seg, cap * sizeof(*seg));
+			if (!ns) {
+				ret = -ENOMEM;	/* retried, like any failed flush */
+				break;
+			}
+			seg = ns;
+		}
+		seg[n++] = (struct ssd_seg){ .off = pos, .len = next - pos,
+					     .buf = copy_ptr(cp) + pos };
+	}
+	if (!ret && n)
+		ret = backing_write_segs(ring, fd, seg, n, progress);
+	free(seg);
+	if (!ret && progress)
+		__atomic_add_fetch(progress, holes, __ATOMIC_RELAXED);
+	return ret;
+}
+
+/* e->cfg.ordered_log holds for fd: it is on that file system. */
+static bool ordered_here(struct engine *e, int fd)
+{
+	struct stat st;
+
+	return e->cfg.ordered_log && fstat(fd, &st) == 0 && st.st_dev == e->cfg.ordered_dev;
+}
+
+/* Wait for the writes of fd already made or under way to complete. */
+static int wait_written(int fd)
+{
+	return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+			       SYNC_FILE_RANGE_WAIT_AFTER) < 0 ? -errno : 0;
+}
+
+/*
+ * Make the bytes written to version fd stable before its rename.  In
+ * general an fdatasync: the rename must never be durable before the data
+ * it names.  On a file system whose log commits every metadata change in
+ * order, each commit after a flush of the disk's cache (e->cfg.ordered_log,
+ * backing_log_ordered()), it is enough that the writes completed: the
+ * version's allocation and size are logged before its rename, and the
+ * commit that makes the rename durable (the directory's fsync at the
+ * file's fsync, or the file system's own) flushes the cache first.  One
+ * log commit per fsync instead of two, and none per background flush
+ * (tests/test_crash_states.py checks both ways at every moment of a run).
+ * Not for a version written in place (no rename orders it), nor on another
+ * file system under the backing directory.  ring NULL: a plain fdatasync.
+ */
+int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
+		       bool inplace)
+{
+	if (!inplace && ordered_here(e, fd))
+		return wait_written(fd);
+	return small || !ring ? (fdatasync(fd) < 0 ? -errno : 0) : ssd_fdatasync(ring, fd);
+}
+
+/*
+ * Make a version holding extents cloned from earlier versions (an
+ * incremental or a de-duplicated flush) stable before its rename.  Where
+ * the log is ordered (eng_settle_version), as a whole version is: the
+ * clones are logged changes of its extent map, committed in order before
+ * the rename, and the blocks they share were written and completed for
+ * the earlier version (its own settle), so the rename's commit, which
+ * flushes the disk's cache first, makes all of it durable; the writes
+ * over shared blocks (copy-on-write) are remapped when they complete,
+ * before the wait returns.  Elsewhere an fsync, not an fdatasync: the
+ * clones changed the extent map.  (tests/test_crash_states.py writes
+ * such versions on XFS.)  0 / -errno.
+ */
+int eng_settle_cloned(struct engine *e, int fd)
+{
+	return ordered_here(e, fd) ? wait_written(fd) : fsync(fd) < 0 ? -errno : 0;
 }
 
 int backing_copy_file(struct tfile *f, int dst, uint64_t len)

@@ -1,6 +1,6 @@
 /*
  * dedup.c - the reflink probe, FICLONERANGE and the changed-range sets of
- * incremental flushes (see dedup.h; flush.c uses them, write.c and read.c
+ * incremental flushes (see dedup.h; dedup_flush.c uses them, write.c and read.c
  * record changes through eng_note_change()).
  *
  * Owns nothing shared: a struct dset belongs to whoever embeds it (a

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 
 #include "balance.h"
+#include "dedup_flush.h"
 #include "engine_int.h"
 #include "ssd.h"
 #include "gpu.h"

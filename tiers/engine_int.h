@@ -11,14 +11,17 @@
  *   write.c     the write path: writable copies, shadows (write-through),
  *               truncate, writers' close, fsync
  *   read.c      the read paths: read, zero-copy read, device read, spans
- *   flush.c     the SSD flush queue and its flushers, the GPU -> host
- *               queue and its cascade thread
+ *   flush.c     the SSD flush queue and its flushers, the whole-file
+ *               flush, the GPU -> host queue and its cascade thread
+ *   dedup_flush.c  the incremental and chunked flushes of -o dedup and
+ *               the chunk index's versions (dedup_flush.h: what flush.c,
+ *               write.c and engine.c call)
  *   hints.c     the restore queue
  *   prefetch.c  the prefetcher thread
  *   host.c      the host buffer's toucher and pinning
- *   backing.c   byte movers between caches, device memory and backing files
+ *   backing.c   byte movers between caches, device memory and backing
+ *               files; a flush's writes into its version, and its settling
  *   dedup.c     -o dedup's reflink probe, changed-range sets, chunk index
- *               (flush.c does the incremental and chunked flushes)
  *
  * Locks (lockorder.h has the table): e->lock guards everything in struct
  * engine below it and every cache's table, every copy and every tfile field
@@ -450,11 +453,6 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			       uint64_t cap, uint64_t keep, int *err);
 void eng_writer_done(struct engine *e, struct tfile *f);
 void eng_mark_modified(struct tfile *f);
-/* e->lock held: f's backing version is about to change or go: its chunks
- * leave the index (flush.c). */
-void eng_dd_retire(struct engine *e, struct tfile *f);
-/* Free every indexed version (engine_destroy, no thread left). */
-void eng_dd_destroy(struct engine *e);
 /*
  * e->lock held, before bytes [start, end) of f's copy change (a write, a
  * hole zeroed, a client span): record them for an incremental flush.  The
@@ -529,9 +527,26 @@ int backing_pwrite_sparse(int fd, const void *buf, uint64_t n);
 /* Copy the first len bytes of f's backing content into fd, holes kept
  * (copy_file_range, else read and write): 0 / -errno. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len);
-/* Make version fd's data stable before its rename (flush.c). */
+/*
+ * A flush's writes into its version fd, at the same offsets as in the copy
+ * (e->lock not held, the copy leased): segments through ring, or plain
+ * writes where ring is NULL (an fsync's own flush); bytes [a, b) of cp;
+ * the same with cp's holes left out (punched when inplace).  progress, when
+ * not NULL, is advanced as bytes go.  0 or the first -errno.
+ */
+struct ssd_seg;
+int backing_write_segs(struct ssd_ring *ring, int fd, const struct ssd_seg *seg, unsigned n,
+		       uint64_t *progress);
+int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+			uint64_t b, uint64_t *progress);
+int backing_write_sparse(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
+			 uint64_t b, uint64_t *progress, bool inplace);
+/* Make version fd's data stable before its rename: a whole version (an
+ * fdatasync, or the wait for its writes where the log is ordered), or one
+ * holding clones of earlier versions (an fsync, or that wait).  0 / -errno. */
 int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
 		       bool inplace);
+int eng_settle_cloned(struct engine *e, int fd);
 
 /* ---- prefetch.c, host.c ----------------------------------------------- */
 

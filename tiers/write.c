@@ -16,7 +16,8 @@
  * gen, size and mtime while dirty.  Entry points take f->lock, then
  * e->lock; commit_shadow() calls ops->version_commit with f->lock held and
  * e->lock dropped (the fs side takes fs.nslock and fs.lock there).
- * Calls place.c, flush.c (eng_complete_copy) and backing.c.
+ * Calls place.c, flush.c (eng_complete_copy), dedup_flush.c (eng_dd_retire)
+ * and backing.c.
  */
 #include <assert.h>
 #include <errno.h>
@@ -30,6 +31,7 @@
 #include <linux/falloc.h>
 #include <sys/stat.h>
 
+#include "dedup_flush.h"
 #include "engine_int.h"
 #include "gpu_tier.h"
 #include "gpu.h"
