@@ -202,26 +202,22 @@ extern struct fs fs;
 /* fs.lock and fs.nslock, through the lock-order check (lockorder.h). */
 static inline void fs_lock(void)
 {
-	lock_rank_take(LR_FS);
-	pthread_mutex_lock(&fs.lock);
+	ranked_lock(&fs.lock, LR_FS);
 }
 
 static inline void fs_unlock(void)
 {
-	pthread_mutex_unlock(&fs.lock);
-	lock_rank_drop(LR_FS);
+	ranked_unlock(&fs.lock, LR_FS);
 }
 
 static inline void fs_ns_lock(void)
 {
-	lock_rank_take(LR_FS_NS);
-	pthread_mutex_lock(&fs.nslock);
+	ranked_lock(&fs.nslock, LR_FS_NS);
 }
 
 static inline void fs_ns_unlock(void)
 {
-	pthread_mutex_unlock(&fs.nslock);
-	lock_rank_drop(LR_FS_NS);
+	ranked_unlock(&fs.nslock, LR_FS_NS);
 }
 
 /* Is there a persistent tier (-o persist=DIR, set before the mount serves

@@ -62,14 +62,12 @@ static struct {
 /* fdc.lock, through the lock-order check (innermost; lockorder.h). */
 static void fdc_lock(void)
 {
-	lock_rank_take(LR_FS_FD);
-	pthread_mutex_lock(&fdc.lock);
+	ranked_lock(&fdc.lock, LR_FS_FD);
 }
 
 static void fdc_unlock(void)
 {
-	pthread_mutex_unlock(&fdc.lock);
-	lock_rank_drop(LR_FS_FD);
+	ranked_unlock(&fdc.lock, LR_FS_FD);
 }
 
 /* Descriptors closed after fdc.lock is dropped. */

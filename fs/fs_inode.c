@@ -390,8 +390,7 @@ static int ino_alloc(uint64_t *v)
 	char path[64], buf[24];
 	int ret = 0, dfd;
 
-	lock_rank_take(LR_FS_INO);
-	pthread_mutex_lock(&ino.lock);
+	ranked_lock(&ino.lock, LR_FS_INO);
 	if (ino.next >= ino.limit) {
 		uint64_t limit = ino.next + FS_INO_BLOCK;
 
@@ -412,8 +411,7 @@ static int ino_alloc(uint64_t *v)
 	}
 	if (!ret)
 		*v = FS_INO_TAGGED | ino.next++;
-	pthread_mutex_unlock(&ino.lock);
-	lock_rank_drop(LR_FS_INO);
+	ranked_unlock(&ino.lock, LR_FS_INO);
 	return ret;
 }
 

@@ -167,14 +167,12 @@ static struct {
 /* ipc_cache.lock, through the lock-order check (lockorder.h). */
 static void ipc_lock(void)
 {
-	lock_rank_take(LR_IPC);
-	pthread_mutex_lock(&ipc_cache.lock);
+	ranked_lock(&ipc_cache.lock, LR_IPC);
 }
 
 static void ipc_unlock(void)
 {
-	pthread_mutex_unlock(&ipc_cache.lock);
-	lock_rank_drop(LR_IPC);
+	ranked_unlock(&ipc_cache.lock, LR_IPC);
 }
 
 static void entry_close(struct ipc_entry *ent)

@@ -436,8 +436,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 	size_t done = 0;
 
 	(void)cookie;
-	lock_rank_take(LR_LOG);
-	pthread_mutex_lock(&log_mu);
+	ranked_lock(&log_mu, LR_LOG);
 	while (done < len) {
 		const char *nl = memchr(buf + done, '\n', len - done);
 		size_t n = nl ? (size_t)(nl - (buf + done)) + 1 : len - done;
@@ -454,8 +453,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t len)
 		log_bol = nl != NULL;
 		done += n;
 	}
-	pthread_mutex_unlock(&log_mu);
-	lock_rank_drop(LR_LOG);
+	ranked_unlock(&log_mu, LR_LOG);
 	return (ssize_t)len;
 }
 

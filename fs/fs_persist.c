@@ -185,26 +185,22 @@ static struct {
 /* pq.lock and pg.lock, through the lock-order check (lockorder.h). */
 static void pq_lock(void)
 {
-	lock_rank_take(LR_PERSIST);
-	pthread_mutex_lock(&pq.lock);
+	ranked_lock(&pq.lock, LR_PERSIST);
 }
 
 static void pq_unlock(void)
 {
-	pthread_mutex_unlock(&pq.lock);
-	lock_rank_drop(LR_PERSIST);
+	ranked_unlock(&pq.lock, LR_PERSIST);
 }
 
 static void pg_lock(void)
 {
-	lock_rank_take(LR_PERSIST_POOL);
-	pthread_mutex_lock(&pg.lock);
+	ranked_lock(&pg.lock, LR_PERSIST_POOL);
 }
 
 static void pg_unlock(void)
 {
-	pthread_mutex_unlock(&pg.lock);
-	lock_rank_drop(LR_PERSIST_POOL);
+	ranked_unlock(&pg.lock, LR_PERSIST_POOL);
 }
 
 /*

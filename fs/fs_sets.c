@@ -123,14 +123,12 @@ static struct {
 
 static void sets_lock(void)
 {
-	lock_rank_take(LR_SETS);
-	pthread_mutex_lock(&sets.lock);
+	ranked_lock(&sets.lock, LR_SETS);
 }
 
 static void sets_unlock(void)
 {
-	pthread_mutex_unlock(&sets.lock);
-	lock_rank_drop(LR_SETS);
+	ranked_unlock(&sets.lock, LR_SETS);
 }
 
 /* ------------------------------------------------------------ options */

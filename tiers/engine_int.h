@@ -187,26 +187,22 @@ struct hint_user {
 
 static inline void eng_lock(struct engine *e)
 {
-	lock_rank_take(LR_ENGINE);
-	pthread_mutex_lock(&e->lock);
+	ranked_lock(&e->lock, LR_ENGINE);
 }
 
 static inline void eng_unlock(struct engine *e)
 {
-	pthread_mutex_unlock(&e->lock);
-	lock_rank_drop(LR_ENGINE);
+	ranked_unlock(&e->lock, LR_ENGINE);
 }
 
 static inline void tfile_lock(struct tfile *f)
 {
-	lock_rank_take(LR_TFILE);
-	pthread_mutex_lock(&f->lock);
+	ranked_lock(&f->lock, LR_TFILE);
 }
 
 static inline void tfile_unlock(struct tfile *f)
 {
-	pthread_mutex_unlock(&f->lock);
-	lock_rank_drop(LR_TFILE);
+	ranked_unlock(&f->lock, LR_TFILE);
 }
 
 /*

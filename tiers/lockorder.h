@@ -63,6 +63,8 @@
 #ifndef TIERFS_LOCKORDER_H
 #define TIERFS_LOCKORDER_H
 
+#include <pthread.h>
+
 enum lock_rank {
 	LR_TFILE = 1,		/* tfile.lock */
 	LR_FS_FILE,		/* a regular file's ilock */
@@ -87,5 +89,19 @@ void lock_rank_drop(enum lock_rank r);
 static inline void lock_rank_take(enum lock_rank r) { (void)r; }
 static inline void lock_rank_drop(enum lock_rank r) { (void)r; }
 #endif
+
+/* Take / release mutex m of rank r through the check: what every lock's
+ * own pair of calls (fs_lock, eng_lock, pq_lock, ...) is made of. */
+static inline void ranked_lock(pthread_mutex_t *m, enum lock_rank r)
+{
+	lock_rank_take(r);
+	pthread_mutex_lock(m);
+}
+
+static inline void ranked_unlock(pthread_mutex_t *m, enum lock_rank r)
+{
+	pthread_mutex_unlock(m);
+	lock_rank_drop(r);
+}
 
 #endif /* TIERFS_LOCKORDER_H */
