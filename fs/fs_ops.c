@@ -9,7 +9,7 @@
  * (tiers/); fs_version.c makes and commits new versions of backing files;
  * fs_inode.c keeps the inodes.  fs_sets.c's retention removes old sets
  * through fs_remove_local(): this file is under it, and an rmdir here
- * removes a set's own manifest itself (rmdir_set_files).
+ * removes a set's own manifest itself (fs_rmdir_set_record, fs_persist.c).
  *
  * st_ino and d_ino as seen through the mount are the inode numbers of
  * fs_inode.c (fs_ino_number, fs_dirent_ino), not the FUSE node ids: a
@@ -520,33 +520,6 @@ static void put_child(struct fs_inode *in)
 	}
 }
 
-/* rmdir of dfd/name failed with ENOTEMPTY: remove a set's own hidden files
- * (its manifest, fs_sets.c) if nothing else is left in it.  true: removed,
- * try again. */
-static bool rmdir_set_files(int dfd, const char *name)
-{
-	struct dirent *de;
-	bool only = true;
-	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *dp = fd >= 0 ? fdopendir(fd) : NULL;
-
-	if (!dp) {
-		if (fd >= 0)
-			close(fd);
-		return false;
-	}
-	while (only && (de = readdir(dp)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
-		    strcmp(de->d_name, FS_SET_RECORD) && strcmp(de->d_name, FS_SET_RECORD_TMP))
-			only = false;
-	if (only) {
-		only = unlinkat(fd, FS_SET_RECORD, 0) == 0;
-		unlinkat(fd, FS_SET_RECORD_TMP, 0);
-	}
-	closedir(dp);
-	return only;
-}
-
 /*
  * unlink and rmdir.  The directory's names lock keeps the name's object
  * steady (every change of a name in it takes it, a version commit of a
@@ -576,7 +549,7 @@ static int remove_core(struct fs_inode *p, const char *name, int flags, bool per
 		if (unlinkat(pfd, name, flags) < 0)
 			ret = -errno;
 		/* a set's own hidden files (fs_sets.c) go with it */
-		if (ret == -ENOTEMPTY && (flags & AT_REMOVEDIR) && rmdir_set_files(pfd, name))
+		if (ret == -ENOTEMPTY && (flags & AT_REMOVEDIR) && fs_rmdir_set_record(pfd, name))
 			ret = unlinkat(pfd, name, flags) < 0 ? -errno : 0;
 	}
 	if (!ret && in) {

@@ -1871,8 +1871,6 @@ copy:
 	return ret;
 }
 
-static bool rmdir_record_only(int dfd, const char *name);
-
 static int do_ns(struct pop *op)
 {
 	int root = open_dir_root(), ret = 0, d = -1, d2 = -1;
@@ -1896,7 +1894,7 @@ static int do_ns(struct pop *op)
 		int r = unlinkat(d, b, AT_REMOVEDIR) < 0 ? errno : 0;
 
 		/* a set's record, all that is left of it, goes with it */
-		if ((r == ENOTEMPTY || r == EEXIST) && rmdir_record_only(d, b))
+		if ((r == ENOTEMPTY || r == EEXIST) && fs_rmdir_set_record(d, b))
 			r = unlinkat(d, b, AT_REMOVEDIR) < 0 ? errno : 0;
 		if (r && r != ENOENT)
 			ret = r == ENOTEMPTY || r == EEXIST ? 1 : -r;
@@ -2972,10 +2970,7 @@ static void prune_sets(int pfd, const char *rel)
 	free(e);
 }
 
-/* rmdir in DIR found dfd/name not empty: if its set record is all that is
- * left (the set's files were removed through the mount), remove it.
- * true: removed, try again. */
-static bool rmdir_record_only(int dfd, const char *name)
+bool fs_rmdir_set_record(int dfd, const char *name)
 {
 	struct dirent *de;
 	bool only = true;
@@ -2989,10 +2984,12 @@ static bool rmdir_record_only(int dfd, const char *name)
 	}
 	while (only && (de = readdir(d)))
 		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
-		    strcmp(de->d_name, FS_SET_RECORD))
+		    strcmp(de->d_name, FS_SET_RECORD) && strcmp(de->d_name, FS_SET_RECORD_TMP))
 			only = false;
-	if (only)
+	if (only) {
 		only = unlinkat(fd, FS_SET_RECORD, 0) == 0;
+		unlinkat(fd, FS_SET_RECORD_TMP, 0);
+	}
 	closedir(d);
 	return only;
 }

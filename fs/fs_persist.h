@@ -82,6 +82,13 @@ void fs_persist_snap_free(struct fs_psnap *s);
  * it is the commit point, written only once every file it names is there.
  */
 #define FS_SET_RECORD	FS_HIDDEN_PREFIX ".set"
+/* The record while it is rewritten (fs_sets.c). */
+#define FS_SET_RECORD_TMP	FS_HIDDEN_PREFIX ".set.new"
+
+/* rmdir of dfd/name failed as not empty: if a set's record (and its
+ * rewrite) is all that is left in it, remove them.  true: removed, try
+ * the rmdir again.  For the backing directory (fs_ops.c) and DIR. */
+bool fs_rmdir_set_record(int dfd, const char *name);
 
 struct fs_pfile {
 	char *name;

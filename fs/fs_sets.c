@@ -58,7 +58,7 @@
 #include "../common/log.h"
 
 #define MANIFEST	FS_SET_RECORD		/* fs_persist.h */
-#define MANIFEST_TMP	FS_SET_RECORD_TMP	/* fs_sets.h */
+#define MANIFEST_TMP	FS_SET_RECORD_TMP	/* fs_persist.h */
 #define MANIFEST_MAX	(64u << 20)		/* bytes read at most */
 #define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
 #define KEEP_XATTR	TIERFS_XATTR_KEEP	/* on the backing directory */

@@ -27,9 +27,4 @@ int fs_sets_getx(struct fs_inode *in, const char *name, char *buf, size_t len);
 int fs_sets_setx(struct fs_inode *in, const char *name, const char *value, size_t size);
 int fs_sets_removex(struct fs_inode *in, const char *name);
 
-/* A set's manifest (FS_SET_RECORD, fs_persist.h) while it is rewritten:
- * the two hidden files of a set directory, which an rmdir through the
- * mount removes with it (fs_ops.c). */
-#define FS_SET_RECORD_TMP	FS_HIDDEN_PREFIX ".set.new"
-
 #endif /* TIERFS_FS_SETS_H */
