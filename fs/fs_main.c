@@ -145,6 +145,14 @@ static bool allow_root;			/* -o allow_root (libfuse's) */
 #define DEDUP_CHUNK_DEFAULT	(16u << 10)	/* bench/RESULTS.md section 9 */
 #define DEDUP_INDEX_DEFAULT	(64u << 20)
 
+/* "name=value": keep value in *dst (the last one given counts). */
+static int keep_value(char **dst, const char *arg)
+{
+	free(*dst);
+	*dst = strdup(strchr(arg, '=') + 1);
+	return 0;
+}
+
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 {
 	struct fs_opts *o = data;
@@ -152,11 +160,9 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 	(void)out;
 	switch (key) {
 	case 1:
-		host_cache_str = strdup(arg + strlen("host_cache="));
-		return 0;
+		return keep_value(&host_cache_str, arg);
 	case 2:
-		gpu_cache_str = strdup(arg + strlen("gpu_cache="));
-		return 0;
+		return keep_value(&gpu_cache_str, arg);
 	case 3:
 		o->foreground = 1;
 		return 0;
@@ -177,42 +183,28 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 		o->atime = FS_STRICTATIME;
 		return 0;
 	case 9:
-		free(logfile_path);
-		logfile_path = strdup(arg + strlen("logfile="));
-		return 0;
+		return keep_value(&logfile_path, arg);
 	case 10:
 		for (size_t i = 0; i < sizeof(num_opts) / sizeof(num_opts[0]); i++) {
 			size_t l = strlen(num_opts[i].name);
 
-			if (!strncmp(arg, num_opts[i].name, l) && arg[l] == '=') {
-				free(num_opts[i].val);
-				num_opts[i].val = strdup(arg + l + 1);
-			}
+			if (!strncmp(arg, num_opts[i].name, l) && arg[l] == '=')
+				keep_value(&num_opts[i].val, arg);
 		}
 		return 0;
 	case 11:
-		free(dedup_chunk_str);
-		dedup_chunk_str = strdup(arg + strlen("dedup_chunk="));
-		return 0;
+		return keep_value(&dedup_chunk_str, arg);
 	case 12:
-		free(dedup_index_str);
-		dedup_index_str = strdup(arg + strlen("dedup_index="));
-		return 0;
+		return keep_value(&dedup_index_str, arg);
 	case 13:
 		allow_root = true;
 		return 1;		/* libfuse's */
 	case 14:
-		free(persist_wait_str);
-		persist_wait_str = strdup(arg + strlen("persist_wait="));
-		return 0;
+		return keep_value(&persist_wait_str, arg);
 	case 15:
-		free(persist_bw_str);
-		persist_bw_str = strdup(arg + strlen("persist_bw="));
-		return 0;
+		return keep_value(&persist_bw_str, arg);
 	case 16:
-		free(persist_timeout_str);
-		persist_timeout_str = strdup(arg + strlen("persist_timeout="));
-		return 0;
+		return keep_value(&persist_timeout_str, arg);
 	case FUSE_OPT_KEY_NONOPT:
 		if (nonopts == 0) {
 			char *r = realpath(arg, NULL);
