@@ -121,7 +121,7 @@ def loop_mounted(img, root, what):
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A backing directory on an 8 MiB tmpfs (the "SSD" that fills up).
-    test_persist.py and test_integrity_misc.py have their own."""
+    test_persist.py has its own, of 4 MiB, for DIR."""
     util.require_daemon("ENOSPC must come from the daemon's flush")
     d = tmp_path / "ssd"
     d.mkdir()

@@ -260,19 +260,6 @@ def test_bad_logfile_refused(tmp_path):
 
 # ------------------------------------------------------------ item 13
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A backing directory on a tmpfs of 8 MiB (the "SSD")."""
-    d = tmp_path / "ssd"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M,mode=0755", "tmpfs", str(d)],
-                   check=True)
-    try:
-        yield str(d)
-    finally:
-        util.lazy_umount(str(d))
-
-
 def close_quiet(fd):
     try:
         os.close(fd)
