@@ -262,6 +262,53 @@ def test_load_into_mismatches_change_nothing(tmp_path):
     assert issubclass(tt.MismatchError, ValueError)
 
 
+def test_repeated_loads_into_one_object_see_its_changes(place):
+    """A load into an object loaded into before walks it ahead, against the
+    structure of its last file: what the object became since, and a file of
+    another structure, must still be seen."""
+    a = os.path.join(place.dir, "a.safetensors")
+    b = os.path.join(place.dir, "b.safetensors")
+    tt.save({"w": torch.arange(6.0), "n": 1, "s": torch.tensor(2.0)}, a)
+    tt.save({"w": torch.arange(6.0) * 2, "other": torch.ones(3)}, b)
+    into = {"w": torch.zeros(6), "n": 0, "s": torch.zeros(())}
+    for _ in range(3):                  # the second and third walk ahead
+        assert tt.load(a, into=into) is into and into["n"] == 1
+    assert torch.equal(into["w"], torch.arange(6.0)) and into["s"].item() == 2.0
+
+    into["w"] = torch.zeros(5)          # changed since the last load: refused
+    with pytest.raises(tt.MismatchError, match=r"w: the file has shape \[6\]"):
+        tt.load(a, into=into)
+    assert torch.equal(into["w"], torch.zeros(5))
+    fresh = into["w"] = torch.zeros(6)  # a new tensor in the slot: filled, not the old one
+    tt.load(a, into=into)
+    assert into["w"] is fresh and torch.equal(fresh, torch.arange(6.0))
+
+    with pytest.raises(tt.MismatchError, match="s: in `into`, not in the file"):
+        tt.load(b, into=into)           # another file, another walk
+    got = tt.load(b, into={"w": torch.zeros(6), "other": torch.zeros(3)})
+    assert torch.equal(got["w"], torch.arange(6.0) * 2)
+    assert torch.equal(tt.load(a, into=into)["w"], torch.arange(6.0))
+
+
+def test_host_tensors_after_the_header_are_read_with_it(place):
+    """save() puts host tensors right after the header; a load takes those
+    that lie in the header's read from it, and reads the rest, exactly."""
+    g = torch.Generator().manual_seed(5)
+    small = {f"s{i}": torch.randn(3, generator=g) for i in range(20)}
+    big = torch.randn(40000, generator=g)         # 160 KB: past the first read
+    sd = {"small": small, "big": big, "i": torch.arange(7)}
+    path = os.path.join(place.dir, "h.safetensors")
+    tt.save(sd, path)
+    before = tt.io_stats.get("host_from_header", 0)
+    got = tt.load(path)
+    assert_equal(sd, got)
+    assert tt.io_stats["host_from_header"] > before
+    into = {"small": {k: torch.zeros(3) for k in small}, "big": torch.zeros(40000),
+            "i": torch.zeros(7, dtype=torch.int64)}
+    tt.load(path, into=into)
+    assert_equal(sd, into)
+
+
 def test_shared_storage_written_once(place):
     base = torch.arange(1000, dtype=torch.float32)
     path = os.path.join(place.dir, "tied.safetensors")

@@ -413,8 +413,10 @@ class _Header:
 
     @staticmethod
     def read_raw(path, fd):
-        """(the length and header bytes, the file's size), read with one
-        pread where the header is under 64 KiB."""
+        """((the length and header bytes, the file's size), the file's first
+        bytes as read), with one pread where the header is under 64 KiB (the
+        first bytes then go on past the header: a load takes the host
+        tensors that lie there from them)."""
         size = os.fstat(fd).st_size
         if size < 8:
             raise FormatError(f"{path}: {size} bytes: not a safetensors file (truncated?)")
@@ -431,10 +433,10 @@ class _Header:
             raw += os.pread(fd, n - len(raw), 8 + len(raw))
         if len(raw) != n:
             raise FormatError(f"{path}: file ends inside the header")
-        return first[:8] + raw, size
+        return (first[:8] + raw, size), first
 
     def __init__(self, path, fd, got=None):
-        head_raw, size = got if got is not None else self.read_raw(path, fd)
+        head_raw, size = got if got is not None else self.read_raw(path, fd)[0]
         raw, n = head_raw[8:], len(head_raw) - 8
         try:
             text = raw.decode("utf-8")
@@ -1176,16 +1178,17 @@ _headers = collections.OrderedDict()
 
 
 def _checked(path, fd):
-    """(header, structure, compiled root, uses, the entries referenced once
-    as a whole tensor) of the file open at fd, checked."""
-    got = _Header.read_raw(path, fd)
+    """((header, structure, compiled root, uses, the entries referenced once
+    as a whole tensor) of the file open at fd, checked; the file's first
+    bytes, as read)."""
+    got, first = _Header.read_raw(path, fd)
     with _plans_lock:
         hit = _headers.get(got)
         if hit is not None:
             _headers.move_to_end(got)
     if hit is not None:
         _count("headers_reused", 1)
-        return hit
+        return hit, first
     hdr = _Header(path, fd, got)
     st = _structure(path, hdr)
     _Loader(path, hdr.entries, {}).check(st["root"])
@@ -1196,11 +1199,12 @@ def _checked(path, fd):
             raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
                             f"({torch.__version__}) has no dtype for")
     single = frozenset(n for n, u in uses.items() if u == [1, 0])
+    hit = (hdr, st, root, uses, single)
     with _plans_lock:
-        _headers[got] = (hdr, st, root, uses, single)
+        _headers[got] = hit
         while len(_headers) > _HEADERS_MAX:
             _headers.popitem(last=False)
-    return hdr, st, root, uses, single
+    return hit, first
 
 
 def _structure(path, hdr):
@@ -1264,6 +1268,8 @@ class _Into:
     def __init__(self, strict, entries, single):
         self.strict, self.entries, self.single = strict, entries, single
         self.direct, self.hint, self.copies, self.sets = {}, {}, [], []
+        self.cpu, self.cuda = [], {}    # the direct reads' jobs (see _split)
+        self.top = self.error = None
 
     @staticmethod
     def bad(link, msg):
@@ -1276,7 +1282,7 @@ class _Into:
     def tensor(self, c, t, link):
         """Tensor or view node c against tensor t of `into`."""
         if c[0] is _T:
-            dt, shape, _, _ = self.entries[c[1]]
+            dt, shape, b, e = self.entries[c[1]]
         else:
             dt, shape = self.entries[c[1]][0], c[2][0]
         if t.shape != shape:
@@ -1286,8 +1292,16 @@ class _Into:
         if c[0] is _T:
             name = c[1]
             self.hint[name] = dev = t.device
-            if name in self.single and dev.type in ("cpu", "cuda") and t.is_contiguous():
-                self.direct[name] = (t, dev)
+            if name in self.single and t.is_contiguous():
+                kind = dev.type
+                if kind == "cuda":
+                    self.cuda.setdefault(dev, []).append((t, b, e - b))
+                elif kind == "cpu":
+                    self.cpu.append((t, b, e - b))
+                else:
+                    self.copies.append((t, c))
+                    return
+                self.direct[name] = t
                 return
         self.copies.append((t, c))
 
@@ -1368,6 +1382,80 @@ def _value(r, loader):
     return r.value(loader) if type(r) is _Seq else loader.build(r)
 
 
+def _from_first(first, jobs):
+    """Fill the CPU jobs [(tensor, offset, bytes)] whose bytes lie in
+    `first` (the file's first bytes, read with the header: save() puts the
+    host tensors right after it) from there; returns the other jobs."""
+    if not jobs:
+        return jobs
+    lim, rest, base, n_in = len(first), [], None, 0
+    for job in jobs:
+        t, b, n = job
+        if b + n > lim:
+            rest.append(job)
+        elif n:
+            if base is None:
+                base = ctypes.cast(ctypes.c_char_p(first), ctypes.c_void_p).value
+            ctypes.memmove(t.data_ptr(), base + b, n)
+            n_in += n
+    if n_in:
+        _count("host_from_header", n_in)
+    return rest
+
+
+# A load into an object walks it against the file's structure.  The walk
+# reads `into` only, so a load into an object loaded into before starts
+# walking it (in the module's thread) against the structure of the file it
+# was loaded from last time, while this file is opened and its header read
+# (FUSE round trips, the GIL released); the walk is used when the header
+# turns out the same (the same checked structure), else it is done again.
+
+_INTO_MAX = 16
+_into_last = collections.OrderedDict()  # id(into) -> the _checked entry of its last load
+
+
+def _walk(hit, into, strict):
+    """The _Into walk of `into` against the checked header `hit`, its
+    MismatchError kept in .error."""
+    w = _Into(strict, hit[0].entries, hit[4])
+    try:
+        w.top = w.walk(hit[2], into, ())
+    except MismatchError as e:
+        w.error = e
+    return w
+
+
+def _walk_ahead(into, strict):
+    """(checked header, Future of its walk) for an object loaded into
+    before, else None."""
+    with _plans_lock:
+        hit = _into_last.get(id(into))
+    return (hit, _in_background(_walk, hit, into, strict)) if hit is not None else None
+
+
+def _walked(ahead, hit, into, strict):
+    """The walk of `into` against `hit`: the one started ahead where it was
+    against this header, else one done now.  Raises its MismatchError."""
+    w = None
+    if ahead is not None:
+        try:
+            w = ahead[1].result()
+        except Exception:               # noqa: BLE001 - done again below
+            w = None
+        if ahead[0] is not hit:
+            w = None
+    if w is None:
+        w = _walk(hit, into, strict)
+    if w.error is not None:
+        raise w.error
+    with _plans_lock:
+        _into_last[id(into)] = hit
+        _into_last.move_to_end(id(into))
+        while len(_into_last) > _INTO_MAX:
+            _into_last.popitem(last=False)
+    return w
+
+
 def load(path, map_location=None, into=None, strict=True):
     """Load what save() wrote to `path` (or any safetensors file: a flat dict
     {name: tensor}).
@@ -1396,29 +1484,28 @@ def load(path, map_location=None, into=None, strict=True):
     truncated, or whose header lies; TypeError for a dtype this torch lacks."""
     path = os.fspath(path)
     mark = _marks(f"load {path}")
+    ahead = _walk_ahead(into, strict) if into is not None else None
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     mark("open")
     try:
-        hdr, st, root, uses, single = _checked(path, fd)
+        hit, first = _checked(path, fd)
+        hdr, st, root, uses, _ = hit
         mark("header")
         entries = hdr.entries
         devs = st.get("devices", {})
         if into is not None:
-            walk = _Into(strict, entries, single)
-            top = walk.walk(root, into, ())
-            direct, hint, copies = walk.direct, walk.hint, walk.copies
+            walk = _walked(ahead, hit, into, strict)
+            direct, hint, tensors = walk.direct, walk.hint, dict(walk.direct)
+            cpu, cuda, other = walk.cpu, walk.cuda, []
             mark("into")
         else:
-            direct, hint, copies = {}, {}, ()
-        tensors, where = {}, {}
-        cpu, cuda, other = [], {}, []   # the jobs by device (see _split)
-        for name, (dt, shape, b, e) in entries.items():
-            td = direct.get(name)
-            if td is not None:
-                t, dev = td
-            else:
-                if name not in uses:
-                    continue            # written but not referenced: not loaded
+            direct, hint, tensors = {}, {}, {}
+            cpu, cuda, other = [], {}, []   # the jobs by device (see _split)
+        where = {}
+        if len(direct) < len(uses):     # else every tensor is read in place
+            for name, (dt, shape, b, e) in entries.items():
+                if name in direct or name not in uses:
+                    continue            # read in place, or written but not referenced
                 dev = hint.get(name)
                 if dev is None:
                     saved = devs.get(name, "cpu")
@@ -1426,16 +1513,17 @@ def load(path, map_location=None, into=None, strict=True):
                     if dev is None:
                         dev = where[saved] = _device_for(saved, map_location)
                 t = torch.empty(shape, dtype=_FROM_NAME[dt], device=dev)
-            tensors[name] = t
-            job = (t, b, e - b)         # bytes in place: no autograd (no_grad below)
-            if dev.type == "cpu":
-                cpu.append(job)
-            elif dev.type == "cuda":
-                cuda.setdefault(dev, []).append(job)
-            else:
-                other.append(job)
+                tensors[name] = t
+                job = (t, b, e - b)     # bytes in place: no autograd (no_grad below)
+                if dev.type == "cpu":
+                    cpu.append(job)
+                elif dev.type == "cuda":
+                    cuda.setdefault(dev, []).append(job)
+                else:
+                    other.append(job)
         mark("tensors")
         with torch.no_grad():
+            cpu = _from_first(first, cpu)
             _read_split(fd, cpu, cuda, other, _on_tierfs(path))
         mark("read")
     finally:
@@ -1445,11 +1533,11 @@ def load(path, map_location=None, into=None, strict=True):
         out = loader.build(root)
     else:
         with torch.no_grad():
-            for target, c in copies:
+            for target, c in walk.copies:
                 target.copy_(loader.build(c))
             for container, key, r in walk.sets:
                 container[key] = _value(r, loader)
-        out = into if top is _SAME else _value(top, loader)
+        out = into if walk.top is _SAME else _value(walk.top, loader)
     if mark is not _no_mark:
         mark("close, build")
         mark.done()
