@@ -1179,8 +1179,9 @@ _headers = collections.OrderedDict()
 
 def _checked(path, fd):
     """((header, structure, compiled root, uses, the entries referenced once
-    as a whole tensor) of the file open at fd, checked; the file's first
-    bytes, as read)."""
+    as a whole tensor, {entry: (dtype, shape, offset, bytes, referenced
+    once as a whole tensor)}) of the file open at fd, checked; the file's
+    first bytes, as read)."""
     got, first = _Header.read_raw(path, fd)
     with _plans_lock:
         hit = _headers.get(got)
@@ -1199,7 +1200,9 @@ def _checked(path, fd):
             raise TypeError(f"{path}: tensor {name!r} is {dt}, which this torch "
                             f"({torch.__version__}) has no dtype for")
     single = frozenset(n for n, u in uses.items() if u == [1, 0])
-    hit = (hdr, st, root, uses, single)
+    tinfo = {name: (_FROM_NAME[dt], shape, b, e - b, name in single)
+             for name, (dt, shape, b, e) in hdr.entries.items()}
+    hit = (hdr, st, root, uses, single, tinfo)
     with _plans_lock:
         _headers[got] = hit
         while len(_headers) > _HEADERS_MAX:
@@ -1259,16 +1262,16 @@ class _Into:
     """One walk of the compiled structure against load(into=)'s object: it
     checks everything (MismatchError) and collects, changing nothing, what
     the load then does: the tensors to read straight into (direct: {entry:
-    (tensor, device)}), the devices to load the other entries to (hint),
+    tensor}, with their jobs in cpu and cuda), the devices to load the other entries to (hint),
     the tensors to copy into once loaded (copies: [(tensor, compiled
     node)]), and the slots to set afterwards (sets: [(container, key,
     compiled node or _Seq)]).  Paths are (parent, key) chains, made names
     only for an error."""
 
-    def __init__(self, strict, entries, single):
-        self.strict, self.entries, self.single = strict, entries, single
+    def __init__(self, strict, entries, tinfo):
+        self.strict, self.entries, self.tinfo = strict, entries, tinfo
         self.direct, self.hint, self.copies, self.sets = {}, {}, [], []
-        self.cpu, self.cuda = [], {}    # the direct reads' jobs (see _split)
+        self.cpu, self.cuda = [], {}    # the direct reads' jobs, CUDA ones by index
         self.top = self.error = None
 
     @staticmethod
@@ -1280,29 +1283,29 @@ class _Into:
             self.bad(link, f"`into` has a tensor, the file a {type(value).__name__}")
 
     def tensor(self, c, t, link):
-        """Tensor or view node c against tensor t of `into`."""
-        if c[0] is _T:
-            dt, shape, b, e = self.entries[c[1]]
-        else:
-            dt, shape = self.entries[c[1]][0], c[2][0]
-        if t.shape != shape:
-            self.bad(link, f"the file has shape {list(shape)}, `into` {list(t.shape)}")
-        if t.dtype is not _FROM_NAME[dt]:
-            self.bad(link, f"the file has dtype {_FROM_NAME[dt]}, `into` {t.dtype}")
+        """Tensor or view node c against tensor t of `into`.  The common
+        case (a whole entry read in place) asks t as little as it can: a
+        load walks every tensor of the state dict."""
         if c[0] is _T:
             name = c[1]
-            self.hint[name] = dev = t.device
-            if name in self.single and t.is_contiguous():
-                kind = dev.type
-                if kind == "cuda":
-                    self.cuda.setdefault(dev, []).append((t, b, e - b))
-                elif kind == "cpu":
-                    self.cpu.append((t, b, e - b))
-                else:
-                    self.copies.append((t, c))
+            dtype, shape, b, n, single = self.tinfo[name]
+        else:
+            dtype, shape = _FROM_NAME[self.entries[c[1]][0]], c[2][0]
+        if t.shape != shape:
+            self.bad(link, f"the file has shape {list(shape)}, `into` {list(t.shape)}")
+        if t.dtype is not dtype:
+            self.bad(link, f"the file has dtype {dtype}, `into` {t.dtype}")
+        if c[0] is _T:
+            if single and t.is_contiguous():
+                if t.is_cuda:
+                    self.cuda.setdefault(t.get_device(), []).append((t, b, n))
+                    self.direct[name] = t
                     return
-                self.direct[name] = t
-                return
+                if t.is_cpu:
+                    self.cpu.append((t, b, n))
+                    self.direct[name] = t
+                    return
+            self.hint[name] = t.device
         self.copies.append((t, c))
 
     def walk(self, c, t, link):
@@ -1417,7 +1420,7 @@ _into_last = collections.OrderedDict()  # id(into) -> the _checked entry of its 
 def _walk(hit, into, strict):
     """The _Into walk of `into` against the checked header `hit`, its
     MismatchError kept in .error."""
-    w = _Into(strict, hit[0].entries, hit[4])
+    w = _Into(strict, hit[0].entries, hit[5])
     try:
         w.top = w.walk(hit[2], into, ())
     except MismatchError as e:
@@ -1489,14 +1492,15 @@ def load(path, map_location=None, into=None, strict=True):
     mark("open")
     try:
         hit, first = _checked(path, fd)
-        hdr, st, root, uses, _ = hit
+        hdr, st, root, uses = hit[:4]
         mark("header")
         entries = hdr.entries
         devs = st.get("devices", {})
         if into is not None:
             walk = _walked(ahead, hit, into, strict)
             direct, hint, tensors = walk.direct, walk.hint, dict(walk.direct)
-            cpu, cuda, other = walk.cpu, walk.cuda, []
+            cpu, other = walk.cpu, []
+            cuda = {torch.device("cuda", i): js for i, js in walk.cuda.items()}
             mark("into")
         else:
             direct, hint, tensors = {}, {}, {}
@@ -1524,6 +1528,7 @@ def load(path, map_location=None, into=None, strict=True):
         mark("tensors")
         with torch.no_grad():
             cpu = _from_first(first, cpu)
+            mark("host")
             _read_split(fd, cpu, cuda, other, _on_tierfs(path))
         mark("read")
     finally:
