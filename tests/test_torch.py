@@ -563,6 +563,27 @@ def test_dcp_round_trip(place, how):
 
 
 @dcp_only
+@pytest.mark.daemon
+def test_dcp_writer_keeps_a_big_checkpoint_in_the_cache(mount):
+    """The writer puts the tensors in first and the header and the
+    non-tensor items after them: written the other way round, the items at
+    the file's far end left a hole of the tensors' size, and tierfs writes
+    a file with such a hole through to the backing directory (2.2 s instead
+    of 24 ms for 3.9 GiB on an H200)."""
+    import torch.distributed.checkpoint as dcp
+    m = mount(host_cache="256M")
+    g = torch.Generator().manual_seed(11)
+    sd = {"w": torch.randn(12 << 20, generator=g), "step": 7, "names": ["a", "b"]}
+    d = os.path.join(m.mnt, "dcp")
+    before = tierfs.stats(m.mnt)["ssd"]["bytes_written_through"]
+    dcp.save(sd, storage_writer=tt.FileSystemWriter(d))
+    assert tierfs.stats(m.mnt)["ssd"]["bytes_written_through"] == before
+    target = {"w": torch.zeros(12 << 20), "step": 0, "names": []}
+    dcp.load(target, storage_reader=tt.FileSystemReader(d))
+    assert torch.equal(target["w"], sd["w"]) and target["step"] == 7
+
+
+@dcp_only
 def test_dcp_reader_reads_torchs_own_checkpoints(tmp_path):
     import torch.distributed.checkpoint as dcp
     sd = _dcp_state()

@@ -140,16 +140,19 @@ def build(_fs, LoadItemType, WriteItemType, WriteResult, Future, tt):  # noqa: N
             on_tfs = tt._on_tierfs(d)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                tt._vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
                 jobs, raw = [], []
                 for e, o in zip(ents, offs):
                     if isinstance(e[4], torch.Tensor):
                         jobs.append((e[4], len(header) + o))
                     else:
                         raw.append((e[4], len(header) + o))
+                # the tensors first, as tierfs.torch.save writes (see its
+                # _write_file): the device tensors' one vectored call gives
+                # the file its size and its copy's place
+                tt._write_tensors(fd, jobs, on_tfs)
                 for buf, o in raw:
                     tt._count("posix_write", tt._vec_io(os.pwritev, fd, [buf], o, "write"))
-                tt._write_tensors(fd, jobs, on_tfs)
+                tt._vec_io(os.pwritev, fd, [memoryview(header)], 0, "write")
                 if self.sync_files:
                     os.fsync(fd)
             finally:
