@@ -47,7 +47,7 @@
 
 #include "../common/fault.h"
 #include "../tiers/engine.h"
-#include "../tiers/lockorder.h"
+#include "../common/lockorder.h"
 
 #define FS_HIDDEN_PREFIX ".tierfs"	/* backing-dir names tierfs keeps to itself */
 /* A regular file's inode number, on its backing file (fs_inode.c); and the

@@ -196,9 +196,9 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 	ent = calloc(1, sizeof(*ent));
 	if (!ent)
 		return -ENOMEM;
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	c = conn_find(conn_id);
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	if (!c) {
 		free(ent);
 		return -ESTALE;
@@ -210,7 +210,7 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 		tlog(LOG_DEBUG, "gpu share: %s span of %d range%s, %" PRIu64 " B: placed "
 		     "in %.1f us", write ? "write" : "read", n, n == 1 ? "" : "s",
 		     ent->s.bytes, (tier_now() - t0) * 1e6);
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	dead = c->dead;
 	if (!ret && ent->s.cp && !dead) {
 		int i = 0;
@@ -233,7 +233,7 @@ static int share_begin(uid_t uid, struct fs_inode *in, uint64_t conn_id, bool wr
 	} else {
 		free_conn = --c->busy == 0 && dead;
 	}
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	if (free_conn)
 		conn_free(c);
 	if (!ret && dead) {	/* the client went away meanwhile */
@@ -323,7 +323,7 @@ static void conn_close(struct conn *c)
 	bool free_it;
 	int n = 0;
 
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	for (struct conn **pp = &share.conns; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
@@ -333,7 +333,7 @@ static void conn_close(struct conn *c)
 	list = c->spans;
 	c->spans = NULL;
 	free_it = c->busy == 0;
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	for (; list; list = next) {
 		next = list->next;
 		span_finish(list, false);
@@ -449,10 +449,10 @@ static void accept_one(void)
 		conn_free(c);
 		return;
 	}
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	c->next = share.conns;
 	share.conns = c;
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	tlog(LOG_INFO, "gpu share: pid %d (uid %d) maps the GPU cache", (int)c->pid,
 	     (int)c->uid);
 }
@@ -473,14 +473,14 @@ static int serve_one(struct conn *c)
 	if (n <= 0)
 		return n == 0 || (errno != EINTR && errno != EAGAIN) ? -1 : 0;
 	if (n == sizeof(req)) {
-		pthread_mutex_lock(&share.lock);
+		ranked_lock(&share.lock, LR_SHARE);
 		for (struct span_ent **pp = &c->spans; *pp; pp = &(*pp)->next)
 			if ((*pp)->token == req.token) {
 				ent = *pp;
 				*pp = ent->next;
 				break;
 			}
-		pthread_mutex_unlock(&share.lock);
+		ranked_unlock(&share.lock, LR_SHARE);
 		if (ent)
 			res.result = span_finish(ent, req.ok == 1);
 		if (req.flags & SHARE_END_NOREPLY)
@@ -501,10 +501,10 @@ static bool span_open(struct conn *c, uint64_t token)
 	struct span_ent *e;
 	bool open = false;
 
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	for (e = c->dead ? NULL : c->spans; e && !open; e = e->next)
 		open = e->token == token;
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	return open;
 }
 
@@ -540,9 +540,9 @@ void fs_share_poll(struct share_poll *poll)
 	if (trace)
 		tlog(LOG_DEBUG, "gpu share: worker polled %.1f us, answered %ld, span %s",
 		     (tier_now() - t0) * 1e6, served, open ? "left to the socket thread" : "ended");
-	pthread_mutex_lock(&share.lock);
+	ranked_lock(&share.lock, LR_SHARE);
 	free_conn = --c->busy == 0 && c->dead;
-	pthread_mutex_unlock(&share.lock);
+	ranked_unlock(&share.lock, LR_SHARE);
 	if (free_conn)
 		conn_free(c);
 }

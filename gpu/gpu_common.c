@@ -144,7 +144,7 @@ int gpu_init(int dev, char *msg, size_t msglen)
 
 	if (msg && msglen)
 		msg[0] = '\0';
-	pthread_mutex_lock(&gpu_state.lock);
+	ranked_lock(&gpu_state.lock, LR_GPU_INIT);
 	if (atomic_load(&gpu_state.ready)) {
 		if (dev != gpu_state.ordinal) {
 			ret = -EINVAL;
@@ -226,13 +226,13 @@ out_describe:
 		snprintf(msg, msglen, "device %d: %s, CUDA driver %d.%d",
 			 gpu_state.ordinal, gpu_state.name,
 			 gpu_state.driver / 1000, gpu_state.driver % 1000 / 10);
-	pthread_mutex_unlock(&gpu_state.lock);
+	ranked_unlock(&gpu_state.lock, LR_GPU_INIT);
 	return 0;
 
 out_release:
 	cuDevicePrimaryCtxRelease(d);
 out_unlock:
-	pthread_mutex_unlock(&gpu_state.lock);
+	ranked_unlock(&gpu_state.lock, LR_GPU_INIT);
 	return ret;
 }
 
@@ -294,7 +294,7 @@ int gpu_ctx_enter_dev(int dev)
 			return count;
 		if (dev >= count)
 			return -ENODEV;
-		pthread_mutex_lock(&devctx_lock);
+		ranked_lock(&devctx_lock, LR_GPU_CTX);
 		ctx = devctx[dev];
 		if (!ctx) {
 			GPU_CU(cuDeviceGet(&d, dev), out_unlock);
@@ -302,7 +302,7 @@ int gpu_ctx_enter_dev(int dev)
 			__atomic_store_n(&devctx[dev], ctx, __ATOMIC_RELEASE);
 		}
 out_unlock:
-		pthread_mutex_unlock(&devctx_lock);
+		ranked_unlock(&devctx_lock, LR_GPU_CTX);
 		if (ret)
 			return ret;
 	}

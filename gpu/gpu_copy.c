@@ -53,7 +53,7 @@ static struct gpu_lane *lane_lock(struct gpu_lane *l, int dev, int *err)
 {
 	int ret;
 
-	pthread_mutex_lock(&l->lock);
+	ranked_lock(&l->lock, LR_GPU_LANE);
 	ret = gpu_ctx_enter_dev(dev);
 	if (ret)
 		goto out_unlock;
@@ -63,7 +63,7 @@ static struct gpu_lane *lane_lock(struct gpu_lane *l, int dev, int *err)
 	return l;
 
 out_unlock:
-	pthread_mutex_unlock(&l->lock);
+	ranked_unlock(&l->lock, LR_GPU_LANE);
 	*err = ret;
 	return NULL;
 }
@@ -104,7 +104,7 @@ int gpu_copy_htod(uint64_t dst, const void *src, size_t len)
 	GPU_CU(cuMemcpyHtoDAsync(dst, src, len, l->stream), out);
 	GPU_CU(cuStreamSynchronize(l->stream), out);
 out:
-	pthread_mutex_unlock(&l->lock);
+	ranked_unlock(&l->lock, LR_GPU_LANE);
 	return ret;
 }
 
@@ -127,7 +127,7 @@ int gpu_copy_dtoh(void *dst, uint64_t src, size_t len)
 	GPU_CU(cuMemcpyDtoHAsync(dst, src, len, l->stream), out);
 	GPU_CU(cuStreamSynchronize(l->stream), out);
 out:
-	pthread_mutex_unlock(&l->lock);
+	ranked_unlock(&l->lock, LR_GPU_LANE);
 	return ret;
 }
 
@@ -224,6 +224,6 @@ int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
 		GPU_CU(cuStreamSynchronize(l->stream), out);
 	}
 out:
-	pthread_mutex_unlock(&l->lock);
+	ranked_unlock(&l->lock, LR_GPU_LANE);
 	return ret;
 }

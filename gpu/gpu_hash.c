@@ -83,18 +83,18 @@ static int hash_enter(void)
 {
 	int ret;
 
-	pthread_mutex_lock(&hash_state.lock);
+	ranked_lock(&hash_state.lock, LR_GPU_HASH);
 	ret = gpu_ctx_enter();
 	if (!ret)
 		ret = hash_setup();
 	if (ret)
-		pthread_mutex_unlock(&hash_state.lock);
+		ranked_unlock(&hash_state.lock, LR_GPU_HASH);
 	return ret;
 }
 
 static void hash_leave(void)
 {
-	pthread_mutex_unlock(&hash_state.lock);
+	ranked_unlock(&hash_state.lock, LR_GPU_HASH);
 }
 
 /* chunk's log2 when it is a power of two in [GPU_HASH_CHUNK_MIN,

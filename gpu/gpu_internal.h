@@ -22,6 +22,7 @@
 
 #include "gpu.h"
 #include "gpu_dl.h"
+#include "lockorder.h"
 #include "log.h"
 
 #define gpu_log(level, ...)	tierfs_log((level), __VA_ARGS__)

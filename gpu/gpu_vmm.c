@@ -168,11 +168,11 @@ static void *vmm_mapper(void *arg)
 		gpu_log(LOG_INFO, "gpu: cache fully mapped (%llu MiB) in %.0f ms",
 			MiB(v->size), now_ms() - t0);
 
-	pthread_mutex_lock(&v->lock);
+	ranked_lock(&v->lock, LR_GPU_VMM);
 	v->err = ret;
 	v->done = true;
 	pthread_cond_broadcast(&v->cond);
-	pthread_mutex_unlock(&v->lock);
+	ranked_unlock(&v->lock, LR_GPU_VMM);
 	return NULL;
 }
 
@@ -459,11 +459,11 @@ int gpu_vmm_wait(struct gpu_vmm *v)
 {
 	int ret;
 
-	pthread_mutex_lock(&v->lock);
+	ranked_lock(&v->lock, LR_GPU_VMM);
 	while (!v->done)
 		pthread_cond_wait(&v->cond, &v->lock);
 	ret = v->err;
-	pthread_mutex_unlock(&v->lock);
+	ranked_unlock(&v->lock, LR_GPU_VMM);
 	if (!ret && gpu_vmm_mapped(v) != v->size)
 		ret = -ECANCELED;
 	return ret;

@@ -14,7 +14,10 @@ static const char *const rank_names[] = {
 	[LR_FS_NS] = "fs.nslock", [LR_FS_DIR] = "a directory's ilock", [LR_FS] = "fs.lock",
 	[LR_ENGINE] = "engine.lock", [LR_FS_FD] = "fdc.lock", [LR_FS_INO] = "ino.lock",
 	[LR_SETS] = "sets.lock", [LR_PERSIST_POOL] = "pg.lock", [LR_PERSIST] = "pq.lock",
-	[LR_IPC] = "ipc_cache.lock", [LR_LOG] = "log_mu",
+	[LR_IPC] = "ipc_cache.lock", [LR_SHARE] = "share.lock",
+	[LR_GPU_INIT] = "gpu_state.lock", [LR_GPU_LANE] = "a GPU copy lane's lock",
+	[LR_GPU_HASH] = "hash_state.lock", [LR_GPU_CTX] = "devctx_lock",
+	[LR_GPU_VMM] = "a GPU cache mapper's lock", [LR_LOG] = "log_mu",
 };
 
 /* Debug-only checker state: the ranks this thread holds (bit r). */

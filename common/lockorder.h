@@ -35,7 +35,19 @@
  *                                                              fs.lock: an inode freed)
  * 12   ipc_cache.lock  the cached IPC mappings of clients'     nothing (a leaf; taken with
  *      (fs/fs_ioctl.c) GPU buffers                             no lock held)
- * 13   log_mu          the line state of -o logfile's stream   nothing (the last: a message
+ * 13   share.lock      -o gpu_share's connections and their    nothing of fs/ or tiers/
+ *      (fs/fs_share.c) spans                                   (taken with no lock held)
+ * 14   gpu_state.lock  gpu_init()'s one start-up               nothing but the log
+ *      (gpu/gpu_common.c)
+ * 15   a copy lane     one direction's stream (gpu/gpu_copy.c; gpu_ctx_enter_dev (devctx_lock)
+ *      lock            one lane at a time)
+ * 16   hash_state.lock the hashing module and its buffers      gpu_ctx_enter
+ *      (gpu/gpu_hash.c)
+ * 17   devctx_lock     other devices' primary contexts         nothing (a leaf)
+ *      (gpu/gpu_common.c)
+ * 18   a vmm's lock    a GPU cache mapper's done / err         nothing (a leaf)
+ *      (gpu/gpu_vmm.c)
+ * 19   log_mu          the line state of -o logfile's stream   nothing (the last: a message
  *      (fs/fs_main.c)                                          is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
@@ -51,14 +63,16 @@
  *    fs.lock or fdc.lock.
  *  - engine threads (flushers, cascade, prefetcher) never take a
  *    tfile.lock.
- * Not in the table yet: share.lock (fs_share.c: -o gpu_share's connections;
- * a leaf taken with no lock held, no tiers/ call made under it), and
- * gpu/'s own locks (gpu_common.c, gpu_copy.c, gpu_hash.c, gpu_vmm.c; gpu/
- * is below tiers/ and does not include this header).
+ *  - gpu/'s locks come after every lock of fs/ and tiers/: gpu/ calls no
+ *    room above it, and tiers/ may call it with any of its locks held.
+ * Every mutex of the daemon is in the table and taken through
+ * ranked_lock() / ranked_unlock() (or a wrapper made of them); this header
+ * is in common/ so that gpu/ can use it too (libtierfs, which is built
+ * from some of gpu/'s files, checks the order of those locks in the
+ * application's threads).
  *
- * Debug builds (NDEBUG not defined) check the order where tiers/ takes its
- * locks: lock_rank_take() asserts that the thread holds no lock of the
- * same or a higher rank.  fs code may call it for its own locks too.
+ * Debug builds (NDEBUG not defined) check the order: lock_rank_take()
+ * asserts that the thread holds no lock of the same or a higher rank.
  */
 #ifndef TIERFS_LOCKORDER_H
 #define TIERFS_LOCKORDER_H
@@ -78,6 +92,12 @@ enum lock_rank {
 	LR_PERSIST_POOL,	/* fs_persist.c's pg.lock: a leaf */
 	LR_PERSIST,		/* fs_persist.c's pq.lock: a leaf */
 	LR_IPC,			/* fs_ioctl.c's ipc_cache.lock: a leaf */
+	LR_SHARE,		/* fs_share.c's share.lock */
+	LR_GPU_INIT,		/* gpu_common.c's gpu_state.lock */
+	LR_GPU_LANE,		/* gpu_copy.c's lanes */
+	LR_GPU_HASH,		/* gpu_hash.c's hash_state.lock */
+	LR_GPU_CTX,		/* gpu_common.c's devctx_lock: a leaf */
+	LR_GPU_VMM,		/* gpu_vmm.c's vmm lock: a leaf */
 	LR_LOG,			/* fs_main.c's log_mu: the last */
 };
 
