@@ -23,7 +23,10 @@ Methods (all in one run, the same state dict):
 
 Durable: torch.save and DCP: the save, then an fsync of every file written
 and of their directories; tierfs: until tierfs.wait_flushed(file) returns
-(the SSD copy current), from the start of the save.
+(the SSD copy current), from the start of the save.  For torch.save, the
+bytes the kernel had not yet written back when the fsync began (Dirty +
+Writeback of /proc/meminfo, system-wide) are printed after its row: the
+fsync writes only those.
 
 usage: bench_torch.py --mount MNT --local DIR [--gib 4] [--saves 5]
                       [--methods raw,save:local,...] [--device cuda]
@@ -124,6 +127,24 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+DIRTY = {}                               # method -> [bytes not yet on the disk at its fsync]
+
+
+def dirty_bytes():
+    """Dirty + Writeback of /proc/meminfo: what the kernel has not written
+    back yet (a torch.save's fsync writes only that much)."""
+    n = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, v = line.split(":", 1)
+                if k in ("Dirty", "Writeback"):
+                    n += int(v.split()[0]) * 1024
+    except OSError:
+        return float("nan")
+    return n
+
+
 def fsync_tree(path):
     paths = [path] if os.path.isfile(path) else \
         [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs] + \
@@ -172,6 +193,7 @@ class Method:
         if kind == "save":
             torch.save(sd, p)
             t1 = time.perf_counter()
+            DIRTY.setdefault(self.name, []).append(dirty_bytes())
             fsync_tree(p)
         elif kind in ("dcp", "dcp-async"):
             import torch.distributed.checkpoint as dcp
@@ -357,6 +379,10 @@ def main():
         rows.append((name, fmt([s[0] for s in saves]), fmt([s[1] for s in saves]),
                      fmt(loads), "yes" if ok else "NO"))
         print(f"  {'  '.join(rows[-1])}   ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if DIRTY.get(name):
+            print(f"  {name}: not yet written back when its fsync began (Dirty + Writeback): "
+                  f"{statistics.median(DIRTY[name]) / 2**20:.0f} MiB (median) of "
+                  f"{size / 2**20:.0f} MiB per checkpoint", flush=True)
     hdr = ("method", "blocked/save ms", "durable ms", "blocked/restore ms", "equal")
     w = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(5)]
     for r in [hdr] + rows:
