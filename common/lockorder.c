@@ -17,7 +17,8 @@ static const char *const rank_names[] = {
 	[LR_IPC] = "ipc_cache.lock", [LR_SHARE] = "share.lock",
 	[LR_GPU_INIT] = "gpu_state.lock", [LR_GPU_LANE] = "a GPU copy lane's lock",
 	[LR_GPU_HASH] = "hash_state.lock", [LR_GPU_CTX] = "devctx_lock",
-	[LR_GPU_VMM] = "a GPU cache mapper's lock", [LR_LOG] = "log_mu",
+	[LR_GPU_VMM] = "a GPU cache mapper's lock", [LR_JOURNAL] = "jnl.lock",
+	[LR_LOG] = "log_mu",
 };
 
 /* Debug-only checker state: the ranks this thread holds (bit r). */

@@ -47,7 +47,9 @@
  *      (gpu/gpu_common.c)
  * 18   a vmm's lock    a GPU cache mapper's done / err         nothing (a leaf)
  *      (gpu/gpu_vmm.c)
- * 19   log_mu          the line state of -o logfile's stream   nothing (the last: a message
+ * 19   jnl.lock        the journal's end, sequence numbers     nothing (a leaf; taken under
+ *      (store/journal.c) and syncs (never held across one)     an ilock, engine.lock never)
+ * 20   log_mu          the line state of -o logfile's stream   nothing (the last: a message
  *      (fs/fs_main.c)                                          is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
@@ -98,6 +100,7 @@ enum lock_rank {
 	LR_GPU_HASH,		/* gpu_hash.c's hash_state.lock */
 	LR_GPU_CTX,		/* gpu_common.c's devctx_lock: a leaf */
 	LR_GPU_VMM,		/* gpu_vmm.c's vmm lock: a leaf */
+	LR_JOURNAL,		/* store/journal.c's jnl.lock: a leaf */
 	LR_LOG,			/* fs_main.c's log_mu: the last */
 };
 

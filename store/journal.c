@@ -1,0 +1,547 @@
+/*
+ * journal.c - the journal of a backing directory (journal.h): appends,
+ * group commit, retirement, and the one replay.
+ *
+ * The file is a sequence of records; each header says its type, its
+ * sequence number (one more than the record before it), its payload's
+ * length, and an XXH3-64 checksum of header and payload.  A record is
+ * durable once an fdatasync that began after its pwrite has returned.
+ * Replay reads records up to the first one that does not check out: a
+ * torn tail (a record cut short by a crash), bytes that are not a record,
+ * or a record whose seq does not follow (what is left past the end of a
+ * journal that was emptied and written again, when the emptying did not
+ * survive a crash: the new records' seqs are above every old one).
+ *
+ * When no record is live (every one retired), jnl_retire empties the file
+ * (ftruncate, not synced): if the truncation is lost in a crash the old
+ * records come back, all retired or applied already, and replaying an
+ * applied delta again gives the file it has, except where something else
+ * changed that file since; such a change (a new version of the file)
+ * first makes the retirement durable (jnl_sync of the retire record's seq:
+ * fs/fs_version.c).
+ *
+ * Locking: jnl.lock (rank LR_JOURNAL, a leaf) around the end of the file,
+ * the sequence numbers and the counts; an append's pwrite is made under it
+ * (records go in seq order, one sequential write each); an fdatasync never
+ * is: the thread that syncs does it for every record appended before it
+ * began, and the threads that come meanwhile wait for the next one (group
+ * commit).  Called by fs/ (the daemon and --recover); calls common/ (log)
+ * and libxxhash only.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <syslog.h>
+#include <unistd.h>
+#include <linux/openat2.h>
+#include <xxhash.h>
+
+#include "journal.h"
+#include "lockorder.h"
+#include "log.h"
+
+static void jlock(struct jnl *j)
+{
+	ranked_lock(&j->lock, LR_JOURNAL);
+}
+
+static void junlock(struct jnl *j)
+{
+	ranked_unlock(&j->lock, LR_JOURNAL);
+}
+
+int jnl_open(struct jnl *j, int dirfd, const char *name)
+{
+	memset(j, 0, sizeof(*j));
+	j->fd = openat(dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (j->fd < 0)
+		return -errno;
+	pthread_mutex_init(&j->lock, NULL);
+	pthread_cond_init(&j->synced_cond, NULL);
+	return 0;
+}
+
+void jnl_close(struct jnl *j)
+{
+	if (j->fd < 0)
+		return;
+	close(j->fd);
+	j->fd = -1;
+	pthread_cond_destroy(&j->synced_cond);
+	pthread_mutex_destroy(&j->lock);
+}
+
+/* The checksum of header h (its sum taken as 0) and payload iov. */
+static uint64_t rec_sum(const struct jnl_rec *h, const struct iovec *iov, int iovcnt)
+{
+	XXH3_state_t *st = XXH3_createState();
+	struct jnl_rec z = *h;
+	uint64_t sum;
+
+	if (!st)
+		return 0;	/* a record nobody can check: replay drops it */
+	z.sum = 0;
+	XXH3_64bits_reset(st);
+	XXH3_64bits_update(st, &z, sizeof(z));
+	for (int i = 0; i < iovcnt; i++)
+		XXH3_64bits_update(st, iov[i].iov_base, iov[i].iov_len);
+	sum = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return sum;
+}
+
+/* pwritev all of iov (iovcnt, total bytes) at off: 0 or -errno. */
+static int pwrite_all(int fd, struct iovec *iov, int iovcnt, uint64_t total, uint64_t off)
+{
+	while (total) {
+		int cnt = iovcnt < IOV_MAX ? iovcnt : IOV_MAX;
+		ssize_t n = pwritev(fd, iov, cnt, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		off += (uint64_t)n;
+		total -= (uint64_t)n;
+		while (iovcnt && (size_t)n >= iov->iov_len) {
+			n -= (ssize_t)iov->iov_len;
+			iov++;
+			iovcnt--;
+		}
+		if (iovcnt) {
+			iov->iov_base = (char *)iov->iov_base + n;
+			iov->iov_len -= (size_t)n;
+		}
+	}
+	return 0;
+}
+
+int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt,
+	       uint64_t *seq)
+{
+	struct jnl_rec h = { .magic = JNL_MAGIC, .type = type, .hlen = sizeof(h) };
+	struct iovec *v;
+	uint64_t len = 0;
+	int ret;
+
+	for (int i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	if (len >= JNL_PAYLOAD_MAX)
+		return -EFBIG;
+	v = malloc(((size_t)iovcnt + 1) * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	h.len = len;
+	jlock(j);
+	h.seq = j->seq + 1;
+	h.sum = rec_sum(&h, iov, iovcnt);
+	v[0] = (struct iovec){ &h, sizeof(h) };
+	memcpy(v + 1, iov, (size_t)iovcnt * sizeof(*v));
+	ret = pwrite_all(j->fd, v, iovcnt + 1, sizeof(h) + len, j->off);
+	if (!ret) {
+		j->seq = h.seq;
+		j->off += sizeof(h) + len;
+		j->appends++;
+		j->bytes += sizeof(h) + len;
+		if (type != JNL_RETIRE)
+			j->live++;
+		*seq = h.seq;
+	}
+	junlock(j);
+	free(v);
+	return ret;
+}
+
+int jnl_sync(struct jnl *j, uint64_t seq)
+{
+	int ret = 0;
+
+	jlock(j);
+	while (j->synced < seq && !ret) {
+		uint64_t upto;
+
+		if (j->syncing) {
+			pthread_cond_wait(&j->synced_cond, &j->lock);
+			continue;
+		}
+		j->syncing = true;
+		upto = j->seq;
+		junlock(j);
+		if (fdatasync(j->fd) < 0)
+			ret = -errno;
+		jlock(j);
+		j->syncing = false;
+		j->syncs++;
+		if (!ret && j->synced < upto)
+			j->synced = upto;
+		pthread_cond_broadcast(&j->synced_cond);
+	}
+	junlock(j);
+	return ret;
+}
+
+uint64_t jnl_retire(struct jnl *j, uint64_t seq)
+{
+	struct iovec v = { &seq, sizeof(seq) };
+	uint64_t rs = 0;
+
+	if (jnl_append(j, JNL_RETIRE, &v, 1, &rs))
+		return 0;
+	jlock(j);
+	j->retires++;
+	if (j->live)
+		j->live--;
+	if (!j->live && ftruncate(j->fd, 0) == 0) {
+		j->off = 0;	/* seqs go on: what a lost truncation leaves
+				 * past the new records does not follow them */
+		j->resets++;
+	}
+	junlock(j);
+	return rs;
+}
+
+/* ---- replay -------------------------------------------------------------- */
+
+/* A record found valid by the scan. */
+struct scanned {
+	uint64_t off, len, seq;
+	uint16_t type;
+};
+
+/* pread exactly len bytes: 0, or -errno (-EIO: the file ends first). */
+static int pread_all(int fd, void *buf, uint64_t len, uint64_t off)
+{
+	while (len) {
+		ssize_t n = pread(fd, buf, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		buf = (char *)buf + n;
+		len -= (uint64_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+/*
+ * Read the record at off (size: the file's): 1 with its header in *h and
+ * payload in *p (malloc'ed), 0 where no valid record is there, -errno.
+ */
+static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool first,
+		    struct jnl_rec *h, void **p)
+{
+	struct iovec v;
+	int ret;
+
+	*p = NULL;
+	if (size - off < sizeof(*h))
+		return 0;
+	ret = pread_all(fd, h, sizeof(*h), off);
+	if (ret)
+		return ret;
+	if (h->magic != JNL_MAGIC || h->hlen != sizeof(*h) || h->len >= JNL_PAYLOAD_MAX ||
+	    h->len > size - off - sizeof(*h) || (!first && h->seq != prev_seq + 1))
+		return 0;
+	*p = malloc(h->len ? h->len : 1);
+	if (!*p)
+		return -ENOMEM;
+	ret = pread_all(fd, *p, h->len, off + sizeof(*h));
+	if (ret) {
+		free(*p);
+		*p = NULL;
+		return ret;
+	}
+	v = (struct iovec){ *p, h->len };
+	if (rec_sum(h, &v, 1) != h->sum) {
+		free(*p);
+		*p = NULL;
+		return 0;
+	}
+	return 1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
+	       struct jnl_replay_stats *st)
+{
+	struct scanned *recs = NULL;
+	uint64_t *retired = NULL, nrec = 0, nret = 0, caprec = 0, capret = 0;
+	uint64_t off = 0, prev = 0;
+	struct stat sb;
+	int fd, ret = 0;
+
+	memset(st, 0, sizeof(*st));
+	fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (fstat(fd, &sb) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	for (;;) {
+		struct jnl_rec h;
+		void *p;
+		int r = read_rec(fd, off, (uint64_t)sb.st_size, prev, nrec == 0, &h, &p);
+
+		if (r < 0) {
+			ret = r;
+			goto out;
+		}
+		if (r == 0)
+			break;
+		if (h.type == JNL_RETIRE && h.len == sizeof(uint64_t)) {
+			if (nret == capret) {
+				uint64_t *n = realloc(retired, (capret = capret ? 2 * capret : 64) *
+						      sizeof(*n));
+				if (!n) {
+					free(p);
+					ret = -ENOMEM;
+					goto out;
+				}
+				retired = n;
+			}
+			memcpy(&retired[nret++], p, sizeof(uint64_t));
+		}
+		free(p);
+		if (nrec == caprec) {
+			struct scanned *n = realloc(recs, (caprec = caprec ? 2 * caprec : 64) *
+						    sizeof(*n));
+			if (!n) {
+				ret = -ENOMEM;
+				goto out;
+			}
+			recs = n;
+		}
+		recs[nrec++] = (struct scanned){ off, h.len, h.seq, h.type };
+		prev = h.seq;
+		off += sizeof(h) + h.len;
+	}
+	st->records = nrec;
+	if (off < (uint64_t)sb.st_size) {
+		st->torn = true;
+		st->dropped_bytes = (uint64_t)sb.st_size - off;
+		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
+		     "valid records (a write cut short): dropped", name, st->dropped_bytes);
+	}
+	qsort(retired, nret, sizeof(*retired), cmp_u64);
+	for (uint64_t i = 0; i < nrec; i++) {
+		struct jnl_rec h;
+		void *p;
+		int r;
+
+		if (recs[i].type == JNL_RETIRE ||
+		    (nret && bsearch(&recs[i].seq, retired, nret, sizeof(*retired), cmp_u64)))
+			continue;
+		r = read_rec(fd, recs[i].off, (uint64_t)sb.st_size, 0, true, &h, &p);
+		if (r <= 0) {
+			ret = r ? r : -EIO;	/* it checked out a moment ago */
+			goto out;
+		}
+		r = fn(arg, h.type, h.seq, p, h.len);
+		free(p);
+		if (r == 0)
+			st->applied++;
+		else if (r > 0)
+			st->skipped++;
+		else
+			st->failed++;
+	}
+	if (!st->failed) {
+		/* everything is in its file (synced by fn): start afresh */
+		if (ftruncate(fd, 0) < 0 || fsync(fd) < 0)
+			ret = -errno;
+	}
+out:
+	free(recs);
+	free(retired);
+	close(fd);
+	return ret;
+}
+
+/* ---- JNL_DELTA ------------------------------------------------------------ */
+
+/* The delta payload's fixed part; then the handle, the path, the ranges
+ * (struct jnl_range each) and their bytes, in range order. */
+struct delta_head {
+	uint64_t dev, ino, size;
+	int64_t mtime_sec, mtime_nsec;
+	uint32_t handle_len, path_len, n, pad;
+};
+
+int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
+		     uint64_t *seq)
+{
+	struct delta_head h = {
+		.dev = d->dev, .ino = d->ino, .size = d->size,
+		.mtime_sec = d->mtime_sec, .mtime_nsec = d->mtime_nsec,
+		.handle_len = d->handle ? d->handle_len : 0,
+		.path_len = d->path ? (uint32_t)strlen(d->path) : 0, .n = d->n,
+	};
+	struct iovec *v = malloc(((size_t)d->n + 4) * sizeof(*v));
+	int k = 0, ret;
+
+	if (!v)
+		return -ENOMEM;
+	v[k++] = (struct iovec){ &h, sizeof(h) };
+	v[k++] = (struct iovec){ (void *)d->handle, h.handle_len };
+	v[k++] = (struct iovec){ (void *)d->path, h.path_len };
+	v[k++] = (struct iovec){ (void *)d->r, (size_t)d->n * sizeof(*d->r) };
+	for (uint32_t i = 0; i < d->n; i++)
+		v[k++] = (struct iovec){ (char *)base + d->r[i].off, d->r[i].len };
+	ret = jnl_append(j, JNL_DELTA, v, k, seq);
+	free(v);
+	return ret;
+}
+
+/*
+ * Write ranges r (n) into fd, size it and set its mtime, fsync it.  The
+ * bytes of range i are at base + r[i].off, or (packed) one after the
+ * other from base.
+ */
+static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void *base,
+		       bool packed, uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
+{
+	const char *at = base;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const char *p = packed ? at : (const char *)base + r[i].off;
+		uint64_t done = 0;
+
+		while (done < r[i].len) {
+			ssize_t w = pwrite(fd, p + done, r[i].len - done,
+					   (off_t)(r[i].off + done));
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				return w < 0 ? -errno : -EIO;
+			done += (uint64_t)w;
+		}
+		at += r[i].len;
+	}
+	if (ftruncate(fd, (off_t)size) < 0)
+		return -errno;
+	if (mtime_sec || mtime_nsec) {
+		struct timespec tv[2] = { { 0, UTIME_OMIT }, { mtime_sec, mtime_nsec } };
+
+		futimens(fd, tv);
+	}
+	return fsync(fd) < 0 ? -errno : 0;
+}
+
+int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *base,
+		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
+{
+	return write_delta(fd, r, n, base, false, size, mtime_sec, mtime_nsec);
+}
+
+/* The file of a delta, O_RDWR: by handle, else by path beneath root_fd. */
+static int delta_open(int root_fd, const struct delta_head *h, const void *handle,
+		      const char *path, char *why, size_t wl)
+{
+	int fd = -1;
+
+	if (h->handle_len >= sizeof(struct file_handle)) {
+		int mfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		struct file_handle *fh = malloc(h->handle_len);
+
+		if (mfd >= 0 && fh) {
+			memcpy(fh, handle, h->handle_len);
+			if (fh->handle_bytes + sizeof(*fh) == h->handle_len)
+				fd = open_by_handle_at(mfd, fh, O_RDWR | O_CLOEXEC);
+			else
+				errno = EINVAL;
+		}
+		free(fh);
+		if (mfd >= 0)
+			close(mfd);
+		if (fd >= 0 || errno == ESTALE || errno == ENOENT) {
+			if (fd < 0)
+				snprintf(why, wl, "removed since");
+			return fd >= 0 ? fd : -ENOENT;
+		}
+		/* no handles here (EPERM, EOPNOTSUPP): by its path */
+	}
+	if (!h->path_len) {
+		snprintf(why, wl, "no way to find it");
+		return -ENOENT;
+	}
+	struct open_how how = {
+		.flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+	};
+	fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+	if (fd < 0 && errno == ENOSYS)
+		fd = openat(root_fd, path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		snprintf(why, wl, "%s", strerror(errno));
+	return fd < 0 ? -errno : fd;
+}
+
+int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
+{
+	const char *q = p;
+	struct delta_head h;
+	struct jnl_range *r = NULL;
+	char *path = NULL;
+	uint64_t need, bytes = 0;
+	struct stat st;
+	int fd, ret;
+
+	snprintf(why, wl, "-");
+	if (len < sizeof(h))
+		return -EINVAL;
+	memcpy(&h, q, sizeof(h));
+	need = sizeof(h) + (uint64_t)h.handle_len + h.path_len + (uint64_t)h.n * sizeof(*r);
+	if (need > len || h.path_len >= PATH_MAX)
+		return -EINVAL;
+	/* copied: they may be unaligned in p */
+	r = malloc(((size_t)h.n ? h.n : 1) * sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	memcpy(r, q + sizeof(h) + h.handle_len + h.path_len, (size_t)h.n * sizeof(*r));
+	ret = -EINVAL;
+	for (uint32_t i = 0; i < h.n; i++) {
+		if (r[i].off + r[i].len < r[i].off || r[i].off + r[i].len > h.size)
+			goto out_r;
+		bytes += r[i].len;
+	}
+	if (bytes != len - need)
+		goto out_r;
+	ret = -ENOMEM;
+	path = strndup(q + sizeof(h) + h.handle_len, h.path_len);
+	if (!path)
+		goto out_r;
+	fd = delta_open(root_fd, &h, q + sizeof(h), path, why, wl);
+	free(path);
+	if (fd < 0) {
+		ret = fd == -ENOENT ? 1 : fd;
+		goto out_r;
+	}
+	if (fstat(fd, &st) < 0)
+		ret = -errno;
+	else if (st.st_ino != (ino_t)h.ino || st.st_dev != (dev_t)h.dev || !S_ISREG(st.st_mode)) {
+		snprintf(why, wl, "another file now");
+		ret = 1;
+	} else {
+		ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec);
+	}
+	close(fd);
+out_r:
+	free(r);
+	return ret;
+}

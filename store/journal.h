@@ -1,0 +1,164 @@
+/*
+ * journal.h - the journal of a backing directory: one file of records, each
+ * a header (magic, type, sequence number, length), a payload and a checksum
+ * (XXH3-64 over both), appended and made durable with fdatasync; replayed
+ * in one place (jnl_replay), which stops at the first record that is torn
+ * or does not check out.
+ *
+ * Records of type JNL_DELTA carry a small change of one backing file: its
+ * identity (device, inode, file handle, path below the backing root), its
+ * new size and mtime, and the changed ranges with their bytes.  Applying
+ * one (jnl_delta_apply) writes the ranges into the file, sizes it and
+ * syncs it: applying it twice, or over a partial apply, gives the same
+ * file.  A record stays live until it is retired (jnl_retire: a
+ * JNL_RETIRE record naming it), once what it describes is in the backing
+ * file and synced; replay applies only the live ones, in order.
+ */
+#ifndef TIERFS_JOURNAL_H
+#define TIERFS_JOURNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define JNL_MAGIC	0x314a5254u	/* "TRJ1" */
+
+enum jnl_type {
+	JNL_RETIRE = 1,			/* payload: the seq (u64) of a record done */
+	JNL_DELTA = 2,			/* a small change of a file (below) */
+};
+
+/* A record's header, as on disk (host byte order: the journal is never
+ * read by another machine). */
+struct jnl_rec {
+	uint32_t magic;			/* JNL_MAGIC */
+	uint16_t type;			/* enum jnl_type */
+	uint16_t hlen;			/* sizeof(struct jnl_rec) */
+	uint64_t seq;			/* one more than the record before */
+	uint64_t len;			/* payload bytes that follow */
+	uint64_t sum;			/* XXH3-64 of the header (sum 0) and payload */
+};
+
+/* The largest payload: a record bigger than this is not a record. */
+#define JNL_PAYLOAD_MAX	(1ull << 32)
+
+/* An open journal (the daemon's), appended to by any thread. */
+struct jnl {
+	int fd;				/* O_RDWR, -1: none */
+	pthread_mutex_t lock;		/* the fields below; rank LR_JOURNAL
+					 * (lockorder.h): a leaf, never held
+					 * across fdatasync */
+	pthread_cond_t synced_cond;	/* a sync ended */
+	uint64_t off;			/* where the next record goes */
+	uint64_t seq;			/* of the last record appended */
+	uint64_t synced;		/* records up to this seq are durable */
+	bool syncing;			/* a thread is in fdatasync for the rest */
+	uint64_t live;			/* records appended and not retired */
+	/* statistics */
+	uint64_t appends, retires, syncs, bytes, resets;
+};
+
+/*
+ * Open (create) journal `name` in directory dirfd for appending, empty:
+ * the caller has replayed what it held (jnl_replay).  0 or -errno.
+ */
+int jnl_open(struct jnl *j, int dirfd, const char *name);
+void jnl_close(struct jnl *j);
+
+/*
+ * Append a record of `type` whose payload is the iovcnt buffers of iov
+ * (not synced: jnl_sync).  *seq: its sequence number.  0 or -errno (then
+ * nothing of it counts: a later record overwrites it).
+ */
+int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt,
+	       uint64_t *seq);
+/*
+ * Make the records up to seq durable: one fdatasync for every waiter that
+ * comes while one is running (group commit).  0 or -errno.
+ */
+int jnl_sync(struct jnl *j, uint64_t seq);
+/*
+ * Record seq is done (what it describes is durable elsewhere): a
+ * JNL_RETIRE record is appended, durable with the next jnl_sync.  With no
+ * live record left the journal is emptied (the records it held are all
+ * done, whether or not that emptying survives a crash).  Returns the
+ * retire record's seq (for a jnl_sync that must precede a change that the
+ * record would undo), or 0 when it could not be appended.
+ */
+uint64_t jnl_retire(struct jnl *j, uint64_t seq);
+
+/* ---- replay -------------------------------------------------------------- */
+
+struct jnl_replay_stats {
+	uint64_t records;		/* checked out */
+	uint64_t applied;		/* live ones applied (fn returned 0) */
+	uint64_t skipped;		/* live ones fn passed over (returned 1) */
+	uint64_t failed;		/* live ones fn failed (returned < 0) */
+	uint64_t dropped_bytes;		/* of a torn or bad tail, dropped */
+	bool torn;			/* the tail was cut short or did not check out */
+};
+
+/*
+ * Apply one live record (not JNL_RETIRE): 0 applied, 1 passed over (what
+ * it was for is gone), or -errno (the record stays).
+ */
+typedef int (*jnl_apply_fn)(void *arg, uint16_t type, uint64_t seq, const void *payload,
+			    uint64_t len);
+
+/*
+ * Replay journal `name` of dirfd: read its records in order up to the first
+ * one that is torn, does not check out (magic, length, checksum) or does
+ * not follow the one before (seq), which is logged and dropped with all
+ * after it; then hand each live record to fn, in order.  When every live
+ * record was applied or passed over the journal is emptied durably (the
+ * records are in their files now).  A missing journal is an empty one.
+ * Returns 0, or -errno where the journal could not be read or emptied;
+ * fn's failures are counted in st (the journal keeps them).
+ */
+int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
+	       struct jnl_replay_stats *st);
+
+/* ---- JNL_DELTA: a small change of one backing file ------------------------ */
+
+struct jnl_range {
+	uint64_t off, len;
+};
+
+/* What a delta record says besides its ranges' bytes. */
+struct jnl_delta {
+	uint64_t dev, ino;		/* the backing file's */
+	uint64_t size;			/* its size after the change */
+	int64_t mtime_sec, mtime_nsec;	/* its mtime after it (0, 0: left) */
+	const void *handle;		/* its struct file_handle (whole), or NULL */
+	uint32_t handle_len;
+	const char *path;		/* relative to the backing root, or NULL */
+	const struct jnl_range *r;	/* the changed ranges, below size */
+	uint32_t n;
+};
+
+/*
+ * Append the record of delta d, the bytes of range i being at
+ * base + d->r[i].off (a file's cached copy).  Not synced.  0 or -errno.
+ */
+int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
+		     uint64_t *seq);
+/*
+ * Write ranges r (n, bytes at base + r[i].off) into fd, set its size and
+ * mtime (both 0: left), and fsync it: the one way a delta reaches its
+ * file, live or replayed.  0 or -errno.
+ */
+int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *base,
+		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec);
+/*
+ * Apply delta record payload p (len bytes) to its file below root_fd: found
+ * by its handle (open_by_handle_at: root_fd must not be O_PATH there; a
+ * stale handle means the file is gone), else by its path without
+ * following symlinks; it must still be the inode the record names.
+ * 0 applied, 1 passed over (gone, or another file now: why says so),
+ * -EINVAL for a payload that does not parse, or -errno.
+ */
+int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
+
+#endif /* TIERFS_JOURNAL_H */
