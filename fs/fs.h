@@ -149,6 +149,8 @@ struct fs_opts {
 	int flush_threads;
 	int flush_age_ms;		/* -o flush_age: background flush delay
 					 * of small files */
+	int journal_pct;		/* -o journal_pct: a change of at most
+					 * this share of a file is journalled */
 	int queue_depth;
 	int hint_max;			/* -o hint_max: restore-queue entries
 					 * of the mount, -1: not given */
@@ -335,12 +337,31 @@ int fs_sync_all(bool give_up);
  * session (set with fuse_session_custom_io before the loop). */
 int fs_run_loop(void);
 #define FS_FLUSH_AGE_DEFAULT_MS	1000	/* -o flush_age default */
+#define FS_JOURNAL_PCT_DEFAULT	25	/* -o journal_pct default (bench/RESULTS.md 14) */
 #define FS_POLL_US_DEFAULT	200	/* -o poll_us default... */
 #define FS_POLL_MIN_CPUS	8	/* ...on machines with this many CPUs */
 extern const struct fuse_custom_io fs_io;
 
 /* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
 void fs_redo_journal(void);
+/* fs_version.c: fd's path relative to the backing root into rel, or -errno. */
+int fs_fd_rel_path(int fd, char *rel, size_t len);
+/*
+ * fs_journal.c: the backing directory's journal.  fs_journal_replay applies
+ * what journal BACKING/.tierfs.journal of root_fd holds (start-up, tierfs
+ * --recover): 0, or -errno with why in msg (records kept).  fs_journal_start
+ * replays it and opens it for the mount's records; fs_journal_end closes it,
+ * removed when every record is in its file.  The tfile_ops of the journal
+ * flush (tfile.h).
+ */
+int fs_journal_replay(int root_fd, char *msg, size_t len);
+int fs_journal_start(void);
+void fs_journal_end(void);
+int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
+		     uint64_t size, uint64_t *seq);
+int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
+		     uint64_t size);
+void fs_journal_retire(struct tfile *f, uint64_t seq);
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */
 void fs_tmp_dir_start(void);
 void fs_tmp_dir_end(void);

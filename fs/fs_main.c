@@ -86,6 +86,7 @@ static const struct fuse_opt opt_spec[] = {
 	FUSE_OPT_KEY("max_fds=", 10),
 	FUSE_OPT_KEY("exit_timeout=", 10),
 	FUSE_OPT_KEY("persist_keep=", 10),
+	FUSE_OPT_KEY("journal_pct=", 10),
 	FUSE_OPT_KEY("keep_sets=", 10),
 	FUSE_OPT_KEY("persist_wait=", 14),
 	FUSE_OPT_KEY("persist_bw=", 15),
@@ -128,6 +129,7 @@ static struct num_opt {
 	{ "exit_timeout", &exit_timeout, 0, 7 * 24 * 3600, "seconds", 1, NULL },
 	{ "persist_keep", &fs.opts.persist_keep, 1, 1000000, "files", 2, NULL },
 	{ "keep_sets", &fs.opts.keep_sets, 0, 1000000, "sets", 2, NULL },
+	{ "journal_pct", &fs.opts.journal_pct, 0, 100, "percent", 1, NULL },
 };
 
 /* The value given to the number option name, or NULL. */
@@ -702,6 +704,7 @@ static void unlock_backing(void)
 		return;
 	fs_dir_mtime_get(fs.root_fd, &t, &ok);
 	fs_tmp_dir_end();
+	fs_journal_end();
 	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
 		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
 	fs_dir_mtime_put(fs.root_fd, &t, ok);
@@ -990,6 +993,9 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	ecfg->flush_threads = fs.opts.flush_threads;
 	ecfg->queue_depth = (unsigned)fs.opts.queue_depth;
 	ecfg->flush_age_ms = (unsigned)fs.opts.flush_age_ms;
+	if (fs.opts.journal_pct == -1)		/* not given */
+		fs.opts.journal_pct = FS_JOURNAL_PCT_DEFAULT;
+	ecfg->journal_pct = (unsigned)fs.opts.journal_pct;
 	ecfg->hugepages = true;
 	if (gpu_cache_str && fs_opt_size("gpu_cache", gpu_cache_str, FS_OPT_PCT, ram,
 					 &fs.opts.gpu_cache, msg, sizeof(msg)))
@@ -1134,7 +1140,9 @@ static void open_backing(void)
 	lock_backing();
 	check_not_on_tierfs();
 	fs_tmp_dir_start();
-	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file and .tierfs.tmp are ours */
+	fs_journal_start();		/* before the redo journal: its records are later */
+	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file, .tierfs.tmp and
+							 * .tierfs.journal are ours */
 	fs_redo_journal();
 	fs_ino_start();
 	fstat(fs.root_fd, &st);
@@ -1331,6 +1339,7 @@ int main(int argc, char *argv[])
 	fs.opts.poll_us = -1;
 	fs.opts.flush_threads = -1;		/* -1: not given */
 	fs.opts.flush_age_ms = INT_MIN;
+	fs.opts.journal_pct = -1;
 	fs.opts.queue_depth = -1;
 	fs.opts.hint_max = -1;
 	fs.opts.hint_max_user = -1;

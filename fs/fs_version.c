@@ -278,8 +278,8 @@ static bool is_record(const char *name)
 	return has_prefix(name, REDO_PREFIX) && l > 2 && strcmp(name + l - 2, ".h") == 0;
 }
 
-/* fd's path relative to the backing root into rel (NUL-terminated), or -errno. */
-static int rel_path(int fd, char *rel, size_t len)
+/* See fs.h. */
+int fs_fd_rel_path(int fd, char *rel, size_t len)
 {
 	char proc[64], root[PATH_MAX], path[PATH_MAX];
 	ssize_t rn, pn;
@@ -373,7 +373,7 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 		if (pfd >= 0 && fstatat(pfd, name, &nst, AT_SYMLINK_NOFOLLOW) == 0 &&
 		    nst.st_ino == old->st_ino && nst.st_dev == old->st_dev) {
 			rel[0] = 0;
-			ret = dir == &fs.root ? 0 : rel_path(pfd, rel, sizeof(rel) - NAME_MAX - 2);
+			ret = dir == &fs.root ? 0 : fs_fd_rel_path(pfd, rel, sizeof(rel) - NAME_MAX - 2);
 			if (!ret && rel[0])
 				strcat(rel, "/");
 			if (!ret)
@@ -382,7 +382,7 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 		fs_fd_release(dir);
 	}
 	if (ret)
-		ret = rel_path(ofd, rel, sizeof(rel));
+		ret = fs_fd_rel_path(ofd, rel, sizeof(rel));
 	if (ret) {
 		tlog(LOG_WARNING, "inode %ju: no name found for its journal: its new "
 		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
@@ -1122,4 +1122,7 @@ const struct tfile_ops fs_tfile_ops = {
 	.get		= v_get,
 	.put		= v_put,
 	.name		= v_name,
+	.journal_delta	= fs_journal_delta,
+	.journal_apply	= fs_journal_apply,
+	.journal_retire	= fs_journal_retire,
 };

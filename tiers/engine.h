@@ -55,6 +55,11 @@ struct engine_config {
 	uint32_t dedup_block;		/* its file system's block size */
 	uint64_t dedup_chunk;		/* chunk of content de-duplication */
 	uint64_t dedup_index;		/* memory of its index, bytes */
+	unsigned journal_pct;		/* a flush whose changed bytes are at most
+					 * this share (percent) of the file is
+					 * made durable as a journal record and
+					 * applied in place (tfile_ops.journal_*);
+					 * 0: never.  Not with dedup */
 	bool ordered_log;		/* the backing file system's log commits
 					 * every metadata change in order, after
 					 * a cache flush (backing_log_ordered):

@@ -223,6 +223,122 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 	return ret;
 }
 
+/* ---- journal flushes ---------------------------------------------------- */
+
+/*
+ * A file changed in place by a few bytes is not flushed as a new version
+ * (its whole content written again): the changed ranges go into a journal
+ * record (tfile_ops.journal_delta: appended and synced, one sequential
+ * write), which makes them durable, and then into the backing file itself
+ * (journal_apply, synced); the record is retired after.  A crash between
+ * the two leaves the older version plus the record, which the next start
+ * (or tierfs --recover) applies.  An fsync that made the flush in its own
+ * thread (eng_flush_inline: ring NULL) returns once the record is durable;
+ * the apply is left to a flusher.
+ *
+ * The changed ranges are those f->dd keeps (write.c) since the backing
+ * file last held the file's content: while they are valid, the content
+ * differs from the backing file only inside them and at or past
+ * clean_len.
+ */
+struct jflush {
+	struct drange *r;		/* the ranges to journal / apply, NULL: none */
+	uint32_t n;
+	bool record;			/* a new record (else f->jseq's is applied) */
+	uint64_t pending;		/* f->jseq when planned */
+};
+
+/* Bytes at most journalled per flush: a record's payload stays small. */
+#define JOURNAL_MAX	(64ull << 20)
+
+/*
+ * e->lock held: plan the journal flush of len bytes of f (copy cp).  No
+ * plan (p->r NULL) when the mount does not journal, the ranges are not
+ * known, or the change is not small.
+ */
+static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+			 struct jflush *p)
+{
+	uint64_t c, bytes = 0;
+	uint32_t k = 0;
+
+	memset(p, 0, sizeof(*p));
+	p->pending = f->jseq;
+	if (!e->cfg.journal_pct || e->cfg.dedup || !f->ops->journal_delta ||
+	    !cp->cache->host_addressable || !f->dd.valid || f->dd.taint || f->shadow_fd >= 0)
+		return;
+	c = f->dd.clean_len < len ? f->dd.clean_len : len;
+	p->r = malloc(((size_t)f->dd.ranges.n + 1) * sizeof(*p->r));
+	if (!p->r)
+		return;
+	for (uint32_t i = 0; i < f->dd.ranges.n; i++) {
+		struct drange d = f->dd.ranges.r[i];
+
+		if (d.start >= c)
+			break;
+		if (d.end > c)
+			d.end = c;
+		p->r[k++] = d;
+		bytes += d.end - d.start;
+	}
+	if (len > c) {		/* past the least size since the base: all of it */
+		p->r[k++] = (struct drange){ c, len };
+		bytes += len - c;
+	}
+	p->n = k;
+	if (bytes > JOURNAL_MAX || bytes * 100 > (uint64_t)e->cfg.journal_pct * len) {
+		free(p->r);
+		p->r = NULL;
+		return;
+	}
+	p->record = !(f->jseq && f->jgen == f->gen);
+}
+
+/*
+ * The journal flush planned in p, of f's copy cp (leased, e->lock not
+ * held) as of gen.  inline_: in an fsync's thread (the apply is left to a
+ * flusher: returns 1 once the record is durable).  0 when the backing
+ * file holds it, 1 (inline_), 2 where f cannot be journalled (the caller
+ * writes a new version), or -errno.
+ */
+static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uint64_t gen,
+			 uint64_t len, struct jflush *p, bool inline_)
+{
+	uint64_t seq = p->pending, old = 0;
+	int ret;
+
+	ret = eng_copy_bounds(cp, 0, len);
+	if (ret)
+		return ret;
+	if (p->record) {
+		ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, p->n, len, &seq);
+		if (ret)
+			return ret > 0 ? 2 : ret;
+		eng_lock(e);
+		old = f->jseq;		/* superseded: this one holds its ranges too */
+		f->jseq = seq;
+		f->jgen = gen;
+		if (f->journaled_gen < gen)
+			f->journaled_gen = gen;
+		eng_flushed(e);		/* the fsyncs of gen are done */
+		eng_unlock(e);
+		if (old)
+			f->ops->journal_retire(f, old);
+	}
+	if (inline_)
+		return 1;
+	eng_delay_at(NULL, "journal_apply");
+	ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len);
+	if (ret)
+		return ret;	/* the record stays: retried, or replayed */
+	f->ops->journal_retire(f, seq);
+	eng_lock(e);
+	if (f->jseq == seq)
+		f->jseq = 0;
+	eng_unlock(e);
+	return 0;
+}
+
 /* e->lock held: f's copy in the fastest tier that holds a complete one
  * (what a flush writes), or NULL. */
 static struct copy *newest_complete(struct engine *e, struct tfile *f)
@@ -248,6 +364,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	uint64_t gen, len;
 	bool direct, inplace, small;
 	struct dd_flush dd;
+	struct jflush jf;
+	bool jonly = false;		/* journalled, the apply left to a flusher */
 	struct lease l;
 	double t0, tc = 0, ts = 0;
 	int fd, ret;
@@ -260,11 +378,21 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 	gen = f->gen;
 	len = cp->len;
 	eng_dd_plan(e, f, cp, len, &dd);	/* its version leaves the index */
+	journal_plan(e, f, cp, len, &jf);
 	e->busy++;
 	lease_begin(e, &l, cp, NULL);
 
 	eng_delay_at(NULL, "flush_write");	/* under cp's lease */
 	t0 = tier_now();
+	if (jf.r) {
+		ret = journal_flush(e, f, cp, gen, len, &jf, !ring);
+		jonly = ret == 1;
+		if (ret != 2) {
+			if (!ret)
+				__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+			goto out_small;
+		}
+	}
 	small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
 	if (small && f->ops->version_small) {
 		ret = eng_copy_bounds(cp, 0, len);
@@ -293,14 +421,38 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		goto out;
 	}
 	tc = tier_now();
-	ret = f->ops->version_commit(f, fd, inplace, false);
+	/* a journal record not applied yet must not outlive the new
+	 * version's rename: the rename is made durable before the record
+	 * is retired */
+	ret = f->ops->version_commit(f, fd, inplace, jf.pending != 0);
+	if (!ret && jf.pending) {
+		f->ops->journal_retire(f, jf.pending);
+		eng_lock(e);
+		if (f->jseq == jf.pending)
+			f->jseq = 0;
+		eng_unlock(e);
+	}
 	tc = tier_now() - tc;
 	if (!ret)
 		eng_dd_committed(f, len, &dd);
 out_small:
+	if (jonly) {
+		/* journalled by an fsync: a flusher applies it */
+		free(jf.r);
+		lease_end(e, &l);
+		e->busy--;
+		cp->flushing = false;
+		eng_dd_done(e, f, &dd, false, len);
+		e->fl_total_s += tier_now() - t0;
+		eng_queue_flush(e, f, false);
+		eng_wake(e);
+		eng_flushed(e);
+		return 0;
+	}
 	if (ret > 0)
 		ret = 0;	/* version_small did it */
 out:
+	free(jf.r);
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
 	lease_end(e, &l);
 	e->busy--;

@@ -56,6 +56,22 @@ struct tfile_ops {
 	 * -errno.
 	 */
 	int (*version_small)(struct tfile *f, const void *buf, uint64_t len);
+	/*
+	 * Optional, the three together (-o journal_pct; flush.c's journal
+	 * flush).  journal_delta: make durable a record of f's change since
+	 * its backing file's content: the n ranges r, whose bytes are at
+	 * base + r[i].start, and size.  Returns 0 with *seq the record's, 1
+	 * where f cannot be journalled (the caller writes a new version), or
+	 * -errno.  journal_apply: write that change into the backing file
+	 * itself and sync it (the record guards the write): 0 or -errno.
+	 * journal_retire: record seq is in the backing file (or superseded):
+	 * no replay needs it.
+	 */
+	int (*journal_delta)(struct tfile *f, const void *base, const struct drange *r,
+			     uint32_t n, uint64_t size, uint64_t *seq);
+	int (*journal_apply)(struct tfile *f, const void *base, const struct drange *r,
+			     uint32_t n, uint64_t size);
+	void (*journal_retire)(struct tfile *f, uint64_t seq);
 	/* An fd reading f's current backing content, owned by the fs side
 	 * (valid until release_data_fd).  Returns fd or -errno. */
 	int (*data_fd)(struct tfile *f, bool direct);
@@ -95,6 +111,11 @@ struct tfile {
 					 * reported by the next fsync, then 0 */
 	uint64_t gen;			/* bumped by every modification */
 	uint64_t flushed_gen;		/* gen last committed to the SSD */
+	uint64_t journaled_gen;		/* gen last made durable by a journal
+					 * record (applied or not) */
+	uint64_t jseq;			/* its record while not yet applied to
+					 * the backing file, 0: none */
+	uint64_t jgen;			/* the gen that record holds */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct hint *hint_first, *hint_last;	/* its restore-queue entries,
 						 * ticket order (hints.c) */

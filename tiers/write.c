@@ -504,11 +504,17 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 	}
 }
 
+/* Does the engine keep f->dd's changed ranges (for dedup or the journal)? */
+static bool tracks_changes(const struct engine *e)
+{
+	return e->cfg.dedup || e->cfg.journal_pct;
+}
+
 void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t end)
 {
 	uint64_t blk = e->cfg.dedup_block ? e->cfg.dedup_block : TIER_ALIGN;
 
-	if (!e->cfg.dedup)
+	if (!tracks_changes(e))
 		return;
 	if (!f->dirty && f->shadow_fd < 0 && !f->dd.taint) {
 		/* not dirty: every copy holds what the backing file holds */
@@ -531,7 +537,7 @@ void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint6
 	uint64_t have = cp && cp->len < f->size ? cp->len : f->size;
 
 	eng_note_change(e, f, size, size);	/* only starts from the base */
-	if (!e->cfg.dedup || !f->dd.valid)
+	if (!tracks_changes(e) || !f->dd.valid)
 		return;
 	if (size > have)	/* zeros: different from what the base had there */
 		eng_note_change(e, f, have, size);
@@ -1051,7 +1057,8 @@ int tfile_fsync_data(struct tfile *f)
 	uint64_t errs = e->flush_errors;
 	if (!eng_flush_inline(e, f))
 		eng_wake(e);
-	while (f->flushed_gen < target && !f->unlinked) {
+	/* durable: in a new version, or in a journal record */
+	while (f->flushed_gen < target && f->journaled_gen < target && !f->unlinked) {
 		if (e->flush_errors != errs && f->flush_err) {
 			ret = f->flush_err;
 			break;

@@ -1,0 +1,255 @@
+/*
+ * fs_journal.c - the backing directory's journal (store/journal.c) as the
+ * daemon uses it: small changes made durable as records (struct
+ * tfile_ops' journal_delta, journal_apply, journal_retire, called by the
+ * engine's journal flush, tiers/flush.c), the replay at start-up and by
+ * `tierfs --recover`, and its removal at a clean exit.
+ *
+ * BACKING/.tierfs.journal holds the records of changes that were made
+ * durable there and may not be in their files yet.  A record names its
+ * file by the backing file's handle (open_by_handle_at: a file removed or
+ * replaced since is never written), else by its path beneath the backing
+ * root, and the file's device and inode.  Replay applies the live records
+ * in order (jnl_replay) before anything else reads the backing directory,
+ * and before the redo journal of hard-linked files (fs_redo_journal), whose
+ * records come later than any delta of the same file.
+ *
+ * Locking: journal_apply holds the file's ilock (fs_attrs_lock) across its
+ * write, as every commit of a version of it does; journal_delta takes no fs
+ * lock but fs.lock for a look at the inode, and the journal's own
+ * (jnl.lock, a leaf).  Calls store/ (the journal), fs_fd.c (descriptors),
+ * fs_version.c (fs_fd_rel_path), fs_persist.c (the persistent tier's intent
+ * and commit, as for any change in place).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "fs_persist.h"
+#include "journal.h"
+
+#define JOURNAL_NAME	FS_HIDDEN_PREFIX ".journal"
+
+static struct jnl jnl = { .fd = -1 };
+
+static struct fs_inode *in_of(struct tfile *f)
+{
+	return (struct fs_inode *)((char *)f - offsetof(struct fs_inode, tf));
+}
+
+/* The journal's ranges of the engine's (drange: start, end). */
+static struct jnl_range *ranges_of(const struct drange *r, uint32_t n)
+{
+	struct jnl_range *jr = malloc(((size_t)n ? n : 1) * sizeof(*jr));
+
+	for (uint32_t i = 0; jr && i < n; i++)
+		jr[i] = (struct jnl_range){ r[i].start, r[i].end - r[i].start };
+	return jr;
+}
+
+/* tfile_ops.journal_delta: see tfile.h. */
+int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
+		     uint64_t size, uint64_t *seq)
+{
+	struct fs_inode *in = in_of(f);
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} h;
+	char rel[PATH_MAX], path[64];
+	struct timespec mt = tfile_mtime(f);
+	struct jnl_range *jr;
+	struct stat st;
+	bool gone;
+	int fd, mnt, ret = 0;
+	uint32_t hlen = 0;
+
+	if (jnl.fd < 0)
+		return 1;
+	fs_lock();
+	gone = in->unlinked;
+	fs_unlock();
+	if (gone)
+		return 1;	/* a new version adopts or drops it */
+	fd = fs_fd_hold(in);
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
+		ret = fd < 0 ? fd : -errno;
+		goto out_fd;
+	}
+	fs_proc_path(fd, path, sizeof(path));
+	/* a file capability would go with our write (as v_small says) */
+	if (!S_ISREG(st.st_mode) || getxattr(path, "security.capability", NULL, 0) >= 0) {
+		ret = 1;
+		goto out_fd;
+	}
+	h.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(fd, "", &h.fh, &mnt, AT_EMPTY_PATH) == 0)
+		hlen = (uint32_t)(sizeof(h.fh) + h.fh.handle_bytes);
+	if (fs_fd_rel_path(fd, rel, sizeof(rel)))
+		rel[0] = 0;
+	if (!hlen && !rel[0])
+		ret = 1;	/* nothing a replay could find it by */
+out_fd:
+	fs_fd_release(in);
+	if (ret)
+		return ret;
+	jr = ranges_of(r, n);
+	if (!jr)
+		return -ENOMEM;
+	struct jnl_delta d = {
+		.dev = st.st_dev, .ino = st.st_ino, .size = size,
+		.mtime_sec = mt.tv_sec, .mtime_nsec = mt.tv_nsec,
+		.handle = hlen ? &h.fh : NULL, .handle_len = hlen,
+		.path = rel[0] ? rel : NULL, .r = jr, .n = n,
+	};
+	ret = jnl_delta_append(&jnl, &d, base, seq);
+	free(jr);
+	tierfs_fault_kill("journal_appended");
+	if (!ret)
+		ret = jnl_sync(&jnl, *seq);
+	return ret;
+}
+
+/* tfile_ops.journal_apply: see tfile.h. */
+int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
+		     uint64_t size)
+{
+	struct fs_inode *in = in_of(f);
+	struct timespec mt = tfile_mtime(f);
+	struct jnl_range *jr = ranges_of(r, n);
+	char path[64];
+	int fd, ret;
+
+	if (!jr)
+		return -ENOMEM;
+	fs_attrs_lock(in);
+	fd = fs_fd_hold(in);
+	if (fd >= 0) {
+		fs_proc_path(fd, path, sizeof(path));
+		fd = open(path, O_RDWR | O_CLOEXEC);
+		if (fd < 0)
+			fd = -errno;
+	}
+	fs_fd_release(in);
+	if (fd < 0) {
+		fs_attrs_unlock(in);
+		free(jr);
+		return fd;
+	}
+	fs_persist_intent(in, false);	/* changed in place, as v_small's */
+	if (n && tierfs_fault("journal_apply_torn")) {
+		/* a kill in the middle of the apply (tests) */
+		struct jnl_range half = { jr[0].off, jr[0].len / 2 };
+
+		jnl_delta_write(fd, &half, 1, base, size, 0, 0);
+		raise(SIGKILL);
+	}
+	ret = jnl_delta_write(fd, jr, n, base, size, mt.tv_sec, mt.tv_nsec);
+	fs_attrs_unlock(in);
+	close(fd);
+	free(jr);
+	if (!ret && fs_persist_on()) {
+		fs_ns_lock();
+		fs_persist_committed(in);	/* in order with renames */
+		fs_ns_unlock();
+	}
+	return ret;
+}
+
+/* tfile_ops.journal_retire: see tfile.h. */
+void fs_journal_retire(struct tfile *f, uint64_t seq)
+{
+	(void)f;
+	if (jnl.fd >= 0)
+		jnl_retire(&jnl, seq);
+}
+
+/* jnl_replay's fn: a delta applied to its file beneath the root. */
+static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+{
+	char why[128];
+	int ret;
+
+	if (type != JNL_DELTA) {
+		tlog(LOG_WARNING, "journal record %" PRIu64 " of an unknown type %u: left",
+		     seq, type);
+		return -EINVAL;
+	}
+	ret = jnl_delta_apply(*(int *)arg, p, len, why, sizeof(why));
+	if (ret == 1)
+		tlog(LOG_INFO, "journal record %" PRIu64 ": its file is %s; passed over",
+		     seq, why);
+	else if (ret < 0)
+		tlog(LOG_ERR, "journal record %" PRIu64 " could not be applied: %s%s%s", seq,
+		     strerror(-ret), why[0] != '-' ? ": " : "", why[0] != '-' ? why : "");
+	return ret;
+}
+
+/* See fs.h. */
+int fs_journal_replay(int root_fd, char *msg, size_t len)
+{
+	struct jnl_replay_stats st;
+	int ret;
+
+	ret = jnl_replay(root_fd, JOURNAL_NAME, replay_one, &root_fd, &st);
+	if (ret) {
+		snprintf(msg, len, "cannot replay its journal " JOURNAL_NAME ": %s",
+			 strerror(-ret));
+		return ret;
+	}
+	if (st.applied || st.skipped || st.failed || st.torn)
+		tlog(LOG_NOTICE, "journal: %" PRIu64 " change(s) made durable before the "
+		     "previous daemon's end applied, %" PRIu64 " passed over, %" PRIu64
+		     " failed%s", st.applied, st.skipped, st.failed,
+		     st.torn ? "; a torn record at its end dropped" : "");
+	if (st.failed) {
+		snprintf(msg, len, "%" PRIu64 " record(s) of its journal " JOURNAL_NAME
+			 " could not be applied (kept)", st.failed);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* See fs.h. */
+int fs_journal_start(void)
+{
+	char msg[256];
+	int ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
+
+	if (ret) {
+		tlog(LOG_ERR, "%s: %s; no journal this time", fs.opts.backing, msg);
+		return ret;
+	}
+	ret = jnl_open(&jnl, fs.root_fd, JOURNAL_NAME);
+	if (ret)
+		tlog(LOG_WARNING, "cannot open %s/" JOURNAL_NAME " (%s): small changes are "
+		     "flushed as new versions", fs.opts.backing, strerror(-ret));
+	return ret;
+}
+
+/* See fs.h. */
+void fs_journal_end(void)
+{
+	bool empty;
+
+	if (jnl.fd < 0)
+		return;
+	empty = jnl.live == 0;
+	jnl_close(&jnl);
+	if (empty)
+		unlinkat(fs.root_fd, JOURNAL_NAME, 0);
+	else
+		tlog(LOG_WARNING, "%s/" JOURNAL_NAME " keeps changes not yet in their files: "
+		     "the next start or tierfs --recover applies them", fs.opts.backing);
+}
