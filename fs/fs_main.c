@@ -249,6 +249,7 @@ static void usage(const char *prog)
 {
 	printf(
 "usage: %s BACKING_DIR MOUNTPOINT [-f] [-o OPTION[,OPTION...]]\n"
+"       tierfs --recover BACKING_DIR\n"
 "\n"
 "tierfs presents BACKING_DIR at MOUNTPOINT with a GPU / host-memory cache in\n"
 "front of it: writes land in the cache and are flushed to BACKING_DIR in the\n"
@@ -271,6 +272,9 @@ static void usage(const char *prog)
 "    -o gpu_share           let the daemon's user and root map the GPU cache:\n"
 "                           libtierfs then copies in the application's own\n"
 "                           CUDA context (default: off; see tierfs-gpu(7))\n"
+"    -o journal_pct=N       a change of at most N%% of a file's bytes is made\n"
+"                           durable as a journal record and written into\n"
+"                           the file in place after (default 25; 0: never)\n"
 "    -o dedup=auto|on|off   flush files changed in place incrementally,\n"
 "                           sharing unchanged extents with the backing\n"
 "                           file's earlier version (reflink: XFS, btrfs);\n"
@@ -1324,6 +1328,46 @@ static int start_engine(struct engine_config *ecfg)
 	return 0;
 }
 
+/*
+ * tierfs --recover BACKING_DIR: what a crashed daemon left, finished
+ * without mounting: the journal's records applied to their files, the
+ * redo journal's copies finished, uncommitted versions removed.  Takes
+ * the backing directory's lock (not while a daemon uses it).  Exit 0, 1
+ * with a line saying what could not be applied, 2 on a usage error.
+ */
+static int recover(int argc, char *argv[])
+{
+	char msg[PATH_MAX + 256];
+	struct timespec rmt;
+	bool rmt_ok;
+	int ret;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: %s --recover BACKING_DIR\n", argv[0]);
+		return 2;
+	}
+	fs.opts.backing = realpath(argv[2], NULL);
+	if (!fs.opts.backing)
+		die("cannot use backing directory %s: %s", argv[2], strerror(errno));
+	fs.opts.mountpoint = "(tierfs --recover)";
+	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fs.root_fd < 0)
+		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	fs.tmp_fd = -1;
+	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
+	lock_backing();
+	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
+	fs_redo_journal();
+	fs_tmp_dir_start();		/* a killed daemon's uncommitted versions */
+	unlock_backing();
+	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);
+	if (ret) {
+		say("%s: %s", fs.opts.backing, msg);
+		return 1;
+	}
+	return 0;
+}
+
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
@@ -1333,6 +1377,8 @@ int main(int argc, char *argv[])
 	int ret = 1, level, mret;
 
 	console = stderr;
+	if (argc >= 2 && !strcmp(argv[1], "--recover"))
+		return recover(argc, argv);
 	fs.opts.direct_writes = 1;
 	fs.opts.direct_reads = 1;
 	fs.opts.readahead_kb = 1024;
