@@ -12,7 +12,8 @@
  * journal that was emptied and written again, when the emptying did not
  * survive a crash: the new records' seqs are above every old one).
  *
- * When no record is live (every one retired), jnl_retire empties the file
+ * When no record is live (every one retired) and the file has grown past
+ * JNL_RESET_AT, jnl_retire empties the file
  * (ftruncate, not synced): if the truncation is lost in a crash the old
  * records come back, all retired or applied already, and replaying an
  * applied delta again gives the file it has, except where something else
@@ -46,6 +47,11 @@
 #include "lockorder.h"
 #include "log.h"
 
+/* An empty journal (no live record) longer than this starts afresh: not
+ * at every emptying, where its blocks would be freed and allocated again
+ * (metadata for the file system's log) at each record. */
+#define JNL_RESET_AT	(4u << 20)
+
 static void jlock(struct jnl *j)
 {
 	ranked_lock(&j->lock, LR_JOURNAL);
@@ -62,6 +68,7 @@ int jnl_open(struct jnl *j, int dirfd, const char *name)
 	j->fd = openat(dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (j->fd < 0)
 		return -errno;
+	j->reset_at = JNL_RESET_AT;
 	pthread_mutex_init(&j->lock, NULL);
 	pthread_cond_init(&j->synced_cond, NULL);
 	return 0;
@@ -197,7 +204,7 @@ uint64_t jnl_retire(struct jnl *j, uint64_t seq)
 	j->retires++;
 	if (j->live)
 		j->live--;
-	if (!j->live && ftruncate(j->fd, 0) == 0) {
+	if (!j->live && j->off >= j->reset_at && ftruncate(j->fd, 0) == 0) {
 		j->off = 0;	/* seqs go on: what a lost truncation leaves
 				 * past the new records does not follow them */
 		j->resets++;
@@ -440,7 +447,13 @@ static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void
 
 		futimens(fd, tv);
 	}
-	return fsync(fd) < 0 ? -errno : 0;
+	/*
+	 * fdatasync: the bytes and the size.  The mtime set above is
+	 * committed by the backing file system's log no later than the
+	 * journal's next sync (ext4's and XFS's logs commit in order), which
+	 * is what makes the record's retirement durable.
+	 */
+	return fdatasync(fd) < 0 ? -errno : 0;
 }
 
 int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *base,

@@ -56,6 +56,8 @@ struct jnl {
 	uint64_t synced;		/* records up to this seq are durable */
 	bool syncing;			/* a thread is in fdatasync for the rest */
 	uint64_t live;			/* records appended and not retired */
+	uint64_t reset_at;		/* emptied when none is live and it is
+					 * this long (jnl_retire) */
 	/* statistics */
 	uint64_t appends, retires, syncs, bytes, resets;
 };
@@ -82,7 +84,7 @@ int jnl_sync(struct jnl *j, uint64_t seq);
 /*
  * Record seq is done (what it describes is durable elsewhere): a
  * JNL_RETIRE record is appended, durable with the next jnl_sync.  With no
- * live record left the journal is emptied (the records it held are all
+ * live record left and a few MiB written the journal is emptied (the records it held are all
  * done, whether or not that emptying survives a crash).  Returns the
  * retire record's seq (for a jnl_sync that must precede a change that the
  * record would undo), or 0 when it could not be appended.
