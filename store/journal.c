@@ -462,47 +462,98 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
 	return write_delta(fd, r, n, base, false, size, mtime_sec, mtime_nsec);
 }
 
-/* The file of a delta, O_RDWR: by handle, else by path beneath root_fd. */
+/*
+ * Is fd the file delta h names: its inode number, and (where the record
+ * has one) its handle, which tells a reused inode number from the file
+ * itself.  Not its device number: a disk may come back under another
+ * after a crash (and the file is beneath the backing root anyway).
+ */
+static bool same_file(int fd, const struct delta_head *h, const void *handle)
+{
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} u;
+	struct stat st;
+	int mnt;
+
+	if (fstat(fd, &st) < 0 || st.st_ino != (ino_t)h->ino || !S_ISREG(st.st_mode))
+		return false;
+	if (h->handle_len < sizeof(struct file_handle))
+		return true;
+	u.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(fd, "", &u.fh, &mnt, AT_EMPTY_PATH) < 0)
+		return true;	/* no handles here: the inode is all there is */
+	return sizeof(u.fh) + u.fh.handle_bytes == h->handle_len &&
+	       !memcmp(&u.fh, handle, h->handle_len);
+}
+
+/* Is fd's file beneath directory root_fd (by their paths)? */
+static bool beneath(int root_fd, int fd)
+{
+	char proc[64], root[PATH_MAX], path[PATH_MAX];
+	ssize_t rn, pn;
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", root_fd);
+	rn = readlink(proc, root, sizeof(root) - 1);
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	pn = readlink(proc, path, sizeof(path) - 1);
+	if (rn <= 0 || pn <= 0)
+		return false;
+	root[rn] = path[pn] = 0;
+	if (!strcmp(root, "/"))
+		rn = 0;
+	return pn > rn && !strncmp(path, root, (size_t)rn) && path[rn] == '/';
+}
+
+/*
+ * The file of a delta, O_RDWR: by its path beneath root_fd (no symlinks
+ * followed); where that names another file now (renamed since), by its
+ * handle, if the file it opens is still beneath root_fd.  -ENOENT with why
+ * where neither finds it.
+ */
 static int delta_open(int root_fd, const struct delta_head *h, const void *handle,
 		      const char *path, char *why, size_t wl)
 {
-	int fd = -1;
-
-	if (h->handle_len >= sizeof(struct file_handle)) {
-		int mfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		struct file_handle *fh = malloc(h->handle_len);
-
-		if (mfd >= 0 && fh) {
-			memcpy(fh, handle, h->handle_len);
-			if (fh->handle_bytes + sizeof(*fh) == h->handle_len)
-				fd = open_by_handle_at(mfd, fh, O_RDWR | O_CLOEXEC);
-			else
-				errno = EINVAL;
-		}
-		free(fh);
-		if (mfd >= 0)
-			close(mfd);
-		if (fd >= 0 || errno == ESTALE || errno == ENOENT) {
-			if (fd < 0)
-				snprintf(why, wl, "removed since");
-			return fd >= 0 ? fd : -ENOENT;
-		}
-		/* no handles here (EPERM, EOPNOTSUPP): by its path */
-	}
-	if (!h->path_len) {
-		snprintf(why, wl, "no way to find it");
-		return -ENOENT;
-	}
 	struct open_how how = {
 		.flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
 	};
-	fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
-	if (fd < 0 && errno == ENOSYS)
-		fd = openat(root_fd, path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		snprintf(why, wl, "%s", strerror(errno));
-	return fd < 0 ? -errno : fd;
+	int fd = -1;
+
+	snprintf(why, wl, "removed since");
+	if (h->path_len) {
+		fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+		if (fd < 0 && errno == ENOSYS)
+			fd = openat(root_fd, path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0 && same_file(fd, h, handle))
+			return fd;
+		if (fd >= 0) {
+			snprintf(why, wl, "another file now");
+			close(fd);
+		}
+	}
+	if (h->handle_len >= sizeof(struct file_handle)) {
+		int mfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		struct file_handle *fh = malloc(h->handle_len);
+
+		fd = -1;
+		if (mfd >= 0 && fh) {
+			memcpy(fh, handle, h->handle_len);
+			if (fh->handle_bytes + sizeof(*fh) == h->handle_len)
+				fd = open_by_handle_at(mfd, fh, O_RDWR | O_CLOEXEC);
+		}
+		free(fh);
+		if (fd >= 0 && (!same_file(fd, h, handle) || !beneath(mfd, fd))) {
+			close(fd);
+			fd = -1;
+		}
+		if (mfd >= 0)
+			close(mfd);
+		if (fd >= 0)
+			return fd;
+	}
+	return -ENOENT;
 }
 
 int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
@@ -512,7 +563,6 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 	struct jnl_range *r = NULL;
 	char *path = NULL;
 	uint64_t need, bytes = 0;
-	struct stat st;
 	int fd, ret;
 
 	snprintf(why, wl, "-");
@@ -545,14 +595,7 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 		ret = fd == -ENOENT ? 1 : fd;
 		goto out_r;
 	}
-	if (fstat(fd, &st) < 0)
-		ret = -errno;
-	else if (st.st_ino != (ino_t)h.ino || st.st_dev != (dev_t)h.dev || !S_ISREG(st.st_mode)) {
-		snprintf(why, wl, "another file now");
-		ret = 1;
-	} else {
-		ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec);
-	}
+	ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec);
 	close(fd);
 out_r:
 	free(r);

@@ -155,9 +155,9 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
 		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec);
 /*
  * Apply delta record payload p (len bytes) to its file below root_fd: found
- * by its handle (open_by_handle_at: root_fd must not be O_PATH there; a
- * stale handle means the file is gone), else by its path without
- * following symlinks; it must still be the inode the record names.
+ * by its path without following symlinks, else (renamed since) by its
+ * handle, and only where it is still the inode the record names (the same
+ * handle: not a reused inode number) beneath root_fd.
  * 0 applied, 1 passed over (gone, or another file now: why says so),
  * -EINVAL for a payload that does not parse, or -errno.
  */
