@@ -232,10 +232,20 @@ int fs_journal_start(void)
 		return ret;
 	}
 	ret = jnl_open(&jnl, fs.root_fd, JOURNAL_NAME);
-	if (ret)
+	if (ret) {
 		tlog(LOG_WARNING, "cannot open %s/" JOURNAL_NAME " (%s): small changes are "
 		     "flushed as new versions", fs.opts.backing, strerror(-ret));
-	return ret;
+		return ret;
+	}
+	/* its name durable before any record in it counts */
+	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd < 0 || fsync(dfd) < 0)
+		tlog(LOG_WARNING, "cannot sync %s for its journal: %s", fs.opts.backing,
+		     strerror(errno));
+	if (dfd >= 0)
+		close(dfd);
+	return 0;
 }
 
 /* See fs.h. */

@@ -1,0 +1,295 @@
+"""Small changes made durable as journal records (-o journal_pct).
+
+On ext4 (no reflink), a file changed in place by a few bytes is not flushed as
+a whole new version: the fsync appends the changed ranges to
+BACKING/.tierfs.journal, syncs it and returns; the ranges are written into the
+backing file afterwards, and the record retired.  Between a crash and the next
+mount (or `tierfs --recover BACKING`), the backing directory holds the older
+version plus the journal; either of them applies it, with the same result.
+
+The backing file system is ext4 on a loop device mounted with a long commit
+interval, as in test_power_cut.py: a copy of its image taken the moment an
+fsync returns is what a power cut would leave.  TIERFS_DELAY=journal_apply=MS
+holds the apply back, so that the record is all there is when the daemon is
+killed; TIERFS_FAULT=journal_apply_torn kills the daemon halfway through an
+apply.  Seeds are fixed and printed.
+"""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+import util
+
+MiB = 1 << 20
+SEED = 3801
+HOLD = "journal_apply=600000"       # the apply waits (the daemon is killed first)
+
+
+def _run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+@pytest.fixture
+def disk(tmp_path):
+    """(image, root): ext4 on a loop device that commits only when asked."""
+    util.require_daemon()
+    if not shutil.which("mkfs.ext4"):
+        pytest.skip("mkfs.ext4 not installed")
+    img, root = tmp_path / "ext4.img", tmp_path / "ext4"
+    with open(img, "wb") as f:
+        f.truncate(256 * MiB)
+    r = _run(["mkfs.ext4", "-q", "-F", str(img)])
+    if r.returncode:
+        pytest.skip(f"mkfs.ext4 failed: {r.stderr.strip()}")
+    root.mkdir()
+    r = _run(["mount", "-o", "loop,commit=600", str(img), str(root)])
+    if r.returncode:
+        pytest.skip(f"cannot mount ext4 on a loop device: {r.stderr.strip()}")
+    yield img, str(root)
+    if _run(["umount", str(root)]).returncode:
+        _run(["umount", "-l", str(root)])
+
+
+class Cut:
+    """A copy of the disk image as it is now (what a power cut leaves),
+    mounted (ext4's own journal replayed) while in the with block."""
+
+    def __init__(self, img, tmp_path, name):
+        self.copy, self.root = tmp_path / f"{name}.img", tmp_path / name
+        with open(img, "rb") as src, open(self.copy, "wb") as dst:
+            shutil.copyfileobj(src, dst, 4 * MiB)
+
+    def __enter__(self):
+        self.root.mkdir(exist_ok=True)
+        r = _run(["mount", "-o", "loop", str(self.copy), str(self.root)])
+        assert r.returncode == 0, f"the cut image does not mount: {r.stderr}"
+        return str(self.root)
+
+    def __exit__(self, *exc):
+        if _run(["umount", str(self.root)]).returncode:
+            _run(["umount", "-l", str(self.root)])
+        os.unlink(self.copy)
+
+
+def recover(backing):
+    return _run([util.tierfs_bin(), "--recover", backing])
+
+
+def journal(backing):
+    return os.path.join(backing, ".tierfs.journal")
+
+
+def contents(seed=SEED, size=MiB):
+    """(old, new, changes): a file's durable content, the one after a small
+    change, and that change as [(offset, bytes)] (a few KiB of 1 MiB)."""
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    old = rng.randbytes(size)
+    changes = [(5000, rng.randbytes(100)), (700001, rng.randbytes(4096)),
+               (size - 10, rng.randbytes(30))]          # grows the file by 20
+    new = bytearray(old)
+    for off, b in changes:
+        new[off:off + len(b)] = b
+    return old, bytes(new), changes
+
+
+def durable_file(m, name, data):
+    """name in mount m holding data, flushed and synced (the base)."""
+    path = os.path.join(m.mnt, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, data)
+    os.fsync(fd)
+    os.close(fd)
+    util.wait_flushed(m)
+    os.sync()
+    return path
+
+
+def change(path, changes):
+    """The small change, acknowledged by fsync."""
+    fd = os.open(path, os.O_WRONLY)
+    for off, b in changes:
+        os.pwrite(fd, b, off)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def journalled(disk, mount, monkeypatch, delay=HOLD, names=("f",)):
+    """A mount over the disk whose file f got a small change that fsync
+    acknowledged and that is in the journal only (the apply held back):
+    (m, backing, old, new)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    old, new, changes = contents()
+    if delay:
+        monkeypatch.setenv("TIERFS_DELAY", delay)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    for n in names[1:]:
+        os.link(path, os.path.join(m.mnt, n))
+    os.sync()
+    change(path, changes)
+    monkeypatch.delenv("TIERFS_DELAY", raising=False)
+    return m, backing, old, new
+
+
+def test_small_change_is_a_journal_record_then_applied_in_place(disk, mount, monkeypatch):
+    m, backing, old, new = journalled(disk, mount, monkeypatch, delay=None)
+    ino = os.stat(os.path.join(backing, "f")).st_ino
+    util.wait_flushed(m)
+    m.umount()
+    assert read(os.path.join(backing, "f")) == new
+    assert os.stat(os.path.join(backing, "f")).st_ino == ino, "a new version was written"
+    assert util.tierfs_internals(backing) == [], "a clean unmount leaves the journal"
+
+
+def both_ways(img, tmp_path, mount, want, what):
+    """The disk as it is now, recovered twice: by tierfs --recover on one
+    copy of it and by the next mount on another; both give f == want, and
+    the same backing files."""
+    os.sync()
+    cut1, cut2 = Cut(img, tmp_path, "cut1"), Cut(img, tmp_path, "cut2")
+    with cut1 as after:
+        b = os.path.join(after, "b")
+        assert os.path.getsize(journal(b)) > 0
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        by_recover = read(os.path.join(b, "f"))
+        util.assert_same(by_recover, want, f"f {what}, after tierfs --recover")
+        assert not os.path.exists(journal(b)) or os.path.getsize(journal(b)) == 0
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        util.assert_same(read(os.path.join(b, "f")), want, "after a second --recover")
+    with cut2 as after:
+        m2 = mount(backing=os.path.join(after, "b"), host_cache="64M", dedup="off")
+        util.assert_same(read(os.path.join(m2.mnt, "f")), want,
+                         f"f {what}, through the next mount")
+        m2.umount()
+        util.assert_same(read(os.path.join(after, "b", "f")), by_recover,
+                         "the next mount against --recover")
+
+
+def test_after_a_kill_recover_and_the_next_mount_apply_the_record(disk, mount, monkeypatch,
+                                                                 tmp_path):
+    m, backing, old, new = journalled(disk, mount, monkeypatch)
+    assert read(os.path.join(backing, "f")) == old, "the apply was held back"
+    assert os.path.getsize(journal(backing)) > 0
+    m.kill(signal.SIGKILL)
+    # the backing directory holds the older version plus the journal
+    both_ways(disk[0], tmp_path, mount, new, "after a kill")
+
+
+def test_after_a_power_cut_recover_and_the_next_mount_apply_the_record(disk, mount,
+                                                                      monkeypatch, tmp_path):
+    m, backing, old, new = journalled(disk, mount, monkeypatch)
+    img = disk[0]
+    cut1, cut2 = Cut(img, tmp_path, "cut1"), Cut(img, tmp_path, "cut2")
+    m.kill(signal.SIGKILL)
+    with cut1 as after:
+        b = os.path.join(after, "b")
+        assert read(os.path.join(b, "f")) == old, "the cut came before the apply"
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        by_recover = read(os.path.join(b, "f"))
+        util.assert_same(by_recover, new, "f after the cut and tierfs --recover")
+    with cut2 as after:
+        m2 = mount(backing=os.path.join(after, "b"), host_cache="64M", dedup="off")
+        util.assert_same(read(os.path.join(m2.mnt, "f")), new, "f through the next mount")
+        m2.umount()
+        util.assert_same(read(os.path.join(after, "b", "f")), by_recover,
+                         "the next mount against --recover")
+
+
+def test_a_torn_tail_is_dropped(disk, mount, monkeypatch):
+    m, backing, old, new = journalled(disk, mount, monkeypatch)
+    m.kill(signal.SIGKILL)
+    j, f = journal(backing), os.path.join(backing, "f")
+    whole = read(j)
+    # garbage after the record (a second record cut short): dropped, the
+    # record before it applied
+    with open(j, "ab") as out:
+        out.write(b"\x54\x52\x4a\x31" + bytes(range(40)))
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    util.assert_same(read(f), new, "f after a torn tail")
+    # the record itself cut short (the fsync never returned): the older
+    # version stays, whole
+    with open(f, "wb") as out:
+        out.write(old)
+    with open(j, "wb") as out:
+        out.write(whole[:len(whole) - 100])
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    util.assert_same(read(f), old, "f after its record was torn")
+
+
+def test_a_kill_during_the_apply(disk, mount, monkeypatch, tmp_path):
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    old, new, changes = contents(seed=SEED + 1)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "journal_apply_torn")
+    m.start()
+    try:
+        change(path, changes)       # acknowledged once the record is durable
+    except OSError:
+        pass                        # the daemon died first: nothing acknowledged
+    m.wait_death()
+    monkeypatch.delenv("TIERFS_FAULT")
+    assert read(os.path.join(backing, "f")) not in (old, new), "the apply was not cut short"
+    both_ways(img, tmp_path, mount, new, "after a kill in its apply")
+
+
+def test_hard_linked_file_never_torn_after_recovery(disk, mount, monkeypatch):
+    m, backing, old, new = journalled(disk, mount, monkeypatch, names=("f", "g"))
+    m.kill(signal.SIGKILL)
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    f, g = os.path.join(backing, "f"), os.path.join(backing, "g")
+    assert os.stat(f).st_ino == os.stat(g).st_ino
+    util.assert_same(read(g), new, "the other name after tierfs --recover")
+
+
+def test_recover_refuses_a_backing_directory_in_use(disk, mount):
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    m = mount(backing=backing, host_cache="64M")
+    r = recover(backing)
+    assert r.returncode == 1 and "in use" in r.stderr, r
+    m.umount()
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    assert _run([util.tierfs_bin(), "--recover"]).returncode == 2
+
+
+def test_a_copy_of_the_backing_directory_never_writes_the_original(disk, mount,
+                                                                  monkeypatch):
+    """A record names its file by path and inode (and file handle): replayed
+    in a copy of the backing directory (other inodes), it is passed over,
+    and never reaches the original through the handle."""
+    m, backing, old, new = journalled(disk, mount, monkeypatch)
+    m.kill(signal.SIGKILL)
+    other = os.path.join(disk[1], "copy")
+    shutil.copytree(backing, other, symlinks=True)
+    r = recover(other)
+    assert r.returncode == 0, r.stderr
+    util.assert_same(read(os.path.join(backing, "f")), old, "the original, untouched")
+    util.assert_same(read(os.path.join(other, "f")), old, "the copy, passed over")
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    util.assert_same(read(os.path.join(backing, "f")), new, "the original, recovered")
