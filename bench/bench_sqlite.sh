@@ -15,6 +15,13 @@
 # Cases: ext4 directly; tierfs with journal_pct=0 (every fsync writes a
 # whole new version); tierfs with journal_pct=PCT for each PCT of PCTS
 # (default "25").  TIERFS_BIN: the daemon (default ./tierfs).
+#
+# Then (PS="1 5 10 25 50", empty: skip) the threshold: one file of FILE_MIB
+# (default 64) MiB, flushed, then 5 times a share p of its 4 KiB blocks
+# rewritten (random blocks, seed 2) and fsynced; journal_pct=0 (whole
+# versions) against journal_pct=100 (every change a journal record): disk
+# bytes (to the end of the unmount) and the time to durable (writes and
+# fsync, summed).
 set -eu
 
 tx=${1:-300}
@@ -38,9 +45,10 @@ loopdev=$(losetup -f --show "$work/ext4.img")
 mkdir "$work/ext4" "$work/mnt"
 mount "$loopdev" "$work/ext4"
 
-python3 - "$tierfs" "$work" "$loopdev" "$tx" "$rows" "${PCTS:-25}" <<'PY'
+python3 - "$tierfs" "$work" "$loopdev" "$tx" "$rows" "${PCTS:-25}" "${PS-1 5 10 25 50}" \
+	"${FILE_MIB:-64}" <<'PY'
 import os, random, sqlite3, subprocess, sys, time
-tierfs, work, dev, tx, rows, pcts = sys.argv[1:7]
+tierfs, work, dev, tx, rows, pcts, ps, file_mib = sys.argv[1:9]
 tx, rows = int(tx), int(rows)
 stat = "/sys/block/%s/stat" % os.path.basename(dev)
 ext4, mnt = os.path.join(work, "ext4"), os.path.join(work, "mnt")
@@ -79,6 +87,14 @@ def check(d):
     return ok
 
 results = []
+def umount_wait(back):
+    subprocess.run(["fusermount3", "-u", mnt], check=True)
+    for _ in range(600):        # the daemon writes back, then exits
+        if subprocess.run(["pgrep", "-f", "^%s %s " % (tierfs, back)],
+                          capture_output=True).returncode:
+            break
+        time.sleep(0.1)
+
 def case(name, opts):
     back = os.path.join(ext4, name.replace(" ", "_").replace("=", ""))
     os.mkdir(back)
@@ -91,12 +107,7 @@ def case(name, opts):
     s0 = sectors()
     dt = transactions(d)
     if opts is not None:
-        subprocess.run(["fusermount3", "-u", mnt], check=True)
-        for _ in range(600):        # the daemon writes back, then exits
-            if subprocess.run(["pgrep", "-f", "^%s %s " % (tierfs, back)],
-                              capture_output=True).returncode:
-                break
-            time.sleep(0.1)
+        umount_wait(back)
     s1 = sectors()
     ok = check(back)
     results.append((name, (s1 - s0) * 512, dt, size, ok))
@@ -112,4 +123,42 @@ print("sqlite: %d one-row transactions on a %.2f MB database, ext4 on %s" %
 print("%-24s %12s %8s %10s %6s" % ("case", "disk MiB", "x ext4", "time s", "ok"))
 for name, b, dt, size, ok in results:
     print("%-24s %12.1f %8.1f %10.2f %6s" % (name, b / 2**20, b / base, dt, ok))
+if not ps.split():
+    sys.exit(0)
+size = int(file_mib) << 20
+blocks = size // 4096
+print("\nin place: a %d MiB file, 5 times a share p of its 4 KiB blocks rewritten and fsynced"
+      % int(file_mib))
+print("%6s %14s %14s %8s %12s %12s %8s" % ("p %", "whole MiB", "journal MiB", "ratio",
+                                           "whole s", "journal s", "ratio"))
+for p in ps.split():
+    row = []
+    for pct in ("0", "100"):
+        back = os.path.join(ext4, "inplace_%s_%s" % (p, pct))
+        os.mkdir(back)
+        subprocess.run([tierfs, back, mnt, "-o", "host_cache=512M,journal_pct=" + pct],
+                       check=True, capture_output=True)
+        path = os.path.join(mnt, "f")
+        with open(path, "wb") as f:
+            f.write(random.Random(0).randbytes(size))
+            f.flush()
+            os.fsync(f.fileno())
+        s0 = sectors()
+        rng = random.Random(2)
+        fd = os.open(path, os.O_WRONLY)
+        dt = 0.0
+        for _ in range(5):
+            pick = rng.sample(range(blocks), max(1, int(blocks * float(p) / 100)))
+            data = rng.randbytes(4096)
+            t0 = time.monotonic()
+            for b in pick:
+                os.pwrite(fd, data, b * 4096)
+            os.fsync(fd)
+            dt += time.monotonic() - t0
+        os.close(fd)
+        umount_wait(back)
+        row.append(((sectors() - s0) * 512, dt))
+    (wb, wt), (jb, jt) = row
+    print("%6s %14.1f %14.1f %8.2f %12.3f %12.3f %8.2f" %
+          (p, wb / 2**20, jb / 2**20, jb / wb, wt, jt, jt / wt))
 PY

@@ -323,6 +323,11 @@ void tfile_destroy(struct tfile *f)
 		eng_drop_copy(e, f, i);
 	}
 	eng_unlock(e);
+	/* a journal record not applied yet: of a file gone with all its
+	 * names (a file with a name keeps a reference while dirty) */
+	if (f->jseq && f->ops->journal_retire)
+		f->ops->journal_retire(f, f->jseq);
+	f->jseq = 0;
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
