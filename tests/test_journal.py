@@ -293,3 +293,23 @@ def test_a_copy_of_the_backing_directory_never_writes_the_original(disk, mount,
     r = recover(backing)
     assert r.returncode == 0, r.stderr
     util.assert_same(read(os.path.join(backing, "f")), new, "the original, recovered")
+
+
+def test_a_file_removed_before_its_apply_leaves_no_journal(disk, mount, monkeypatch):
+    """A file removed right after an fsync that journalled its change (the
+    flushes held back by TIERFS_DELAY): whether its record was applied or
+    not, a clean unmount leaves no journal (a record of a removed file is
+    retired with it, tfile_destroy)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    old, new, changes = contents(size=200 << 10)
+    monkeypatch.setenv("TIERFS_DELAY", "flush_start=1500")
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    change(path, changes[:1])
+    assert os.path.getsize(journal(backing)) > 0
+    os.unlink(path)
+    monkeypatch.delenv("TIERFS_DELAY")
+    m.umount()
+    assert util.tierfs_internals(backing) == []
