@@ -11,7 +11,8 @@
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
  * inplace_copy, new_linked, small_written (fs_version.c); incr_write,
- * dedup_write (dedup_flush.c); name_made (a new name in the backing directory,
+ * dedup_write (dedup_flush.c); journal_appended, journal_apply_torn
+ * (fs_journal.c); name_made (a new name in the backing directory,
  * made by create, mknod or link, before anything else: fs_file.c,
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
  * tierfs_fault_kill() kills there if it is.
@@ -22,7 +23,7 @@ void tierfs_fault_kill(const char *point);
  * TIERFS_DELAY="point=ms[,point=ms...]" names points where a thread
  * sleeps, for the tests of races: tierfs_delay_ms() is the milliseconds
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
- * flush_write (flush.c), shadow_copy (write.c), prefetch_read
+ * flush_write, journal_apply (flush.c), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.
  */
 long tierfs_delay_ms(const char *point);
