@@ -15,7 +15,8 @@
  * (fs_journal.c); name_made (a new name in the backing directory,
  * made by create, mknod or link, before anything else: fs_file.c,
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
- * tierfs_fault_kill() kills there if it is.
+ * tierfs_fault_kill() kills there if it is.  Not a kill:
+ * journal_apply_eio (every apply of a journalled change fails).
  */
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);

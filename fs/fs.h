@@ -362,6 +362,7 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, 
 int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
 		     uint64_t size);
 void fs_journal_retire(struct tfile *f, uint64_t seq);
+int fs_journal_settle(struct tfile *f, uint64_t seq);
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */
 void fs_tmp_dir_start(void);
 void fs_tmp_dir_end(void);

@@ -133,6 +133,10 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 
 	if (!jr)
 		return -ENOMEM;
+	if (tierfs_fault("journal_apply_eio")) {	/* tests: the record stays */
+		free(jr);
+		return -EIO;
+	}
 	fs_attrs_lock(in);
 	fd = fs_fd_hold(in);
 	if (fd >= 0) {
@@ -173,6 +177,33 @@ void fs_journal_retire(struct tfile *f, uint64_t seq)
 	(void)f;
 	if (jnl.fd >= 0)
 		jnl_retire(&jnl, seq);
+}
+
+/* tfile_ops.journal_settle: see tfile.h. */
+int fs_journal_settle(struct tfile *f, uint64_t seq)
+{
+	struct fs_inode *in = in_of(f);
+	char why[128];
+	uint64_t len, rs;
+	uint16_t type;
+	void *p;
+	int ret;
+
+	if (jnl.fd < 0)
+		return 0;
+	ret = jnl_read(&jnl, seq, &type, &p, &len);
+	if (ret == -ENOENT)
+		return 0;	/* the journal was emptied: nothing of it is live */
+	if (ret)
+		return ret;
+	fs_attrs_lock(in);
+	ret = type == JNL_DELTA ? jnl_delta_apply(fs.root_fd, p, len, why, sizeof(why)) : 0;
+	fs_attrs_unlock(in);
+	free(p);
+	if (ret < 0)
+		return ret;
+	rs = jnl_retire(&jnl, seq);
+	return rs ? jnl_sync(&jnl, rs) : -EIO;
 }
 
 /* jnl_replay's fn: a delta applied to its file beneath the root. */

@@ -1125,4 +1125,5 @@ const struct tfile_ops fs_tfile_ops = {
 	.journal_delta	= fs_journal_delta,
 	.journal_apply	= fs_journal_apply,
 	.journal_retire	= fs_journal_retire,
+	.journal_settle	= fs_journal_settle,
 };

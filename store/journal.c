@@ -275,6 +275,35 @@ static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool
 	return 1;
 }
 
+int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *len)
+{
+	uint64_t end, off = 0;
+	struct jnl_rec h;
+
+	*p = NULL;
+	jlock(j);
+	end = j->off;		/* records below it are whole */
+	junlock(j);
+	while (off + sizeof(h) <= end) {
+		int ret = pread_all(j->fd, &h, sizeof(h), off);
+
+		if (ret)
+			return ret;
+		if (h.magic != JNL_MAGIC || h.hlen != sizeof(h) || h.len > end - off - sizeof(h))
+			return -ENOENT;
+		if (h.seq == seq) {
+			ret = read_rec(j->fd, off, end, 0, true, &h, p);
+			if (ret <= 0)
+				return ret ? ret : -EIO;
+			*type = h.type;
+			*len = h.len;
+			return 0;
+		}
+		off += sizeof(h) + h.len;
+	}
+	return -ENOENT;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

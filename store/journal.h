@@ -91,6 +91,13 @@ int jnl_sync(struct jnl *j, uint64_t seq);
  */
 uint64_t jnl_retire(struct jnl *j, uint64_t seq);
 
+/*
+ * Read record seq back from the journal: its type and payload (*p,
+ * malloc'ed, *len bytes).  0, -ENOENT where no record of that seq is
+ * there, or -errno.
+ */
+int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *len);
+
 /* ---- replay -------------------------------------------------------------- */
 
 struct jnl_replay_stats {

@@ -421,17 +421,20 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		goto out;
 	}
 	tc = tier_now();
-	/* a journal record not applied yet must not outlive the new
-	 * version's rename: the rename is made durable before the record
-	 * is retired */
-	ret = f->ops->version_commit(f, fd, inplace, jf.pending != 0);
-	if (!ret && jf.pending) {
-		f->ops->journal_retire(f, jf.pending);
+	if (jf.pending) {
+		/* a journal record not applied yet: in the file and retired
+		 * first (journal_settle) */
+		ret = f->ops->journal_settle(f, jf.pending);
+		if (ret) {
+			close(fd);
+			goto out;
+		}
 		eng_lock(e);
 		if (f->jseq == jf.pending)
 			f->jseq = 0;
 		eng_unlock(e);
 	}
+	ret = f->ops->version_commit(f, fd, inplace, false);
 	tc = tier_now() - tc;
 	if (!ret)
 		eng_dd_committed(f, len, &dd);

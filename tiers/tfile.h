@@ -72,6 +72,14 @@ struct tfile_ops {
 	int (*journal_apply)(struct tfile *f, const void *base, const struct drange *r,
 			     uint32_t n, uint64_t size);
 	void (*journal_retire)(struct tfile *f, uint64_t seq);
+	/*
+	 * Record seq of f is not applied, and f's next version is not made
+	 * from its ranges (a whole new version): apply it to the backing
+	 * file from the journal, sync, and retire it durably, before the new
+	 * version is committed (which may copy over the file in place: a
+	 * record replayed after that would undo part of it).  0 or -errno.
+	 */
+	int (*journal_settle)(struct tfile *f, uint64_t seq);
 	/* An fd reading f's current backing content, owned by the fs side
 	 * (valid until release_data_fd).  Returns fd or -errno. */
 	int (*data_fd)(struct tfile *f, bool direct);

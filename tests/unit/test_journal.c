@@ -167,6 +167,16 @@ static void test_retired(void)
 		buf[0] = 'a' + i;
 		CHECK(jnl_append(&j, 7, &v, 1, &s[i]) == 0, "append");
 	}
+	{
+		uint16_t type;
+		uint64_t len;
+		void *p;
+
+		CHECK(jnl_read(&j, s[1], &type, &p, &len) == 0 && type == 7 &&
+		      len == sizeof(buf) && *(char *)p == 'b', "read back b");
+		free(p);
+		CHECK(jnl_read(&j, 99, &type, &p, &len) == -ENOENT, "read back a seq not there");
+	}
 	CHECK(jnl_retire(&j, s[1]) != 0, "retire");
 	CHECK(j.live == 2, "live %lu", (unsigned long)j.live);
 	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
