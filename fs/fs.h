@@ -337,7 +337,7 @@ int fs_sync_all(bool give_up);
  * session (set with fuse_session_custom_io before the loop). */
 int fs_run_loop(void);
 #define FS_FLUSH_AGE_DEFAULT_MS	1000	/* -o flush_age default */
-#define FS_JOURNAL_PCT_DEFAULT	25	/* -o journal_pct default (bench/RESULTS.md 15) */
+#define FS_JOURNAL_PCT_DEFAULT	25	/* -o journal_pct default (bench/RESULTS.md 16) */
 #define FS_POLL_US_DEFAULT	200	/* -o poll_us default... */
 #define FS_POLL_MIN_CPUS	8	/* ...on machines with this many CPUs */
 extern const struct fuse_custom_io fs_io;
