@@ -883,3 +883,73 @@ def test_file_loaded_from_backing_and_changed_in_place_is_indexed(xfs, mount):
     assert s["chunks_hashed"] <= 4 * n + 2 * 2, s
     m.umount()
     util.assert_same(util.read_file(os.path.join(b, "db")), bytes(cur), "db")
+
+
+# ---------------------------------------------------------------- a flush's progress
+
+def flush_progress(m):
+    s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
+    return s["flushes_running"], s["flush_done_bytes"]
+
+
+def progress_during(m, path, do):
+    """Run do() (which ends with an fsync of path) in a thread; return the
+    largest ssd.flush_done_bytes seen while that flush ran."""
+    import threading
+    err = []
+
+    def run():
+        try:
+            do()
+        except OSError as e:
+            err.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    seen = 0
+    while t.is_alive():
+        running, done = flush_progress(m)
+        if running:
+            seen = max(seen, done)
+        time.sleep(0.02)
+    t.join()
+    assert not err, err
+    return seen
+
+
+@pytest.mark.parametrize("how", ["by_chunks", "incremental"])
+def test_progress_visible_during_a_dedup_flush(xfs, tmp_path, monkeypatch, how):
+    """A dedup flush publishes its progress (cp->flushed_bytes: what eviction
+    estimates a copy's wait from, and ssd.flush_done_bytes in the stats) as
+    it goes, the bytes it cloned included, not only when it ends.
+    TIERFS_DELAY holds the flush right after it cloned its base."""
+    size, C = 8 * MiB, 64 * KiB
+    one = util.randbytes(size, random.Random(21))
+    two = one[:MiB] + b"\x05" * C + one[MiB + C:]
+    monkeypatch.setenv("TIERFS_DELAY", "dedup_cloned=1500")
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "host_cache": "256M"},
+                   backing=backing_in(xfs))
+    try:
+        m.start()
+        monkeypatch.delenv("TIERFS_DELAY")
+        write_sync(os.path.join(m.mnt, "one"), one)      # all new: no clone
+        s0 = dstats(m)
+        if how == "by_chunks":
+            path = os.path.join(m.mnt, "two")
+            seen = progress_during(m, path, lambda: write_sync(path, two))
+            key = "files_dedup"
+        else:
+            path = os.path.join(m.mnt, "one")
+            seen = progress_during(m, path, lambda: change_sync(path, MiB, b"\x05" * C))
+            key = "files_incremental"
+        s1 = dstats(m)
+        assert s1[key] == s0[key] + 1, s1
+        cloned = s1["bytes_cloned"] - s0["bytes_cloned"]
+        assert cloned >= size - 2 * C, s1
+        # held after its clone: the cloned bytes were counted then
+        assert seen >= cloned, f"progress seen during the flush {seen}, cloned {cloned}"
+        assert flush_progress(m) == (0, 0)
+        m.umount()
+        util.assert_same(util.read_file(os.path.join(m.backing, os.path.basename(path))), two)
+    finally:
+        m.finish()
+

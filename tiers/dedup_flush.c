@@ -101,7 +101,8 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		      struct copy *cp, int fd, bool direct, uint64_t len, struct incr *in)
 {
-	uint64_t end = direct ? tier_round(len) : len, done = 0;
+	uint64_t end = direct ? tier_round(len) : len;
+	uint64_t *progress = &cp->flushed_bytes;
 	struct stat st;
 	int src, ret;
 
@@ -115,6 +116,10 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	f->ops->release_data_fd(f, src);
 	if (ret)
 		return -EAGAIN;
+	/* the progress eviction and the statistics read: the clone counts
+	 * whole, the ranges written over it do not count again */
+	__atomic_add_fetch(progress, in->clone, __ATOMIC_RELAXED);
+	eng_delay_at(NULL, "dedup_cloned");
 	uint64_t inner = 0, last = 0;
 	bool host = cp->cache->host_addressable;
 	unsigned ns = 0, cap = in->n + 1;
@@ -159,19 +164,19 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		}
 		if (host)
 			continue;
-		ret = backing_write_range(ring, fd, cp, a, b, &done);
+		ret = backing_write_range(ring, fd, cp, a, b, NULL);
 		tierfs_fault_kill("incr_write");
 	}
 	if (host && !ret && ns) {
 		/* the first range alone first: the test hook's kill point */
-		ret = backing_write_segs(ring, fd, seg, 1, &done);
+		ret = backing_write_segs(ring, fd, seg, 1, NULL);
 		tierfs_fault_kill("incr_write");
 		if (!ret)
-			ret = backing_write_segs(ring, fd, seg + 1, ns - 1, &done);
+			ret = backing_write_segs(ring, fd, seg + 1, ns - 1, NULL);
 	}
 	free(seg);
 	if (!ret)	/* past what was cloned the version is a hole */
-		ret = backing_write_sparse(ring, fd, cp, in->clone, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, in->clone, end, progress, false);
 	in->written = inner + (end > in->clone ? end - in->clone : 0);
 	in->cloned = in->clone - inner;
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
@@ -517,10 +522,11 @@ static int dd_src_dup(const struct dd_src *s, uint32_t ep)
  * chunks were looked up), into fd at off.  e->lock not held.  Returns 0,
  * or -errno (the caller writes those bytes instead): s was retired,
  * suspended or carried over before the clone was over (its content may
- * have changed).  The clone's time goes to d->clone_s.
+ * have changed).  The clone's time goes to d->clone_s, its bytes to
+ * *progress (the flush's, read without the lock).
  */
 static int ddf_clone(struct engine *e, struct ddf *d, int fd, uint64_t off, struct dd_src *s,
-		     uint64_t soff, uint64_t len, uint32_t ep)
+		     uint64_t soff, uint64_t len, uint32_t ep, uint64_t *progress)
 {
 	int sfd, ret;
 
@@ -537,6 +543,8 @@ static int ddf_clone(struct engine *e, struct ddf *d, int fd, uint64_t off, stru
 				 * it changes: not now, the clone has its
 				 * bytes */
 	eng_unlock(e);
+	if (!ret)
+		__atomic_add_fetch(progress, len, __ATOMIC_RELAXED);
 	return ret;
 }
 
@@ -651,7 +659,9 @@ static bool ddf_in_base(const struct ddf *d, uint64_t i, uint64_t m, const struc
 static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
 			   uint64_t end, struct ddf *d, struct dd_src *b, uint32_t ep)
 {
-	uint64_t C = d->chunk, m, i, done = 0, inner = 0, cloned;
+	uint64_t C = d->chunk, m, i, inner = 0, cloned;
+	uint64_t *progress = &cp->flushed_bytes;	/* the chunks written over
+							 * the clone count twice */
 	bool host = cp->cache->host_addressable;
 	struct ssd_seg *seg = NULL;
 	struct stat st;
@@ -680,8 +690,9 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		fx.fsx_cowextsize = (uint32_t)C;
 		(void)ioctl(fd, FS_IOC_FSSETXATTR, &fx);	/* a hint */
 	}
-	if (ddf_clone(e, d, fd, 0, b, 0, m * C, ep))
+	if (ddf_clone(e, d, fd, 0, b, 0, m * C, ep, progress))
 		return -EAGAIN;
+	eng_delay_at(NULL, "dedup_cloned");
 	cloned = m * C;
 	if (host && !(seg = malloc((d->nhashed + 1) * sizeof(*seg))))
 		return -ENOMEM;		/* retried, like any failed flush */
@@ -698,7 +709,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN &&
 			    ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i], (j - i) * C,
-				      d->sep[i]) == 0) {
+				      d->sep[i], progress) == 0) {
 				if (j > m)
 					cloned += (j - (i > m ? i : m)) * C;
 				i = j;
@@ -719,16 +730,16 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 				seg[ns++] = (struct ssd_seg){ .off = i * C, .len = (j - i) * C,
 							      .buf = copy_ptr(cp) + i * C };
 		} else {
-			ret = backing_write_range(ring, fd, cp, i * C, j * C, &done);
+			ret = backing_write_range(ring, fd, cp, i * C, j * C, progress);
 		}
 		i = j;
 	}
 	if (host && !ret && ns)
-		ret = backing_write_segs(ring, fd, seg, ns, &done);
+		ret = backing_write_segs(ring, fd, seg, ns, progress);
 	free(seg);
 	tierfs_fault_kill("dedup_write");
 	if (!ret)	/* past the clone: a hole until written */
-		ret = backing_write_sparse(ring, fd, cp, d->nhashed * C, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, d->nhashed * C, end, progress, false);
 	d->written += inner + (end > d->nhashed * C ? end - d->nhashed * C : 0);
 	d->cloned += cloned;
 	return ret;
@@ -742,7 +753,8 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
 		     bool direct, uint64_t len, struct ddf *d)
 {
-	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
+	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0;
+	uint64_t *progress = &cp->flushed_bytes;
 	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
 	uint32_t ep = 0;
 	struct dd_src *base = ddf_base(d, &ep);
@@ -759,11 +771,12 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
-				ret = backing_write_sparse(ring, fd, cp, ws, i * C, &done, false);
+				ret = backing_write_sparse(ring, fd, cp, ws, i * C, progress,
+							   false);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i],
-						      (j - i) * C, d->sep[i]) == 0) {
+						      (j - i) * C, d->sep[i], progress) == 0) {
 					d->cloned += (j - i) * C;
 					ws = j * C;
 					tierfs_fault_kill("dedup_write");
@@ -776,7 +789,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		i = j;		/* not cloned: joins the bytes to write */
 	}
 	if (!ret)	/* a fresh version: holes need no writing */
-		ret = backing_write_sparse(ring, fd, cp, ws, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, ws, end, progress, false);
 	d->written += end > ws ? end - ws : 0;
 out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);

@@ -223,6 +223,18 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 	return ret;
 }
 
+/* e->lock held: cp's flush (on e->fl_running) ended. */
+static void running_remove(struct engine *e, struct copy *cp)
+{
+	struct copy **pp = &e->fl_running;
+
+	while (*pp && *pp != cp)
+		pp = &(*pp)->fl_next;
+	if (*pp)
+		*pp = cp->fl_next;
+	cp->fl_next = NULL;
+}
+
 /* e->lock held: f's copy in the fastest tier that holds a complete one
  * (what a flush writes), or NULL. */
 static struct copy *newest_complete(struct engine *e, struct tfile *f)
@@ -257,6 +269,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		return 0;	/* nothing to do, or another flusher has it */
 	cp->flushing = true;
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
+	cp->fl_next = e->fl_running;
+	e->fl_running = cp;
 	gen = f->gen;
 	len = cp->len;
 	eng_dd_plan(e, f, cp, len, &dd);	/* its version leaves the index */
@@ -305,6 +319,7 @@ out:
 	lease_end(e, &l);
 	e->busy--;
 	cp->flushing = false;
+	running_remove(e, cp);
 	eng_dd_done(e, f, &dd, ret == 0, len);
 	e->fl_total_s += tier_now() - t0;
 	e->fl_clone_s += dd.clone_s;
