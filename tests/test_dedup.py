@@ -953,3 +953,22 @@ def test_progress_visible_during_a_dedup_flush(xfs, tmp_path, monkeypatch, how):
     finally:
         m.finish()
 
+
+def test_large_file_is_indexed_whole_after_its_fsync(xfs, mount):
+    """The chunks of a new version go into the index after its fsync
+    waiters are woken, in batches (e->lock taken in turns): every one of
+    them gets there, and a copy of the file finds them all."""
+    C, size = 4 * KiB, 40 * MiB               # 10,240 chunks: three batches
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="4K", host_cache="256M")
+    data = util.randbytes(size, random.Random(23))
+    write_sync(os.path.join(m.mnt, "one"), data)
+    n = size // C
+    util.wait_until(lambda: dstats(m)["index_entries"] == n,
+                    lambda: f"{n} entries: {dstats(m)}", 15)
+    s0 = dstats(m)
+    write_sync(os.path.join(m.mnt, "two"), data)
+    s1 = dstats(m)
+    assert s1["chunks_found"] - s0["chunks_found"] == n, s1
+    assert s1["bytes_cloned"] - s0["bytes_cloned"] == size, s1
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "two")), data)

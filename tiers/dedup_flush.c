@@ -40,6 +40,8 @@
 #include "ssd.h"
 
 #define DD_SRC_MAX	1024	/* versions held open for cloning */
+#define DD_BATCH	4096	/* chunks looked up or indexed per hold of
+				 * e->lock (64 MiB at 16 KiB chunks) */
 #define DD_SAMPLE	8	/* chunks hashed first when recent files were new */
 #define DD_LOW		0.03	/* "almost all new": less than this found */
 #define DD_MIN_RUN	(64u << 10)	/* shorter runs of found chunks are
@@ -567,9 +569,11 @@ static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_has
 {
 	if (h != d->h + a)
 		memcpy(d->h + a, h, (b - a) * sizeof(*h));
-	eng_lock(e);
-	ddf_lookup(e, d, a, b);
-	eng_unlock(e);
+	for (uint64_t i = a; i < b; i += DD_BATCH) {	/* e->lock in turns */
+		eng_lock(e);
+		ddf_lookup(e, d, i, b - i < DD_BATCH ? b : i + DD_BATCH);
+		eng_unlock(e);
+	}
 	d->nhashed = b;
 }
 
@@ -828,10 +832,12 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 }
 
 /*
- * e->lock held, after the flush: on success index the new version's
- * chunks (d->vfd, taken over), and drop the references of the lookup.
+ * e->lock held, after the flush: drop the references of the lookup, and on
+ * success make the new version (d->vfd, taken over) f's in the index and
+ * return it, referenced, for eng_dd_index() to add its chunks (d->h, then
+ * NULL, its hashes: the caller's to free); else NULL.
  */
-static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
+static struct dd_src *ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 {
 	struct dd_src *s = NULL;
 
@@ -858,16 +864,12 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		e->dd.live_tail = s;
 		if (++e->dd.nlive > DD_SRC_MAX)
 			dd_src_retire(e, e->dd.live);
-		for (uint64_t i = 0; i < d->nhashed; i++) {
-			struct dd_src *gone = dd_index_add(&e->dd.index, &d->h[i], s, i * d->chunk, 0);
-
-			if (gone)
-				dd_src_free(gone);	/* retired, its last entry gone */
-		}
+		s->refs++;	/* eng_dd_index()'s */
 	}
 	dd_close_later(e, d->vfd);	/* not kept: closed like a retired one */
 	d->vfd = -1;
-	free(d->h);
+	if (!s)
+		free(d->h);
 	free(d->src);
 	free(d->soff);
 	free(d->sep);
@@ -877,6 +879,7 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 	d->h = NULL;
 	d->src = NULL;
 	d->soff = NULL;
+	return s;
 }
 
 #define DD_WHOLE_MAX	(1ull << 30)	/* host copies hashed whole at most */
@@ -1014,7 +1017,12 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 
 	free(in->r);
 	in->r = NULL;
-	ddf_done(e, f, d, ok);
+	p->ix_n = d->nhashed;
+	p->ix_h = d->h;
+	p->ix_chunk = d->chunk;
+	p->ix_src = ddf_done(e, f, d, ok);
+	if (!p->ix_src)
+		p->ix_h = NULL;		/* freed */
 	if (in->carry)
 		dd_src_carry(e, f, in->carry, ok ? p->vfd : -1, in, len);
 	else
@@ -1042,6 +1050,33 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 	f->dd.base_len = len;
 	if (f->gen == p->gen)
 		f->dd.taint = false;
+}
+
+void eng_dd_index(struct engine *e, struct dd_flush *p)
+{
+	struct dd_src *s = p->ix_src;
+
+	if (!s)
+		return;
+	for (uint64_t i = 0; i < p->ix_n && !s->retired;) {
+		uint64_t end = p->ix_n - i < DD_BATCH ? p->ix_n : i + DD_BATCH;
+
+		for (; i < end; i++) {
+			struct dd_src *gone = dd_index_add(&e->dd.index, &p->ix_h[i], s,
+							   i * p->ix_chunk, 0);
+
+			if (gone)
+				dd_src_free(gone);	/* retired, its last entry gone */
+		}
+		if (i < p->ix_n) {	/* others' turn: writers, fsyncs, stats */
+			eng_unlock(e);
+			eng_lock(e);
+		}
+	}
+	dd_src_put(s);
+	free(p->ix_h);
+	p->ix_src = NULL;
+	p->ix_h = NULL;
 }
 
 int eng_dd_take_close(struct engine *e)

@@ -373,6 +373,7 @@ out:
 	}
 	eng_wake(e);
 	eng_flushed(e);
+	eng_dd_index(e, &dd);	/* after the fsync waiters were woken */
 	return ret;
 }
 
