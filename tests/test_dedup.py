@@ -795,6 +795,36 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
     assert util.tierfs_internals(m.backing) == []
 
 
+@pytest.mark.gpu
+def test_gpu_all_new_series_is_sampled_and_indexed_whole(xfs, mount):
+    """GPU-hashed files after an all-new one are looked up by a sample of
+    chunks first (as the host hashes them): an all-new one is not looked up
+    further, yet all its GPU hashes are indexed, so a copy of it finds every
+    chunk."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K",
+              gpu_cache="256M", host_cache="256M")
+    m.wait_gpu_tier()
+    C, size = 64 * KiB, 8 * MiB
+    n = size // C
+    rng = random.Random(24)
+    one, two = util.randbytes(size, rng), util.randbytes(size, rng)
+    s = []
+    for name, data in (("one", one), ("two", two), ("three", two)):
+        p = os.path.join(m.mnt, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        assert "gpu" in os.getxattr(p, "user.tierfs.tier").decode()
+        util.wait_flushed(m)
+        s.append(dstats(m))
+    assert s[1]["sampled_out"] == s[0]["sampled_out"] + 1, s[1]     # two: all new
+    assert s[1]["chunks_found"] == s[0]["chunks_found"], s[1]
+    assert s[2]["chunks_found"] - s[1]["chunks_found"] == n, s[2]   # three: two's
+    assert s[2]["bytes_cloned"] - s[1]["bytes_cloned"] == size, s[2]
+    m.umount()
+    for name, want in (("one", one), ("two", two), ("three", two)):
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), want, name)
+
+
 def test_copies_of_a_file_changed_in_place_meanwhile_are_exact(xfs, mount):
     """One thread changes a file in place and fsyncs, again and again (its
     version in the index is suspended and carried over each time); others

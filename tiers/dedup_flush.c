@@ -588,15 +588,29 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 	double t0 = tier_now();
 
 	/* GPU hashes (the cascade's, or of a GPU copy flushed from the GPU):
-	 * all of them, hashing costs next to nothing there */
+	 * all of them, hashing costs next to nothing there; looked up as the
+	 * host's are hashed (a sample first, when recent files were new), all
+	 * of them kept for the index */
 	if (!d->gh && !cp->cache->host_addressable)
 		d->gh = ddf_cache_hash(e, cp, d->n, d->chunk);
 	if (d->gh || !cp->cache->host_addressable) {
-		if (d->gh)
-			ddf_take_hashes(e, d, d->gh, 0, d->n);
+		bool out = false;
+
+		if (d->gh) {
+			ddf_take_hashes(e, d, d->gh, 0, m);
+			out = m < d->n && !d->found;
+			if (out) {	/* all new: not looked up */
+				memcpy(d->h + m, d->gh + m, (d->n - m) * sizeof(*d->h));
+				d->nhashed = d->n;
+			} else if (m < d->n) {
+				ddf_take_hashes(e, d, d->gh + m, m, d->n);
+			}
+		}
 		eng_lock(e);
 		e->dd.chunks_hashed += d->nhashed;
 		e->dd.chunks_found += d->found;
+		if (out)
+			e->dd.sampled_out++;
 		if (d->nhashed)
 			e->dd.dup = (double)d->found / (double)d->nhashed;
 		eng_unlock(e);
