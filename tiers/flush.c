@@ -15,13 +15,15 @@
  * Flushers also drop deferred file references (e->reap).
  *
  * Owns: the queues and the tfile fields queued, aging, due_at, gqueued,
- * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy, flush_bw
- * and the flush statistics.  The threads hold e->lock except while bytes
- * move (under a lease) and while they call tfile_ops (version_open/commit,
- * put, name: those take fs locks).  They never take a tfile.lock.  Calls
- * place.c, backing.c and dedup_flush.c (through dedup_flush.h: a flush's
- * dedup plan, write, commit and end; the cascade's GPU hashes; the closes
- * of retired versions), which calls nothing here.
+ * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy,
+ * fl_running, flush_bw and the flush statistics.  The threads hold
+ * e->lock except while bytes move (under a lease) and while they call
+ * tfile_ops (version_open/commit, put, name: those take fs locks).  They
+ * never take a tfile.lock.  Calls place.c, backing.c and dedup_flush.c
+ * (through dedup_flush.h: a flush's dedup plan, write, commit and end,
+ * and the new version's chunks indexed once the end is published; the
+ * cascade's GPU hashes; the closes of retired versions), which calls
+ * nothing here.
  */
 #include <assert.h>
 #include <errno.h>
