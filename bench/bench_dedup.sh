@@ -12,6 +12,9 @@
 # (torch with CUDA, tierfs.pwrite_gpu; libtierfs via TIERFS_LIB), into a
 # GPU cache on device N (GPU_OPTS, default gpu_cache=4G); such
 # checkpoints are hashed on the GPU; ONLY=gpu: that series alone;
+# ONLY=new: the series of new checkpoint files alone (no in-place, no sqlite);
+# REPEAT=N: each case of the series of new files (and of the GPU series) N
+# times, off and on in turn (the table gives each run, then the medians);
 # GPU_CHUNKS="4K 16K": its dedup chunk sizes (default 16K);
 # PLOT=FILE.png: a plot of the bytes the device took per checkpoint, per case.
 #
@@ -200,7 +203,8 @@ def series(opts, p, inplace=False, gpu=False):
         now = dev_written()
         per.append(now - prev)
         prev = now
-        kept.append(bytes(data)) if inplace else kept.append(bytes(data))
+        if inplace:
+            kept.append(bytes(data))
         if inplace and len(kept) > 2:
             kept.pop(0)
     copy = None
@@ -339,16 +343,39 @@ print(f"bench_dedup: {n} checkpoints of {size_mib} MiB on XFS reflink ({dev}), "
 chunks = ["4K", "16K", "64K", "256K", "1M"]
 quick = bool(os.environ.get("QUICK"))
 ps = tuple(float(x) for x in os.environ.get("PS", "0.01").split())
+repeat = int(os.environ.get("REPEAT", "1"))
+
+
+def medians(rows, keys):
+    """Per case over the REPEAT runs: the medians from the second checkpoint
+    on, and their ratio to dedup=off's medians."""
+    print("medians over the runs, from the second checkpoint on (vs off: the median of off's / this)")
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    for key in keys:
+        off = [r for n, k, r in rows if k == key and n.startswith("off ")]
+        od, of = med([r["dlater"] for r in off]), med([r["fsync"] for r in off])
+        for name in sorted({n.rsplit(" #", 1)[0] for n, k, _ in rows if k == key}):
+            rs = [r for n, k, r in rows if k == key and n.rsplit(" #", 1)[0] == name]
+            d, f = med([r["dlater"] for r in rs]), med([r["fsync"] for r in rs])
+            runs = " ".join(f"{r['dlater']:.2f}" for r in rs)
+            print(f"  {name:<22} durable 2nd.. {d:7.2f} s ({od / d:.2f}x)  "
+                  f"fsync {f:7.2f} s ({of / f:.2f}x)  runs {runs}")
+
+
 if GPU:
     rows = []
     for p in ps:
         key = f"p={p * 100:g}%"
-        rows.append((f"off {key}", key, series(GPU_OPTS + ",dedup=off", p, gpu=True)))
-        for c in os.environ.get("GPU_CHUNKS", "16K").split():
-            rows.append((f"on chunk {c} {key}", key,
-                         series(GPU_OPTS + f",dedup=on,dedup_chunk={c}", p, gpu=True)))
+        for r in range(repeat):     # off and on in turn
+            tag = f" #{r + 1}" if repeat > 1 else ""
+            rows.append((f"off {key}{tag}", key, series(GPU_OPTS + ",dedup=off", p, gpu=True)))
+            for c in os.environ.get("GPU_CHUNKS", "16K").split():
+                rows.append((f"on chunk {c} {key}{tag}", key,
+                             series(GPU_OPTS + f",dedup=on,dedup_chunk={c}", p, gpu=True)))
     table(f"series written through the ioctl from GPU memory (tierfs.pwrite_gpu, {GPU_OPTS}): "
           "hash GB/s = the GPU's", rows)
+    if repeat > 1:
+        medians(rows, [f"p={p * 100:g}%" for p in ps])
     if os.environ.get("ONLY") == "gpu":
         if PLOT:
             plot()
@@ -356,12 +383,21 @@ if GPU:
 rows = []
 for p in (ps if quick else (0.001, 0.01, 0.1, 1.0)):
     key = f"p={p * 100:g}%"
-    rows.append((f"off {key}", key, series("dedup=off", p)))
-    for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
-        rows.append((f"on chunk {c} {key}", key, series(f"dedup=on,dedup_chunk={c}", p)))
+    for r in range(repeat):     # off and on in turn: each on row against the off before it
+        tag = f" #{r + 1}" if repeat > 1 else ""
+        rows.append((f"off {key}{tag}", key, series("dedup=off", p)))
+        for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
+            rows.append((f"on chunk {c} {key}{tag}", key,
+                         series(f"dedup=on,dedup_chunk={c}", p)))
 table("series of new checkpoint files (SSD written: by the loop device; 2nd..: from the "
       "second checkpoint on, the first being all new in every case; vs off: dedup=off's / this)",
       rows)
+if repeat > 1:
+    medians(rows, [f"p={p * 100:g}%" for p in (ps if quick else (0.001, 0.01, 0.1, 1.0))])
+if os.environ.get("ONLY") == "new":
+    if PLOT:
+        plot()
+    sys.exit(0)
 
 rows = []
 for p in (ps if quick else (0.001, 0.01, 0.1)):

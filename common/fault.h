@@ -24,7 +24,8 @@ void tierfs_fault_kill(const char *point);
  * TIERFS_DELAY="point=ms[,point=ms...]" names points where a thread
  * sleeps, for the tests of races: tierfs_delay_ms() is the milliseconds
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
- * flush_write, journal_apply (flush.c), shadow_copy (write.c), prefetch_read
+ * flush_write, journal_apply (flush.c), dedup_cloned (dedup_flush.c: after
+ * a flush cloned its base), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.
  */
 long tierfs_delay_ms(const char *point);

@@ -795,6 +795,36 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
     assert util.tierfs_internals(m.backing) == []
 
 
+@pytest.mark.gpu
+def test_gpu_all_new_series_is_sampled_and_indexed_whole(xfs, mount):
+    """GPU-hashed files after an all-new one are looked up by a sample of
+    chunks first (as the host hashes them): an all-new one is not looked up
+    further, yet all its GPU hashes are indexed, so a copy of it finds every
+    chunk."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K",
+              gpu_cache="256M", host_cache="256M")
+    m.wait_gpu_tier()
+    C, size = 64 * KiB, 8 * MiB
+    n = size // C
+    rng = random.Random(24)
+    one, two = util.randbytes(size, rng), util.randbytes(size, rng)
+    s = []
+    for name, data in (("one", one), ("two", two), ("three", two)):
+        p = os.path.join(m.mnt, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        assert "gpu" in os.getxattr(p, "user.tierfs.tier").decode()
+        util.wait_flushed(m)
+        s.append(dstats(m))
+    assert s[1]["sampled_out"] == s[0]["sampled_out"] + 1, s[1]     # two: all new
+    assert s[1]["chunks_found"] == s[0]["chunks_found"], s[1]
+    assert s[2]["chunks_found"] - s[1]["chunks_found"] == n, s[2]   # three: two's
+    assert s[2]["bytes_cloned"] - s[1]["bytes_cloned"] == size, s[2]
+    m.umount()
+    for name, want in (("one", one), ("two", two), ("three", two)):
+        util.assert_same(util.read_file(os.path.join(m.backing, name)), want, name)
+
+
 def test_copies_of_a_file_changed_in_place_meanwhile_are_exact(xfs, mount):
     """One thread changes a file in place and fsyncs, again and again (its
     version in the index is suspended and carried over each time); others
@@ -883,3 +913,92 @@ def test_file_loaded_from_backing_and_changed_in_place_is_indexed(xfs, mount):
     assert s["chunks_hashed"] <= 4 * n + 2 * 2, s
     m.umount()
     util.assert_same(util.read_file(os.path.join(b, "db")), bytes(cur), "db")
+
+
+# ---------------------------------------------------------------- a flush's progress
+
+def flush_progress(m):
+    s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
+    return s["flushes_running"], s["flush_done_bytes"]
+
+
+def progress_during(m, path, do):
+    """Run do() (which ends with an fsync of path) in a thread; return the
+    largest ssd.flush_done_bytes seen while that flush ran."""
+    import threading
+    err = []
+
+    def run():
+        try:
+            do()
+        except OSError as e:
+            err.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    seen = 0
+    while t.is_alive():
+        running, done = flush_progress(m)
+        if running:
+            seen = max(seen, done)
+        time.sleep(0.02)
+    t.join()
+    assert not err, err
+    return seen
+
+
+@pytest.mark.parametrize("how", ["by_chunks", "incremental"])
+def test_progress_visible_during_a_dedup_flush(xfs, tmp_path, monkeypatch, how):
+    """A dedup flush publishes its progress (cp->flushed_bytes: what eviction
+    estimates a copy's wait from, and ssd.flush_done_bytes in the stats) as
+    it goes, the bytes it cloned included, not only when it ends.
+    TIERFS_DELAY holds the flush right after it cloned its base."""
+    size, C = 8 * MiB, 64 * KiB
+    one = util.randbytes(size, random.Random(21))
+    two = one[:MiB] + b"\x05" * C + one[MiB + C:]
+    monkeypatch.setenv("TIERFS_DELAY", "dedup_cloned=1500")
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "host_cache": "256M"},
+                   backing=backing_in(xfs))
+    try:
+        m.start()
+        monkeypatch.delenv("TIERFS_DELAY")
+        write_sync(os.path.join(m.mnt, "one"), one)      # all new: no clone
+        s0 = dstats(m)
+        if how == "by_chunks":
+            path = os.path.join(m.mnt, "two")
+            seen = progress_during(m, path, lambda: write_sync(path, two))
+            key = "files_dedup"
+        else:
+            path = os.path.join(m.mnt, "one")
+            seen = progress_during(m, path, lambda: change_sync(path, MiB, b"\x05" * C))
+            key = "files_incremental"
+        s1 = dstats(m)
+        assert s1[key] == s0[key] + 1, s1
+        cloned = s1["bytes_cloned"] - s0["bytes_cloned"]
+        assert cloned >= size - 2 * C, s1
+        # held after its clone: the cloned bytes were counted then
+        assert seen >= cloned, f"progress seen during the flush {seen}, cloned {cloned}"
+        assert flush_progress(m) == (0, 0)
+        m.umount()
+        util.assert_same(util.read_file(os.path.join(m.backing, os.path.basename(path))), two)
+    finally:
+        m.finish()
+
+
+def test_large_file_is_indexed_whole_after_its_fsync(xfs, mount):
+    """The chunks of a new version go into the index after its fsync
+    waiters are woken, in batches (e->lock taken in turns): every one of
+    them gets there, and a copy of the file finds them all."""
+    C, size = 4 * KiB, 40 * MiB               # 10,240 chunks: three batches
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="4K", host_cache="256M")
+    data = util.randbytes(size, random.Random(23))
+    write_sync(os.path.join(m.mnt, "one"), data)
+    n = size // C
+    util.wait_until(lambda: dstats(m)["index_entries"] == n,
+                    lambda: f"{n} entries: {dstats(m)}", 15)
+    s0 = dstats(m)
+    write_sync(os.path.join(m.mnt, "two"), data)
+    s1 = dstats(m)
+    assert s1["chunks_found"] - s0["chunks_found"] == n, s1
+    assert s1["bytes_cloned"] - s0["bytes_cloned"] == size, s1
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "two")), data)

@@ -40,6 +40,8 @@
 #include "ssd.h"
 
 #define DD_SRC_MAX	1024	/* versions held open for cloning */
+#define DD_BATCH	4096	/* chunks looked up or indexed per hold of
+				 * e->lock (64 MiB at 16 KiB chunks) */
 #define DD_SAMPLE	8	/* chunks hashed first when recent files were new */
 #define DD_LOW		0.03	/* "almost all new": less than this found */
 #define DD_MIN_RUN	(64u << 10)	/* shorter runs of found chunks are
@@ -101,7 +103,8 @@ static void incr_plan(struct engine *e, struct tfile *f, uint64_t len, struct in
 static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		      struct copy *cp, int fd, bool direct, uint64_t len, struct incr *in)
 {
-	uint64_t end = direct ? tier_round(len) : len, done = 0;
+	uint64_t end = direct ? tier_round(len) : len;
+	uint64_t *progress = &cp->flushed_bytes;
 	struct stat st;
 	int src, ret;
 
@@ -115,6 +118,10 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	f->ops->release_data_fd(f, src);
 	if (ret)
 		return -EAGAIN;
+	/* the progress eviction and the statistics read: the clone counts
+	 * whole, the ranges written over it do not count again */
+	__atomic_add_fetch(progress, in->clone, __ATOMIC_RELAXED);
+	eng_delay_at(NULL, "dedup_cloned");
 	uint64_t inner = 0, last = 0;
 	bool host = cp->cache->host_addressable;
 	unsigned ns = 0, cap = in->n + 1;
@@ -159,19 +166,19 @@ static int flush_incr(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		}
 		if (host)
 			continue;
-		ret = backing_write_range(ring, fd, cp, a, b, &done);
+		ret = backing_write_range(ring, fd, cp, a, b, NULL);
 		tierfs_fault_kill("incr_write");
 	}
 	if (host && !ret && ns) {
 		/* the first range alone first: the test hook's kill point */
-		ret = backing_write_segs(ring, fd, seg, 1, &done);
+		ret = backing_write_segs(ring, fd, seg, 1, NULL);
 		tierfs_fault_kill("incr_write");
 		if (!ret)
-			ret = backing_write_segs(ring, fd, seg + 1, ns - 1, &done);
+			ret = backing_write_segs(ring, fd, seg + 1, ns - 1, NULL);
 	}
 	free(seg);
 	if (!ret)	/* past what was cloned the version is a hole */
-		ret = backing_write_sparse(ring, fd, cp, in->clone, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, in->clone, end, progress, false);
 	in->written = inner + (end > in->clone ? end - in->clone : 0);
 	in->cloned = in->clone - inner;
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
@@ -517,10 +524,11 @@ static int dd_src_dup(const struct dd_src *s, uint32_t ep)
  * chunks were looked up), into fd at off.  e->lock not held.  Returns 0,
  * or -errno (the caller writes those bytes instead): s was retired,
  * suspended or carried over before the clone was over (its content may
- * have changed).  The clone's time goes to d->clone_s.
+ * have changed).  The clone's time goes to d->clone_s, its bytes to
+ * *progress (the flush's, read without the lock).
  */
 static int ddf_clone(struct engine *e, struct ddf *d, int fd, uint64_t off, struct dd_src *s,
-		     uint64_t soff, uint64_t len, uint32_t ep)
+		     uint64_t soff, uint64_t len, uint32_t ep, uint64_t *progress)
 {
 	int sfd, ret;
 
@@ -537,6 +545,8 @@ static int ddf_clone(struct engine *e, struct ddf *d, int fd, uint64_t off, stru
 				 * it changes: not now, the clone has its
 				 * bytes */
 	eng_unlock(e);
+	if (!ret)
+		__atomic_add_fetch(progress, len, __ATOMIC_RELAXED);
 	return ret;
 }
 
@@ -559,9 +569,11 @@ static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_has
 {
 	if (h != d->h + a)
 		memcpy(d->h + a, h, (b - a) * sizeof(*h));
-	eng_lock(e);
-	ddf_lookup(e, d, a, b);
-	eng_unlock(e);
+	for (uint64_t i = a; i < b; i += DD_BATCH) {	/* e->lock in turns */
+		eng_lock(e);
+		ddf_lookup(e, d, i, b - i < DD_BATCH ? b : i + DD_BATCH);
+		eng_unlock(e);
+	}
 	d->nhashed = b;
 }
 
@@ -576,15 +588,29 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 	double t0 = tier_now();
 
 	/* GPU hashes (the cascade's, or of a GPU copy flushed from the GPU):
-	 * all of them, hashing costs next to nothing there */
+	 * all of them, hashing costs next to nothing there; looked up as the
+	 * host's are hashed (a sample first, when recent files were new), all
+	 * of them kept for the index */
 	if (!d->gh && !cp->cache->host_addressable)
 		d->gh = ddf_cache_hash(e, cp, d->n, d->chunk);
 	if (d->gh || !cp->cache->host_addressable) {
-		if (d->gh)
-			ddf_take_hashes(e, d, d->gh, 0, d->n);
+		bool out = false;
+
+		if (d->gh) {
+			ddf_take_hashes(e, d, d->gh, 0, m);
+			out = m < d->n && !d->found;
+			if (out) {	/* all new: not looked up */
+				memcpy(d->h + m, d->gh + m, (d->n - m) * sizeof(*d->h));
+				d->nhashed = d->n;
+			} else if (m < d->n) {
+				ddf_take_hashes(e, d, d->gh + m, m, d->n);
+			}
+		}
 		eng_lock(e);
 		e->dd.chunks_hashed += d->nhashed;
 		e->dd.chunks_found += d->found;
+		if (out)
+			e->dd.sampled_out++;
 		if (d->nhashed)
 			e->dd.dup = (double)d->found / (double)d->nhashed;
 		eng_unlock(e);
@@ -651,7 +677,9 @@ static bool ddf_in_base(const struct ddf *d, uint64_t i, uint64_t m, const struc
 static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
 			   uint64_t end, struct ddf *d, struct dd_src *b, uint32_t ep)
 {
-	uint64_t C = d->chunk, m, i, done = 0, inner = 0, cloned;
+	uint64_t C = d->chunk, m, i, inner = 0, cloned;
+	uint64_t *progress = &cp->flushed_bytes;	/* the chunks written over
+							 * the clone count twice */
 	bool host = cp->cache->host_addressable;
 	struct ssd_seg *seg = NULL;
 	struct stat st;
@@ -680,8 +708,9 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 		fx.fsx_cowextsize = (uint32_t)C;
 		(void)ioctl(fd, FS_IOC_FSSETXATTR, &fx);	/* a hint */
 	}
-	if (ddf_clone(e, d, fd, 0, b, 0, m * C, ep))
+	if (ddf_clone(e, d, fd, 0, b, 0, m * C, ep, progress))
 		return -EAGAIN;
+	eng_delay_at(NULL, "dedup_cloned");
 	cloned = m * C;
 	if (host && !(seg = malloc((d->nhashed + 1) * sizeof(*seg))))
 		return -ENOMEM;		/* retried, like any failed flush */
@@ -698,7 +727,7 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN &&
 			    ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i], (j - i) * C,
-				      d->sep[i]) == 0) {
+				      d->sep[i], progress) == 0) {
 				if (j > m)
 					cloned += (j - (i > m ? i : m)) * C;
 				i = j;
@@ -719,16 +748,16 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 				seg[ns++] = (struct ssd_seg){ .off = i * C, .len = (j - i) * C,
 							      .buf = copy_ptr(cp) + i * C };
 		} else {
-			ret = backing_write_range(ring, fd, cp, i * C, j * C, &done);
+			ret = backing_write_range(ring, fd, cp, i * C, j * C, progress);
 		}
 		i = j;
 	}
 	if (host && !ret && ns)
-		ret = backing_write_segs(ring, fd, seg, ns, &done);
+		ret = backing_write_segs(ring, fd, seg, ns, progress);
 	free(seg);
 	tierfs_fault_kill("dedup_write");
 	if (!ret)	/* past the clone: a hole until written */
-		ret = backing_write_sparse(ring, fd, cp, d->nhashed * C, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, d->nhashed * C, end, progress, false);
 	d->written += inner + (end > d->nhashed * C ? end - d->nhashed * C : 0);
 	d->cloned += cloned;
 	return ret;
@@ -742,7 +771,8 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
 		     bool direct, uint64_t len, struct ddf *d)
 {
-	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0, done = 0;
+	uint64_t end = direct ? tier_round(len) : len, C = d->chunk, i = 0;
+	uint64_t *progress = &cp->flushed_bytes;
 	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
 	uint32_t ep = 0;
 	struct dd_src *base = ddf_base(d, &ep);
@@ -759,11 +789,12 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
-				ret = backing_write_sparse(ring, fd, cp, ws, i * C, &done, false);
+				ret = backing_write_sparse(ring, fd, cp, ws, i * C, progress,
+							   false);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i],
-						      (j - i) * C, d->sep[i]) == 0) {
+						      (j - i) * C, d->sep[i], progress) == 0) {
 					d->cloned += (j - i) * C;
 					ws = j * C;
 					tierfs_fault_kill("dedup_write");
@@ -776,7 +807,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		i = j;		/* not cloned: joins the bytes to write */
 	}
 	if (!ret)	/* a fresh version: holes need no writing */
-		ret = backing_write_sparse(ring, fd, cp, ws, end, &done, false);
+		ret = backing_write_sparse(ring, fd, cp, ws, end, progress, false);
 	d->written += end > ws ? end - ws : 0;
 out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
@@ -815,10 +846,12 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 }
 
 /*
- * e->lock held, after the flush: on success index the new version's
- * chunks (d->vfd, taken over), and drop the references of the lookup.
+ * e->lock held, after the flush: drop the references of the lookup, and on
+ * success make the new version (d->vfd, taken over) f's in the index and
+ * return it, referenced, for eng_dd_index() to add its chunks (d->h, then
+ * NULL, its hashes: the caller's to free); else NULL.
  */
-static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
+static struct dd_src *ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 {
 	struct dd_src *s = NULL;
 
@@ -845,16 +878,12 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 		e->dd.live_tail = s;
 		if (++e->dd.nlive > DD_SRC_MAX)
 			dd_src_retire(e, e->dd.live);
-		for (uint64_t i = 0; i < d->nhashed; i++) {
-			struct dd_src *gone = dd_index_add(&e->dd.index, &d->h[i], s, i * d->chunk, 0);
-
-			if (gone)
-				dd_src_free(gone);	/* retired, its last entry gone */
-		}
+		s->refs++;	/* eng_dd_index()'s */
 	}
 	dd_close_later(e, d->vfd);	/* not kept: closed like a retired one */
 	d->vfd = -1;
-	free(d->h);
+	if (!s)
+		free(d->h);
 	free(d->src);
 	free(d->soff);
 	free(d->sep);
@@ -864,6 +893,7 @@ static void ddf_done(struct engine *e, struct tfile *f, struct ddf *d, bool ok)
 	d->h = NULL;
 	d->src = NULL;
 	d->soff = NULL;
+	return s;
 }
 
 #define DD_WHOLE_MAX	(1ull << 30)	/* host copies hashed whole at most */
@@ -1001,7 +1031,12 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 
 	free(in->r);
 	in->r = NULL;
-	ddf_done(e, f, d, ok);
+	p->ix_n = d->nhashed;
+	p->ix_h = d->h;
+	p->ix_chunk = d->chunk;
+	p->ix_src = ddf_done(e, f, d, ok);
+	if (!p->ix_src)
+		p->ix_h = NULL;		/* freed */
 	if (in->carry)
 		dd_src_carry(e, f, in->carry, ok ? p->vfd : -1, in, len);
 	else
@@ -1029,6 +1064,33 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 	f->dd.base_len = len;
 	if (f->gen == p->gen)
 		f->dd.taint = false;
+}
+
+void eng_dd_index(struct engine *e, struct dd_flush *p)
+{
+	struct dd_src *s = p->ix_src;
+
+	if (!s)
+		return;
+	for (uint64_t i = 0; i < p->ix_n && !s->retired;) {
+		uint64_t end = p->ix_n - i < DD_BATCH ? p->ix_n : i + DD_BATCH;
+
+		for (; i < end; i++) {
+			struct dd_src *gone = dd_index_add(&e->dd.index, &p->ix_h[i], s,
+							   i * p->ix_chunk, 0);
+
+			if (gone)
+				dd_src_free(gone);	/* retired, its last entry gone */
+		}
+		if (i < p->ix_n) {	/* others' turn: writers, fsyncs, stats */
+			eng_unlock(e);
+			eng_lock(e);
+		}
+	}
+	dd_src_put(s);
+	free(p->ix_h);
+	p->ix_src = NULL;
+	p->ix_h = NULL;
 }
 
 int eng_dd_take_close(struct engine *e)

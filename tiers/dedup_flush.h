@@ -8,7 +8,8 @@
  * A flush (flush.c, flush_one) plans under e->lock (eng_dd_plan), writes
  * the version without it (eng_dd_write; -EAGAIN: the flush writes the
  * whole file itself), opens what the index keeps once the version is
- * committed (eng_dd_committed), and ends under e->lock (eng_dd_done).  The
+ * committed (eng_dd_committed), and ends under e->lock (eng_dd_done, then,
+ * once its end is published, eng_dd_index: the new version's chunks).  The
  * GPU -> host cascade hashes a whole new file's chunks on the GPU for the
  * flush that follows (eng_dd_gpu_plan, _hash, _keep).
  */
@@ -74,6 +75,12 @@ struct dd_flush {
 				 * the carry of in.carry (-1: none) */
 	double clone_s, sync_s;	/* seconds in FICLONERANGE and in settling
 				 * a version with clones (eng_dd_write) */
+	struct dd_src *ix_src;	/* after eng_dd_done: the new version
+				 * (referenced), whose ix_n chunks of ix_chunk
+				 * bytes, hashes ix_h (owned), eng_dd_index()
+				 * adds to the index */
+	struct dd_hash *ix_h;
+	uint64_t ix_n, ix_chunk;
 };
 
 /*
@@ -104,6 +111,13 @@ void eng_dd_committed(struct tfile *f, uint64_t len, struct dd_flush *p);
  */
 void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 		 uint64_t len);
+/*
+ * e->lock held (dropped and taken again between batches of chunks), once
+ * the flush's end is published (fsync waiters woken): add the chunks of
+ * the version eng_dd_done() indexed, unless it is retired meanwhile.  Off
+ * the fsync's path: an all-new 1 GiB file hashed on the GPU has 65,536.
+ */
+void eng_dd_index(struct engine *e, struct dd_flush *p);
 /* e->lock held: a descriptor of a retired version for a flusher to close
  * without e->lock (the last close frees its blocks), or -1: none. */
 int eng_dd_take_close(struct engine *e);

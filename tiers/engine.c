@@ -611,6 +611,20 @@ static double rate(uint64_t bytes, double s)
 	return s > 0 ? (double)bytes / s : 0.0;
 }
 
+/* e->lock held: what the running flushes have written (or cloned) so far,
+ * each capped at its copy's length (published without the lock). */
+static uint64_t flush_done_bytes(struct engine *e)
+{
+	uint64_t sum = 0;
+
+	for (struct copy *cp = e->fl_running; cp; cp = cp->fl_next) {
+		uint64_t d = __atomic_load_n(&cp->flushed_bytes, __ATOMIC_RELAXED);
+
+		sum += d < cp->len ? d : cp->len;
+	}
+	return sum;
+}
+
 void engine_stats_put(struct engine *e, struct json *j)
 {
 	uint64_t touched = __atomic_load_n(&e->touched, __ATOMIC_RELAXED);
@@ -647,6 +661,7 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "flush_errors", e->flush_errors);
 	json_u64(j, "flush_backlog", e->backlog);
 	json_int(j, "flushes_running", e->busy);
+	json_u64(j, "flush_done_bytes", flush_done_bytes(e));
 	json_u64(j, "flush_aging", e->aq_len);
 	json_num(j, "flush_bandwidth", e->flush_bw, 0);
 	json_u64(j, "bytes_written_through", e->bytes_written_through);

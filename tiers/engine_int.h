@@ -86,6 +86,9 @@ struct engine {
 	int nflushers;
 	bool stop;			/* threads must exit */
 	int busy;			/* flushes running */
+	struct copy *fl_running;	/* the copies those flushes write, linked
+					 * by fl_next (their flushed_bytes: the
+					 * statistics' flush_done_bytes) */
 	double flush_bw;		/* measured bytes/s, for eviction */
 	uint64_t tick;			/* access counter (lru) */
 	/* statistics */

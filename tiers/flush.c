@@ -15,13 +15,15 @@
  * Flushers also drop deferred file references (e->reap).
  *
  * Owns: the queues and the tfile fields queued, aging, due_at, gqueued,
- * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy, flush_bw
- * and the flush statistics.  The threads hold e->lock except while bytes
- * move (under a lease) and while they call tfile_ops (version_open/commit,
- * put, name: those take fs locks).  They never take a tfile.lock.  Calls
- * place.c, backing.c and dedup_flush.c (through dedup_flush.h: a flush's
- * dedup plan, write, commit and end; the cascade's GPU hashes; the closes
- * of retired versions), which calls nothing here.
+ * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy,
+ * fl_running, flush_bw and the flush statistics.  The threads hold
+ * e->lock except while bytes move (under a lease) and while they call
+ * tfile_ops (version_open/commit, put, name: those take fs locks).  They
+ * never take a tfile.lock.  Calls place.c, backing.c and dedup_flush.c
+ * (through dedup_flush.h: a flush's dedup plan, write, commit and end,
+ * and the new version's chunks indexed once the end is published; the
+ * cascade's GPU hashes; the closes of retired versions), which calls
+ * nothing here.
  */
 #include <assert.h>
 #include <errno.h>
@@ -339,6 +341,18 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
 	return 0;
 }
 
+/* e->lock held: cp's flush (on e->fl_running) ended. */
+static void running_remove(struct engine *e, struct copy *cp)
+{
+	struct copy **pp = &e->fl_running;
+
+	while (*pp && *pp != cp)
+		pp = &(*pp)->fl_next;
+	if (*pp)
+		*pp = cp->fl_next;
+	cp->fl_next = NULL;
+}
+
 /* e->lock held: f's copy in the fastest tier that holds a complete one
  * (what a flush writes), or NULL. */
 static struct copy *newest_complete(struct engine *e, struct tfile *f)
@@ -375,6 +389,8 @@ static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 		return 0;	/* nothing to do, or another flusher has it */
 	cp->flushing = true;
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
+	cp->fl_next = e->fl_running;
+	e->fl_running = cp;
 	gen = f->gen;
 	len = cp->len;
 	eng_dd_plan(e, f, cp, len, &dd);	/* its version leaves the index */
@@ -445,6 +461,7 @@ out_small:
 		lease_end(e, &l);
 		e->busy--;
 		cp->flushing = false;
+		running_remove(e, cp);
 		eng_dd_done(e, f, &dd, false, len);
 		e->fl_total_s += tier_now() - t0;
 		eng_queue_flush(e, f, false);
@@ -460,6 +477,7 @@ out:
 	lease_end(e, &l);
 	e->busy--;
 	cp->flushing = false;
+	running_remove(e, cp);
 	eng_dd_done(e, f, &dd, ret == 0, len);
 	e->fl_total_s += tier_now() - t0;
 	e->fl_clone_s += dd.clone_s;
@@ -513,6 +531,7 @@ out:
 	}
 	eng_wake(e);
 	eng_flushed(e);
+	eng_dd_index(e, &dd);	/* after the fsync waiters were woken */
 	return ret;
 }
 

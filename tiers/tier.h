@@ -97,7 +97,10 @@ struct copy {
 					 * the file has a name; see attach_copy) */
 	bool discarded;			/* its file is gone and nobody can read
 					 * it: garbage, evictable once idle */
-	uint64_t flushed_bytes;		/* progress of the running flush */
+	uint64_t flushed_bytes;		/* progress of the running flush: bytes
+					 * written or cloned (may pass len by what
+					 * was written over a clone: read it capped) */
+	struct copy *fl_next;		/* on the engine's fl_running (flush.c) */
 	uint64_t seq;			/* insertion order (fifo) */
 	uint64_t last_use;		/* last access tick (lru) */
 };
