@@ -786,6 +786,18 @@ elif mode == "bad":
     os.close(fd)
     print("vec bad passed")
 
+elif mode == "over":
+    # 64 segments over a whole file, in reverse file order, then fsync
+    n, seg = 64, 1 << 20
+    src = alloc(n * seg)
+    put(src, bytes([0x4e]) * (n * seg))
+    fd = os.open(path, os.O_RDWR)
+    assert tierfs.pwritev_gpu(fd, [(src + i * seg, seg, (n - 1 - i) * seg)
+                                   for i in range(n)]) == n * seg
+    os.fsync(fd)
+    os.close(fd)
+    print("vec over passed")
+
 elif mode == "kill":
     # a long vectored write (slow fake device copies) while another thread
     # fsyncs the file: the parent kills the daemon meanwhile
@@ -879,6 +891,28 @@ def test_vec_bad_segments(mount, monkeypatch):
     p = os.path.join(m.mnt, "f")
     util.write_file(p, util.randbytes(300000, util.rng_for(36)))
     vec_child("bad", p)
+
+
+def test_vec_overwrite_reaches_the_backing_file_whole(mount, monkeypatch):
+    """A vectored write over a file already on the SSD, fsynced: after a
+    clean unmount the backing file holds every segment.  Each segment's
+    change used to restart the file's set of changed ranges (the file was
+    not dirty yet while the segments were noted), so the flush saw only
+    the last: the journal recorded and applied 1 MiB of 64 (the dedup
+    flush wrote as little)."""
+    gpu = util.gpu_or_fake(monkeypatch)
+    n, seg = 64, 1 << 20
+    m = mount(gpu=gpu, gpu_cache="256M")
+    p = os.path.join(m.mnt, "f")
+    util.write_file(p, util.randbytes(n * seg, util.rng_for(38)))
+    util.wait_flushed(m)
+    vec_child("over", p)
+    m.umount()
+    with open(os.path.join(m.backing, "f"), "rb") as f:
+        got = f.read()
+    new = bytes([0x4e]) * (n * seg)
+    assert got == new, (f"{sum(1 for i in range(0, len(got), seg) if got[i:i + seg] == new[:seg])}"
+                        f" of {n} segments new in the backing file")
 
 
 def test_vec_kill_during_write(mount, monkeypatch):

@@ -159,6 +159,11 @@ struct tfile_dedup {
 	 */
 	struct dd_ghash gh;
 	uint64_t wepoch;
+	bool noted;			/* changes noted while the file is not
+					 * dirty yet (a vectored write notes all
+					 * its segments before it writes any):
+					 * they add to the ranges, not restart
+					 * them; cleared when it becomes dirty */
 	bool taint;			/* a copy may differ from the base although
 					 * the file is not dirty (a failed write):
 					 * no base until a full flush */

@@ -516,12 +516,15 @@ void eng_note_change(struct engine *e, struct tfile *f, uint64_t start, uint64_t
 
 	if (!tracks_changes(e))
 		return;
-	if (!f->dirty && f->shadow_fd < 0 && !f->dd.taint) {
-		/* not dirty: every copy holds what the backing file holds */
+	if (!f->dirty && !f->dd.noted && f->shadow_fd < 0 && !f->dd.taint) {
+		/* not dirty, nothing noted since: every copy holds what the
+		 * backing file holds */
 		dset_clear(&f->dd.ranges);
 		f->dd.base_len = f->dd.clean_len = f->size;
 		f->dd.valid = true;
 	}
+	if (!f->dirty)
+		f->dd.noted = true;	/* until eng_mark_modified() */
 	if (!f->dd.valid || end <= start)
 		return;
 	start -= start % blk;
@@ -548,6 +551,7 @@ void eng_note_truncate(struct engine *e, struct tfile *f, struct copy *cp, uint6
 void eng_mark_modified(struct tfile *f)
 {
 	f->dirty = true;
+	f->dd.noted = false;	/* dirty says it now (eng_note_change) */
 	f->gen++;
 	touch_mtime(f);
 }
