@@ -373,7 +373,8 @@ int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
 		     "valid records (a write cut short): dropped", name, st->dropped_bytes);
 	}
-	qsort(retired, nret, sizeof(*retired), cmp_u64);
+	if (nret)	/* qsort's base may not be NULL, even for no element */
+		qsort(retired, nret, sizeof(*retired), cmp_u64);
 	for (uint64_t i = 0; i < nrec; i++) {
 		struct jnl_rec h;
 		void *p;

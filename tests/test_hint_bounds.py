@@ -62,6 +62,10 @@ def user_dir(m, name, uid):
     return d
 
 
+def tierfs_stats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+
+
 def rss_kib(m):
     with open(f"/proc/{m.proc.pid}/status") as f:
         for line in f:
@@ -199,6 +203,11 @@ def test_rejected_appends_keep_memory_flat(mount, monkeypatch):
     user_dir(m, "a", USER_A)
     user_dir(m, "b", USER_B)
     as_user(m, USER_A, _fill_then_refused, "a", 1000, 2, 20)
+    # the host cache's pages are touched in the background: measure once
+    # they all are (64 MiB of resident memory otherwise grows meanwhile)
+    util.wait_until(lambda: tierfs_stats(m)["host_touched"]
+                    >= tierfs_stats(m)["tiers"]["host"]["capacity"],
+                    "the host cache faulted in", 60, 0.1)
     before = rss_kib(m)
     as_user(m, USER_A, _fill_then_refused, "a", 0, 0, 400)   # ~20 MiB refused
     grown = rss_kib(m) - before
