@@ -108,6 +108,11 @@ def test_info(tfs):
 def test_stats_json_prometheus_and_alias(tfs):
     write_file(os.path.join(tfs.mnt, "f"), randbytes(MiB))
     tierfs.wait_flushed(tfs.mnt, timeout=60)
+    # two tables compared: once the host cache's background touching (a
+    # number of the table) is over
+    util.wait_until(lambda: tierfs.stats(tfs.mnt)["host_touched"]
+                    >= tierfs.stats(tfs.mnt)["tiers"]["host"]["capacity"],
+                    "the host cache faulted in", 60, 0.1)
     s = tierfs.stats(tfs.mnt)
     table = ok("stats", tfs.mnt).stdout
     assert table.startswith(f"tierfs {tfs.mnt}\n") and "\nssd " in table
