@@ -692,6 +692,22 @@ static void lock_backing(void)
 }
 
 /*
+ * Open the backing root (fs.root_fd), keep its mtime for the caller to put
+ * back (*rmt, *rmt_ok: the lock file and the daemon's own names change
+ * it), and take the backing directory's lock: the start of a mount and of
+ * tierfs --recover.
+ */
+static void open_backing_root(struct timespec *rmt, bool *rmt_ok)
+{
+	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fs.root_fd < 0)
+		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
+	fs.tmp_fd = -1;
+	fs_dir_mtime_get(fs.root_fd, rmt, rmt_ok);
+	lock_backing();
+}
+
+/*
  * Exit: the backing directory is free again (see lock_backing).  The lock
  * file goes, but its descriptor stays open until the process ends: what
  * is left of the exit (the CUDA driver's own teardown takes a while) comes
@@ -1136,12 +1152,7 @@ static void open_backing(void)
 
 	umask(0);
 	raise_nofile();
-	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (fs.root_fd < 0)
-		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
-	fs.tmp_fd = -1;
-	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
-	lock_backing();
+	open_backing_root(&rmt, &rmt_ok);
 	check_not_on_tierfs();
 	fs_tmp_dir_start();
 	fs_journal_start();		/* before the redo journal: its records are later */
@@ -1350,12 +1361,7 @@ static int recover(int argc, char *argv[])
 	if (!fs.opts.backing)
 		die("cannot use backing directory %s: %s", argv[2], strerror(errno));
 	fs.opts.mountpoint = "(tierfs --recover)";
-	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (fs.root_fd < 0)
-		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
-	fs.tmp_fd = -1;
-	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
-	lock_backing();
+	open_backing_root(&rmt, &rmt_ok);
 	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
 	fs_redo_journal();
 	fs_tmp_dir_start();		/* a killed daemon's uncommitted versions */
