@@ -217,6 +217,35 @@ int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t
 }
 
 /*
+ * Give fresh version fd its size end and the blocks of cp's data below it
+ * (its runs of zeros stay holes, backing_run) before a flusher's direct
+ * writes: none of them then extends the file, or allocates blocks as it
+ * goes.  A direct write past the end of the file runs alone on ext4 and
+ * XFS (the inode locked for it, ext4 waits for its completion too), so
+ * the flusher's requests in flight would be written one at a time.  A
+ * file system without fallocate() gets the size only.  0 / -errno.
+ */
+int backing_prealloc(int fd, struct copy *cp, uint64_t end)
+{
+	uint64_t pos, next;
+	bool hole;
+
+	if (!cp->cache->host_addressable || ftruncate(fd, (off_t)end) < 0)
+		return cp->cache->host_addressable ? -errno : 0;
+	for (pos = 0; pos < end; pos = next) {
+		next = backing_run(copy_ptr(cp), pos, end, &hole);
+		if (hole)
+			continue;
+		if (fallocate(fd, 0, (off_t)pos, (off_t)(next - pos)) < 0) {
+			if (errno == EOPNOTSUPP || errno == ENOSYS)
+				return 0;
+			return -errno;	/* ENOSPC: the flush fails, and is retried */
+		}
+	}
+	return 0;
+}
+
+/*
  * Write bytes [a, b) of cp at the same offset of fd, its holes
  * (backing_run) left out: a fresh version's are holes already, and a
  * version written in place (inplace) has them punched (written as zeros

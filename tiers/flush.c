@@ -207,10 +207,13 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
 						   .at = cp->frag->off },
 				   len, &cp->flushed_bytes);
-	else	/* a few pages (small) as plain writes, not a trip through io-wq */
-		ret = backing_write_sparse(small ? NULL : ring, fd, cp, 0,
-					   direct ? tier_round(len) : len, &cp->flushed_bytes,
-					   inplace);
+	else {	/* a few pages (small) as plain writes, not a trip through io-wq */
+		ret = direct && !inplace ? backing_prealloc(fd, cp, tier_round(len)) : 0;
+		if (!ret)
+			ret = backing_write_sparse(small ? NULL : ring, fd, cp, 0,
+						   direct ? tier_round(len) : len,
+						   &cp->flushed_bytes, inplace);
+	}
 	/* a fresh version written with plain writes has its size when its
 	 * last byte was written (not in a hole: not a zero) */
 	if (!ret && !(small && !inplace && (!len || copy_ptr(cp)[len - 1])) &&
