@@ -16,6 +16,7 @@ Methods (all in one run, the same state dict):
   dcp:local   torch.distributed.checkpoint save / load, FileSystemWriter
   dcp-async:local   dcp.async_save (blocked: until it returns), dcp.load
   tierfs      tierfs.torch.save / load(into=) on the tierfs mount
+  tierfs-fsync  the same, durable by an fsync of the file (as torch.save's)
   dcp:tierfs, dcp-async:tierfs   DCP with tierfs.torch's writer and reader
   restart     a process saves SAVES checkpoints with tierfs.torch and is
               SIGKILLed; a new process loads them back (into=), newest
@@ -23,7 +24,11 @@ Methods (all in one run, the same state dict):
 
 Durable: torch.save and DCP: the save, then an fsync of every file written
 and of their directories; tierfs: until tierfs.wait_flushed(file) returns
-(the SSD copy current), from the start of the save.  For torch.save, the
+(the SSD copy current), from the start of the save (tierfs-fsync: an fsync
+of the file and its directory instead).  For the tierfs methods, where the
+time to durable went is printed after the row, from the mount's statistics
+(user.tierfs.stats) read before and after each save: the GPU -> host
+cascade, the SSD flush (its write, its sync, its commit).  For torch.save, the
 bytes the kernel had not yet written back when the fsync began (Dirty +
 Writeback of /proc/meminfo, system-wide) are printed after its row: the
 fsync writes only those.
@@ -52,7 +57,7 @@ import tierfs  # noqa: E402
 import tierfs.torch as tt  # noqa: E402
 
 ALL = ["raw", "save:local", "save:shm", "dcp:local", "dcp-async:local", "tierfs",
-       "dcp:tierfs", "dcp-async:tierfs", "restart"]
+       "tierfs-fsync", "dcp:tierfs", "dcp-async:tierfs", "restart"]
 
 
 def make_state(gib, device, seed=1):
@@ -128,6 +133,21 @@ def sync(device):
 
 
 DIRTY = {}                               # method -> [bytes not yet on the disk at its fsync]
+PARTS = {}                               # method -> [{part: seconds}] per save (tierfs)
+
+
+def flush_clock(mount):
+    """The mount's cumulative flush seconds: the cascade to host, the SSD
+    flush and its sync and commit."""
+    import json
+    st = json.loads(os.getxattr(mount, "user.tierfs.stats"))
+    to_host = 0.0
+    for t in st.get("tiers", {}).values() if isinstance(st.get("tiers"), dict) else st.get("tiers", []):
+        if isinstance(t, dict) and t.get("to_host_bandwidth"):
+            to_host = t["bytes_to_host"] / t["to_host_bandwidth"]
+    sec = st["ssd"]["seconds"]
+    return {"to_host": to_host, "flush": sec["total"], "sync": sec["sync"],
+            "commit": sec["commit"]}
 
 
 def dirty_bytes():
@@ -183,7 +203,8 @@ class Method:
         self.pending = None
 
     def path(self, k):
-        return os.path.join(self.dir, f"ckpt-{k:02d}" + (".safetensors" if self.name == "tierfs" else ""))
+        return os.path.join(self.dir, f"ckpt-{k:02d}" +
+                            (".safetensors" if self.name.startswith("tierfs") else ""))
 
     def save(self, sd, k):
         """Returns (blocked, durable) seconds."""
@@ -211,10 +232,19 @@ class Method:
                 tierfs.wait_flushed(p)
             else:
                 fsync_tree(p)
-        elif kind == "tierfs":
+        elif kind in ("tierfs", "tierfs-fsync"):
+            c0 = flush_clock(self.args.mount)
+            t0 = time.perf_counter()
             tt.save(sd, p)
             t1 = time.perf_counter()
-            tierfs.wait_flushed(p)
+            if kind == "tierfs":
+                tierfs.wait_flushed(p)
+            else:
+                fsync_tree(p)
+            t2 = time.perf_counter()
+            c1 = flush_clock(self.args.mount)
+            PARTS.setdefault(self.name, []).append({k: c1[k] - c0[k] for k in c0})
+            return t1 - t0, t2 - t0
         else:
             raise ValueError(self.name)
         return t1 - t0, time.perf_counter() - t0
@@ -379,6 +409,11 @@ def main():
         rows.append((name, fmt([s[0] for s in saves]), fmt([s[1] for s in saves]),
                      fmt(loads), "yes" if ok else "NO"))
         print(f"  {'  '.join(rows[-1])}   ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if PARTS.get(name):
+            med = {k: statistics.median(d[k] for d in PARTS[name]) * 1e3 for k in PARTS[name][0]}
+            print(f"  {name}: where the time to durable went (medians, ms): GPU -> host "
+                  f"{med['to_host']:.0f}, SSD flush {med['flush']:.0f} (of it sync "
+                  f"{med['sync']:.0f}, commit {med['commit']:.0f})", flush=True)
         if DIRTY.get(name):
             print(f"  {name}: not yet written back when its fsync began (Dirty + Writeback): "
                   f"{statistics.median(DIRTY[name]) / 2**20:.0f} MiB (median) of "
