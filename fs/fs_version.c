@@ -317,7 +317,13 @@ static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char
 		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
 		return copy_in_place(ofd, fd);
 	}
-	ret = copy_in_place(ofd, fd);
+	static bool eio_once;
+
+	if (tierfs_fault("inplace_copy_eio") && !__atomic_exchange_n(&eio_once, true,
+								    __ATOMIC_RELAXED))
+		ret = -EIO;	/* tests: the first copy fails, the file untouched */
+	else
+		ret = copy_in_place(ofd, fd);
 	if (ret)
 		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); journal "
 		     "record %" PRIu64 " keeps it (%s)", rel[0] ? rel : "(no name)",

@@ -440,3 +440,40 @@ def test_a_torn_commit_intent_is_dropped(disk, mount, monkeypatch):
     left = [p for p in util.tierfs_internals(backing)
             if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
     assert left == [], left
+
+
+def test_a_failed_copy_is_superseded_by_the_next_version(disk, mount, monkeypatch):
+    """The copy of a hard-linked file's new version fails
+    (TIERFS_FAULT=inplace_copy_eio: the first copy, the file untouched): its
+    intent stays live, for a restart to finish.  The file's next version,
+    copied, retires it with its own: killed after that, tierfs --recover
+    must not copy the older version back over the newer one."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    print(f"seed {SEED + 7}")
+    rng = random.Random(SEED + 7)
+    old, v1, v2 = (rng.randbytes(MiB) for _ in range(3))
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    os.link(path, os.path.join(m.mnt, "g"))
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "inplace_copy_eio")
+    m.expect_errors("copying its new version in place failed", "flush to SSD failed")
+    m.start()
+    try:
+        change(path, [(0, v1)], close_error_ok=True)
+    except OSError:
+        pass                        # its flush failed: fsync says so
+    change(path, [(0, v2)], close_error_ok=True)
+    util.wait_flushed(m)
+    assert "copying its new version in place failed" in m.log(), "no copy failed"
+    same_names(backing, ("f", "g"), v2, "flushed")
+    m.kill(signal.SIGKILL)
+    monkeypatch.delenv("TIERFS_FAULT")
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    same_names(backing, ("f", "g"), v2, "after tierfs --recover")
+    left = [p for p in util.tierfs_internals(backing)
+            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
+    assert left == [], left
