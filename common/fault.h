@@ -10,13 +10,15 @@
 /*
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
- * inplace_copy, new_linked, small_written (fs_version.c); incr_write,
- * dedup_write (dedup_flush.c); journal_appended, journal_apply_torn
- * (fs_journal.c); name_made (a new name in the backing directory,
+ * new_linked, small_written (fs_version.c); inplace_copy (store/journal.c,
+ * the copy of a commit intent); incr_write, dedup_write (dedup_flush.c);
+ * journal_appended, redo_appended, journal_apply_torn (fs_journal.c);
+ * name_made (a new name in the backing directory,
  * made by create, mknod or link, before anything else: fs_file.c,
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
  * tierfs_fault_kill() kills there if it is.  Not a kill:
- * journal_apply_eio (every apply of a journalled change fails).
+ * journal_apply_eio (every apply of a journalled change fails),
+ * inplace_copy_eio (the first copy of a commit intent fails: fs_version.c).
  */
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);

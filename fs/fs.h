@@ -16,7 +16,7 @@
  * that change the backing directory run with nslock only (journal
  * operations that can wait for a commit), so lookups, creates, opens and
  * releases never wait for those.  Without -o persist nslock is taken only
- * by a version commit whose file has several links (its redo journal
+ * by a version commit whose file has several links (its commit intent
  * names a path) and by renames of directories (which change paths):
  * every inode's ilock does the rest, a regular file's
  * ordering the commits of its versions with the changes of its
@@ -107,6 +107,13 @@ struct fs_inode {
 					 * time was last considered (fs_file.c) */
 	uint64_t number;		/* atomic: st_ino through the mount, 0:
 					 * not known yet (fs_ino_number) */
+	uint64_t redo_seq;		/* a commit intent of it whose copy in
+					 * place failed (the journal keeps it
+					 * live until a later one of the file is
+					 * done), 0: none; under ilock
+					 * (fs_version.c), read atomically */
+	char *redo_version;		/* that intent's version (its name in
+					 * the backing root), under ilock */
 	pthread_mutex_t ilock;		/* a regular file's: a new version
 					 * made current and a change of its
 					 * attributes, one at a time
@@ -342,14 +349,14 @@ int fs_run_loop(void);
 #define FS_POLL_MIN_CPUS	8	/* ...on machines with this many CPUs */
 extern const struct fuse_custom_io fs_io;
 
-/* fs_version.c: finish or drop the updates a previous daemon left (start-up). */
-void fs_redo_journal(void);
-/* fs_version.c: fd's path relative to the backing root into rel, or -errno. */
+/* fs_fd.c: fd's path relative to the backing root into rel, or -errno. */
 int fs_fd_rel_path(int fd, char *rel, size_t len);
 /*
  * fs_journal.c: the backing directory's journal.  fs_journal_replay applies
  * what journal BACKING/.tierfs.journal of root_fd holds (start-up, tierfs
- * --recover): 0, or -errno with why in msg (records kept).  fs_journal_start
+ * --recover): small changes and commit intents, in order, then what the
+ * redo journal of earlier releases left: 0, or -errno with why in msg
+ * (records kept).  fs_journal_start
  * replays it and opens it for the mount's records; fs_journal_end closes it,
  * removed when every record is in its file.  The tfile_ops of the journal
  * flush (tfile.h).
@@ -363,6 +370,18 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 		     uint64_t size);
 void fs_journal_retire(struct tfile *f, uint64_t seq);
 int fs_journal_settle(struct tfile *f, uint64_t seq);
+/*
+ * fs_journal.c: the commit intent of a new version copied over a file in
+ * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq
+ * its record's, 1 where the mount has no journal, or -errno (nothing of
+ * it counts).  fs_journal_intent_done retires records seq and (not 0)
+ * also, durably: the copy is in the file and synced.  0 or -errno.
+ */
+struct jnl_redo;
+int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
+int fs_journal_intent_done(uint64_t seq, uint64_t also);
+/* The prefix of the hidden names of intents' versions in BACKING_DIR. */
+#define FS_INTENT_PREFIX	FS_HIDDEN_PREFIX ".version."
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */
 void fs_tmp_dir_start(void);
 void fs_tmp_dir_end(void);

@@ -33,6 +33,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -761,4 +762,26 @@ bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode)
 	       memcmp(fh->f_handle, in->fh->f_handle, fh->handle_bytes) == 0;
 	free(fh);
 	return same;
+}
+
+/* See fs.h. */
+int fs_fd_rel_path(int fd, char *rel, size_t len)
+{
+	char proc[64], root[PATH_MAX], path[PATH_MAX];
+	ssize_t rn, pn;
+
+	fs_proc_path(fs.root_fd, proc, sizeof(proc));
+	rn = readlink(proc, root, sizeof(root) - 1);
+	fs_proc_path(fd, proc, sizeof(proc));
+	pn = readlink(proc, path, sizeof(path) - 1);
+	if (rn <= 0 || pn <= 0)
+		return -errno;
+	root[rn] = path[pn] = 0;
+	if (strcmp(root, "/") == 0)
+		rn = 0;
+	if (strncmp(path, root, (size_t)rn) || path[rn] != '/' || !path[rn + 1] ||
+	    (size_t)(pn - rn) > len)
+		return -ENOENT;		/* elsewhere, or " (deleted)" */
+	memcpy(rel, path + rn + 1, (size_t)(pn - rn));
+	return 0;
 }

@@ -312,6 +312,8 @@ static void inode_free(struct fs_inode *in)
 	fs_fd_detach(in);
 	fs_drop_aliases(in);
 	free(in->name);
+	free(in->redo_version);	/* its record stays live: the replay passes
+				 * over it (the file is gone) or finishes it */
 	pthread_mutex_destroy(&in->ilock);
 	free(in);
 	if (parent && parent != &fs.root) {

@@ -1,26 +1,34 @@
 /*
- * fs_journal.c - the backing directory's journal (store/journal.c) as the
- * daemon uses it: small changes made durable as records (struct
+ * fs_journal.c - the backing directory's one journal (store/journal.c) as
+ * the daemon uses it: small changes made durable as records (struct
  * tfile_ops' journal_delta, journal_apply, journal_retire, called by the
- * engine's journal flush, tiers/flush.c), the replay at start-up and by
- * `tierfs --recover`, and its removal at a clean exit.
+ * engine's journal flush, tiers/flush.c), the commit intents of new
+ * versions copied over hard-linked files (fs_journal_intent, called by
+ * fs_version.c), the one replay at start-up and by `tierfs --recover`, and
+ * the journal's removal at a clean exit.
  *
  * BACKING/.tierfs.journal holds the records of changes that were made
  * durable there and may not be in their files yet.  A record names its
- * file by the backing file's handle (open_by_handle_at: a file removed or
- * replaced since is never written), else by its path beneath the backing
- * root, and the file's device and inode.  Replay applies the live records
- * in order (jnl_replay) before anything else reads the backing directory,
- * and before the redo journal of hard-linked files (fs_redo_journal), whose
- * records come later than any delta of the same file.
+ * file by its path beneath the backing root, else (renamed since) by the
+ * backing file's handle (open_by_handle_at), and only where that is still
+ * the inode it names (a file removed or replaced since is never written).
+ * Replay applies the live records in sequence order (jnl_replay), deltas
+ * and intents alike, before anything else reads the backing directory;
+ * once the journal is empty, durably, it removes the versions the intents
+ * kept (BACKING/.tierfs.version.*).  Then, once, what the redo journal of
+ * earlier releases left (BACKING/.tierfs.redo.*; minimal, see legacy_one):
+ * its records came later than any delta of the same file.
  *
  * Locking: journal_apply holds the file's ilock (fs_attrs_lock) across its
  * write, as every commit of a version of it does; journal_delta takes no fs
  * lock but fs.lock for a look at the inode, and the journal's own
- * (jnl.lock, a leaf).  Calls store/ (the journal), fs_fd.c (descriptors),
- * fs_version.c (fs_fd_rel_path), fs_persist.c (the persistent tier's intent
- * and commit, as for any change in place).
+ * (jnl.lock, a leaf); fs_journal_intent and fs_journal_intent_done run
+ * under the ilock, fs.nslock and names locks of the commit (v_commit) and
+ * take only jnl.lock.  Calls store/ (the journal), fs_fd.c (descriptors,
+ * fs_fd_rel_path), fs_persist.c (the persistent tier's intent and commit,
+ * as for any change in place).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -31,9 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <syslog.h>
 #include <unistd.h>
+#include <linux/openat2.h>
 
 #include "fs.h"
 #include "fs_persist.h"
@@ -82,6 +92,9 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, 
 	fs_unlock();
 	if (gone)
 		return 1;	/* a new version adopts or drops it */
+	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE))
+		return 1;	/* a copy in place failed: its backing file is no
+				 * base for a delta (fs_version.c) */
 	fd = fs_fd_hold(in);
 	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
 		ret = fd < 0 ? fd : -errno;
@@ -206,25 +219,203 @@ int fs_journal_settle(struct tfile *f, uint64_t seq)
 	return rs ? jnl_sync(&jnl, rs) : -EIO;
 }
 
-/* jnl_replay's fn: a delta applied to its file beneath the root. */
-static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+/* See fs.h. */
+int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq)
 {
-	char why[128];
 	int ret;
 
-	if (type != JNL_DELTA) {
+	if (jnl.fd < 0)
+		return 1;
+	ret = jnl_redo_append(&jnl, r, seq);
+	if (ret)
+		return ret;
+	tierfs_fault_kill("redo_appended");
+	ret = jnl_sync(&jnl, *seq);
+	if (ret)
+		jnl_retire(&jnl, *seq);	/* no copy follows it */
+	return ret;
+}
+
+/* See fs.h. */
+int fs_journal_intent_done(uint64_t seq, uint64_t also)
+{
+	uint64_t rs = 0;
+	int ret = 0;
+
+	if (jnl.fd < 0)
+		return 0;
+	/* the older first: retiring seq durably retires it too */
+	if (also && !(rs = jnl_retire(&jnl, also)))
+		ret = -EIO;
+	if (seq && !(rs = jnl_retire(&jnl, seq)))
+		ret = -EIO;
+	if (!ret && rs)
+		ret = jnl_sync(&jnl, rs);
+	return ret;
+}
+
+/* jnl_replay's fn: a delta or an intent applied to its file beneath the root. */
+static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+{
+	char why[PATH_MAX + 128];
+	int ret;
+
+	if (type == JNL_DELTA) {
+		ret = jnl_delta_apply(*(int *)arg, p, len, why, sizeof(why));
+		if (ret == 1)
+			tlog(LOG_INFO, "journal record %" PRIu64 ": its file is %s; passed over",
+			     seq, why);
+	} else if (type == JNL_REDO) {
+		ret = jnl_redo_apply(*(int *)arg, p, len, why, sizeof(why));
+		if (ret == 1)
+			tlog(LOG_WARNING, "journal record %" PRIu64 " (a new version copied over "
+			     "a file with several names): %s; passed over", seq, why);
+		else if (!ret)
+			tlog(LOG_NOTICE, "journal record %" PRIu64 ": finished an update cut "
+			     "short by the previous daemon's end (a new version copied over a "
+			     "file with several names)", seq);
+	} else {
 		tlog(LOG_WARNING, "journal record %" PRIu64 " of an unknown type %u: left",
 		     seq, type);
 		return -EINVAL;
 	}
-	ret = jnl_delta_apply(*(int *)arg, p, len, why, sizeof(why));
-	if (ret == 1)
-		tlog(LOG_INFO, "journal record %" PRIu64 ": its file is %s; passed over",
-		     seq, why);
-	else if (ret < 0)
+	if (ret < 0)
 		tlog(LOG_ERR, "journal record %" PRIu64 " could not be applied: %s%s%s", seq,
 		     strerror(-ret), why[0] != '-' ? ": " : "", why[0] != '-' ? why : "");
 	return ret;
+}
+
+/* Remove the entries of directory root_fd whose names start with prefix
+ * and for which keep (may be NULL) says no. */
+static void sweep(int root_fd, const char *prefix, bool (*keep)(int dfd, const char *name))
+{
+	int dfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *d;
+
+	if (dfd < 0 || !(d = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		tlog(LOG_ERR, "cannot read the backing directory for what its journal left: "
+		     "%s", strerror(errno));
+		return;
+	}
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, prefix, strlen(prefix)) &&
+		    (!keep || !keep(dirfd(d), de->d_name)))
+			unlinkat(dirfd(d), de->d_name, 0);
+	closedir(d);
+}
+
+/*
+ * The redo journal of the release before the one journal, read once, for
+ * an upgrade; nothing writes it any more, and this reader is kept minimal.
+ * A backing directory that release left after a crash may hold records
+ * BACKING/.tierfs.redo.N.h, "tierfs-redo 1\n" DEV " " INO " " SIZE "\n"
+ * PATH, each with its complete new version BACKING/.tierfs.redo.N.  A
+ * record whose version is there with SIZE bytes, and whose PATH (beneath
+ * the root, no symlinks followed) is still inode DEV INO, is finished: the
+ * version copied over the file (jnl_redo_write).  Then the record goes
+ * (the root synced: a record that came back would copy an old version
+ * over a newer one), then its version.  A record whose copy fails stays,
+ * with its version, for the next start.  Every other .tierfs.redo.* goes.
+ */
+#define LEGACY_PREFIX	FS_HIDDEN_PREFIX ".redo."
+#define LEGACY_MAGIC	"tierfs-redo 1\n"
+
+static bool legacy_record(const char *name)
+{
+	size_t l = strlen(name);
+
+	return !strncmp(name, LEGACY_PREFIX, strlen(LEGACY_PREFIX)) && l > 2 &&
+	       !strcmp(name + l - 2, ".h");
+}
+
+/* Finish legacy record rname of directory dfd: false where it stays. */
+static bool legacy_one(int dfd, const char *rname)
+{
+	char buf[PATH_MAX + 128], vname[NAME_MAX + 1], *rel, *end;
+	uintmax_t dev, ino;
+	uint64_t size;
+	struct stat vst, tst;
+	ssize_t n = -1;
+	int rfd, vfd = -1, tfd = -1, ret;
+	bool done = true;
+
+	snprintf(vname, sizeof(vname), "%.*s", (int)(strlen(rname) - 2), rname);
+	rfd = openat(dfd, rname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (rfd >= 0) {
+		n = read(rfd, buf, sizeof(buf) - 1);
+		close(rfd);
+	}
+	if (n > 0)
+		buf[n] = 0;
+	end = n > 0 ? strchr(buf + strlen(LEGACY_MAGIC), '\n') : NULL;
+	if (n <= (ssize_t)strlen(LEGACY_MAGIC) || strncmp(buf, LEGACY_MAGIC, strlen(LEGACY_MAGIC)) ||
+	    sscanf(buf + strlen(LEGACY_MAGIC), "%ju %ju %" SCNu64, &dev, &ino, &size) != 3 ||
+	    !end || !end[1]) {
+		tlog(LOG_WARNING, "journal %s: unreadable record; removed", rname);
+		goto out;
+	}
+	rel = end + 1;
+	vfd = openat(dfd, vname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (vfd < 0 || fstat(vfd, &vst) < 0 || (uint64_t)vst.st_size != size) {
+		tlog(LOG_ERR, "journal %s: its version %s is %s; %s keeps what it holds",
+		     rname, vname, vfd < 0 ? "missing" : "incomplete", rel);
+		goto out;
+	}
+	struct open_how how = {
+		.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+	};
+	char proc[64];
+
+	tfd = (int)syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
+	if (tfd < 0 && errno == ENOSYS)
+		tfd = openat(dfd, rel, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (tfd < 0 || fstat(tfd, &tst) < 0 || tst.st_ino != (ino_t)ino ||
+	    tst.st_dev != (dev_t)dev || !S_ISREG(tst.st_mode)) {
+		tlog(LOG_WARNING, "journal %s: %s is no longer the file it was written "
+		     "for; not replayed", rname, rel);
+		goto out;
+	}
+	fs_proc_path(tfd, proc, sizeof(proc));
+	int wfd = open(proc, O_WRONLY | O_CLOEXEC);
+
+	ret = wfd < 0 ? -errno : jnl_redo_write(vfd, wfd, size);
+	if (wfd >= 0)
+		close(wfd);
+	if (ret) {
+		tlog(LOG_ERR, "journal %s: cannot finish the update of %s: %s (kept; "
+		     "retried at the next start)", rname, rel, strerror(-ret));
+		done = false;
+		goto out;
+	}
+	tlog(LOG_NOTICE, "%s: finished an update cut short by the previous daemon's "
+	     "end (%" PRIu64 " bytes)", rel, size);
+out:
+	if (vfd >= 0)
+		close(vfd);
+	if (tfd >= 0)
+		close(tfd);
+	if (done) {
+		unlinkat(dfd, rname, 0);
+		fsync(dfd);
+		unlinkat(dfd, vname, 0);
+	}
+	return done;
+}
+
+/* sweep's keep for legacy names: a record that stays, and its version. */
+static bool legacy_keep(int dfd, const char *name)
+{
+	char rname[NAME_MAX + 1];
+	struct stat st;
+
+	if (legacy_record(name))
+		return !legacy_one(dfd, name);
+	snprintf(rname, sizeof(rname), "%s.h", name);
+	return fstatat(dfd, rname, &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
 /* See fs.h. */
@@ -234,6 +425,9 @@ int fs_journal_replay(int root_fd, char *msg, size_t len)
 	int ret;
 
 	ret = jnl_replay(root_fd, JOURNAL_NAME, replay_one, &root_fd, &st);
+	if (!ret && !st.failed)		/* the journal is empty, durably */
+		sweep(root_fd, FS_INTENT_PREFIX, NULL);
+	sweep(root_fd, LEGACY_PREFIX, legacy_keep);	/* later than its deltas */
 	if (ret) {
 		snprintf(msg, len, "cannot replay its journal " JOURNAL_NAME ": %s",
 			 strerror(-ret));

@@ -1129,7 +1129,7 @@ static void check_user_mount(const struct stat *mst)
 
 /*
  * The backing directory: checked, locked (one daemon), what a killed
- * daemon left finished (fs_redo_journal), the root inode and the table.
+ * daemon left finished (fs_journal_start), the root inode and the table.
  */
 static void open_backing(void)
 {
@@ -1155,10 +1155,9 @@ static void open_backing(void)
 	open_backing_root(&rmt, &rmt_ok);
 	check_not_on_tierfs();
 	fs_tmp_dir_start();
-	fs_journal_start();		/* before the redo journal: its records are later */
+	fs_journal_start();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file, .tierfs.tmp and
 							 * .tierfs.journal are ours */
-	fs_redo_journal();
 	fs_ino_start();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;
@@ -1341,8 +1340,9 @@ static int start_engine(struct engine_config *ecfg)
 
 /*
  * tierfs --recover BACKING_DIR: what a crashed daemon left, finished
- * without mounting: the journal's records applied to their files, the
- * redo journal's copies finished, uncommitted versions removed.  Takes
+ * without mounting: the journal's records applied to their files (small
+ * changes, and new versions copied over files with several names),
+ * uncommitted versions removed.  Takes
  * the backing directory's lock (not while a daemon uses it).  Exit 0, 1
  * with a line saying what could not be applied, 2 on a usage error.
  */
@@ -1363,7 +1363,6 @@ static int recover(int argc, char *argv[])
 	fs.opts.mountpoint = "(tierfs --recover)";
 	open_backing_root(&rmt, &rmt_ok);
 	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
-	fs_redo_journal();
 	fs_tmp_dir_start();		/* a killed daemon's uncommitted versions */
 	unlock_backing();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);

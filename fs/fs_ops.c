@@ -630,7 +630,7 @@ again:
 	/*
 	 * A directory that moves changes the path of everything below it:
 	 * with fs.nslock, which a hard-linked file's commit holds while its
-	 * redo record names that path (v_commit).  Every directory above a
+	 * commit intent names that path (v_commit).  Every directory above a
 	 * file with a known name is in the table (its parent references).
 	 */
 	if (!ns && !fs_persist_on() && ((src && S_ISDIR(src->type)) ||

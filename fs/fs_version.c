@@ -6,15 +6,18 @@
  * made current (version_commit) by linking it under a temporary name and
  * renaming it over the old one, so that the backing directory only ever
  * holds complete versions.  A hard-linked file's new version is copied
- * over it through a redo journal instead (copy_journalled).  The inode moves to the new version's backing
- * object before its name does (swap_fd).
+ * over it instead, under a commit intent in the backing directory's
+ * journal (copy_journalled, fs_journal.c).  The inode moves to the new
+ * version's backing object before its name does (swap_fd).
  *
  * Locking (the helpers are fs_locks.c's): the file's ilock across a commit
  * (its attributes steady), its directory's names lock across the part
  * that reads and uses its name (fs_dirs_lock), fs.nslock too for a
  * hard-linked file's journalled copy; fs.lock only around table and
  * descriptor bookkeeping; the syscalls that change the backing directory
- * run without fs.lock (see v_commit).
+ * run without fs.lock (see v_commit).  Calls fs_journal.c for a copy's
+ * commit intent and store/ for the copy (jnl_redo_write, the one a replay
+ * makes too).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,6 +37,7 @@
 
 #include "fs.h"
 #include "fs_persist.h"
+#include "journal.h"
 
 static struct fs_inode *in_of(struct tfile *f)
 {
@@ -159,173 +163,6 @@ static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *
 	futimens(fd, tv);
 }
 
-/*
- * Copy version fd's content over the file itself (ofd, held; a file with
- * other names).  The version fd may be O_DIRECT, which copy_file_range
- * (a splice underneath) refuses for lengths that are not block multiples:
- * both ends are reopened buffered.  The file is synced: the journal that
- * guards the copy is removed after it.
- */
-static int copy_in_place(int ofd, int fd)
-{
-	char path[64], buf[65536];
-	struct stat st;
-	int src, dst, ret = 0;
-
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	fs_proc_path(fd, path, sizeof(path));
-	src = backing_open(AT_FDCWD, path, O_RDONLY, 0);
-	if (src < 0)
-		return -errno;
-	fs_proc_path(ofd, path, sizeof(path));
-	dst = open(path, O_WRONLY | O_CLOEXEC);
-	if (dst < 0) {
-		ret = -errno;
-		close(src);
-		return ret;
-	}
-	/*
-	 * Our writes take the file's capability away (any write does, root's
-	 * too); it was the user's to keep: put back after the copy.  (A kill
-	 * in between loses it; the journal's replay restores the data only.)
-	 */
-	char cap[256];
-	ssize_t caplen = fgetxattr(dst, "security.capability", cap, sizeof(cap));
-	loff_t i = 0, o = 0;
-	bool plain = false, fault = tierfs_fault("inplace_copy");
-	while (i < st.st_size) {
-		ssize_t n = -1;
-
-		if (fault && i >= st.st_size / 2)
-			raise(SIGKILL);
-		if (!plain) {
-			size_t len = (size_t)(st.st_size - i);
-
-			if (fault && i < st.st_size / 2)
-				len = (size_t)(st.st_size / 2 - i);
-			n = copy_file_range(src, &i, dst, &o, len, 0);
-			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
-				      errno == ENOSYS)) {
-				plain = true;
-				continue;
-			}
-		} else {
-			n = pread(src, buf, sizeof(buf), i);
-			if (n > 0 && pwrite(dst, buf, (size_t)n, o) != n)
-				n = -1;
-			if (n > 0) {
-				i += n;
-				o += n;
-			}
-		}
-		if (n <= 0) {
-			ret = n < 0 ? -errno : -EIO;
-			break;
-		}
-	}
-	if (!ret && ftruncate(dst, st.st_size) < 0)
-		ret = -errno;
-	if (!ret && caplen > 0 && fsetxattr(dst, "security.capability", cap, (size_t)caplen, 0) < 0)
-		tlog(LOG_WARNING, "inode %ju: its file capability could not be put back after "
-		     "an in-place copy: %s", (uintmax_t)st.st_ino, strerror(errno));
-	if (!ret && fsync(dst) < 0)
-		ret = -errno;
-	close(dst);
-	close(src);
-	return ret;
-}
-
-/*
- * The redo journal of in-place copies.
- *
- * A file with several names cannot be replaced by a rename (the other
- * names would keep the old version): its new version is copied over it.
- * A kill in the middle of that copy would leave it torn, so the copy is
- * journalled.  The complete, synced new version (an O_TMPFILE in the
- * backing root) is linked as BACKING/.tierfs.redo.N, then a record
- * BACKING/.tierfs.redo.N.h saying which file it is for
- *
- *	"tierfs-redo 1\n" DEV " " INO " " SIZE "\n" PATH
- *
- * (PATH relative to BACKING, to the end of the record) is written under a
- * temporary name, synced and renamed into place: that rename is the commit
- * point.  Then the version is copied over the file, the file is synced,
- * the record removed and the directory synced (a record that came back
- * after a power failure would replay an old version over a newer one),
- * and the version removed.  fs.nslock is held throughout, so PATH keeps
- * naming the file.
- *
- * At start-up, fs_redo_journal() replays every record whose version is
- * there, complete, and whose PATH still names the file DEV INO, and
- * removes every .tierfs.redo.* and .tierfs.new.* in BACKING: versions that
- * were never committed.
- */
-#define REDO_PREFIX	FS_HIDDEN_PREFIX ".redo."
-#define NEW_PREFIX	FS_HIDDEN_PREFIX ".new."
-#define REDO_MAGIC	"tierfs-redo 1\n"
-
-static bool has_prefix(const char *s, const char *prefix)
-{
-	return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-/* Is backing-root entry `name` a journal record (.tierfs.redo.N.h)? */
-static bool is_record(const char *name)
-{
-	size_t l = strlen(name);
-
-	return has_prefix(name, REDO_PREFIX) && l > 2 && strcmp(name + l - 2, ".h") == 0;
-}
-
-/* See fs.h. */
-int fs_fd_rel_path(int fd, char *rel, size_t len)
-{
-	char proc[64], root[PATH_MAX], path[PATH_MAX];
-	ssize_t rn, pn;
-
-	fs_proc_path(fs.root_fd, proc, sizeof(proc));
-	rn = readlink(proc, root, sizeof(root) - 1);
-	fs_proc_path(fd, proc, sizeof(proc));
-	pn = readlink(proc, path, sizeof(path) - 1);
-	if (rn <= 0 || pn <= 0)
-		return -errno;
-	root[rn] = path[pn] = 0;
-	if (strcmp(root, "/") == 0)
-		rn = 0;
-	if (strncmp(path, root, (size_t)rn) || path[rn] != '/' || !path[rn + 1] ||
-	    (size_t)(pn - rn) > len)
-		return -ENOENT;		/* elsewhere, or " (deleted)" */
-	memcpy(rel, path + rn + 1, (size_t)(pn - rn));
-	return 0;
-}
-
-/* Write the record of version `vname` for old (at rel) as `rname`, durably. */
-static int redo_record(const char *rname, const struct stat *old, uint64_t size,
-		       const char *rel)
-{
-	char tmp[128], head[128];
-	int fd, ret = 0, hn;
-
-	snprintf(tmp, sizeof(tmp), "%s.tmp", rname);
-	hn = snprintf(head, sizeof(head), REDO_MAGIC "%ju %ju %" PRIu64 "\n",
-		      (uintmax_t)old->st_dev, (uintmax_t)old->st_ino, size);
-	fd = fs_fd_openat(fs.root_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return fd;
-	errno = EIO;		/* a short write sets none */
-	if (write(fd, head, (size_t)hn) != hn || write(fd, rel, strlen(rel)) != (ssize_t)strlen(rel))
-		ret = -errno;
-	if (!ret && fsync(fd) < 0)
-		ret = -errno;
-	close(fd);
-	if (!ret && renameat(fs.root_fd, tmp, fs.root_fd, rname) < 0)
-		ret = -errno;
-	if (ret)
-		unlinkat(fs.root_fd, tmp, 0);
-	return ret;
-}
-
 /* fsync the directory of O_PATH descriptor pfd: 0 or -errno. */
 static int sync_dir(int pfd)
 {
@@ -345,26 +182,84 @@ static int sync_root(void)
 	return sync_dir(fs.root_fd);
 }
 
-/* The record is gone for good (synced), then its version. */
-static void redo_done(const char *vname, const char *rname)
+/*
+ * Copy version fd's content over the file itself (ofd, held; a file with
+ * other names), size it and sync it (jnl_redo_write, as a replay does).
+ * The version fd may be O_DIRECT, which copy_file_range (a splice
+ * underneath) refuses for lengths that are not block multiples: both ends
+ * are reopened buffered.
+ */
+static int copy_in_place(int ofd, int fd)
 {
-	unlinkat(fs.root_fd, rname, 0);
-	sync_root();
-	unlinkat(fs.root_fd, vname, 0);
+	char path[64];
+	struct stat st;
+	int src, dst, ret;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	fs_proc_path(fd, path, sizeof(path));
+	src = backing_open(AT_FDCWD, path, O_RDONLY, 0);
+	if (src < 0)
+		return -errno;
+	fs_proc_path(ofd, path, sizeof(path));
+	dst = open(path, O_WRONLY | O_CLOEXEC);
+	if (dst < 0) {
+		ret = -errno;
+		close(src);
+		return ret;
+	}
+	ret = jnl_redo_write(src, dst, (uint64_t)st.st_size);
+	close(dst);
+	close(src);
+	return ret;
 }
 
 /*
- * Copy version fd over the file ofd (held; old: its stat) through the
- * journal.  dir/name: a name of it (may be NULL).  fs.nslock held where
- * there is a name (v_commit).
+ * New versions of files with several names: commit intents.
+ *
+ * A file with several names cannot be replaced by a rename (the other
+ * names would keep the old version): its new version is copied over it.
+ * A kill in the middle of that copy would leave it torn, so the copy is
+ * guarded by a commit intent in the backing directory's one journal (a
+ * JNL_REDO record, store/journal.h).  The complete, synced new version (an
+ * O_TMPFILE in the backing root) is linked as BACKING/.tierfs.version.P.N
+ * and the root synced; then the record that names the file (device,
+ * inode, file handle, path), that version and its size is appended and
+ * synced (fs_journal_intent): the commit point.  Then the version is
+ * copied over the file, the file synced, the record retired durably
+ * (fs_journal_intent_done) and the version removed.  The journal's one
+ * replay (fs_journal.c: at start-up and by tierfs --recover) finishes a
+ * copy cut short, in sequence order with the file's small changes made
+ * before and after it, and removes the versions it leaves.
+ *
+ * A copy that fails leaves its record live (the replay finishes it) in
+ * in->redo_seq; the file's next intent that is done retires it with its
+ * own, so that it is never replayed over a newer version, and meanwhile
+ * no small change of the file is journalled (fs_journal_delta: the backing
+ * file is not the base of one).  fs.nslock is held throughout (v_commit):
+ * the path keeps naming the file.  Where the mount has no journal (its
+ * replay failed) or no name and no handle of the file is known, the copy
+ * is made unjournalled, and the log says so.
  */
-static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int fd,
-			   const struct stat *old)
+
+/*
+ * Copy version fd over in's backing file ofd (held; old: its stat) under a
+ * commit intent.  dir/name: a name of it (may be NULL).  in's ilock held,
+ * and fs.nslock where there is a name (v_commit).
+ */
+static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char *name,
+			   int ofd, int fd, const struct stat *old)
 {
 	static unsigned long counter;
-	char rel[PATH_MAX], vname[96], rname[104], path[64];
+	union {
+		struct file_handle fh;
+		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
+	} h;
+	char rel[PATH_MAX], vname[96], path[64];
+	uint64_t seq = 0, pending;
+	uint32_t hlen = 0;
 	struct stat st;
-	int ret = -ENOENT;
+	int mnt, ret = -ENOENT;
 
 	if (dir && name) {
 		int pfd = fs_fd_hold(dir);
@@ -383,100 +278,84 @@ static int copy_journalled(struct fs_inode *dir, const char *name, int ofd, int 
 	}
 	if (ret)
 		ret = fs_fd_rel_path(ofd, rel, sizeof(rel));
-	if (ret) {
-		tlog(LOG_WARNING, "inode %ju: no name found for its journal: its new "
-		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
+	if (ret)
+		rel[0] = 0;	/* the handle alone names it */
+	h.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(ofd, "", &h.fh, &mnt, AT_EMPTY_PATH) == 0)
+		hlen = (uint32_t)(sizeof(h.fh) + h.fh.handle_bytes);
+	if (!rel[0] && !hlen) {
+		tlog(LOG_WARNING, "inode %ju: no name or handle found for its commit intent: its "
+		     "new version is copied in place unjournalled", (uintmax_t)old->st_ino);
 		return copy_in_place(ofd, fd);
 	}
 	if (fsync(fd) < 0 || fstat(fd, &st) < 0)
 		return -errno;
-	unsigned long n = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
-	snprintf(vname, sizeof(vname), REDO_PREFIX "%lx.%lu", (unsigned long)getpid(), n);
-	snprintf(rname, sizeof(rname), "%s.h", vname);
+	snprintf(vname, sizeof(vname), FS_INTENT_PREFIX "%lx.%lu", (unsigned long)getpid(),
+		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
 	fs_proc_path(fd, path, sizeof(path));
 	if (linkat(AT_FDCWD, path, fs.root_fd, vname, AT_SYMLINK_FOLLOW) < 0) {
 		ret = -errno;
-		tlog(LOG_WARNING, "%s: cannot journal its new version (%s): copied in "
-		     "place unjournalled", rel, strerror(-ret));
+		tlog(LOG_WARNING, "inode %ju: cannot link its new version for a commit intent "
+		     "(%s): copied in place unjournalled", (uintmax_t)old->st_ino,
+		     strerror(-ret));
 		return copy_in_place(ofd, fd);
 	}
-	ret = redo_record(rname, old, (uint64_t)st.st_size, rel);
+	struct jnl_redo r = {
+		.dev = old->st_dev, .ino = old->st_ino,
+		.handle = hlen ? &h.fh : NULL, .handle_len = hlen,
+		.path = rel[0] ? rel : NULL, .version = vname,
+		.vino = st.st_ino, .size = (uint64_t)st.st_size,
+	};
+	ret = sync_root();	/* the version's name durable before the record */
 	if (!ret)
-		ret = sync_root();
+		ret = fs_journal_intent(&r, &seq);
 	if (ret) {
-		unlinkat(fs.root_fd, rname, 0);
 		unlinkat(fs.root_fd, vname, 0);
+		if (ret < 0)
+			return ret;
+		tlog(LOG_WARNING, "inode %ju: no journal for its commit intent: its new "
+		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
+		return copy_in_place(ofd, fd);
+	}
+	static bool eio_once;
+
+	if (tierfs_fault("inplace_copy_eio") && !__atomic_exchange_n(&eio_once, true,
+								    __ATOMIC_RELAXED))
+		ret = -EIO;	/* tests: the first copy fails, the file untouched */
+	else
+		ret = copy_in_place(ofd, fd);
+	if (ret)
+		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); journal "
+		     "record %" PRIu64 " keeps it (%s)", rel[0] ? rel : "(no name)",
+		     strerror(-ret), seq, vname);
+	/*
+	 * Done, or (failed) live and later than the file's pending intent:
+	 * that one is retired, and its version removed, so that no replay
+	 * can copy it over this one, retired durably or not.
+	 */
+	pending = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
+	int dret = fs_journal_intent_done(ret ? 0 : seq, pending);
+
+	if (pending) {
+		unlinkat(fs.root_fd, in->redo_version, 0);
+		free(in->redo_version);
+		in->redo_version = NULL;
+		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
+	}
+	if (ret || dret) {
+		/* pending now: the replay finishes (or repeats) the copy; the
+		 * file's next intent retires it */
+		if (!ret)
+			tlog(LOG_WARNING, "%s: the commit intent of its new version could not be "
+			     "retired (%s); kept as record %" PRIu64, rel[0] ? rel : "(no name)",
+			     strerror(-dret), seq);
+		in->redo_version = strdup(vname);
+		if (in->redo_version)
+			__atomic_store_n(&in->redo_seq, seq, __ATOMIC_RELEASE);
 		return ret;
 	}
-	ret = copy_in_place(ofd, fd);
-	if (ret) {
-		/* the record stays: the next start-up finishes the copy */
-		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); "
-		     "journalled as %s", rel, strerror(-ret), rname);
-		return ret;
-	}
-	redo_done(vname, rname);
+	unlinkat(fs.root_fd, vname, 0);
 	return 0;
-}
-
-/* Replay record `rname` (see above) if it is complete and still applies. */
-static void redo_one(int dfd, const char *rname)
-{
-	char buf[PATH_MAX + 128], vname[96], *rel, *end;
-	uintmax_t dev, ino;
-	uint64_t size;
-	struct stat vst, tst;
-	ssize_t n;
-	int rfd, vfd = -1, tfd = -1, ret;
-
-	snprintf(vname, sizeof(vname), "%.*s", (int)(strlen(rname) - 2), rname);
-	rfd = openat(dfd, rname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (rfd < 0)
-		return;
-	n = read(rfd, buf, sizeof(buf) - 1);
-	close(rfd);
-	if (n <= 0)
-		goto bad;
-	buf[n] = 0;
-	if (!has_prefix(buf, REDO_MAGIC) ||
-	    sscanf(buf + strlen(REDO_MAGIC), "%ju %ju %" SCNu64, &dev, &ino, &size) != 3)
-		goto bad;
-	end = strchr(buf + strlen(REDO_MAGIC), '\n');
-	if (!end || !end[1])
-		goto bad;
-	rel = end + 1;
-	vfd = backing_open(dfd, vname, O_RDONLY | O_NOFOLLOW, 0);
-	if (vfd < 0 || fstat(vfd, &vst) < 0 || (uint64_t)vst.st_size != size) {
-		tlog(LOG_ERR, "journal %s: its version %s is %s; %s keeps what it holds",
-		     rname, vname, vfd < 0 ? "missing" : "incomplete", rel);
-		goto drop;
-	}
-	tfd = openat(dfd, rel, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-	if (tfd < 0 || fstat(tfd, &tst) < 0 || tst.st_ino != (ino_t)ino ||
-	    tst.st_dev != (dev_t)dev || !S_ISREG(tst.st_mode)) {
-		tlog(LOG_WARNING, "journal %s: %s is no longer the file it was written "
-		     "for; not replayed", rname, rel);
-		goto drop;
-	}
-	ret = copy_in_place(tfd, vfd);
-	if (ret) {
-		tlog(LOG_ERR, "journal %s: cannot finish the update of %s: %s (kept; "
-		     "retried at the next start)", rname, rel, strerror(-ret));
-		goto out;
-	}
-	tlog(LOG_NOTICE, "%s: finished an update cut short by the previous daemon's "
-	     "end (%" PRIu64 " bytes)", rel, size);
-drop:
-	redo_done(vname, rname);
-out:
-	if (vfd >= 0)
-		close(vfd);
-	if (tfd >= 0)
-		close(tfd);
-	return;
-bad:
-	tlog(LOG_WARNING, "journal %s: unreadable record; removed", rname);
-	goto drop;
 }
 
 /*
@@ -491,6 +370,26 @@ bad:
  * a directory) the root is used as before.
  */
 #define TMP_DIR		FS_HIDDEN_PREFIX ".tmp"
+#define NEW_PREFIX	FS_HIDDEN_PREFIX ".new."
+
+/* The temporary names a killed daemon left in the backing root itself
+ * (where it had no .tierfs.tmp): versions never committed. */
+static void sweep_root_new(void)
+{
+	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *d;
+
+	if (dfd < 0 || !(d = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, NEW_PREFIX, strlen(NEW_PREFIX)))
+			unlinkat(dirfd(d), de->d_name, 0);
+	closedir(d);
+}
 
 void fs_tmp_dir_start(void)
 {
@@ -499,6 +398,7 @@ void fs_tmp_dir_start(void)
 	int dfd;
 
 	fs.tmp_fd = -1;
+	sweep_root_new();
 	if (mkdirat(fs.root_fd, TMP_DIR, 0700) < 0 && errno != EEXIST) {
 		tlog(LOG_INFO, "cannot make %s/" TMP_DIR " (%s): new versions are named in "
 		     "the backing directory itself", fs.opts.backing, strerror(errno));
@@ -528,55 +428,6 @@ void fs_tmp_dir_end(void)
 	if (unlinkat(fs.root_fd, TMP_DIR, AT_REMOVEDIR) < 0 && errno != ENOENT)
 		tlog(LOG_WARNING, "cannot remove %s/" TMP_DIR ": %s", fs.opts.backing,
 		     strerror(errno));
-}
-
-void fs_redo_journal(void)
-{
-	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct dirent *de;
-	char **names = NULL;
-	size_t n = 0, cap = 0, i;
-	DIR *d;
-
-	if (dfd < 0 || !(d = fdopendir(dfd))) {
-		if (dfd >= 0)
-			close(dfd);
-		tlog(LOG_ERR, "cannot read the backing directory for its journal: %s",
-		     strerror(errno));
-		return;
-	}
-	while ((de = readdir(d))) {
-		if (!has_prefix(de->d_name, REDO_PREFIX) && !has_prefix(de->d_name, NEW_PREFIX))
-			continue;
-		if (n == cap) {
-			char **nn = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof(*nn));
-
-			if (!nn)
-				break;
-			names = nn;
-		}
-		if (!(names[n] = strdup(de->d_name)))
-			break;
-		n++;
-	}
-	for (i = 0; i < n; i++)
-		if (is_record(names[i]))
-			redo_one(dirfd(d), names[i]);
-	for (i = 0; i < n; i++) {
-		char rname[NAME_MAX + 1];
-		struct stat st;
-
-		/* versions never committed, and leftovers of renames; a version
-		 * whose record is still there (its update could not be
-		 * finished: retried at the next start) stays */
-		snprintf(rname, sizeof(rname), "%s.h", names[i]);
-		if (!is_record(names[i]) &&
-		    fstatat(dirfd(d), rname, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			unlinkat(dirfd(d), names[i], 0);
-		free(names[i]);
-	}
-	free(names);
-	closedir(d);
 }
 
 /*
@@ -655,7 +506,7 @@ static int rename_in(struct fs_inode *in, struct fs_inode *dir, const char *name
 	/*
 	 * The temporary name is in BACKING/.tierfs.tmp (or the backing root),
 	 * where the next start-up removes it if a kill comes before the
-	 * rename (fs_tmp_dir_start, fs_redo_journal); in the file's own
+	 * rename (fs_tmp_dir_start); in the file's own
 	 * directory only where that is another file system.
 	 */
 	int tdir = fs.tmp_fd >= 0 ? fs.tmp_fd : fs.root_fd;
@@ -778,7 +629,7 @@ static struct fs_inode *lock_parent(struct fs_inode *in, bool root, struct fs_in
  * it (lookup_once).  The attribute copy (a dozen syscalls, each of which
  * can wait for the journal) is made before it, and namespace changes in
  * other directories never wait for a commit.  A hard-linked file is
- * copied in place under a redo record that names its path: fs.nslock as
+ * copied in place under a commit intent that names its path: fs.nslock as
  * well then, which every rename of a directory takes (fs_ll_rename), so
  * that the path keeps naming the file.
  * fs.lock is taken only for the bookkeeping.  The syscalls that change
@@ -875,7 +726,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		bool rok;
 
 		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
-		ret = copy_journalled(name ? dir : NULL, name, ofd, fd, &old);
+		ret = copy_journalled(in, name ? dir : NULL, name, ofd, fd, &old);
 		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
 		fs_fd_release(in);
 		goto out_close;

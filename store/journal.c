@@ -19,30 +19,38 @@
  * applied delta again gives the file it has, except where something else
  * changed that file since; such a change (a new version of the file)
  * first makes the retirement durable (jnl_sync of the retire record's seq:
- * fs/fs_version.c).
+ * fs/fs_journal.c's fs_journal_settle and fs_journal_intent_done).
+ *
+ * A commit intent (JNL_REDO) is replayed by copying its version over its
+ * file again (jnl_redo_write, the live copy's own): a copy cut short is
+ * finished, a finished one rewritten with the same bytes; a later delta or
+ * intent of the same file follows it in the sequence.
  *
  * Locking: jnl.lock (rank LR_JOURNAL, a leaf) around the end of the file,
  * the sequence numbers and the counts; an append's pwrite is made under it
  * (records go in seq order, one sequential write each); an fdatasync never
  * is: the thread that syncs does it for every record appended before it
  * began, and the threads that come meanwhile wait for the next one (group
- * commit).  Called by fs/ (the daemon and --recover); calls common/ (log)
- * and libxxhash only.
+ * commit).  Called by fs/ (the daemon and --recover); calls common/ (log,
+ * the tests' fault points) and libxxhash only.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <syslog.h>
 #include <unistd.h>
 #include <linux/openat2.h>
 #include <xxhash.h>
 
+#include "fault.h"
 #include "journal.h"
 #include "lockorder.h"
 #include "log.h"
@@ -493,12 +501,12 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
 }
 
 /*
- * Is fd the file delta h names: its inode number, and (where the record
+ * Is fd the file a record names: its inode number, and (where the record
  * has one) its handle, which tells a reused inode number from the file
  * itself.  Not its device number: a disk may come back under another
  * after a crash (and the file is beneath the backing root anyway).
  */
-static bool same_file(int fd, const struct delta_head *h, const void *handle)
+static bool same_file(int fd, uint64_t ino, const void *handle, uint32_t handle_len)
 {
 	union {
 		struct file_handle fh;
@@ -507,15 +515,15 @@ static bool same_file(int fd, const struct delta_head *h, const void *handle)
 	struct stat st;
 	int mnt;
 
-	if (fstat(fd, &st) < 0 || st.st_ino != (ino_t)h->ino || !S_ISREG(st.st_mode))
+	if (fstat(fd, &st) < 0 || st.st_ino != (ino_t)ino || !S_ISREG(st.st_mode))
 		return false;
-	if (h->handle_len < sizeof(struct file_handle))
+	if (handle_len < sizeof(struct file_handle))
 		return true;
 	u.fh.handle_bytes = MAX_HANDLE_SZ;
 	if (name_to_handle_at(fd, "", &u.fh, &mnt, AT_EMPTY_PATH) < 0)
 		return true;	/* no handles here: the inode is all there is */
-	return sizeof(u.fh) + u.fh.handle_bytes == h->handle_len &&
-	       !memcmp(&u.fh, handle, h->handle_len);
+	return sizeof(u.fh) + u.fh.handle_bytes == handle_len &&
+	       !memcmp(&u.fh, handle, handle_len);
 }
 
 /* Is fd's file beneath directory root_fd (by their paths)? */
@@ -536,45 +544,65 @@ static bool beneath(int root_fd, int fd)
 	return pn > rn && !strncmp(path, root, (size_t)rn) && path[rn] == '/';
 }
 
-/*
- * The file of a delta, O_RDWR: by its path beneath root_fd (no symlinks
- * followed); where that names another file now (renamed since), by its
- * handle, if the file it opens is still beneath root_fd.  -ENOENT with why
- * where neither finds it.
- */
-static int delta_open(int root_fd, const struct delta_head *h, const void *handle,
-		      const char *path, char *why, size_t wl)
+/* Open path beneath root_fd without following symlinks: fd or -1 (errno). */
+static int open_beneath(int root_fd, const char *path, int flags)
 {
 	struct open_how how = {
-		.flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC,
+		.flags = (uint64_t)flags | O_NOFOLLOW | O_CLOEXEC,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
 	};
+	int fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
+
+	if (fd < 0 && errno == ENOSYS)
+		fd = openat(root_fd, path, flags | O_NOFOLLOW | O_CLOEXEC);
+	return fd;
+}
+
+/*
+ * The file a record names (inode ino, its handle of handle_len bytes,
+ * path or NULL), O_RDWR: by its path beneath root_fd (no symlinks
+ * followed); where that names another file now (renamed since), by its
+ * handle, if the file it opens is still beneath root_fd.  -ENOENT with why
+ * where neither finds it; -errno where the path names something that
+ * cannot be opened for writing now (an immutable file, a read-only file
+ * system, no memory): not a reason to drop the record.
+ */
+static int file_open(int root_fd, uint64_t ino, const void *handle, uint32_t handle_len,
+		     const char *path, char *why, size_t wl)
+{
 	int fd = -1;
 
 	snprintf(why, wl, "removed since");
-	if (h->path_len) {
-		fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
-		if (fd < 0 && errno == ENOSYS)
-			fd = openat(root_fd, path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-		if (fd >= 0 && same_file(fd, h, handle))
+	if (path && path[0]) {
+		fd = open_beneath(root_fd, path, O_RDWR);
+		if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS ||
+			       errno == EIO || errno == ENOMEM || errno == EMFILE ||
+			       errno == ENFILE || errno == ETXTBSY)) {
+			int ret = -errno;	/* there, and not writable now: the
+						 * record stays */
+
+			snprintf(why, wl, "not writable");
+			return ret;
+		}
+		if (fd >= 0 && same_file(fd, ino, handle, handle_len))
 			return fd;
 		if (fd >= 0) {
 			snprintf(why, wl, "another file now");
 			close(fd);
 		}
 	}
-	if (h->handle_len >= sizeof(struct file_handle)) {
+	if (handle_len >= sizeof(struct file_handle)) {
 		int mfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		struct file_handle *fh = malloc(h->handle_len);
+		struct file_handle *fh = malloc(handle_len);
 
 		fd = -1;
 		if (mfd >= 0 && fh) {
-			memcpy(fh, handle, h->handle_len);
-			if (fh->handle_bytes + sizeof(*fh) == h->handle_len)
+			memcpy(fh, handle, handle_len);
+			if (fh->handle_bytes + sizeof(*fh) == handle_len)
 				fd = open_by_handle_at(mfd, fh, O_RDWR | O_CLOEXEC);
 		}
 		free(fh);
-		if (fd >= 0 && (!same_file(fd, h, handle) || !beneath(mfd, fd))) {
+		if (fd >= 0 && (!same_file(fd, ino, handle, handle_len) || !beneath(mfd, fd))) {
 			close(fd);
 			fd = -1;
 		}
@@ -619,7 +647,7 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 	path = strndup(q + sizeof(h) + h.handle_len, h.path_len);
 	if (!path)
 		goto out_r;
-	fd = delta_open(root_fd, &h, q + sizeof(h), path, why, wl);
+	fd = file_open(root_fd, h.ino, q + sizeof(h), h.handle_len, path, why, wl);
 	free(path);
 	if (fd < 0) {
 		ret = fd == -ENOENT ? 1 : fd;
@@ -629,5 +657,137 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 	close(fd);
 out_r:
 	free(r);
+	return ret;
+}
+
+/* ---- JNL_REDO ------------------------------------------------------------- */
+
+/* The intent payload's fixed part; then the handle, the path and the
+ * version's name. */
+struct redo_head {
+	uint64_t dev, ino, size, vino;
+	uint32_t handle_len, path_len, version_len, pad;
+};
+
+int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq)
+{
+	struct redo_head h = {
+		.dev = r->dev, .ino = r->ino, .size = r->size, .vino = r->vino,
+		.handle_len = r->handle ? r->handle_len : 0,
+		.path_len = r->path ? (uint32_t)strlen(r->path) : 0,
+		.version_len = (uint32_t)strlen(r->version),
+	};
+	struct iovec v[4] = {
+		{ &h, sizeof(h) },
+		{ (void *)r->handle, h.handle_len },
+		{ (void *)r->path, h.path_len },
+		{ (void *)r->version, h.version_len },
+	};
+
+	if (!h.version_len || h.version_len >= PATH_MAX || h.path_len >= PATH_MAX)
+		return -EINVAL;
+	return jnl_append(j, JNL_REDO, v, 4, seq);
+}
+
+int jnl_redo_write(int vfd, int fd, uint64_t size)
+{
+	char buf[65536], cap[256];
+	loff_t i = 0, o = 0;
+	bool plain = false, fault = tierfs_fault("inplace_copy");
+	/*
+	 * Our writes take the file's capability away (any write does, root's
+	 * too); it was the user's to keep: put back after the copy.  (A kill
+	 * in between loses it; a replay of the intent restores the data only.)
+	 */
+	ssize_t caplen = fgetxattr(fd, "security.capability", cap, sizeof(cap));
+
+	while ((uint64_t)i < size) {
+		ssize_t n;
+
+		if (fault && (uint64_t)i >= size / 2)
+			raise(SIGKILL);		/* tests: a kill halfway */
+		if (!plain) {
+			size_t len = (size_t)(size - (uint64_t)i);
+
+			if (fault && (uint64_t)i < size / 2)
+				len = (size_t)(size / 2 - (uint64_t)i);
+			n = copy_file_range(vfd, &i, fd, &o, len, 0);
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
+				      errno == ENOSYS)) {
+				plain = true;
+				continue;
+			}
+		} else {
+			size_t len = size - (uint64_t)i < sizeof(buf) ? (size_t)(size - (uint64_t)i)
+								       : sizeof(buf);
+
+			n = pread(vfd, buf, len, i);
+			if (n > 0 && pwrite(fd, buf, (size_t)n, o) != n)
+				n = -1;
+			if (n > 0) {
+				i += n;
+				o += n;
+			}
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;	/* -EIO: the version is short */
+	}
+	if (ftruncate(fd, (off_t)size) < 0)
+		return -errno;
+	if (caplen > 0 && fsetxattr(fd, "security.capability", cap, (size_t)caplen, 0) < 0)
+		tlog(LOG_WARNING, "a file capability could not be put back after an in-place "
+		     "copy: %s", strerror(errno));
+	return fsync(fd) < 0 ? -errno : 0;
+}
+
+int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
+{
+	const char *q = p;
+	struct redo_head h;
+	char *path = NULL, *version = NULL;
+	struct stat vst;
+	int fd = -1, vfd = -1, ret;
+
+	snprintf(why, wl, "-");
+	if (len < sizeof(h))
+		return -EINVAL;
+	memcpy(&h, q, sizeof(h));
+	if (len != sizeof(h) + (uint64_t)h.handle_len + h.path_len + h.version_len ||
+	    h.path_len >= PATH_MAX || !h.version_len || h.version_len >= PATH_MAX)
+		return -EINVAL;
+	ret = -ENOMEM;
+	path = strndup(q + sizeof(h) + h.handle_len, h.path_len);
+	version = strndup(q + sizeof(h) + h.handle_len + h.path_len, h.version_len);
+	if (!path || !version)
+		goto out;
+	ret = 1;
+	vfd = open_beneath(root_fd, version, O_RDONLY);
+	if (vfd < 0 || fstat(vfd, &vst) < 0) {
+		snprintf(why, wl, "its new version %s is gone (%s)", version, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(vst.st_mode) || vst.st_ino != (ino_t)h.vino ||
+	    (uint64_t)vst.st_size != h.size) {
+		snprintf(why, wl, "its new version %s is another file now", version);
+		goto out;
+	}
+	char fwhy[64];
+
+	fd = file_open(root_fd, h.ino, q + sizeof(h), h.handle_len, path, fwhy, sizeof(fwhy));
+	if (fd < 0) {
+		snprintf(why, wl, "its file %s is %s", path[0] ? path : "(no path)", fwhy);
+		ret = fd == -ENOENT ? 1 : fd;
+		goto out;
+	}
+	ret = jnl_redo_write(vfd, fd, h.size);
+out:
+	if (fd >= 0)
+		close(fd);
+	if (vfd >= 0)
+		close(vfd);
+	free(path);
+	free(version);
 	return ret;
 }

@@ -10,9 +10,18 @@
  * new size and mtime, and the changed ranges with their bytes.  Applying
  * one (jnl_delta_apply) writes the ranges into the file, sizes it and
  * syncs it: applying it twice, or over a partial apply, gives the same
- * file.  A record stays live until it is retired (jnl_retire: a
- * JNL_RETIRE record naming it), once what it describes is in the backing
- * file and synced; replay applies only the live ones, in order.
+ * file.  Records of type JNL_REDO are commit intents: a new version of a
+ * file with several names, copied over it in place (a rename would leave
+ * the other names the old version).  The record names the file (as a
+ * delta does) and the complete, synced new version, linked under a
+ * hidden name below the backing root, with its size; it is durable before
+ * the copy starts.  Applying it (jnl_redo_apply) copies the version over
+ * the file again, sizes and syncs it: a copy cut short is finished, a
+ * finished one gives the same file.  A record stays live until it is
+ * retired (jnl_retire: a JNL_RETIRE record naming it), once what it
+ * describes is in the backing file and synced; replay applies only the
+ * live ones, in order: deltas and intents of one file in the order they
+ * were made.
  */
 #ifndef TIERFS_JOURNAL_H
 #define TIERFS_JOURNAL_H
@@ -28,6 +37,7 @@
 enum jnl_type {
 	JNL_RETIRE = 1,			/* payload: the seq (u64) of a record done */
 	JNL_DELTA = 2,			/* a small change of a file (below) */
+	JNL_REDO = 3,			/* a new version copied over a file (below) */
 };
 
 /* A record's header, as on disk (host byte order: the journal is never
@@ -169,5 +179,39 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
  * -EINVAL for a payload that does not parse, or -errno.
  */
 int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
+
+/* ---- JNL_REDO: a new version copied over a file in place ------------------ */
+
+/* What a commit intent says. */
+struct jnl_redo {
+	uint64_t dev, ino;		/* the backing file's */
+	const void *handle;		/* its struct file_handle (whole), or NULL */
+	uint32_t handle_len;
+	const char *path;		/* relative to the backing root, or NULL */
+	const char *version;		/* the new version's name, relative to the
+					 * backing root (a hidden one) */
+	uint64_t vino;			/* the new version's inode number */
+	uint64_t size;			/* its size: the file's after the copy */
+};
+
+/* Append the record of intent r.  Not synced.  0 or -errno. */
+int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq);
+/*
+ * Copy the first size bytes of vfd over fd (from offset 0), size fd to
+ * size and fsync it: the one way an intent reaches its file, live or
+ * replayed.  A file capability of fd, which the write takes away, is put
+ * back.  0 or -errno (fd partly written: the intent stays).
+ */
+int jnl_redo_write(int vfd, int fd, uint64_t size);
+/*
+ * Apply intent payload p (len bytes) below root_fd: its file found as a
+ * delta's is (jnl_delta_apply), its version by its name without following
+ * symlinks, and only where that is still the inode of the size recorded.
+ * 0 applied, 1 passed over (the file or its version gone, or another file
+ * now: why says so), -EINVAL for a payload that does not parse, or -errno.
+ * The version is left where it is (the caller removes it once the record
+ * is retired or the journal emptied, durably).
+ */
+int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
 
 #endif /* TIERFS_JOURNAL_H */

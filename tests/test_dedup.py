@@ -265,8 +265,9 @@ def test_truncate_extend_mmap_against_a_model(xfs, mount):
 
 
 def test_hard_linked_file_changed_in_place(xfs, mount):
-    """A hard-linked file's new version goes through the redo journal
-    (copied over the file): both names read the new content."""
+    """A hard-linked file's new version is copied over the file in place
+    (under a commit intent in the journal): both names read the new
+    content."""
     m = mount(backing=backing_in(xfs), dedup="on")
     a, b = os.path.join(m.mnt, "a"), os.path.join(m.mnt, "b")
     data = bytearray(util.randbytes(5 * MiB, random.Random(4)))

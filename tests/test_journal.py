@@ -159,10 +159,18 @@ def test_small_change_is_a_journal_record_then_applied_in_place(disk, mount, mon
     assert util.tierfs_internals(backing) == [], "a clean unmount leaves the journal"
 
 
-def both_ways(img, tmp_path, mount, want, what):
+def same_names(root, names, want, what):
+    """Every name of names under root reads want, and all are one inode."""
+    for n in names:
+        util.assert_same(read(os.path.join(root, n)), want, f"{n} {what}")
+    assert len({os.stat(os.path.join(root, n)).st_ino for n in names}) == 1, \
+        f"the names {names} are not one file {what}"
+
+
+def both_ways(img, tmp_path, mount, want, what, names=("f",)):
     """The disk as it is now, recovered twice: by tierfs --recover on one
-    copy of it and by the next mount on another; both give f == want, and
-    the same backing files."""
+    copy of it and by the next mount on another; both give f (and every
+    other name of names, one file) == want, and the same backing files."""
     os.sync()
     cut1, cut2 = Cut(img, tmp_path, "cut1"), Cut(img, tmp_path, "cut2")
     with cut1 as after:
@@ -171,18 +179,19 @@ def both_ways(img, tmp_path, mount, want, what):
         r = recover(b)
         assert r.returncode == 0, r.stderr
         by_recover = read(os.path.join(b, "f"))
-        util.assert_same(by_recover, want, f"f {what}, after tierfs --recover")
+        same_names(b, names, want, f"{what}, after tierfs --recover")
         assert not os.path.exists(journal(b)) or os.path.getsize(journal(b)) == 0
         r = recover(b)
         assert r.returncode == 0, r.stderr
         util.assert_same(read(os.path.join(b, "f")), want, "after a second --recover")
     with cut2 as after:
-        m2 = mount(backing=os.path.join(after, "b"), host_cache="64M", dedup="off")
-        util.assert_same(read(os.path.join(m2.mnt, "f")), want,
-                         f"f {what}, through the next mount")
+        b = os.path.join(after, "b")
+        m2 = mount(backing=b, host_cache="64M", dedup="off")
+        same_names(m2.mnt, names, want, f"{what}, through the next mount")
         m2.umount()
-        util.assert_same(read(os.path.join(after, "b", "f")), by_recover,
+        util.assert_same(read(os.path.join(b, "f")), by_recover,
                          "the next mount against --recover")
+        assert util.tierfs_internals(b) == [], "left after the next mount's unmount"
 
 
 def test_after_a_kill_recover_and_the_next_mount_apply_the_record(disk, mount, monkeypatch,
@@ -352,3 +361,119 @@ def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount,
         util.assert_same(read(os.path.join(b, "g")), bytes(latest),
                          "g after a power cut and tierfs --recover")
     m.kill(signal.SIGKILL)
+
+
+# ------------------------------------ hard-linked files: commit intents
+
+def hard_linked(disk, mount, monkeypatch, fault, seed):
+    """f and g, two names of one durable file holding old; then the whole
+    file rewritten (not a small change: a whole new version, copied over
+    it in place) and fsynced under TIERFS_FAULT=fault, which kills the
+    daemon: (m, backing, old, new)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    old, new = rng.randbytes(2 * MiB), rng.randbytes(2 * MiB)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    os.link(path, os.path.join(m.mnt, "g"))
+    m.umount()
+    os.sync()
+    monkeypatch.setenv("TIERFS_FAULT", fault)
+    m.start()
+    try:
+        change(path, [(0, new)])
+    except OSError:
+        pass                        # the daemon died under the fsync
+    m.wait_death()
+    monkeypatch.delenv("TIERFS_FAULT")
+    return m, backing, old, new
+
+
+def test_a_kill_during_a_hard_linked_copy(disk, mount, monkeypatch, tmp_path):
+    """A file with two names cannot take a new version by a rename: it is
+    copied over in place, under a commit intent in the journal (the file,
+    the hidden version that holds the new content, its size), durable
+    before the copy starts.  Killed halfway through the copy: tierfs
+    --recover and the next mount both finish it; both names read the new
+    version, one inode, and nothing of the intent is left."""
+    m, backing, old, new = hard_linked(disk, mount, monkeypatch, "inplace_copy", SEED + 4)
+    assert read(os.path.join(backing, "f")) not in (old, new), "the copy was not cut short"
+    assert os.path.getsize(journal(backing)) > 0, "the intent is not in the journal"
+    both_ways(disk[0], tmp_path, mount, new, "after a kill in its in-place copy",
+              names=("f", "g"))
+
+
+def test_a_power_cut_during_a_hard_linked_copy(disk, mount, monkeypatch, tmp_path):
+    """The disk as a power cut in the middle of the copy leaves it (nothing
+    synced after the intent): the intent and the version it names are
+    durable, so tierfs --recover gives both names the new version."""
+    m, backing, old, new = hard_linked(disk, mount, monkeypatch, "inplace_copy", SEED + 6)
+    with Cut(disk[0], tmp_path, "cut") as after:
+        b = os.path.join(after, "b")
+        assert os.path.getsize(journal(b)) > 0, "the intent was not durable"
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        same_names(b, ("f", "g"), new, "after a power cut in its copy and tierfs --recover")
+        left = [p for p in util.tierfs_internals(b)
+                if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
+        assert left == [], left
+
+
+def test_a_torn_commit_intent_is_dropped(disk, mount, monkeypatch):
+    """Killed once the intent is appended and before it is synced (before
+    the copy): the record cut short, as a power cut may leave it, is
+    dropped; both names keep the old version, whole, and its hidden new
+    version is removed."""
+    m, backing, old, new = hard_linked(disk, mount, monkeypatch, "redo_appended", SEED + 5)
+    j = journal(backing)
+    whole = read(j)
+    assert len(whole) > 0, "the intent is not in the journal"
+    same_names(backing, ("f", "g"), old, "before recovery (the copy never began)")
+    with open(j, "wb") as out:
+        out.write(whole[:len(whole) - 100])
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    same_names(backing, ("f", "g"), old, "after its intent was torn")
+    left = [p for p in util.tierfs_internals(backing)
+            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
+    assert left == [], left
+
+
+def test_a_failed_copy_is_superseded_by_the_next_version(disk, mount, monkeypatch):
+    """The copy of a hard-linked file's new version fails
+    (TIERFS_FAULT=inplace_copy_eio: the first copy, the file untouched): its
+    intent stays live, for a restart to finish.  The file's next version,
+    copied, retires it with its own: killed after that, tierfs --recover
+    must not copy the older version back over the newer one."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    print(f"seed {SEED + 7}")
+    rng = random.Random(SEED + 7)
+    old, v1, v2 = (rng.randbytes(MiB) for _ in range(3))
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    os.link(path, os.path.join(m.mnt, "g"))
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "inplace_copy_eio")
+    m.expect_errors("copying its new version in place failed", "flush to SSD failed")
+    m.start()
+    try:
+        change(path, [(0, v1)], close_error_ok=True)
+    except OSError:
+        pass                        # its flush failed: fsync says so
+    change(path, [(0, v2)], close_error_ok=True)
+    util.wait_flushed(m)
+    assert "copying its new version in place failed" in m.log(), "no copy failed"
+    same_names(backing, ("f", "g"), v2, "flushed")
+    m.kill(signal.SIGKILL)
+    monkeypatch.delenv("TIERFS_FAULT")
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    same_names(backing, ("f", "g"), v2, "after tierfs --recover")
+    left = [p for p in util.tierfs_internals(backing)
+            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
+    assert left == [], left

@@ -76,7 +76,7 @@ CONFIGS = [
     ("cache16M-score", ["--host-cache", "16M", "--policy", "score"]),
     ("cache64M-fifo", ["--host-cache", "64M", "--policy", "fifo"]),
     # hard links included: a file with several names gets its new versions
-    # copied over it through the redo journal (fs_version.c)
+    # copied over it under a commit intent in the journal (fs_version.c)
     ("crash-cache16M", ["--host-cache", "16M", "--crash"]),
     # the small writers' setting: writable handles in the page cache, the
     # kernel's writeback cache, read-only handles direct

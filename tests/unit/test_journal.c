@@ -4,10 +4,14 @@
  * file, a wrong magic and a stale tail past an emptied journal stop the
  * replay where they start; retired records are not replayed; a delta
  * record applied to its file, twice, and over a partial apply, gives the
- * same file.  No seed: the cases are fixed.  Exit 0 pass, 1 fail.
+ * same file; so does a commit intent (a new version copied over a file
+ * with two names), replayed in order with a delta after it, and passed
+ * over when torn, when its version is gone or another file, or when its
+ * file is.  No seed: the cases are fixed.  Exit 0 pass, 1 fail.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,6 +313,157 @@ static void test_delta(void)
 	free(got);
 }
 
+static int apply_any(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+{
+	char why[256];
+
+	(void)seq;
+	if (type == JNL_DELTA)
+		return jnl_delta_apply(*(int *)arg, p, len, why, sizeof(why));
+	if (type == JNL_REDO)
+		return jnl_redo_apply(*(int *)arg, p, len, why, sizeof(why));
+	return 1;
+}
+
+/* A file of n bytes of c, as name (created or truncated): its stat. */
+static struct stat put(const char *name, char c, size_t n)
+{
+	char *b = malloc(n ? n : 1);
+	struct stat st;
+	int fd = openat(dirfd_, name, O_RDWR | O_CREAT | O_TRUNC, 0600);
+
+	memset(b, c, n);
+	CHECK(fd >= 0 && pwrite(fd, b, n, 0) == (ssize_t)n, "write %s", name);
+	fstat(fd, &st);
+	close(fd);
+	free(b);
+	return st;
+}
+
+/* Does name hold n bytes of c, then (where m) m bytes of d at off? */
+static bool holds(const char *name, char c, size_t n, off_t off, char d, size_t m)
+{
+	char *b = malloc(n + 1);
+	int fd = openat(dirfd_, name, O_RDONLY);
+	bool ok = fd >= 0 && pread(fd, b, n + 1, 0) == (ssize_t)n;
+
+	for (size_t i = 0; ok && i < n; i++)
+		ok = b[i] == ((off_t)i >= off && i < (size_t)off + m ? d : c);
+	if (fd >= 0)
+		close(fd);
+	free(b);
+	return ok;
+}
+
+/* Append intent r and, with d, delta d (bytes base) after it; synced. */
+static void intent(const struct jnl_redo *r, const struct jnl_delta *d, const void *base)
+{
+	struct jnl j;
+	uint64_t s;
+
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_redo_append(&j, r, &s) == 0, "intent append");
+	if (d)
+		CHECK(jnl_delta_append(&j, d, base, &s) == 0, "delta append");
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+}
+
+/*
+ * Commit intents (JNL_REDO): a new version copied over a file with two
+ * names, replayed after a copy cut short, then after a finished one (the
+ * same file); with a delta of that file after it, in order; torn, or with
+ * its version gone or of another size, or its file another one: passed
+ * over, the file untouched.
+ */
+static void test_redo(void)
+{
+	struct jnl_replay_stats st;
+	int rootfd = openat(dirfd_, ".", O_RDONLY | O_DIRECTORY);
+	struct stat fs_ = put("h", 'o', 20000), vs = put(".v1", 'N', 12000), a, b;
+
+	CHECK(linkat(dirfd_, "h", dirfd_, "h2", 0) == 0, "link");
+	struct jnl_redo r = { .dev = fs_.st_dev, .ino = fs_.st_ino, .path = "h",
+			      .version = ".v1", .vino = vs.st_ino, .size = 12000 };
+	/* a copy cut short: the first 5000 bytes new */
+	int fd = openat(dirfd_, "h", O_RDWR);
+	char half[5000];
+
+	memset(half, 'N', sizeof(half));
+	CHECK(pwrite(fd, half, sizeof(half), 0) == (ssize_t)sizeof(half), "half");
+	close(fd);
+	for (int pass = 0; pass < 2; pass++) {
+		intent(&r, NULL, NULL);
+		CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0, "replay");
+		CHECK(st.applied == 1, "intent %d: applied %lu skipped %lu failed %lu", pass,
+		      (unsigned long)st.applied, (unsigned long)st.skipped,
+		      (unsigned long)st.failed);
+		CHECK(holds("h2", 'N', 12000, 0, 0, 0), "the other name after intent %d", pass);
+		fstatat(dirfd_, "h", &a, 0);
+		fstatat(dirfd_, "h2", &b, 0);
+		CHECK(a.st_ino == fs_.st_ino && b.st_ino == fs_.st_ino, "not one inode");
+		CHECK(jsize() == 0, "not emptied");
+	}
+	/* an intent, then a delta of the file: in that order */
+	struct jnl_range dr = { 100, 50 };
+	char *m = malloc(12000);
+
+	memset(m, 'D', 12000);
+	put(".v1", 'P', 12000);
+	fstatat(dirfd_, ".v1", &vs, 0);
+	r.vino = vs.st_ino;
+	struct jnl_delta d = { .dev = fs_.st_dev, .ino = fs_.st_ino, .size = 12000,
+			       .path = "h2", .r = &dr, .n = 1 };
+	intent(&r, &d, m);
+	CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0 && st.applied == 2,
+	      "intent and delta: applied %lu", (unsigned long)st.applied);
+	CHECK(holds("h", 'P', 12000, 100, 'D', 50), "the delta over the intent's version");
+	free(m);
+	/* torn: dropped, the file untouched */
+	put(".v1", 'Q', 12000);
+	fstatat(dirfd_, ".v1", &vs, 0);
+	r.vino = vs.st_ino;
+	intent(&r, NULL, NULL);
+	CHECK(truncate(JN, jsize() - 3) == 0, "truncate");
+	CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0 && st.torn &&
+	      st.records == 0, "a torn intent: records %lu", (unsigned long)st.records);
+	CHECK(holds("h", 'P', 12000, 100, 'D', 50), "a torn intent was applied");
+	/* its version of another size (not the one recorded), then gone */
+	r.size = 11000;
+	intent(&r, NULL, NULL);
+	CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0 && st.skipped == 1,
+	      "version of another size: skipped %lu", (unsigned long)st.skipped);
+	r.size = 12000;
+	unlinkat(dirfd_, ".v1", 0);
+	intent(&r, NULL, NULL);
+	CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0 && st.skipped == 1,
+	      "version gone: skipped %lu", (unsigned long)st.skipped);
+	CHECK(holds("h", 'P', 12000, 100, 'D', 50), "written without its version");
+	/* its file another one now (both names replaced) */
+	put(".v1", 'R', 12000);
+	fstatat(dirfd_, ".v1", &vs, 0);
+	r.vino = vs.st_ino;
+	unlinkat(dirfd_, "h", 0);
+	unlinkat(dirfd_, "h2", 0);
+	put("x", 'x', 10);	/* may take h's inode number */
+	put("h", 'z', 10);
+	intent(&r, NULL, NULL);
+	CHECK(jnl_replay(dirfd_, JN, apply_any, &rootfd, &st) == 0, "replay");
+	fstatat(dirfd_, "h", &a, 0);
+	if (a.st_ino != fs_.st_ino)
+		CHECK(st.skipped == 1 && holds("h", 'z', 10, 0, 0, 0), "another file written");
+	/* a payload that does not parse */
+	{
+		char why[64];
+
+		CHECK(jnl_redo_apply(rootfd, "xx", 2, why, sizeof(why)) == -EINVAL, "parse");
+	}
+	unlinkat(dirfd_, ".v1", 0);
+	unlinkat(dirfd_, "h", 0);
+	unlinkat(dirfd_, "x", 0);
+	close(rootfd);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/test_journal.XXXXXX";
@@ -328,6 +483,7 @@ int main(void)
 	test_retired();
 	test_stale_tail();
 	test_delta();
+	test_redo();
 	unlinkat(dirfd_, JN, 0);
 	unlinkat(dirfd_, "f", 0);
 	unlinkat(dirfd_, "g", 0);
