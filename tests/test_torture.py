@@ -8,7 +8,7 @@ expected vs found, the last operations) is the test's failure message, and
 the command that replays it is in it.
 
 Environment
-  TIERFS_TORTURE_SECONDS  seconds per daemon run (default 40)
+  TIERFS_TORTURE_SECONDS  seconds per daemon run (default 25)
   TIERFS_TORTURE_RATE     MiB/s written + read per run (default 64: at most
                           ~2.5 GiB a run; 0: as fast as it goes)
   TIERFS_TORTURE_SEED     the seed (default 1; TIERFS_RANDOM_SEED=1: a random
@@ -31,7 +31,7 @@ import pytest
 import util
 
 HARNESS = os.path.join(util.TESTS_DIR, "torture.py")
-SECONDS = float(os.environ.get("TIERFS_TORTURE_SECONDS", "40"))
+SECONDS = float(os.environ.get("TIERFS_TORTURE_SECONDS", "25"))
 RATE = os.environ.get("TIERFS_TORTURE_RATE", "64")
 LONG = os.environ.get("TIERFS_TORTURE_LONG", "") not in ("", "0")
 LONG_SECONDS = float(os.environ.get("TIERFS_TORTURE_LONG_SECONDS", "3600"))
