@@ -43,7 +43,7 @@ static bool wait_filled(struct engine *e, struct tfile *f)
 		if (!filling)
 			return waited;
 		waited = true;
-		pthread_cond_wait(&e->cond, &e->lock);
+		pthread_cond_wait(&e->settled, &e->lock);
 	}
 }
 
@@ -368,7 +368,6 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		e->client_bytes += s->bytes;
 		eng_read_done(e, f, (off_t)s->off, (size_t)s->len);
 	}
-	eng_wake(e);
 	eng_unlock(e);
 	s->cp = NULL;
 	return ret;
