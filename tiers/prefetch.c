@@ -6,8 +6,11 @@
  *
  * Owns: its thread and the prefetch statistics.  Holds e->lock except
  * while bytes move (under a lease) and while it calls tfile_ops; never
- * takes a tfile.lock.  Calls place.c (with an eviction context that
- * protects the files needed sooner) and ssd.c.
+ * takes a tfile.lock.  Idle, it waits on e->prefetch_work (the restore
+ * queue changed, prefetching started, room may be made); the end of each
+ * fill broadcasts e->settled (readers waiting for it) and e->room.  Calls
+ * place.c (with an eviction context that protects the files needed
+ * sooner) and ssd.c.
  */
 #include <assert.h>
 #include <errno.h>

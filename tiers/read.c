@@ -26,7 +26,8 @@
 #include "gpu.h"
 
 /*
- * e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS).
+ * e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS),
+ * on e->settled, which the end of every fill broadcasts (prefetch.c).
  * Returns whether it waited: a read served after such a wait is counted
  * late, not a hit (it waited for the SSD, only less than a miss does).
  */
