@@ -359,11 +359,14 @@ int fs_fd_rel_path(int fd, char *rel, size_t len);
  * (records kept).  fs_journal_start
  * replays it and opens it for the mount's records; fs_journal_end closes it,
  * removed when every record is in its file.  The tfile_ops of the journal
- * flush (tfile.h).
+ * flush (tfile.h).  fs_journal_stats_put adds the "journal" member to the
+ * statistics object j has open (user.tierfs.stats).
  */
 int fs_journal_replay(int root_fd, char *msg, size_t len);
 int fs_journal_start(void);
 void fs_journal_end(void);
+struct json;
+void fs_journal_stats_put(struct json *j);
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
 		     uint64_t size, uint64_t *seq);
 int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,

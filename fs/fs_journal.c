@@ -4,8 +4,9 @@
  * tfile_ops' journal_delta, journal_apply, journal_retire, called by the
  * engine's journal flush, tiers/flush.c), the commit intents of new
  * versions copied over hard-linked files (fs_journal_intent, called by
- * fs_version.c), the one replay at start-up and by `tierfs --recover`, and
- * the journal's removal at a clean exit.
+ * fs_version.c), the one replay at start-up and by `tierfs --recover`, the
+ * journal's removal at a clean exit, and its counts in the statistics
+ * (user.tierfs.stats' "journal", read by fs_xattr.c).
  *
  * BACKING/.tierfs.journal holds the records of changes that were made
  * durable there and may not be in their files yet.  A record names its
@@ -45,6 +46,7 @@
 #include <unistd.h>
 #include <linux/openat2.h>
 
+#include "../common/json.h"
 #include "fs.h"
 #include "fs_persist.h"
 #include "journal.h"
@@ -52,6 +54,7 @@
 #define JOURNAL_NAME	FS_HIDDEN_PREFIX ".journal"
 
 static struct jnl jnl = { .fd = -1 };
+static uint64_t replayed;	/* live records applied by the last replay */
 
 static struct fs_inode *in_of(struct tfile *f)
 {
@@ -433,6 +436,7 @@ int fs_journal_replay(int root_fd, char *msg, size_t len)
 			 strerror(-ret));
 		return ret;
 	}
+	replayed = st.applied;
 	if (st.applied || st.skipped || st.failed || st.torn)
 		tlog(LOG_NOTICE, "journal: %" PRIu64 " change(s) made durable before the "
 		     "previous daemon's end applied, %" PRIu64 " passed over, %" PRIu64
@@ -487,4 +491,25 @@ void fs_journal_end(void)
 	else
 		tlog(LOG_WARNING, "%s/" JOURNAL_NAME " keeps changes not yet in their files: "
 		     "the next start or tierfs --recover applies them", fs.opts.backing);
+}
+
+/* See fs.h.  The journal's counts since the mount, and the records the
+ * mount's replay applied (made durable before the previous daemon's end). */
+void fs_journal_stats_put(struct json *j)
+{
+	struct jnl_counts c = { 0 };
+	bool on = jnl.fd >= 0;
+
+	if (on)
+		jnl_counts(&jnl, &c);
+	json_obj(j, "journal");
+	json_bool(j, "on", on);
+	json_u64(j, "records_appended", c.appends);
+	json_u64(j, "bytes_appended", c.bytes);
+	json_u64(j, "syncs", c.syncs);
+	json_u64(j, "records_retired", c.retires);
+	json_u64(j, "records_live", c.live);
+	json_u64(j, "resets", c.resets);
+	json_u64(j, "records_replayed", replayed);
+	json_close(j);
 }

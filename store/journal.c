@@ -1,6 +1,6 @@
 /*
  * journal.c - the journal of a backing directory (journal.h): appends,
- * group commit, retirement, and the one replay.
+ * group commit, retirement, their counts, and the one replay.
  *
  * The file is a sequence of records; each header says its type, its
  * sequence number (one more than the record before it), its payload's
@@ -219,6 +219,14 @@ uint64_t jnl_retire(struct jnl *j, uint64_t seq)
 	}
 	junlock(j);
 	return rs;
+}
+
+void jnl_counts(struct jnl *j, struct jnl_counts *c)
+{
+	jlock(j);
+	*c = (struct jnl_counts){ .appends = j->appends, .bytes = j->bytes, .syncs = j->syncs,
+				  .retires = j->retires, .live = j->live, .resets = j->resets };
+	junlock(j);
 }
 
 /* ---- replay -------------------------------------------------------------- */

@@ -101,6 +101,19 @@ int jnl_sync(struct jnl *j, uint64_t seq);
  */
 uint64_t jnl_retire(struct jnl *j, uint64_t seq);
 
+/* What a journal did since jnl_open (the statistics' "journal"). */
+struct jnl_counts {
+	uint64_t appends;		/* records appended (changes and their
+					 * JNL_RETIRE records) */
+	uint64_t bytes;			/* their bytes, headers included */
+	uint64_t syncs;			/* fdatasyncs, one per group commit */
+	uint64_t retires;		/* records retired */
+	uint64_t live;			/* records appended and not retired */
+	uint64_t resets;		/* times the file was emptied */
+};
+/* Copy j's counts into *c (under j's lock). */
+void jnl_counts(struct jnl *j, struct jnl_counts *c);
+
 /*
  * Read record seq back from the journal: its type and payload (*p,
  * malloc'ed, *len bytes).  0, -ENOENT where no record of that seq is

@@ -15,6 +15,7 @@ killed; TIERFS_FAULT=journal_apply_torn kills the daemon halfway through an
 apply.  Seeds are fixed and printed.
 """
 
+import json
 import os
 import random
 import shutil
@@ -157,6 +158,50 @@ def test_small_change_is_a_journal_record_then_applied_in_place(disk, mount, mon
     assert read(os.path.join(backing, "f")) == new
     assert os.stat(os.path.join(backing, "f")).st_ino == ino, "a new version was written"
     assert util.tierfs_internals(backing) == [], "a clean unmount leaves the journal"
+
+
+def jstats(m):
+    """The "journal" member of mount m's user.tierfs.stats."""
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["journal"]
+
+
+def test_the_counters_move_with_a_small_change(disk, mount):
+    """A small change acknowledged by fsync is one record appended and
+    synced, then retired once applied (one more record): user.tierfs.stats'
+    "journal" says so, and nothing is left live."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    old, new, changes = contents()
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    before = jstats(m)
+    assert before["on"] and before["records_replayed"] == 0, before
+    change(path, changes)
+    util.wait_until(lambda: jstats(m)["records_retired"] > before["records_retired"],
+                    "the record's retirement")
+    after = jstats(m)
+    assert after["records_appended"] == before["records_appended"] + 2, (before, after)
+    assert after["bytes_appended"] > before["bytes_appended"] + sum(len(b) for _, b in changes)
+    assert after["syncs"] > before["syncs"], (before, after)
+    assert after["records_retired"] == before["records_retired"] + 1, (before, after)
+    assert after["records_live"] == 0 and after["records_replayed"] == 0, after
+    m.umount()
+    assert read(os.path.join(backing, "f")) == new
+
+
+def test_the_next_mount_counts_the_records_it_replayed(disk, mount, monkeypatch):
+    """A record left live by a killed daemon is applied by the next mount,
+    which counts it in records_replayed (and starts its own counts at 0)."""
+    m, backing, old, new = journalled(disk, mount, monkeypatch)
+    assert jstats(m)["records_live"] == 1
+    m.kill(signal.SIGKILL)
+    m2 = mount(backing=backing, host_cache="64M", dedup="off")
+    st = jstats(m2)
+    assert st["records_replayed"] == 1 and st["records_live"] == 0, st
+    assert st["records_appended"] == 0, st
+    util.assert_same(read(os.path.join(m2.mnt, "f")), new, "f after the replay")
+    m2.umount()
 
 
 def same_names(root, names, want, what):

@@ -224,7 +224,7 @@ static void dd_close_later(struct engine *e, int fd)
 		e->dd.close[e->dd.nclose++] = fd;
 	else
 		close(fd);	/* no memory: rather a slow close than a leak */
-	pthread_cond_broadcast(&e->cond);
+	eng_flush_work(e);	/* a flusher closes it */
 }
 
 /* e->lock held: s's chunks may not be cloned any more; its fd is closed

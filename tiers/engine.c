@@ -52,7 +52,7 @@ static void gpu_decided(struct engine *e)
 {
 	eng_lock(e);
 	e->gpu_decided = true;
-	pthread_cond_broadcast(&e->cond);
+	pthread_cond_broadcast(&e->gpu_built);
 	eng_unlock(e);
 }
 
@@ -93,7 +93,7 @@ static void *gbuilder_main(void *arg)
 		ok = true;
 	}
 	e->gpu_decided = true;
-	pthread_cond_broadcast(&e->cond);
+	pthread_cond_broadcast(&e->gpu_built);
 	eng_unlock(e);
 	if (!ok) {
 		gpu_tier_destroy(g);
@@ -116,7 +116,10 @@ static void stop_threads(struct engine *e)
 	eng_lock(e);
 	/* atomic: the toucher reads it without the lock (host.c) */
 	__atomic_store_n(&e->stop, true, __ATOMIC_RELAXED);
-	eng_wake(e);
+	pthread_cond_broadcast(&e->gpu_built);
+	eng_flush_work(e);
+	eng_cascade_work(e);
+	eng_prefetch_work(e);
 	eng_unlock(e);
 	if (e->gbuilder_started)
 		pthread_join(e->gbuilder, NULL);
@@ -156,9 +159,14 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	if (!e->cfg.policy)
 		e->cfg.policy = &evict_fifo;
 	pthread_mutex_init(&e->lock, NULL);
-	pthread_cond_init(&e->cond, NULL);
-	pthread_cond_init(&e->events, NULL);
+	pthread_cond_init(&e->unpinned, NULL);
+	pthread_cond_init(&e->settled, NULL);
+	pthread_cond_init(&e->room, NULL);
 	pthread_cond_init(&e->flushed, NULL);
+	pthread_cond_init(&e->gpu_built, NULL);
+	pthread_cond_init(&e->flush_work, NULL);
+	pthread_cond_init(&e->cascade_work, NULL);
+	pthread_cond_init(&e->prefetch_work, NULL);
 	e->flush_bw = 1e9;
 
 	uint64_t size = tier_round(cfg->host_cache);
@@ -356,7 +364,7 @@ bool engine_wait_gpu(struct engine *e, double max_s)
 		return false;	/* no GPU tier was asked for */
 	eng_lock(e);
 	while (!e->gpu && !e->gpu_decided && !e->stop && tier_now() < until)
-		cond_wait_ms(e, 50);
+		wait_ms(e, &e->gpu_built, 50);
 	has = e->gpu != NULL;
 	eng_unlock(e);
 	return has;
@@ -395,7 +403,7 @@ void tfile_unlinked(struct tfile *f)
 	 * the next file of that name, as entries written before it do */
 	eng_hint_unbind_file(e, f);
 	eng_hint_head_update(e);
-	eng_wake(e);
+	eng_room(e);		/* nothing of it is promoted now */
 	eng_flushed(e);
 	eng_unlock(e);
 }

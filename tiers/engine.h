@@ -6,7 +6,9 @@
  * and gives the engine a struct tfile_ops that creates and commits
  * versions of the backing file.  The engine owns the caches, the flush
  * queues, the flusher and prefetcher threads and the restore queue.  Its
- * rooms are listed in engine_int.h; its locks in lockorder.h.
+ * rooms are listed in engine_int.h, with its condition variables (one per
+ * event: what broadcasts each, and every wait on it with its predicate);
+ * its locks in lockorder.h.
  */
 #ifndef TIERFS_ENGINE_H
 #define TIERFS_ENGINE_H

@@ -27,16 +27,61 @@
  * engine below it and every cache's table, every copy and every tfile field
  * marked "protected by eng->lock".  It is held for bookkeeping only; bytes
  * move with it dropped, under a lease on the copies involved (below).
- * e->cond is signalled on any state change a waiter may be waiting for.
- * Waiters that do not wait for a lease to end sleep on e->events instead:
- * the background threads (flushers, cascade, prefetcher) when they have
- * nothing to do.  fsync waits for its flush on e->flushed, which only the
- * end of a flush and a removal signal (eng_flushed()).  eng_wake() signals
- * e->cond and e->events, a lease's end (every cached write and read) only e->cond: waking
- * them all for each request cost about eight futex calls and as many
- * context switches per 4 KiB write, and most of a metadata workload's
- * (bench/RESULTS.md, 8b).  Their waits are timed: a change they are not
- * woken for is seen within 50-1100 ms.
+ *
+ * Waits: one condition variable (with e->lock) per event, as Redis's bio.c
+ * gives each job its own; a waiter sleeps on the one of the event it needs
+ * and is woken by nothing else, so a request's end (a lease's) wakes only
+ * who waits for that copy's pins.  Waking every waiter for every lease cost
+ * about eight futex calls and as many context switches per 4 KiB write, and
+ * most of a metadata workload's (bench/RESULTS.md, 8b).  Each wait below
+ * re-checks its predicate in a loop; every change that can make the
+ * predicate true broadcasts its condition variable (helper in brackets),
+ * under e->lock:
+ *
+ *   unpinned  a copy's pins, spans or readers fell to 0 (lease_release,
+ *             copy_unlease).  Waits: wait_unpinned() (pins == 0: before a
+ *             copy is freed, eng_drop_copy, install_copy); drop_slower()
+ *             (a slower copy's pins == 0); eng_writable_copy() while no
+ *             copy of the file is flushing or filled but one is lent to a
+ *             client span or a zero-copy reply (spans == readers == 0).
+ *   settled   a transfer of a copy ended [eng_settled]: its flush or GPU ->
+ *             host cascade (flushing cleared: flush.c), or a prefetch's
+ *             fill (READ_IN_PROGRESS left, to READ_COMPLETE/CONSUMED or
+ *             INIT: prefetch.c).  Waits: wait_filled() (no copy of the
+ *             file READ_IN_PROGRESS: read.c); start_shadow() (the newest
+ *             copy not flushing); eng_writable_copy() while a copy is
+ *             flushing or filled (copies_busy).
+ *   room      room may be made in a cache [eng_room]: a fragment was freed
+ *             (a copy dropped, evicted, or placed and given back), or a copy
+ *             may have become evictable (its last lease ended, its flush or
+ *             cascade ended, it was consumed, discarded, or its file left
+ *             the restore queue), or prefetch distances moved (the queue's
+ *             head: what eviction protects).  Waits: eng_alloc_wait()
+ *             (cache_place, or the policy's window evictable), at most
+ *             20 ms at a time: a copy's estimated wait also shrinks with
+ *             time.  The prefetcher, which stops when the caches are full
+ *             of what is needed sooner, is woken too (prefetch_work).
+ *   flushed   a flush ended (committed, journalled or failed) or a file was
+ *             removed [eng_flushed].  Waits: tfile_fsync_data() (the file's
+ *             generation durable, an error, or the file gone), at most
+ *             100 ms at a time.
+ *   gpu_built the GPU builder ended, with a tier or without (gpu_decided),
+ *             or the engine stops.  Waits: engine_wait_gpu().
+ *   flush_work  work for the SSD flushers [eng_flush_work]: a file joined
+ *             the flush queue, the head of the aging queue changed, a
+ *             writer waits for room (aged flushes are due at once), a file
+ *             reference or a retired version's descriptor waits for them
+ *             (e->reap, dd close list), the engine stops.  Waits: the
+ *             flushers' idle wait, timed by the next due time (aging,
+ *             retries).
+ *   cascade_work  a file joined the GPU -> host queue, or the engine stops
+ *             [eng_cascade_work].  Waits: the cascade thread's idle wait
+ *             (50 ms at most: a failed copy's retry time).
+ *   prefetch_work  the restore queue changed (entries appended, bound to
+ *             their file, consumed, dropped: eng_hint_head_update),
+ *             prefetching was started, room may be made (eng_room), the
+ *             engine stops [eng_prefetch_work].  Waits: the prefetcher's
+ *             idle wait (50 ms at most: a failed prefetch's file).
  */
 #ifndef TIERFS_ENGINE_INT_H
 #define TIERFS_ENGINE_INT_H
@@ -67,9 +112,16 @@ struct engine {
 	pthread_mutex_t lock;		/* guards all below; rank LR_ENGINE
 					 * (lockorder.h): taken after tfile.lock
 					 * and fs.lock, never before them */
-	pthread_cond_t cond;		/* any state change */
-	pthread_cond_t events;		/* changes other than a lease's end */
+	/* one condition variable per event (the table above says which
+	 * changes broadcast each and who waits on it) */
+	pthread_cond_t unpinned;	/* a copy's pins, spans or readers fell to 0 */
+	pthread_cond_t settled;		/* a copy's flush, cascade or fill ended */
+	pthread_cond_t room;		/* a cache may have room */
 	pthread_cond_t flushed;		/* a flush ended, a file was removed */
+	pthread_cond_t gpu_built;	/* the GPU builder ended; stop */
+	pthread_cond_t flush_work;	/* for the SSD flushers */
+	pthread_cond_t cascade_work;	/* for the GPU -> host cascade */
+	pthread_cond_t prefetch_work;	/* for the prefetcher */
 	struct engine_config cfg;
 	struct cache host;		/* host cache tier */
 	void *host_buf;			/* its mmap'ed buffer */
@@ -218,8 +270,9 @@ static inline void tfile_unlock(struct tfile *f)
  * last lease); its fragment keeps its place and size.  Its state and the
  * file's copy pointers may still change, so after the lease the holder
  * looks at the file again before it trusts what it decided before.
- * Leases are taken and released with e->lock held; a release wakes
- * e->cond (threads wait for pins to drop).
+ * Leases are taken and released with e->lock held; a release that leaves
+ * a copy unpinned wakes e->unpinned (threads wait for pins to drop) and
+ * e->room (an unpinned copy may be evicted).
  *
  * A transfer:   lease_begin(e, &l, a, b);  ...copy...;  lease_end(e, &l);
  * A lease that outlives one request (a zero-copy read reply, a client
@@ -237,11 +290,18 @@ static inline void copy_lease(struct copy *cp)
 	cp->pins++;
 }
 
+static inline void eng_room(struct engine *e);
+
+/* The end of a lease that outlives a request: a client span's or a
+ * zero-copy reply's (the caller counts spans or readers down first);
+ * writers wait for those to end (copies_busy, write.c). */
 static inline void copy_unlease(struct engine *e, struct copy *cp)
 {
 	assert(cp->pins > 0);
 	cp->pins--;
-	pthread_cond_broadcast(&e->cond);
+	pthread_cond_broadcast(&e->unpinned);
+	if (!cp->pins)
+		eng_room(e);
 }
 
 /* e->lock held: add cp (NULL: nothing) to lease l. */
@@ -254,16 +314,23 @@ static inline void lease_take(struct lease *l, struct copy *cp)
 	l->cp[l->n++] = cp;
 }
 
-/* e->lock held: release every copy of l. */
+/* e->lock held: release every copy of l; wake who waits for one of them
+ * to be unpinned. */
 static inline void lease_release(struct engine *e, struct lease *l)
 {
+	bool freed = false;
+
 	while (l->n > 0) {
 		struct copy *cp = l->cp[--l->n];
 
 		assert(cp->pins > 0);
-		cp->pins--;
+		if (--cp->pins == 0)
+			freed = true;
 	}
-	pthread_cond_broadcast(&e->cond);
+	if (freed) {
+		pthread_cond_broadcast(&e->unpinned);
+		eng_room(e);
+	}
 }
 
 /* e->lock held: lease a and b (either may be NULL), then drop e->lock. */
@@ -314,22 +381,42 @@ static inline void wait_ms(struct engine *e, pthread_cond_t *cond, long ms)
 	pthread_cond_timedwait(cond, &e->lock, &ts);
 }
 
-/* Wait on e->cond for at most ms milliseconds.  e->lock held. */
-static inline void cond_wait_ms(struct engine *e, long ms)
-{
-	wait_ms(e, &e->cond, ms);
-}
+/* ---- events (the table atop this file) ------------------------------- */
 
-/* Wait for eng_wake() (not for a lease's end), at most ms. */
-static inline void events_wait_ms(struct engine *e, long ms)
-{
-	wait_ms(e, &e->events, ms);
-}
-
-/* A flush ended or a file was removed: wake fsync (and everybody). */
+/* A flush ended or a file was removed: wake fsync. */
 static inline void eng_flushed(struct engine *e)
 {
 	pthread_cond_broadcast(&e->flushed);
+}
+
+/* A flush, cascade or prefetch fill of a copy ended. */
+static inline void eng_settled(struct engine *e)
+{
+	pthread_cond_broadcast(&e->settled);
+}
+
+/* Work for the SSD flushers, the GPU -> host cascade, the prefetcher. */
+static inline void eng_flush_work(struct engine *e)
+{
+	pthread_cond_broadcast(&e->flush_work);
+}
+
+static inline void eng_cascade_work(struct engine *e)
+{
+	pthread_cond_broadcast(&e->cascade_work);
+}
+
+static inline void eng_prefetch_work(struct engine *e)
+{
+	pthread_cond_broadcast(&e->prefetch_work);
+}
+
+/* Room may be made in a cache: wake writers waiting for it
+ * (eng_alloc_wait) and the prefetcher. */
+static inline void eng_room(struct engine *e)
+{
+	pthread_cond_broadcast(&e->room);
+	eng_prefetch_work(e);
 }
 
 /*
@@ -351,12 +438,6 @@ static inline void eng_delay_at(struct engine *e, const char *point)
 		eng_lock(e);
 }
 
-/* Wake every waiter: e->cond's and e->events'. */
-static inline void eng_wake(struct engine *e)
-{
-	pthread_cond_broadcast(&e->cond);
-	pthread_cond_broadcast(&e->events);
-}
 
 static inline const char *fname(struct tfile *f, char *buf, size_t len)
 {
@@ -381,7 +462,7 @@ static inline uint64_t copy_cap(struct copy *cp)
 static inline void wait_unpinned(struct engine *e, struct copy *cp)
 {
 	while (cp->pins)
-		pthread_cond_wait(&e->cond, &e->lock);
+		pthread_cond_wait(&e->unpinned, &e->lock);
 }
 
 /* Flush backlog accounting, idempotent per copy.  e->lock held. */

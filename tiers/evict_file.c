@@ -53,7 +53,7 @@ int engine_evict_file(struct engine *e, struct tfile *f)
 	if (busy && f->aging)
 		eng_queue_flush(e, f, false);	/* asked for: its age is over */
 	if (dropped)
-		eng_wake(e);	/* room: writers and the background threads */
+		eng_room(e);	/* writers and the prefetcher */
 	eng_unlock(e);
 	return busy ? -EBUSY : 0;
 }

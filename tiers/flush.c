@@ -1,7 +1,7 @@
 /*
  * flush.c - the two flush queues and their threads (a queue and its
- * threads per job, as Redis's bio.c; their idle waits are on e->events,
- * woken by eng_wake(), not by every lease's end):
+ * threads per job, as Redis's bio.c; each waits, when idle, on its own
+ * condition variable: e->flush_work, e->cascade_work):
  *  - the SSD flush queue (e->q_head), and the aging queue (e->aq_head)
  *    where small files wait cfg.flush_age_ms after their close before
  *    they join it (eng_queue_flush_aged): flushers write a file's newest
@@ -104,7 +104,7 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 		e->q_tail->fq_next = f;
 		e->q_tail = f;
 	}
-	eng_wake(e);
+	eng_flush_work(e);
 }
 
 /*
@@ -140,7 +140,7 @@ void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len)
 	e->aq_tail = f;
 	e->aq_len++;
 	if (e->aq_head == f)	/* else the flushers wait for an earlier one */
-		eng_wake(e);
+		eng_flush_work(e);
 }
 
 void engine_flush_now(struct engine *e, struct tfile *f)
@@ -170,7 +170,7 @@ static void queue_gpu_flush(struct engine *e, struct tfile *f)
 	else
 		e->gq_head = f;
 	e->gq_tail = f;
-	eng_wake(e);
+	eng_cascade_work(e);
 }
 
 /* Mark the newest copy complete and queue it for flushing. */
@@ -468,7 +468,7 @@ out_small:
 		eng_dd_done(e, f, &dd, false, len);
 		e->fl_total_s += tier_now() - t0;
 		eng_queue_flush(e, f, false);
-		eng_wake(e);
+		eng_settled(e);		/* not flushing (still complete: no room) */
 		eng_flushed(e);
 		return 0;
 	}
@@ -532,7 +532,8 @@ out:
 		f->retry_at = tier_now() + FLUSH_RETRY_S;
 		eng_queue_flush(e, f, false);
 	}
-	eng_wake(e);
+	eng_settled(e);
+	eng_room(e);		/* cp is FLUSHED (evictable) when it went well */
 	eng_flushed(e);
 	eng_dd_index(e, &dd);	/* after the fsync waiters were woken */
 	return ret;
@@ -650,7 +651,7 @@ void *eng_flusher_main(void *arg)
 
 				ms = left < 1 ? 1 : left < ms ? (int)left : ms;
 			}
-			events_wait_ms(e, ms);
+			wait_ms(e, &e->flush_work, ms);
 			continue;
 		}
 		f->queued = false;
@@ -711,6 +712,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	}
 	if (!ret && (f->copy[hi] || f->unlinked)) {	/* changed while we waited */
 		cache_release(&e->host, hcp);
+		eng_room(e);
 		ret = -EEXIST;
 	}
 	if (ret) {
@@ -727,7 +729,7 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			eng_queue_flush(e, f, false);
 		else if (ret != -EEXIST)
 			flush_one(e, ring, f);
-		eng_wake(e);
+		eng_settled(e);
 		return;
 	}
 	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
@@ -756,7 +758,8 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		tier_set_state(&hcp->state, TS_INIT);
 		cache_release(&e->host, hcp);
 		free(hcp);
-		eng_wake(e);
+		eng_settled(e);
+		eng_room(e);
 		return;
 	}
 	if (ret) {
@@ -764,7 +767,8 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		cache_release(&e->host, hcp);
 		free(hcp);
 		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
-		eng_wake(e);
+		eng_settled(e);
+		eng_room(e);
 		return;
 	}
 	hcp->len = len;
@@ -779,7 +783,8 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	e->bytes_to_host += len;
 	e->to_host_s += t0;
 	eng_queue_flush_aged(e, f, len);
-	eng_wake(e);
+	eng_settled(e);
+	eng_room(e);		/* cp is FLUSHED (evictable) */
 }
 
 void *eng_gflusher_main(void *arg)
@@ -799,7 +804,7 @@ void *eng_gflusher_main(void *arg)
 		if (!f) {
 			if (e->stop && !e->gq_head)
 				break;
-			events_wait_ms(e, 50);
+			wait_ms(e, &e->cascade_work, 50);
 			continue;
 		}
 		f->gqueued = false;

@@ -319,11 +319,13 @@ static void dir_unlink(struct engine *e, struct hint *h)
 
 /* ---- the queue ----------------------------------------------------------- */
 
-/* e->lock held: the queue's head moved or an entry went; keep tickets. */
+/* e->lock held: the queue's head moved or an entry went; keep tickets.
+ * Prefetch distances moved (eviction protects by them): eng_room(), which
+ * wakes the prefetcher too. */
 void eng_hint_head_update(struct engine *e)
 {
 	e->hint_head = e->hq_head ? e->hq_head->seq : e->hint_next;
-	eng_wake(e);
+	eng_room(e);
 }
 
 /*
@@ -376,7 +378,7 @@ static void hint_unpin(struct engine *e, struct tfile *f)
 		if (cp->state == TS_READ_COMPLETE)
 			tier_set_state(&cp->state, TS_CONSUMED);
 	}
-	eng_wake(e);		/* writers waiting for room */
+	eng_room(e);		/* they may be evicted now */
 }
 
 /* e->lock held: h leaves the queue unconsumed (cleared, its directory
@@ -549,7 +551,7 @@ void engine_hint_bind(struct engine *e, uint64_t dir, const char *name,
 		file_link(f, h);
 		f->ops->get(f);
 	}
-	eng_wake(e);
+	eng_prefetch_work(e);	/* entries with a file now */
 out:
 	eng_unlock(e);
 }
@@ -620,7 +622,7 @@ void engine_prefetch_set(struct engine *e, bool on)
 {
 	eng_lock(e);
 	e->prefetch_on = on;
-	eng_wake(e);
+	eng_prefetch_work(e);
 	eng_unlock(e);
 }
 
@@ -654,6 +656,7 @@ void eng_consume(struct engine *e, struct tfile *f)
 			tier_set_state(&cp->state, TS_CONSUMED);
 		cp->promoted = false;
 	}
+	eng_room(e);		/* they may be evicted now */
 	f->read_ticket = 0;
 	f->consumed_open = true;
 	if (!f->hint_first)

@@ -6,9 +6,10 @@
  * evictable, how soon its file is read again), eng_alloc_wait() (decide,
  * evict, wait for flushes), the copy <-> file references (eng_attach_copy,
  * eng_copy_evicted, eng_defer_put) and dropping stale copies.  Everything
- * here runs with e->lock held; eng_alloc_wait() drops it only inside
- * cond_wait_ms().  Calls cache.c, evict.c (through c->policy) and
- * gpu_tier.c; takes no other lock.
+ * here runs with e->lock held; eng_alloc_wait() drops it only while it
+ * waits on e->room, eng_drop_copy() while it waits on e->unpinned.  Calls
+ * cache.c, evict.c (through c->policy) and gpu_tier.c; takes no other
+ * lock.
  */
 #include <assert.h>
 #include <errno.h>
@@ -201,7 +202,7 @@ void eng_defer_put(struct engine *e, struct tfile *f)
 		e->reapcap = n;
 	}
 	e->reap[e->nreap++] = f;
-	eng_wake(e);
+	eng_flush_work(e);	/* the flushers put() it */
 }
 
 /*
@@ -426,7 +427,8 @@ static bool window_ready(struct engine *e, struct frag *first, struct frag *last
 /*
  * Evict the window [first, last], every copy in it evictable and unpinned,
  * to make room for cp: counted in the cache's statistics (a copy still in
- * the restore queue also logged).  Returns the gap it leaves.
+ * the restore queue also logged).  Returns the gap it leaves; what cp does
+ * not take of it is room for the others who wait (eng_room).
  */
 static struct frag *evict_now(struct engine *e, struct cache *c, struct frag *first,
 			      struct frag *last, struct copy *cp)
@@ -448,6 +450,7 @@ static struct frag *evict_now(struct engine *e, struct cache *c, struct frag *fi
 		if (fr == last)
 			break;
 	}
+	eng_room(e);
 	return cache_evict_window(c, first, last, eng_copy_evicted);
 }
 
@@ -673,8 +676,8 @@ int eng_alloc_wait(struct engine *e, struct cache *c, struct copy *cp,
 		waits++;
 		e->room_waiters++;	/* aging flushes are due now */
 		if (e->aq_head)
-			eng_wake(e);
-		cond_wait_ms(e, 20);
+			eng_flush_work(e);
+		wait_ms(e, &e->room, 20);
 		e->room_waiters--;
 	}
 }
@@ -707,7 +710,7 @@ void eng_drop_copy(struct engine *e, struct tfile *f, int i)
 	wait_unpinned(e, cp);
 	cache_release(cp->cache, cp);
 	eng_copy_evicted(cp);
-	eng_wake(e);
+	eng_room(e);
 }
 
 /* e->lock held: f's copy in tier i is stale (f is being written); free it. */

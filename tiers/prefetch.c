@@ -6,8 +6,11 @@
  *
  * Owns: its thread and the prefetch statistics.  Holds e->lock except
  * while bytes move (under a lease) and while it calls tfile_ops; never
- * takes a tfile.lock.  Calls place.c (with an eviction context that
- * protects the files needed sooner) and ssd.c.
+ * takes a tfile.lock.  Idle, it waits on e->prefetch_work (the restore
+ * queue changed, prefetching started, room may be made); the end of each
+ * fill broadcasts e->settled (readers waiting for it) and e->room.  Calls
+ * place.c (with an eviction context that protects the files needed
+ * sooner) and ssd.c.
  */
 #include <assert.h>
 #include <errno.h>
@@ -82,6 +85,7 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	if (f->copy[0] || f->dirty || f->copy[hi] != hcp) {	/* changed meanwhile */
 		lease_release(e, &l);
 		cache_release(g, gcp);
+		eng_room(e);
 		free(gcp);
 		return 0;
 	}
@@ -100,9 +104,9 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 			tlog(LOG_WARNING, "host -> GPU prefetch copy failed: %s", strerror(-ret));
 		if (f->copy[0] == gcp && gcp->state == TS_READ_IN_PROGRESS) {
 			tier_set_state(&gcp->state, TS_INIT);
+			eng_settled(e);		/* readers waiting for the fill */
 			eng_drop_copy(e, f, 0);
 		}
-		eng_wake(e);
 		return 0;
 	}
 	gcp->len = size;
@@ -118,7 +122,8 @@ static int promote_gpu_held(struct engine *e, struct tfile *f, uint64_t dist)
 	hcp->promoted = false;
 	e->files_to_gpu++;
 	e->bytes_to_gpu += size;
-	eng_wake(e);
+	eng_settled(e);		/* readers waiting for the fill */
+	eng_room(e);		/* hcp is CONSUMED (gcp too, unless promoted) */
 	return 1;
 }
 
@@ -163,6 +168,7 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (!ret && (fastest_copy(e, f) >= 0 || f->dirty || f->unlinked ||
 		     f->size != size)) {	/* a writer came first */
 		cache_release(c, cp);
+		eng_room(e);
 		ret = 1;
 	}
 	if (ret) {
@@ -200,9 +206,9 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		}
 		if (f->copy[hi] == cp && cp->state == TS_READ_IN_PROGRESS) {
 			tier_set_state(&cp->state, TS_INIT);
+			eng_settled(e);		/* readers waiting for the fill */
 			eng_drop_copy(e, f, hi);
 		}
-		eng_wake(e);
 		eng_unlock(e);
 		f->ops->put(f);
 		eng_lock(e);
@@ -217,7 +223,8 @@ static int prefetch_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		tier_set_state(&cp->state, TS_CONSUMED);
 	e->files_prefetched++;
 	e->bytes_prefetched += size;
-	eng_wake(e);
+	eng_settled(e);		/* readers waiting for the fill */
+	eng_room(e);		/* evictable if CONSUMED, or discarded meanwhile */
 	eng_unlock(e);
 	f->ops->put(f);
 	eng_lock(e);
@@ -280,7 +287,7 @@ void *eng_prefetcher_main(void *arg)
 		}
 		if (did)
 			continue;
-		events_wait_ms(e, 50);
+		wait_ms(e, &e->prefetch_work, 50);
 	}
 	eng_unlock(e);
 	ssd_ring_exit(&ring);

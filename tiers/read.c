@@ -26,7 +26,8 @@
 #include "gpu.h"
 
 /*
- * e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS).
+ * e->lock held: wait while a prefetch fills a copy of f (READ_IN_PROGRESS),
+ * on e->settled, which the end of every fill broadcasts (prefetch.c).
  * Returns whether it waited: a read served after such a wait is counted
  * late, not a hit (it waited for the SSD, only less than a miss does).
  */
@@ -43,7 +44,7 @@ static bool wait_filled(struct engine *e, struct tfile *f)
 		if (!filling)
 			return waited;
 		waited = true;
-		pthread_cond_wait(&e->cond, &e->lock);
+		pthread_cond_wait(&e->settled, &e->lock);
 	}
 }
 
@@ -368,7 +369,6 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok)
 		e->client_bytes += s->bytes;
 		eng_read_done(e, f, (off_t)s->off, (size_t)s->len);
 	}
-	eng_wake(e);
 	eng_unlock(e);
 	s->cp = NULL;
 	return ret;

@@ -48,15 +48,21 @@ static void touch_mtime(struct tfile *f)
  */
 static int start_shadow(struct engine *e, struct tfile *f)
 {
-	int ci = fastest_copy(e, f);
-	struct copy *cp = ci >= 0 ? f->copy[ci] : NULL;
+	struct copy *cp;
 	bool direct, inplace;
 	struct lease l;
 	char nb[256];
-	int fd, ret = 0;
+	int ci, fd, ret = 0;
 
-	while (cp && cp->flushing)
-		pthread_cond_wait(&e->cond, &e->lock);
+	/* f's newest copy, once no flush copies it out: looked up again after
+	 * each wait (a flushed copy may be evicted before this thread runs) */
+	for (;;) {
+		ci = fastest_copy(e, f);
+		cp = ci >= 0 ? f->copy[ci] : NULL;
+		if (!cp || !cp->flushing)
+			break;
+		pthread_cond_wait(&e->settled, &e->lock);
+	}
 	lease_begin(e, &l, cp, NULL);
 	eng_delay_at(NULL, "shadow_copy");
 	fd = f->ops->version_open(f, false, &direct, &inplace);
@@ -237,6 +243,20 @@ static bool copies_busy(struct engine *e, struct tfile *f)
 	return false;
 }
 
+/* e->lock held, copies_busy(e, f): what to wait for, the end of a transfer
+ * (a flush, cascade or fill) while one runs, else the end of a span or a
+ * zero-copy reply.  One at a time: each ends with its own broadcast. */
+static pthread_cond_t *copies_busy_cond(struct engine *e, struct tfile *f)
+{
+	for (int i = 0; i < e->ntiers; i++) {
+		struct copy *cp = f->copy[i];
+
+		if (cp && (cp->flushing || cp->state == TS_READ_IN_PROGRESS))
+			return &e->settled;
+	}
+	return &e->unpinned;
+}
+
 /* e->lock held: remember f's copies and lease them for a wait. */
 static void snap_pin(struct engine *e, struct tfile *f, struct copies_snap *s)
 {
@@ -282,7 +302,7 @@ static bool drop_slower(struct engine *e, struct tfile *f, int t)
 		if (!f->copy[i])
 			continue;
 		if (f->copy[i]->pins) {
-			pthread_cond_wait(&e->cond, &e->lock);
+			pthread_cond_wait(&e->unpinned, &e->lock);
 			return true;
 		}
 		eng_discard_copy(e, f, i);
@@ -338,13 +358,13 @@ static void install_copy(struct engine *e, struct tfile *f, int t, struct copy *
 		wait_unpinned(e, old);	/* readers of the old bytes */
 		cache_release(old->cache, old);
 		free(old);
+		eng_room(e);
 	} else {
 		eng_attach_copy(e, f, t, ncp);
 	}
 	for (int i = 0; i < e->ntiers; i++)
 		if (i != t && f->copy[i])
 			eng_discard_copy(e, f, i);
-	eng_wake(e);
 }
 
 /* What one step of eng_writable_copy() tells the next (or -errno). */
@@ -467,7 +487,7 @@ struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 		int t, st;
 
 		if (copies_busy(e, f)) {
-			pthread_cond_wait(&e->cond, &e->lock);
+			pthread_cond_wait(copies_busy_cond(e, f), &e->lock);
 			continue;
 		}
 		t = wc_target(e, f, cap, keep, host_only, &src);
@@ -592,7 +612,7 @@ static void copy_written(struct engine *e, struct tfile *f, struct copy *cp,
 	if (end > f->size)
 		f->size = end;
 	cp->last_use = ++e->tick;
-	eng_mark_modified(f);	/* lease_end() woke e->cond */
+	eng_mark_modified(f);
 }
 
 /* One write, f->lock held (taken and dropped by the caller). */
@@ -639,7 +659,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 				     "place %.0f us, copy %.0f us", len, cp->cache->name,
 				     (t1 - t0) * 1e6, (t2 - t1) * 1e6);
 			}
-			lease_end(e, &l);	/* wakes e->cond */
+			lease_end(e, &l);
 			copy_written(e, f, cp, end, (int)ret);
 			if (ret)
 				goto out;
@@ -1060,7 +1080,7 @@ int tfile_fsync_data(struct tfile *f)
 	f->retry_at = 0;
 	uint64_t errs = e->flush_errors;
 	if (!eng_flush_inline(e, f))
-		eng_wake(e);
+		eng_flush_work(e);	/* queued in front, and due now */
 	/* durable: in a new version, or in a journal record */
 	while (f->flushed_gen < target && f->journaled_gen < target && !f->unlinked) {
 		if (e->flush_errors != errs && f->flush_err) {

@@ -220,6 +220,22 @@ def dedup_line(stats):
     return line
 
 
+def journal_line(stats):
+    """Small changes made durable as journal records (-o journal_pct)."""
+    jn = sub(stats, "journal")
+    if not jn:
+        return None
+    if jn.get("on") is False:
+        return "journal   off"
+    line = ("journal   {} records / {} appended, {} syncs, {} retired, {} live").format(
+        count(jn.get("records_appended")), human(jn.get("bytes_appended")),
+        count(jn.get("syncs")), count(jn.get("records_retired")),
+        count(jn.get("records_live")))
+    if num(jn.get("records_replayed")):
+        line += ", {} replayed at mount".format(count(jn.get("records_replayed")))
+    return line
+
+
 def persist_line(stats):
     p = sub(stats, "persist")
     if not p:
@@ -339,6 +355,8 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
     if balance_line(stats):
         lines.append(balance_line(stats))
     lines += ["", ssd_line(stats), dedup_line(stats)]
+    if journal_line(stats):
+        lines.append(journal_line(stats))
     if persist_line(stats):
         lines.append(persist_line(stats))
     lines += [prefetch_line(stats), reads_line(stats)]
@@ -353,7 +371,9 @@ def render(mnt, stats, prev=None, dt=0.0, watch=False):
 COUNTERS = {"hits", "late", "misses", "evictions", "evicted_bytes", "evicted_queued",
             "bytes_to_host", "bytes_flushed", "files_flushed", "flush_errors",
             "bytes_written_through", "files_written_through", "files_prefetched",
-            "bytes_prefetched", "files_to_gpu", "bytes_to_gpu", "consumed"}
+            "bytes_prefetched", "files_to_gpu", "bytes_to_gpu", "consumed",
+            "records_appended", "bytes_appended", "syncs", "records_retired", "resets",
+            "records_replayed"}
 
 
 # "# HELP" text per section and key (tierfs-hints(7), STATISTICS); keys not
@@ -392,6 +412,16 @@ HELP = {
         "bytes_written_through": "Bytes written to the SSD directly (no cache room).",
         "files_written_through": "Files written to the SSD directly (no cache room).",
     },
+    "journal": {
+        "on": "1 while the journal of small changes (-o journal_pct) is open.",
+        "records_appended": "Journal records appended (changes and their retirements).",
+        "bytes_appended": "Bytes appended to the journal, record headers included.",
+        "syncs": "Journal fdatasyncs (group commits).",
+        "records_retired": "Journal records retired: their change is in its file.",
+        "records_live": "Journal records not retired yet.",
+        "resets": "Times the journal file was emptied.",
+        "records_replayed": "Journal records of the previous daemon applied at mount.",
+    },
     "prefetch": {
         "queue": "Entries in the restore queue.",
         "unbound": "Restore queue entries naming files that do not exist yet.",
@@ -427,7 +457,7 @@ def _value(v):
 def prometheus(mnt, stats):
     """The statistics in the Prometheus text exposition format (version
     0.0.4): tierfs_tier_KEY{mount,tier}, tierfs_ssd_KEY{mount},
-    tierfs_prefetch_KEY{mount}; counters end in _total; each family has a
+    tierfs_journal_KEY{mount}, tierfs_prefetch_KEY{mount}; counters end in _total; each family has a
     "# HELP" line, then its "# TYPE" line, then its samples.  Booleans are 0/1;
     prefetch's state is tierfs_prefetch_running; other strings are left
     out."""
@@ -447,7 +477,7 @@ def prometheus(mnt, stats):
     for tname, t in tiers_of(stats):
         for k, v in t.items():
             put("tier", k, dict(m, tier=tname), v)
-    for section in ("ssd", "prefetch"):
+    for section in ("ssd", "journal", "prefetch"):
         for k, v in sub(stats, section).items():
             put(section, k, m, v)
     state = sub(stats, "prefetch").get("state")
