@@ -847,7 +847,7 @@ static int v_sync_meta(struct tfile *f)
  *    is thrown away whole (block_write_end).  The file is either still
  *    empty (its previous version) or holds all of the new one.  A short
  *    write (an error) is truncated back to empty.
- *  - a crash of the machine before the fdatasync below: ext4 with
+ *  - a crash of the machine before the flusher's fdatasync: ext4 with
  *    data=ordered (its default) allocates the block and sets the on-disk
  *    size at writeback, in the transaction that the data is ordered
  *    before: the file is empty or complete, as with a rename.  (Without
@@ -861,13 +861,15 @@ static int v_sync_meta(struct tfile *f)
  *    a file capability in between.  Names do not matter here (the write
  *    is through the inode, not a name): a link or rename made meanwhile
  *    keeps the inode, and an unlink leaves a removed file's data.
- * The fd is synced as the flusher syncs a new version; the mtime is the
- * cached one; mode, owner and xattrs are the file's own already.
+ * The flusher settles the fd as a version written in place (its
+ * fdatasync, in flight with those of the other small files of its group)
+ * and commits it (v_commit with inplace: the cached mtime, the close, the
+ * persistent tier's note); mode, owner and xattrs are the file's own
+ * already.
  */
-static int v_small(struct tfile *f, const void *buf, uint64_t len)
+static int v_small(struct tfile *f, const void *buf, uint64_t len, int *fdp)
 {
 	struct fs_inode *in = in_of(f);
-	struct timespec tv[2] = { { 0, UTIME_OMIT }, tfile_mtime(&in->tf) };
 	struct stat st;
 	bool gone, d;
 	ssize_t n = 0;
@@ -914,17 +916,11 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len)
 			tlog(LOG_ERR, "inode %ju: a short write of its first version "
 			     "could not be undone: %s", (uintmax_t)st.st_ino, strerror(errno));
 	}
-	if (ret > 0 && (tv[1].tv_sec || tv[1].tv_nsec))
-		futimens(fd, tv);
 	fs_attrs_unlock(in);
-	if (ret > 0 && fdatasync(fd) < 0)
-		ret = -errno;
-	close(fd);
-	if (ret > 0 && fs_persist_on()) {
-		fs_ns_lock();
-		fs_persist_committed(in);	/* in order with renames */
-		fs_ns_unlock();
-	}
+	if (ret > 0)
+		*fdp = fd;	/* settled, then committed as in place (v_commit) */
+	else
+		close(fd);
 	return ret;
 }
 

@@ -145,6 +145,44 @@ def test_flush_request_on_a_directory_flushes_the_mount(mount):
         assert backing_bytes(m, n) == d, n
 
 
+def test_small_files_flushed_together_share_their_syncs(mount):
+    """Small files due at once are flushed in groups: a flusher writes a
+    group's versions, makes them durable together (one round of syncs
+    submitted at once, "ssd":"syncs" counts the rounds) and then commits
+    each.  First versions written in place (a page at most), new versions
+    renamed over an older one, and removed files are mixed; every file
+    holds its content in the backing directory, none is flushed twice."""
+    m = mount(flush_age=AGE)
+    n = 96
+    data = {}
+    for i in range(n // 2):          # older versions, flushed now
+        data[f"r{i}"] = os.urandom(3 * KiB + i)
+        util.write_file(os.path.join(m.mnt, f"r{i}"), data[f"r{i}"])
+    os.setxattr(m.mnt, "user.tierfs.flush", b"1")
+    before = settled(m, "files_flushed", n // 2)
+    for i in range(n // 2):          # rewritten: new versions, renamed
+        data[f"r{i}"] = os.urandom(2 * KiB + 97 * i)
+        util.write_file(os.path.join(m.mnt, f"r{i}"), data[f"r{i}"])
+    for i in range(n // 2):          # first versions, in place or not
+        data[f"s{i}"] = os.urandom(1 * KiB + 211 * i)
+        util.write_file(os.path.join(m.mnt, f"s{i}"), data[f"s{i}"])
+    for i in range(0, n // 2, 7):    # removed while they wait
+        os.unlink(os.path.join(m.mnt, f"s{i}"))
+        del data[f"s{i}"]
+    left = len(data)
+    assert settled(m, "flush_aging", n)["flush_aging"] == n    # the removed too
+    os.setxattr(m.mnt, "user.tierfs.flush", b"1")
+    st = settled(m, "files_flushed", before["files_flushed"] + left)
+    assert st["flush_aging"] == 0 and st["flush_errors"] == 0, st
+    rounds = st["syncs"] - before["syncs"]
+    assert 0 < rounds <= left // 8, (rounds, left, st)
+    for name, d in data.items():
+        assert backing_bytes(m, name) == d, name
+    m.umount()
+    for name, d in data.items():
+        assert backing_bytes(m, name) == d, name
+
+
 def test_flush_request_on_other_files_is_refused(mount):
     """Only regular files and directories take it (a FIFO: EINVAL);
     reading it says there is no such value."""

@@ -331,6 +331,41 @@ int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool sma
 }
 
 /*
+ * eng_settle_version() of the n versions fd[0..n) (inplace[i]: fd[i] is
+ * written in place) at once, res[i] each one's result: where the log is
+ * ordered, their writebacks started together and waited for; elsewhere
+ * their fdatasyncs in flight together through the ring (the file
+ * system's log commits them in one transaction or a few, where one at a
+ * time would be a commit and a disk cache flush each).
+ */
+void eng_settle_versions(struct engine *e, struct ssd_ring *ring, const int *fd,
+			 const bool *inplace, int *res, unsigned n)
+{
+	int sfd[n], sres[n];
+	bool ord[n];
+	unsigned ns = 0, i;
+
+	for (i = 0; i < n; i++) {
+		res[i] = 0;
+		ord[i] = !inplace[i] && ordered_here(e, fd[i]);
+		if (ord[i]) {
+			if (sync_file_range(fd[i], 0, 0, SYNC_FILE_RANGE_WRITE) < 0)
+				res[i] = -errno;
+		} else {
+			sfd[ns++] = fd[i];
+		}
+	}
+	if (ns)
+		ssd_fdatasync_many(ring, sfd, sres, ns);
+	for (i = 0, ns = 0; i < n; i++) {
+		if (!ord[i])
+			res[i] = sres[ns++];
+		else if (!res[i])
+			res[i] = wait_written(fd[i]);
+	}
+}
+
+/*
  * Make a version holding extents cloned from earlier versions (an
  * incremental or a de-duplicated flush) stable before its rename.  Where
  * the log is ordered (eng_settle_version), as a whole version is: the

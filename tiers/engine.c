@@ -683,6 +683,7 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_num(j, "sync", e->fl_sync_s, 6);
 	json_num(j, "commit", e->fl_commit_s, 6);
 	json_close(j);
+	json_u64(j, "syncs", __atomic_load_n(&e->fl_syncs, __ATOMIC_RELAXED));
 	json_close(j);
 
 	json_obj(j, "prefetch");

@@ -199,6 +199,8 @@ struct engine {
 	 * all of flush_one, of which in FICLONERANGE, in the version's
 	 * fsync/fdatasync, and in version_commit (rename, directory fsync) */
 	double fl_total_s, fl_clone_s, fl_sync_s, fl_commit_s;
+	uint64_t fl_syncs;		/* rounds of those syncs: one version's,
+					 * or a group's (flush_batch) */
 };
 
 /* One entry of the restore queue. */
@@ -628,6 +630,9 @@ int backing_write_sparse(struct ssd_ring *ring, int fd, struct copy *cp, uint64_
 int eng_settle_version(struct engine *e, struct ssd_ring *ring, int fd, bool small,
 		       bool inplace);
 int eng_settle_cloned(struct engine *e, int fd);
+/* eng_settle_version() of n versions at once (flush.c's groups). */
+void eng_settle_versions(struct engine *e, struct ssd_ring *ring, const int *fd,
+			 const bool *inplace, int *res, unsigned n);
 
 /* ---- prefetch.c, host.c ----------------------------------------------- */
 

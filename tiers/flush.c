@@ -195,10 +195,10 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front)
 }
 
 /* Write cp's len bytes into version fd (its holes left out:
- * backing_write_sparse), size it and settle it (its time added to *sync_s).
+ * backing_write_sparse) and size it; the settle is the caller's.
  * e->lock not held, cp leased. */
-static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp, int fd,
-		       uint64_t len, bool direct, bool small, bool inplace, double *sync_s)
+static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t len,
+		       bool direct, bool small, bool inplace)
 {
 	int ret;
 
@@ -219,12 +219,6 @@ static int flush_whole(struct engine *e, struct ssd_ring *ring, struct copy *cp,
 	if (!ret && !(small && !inplace && (!len || copy_ptr(cp)[len - 1])) &&
 	    ftruncate(fd, (off_t)len) < 0)
 		ret = -errno;
-	if (!ret) {
-		double t0 = tier_now();
-
-		ret = eng_settle_version(e, ring, fd, small, inplace);
-		*sync_s += tier_now() - t0;
-	}
 	return ret;
 }
 
@@ -367,127 +361,212 @@ static struct copy *newest_complete(struct engine *e, struct tfile *f)
 }
 
 /*
- * Flush f's newest copy to the SSD as a new version.  e->lock held
- * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
- * tier had no room for the cascade.
+ * A flush in its phases, for one file (flush_one) or a group of small ones
+ * (flush_batch): flush_start (e->lock held: the plan, the lease),
+ * flush_write (the version written, or the journal record, or the small
+ * first version in place), the settle of the version (eng_settle_version,
+ * or eng_settle_versions for a group), flush_commit (version_commit) and
+ * flush_end (e->lock taken again: the bookkeeping).
  */
-static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+struct fjob {
+	struct tfile *f;
+	struct copy *cp;		/* the copy written, leased (l) */
+	struct lease l;
+	uint64_t gen, len;		/* f's gen and cp's length at the start */
+	struct dd_flush dd;
+	struct jflush jf;
+	bool direct, inplace, small;
+	bool vsmall;			/* written in place by version_small */
+	bool settle;			/* fd is to be settled before its commit */
+	bool jonly;			/* journalled, the apply left to a flusher */
+	int fd;				/* the version to commit, or -1 */
+	int ret;
+	double t0, ts, tc;		/* start; seconds settling, committing */
+};
+
+/*
+ * e->lock held: start the flush of f's newest complete copy into j (cp
+ * flushing, leased; e->lock stays held).  false: nothing to do, or
+ * another flusher has it.
+ */
+static bool flush_start(struct engine *e, struct tfile *f, struct fjob *j)
 {
-	struct copy *cp = NULL;
-	char nb[256];
+	struct copy *cp;
 
 	eng_delay_at(e, "flush_start");
 	cp = newest_complete(e, f);
-	uint64_t gen, len;
-	bool direct, inplace, small;
-	struct dd_flush dd;
-	struct jflush jf;
-	bool jonly = false;		/* journalled, the apply left to a flusher */
-	struct lease l;
-	double t0, tc = 0, ts = 0;
-	int fd, ret;
-
 	if (!cp || !f->dirty || f->unlinked || cp->state != TS_WRITE_COMPLETE ||
 	    cp->flushing)
-		return 0;	/* nothing to do, or another flusher has it */
+		return false;
+	memset(j, 0, sizeof(*j));
+	j->f = f;
+	j->cp = cp;
+	j->fd = -1;
 	cp->flushing = true;
 	__atomic_store_n(&cp->flushed_bytes, 0, __ATOMIC_RELAXED);
 	cp->fl_next = e->fl_running;
 	e->fl_running = cp;
-	gen = f->gen;
-	len = cp->len;
-	eng_dd_plan(e, f, cp, len, &dd);	/* its version leaves the index */
-	journal_plan(e, f, cp, len, &jf);
+	j->gen = f->gen;
+	j->len = cp->len;
+	eng_dd_plan(e, f, cp, j->len, &j->dd);	/* its version leaves the index */
+	journal_plan(e, f, cp, j->len, &j->jf);
 	e->busy++;
-	lease_begin(e, &l, cp, NULL);
+	lease_take(&j->l, cp);
+	return true;
+}
+
+/*
+ * e->lock not held, j->cp leased: write j's version (j->fd, to be settled
+ * where j->settle, then committed), or its journal record, or the whole
+ * flush where nothing is left to commit (j->fd -1, j->ret its result).
+ * ring NULL: in an fsync's thread.
+ */
+static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
+{
+	struct tfile *f = j->f;
+	struct copy *cp = j->cp;
+	uint64_t len = j->len;
+	int fd, ret;
 
 	eng_delay_at(NULL, "flush_write");	/* under cp's lease */
-	t0 = tier_now();
-	if (jf.r) {
-		ret = journal_flush(e, f, cp, gen, len, &jf, !ring);
-		jonly = ret == 1;
+	j->t0 = tier_now();
+	if (j->jf.r) {
+		ret = journal_flush(e, f, cp, j->gen, len, &j->jf, !ring);
+		j->jonly = ret == 1;
 		if (ret != 2) {
 			if (!ret)
 				__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
-			goto out_small;
+			j->ret = ret;
+			return;
 		}
 	}
-	small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
-	if (small && f->ops->version_small) {
+	j->small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
+	if (j->small && f->ops->version_small) {
 		ret = eng_copy_bounds(cp, 0, len);
 		if (!ret)
-			ret = f->ops->version_small(f, copy_ptr(cp), len);
-		if (ret > 0)
+			ret = f->ops->version_small(f, copy_ptr(cp), len, &fd);
+		if (ret > 0) {
 			__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
-		if (ret)
-			goto out_small;
+			j->vsmall = j->inplace = j->settle = true;
+			j->fd = fd;
+			return;
+		}
+		if (ret) {
+			j->ret = ret;
+			return;
+		}
 	}
-	fd = f->ops->version_open(f, cp->cache->host_addressable && !small, &direct, &inplace);
+	fd = f->ops->version_open(f, cp->cache->host_addressable && !j->small, &j->direct,
+				  &j->inplace);
 	if (fd < 0) {
-		ret = fd;
-		goto out;
+		j->ret = fd;
+		return;
 	}
-	ret = eng_copy_bounds(cp, 0, direct ? tier_round(len) : len);
-	if (ret)
-		close(fd);
-	if (ret)
-		goto out;
-	ret = eng_dd_write(e, ring, f, cp, fd, direct, inplace, len, &dd);
-	if (ret == -EAGAIN)	/* not by dedup: the whole file */
-		ret = flush_whole(e, ring, cp, fd, len, direct, small, inplace, &ts);
+	ret = eng_copy_bounds(cp, 0, j->direct ? tier_round(len) : len);
+	if (!ret) {
+		ret = eng_dd_write(e, ring, f, cp, fd, j->direct, j->inplace, len, &j->dd);
+		if (ret == -EAGAIN) {	/* not by dedup: the whole file */
+			ret = flush_whole(ring, cp, fd, len, j->direct, j->small, j->inplace);
+			j->settle = true;
+		}
+	}
 	if (ret) {
 		close(fd);
-		goto out;
+		j->ret = ret;
+		return;
 	}
-	tc = tier_now();
-	if (jf.pending) {
+	j->fd = fd;
+}
+
+/* j's version settled alone (its time in j->ts); on failure it is dropped. */
+static void flush_settle(struct engine *e, struct ssd_ring *ring, struct fjob *j)
+{
+	double t0;
+
+	if (j->fd < 0 || !j->settle)
+		return;
+	t0 = tier_now();
+	j->ret = eng_settle_version(e, ring, j->fd, j->small, j->inplace);
+	j->ts += tier_now() - t0;
+	__atomic_add_fetch(&e->fl_syncs, 1, __ATOMIC_RELAXED);
+	if (j->ret) {
+		close(j->fd);
+		j->fd = -1;
+	}
+}
+
+/* e->lock not held: make j's settled version f's content (version_commit). */
+static void flush_commit(struct engine *e, struct fjob *j)
+{
+	struct tfile *f = j->f;
+	double t0;
+	int ret;
+
+	if (j->fd < 0)
+		return;
+	t0 = tier_now();
+	if (j->jf.pending && !j->vsmall) {
 		/* a journal record not applied yet: in the file and retired
 		 * first (journal_settle) */
-		ret = f->ops->journal_settle(f, jf.pending);
+		ret = f->ops->journal_settle(f, j->jf.pending);
 		if (ret) {
-			close(fd);
-			goto out;
+			close(j->fd);
+			j->fd = -1;
+			j->ret = ret;
+			return;
 		}
 		eng_lock(e);
-		if (f->jseq == jf.pending)
+		if (f->jseq == j->jf.pending)
 			f->jseq = 0;
 		eng_unlock(e);
 	}
-	ret = f->ops->version_commit(f, fd, inplace, false);
-	tc = tier_now() - tc;
-	if (!ret)
-		eng_dd_committed(f, len, &dd);
-out_small:
-	if (jonly) {
+	ret = f->ops->version_commit(f, j->fd, j->inplace, false);
+	j->fd = -1;
+	j->tc = tier_now() - t0;
+	if (!ret && !j->vsmall)
+		eng_dd_committed(f, j->len, &j->dd);
+	j->ret = ret;
+}
+
+/*
+ * e->lock not held: end j's flush (its lease, the file's state, the
+ * statistics, a retry after a failure).  Returns with e->lock held.
+ */
+static int flush_end(struct engine *e, struct fjob *j)
+{
+	struct tfile *f = j->f;
+	struct copy *cp = j->cp;
+	uint64_t gen = j->gen, len = j->len;
+	int ret = j->ret;
+	char nb[256];
+
+	if (j->jonly) {
 		/* journalled by an fsync: a flusher applies it */
-		free(jf.r);
-		lease_end(e, &l);
+		free(j->jf.r);
+		lease_end(e, &j->l);
 		e->busy--;
 		cp->flushing = false;
 		running_remove(e, cp);
-		eng_dd_done(e, f, &dd, false, len);
-		e->fl_total_s += tier_now() - t0;
+		eng_dd_done(e, f, &j->dd, false, len);
+		e->fl_total_s += tier_now() - j->t0;
 		eng_queue_flush(e, f, false);
 		eng_settled(e);		/* not flushing (still complete: no room) */
 		eng_flushed(e);
 		return 0;
 	}
-	if (ret > 0)
-		ret = 0;	/* version_small did it */
-out:
-	free(jf.r);
+	free(j->jf.r);
 	fname(f, nb, sizeof(nb));	/* not under e->lock: it takes fs locks */
-	lease_end(e, &l);
+	lease_end(e, &j->l);
 	e->busy--;
 	cp->flushing = false;
 	running_remove(e, cp);
-	eng_dd_done(e, f, &dd, ret == 0, len);
-	e->fl_total_s += tier_now() - t0;
-	e->fl_clone_s += dd.clone_s;
-	e->fl_sync_s += ts + dd.sync_s;
-	e->fl_commit_s += tc;
+	eng_dd_done(e, f, &j->dd, ret == 0, len);
+	e->fl_total_s += tier_now() - j->t0;
+	e->fl_clone_s += j->dd.clone_s;
+	e->fl_sync_s += j->ts + j->dd.sync_s;
+	e->fl_commit_s += j->tc;
 	if (ret == 0) {
-		double dt = tier_now() - t0;
+		double dt = tier_now() - j->t0;
 
 		if (len >= (1u << 20) && dt > 0)
 			e->flush_bw = e->flush_bw > 0 ?
@@ -535,8 +614,26 @@ out:
 	eng_settled(e);
 	eng_room(e);		/* cp is FLUSHED (evictable) when it went well */
 	eng_flushed(e);
-	eng_dd_index(e, &dd);	/* after the fsync waiters were woken */
+	eng_dd_index(e, &j->dd);	/* after the fsync waiters were woken */
 	return ret;
+}
+
+/*
+ * Flush f's newest copy to the SSD as a new version.  e->lock held
+ * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
+ * tier had no room for the cascade.
+ */
+static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	struct fjob j;
+
+	if (!flush_start(e, f, &j))
+		return 0;	/* nothing to do, or another flusher has it */
+	eng_unlock(e);
+	flush_write(e, ring, &j);
+	flush_settle(e, ring, &j);
+	flush_commit(e, &j);
+	return flush_end(e, &j);
 }
 
 /*
@@ -609,10 +706,127 @@ static struct tfile *pop_flush(struct engine *e)
 	return f;
 }
 
+/*
+ * Small files are flushed in groups (flush_batch): a flusher that takes a
+ * small file from the queues takes up to FLUSH_BATCH_FILES more that are
+ * due (FLUSH_BATCH_BYTES in all), writes all their versions, makes them
+ * durable together (eng_settle_versions: their syncs in flight at once,
+ * which the backing file system's log commits together: a tar extraction
+ * of thousands of small files pays a few log commits, not one a file),
+ * then commits each.  Each version is still durable before its rename.
+ */
+#define FLUSH_BATCH_FILES	64
+#define FLUSH_BATCH_BYTES	(4u << 20)
+
+/* e->lock held: is f's flush one for a group?  A small host copy, no
+ * -o dedup (whose flushes settle their own versions), no fsync waiting
+ * (its flush alone is sooner). */
+static bool batchable(struct engine *e, struct tfile *f)
+{
+	struct copy *cp = newest_complete(e, f);
+
+	return cp && !e->cfg.dedup && !f->flush_waiters && cp->cache->host_addressable &&
+	       cp->len <= FLUSH_BUFFERED_MAX;
+}
+
+/*
+ * e->lock held: unlink and return a due file of the queues for a group
+ * (batchable), or NULL: the first of the flush queue's first
+ * FLUSH_BATCH_FILES that is, else the aging queue's first when it is due
+ * (pop_flush's rule).
+ */
+static struct tfile *pop_small(struct engine *e)
+{
+	struct tfile *f, *prev = NULL;
+	int seen = 0;
+
+	for (f = e->q_head; f && seen < FLUSH_BATCH_FILES; prev = f, f = f->fq_next, seen++) {
+		if (!retry_due(f) || !batchable(e, f))
+			continue;
+		if (prev)
+			prev->fq_next = f->fq_next;
+		else
+			e->q_head = f->fq_next;
+		if (e->q_tail == f)
+			e->q_tail = prev;
+		f->fq_next = NULL;
+		return f;
+	}
+	f = e->aq_head;
+	if (!f || (f->due_at > tier_now() && !e->room_waiters && !e->stop) || !batchable(e, f))
+		return NULL;
+	aging_remove(e, f);
+	return f;
+}
+
+/*
+ * e->lock held (dropped meanwhile): flush first, a small file taken off
+ * the queues (its reference the caller's), with the due small files that
+ * pop_small gives, as a group; j: room for FLUSH_BATCH_FILES jobs.  The
+ * references of the others are dropped here.
+ */
+static void flush_batch(struct engine *e, struct ssd_ring *ring, struct tfile *first,
+			struct fjob *j)
+{
+	struct tfile *more[FLUSH_BATCH_FILES];
+	int fds[FLUSH_BATCH_FILES], res[FLUSH_BATCH_FILES];
+	bool inplace[FLUSH_BATCH_FILES];
+	unsigned n = 0, nmore = 0, ns = 0, i;
+	uint64_t bytes = 0;
+	struct tfile *f = first;
+	double t0 = 0;
+
+	do {
+		f->queued = false;
+		if (f != first)
+			more[nmore++] = f;
+		if (flush_start(e, f, &j[n]))
+			bytes += j[n++].len;
+	} while (n < FLUSH_BATCH_FILES && nmore < FLUSH_BATCH_FILES - 1 &&
+		 bytes < FLUSH_BATCH_BYTES && (f = pop_small(e)));
+	eng_unlock(e);
+	for (i = 0; i < n; i++) {
+		flush_write(e, ring, &j[i]);
+		if (j[i].fd >= 0 && j[i].settle) {
+			fds[ns] = j[i].fd;
+			inplace[ns++] = j[i].inplace;
+		}
+	}
+	if (ns) {
+		t0 = tier_now();
+		eng_settle_versions(e, ring, fds, inplace, res, ns);
+		t0 = (tier_now() - t0) / ns;	/* each one's share */
+		__atomic_add_fetch(&e->fl_syncs, 1, __ATOMIC_RELAXED);
+	}
+	for (i = 0, ns = 0; i < n; i++) {
+		if (j[i].fd < 0 || !j[i].settle)
+			continue;
+		j[i].ts += t0;
+		j[i].ret = res[ns++];
+		if (j[i].ret) {
+			close(j[i].fd);
+			j[i].fd = -1;
+		}
+	}
+	for (i = 0; i < n; i++)
+		flush_commit(e, &j[i]);
+	for (i = 0; i < n; i++) {
+		if (i)
+			eng_unlock(e);
+		flush_end(e, &j[i]);
+	}
+	if (n)
+		eng_unlock(e);	/* flush_end took it */
+	for (i = 0; i < nmore; i++)
+		more[i]->ops->put(more[i]);
+	eng_lock(e);
+}
+
 void *eng_flusher_main(void *arg)
 {
 	struct engine *e = arg;
 	struct ssd_ring ring;
+	struct fjob *batch;
 	int ret;
 
 	ret = ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk);
@@ -620,6 +834,7 @@ void *eng_flusher_main(void *arg)
 		tlog(LOG_CRIT, "io_uring setup failed: %s", strerror(-ret));
 		return NULL;
 	}
+	batch = calloc(FLUSH_BATCH_FILES, sizeof(*batch));	/* NULL: one at a time */
 	eng_lock(e);
 	for (;;) {
 		struct tfile *f;
@@ -654,13 +869,18 @@ void *eng_flusher_main(void *arg)
 			wait_ms(e, &e->flush_work, ms);
 			continue;
 		}
-		f->queued = false;
-		flush_one(e, &ring, f);
+		if (batch && batchable(e, f)) {
+			flush_batch(e, &ring, f, batch);
+		} else {
+			f->queued = false;
+			flush_one(e, &ring, f);
+		}
 		eng_unlock(e);
 		f->ops->put(f);
 		eng_lock(e);
 	}
 	eng_unlock(e);
+	free(batch);
 	ssd_ring_exit(&ring);
 	return NULL;
 }

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ssd.h"
 
@@ -178,4 +179,40 @@ int ssd_fdatasync(struct ssd_ring *r, int fd)
 	ret = cqe->res;
 	io_uring_cqe_seen(&r->ring, cqe);
 	return ret < 0 ? ret : 0;
+}
+
+void ssd_fdatasync_many(struct ssd_ring *r, const int *fd, int *res, unsigned n)
+{
+	unsigned sent = 0, inflight = 0, i;
+
+	while (sent < n || inflight) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		int ret;
+
+		while (sent < n && inflight < r->depth) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+
+			if (!sqe)
+				break;
+			io_uring_prep_fsync(sqe, fd[sent], IORING_FSYNC_DATASYNC);
+			io_uring_sqe_set_data64(sqe, sent);
+			sent++;
+			inflight++;
+		}
+		ret = io_uring_submit_and_wait(&r->ring, 1);
+		if (ret < 0 && ret != -EINTR && sent < n) {
+			/* the ring takes no more: the rest are synced in this
+			 * thread, those in flight reaped */
+			for (i = sent; i < n; i++)
+				res[i] = fdatasync(fd[i]) < 0 ? -errno : 0;
+			sent = n;
+		}
+		io_uring_for_each_cqe(&r->ring, head, cqe) {
+			res[cqe->user_data] = cqe->res < 0 ? cqe->res : 0;
+			inflight--;
+			seen++;
+		}
+		io_uring_cq_advance(&r->ring, seen);
+	}
 }

@@ -39,5 +39,11 @@ int ssd_write_segs(struct ssd_ring *r, int fd, const struct ssd_seg *seg, unsign
 int ssd_read(struct ssd_ring *r, int fd, void *buf, uint64_t len, uint64_t off);
 /* fdatasync through the ring. */
 int ssd_fdatasync(struct ssd_ring *r, int fd);
+/*
+ * fdatasync of fd[0..n) through the ring, up to its depth in flight at
+ * once (the file system commits their log changes together); res[i] gets
+ * fd[i]'s result, 0 or -errno.
+ */
+void ssd_fdatasync_many(struct ssd_ring *r, const int *fd, int *res, unsigned n);
 
 #endif /* TIERFS_SSD_H */

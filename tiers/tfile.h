@@ -49,13 +49,14 @@ struct tfile_ops {
 	 */
 	int (*sync_meta)(struct tfile *f);
 	/*
-	 * Optional.  Make buf (len bytes, a complete version of f) its
-	 * content durably without a new version, where the fs side can do
-	 * that atomically (a small first version of an empty file).  Returns
-	 * 1 when done, 0 when it cannot (the caller writes a new version), or
-	 * -errno.
+	 * Optional.  Write buf (len bytes, a complete version of f) as its
+	 * content without a new version, where the fs side can do that
+	 * atomically (a small first version of an empty file).  Returns 1
+	 * with *fd the file written, which the caller settles (as a version
+	 * written in place) and hands to version_commit with inplace; 0 when
+	 * it cannot (the caller writes a new version), or -errno.
 	 */
-	int (*version_small)(struct tfile *f, const void *buf, uint64_t len);
+	int (*version_small)(struct tfile *f, const void *buf, uint64_t len, int *fd);
 	/*
 	 * Optional, the three together (-o journal_pct; flush.c's journal
 	 * flush).  journal_delta: make durable a record of f's change since
