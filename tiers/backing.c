@@ -7,8 +7,9 @@
  * holes are (backing_run: the runs of zeros a version leaves unwritten);
  * the writes of a flush into its version, through a flusher's io_uring or
  * plain, holes left out (flush.c and dedup_flush.c share them), and the
- * settling of a version before its rename (eng_settle_version, and
- * eng_settle_cloned for one holding clones).
+ * settling of a version before its rename (eng_settle_version, of a
+ * group of small ones at once eng_settle_versions, and eng_settle_cloned
+ * for one holding clones).
  *
  * Owns nothing and takes no lock: callers hold a lease on any copy they
  * name (engine_int.h) and have dropped e->lock.  Calls the tiers' copy

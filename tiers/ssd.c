@@ -1,5 +1,6 @@
 /*
- * ssd.c - bulk I/O between cache buffers and backing files via io_uring.
+ * ssd.c - bulk I/O between cache buffers and backing files via io_uring,
+ * and the fdatasyncs of a group of versions in flight together.
  *
  * A transfer is cut into chunk-sized requests; up to `depth` are in flight.
  * Short transfers are resubmitted for the remainder.  Used by the flusher
