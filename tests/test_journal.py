@@ -204,6 +204,14 @@ def test_the_next_mount_counts_the_records_it_replayed(disk, mount, monkeypatch)
     m2.umount()
 
 
+def assert_no_leftovers(backing):
+    """Nothing of tierfs's own left in backing but the journal file and
+    the temporary directory."""
+    left = [p for p in util.tierfs_internals(backing)
+            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
+    assert left == [], left
+
+
 def same_names(root, names, want, what):
     """Every name of names under root reads want, and all are one inode."""
     for n in names:
@@ -462,9 +470,7 @@ def test_a_power_cut_during_a_hard_linked_copy(disk, mount, monkeypatch, tmp_pat
         r = recover(b)
         assert r.returncode == 0, r.stderr
         same_names(b, ("f", "g"), new, "after a power cut in its copy and tierfs --recover")
-        left = [p for p in util.tierfs_internals(b)
-                if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
-        assert left == [], left
+        assert_no_leftovers(b)
 
 
 def test_a_torn_commit_intent_is_dropped(disk, mount, monkeypatch):
@@ -482,9 +488,7 @@ def test_a_torn_commit_intent_is_dropped(disk, mount, monkeypatch):
     r = recover(backing)
     assert r.returncode == 0, r.stderr
     same_names(backing, ("f", "g"), old, "after its intent was torn")
-    left = [p for p in util.tierfs_internals(backing)
-            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
-    assert left == [], left
+    assert_no_leftovers(backing)
 
 
 def test_a_failed_copy_is_superseded_by_the_next_version(disk, mount, monkeypatch):
@@ -519,6 +523,4 @@ def test_a_failed_copy_is_superseded_by_the_next_version(disk, mount, monkeypatc
     r = recover(backing)
     assert r.returncode == 0, r.stderr
     same_names(backing, ("f", "g"), v2, "after tierfs --recover")
-    left = [p for p in util.tierfs_internals(backing)
-            if os.path.basename(p) not in (".tierfs.journal", ".tierfs.tmp")]
-    assert left == [], left
+    assert_no_leftovers(backing)
