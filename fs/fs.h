@@ -351,6 +351,10 @@ extern const struct fuse_custom_io fs_io;
 
 /* fs_fd.c: fd's path relative to the backing root into rel, or -errno. */
 int fs_fd_rel_path(int fd, char *rel, size_t len);
+/* fs_fd.c: remove the entries of directory dir_fd whose names start with
+ * prefix and that keep (may be NULL) does not keep.  0, or -errno when the
+ * directory cannot be read. */
+int fs_sweep_names(int dir_fd, const char *prefix, bool (*keep)(int dfd, const char *name));
 /*
  * fs_journal.c: the backing directory's journal.  fs_journal_replay applies
  * what journal BACKING/.tierfs.journal of root_fd holds (start-up, tierfs

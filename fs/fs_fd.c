@@ -31,6 +31,7 @@
  * descriptor (old_paths) until fd_users drops to 0.  Order:
  * fs.nslock -> fs.lock -> fdc.lock.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -762,6 +763,28 @@ bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode)
 	       memcmp(fh->f_handle, in->fh->f_handle, fh->handle_bytes) == 0;
 	free(fh);
 	return same;
+}
+
+/* See fs.h. */
+int fs_sweep_names(int dir_fd, const char *prefix, bool (*keep)(int dfd, const char *name))
+{
+	int dfd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct dirent *de;
+	DIR *d;
+
+	if (dfd < 0 || !(d = fdopendir(dfd))) {
+		int ret = -errno;
+
+		if (dfd >= 0)
+			close(dfd);
+		return ret;
+	}
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, prefix, strlen(prefix)) &&
+		    (!keep || !keep(dirfd(d), de->d_name)))
+			unlinkat(dirfd(d), de->d_name, 0);
+	closedir(d);
+	return 0;
 }
 
 /* See fs.h. */

@@ -29,7 +29,6 @@
  * fs_fd_rel_path), fs_persist.c (the persistent tier's intent and commit,
  * as for any change in place).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -288,26 +287,14 @@ static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uin
 	return ret;
 }
 
-/* Remove the entries of directory root_fd whose names start with prefix
- * and for which keep (may be NULL) says no. */
+/* fs_sweep_names() of the backing root, a failure logged. */
 static void sweep(int root_fd, const char *prefix, bool (*keep)(int dfd, const char *name))
 {
-	int dfd = openat(root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct dirent *de;
-	DIR *d;
+	int ret = fs_sweep_names(root_fd, prefix, keep);
 
-	if (dfd < 0 || !(d = fdopendir(dfd))) {
-		if (dfd >= 0)
-			close(dfd);
+	if (ret)
 		tlog(LOG_ERR, "cannot read the backing directory for what its journal left: "
-		     "%s", strerror(errno));
-		return;
-	}
-	while ((de = readdir(d)))
-		if (!strncmp(de->d_name, prefix, strlen(prefix)) &&
-		    (!keep || !keep(dirfd(d), de->d_name)))
-			unlinkat(dirfd(d), de->d_name, 0);
-	closedir(d);
+		     "%s", strerror(-ret));
 }
 
 /*

@@ -372,24 +372,6 @@ static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char
 #define TMP_DIR		FS_HIDDEN_PREFIX ".tmp"
 #define NEW_PREFIX	FS_HIDDEN_PREFIX ".new."
 
-/* The temporary names a killed daemon left in the backing root itself
- * (where it had no .tierfs.tmp): versions never committed. */
-static void sweep_root_new(void)
-{
-	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	struct dirent *de;
-	DIR *d;
-
-	if (dfd < 0 || !(d = fdopendir(dfd))) {
-		if (dfd >= 0)
-			close(dfd);
-		return;
-	}
-	while ((de = readdir(d)))
-		if (!strncmp(de->d_name, NEW_PREFIX, strlen(NEW_PREFIX)))
-			unlinkat(dirfd(d), de->d_name, 0);
-	closedir(d);
-}
 
 void fs_tmp_dir_start(void)
 {
@@ -398,7 +380,9 @@ void fs_tmp_dir_start(void)
 	int dfd;
 
 	fs.tmp_fd = -1;
-	sweep_root_new();
+	/* the temporary names a killed daemon left in the backing root itself
+	 * (where it had no .tierfs.tmp): versions never committed */
+	(void)fs_sweep_names(fs.root_fd, NEW_PREFIX, NULL);
 	if (mkdirat(fs.root_fd, TMP_DIR, 0700) < 0 && errno != EEXIST) {
 		tlog(LOG_INFO, "cannot make %s/" TMP_DIR " (%s): new versions are named in "
 		     "the backing directory itself", fs.opts.backing, strerror(errno));
