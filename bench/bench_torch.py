@@ -142,8 +142,8 @@ def flush_clock(mount):
     import json
     st = json.loads(os.getxattr(mount, "user.tierfs.stats"))
     to_host = 0.0
-    for t in st.get("tiers", {}).values() if isinstance(st.get("tiers"), dict) else st.get("tiers", []):
-        if isinstance(t, dict) and t.get("to_host_bandwidth"):
+    for t in st["tiers"].values():
+        if t.get("to_host_bandwidth"):
             to_host = t["bytes_to_host"] / t["to_host_bandwidth"]
     sec = st["ssd"]["seconds"]
     return {"to_host": to_host, "flush": sec["total"], "sync": sec["sync"],

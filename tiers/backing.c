@@ -224,15 +224,16 @@ int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t
  * goes.  A direct write past the end of the file runs alone on ext4 and
  * XFS (the inode locked for it, ext4 waits for its completion too), so
  * the flusher's requests in flight would be written one at a time.  A
- * file system without fallocate() gets the size only.  0 / -errno.
+ * file system without fallocate() gets the size only.  cp is
+ * host-addressable (its data runs are read).  0 / -errno.
  */
 int backing_prealloc(int fd, struct copy *cp, uint64_t end)
 {
 	uint64_t pos, next;
 	bool hole;
 
-	if (!cp->cache->host_addressable || ftruncate(fd, (off_t)end) < 0)
-		return cp->cache->host_addressable ? -errno : 0;
+	if (ftruncate(fd, (off_t)end) < 0)
+		return -errno;
 	for (pos = 0; pos < end; pos = next) {
 		next = backing_run(copy_ptr(cp), pos, end, &hole);
 		if (hole)
