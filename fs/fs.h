@@ -459,6 +459,8 @@ void fs_fd_release(struct fs_inode *in);
  * default), find out whether handles can be reopened.  After fs.root_fd. */
 int fs_fd_setup(int max_fds);
 void fs_fd_stats(unsigned *open, unsigned *max, unsigned *peak);
+/* The budget (max_fds as fs_fd_setup settled it). */
+unsigned fs_fd_budget(void);
 /* A new inode's backing fd (its handle is taken here). */
 void fs_fd_attach(struct fs_inode *in, int fd);
 /* A fresh fd on in's backing object: cached if in has none, else closed. */

@@ -315,6 +315,11 @@ int fs_fd_setup(int max_fds)
 	return 0;
 }
 
+unsigned fs_fd_budget(void)
+{
+	return fdc.max;		/* set once, before any thread */
+}
+
 void fs_fd_stats(unsigned *open, unsigned *max, unsigned *peak)
 {
 	fdc_lock();

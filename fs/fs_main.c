@@ -1298,6 +1298,7 @@ static int start_engine(struct engine_config *ecfg)
 	ecfg->gpu_cache = fs.opts.gpu_cache;
 	ecfg->gpu_share = fs.opts.gpu_share;
 	ecfg->later = true;		/* fs_run_loop starts the background work */
+	ecfg->flush_fds = fs_fd_budget() / 8;	/* tierfs(8), max_fds */
 	if (fs.opts.gpu && strcmp(fs.opts.gpu, "none") == 0) {
 		tlog(LOG_NOTICE, "GPU tier: disabled (gpu=none); using host + SSD");
 	} else if (!gpu_tier_built()) {

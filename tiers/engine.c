@@ -145,6 +145,7 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	e->cfg = *cfg;
 	if (!e->cfg.flush_threads)
 		e->cfg.flush_threads = 2;
+	eng_batch_files(e);
 	if (!e->cfg.queue_depth)
 		e->cfg.queue_depth = 32;
 	if (!e->cfg.chunk)	/* the largest request of a usual disk (NVMe,

@@ -35,6 +35,11 @@ struct engine_config {
 	uint64_t host_cache;		/* bytes */
 	const struct evict_policy *policy;
 	int flush_threads;		/* host -> SSD flushers */
+	unsigned flush_fds;		/* descriptors of versions that the
+					 * flushers together may hold open at
+					 * once beyond one each (groups of small
+					 * files, flush_batch), 0: no bound but
+					 * FLUSH_BATCH_FILES a flusher */
 	unsigned queue_depth;		/* io_uring depth per flusher */
 	unsigned flush_age_ms;		/* a closed file of at most
 					 * FLUSH_AGED_MAX bytes is flushed this

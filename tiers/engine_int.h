@@ -201,6 +201,8 @@ struct engine {
 	double fl_total_s, fl_clone_s, fl_sync_s, fl_commit_s;
 	uint64_t fl_syncs;		/* rounds of those syncs: one version's,
 					 * or a group's (flush_batch) */
+	unsigned batch_files;		/* files of a flusher's group, 1: no
+					 * groups (eng_batch_files) */
 };
 
 /* One entry of the restore queue. */
@@ -555,6 +557,7 @@ void eng_queue_flush_aged(struct engine *e, struct tfile *f, uint64_t len);
 bool eng_flush_inline(struct engine *e, struct tfile *f);
 void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
+void eng_batch_files(struct engine *e);
 void *eng_gflusher_main(void *arg);
 
 /* ---- hints.c ---------------------------------------------------------- */

@@ -718,6 +718,24 @@ static struct tfile *pop_flush(struct engine *e)
 #define FLUSH_BATCH_FILES	64
 #define FLUSH_BATCH_BYTES	(4u << 20)
 
+/*
+ * How many files a flusher's group holds (e->batch_files): each holds a
+ * descriptor on its version until it is committed, so all the flushers'
+ * groups together stay within cfg.flush_fds (the owner's share of its
+ * descriptor budget), and a group of 1 is no group.
+ */
+void eng_batch_files(struct engine *e)
+{
+	unsigned n = FLUSH_BATCH_FILES;
+
+	if (e->cfg.flush_fds) {
+		n = e->cfg.flush_fds / (unsigned)e->cfg.flush_threads;
+		if (n > FLUSH_BATCH_FILES)
+			n = FLUSH_BATCH_FILES;
+	}
+	e->batch_files = n;
+}
+
 /* e->lock held: is f's flush one for a group?  A small host copy, no
  * -o dedup (whose flushes settle their own versions), no fsync waiting
  * (its flush alone is sooner). */
@@ -762,7 +780,7 @@ static struct tfile *pop_small(struct engine *e)
 /*
  * e->lock held (dropped meanwhile): flush first, a small file taken off
  * the queues (its reference the caller's), with the due small files that
- * pop_small gives, as a group; j: room for FLUSH_BATCH_FILES jobs.  The
+ * pop_small gives, as a group; j: room for e->batch_files jobs.  The
  * references of the others are dropped here.
  */
 static void flush_batch(struct engine *e, struct ssd_ring *ring, struct tfile *first,
@@ -782,7 +800,7 @@ static void flush_batch(struct engine *e, struct ssd_ring *ring, struct tfile *f
 			more[nmore++] = f;
 		if (flush_start(e, f, &j[n]))
 			bytes += j[n++].len;
-	} while (n < FLUSH_BATCH_FILES && nmore < FLUSH_BATCH_FILES - 1 &&
+	} while (n < e->batch_files && nmore < e->batch_files - 1 &&
 		 bytes < FLUSH_BATCH_BYTES && (f = pop_small(e)));
 	eng_unlock(e);
 	for (i = 0; i < n; i++) {
@@ -834,7 +852,8 @@ void *eng_flusher_main(void *arg)
 		tlog(LOG_CRIT, "io_uring setup failed: %s", strerror(-ret));
 		return NULL;
 	}
-	batch = calloc(FLUSH_BATCH_FILES, sizeof(*batch));	/* NULL: one at a time */
+	/* NULL: one at a time */
+	batch = e->batch_files > 1 ? calloc(e->batch_files, sizeof(*batch)) : NULL;
 	eng_lock(e);
 	for (;;) {
 		struct tfile *f;
