@@ -416,6 +416,36 @@ def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount,
     m.kill(signal.SIGKILL)
 
 
+def test_a_written_through_version_after_a_pending_record_is_not_undone_by_it(
+        disk, mount, monkeypatch, tmp_path):
+    """The same, where the new version is written through (a write past a
+    hole of more than 32 MiB does not load the file into a cache): its
+    commit went around the pending record, which stayed live, and the next
+    start wrote the older change back over the newer version, the file cut
+    to the older size (a fsync-acknowledged version lost; the crash torture
+    found it with a msync, then a rewrite under cache pressure)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    old, new, changes = contents(seed=SEED + 4)
+    monkeypatch.setenv("TIERFS_FAULT", "journal_apply_eio")
+    m = mount(backing=backing, host_cache="64M", dedup="off",
+              expect_errors=["flush to SSD failed"])
+    path = durable_file(m, "f", old)
+    os.link(path, os.path.join(m.mnt, "g"))
+    os.sync()
+    change(path, changes, close_error_ok=True)  # a record, not applied
+    assert os.path.getsize(journal(backing)) > 0
+    tail = random.Random(SEED + 5).randbytes(8192)
+    off = 48 * MiB                              # written through
+    change(path, [(off, tail)], close_error_ok=True)
+    latest = new + bytes(off - len(new)) + tail
+    m.kill(signal.SIGKILL)
+    monkeypatch.delenv("TIERFS_FAULT")
+    both_ways(img, tmp_path, mount, latest, "a written-through version, after a kill",
+              names=("f", "g"))
+
+
 # ------------------------------------ hard-linked files: commit intents
 
 def hard_linked(disk, mount, monkeypatch, fault, seed):

@@ -496,6 +496,7 @@ class Worker:
         self.names_info = Names(cfg.nworkers, len(shared))
         self.dirname = f"w{widx}"
         self.dir = os.path.join(cfg.root, self.dirname)
+        self.made_dir = False    # its directory made (run)
         self.files = {}          # name -> Inode
         self.held = {}           # fid -> Handle
         self.orphans = {}        # fid -> Inode: unlinked, held open
@@ -1238,8 +1239,9 @@ class Worker:
     def run(self, quota, deadline):
         try:
             os.makedirs(self.dir, exist_ok=True)
+            self.made_dir = True
         except OSError:
-            pass
+            pass                # a kill came first: made after the remount
         self.note(f"worker {self.w} seed {self.cfg.seed} quota {quota}")
         done = 0
         while done < quota and time.monotonic() < deadline and not self.sync.stop.is_set():
@@ -1325,6 +1327,11 @@ class Worker:
             self.crashes += 1
             self.note(f"crash {self.crashes}: in-flight namespace op "
                       f"{self.inflight[:2] if self.inflight else None}")
+            self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # all stopped
+            # the held descriptors are closed once the daemon is dead: the
+            # crash flag is raised just before the kill, and a close that
+            # reached the live daemon would be a commit point the model
+            # never saw (a version made by rename is durable at once)
             for fid in sorted(self.held):
                 h = self.held.pop(fid)
                 try:
@@ -1334,7 +1341,6 @@ class Worker:
             for ino in self.live_inodes().values():
                 ino.nwfd = 0
             self.orphans.clear()
-            self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # all stopped
             self.sync.barrier.wait(timeout=self.cfg.hang_timeout)       # remounted
             try:
                 self.check_after_crash()
@@ -1345,6 +1351,10 @@ class Worker:
                 self.note(f"  killed again during the check: {e!r}")
 
     def check_after_crash(self):
+        if not self.made_dir:
+            # the kill came before this worker's directory was made
+            os.makedirs(self.dir, exist_ok=True)
+            self.made_dir = True
         listing = {n for n in os.listdir(self.dir) if not n.startswith(".tierfs")}
         if self.inflight:
             kind = self.inflight[0]

@@ -440,6 +440,23 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 			return;
 		}
 	}
+	if (j->jf.pending) {
+		/* a journal record not applied yet: into the backing file and
+		 * retired, durably, before anything of the version is written
+		 * (journal_settle).  Left live, its replay would undo a version
+		 * that keeps the file's inode (in place, or copied over a file
+		 * of several names); applied after an in-place write, too. */
+		ret = f->ops->journal_settle(f, j->jf.pending);
+		if (ret) {
+			j->ret = ret;
+			return;
+		}
+		eng_lock(e);
+		if (f->jseq == j->jf.pending)
+			f->jseq = 0;
+		eng_unlock(e);
+		j->jf.pending = 0;
+	}
 	j->small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;
 	if (j->small && f->ops->version_small) {
 		ret = eng_copy_bounds(cp, 0, len);
@@ -505,21 +522,6 @@ static void flush_commit(struct engine *e, struct fjob *j)
 	if (j->fd < 0)
 		return;
 	t0 = tier_now();
-	if (j->jf.pending && !j->vsmall) {
-		/* a journal record not applied yet: in the file and retired
-		 * first (journal_settle) */
-		ret = f->ops->journal_settle(f, j->jf.pending);
-		if (ret) {
-			close(j->fd);
-			j->fd = -1;
-			j->ret = ret;
-			return;
-		}
-		eng_lock(e);
-		if (f->jseq == j->jf.pending)
-			f->jseq = 0;
-		eng_unlock(e);
-	}
 	ret = f->ops->version_commit(f, j->fd, j->inplace, false);
 	j->fd = -1;
 	j->tc = tier_now() - t0;

@@ -52,6 +52,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	bool direct, inplace;
 	struct lease l;
 	char nb[256];
+	uint64_t pending;
 	int ci, fd, ret = 0;
 
 	/* f's newest copy, once no flush copies it out: looked up again after
@@ -63,9 +64,21 @@ static int start_shadow(struct engine *e, struct tfile *f)
 			break;
 		pthread_cond_wait(&e->settled, &e->lock);
 	}
+	/* a journal record not applied yet (flush.c): into the backing file
+	 * and retired, durably, before anything of the shadow is written.
+	 * Left live, its replay after a crash would undo the shadow's version
+	 * where that keeps the file's inode (copied in place over a file of
+	 * several names, or written in place), and the file would lose what
+	 * was acknowledged since. */
+	pending = f->jseq;
+	f->jseq = 0;
 	lease_begin(e, &l, cp, NULL);
 	eng_delay_at(NULL, "shadow_copy");
-	fd = f->ops->version_open(f, false, &direct, &inplace);
+	fd = pending ? f->ops->journal_settle(f, pending) : 0;
+	if (!fd) {
+		pending = 0;	/* in the backing file, retired */
+		fd = f->ops->version_open(f, false, &direct, &inplace);
+	}
 	if (fd < 0) {
 		ret = fd;
 	} else if (cp && cp->cache->host_addressable) {
@@ -85,6 +98,8 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	fname(f, nb, sizeof(nb));
 	lease_end(e, &l);
 	if (ret) {
+		if (pending && !f->jseq)
+			f->jseq = pending;	/* not settled: still to be */
 		if (fd >= 0)
 			close(fd);
 		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
