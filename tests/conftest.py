@@ -42,6 +42,8 @@ MOUNTS = pytest.StashKey[list]()
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a GPU (TIERFS_GPU=N)")
     config.addinivalue_line("markers", "daemon: needs the tierfs daemon (skipped in plain mode)")
+    config.addinivalue_line("markers", "slow: runs for tens of seconds; scheduled first, so "
+                            "that parallel workers (pytest-xdist) do not end on it alone")
 
 
 def pytest_report_header(config):
@@ -51,6 +53,10 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the slow tests first, in their own order: xdist hands tests out in
+    # this order, and a long test handed out last keeps one worker busy
+    # while the others wait (the same order in every worker: a stable sort)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         if item.get_closest_marker("gpu") and not util.GPU.isdigit():
             item.add_marker(pytest.mark.skip(reason="no GPU (set TIERFS_GPU=N)"))

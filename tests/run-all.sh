@@ -48,8 +48,11 @@
 #   TIERFS_ASAN_OPS=20000   the same for the sanitizer build (it runs slower)
 #   TIERFS_RANDOM_SEED= 1: random seeds everywhere instead of the fixed ones
 #   TIERFS_SEED=        the exerciser's seed (default: fixed per run, printed)
-#   TIERFS_TORTURE_SECONDS=25       seconds per torture run, default and ASan builds
+#   TIERFS_TORTURE_SECONDS=25       seconds per torture run, default build
+#   TIERFS_ASAN_TORTURE_SECONDS=12  the same for the AddressSanitizer build
 #   TIERFS_TSAN_TORTURE_SECONDS=12  the same for the ThreadSanitizer build
+#   TIERFS_ASAN_SCALE_FILES=10000   files of test_scale.py under AddressSanitizer
+#                       (30,000 in the default build: the same paths, a third)
 #   TIERFS_TORTURE_SEED=            the torture harness's seed (default 1)
 #   BUILDS="build build-asan build-tsan"   the builds to run
 #   PYTEST_JOBS=        pytest workers per build (3; 2 under TSan; 1: no xdist)
@@ -206,6 +209,8 @@ run() {
 		# of the 2 cores.
 		ASAN_OPTIONS="detect_leaks=0:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
 		UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}" \
+		TIERFS_TORTURE_SECONDS=${TIERFS_ASAN_TORTURE_SECONDS:-12} \
+		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-10000} \
 		PYTEST_K="not install" \
 		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}"
 		;;

@@ -23,5 +23,6 @@ if [ "$PYTEST_JOBS" -gt 1 ] 2>/dev/null; then
 	fi
 fi
 # PYTEST_K: a -k expression (it may hold spaces; PYTEST_ARGS is split on them)
-exec "$PYTEST" -v -rfE -p no:cacheprovider $XDIST ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS} \
+# --durations: the slowest tests, in the log for whoever trims the CI's time
+exec "$PYTEST" -v -rfE -p no:cacheprovider --durations=25 $XDIST ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS} \
 	"$TIERFS_SRCDIR/tests"

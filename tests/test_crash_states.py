@@ -45,6 +45,8 @@ import pytest
 import util
 
 KiB, MiB = 1 << 10, 1 << 20
+pytestmark = pytest.mark.slow
+
 VERSIONS = int(os.environ.get("TIERFS_CRASH_VERSIONS", "60"))
 STATES = int(os.environ.get("TIERFS_CRASH_STATES", "60"))
 FILES = 3

@@ -70,6 +70,7 @@ def run_exerciser(m, ref, label, ops, nfiles, max_size):
 
 @pytest.mark.parametrize("label,options,ops,nfiles,max_size", CONFIGS,
                          ids=[c[0] for c in CONFIGS])
+@pytest.mark.slow
 def test_exerciser(mount, ref_dir, label, options, ops, nfiles, max_size):
     m = mount(**options)
     run_exerciser(m, ref_dir, label, ops, nfiles, max_size)

@@ -68,6 +68,7 @@ def stats(mnt):
     return json.loads(os.getxattr(mnt, "user.tierfs.stats"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,nfiles", [("score", 1), ("fifo", 1), ("score", 3)])
 def test_concurrent_truncating_writers(mount, tmp_path, policy, nfiles):
     """Six writers overwriting their own files with O_TRUNC over a small

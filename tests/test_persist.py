@@ -357,6 +357,7 @@ def test_kill_resumes_from_journal(mount, pdir):
     assert leftovers(pdir) == []       # the killed daemon's temporary of "big"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", [False, True], ids=["clean", "kills"])
 def test_torture_then_dir_matches_backing(tmp_path, crash):
     """Every operation of the torture harness (writes in place, truncates,

@@ -140,6 +140,7 @@ def _gen(seed, size):
     return random.Random(seed).randbytes(size)
 
 
+@pytest.mark.slow
 @pytest.mark.daemon
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
 def test_sigkill_never_torn(mount, delay):

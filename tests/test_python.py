@@ -276,6 +276,7 @@ def test_make_install_puts_the_package_where_python_finds_it(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == f"tierfsctl {tierfs.__version__}", r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base", ["this", "path"])
 def test_configure_python_installs_for_that_interpreter(tmp_path, base):
     """./configure PYTHON=X --prefix=P: the package goes where X imports

@@ -22,6 +22,7 @@ FILES = int(os.environ.get("TIERFS_SCALE_FILES", "30000"))
 
 @pytest.mark.parametrize("files,per_dir", [(FILES, 10000), (FILES // 3, FILES // 3)],
                          ids=["dirs", "onedir"])
+@pytest.mark.slow
 def test_many_files_few_descriptors(mount, files, per_dir):
     m = mount(nofile=NOFILE)
     r = manyfiles.run(m.mnt, files, per_dir=per_dir, workers=4, pid=m.proc.pid,

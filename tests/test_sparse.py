@@ -162,6 +162,7 @@ def test_ftruncated_file_flushes_sparse(tfs):
     assert data == bytes(want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["64M", "8M"])
 def test_sparse_random_model(mount, cache):
     """Random writes at random offsets (some far past the end), truncates

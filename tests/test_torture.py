@@ -30,6 +30,8 @@ import pytest
 
 import util
 
+pytestmark = pytest.mark.slow
+
 HARNESS = os.path.join(util.TESTS_DIR, "torture.py")
 SECONDS = float(os.environ.get("TIERFS_TORTURE_SECONDS", "25"))
 RATE = os.environ.get("TIERFS_TORTURE_RATE", "64")
