@@ -29,9 +29,9 @@
  *  9   sets.lock       the watch list of committed sets        nothing (a leaf)
  *      (fs/fs_sets.c)
  * 10   pg.lock         the pool of requests to the persistent  nothing (a leaf; taken under
- *      (fs/fs_persist.c) tier's DIR, its hung state            fs.nslock, directory ilocks)
+ *      (persist_pool.c)  tier's DIR, its hung state            fs.nslock, directory ilocks)
  * 11   pq.lock         the persister's queue and journal, its  nothing (a leaf; taken under
- *      (fs/fs_persist.c) statistics, the inodes' pstate        tfile.lock, ilocks, fs.nslock,
+ *      (persist_queue.c) statistics, the inodes' pstate        tfile.lock, ilocks, fs.nslock,
  *                                                              fs.lock: an inode freed)
  * 12   ipc_cache.lock  the cached IPC mappings of clients'     nothing (a leaf; taken with
  *      (fs/fs_ioctl.c) GPU buffers                             no lock held)
@@ -91,8 +91,8 @@ enum lock_rank {
 	LR_FS_FD,		/* fdc.lock */
 	LR_FS_INO,		/* fs_inode.c's ino.lock: a leaf */
 	LR_SETS,		/* fs_sets.c's sets.lock: a leaf */
-	LR_PERSIST_POOL,	/* fs_persist.c's pg.lock: a leaf */
-	LR_PERSIST,		/* fs_persist.c's pq.lock: a leaf */
+	LR_PERSIST_POOL,	/* persist_pool.c's pg.lock: a leaf */
+	LR_PERSIST,		/* persist_queue.c's pq.lock: a leaf */
 	LR_IPC,			/* fs_ioctl.c's ipc_cache.lock: a leaf */
 	LR_SHARE,		/* fs_share.c's share.lock */
 	LR_GPU_INIT,		/* gpu_common.c's gpu_state.lock */

@@ -87,7 +87,7 @@ struct fs_inode {
 	struct oldfd *old_paths;	/* O_PATH fds of replaced versions: a
 					 * holder may still use one; closed when
 					 * fd_users drops to 0 */
-	/* the persistent tier (fs_persist.c, under its queue lock) */
+	/* the persistent tier (fs_persist.c, under pq.lock: persist_queue.c) */
 	unsigned char pstate;		/* PS_*: its copy in DIR */
 	int perr;			/* last failure copying it (-errno) */
 	int pq_n;			/* its copies queued or running */

@@ -26,8 +26,8 @@
  * (jnl.lock, a leaf); fs_journal_intent and fs_journal_intent_done run
  * under the ilock, fs.nslock and names locks of the commit (v_commit) and
  * take only jnl.lock.  Calls store/ (the journal), fs_fd.c (descriptors,
- * fs_fd_rel_path), fs_persist.c (the persistent tier's intent and commit,
- * as for any change in place).
+ * fs_fd_rel_path), persist_names.c (the persistent tier's intent and
+ * commit, as for any change in place).
  */
 #include <errno.h>
 #include <fcntl.h>

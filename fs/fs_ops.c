@@ -9,7 +9,7 @@
  * (tiers/); fs_version.c makes and commits new versions of backing files;
  * fs_inode.c keeps the inodes.  fs_sets.c's retention removes old sets
  * through fs_remove_local(): this file is under it, and an rmdir here
- * removes a set's own manifest itself (fs_rmdir_set_record, fs_persist.c).
+ * removes a set's own manifest itself (fs_rmdir_set_record, persist_sets.c).
  *
  * st_ino and d_ino as seen through the mount are the inode numbers of
  * fs_inode.c (fs_ino_number, fs_dirent_ino), not the FUSE node ids: a
