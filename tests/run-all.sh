@@ -53,6 +53,12 @@
 #   TIERFS_TSAN_TORTURE_SECONDS=12  the same for the ThreadSanitizer build
 #   TIERFS_ASAN_SCALE_FILES=10000   files of test_scale.py under AddressSanitizer
 #                       (30,000 in the default build: the same paths, a third)
+#   TIERFS_ASAN_CRASH_STATES=20     crash states checked per file system under
+#                       AddressSanitizer (60 in the default build: the
+#                       daemon runs the same workload; the states are
+#                       checked by mounting disk images)
+# The sanitizer builds leave out the install tests and the torture
+# harness's own checks on a plain directory (no daemon runs in them).
 #   TIERFS_TORTURE_SEED=            the torture harness's seed (default 1)
 #   BUILDS="build build-asan build-tsan"   the builds to run
 #   PYTEST_JOBS=        pytest workers per build (3; 2 under TSan; 1: no xdist)
@@ -211,7 +217,8 @@ run() {
 		UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}" \
 		TIERFS_TORTURE_SECONDS=${TIERFS_ASAN_TORTURE_SECONDS:-12} \
 		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-10000} \
-		PYTEST_K="not install" \
+		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-20} \
+		PYTEST_K="not install and not test_torture_plain and not test_torture_detects_corruption" \
 		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}"
 		;;
 	build-tsan)
@@ -224,7 +231,7 @@ run() {
 		# suppression goes to tests/tsan.supp with its reason.
 		TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
 		TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-12} \
-		PYTEST_K="torture or integrity or hints" \
+		PYTEST_K="(torture or integrity or hints) and not test_torture_plain and not test_torture_detects_corruption" \
 		PYTEST_JOBS=${PYTEST_JOBS:-2} check build-tsan 0
 		;;
 	esac
