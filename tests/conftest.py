@@ -52,11 +52,36 @@ def pytest_report_header(config):
     return f"tierfs: {util.tierfs_bin()} gpu={util.GPU or 'none'}"
 
 
+def spread_slow(items, workers):
+    """items reordered so that the slow ones start at once, spread over the
+    workers: pytest-xdist (load scheduling) gives each worker a first chunk
+    of consecutive tests (a quarter of its share) and then one or two at a
+    time as it finishes them.  A slow test handed out last keeps one worker
+    busy while the others wait; all of them in one first chunk make that
+    worker run them one after another.  So the first chunk of worker k
+    starts with slow tests k, k + workers, ...  The order depends only on
+    the collection and the number of workers: every worker computes the
+    same one."""
+    slow = [it for it in items if it.get_closest_marker("slow")]
+    fast = [it for it in items if not it.get_closest_marker("slow")]
+    if workers < 2 or not slow:
+        return slow + fast
+    chunk = max(len(items) // workers // 4, 2)
+    out, rest = [], []
+    for k in range(workers):
+        mine = slow[k::workers]
+        rest += mine[chunk:]
+        mine = mine[:chunk]
+        out += mine
+        while len(mine) < chunk and fast:
+            mine.append(fast.pop(0))
+            out.append(mine[-1])
+    return out + rest + fast
+
+
+@pytest.hookimpl(trylast=True)     # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
-    # the slow tests first, in their own order: xdist hands tests out in
-    # this order, and a long test handed out last keeps one worker busy
-    # while the others wait (the same order in every worker: a stable sort)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items[:] = spread_slow(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     for item in items:
         if item.get_closest_marker("gpu") and not util.GPU.isdigit():
             item.add_marker(pytest.mark.skip(reason="no GPU (set TIERFS_GPU=N)"))
