@@ -382,17 +382,15 @@ def test_a_file_removed_before_its_apply_leaves_no_journal(disk, mount, monkeypa
     assert util.tierfs_internals(backing) == []
 
 
-def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount, monkeypatch,
-                                                                   tmp_path):
-    """A hard-linked file whose journalled change could not be applied
-    (TIERFS_FAULT=journal_apply_eio: the record stays), then changed by more
-    than journal_pct: its whole new version is copied over it in place.  The
-    record must be applied and retired durably before that copy, or a replay
-    after a power cut writes the older change back over the newer version."""
+def unapplied(disk, mount, monkeypatch, seed):
+    """f and g, two names of one durable file, then a small change of it
+    acknowledged by fsync whose record cannot be applied
+    (TIERFS_FAULT=journal_apply_eio, still set: the record stays):
+    (m, img, backing, path of f, the file's content)."""
     img, root = disk
     backing = os.path.join(root, "b")
     os.mkdir(backing)
-    old, new, changes = contents(seed=SEED + 2)
+    old, new, changes = contents(seed=seed)
     monkeypatch.setenv("TIERFS_FAULT", "journal_apply_eio")
     m = mount(backing=backing, host_cache="64M", dedup="off",
               expect_errors=["flush to SSD failed"])
@@ -401,6 +399,17 @@ def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount,
     os.sync()
     change(path, changes, close_error_ok=True)  # a record, not applied
     assert os.path.getsize(journal(backing)) > 0
+    return m, img, backing, path, new
+
+
+def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount, monkeypatch,
+                                                                   tmp_path):
+    """A hard-linked file whose journalled change could not be applied
+    (TIERFS_FAULT=journal_apply_eio: the record stays), then changed by more
+    than journal_pct: its whole new version is copied over it in place.  The
+    record must be applied and retired durably before that copy, or a replay
+    after a power cut writes the older change back over the newer version."""
+    m, img, backing, path, new = unapplied(disk, mount, monkeypatch, SEED + 2)
     rng = random.Random(SEED + 3)
     big = rng.randbytes(600 << 10)              # 60%: a whole new version
     latest = bytearray(new)
@@ -424,18 +433,7 @@ def test_a_written_through_version_after_a_pending_record_is_not_undone_by_it(
     start wrote the older change back over the newer version, the file cut
     to the older size (a fsync-acknowledged version lost; the crash torture
     found it with a msync, then a rewrite under cache pressure)."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    old, new, changes = contents(seed=SEED + 4)
-    monkeypatch.setenv("TIERFS_FAULT", "journal_apply_eio")
-    m = mount(backing=backing, host_cache="64M", dedup="off",
-              expect_errors=["flush to SSD failed"])
-    path = durable_file(m, "f", old)
-    os.link(path, os.path.join(m.mnt, "g"))
-    os.sync()
-    change(path, changes, close_error_ok=True)  # a record, not applied
-    assert os.path.getsize(journal(backing)) > 0
+    m, img, backing, path, new = unapplied(disk, mount, monkeypatch, SEED + 4)
     tail = random.Random(SEED + 5).randbytes(8192)
     off = 48 * MiB                              # written through
     change(path, [(off, tail)], close_error_ok=True)

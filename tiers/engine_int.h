@@ -558,6 +558,7 @@ bool eng_flush_inline(struct engine *e, struct tfile *f);
 void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
+int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
 void *eng_gflusher_main(void *arg);
 
 /* ---- hints.c ---------------------------------------------------------- */

@@ -338,6 +338,28 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
 	return 0;
 }
 
+/*
+ * e->lock not held: f's journal record seq, not applied yet, into the
+ * backing file and retired, durably (journal_settle), before anything of a
+ * new version of f is written (flush_write, start_shadow).  Left live, its
+ * replay after a crash would undo a version that keeps the file's inode
+ * (written in place, or copied over a file of several names), and the
+ * file would lose what was acknowledged since; applied after an in-place
+ * write, too.  f->jseq is cleared if it still names seq.  0 or -errno.
+ */
+int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq)
+{
+	int ret = f->ops->journal_settle(f, seq);
+
+	if (!ret) {
+		eng_lock(e);
+		if (f->jseq == seq)
+			f->jseq = 0;
+		eng_unlock(e);
+	}
+	return ret;
+}
+
 /* e->lock held: cp's flush (on e->fl_running) ended. */
 static void running_remove(struct engine *e, struct copy *cp)
 {
@@ -441,20 +463,11 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 		}
 	}
 	if (j->jf.pending) {
-		/* a journal record not applied yet: into the backing file and
-		 * retired, durably, before anything of the version is written
-		 * (journal_settle).  Left live, its replay would undo a version
-		 * that keeps the file's inode (in place, or copied over a file
-		 * of several names); applied after an in-place write, too. */
-		ret = f->ops->journal_settle(f, j->jf.pending);
+		ret = eng_settle_record(e, f, j->jf.pending);
 		if (ret) {
 			j->ret = ret;
 			return;
 		}
-		eng_lock(e);
-		if (f->jseq == j->jf.pending)
-			f->jseq = 0;
-		eng_unlock(e);
 		j->jf.pending = 0;
 	}
 	j->small = cp->cache->host_addressable && len <= FLUSH_BUFFERED_MAX;

@@ -64,17 +64,14 @@ static int start_shadow(struct engine *e, struct tfile *f)
 			break;
 		pthread_cond_wait(&e->settled, &e->lock);
 	}
-	/* a journal record not applied yet (flush.c): into the backing file
-	 * and retired, durably, before anything of the shadow is written.
-	 * Left live, its replay after a crash would undo the shadow's version
-	 * where that keeps the file's inode (copied in place over a file of
-	 * several names, or written in place), and the file would lose what
-	 * was acknowledged since. */
+	/* a journal record not applied yet: settled before anything of the
+	 * shadow is written (eng_settle_record); claimed here, so that no
+	 * flush that starts meanwhile settles it too */
 	pending = f->jseq;
 	f->jseq = 0;
 	lease_begin(e, &l, cp, NULL);
 	eng_delay_at(NULL, "shadow_copy");
-	fd = pending ? f->ops->journal_settle(f, pending) : 0;
+	fd = pending ? eng_settle_record(e, f, pending) : 0;
 	if (!fd) {
 		pending = 0;	/* in the backing file, retired */
 		fd = f->ops->version_open(f, false, &direct, &inplace);
