@@ -9,12 +9,13 @@
 #   build/        ../configure                           (the default build)
 #   build-asan/   ../configure --enable-sanitizers       (ASan + UBSan)
 #   build-tsan/   ../configure --enable-sanitizers=thread (ThreadSanitizer:
-#                 the unit tests, and of the pytest suites the torture runs
-#                 and the integrity and restore-hint tests)
+#                 the unit tests with threads of their own, and of the
+#                 pytest suites the torture runs and the integrity and
+#                 restore-hint tests)
 #
 # Each build runs the torture harness (tests/torture.py, via
-# tests/test_torture.py) for a few minutes: runs of 25 s (12 s under
-# TSan), with and without kills, each followed by its final checks.
+# tests/test_torture.py) for a few minutes: runs of 20 s (12 s under the
+# sanitizers), with and without kills, each followed by its final checks.
 #
 # Time: the first build is compiled here; the others compile in the
 # background, one after the other at a lower priority, while the first
@@ -48,17 +49,22 @@
 #   TIERFS_ASAN_OPS=20000   the same for the sanitizer build (it runs slower)
 #   TIERFS_RANDOM_SEED= 1: random seeds everywhere instead of the fixed ones
 #   TIERFS_SEED=        the exerciser's seed (default: fixed per run, printed)
-#   TIERFS_TORTURE_SECONDS=25       seconds per torture run, default build
+#   TIERFS_TORTURE_SECONDS=20       seconds per torture run, default build
 #   TIERFS_ASAN_TORTURE_SECONDS=12  the same for the AddressSanitizer build
 #   TIERFS_TSAN_TORTURE_SECONDS=12  the same for the ThreadSanitizer build
-#   TIERFS_ASAN_SCALE_FILES=10000   files of test_scale.py under AddressSanitizer
-#                       (30,000 in the default build: the same paths, a third)
-#   TIERFS_ASAN_CRASH_STATES=20     crash states checked per file system under
-#                       AddressSanitizer (60 in the default build: the
-#                       daemon runs the same workload; the states are
-#                       checked by mounting disk images)
-# The sanitizer builds leave out the install tests and the torture
-# harness's own checks on a plain directory (no daemon runs in them).
+#   TIERFS_SCALE_FILES=20000        files of test_scale.py, default build
+#   TIERFS_ASAN_SCALE_FILES=10000   the same under AddressSanitizer
+#   TIERFS_CRASH_STATES=40          crash states checked per file system,
+#                       default build (the daemon runs the same workload;
+#                       the states are checked by mounting disk images)
+#   TIERFS_ASAN_CRASH_STATES=20     the same under AddressSanitizer
+#   TIERFS_TSAN_INTEGRITY_ROUNDS=8  rounds of test_integrity_engine.py's
+#                       concurrent writers under ThreadSanitizer (15 elsewhere)
+# The sanitizer builds leave out the install tests, the torture harness's
+# own checks on a plain directory (no daemon runs in them), the call-graph
+# check (tests/check-calls.sh: the same in every build) and the GPU hash
+# kernel run on the CPU (compiled without the sanitizers: they do not
+# follow its coroutines).
 #   TIERFS_TORTURE_SEED=            the torture harness's seed (default 1)
 #   BUILDS="build build-asan build-tsan"   the builds to run
 #   PYTEST_JOBS=        pytest workers per build (3; 2 under TSan; 1: no xdist)
@@ -138,10 +144,32 @@ compile() {
 	)
 }
 
-# check DIR OPS: `make check` of a compiled build dir.  A dir compiled in
-# the background is waited for, and its compile log shown first.
+# tests_of KEEP|DROP NAME...: the build's tests (make print-tests, in the
+# build dir) whose file names are among NAMEs (KEEP) or are not (DROP).
+tests_of() {
+	local how=$1 t n keep out=()
+	shift
+	for t in $(make -s print-tests); do
+		keep=$([ "$how" = KEEP ] && echo 0 || echo 1)
+		for n in "$@"; do
+			if [ "${t##*/}" = "$n" ]; then
+				keep=$((1 - keep))
+				break
+			fi
+		done
+		if [ "$keep" = 1 ]; then
+			out+=("$t")
+		fi
+	done
+	echo "${out[*]}"
+}
+
+# check DIR OPS [KEEP|DROP NAME...]: `make check` of a compiled build dir,
+# all of its tests or those tests_of picks.  A dir compiled in the
+# background is waited for, and its compile log shown first.
 check() {
 	local dir=$1 ops=$2 t0=$SECONDS
+	shift 2
 	if [ -f "$TOP/$dir.compile.log" ]; then
 		while [ ! -f "$TOP/$dir/.compiled" ]; do
 			sleep 2
@@ -151,8 +179,12 @@ check() {
 	fi
 	[ "$(cat "$TOP/$dir/.compiled" 2>/dev/null)" = ok ] || return 1
 	cd "$TOP/$dir" || return 1
-	say "$dir: make check (TIERFS_OPS=$ops, PYTEST_JOBS=$PYTEST_JOBS${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS})"
-	if ! TIERFS_OPS=$ops make check; then
+	local tests=()
+	if [ $# -gt 0 ]; then
+		tests=("TESTS=$(tests_of "$@")")
+	fi
+	say "$dir: make check (TIERFS_OPS=$ops, PYTEST_JOBS=$PYTEST_JOBS${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS}${tests:+, ${tests[*]}})"
+	if ! TIERFS_OPS=$ops make check "${tests[@]}"; then
 		echo
 		echo "==> $dir: make check failed; $dir/test-suite.log follows"
 		cat test-suite.log 2>/dev/null || echo "(no test-suite.log in $dir)"
@@ -201,7 +233,10 @@ run() {
 	local dir=$1
 	case $dir in
 	build)
-		# The default build runs the full exerciser.
+		# The default build runs the full exerciser, and every test.
+		TIERFS_TORTURE_SECONDS=${TIERFS_TORTURE_SECONDS:-20} \
+		TIERFS_SCALE_FILES=${TIERFS_SCALE_FILES:-20000} \
+		TIERFS_CRASH_STATES=${TIERFS_CRASH_STATES:-40} \
 		PYTEST_JOBS=${PYTEST_JOBS:-3} check build "${TIERFS_OPS:-50000}"
 		;;
 	build-asan)
@@ -219,7 +254,8 @@ run() {
 		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-10000} \
 		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-20} \
 		PYTEST_K="not install and not test_torture_plain and not test_torture_detects_corruption" \
-		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}"
+		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}" \
+			DROP check-calls.sh test_hash_kernel_cpu
 		;;
 	build-tsan)
 		# The unit tests, the torture runs and the integrity and
@@ -231,8 +267,10 @@ run() {
 		# suppression goes to tests/tsan.supp with its reason.
 		TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$TOP/tests/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}" \
 		TIERFS_TORTURE_SECONDS=${TIERFS_TSAN_TORTURE_SECONDS:-12} \
+		TIERFS_INTEGRITY_ROUNDS=${TIERFS_TSAN_INTEGRITY_ROUNDS:-8} \
 		PYTEST_K="(torture or integrity or hints) and not test_torture_plain and not test_torture_detects_corruption" \
-		PYTEST_JOBS=${PYTEST_JOBS:-2} check build-tsan 0
+		PYTEST_JOBS=${PYTEST_JOBS:-2} check build-tsan 0 \
+			KEEP test_engine test_evict gpu_selftest test_gpu_hash_fake.sh run-pytest.sh
 		;;
 	esac
 }

@@ -275,13 +275,18 @@ def test_bad_watch_interval(tmp_path):
 
 
 def load_tool():
-    """The script as a module (it has no .py suffix)."""
+    """The script as a module (it has no .py suffix), compiled without
+    writing tools/__pycache__ into the source tree."""
     import importlib.machinery
     import importlib.util
     loader = importlib.machinery.SourceFileLoader("tierfs_stat", TOOL)
     spec = importlib.util.spec_from_loader("tierfs_stat", loader)
     mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = saved
     return mod
 
 

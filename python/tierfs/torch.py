@@ -1529,7 +1529,10 @@ def load(path, map_location=None, into=None, strict=True):
         with torch.no_grad():
             cpu = _from_first(first, cpu)
             mark("host")
-            _read_split(fd, cpu, cuda, other, _on_tierfs(path))
+            # asked of the directory, as save does: one answer for every
+            # checkpoint in it, not a stat and a realpath per new file
+            _read_split(fd, cpu, cuda, other,
+                        _on_tierfs(os.path.dirname(os.path.abspath(path))))
         mark("read")
     finally:
         os.close(fd)
