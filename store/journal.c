@@ -88,6 +88,9 @@ void jnl_close(struct jnl *j)
 		return;
 	close(j->fd);
 	j->fd = -1;
+	free(j->live_seq);
+	j->live_seq = NULL;
+	j->live_cap = 0;
 	pthread_cond_destroy(&j->synced_cond);
 	pthread_mutex_destroy(&j->lock);
 }
@@ -154,6 +157,18 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 		return -ENOMEM;
 	h.len = len;
 	jlock(j);
+	if (type != JNL_RETIRE && j->live == j->live_cap) {
+		uint64_t cap = j->live_cap ? 2 * j->live_cap : 16;
+		uint64_t *n = realloc(j->live_seq, cap * sizeof(*n));
+
+		if (!n) {
+			junlock(j);
+			free(v);
+			return -ENOMEM;
+		}
+		j->live_seq = n;
+		j->live_cap = cap;
+	}
 	h.seq = j->seq + 1;
 	h.sum = rec_sum(&h, iov, iovcnt);
 	v[0] = (struct iovec){ &h, sizeof(h) };
@@ -165,7 +180,7 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 		j->appends++;
 		j->bytes += sizeof(h) + len;
 		if (type != JNL_RETIRE)
-			j->live++;
+			j->live_seq[j->live++] = h.seq;
 		*seq = h.seq;
 	}
 	junlock(j);
@@ -201,17 +216,48 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	return ret;
 }
 
+/* Where seq is in j->live_seq, or -1 (under j's lock). */
+static int64_t live_find(const struct jnl *j, uint64_t seq)
+{
+	uint64_t lo = 0, hi = j->live;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (j->live_seq[mid] == seq)
+			return (int64_t)mid;
+		if (j->live_seq[mid] < seq)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
 uint64_t jnl_retire(struct jnl *j, uint64_t seq)
 {
 	struct iovec v = { &seq, sizeof(seq) };
 	uint64_t rs = 0;
+	int64_t at;
 
+	jlock(j);
+	at = live_find(j, seq);
+	rs = j->seq;
+	junlock(j);
+	if (at < 0)
+		return rs;	/* retired already (or never live) */
 	if (jnl_append(j, JNL_RETIRE, &v, 1, &rs))
 		return 0;
 	jlock(j);
+	at = live_find(j, seq);
+	if (at < 0) {		/* a concurrent retire of it came first */
+		junlock(j);
+		return rs;
+	}
+	memmove(j->live_seq + at, j->live_seq + at + 1,
+		(j->live - (uint64_t)at - 1) * sizeof(*j->live_seq));
+	j->live--;
 	j->retires++;
-	if (j->live)
-		j->live--;
 	if (!j->live && j->off >= j->reset_at && ftruncate(j->fd, 0) == 0) {
 		j->off = 0;	/* seqs go on: what a lost truncation leaves
 				 * past the new records does not follow them */

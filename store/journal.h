@@ -66,6 +66,10 @@ struct jnl {
 	uint64_t synced;		/* records up to this seq are durable */
 	bool syncing;			/* a thread is in fdatasync for the rest */
 	uint64_t live;			/* records appended and not retired */
+	uint64_t *live_seq;		/* their seqs, ascending (appends come
+					 * in seq order): a retire counts
+					 * only for a seq found here */
+	uint64_t live_cap;		/* slots of live_seq */
 	uint64_t reset_at;		/* emptied when none is live and it is
 					 * this long (jnl_retire) */
 	/* statistics */
@@ -97,7 +101,10 @@ int jnl_sync(struct jnl *j, uint64_t seq);
  * live record left and a few MiB written the journal is emptied (the records it held are all
  * done, whether or not that emptying survives a crash).  Returns the
  * retire record's seq (for a jnl_sync that must precede a change that the
- * record would undo), or 0 when it could not be appended.
+ * record would undo), or 0 when it could not be appended.  A seq that is
+ * not live (retired already, or never appended) appends nothing and
+ * counts for nothing: the answer is then the last record's seq, whose
+ * sync covers the retire record made before.
  */
 uint64_t jnl_retire(struct jnl *j, uint64_t seq);
 

@@ -210,6 +210,27 @@ static void test_retired(void)
 	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
 	jnl_close(&j);
 	CHECK(!strcmp(replay(&st), "z"), "after emptying: got '%s'", seen);
+
+	/* a record retired twice counts once: the journal is not emptied
+	 * under the record still live, and a seq never appended changes
+	 * nothing either */
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	j.reset_at = 0;
+	for (int i = 0; i < 2; i++) {
+		struct iovec v = { buf, sizeof(buf) };
+
+		buf[0] = 'a' + i;
+		CHECK(jnl_append(&j, 7, &v, 1, &s[i]) == 0, "append");
+	}
+	CHECK(jnl_retire(&j, s[0]) != 0, "retire a");
+	CHECK(jnl_retire(&j, s[0]) != 0, "retire a again: answers the seq to sync");
+	CHECK(jnl_retire(&j, 999) != 0, "retire a seq never appended");
+	CHECK(j.live == 1 && j.off != 0 && j.resets == 0,
+	      "twice retired: live %lu off %lu resets %lu", (unsigned long)j.live,
+	      (unsigned long)j.off, (unsigned long)j.resets);
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "b"), "b stays live: got '%s'", seen);
 }
 
 /* Old records past new ones (an emptying lost in a crash): not replayed. */
