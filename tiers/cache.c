@@ -4,6 +4,9 @@
  * A tier's buffer [0, size) is tiled by fragments kept in a doubly linked
  * list in offset order (struct frag, one malloc each).  A fragment is
  * either a gap (copy == NULL) or the whole reservation of one cached copy.
+ * The gaps are also linked among themselves, in offset order (c->gaps,
+ * gprev/gnext): placement walks them alone, not the copies between them
+ * (a cache full of small files holds thousands of copies and few gaps).
  * Invariants, all checked by cache_check():
  *
  *   - the fragments tile [0, size): the first starts at 0, each starts
@@ -14,6 +17,7 @@
  *     fragments as copies;
  *   - a copy's fragment points at the copy and the copy points back at it
  *     and at this cache;
+ *   - the gap list holds every gap and nothing else, in offset order;
  *   - nfrags, ngaps and used (bytes in copies' fragments) are exact.
  *
  * Only [0, usable) may receive new copies: a GPU cache is mapped bit by
@@ -40,6 +44,7 @@ static struct frag *frag_new(uint64_t off, uint64_t size, struct copy *cp)
 	if (!f)
 		return NULL;
 	f->prev = f->next = NULL;
+	f->gprev = f->gnext = NULL;
 	f->off = off;
 	f->size = size;
 	f->copy = cp;
@@ -69,9 +74,66 @@ static void frag_link_before(struct cache *c, struct frag *f, struct frag *n)
 	}
 }
 
-/* Take f out of c's list and free it. */
+/* ---- the gap list -------------------------------------------------------- */
+
+/* Link gap n into c's gap list right before gap g (NULL: at its end, after
+ * `last`, the list's last gap or NULL). */
+static void gap_link(struct cache *c, struct frag *n, struct frag *g, struct frag *last)
+{
+	n->gnext = g;
+	n->gprev = g ? g->gprev : last;
+	if (n->gprev)
+		n->gprev->gnext = n;
+	else
+		c->gaps = n;
+	if (g)
+		g->gprev = n;
+}
+
+/* Take gap g out of c's gap list. */
+static void gap_del(struct cache *c, struct frag *g)
+{
+	if (g->gprev)
+		g->gprev->gnext = g->gnext;
+	else
+		c->gaps = g->gnext;
+	if (g->gnext)
+		g->gnext->gprev = g->gprev;
+	g->gprev = g->gnext = NULL;
+}
+
+/* Put n (a fragment just made a gap) in its place in the gap list: before
+ * the nearest gap that follows it or after the nearest that precedes it,
+ * looked for on both sides at once (the walk stops at the nearer). */
+static void gap_add(struct cache *c, struct frag *n)
+{
+	struct frag *a = n->prev, *b = n->next;
+
+	for (;;) {
+		if (b && !b->copy) {
+			gap_link(c, n, b, NULL);
+			return;
+		}
+		if (a && !a->copy) {
+			gap_link(c, n, a->gnext, a);
+			return;
+		}
+		if (!a && !b) {		/* the only gap */
+			gap_link(c, n, NULL, NULL);
+			return;
+		}
+		if (a)
+			a = a->prev;
+		if (b)
+			b = b->next;
+	}
+}
+
+/* Take f out of c's list (and out of the gap list: a gap) and free it. */
 static void frag_unlink(struct cache *c, struct frag *f)
 {
+	if (!f->copy)
+		gap_del(c, f);
 	if (f->prev)
 		f->prev->next = f->next;
 	else
@@ -89,23 +151,32 @@ static void frag_unlink(struct cache *c, struct frag *f)
  */
 static struct frag *frag_make_gap(struct cache *c, struct frag *f)
 {
-	struct frag *n;
+	struct frag *n = f->next, *p = f->prev;
 
 	assert(f->copy == NULL);
+	if (p && !p->copy) {		/* p takes f (and a gap after it) */
+		p->size += f->size;
+		f->gprev = f->gnext = NULL;	/* f is in no gap list */
+		c->nfrags--;
+		if (n && !n->copy) {
+			p->size += n->size;
+			frag_unlink(c, n);
+			c->ngaps--;
+		}
+		p->next = f->next;
+		if (f->next)
+			f->next->prev = p;
+		free(f);
+		return p;
+	}
 	c->ngaps++;
-	n = f->next;
-	if (n && !n->copy) {
+	if (n && !n->copy) {		/* f takes n's place in the gap list */
 		f->size += n->size;
+		gap_link(c, f, n, NULL);
 		frag_unlink(c, n);
 		c->ngaps--;
-	}
-	if (f->prev && !f->prev->copy) {
-		struct frag *p = f->prev;
-
-		p->size += f->size;
-		frag_unlink(c, f);
-		c->ngaps--;
-		f = p;
+	} else {
+		gap_add(c, f);
 	}
 	return f;
 }
@@ -152,6 +223,7 @@ int cache_init(struct cache *c, const char *name, int level, void *base,
 	c->ops = ops;
 	c->policy = pol;
 	c->head = f;
+	c->gaps = f;
 	c->nfrags = 1;
 	c->ngaps = 1;
 	return 0;
@@ -174,6 +246,7 @@ void cache_destroy(struct cache *c)
 		f = n;
 	}
 	c->head = NULL;
+	c->gaps = NULL;
 	c->nfrags = c->ngaps = 0;
 }
 
@@ -197,6 +270,9 @@ static int place_at(struct cache *c, struct frag *g, uint64_t at, struct copy *c
 	}
 	if (g->off + g->size == at + size) {
 		f = g;
+		if (before)		/* the front keeps g's place in the gap list */
+			gap_link(c, before, g, NULL);
+		gap_del(c, g);
 		f->off = at;
 		f->size = size;
 		c->ngaps--;
@@ -206,6 +282,8 @@ static int place_at(struct cache *c, struct frag *g, uint64_t at, struct copy *c
 			free(before);
 			return -ENOMEM;
 		}
+		if (before)	/* the front is a gap of its own, before g */
+			gap_link(c, before, g, NULL);
 		frag_link_before(c, g, f);
 		c->nfrags++;
 		g->size -= at + size - g->off;
@@ -259,7 +337,7 @@ int cache_place_in(struct cache *c, struct copy *cp, uint64_t size,
 	hi &= ~(uint64_t)(TIER_ALIGN - 1);
 	if (size == 0 || lo >= hi || size > hi - lo)
 		return -ENOSPC;
-	for (g = c->head; g && g->off < hi; g = g->next) {
+	for (g = c->gaps; g && g->off < hi; g = g->gnext) {
 		uint64_t a, b;
 
 		if (!gap_clip(g, lo, hi, &a, &b) || b - a < size)
@@ -281,8 +359,8 @@ int cache_place_at(struct cache *c, struct copy *cp, uint64_t size, uint64_t at)
 	size = resv_size(size);
 	if (size == 0 || at % TIER_ALIGN || at > c->usable || size > c->usable - at)
 		return -ENOSPC;
-	for (g = c->head; g && g->off <= at; g = g->next)
-		if (!g->copy && at + size <= g->off + g->size)
+	for (g = c->gaps; g && g->off <= at; g = g->gnext)
+		if (at + size <= g->off + g->size)
 			return place_at(c, g, at, cp, size);
 	return -ENOSPC;
 }
@@ -300,7 +378,7 @@ uint64_t cache_largest_gap_in(const struct cache *c, uint64_t lo, uint64_t hi)
 
 	if (hi > c->usable)
 		hi = c->usable;
-	for (g = c->head; g && g->off < hi; g = g->next) {
+	for (g = c->gaps; g && g->off < hi; g = g->gnext) {
 		uint64_t a, b;
 
 		if (gap_clip(g, lo, hi, &a, &b) && b - a > best)
@@ -394,6 +472,7 @@ void cache_shrink(struct cache *c, struct copy *cp, uint64_t size)
 		if (!g)
 			return;
 		frag_link_after(f, g);
+		gap_add(c, g);
 		c->nfrags++;
 		c->ngaps++;
 	}
@@ -450,6 +529,7 @@ int cache_grow_inplace(struct cache *c, struct copy *cp, uint64_t size)
 int cache_check(const struct cache *c)
 {
 	const struct frag *f, *prev = NULL;
+	const struct frag *gap = c->gaps, *gprev = NULL;	/* the gap list's next */
 	uint64_t off = 0, nfrags = 0, ngaps = 0, used = 0;
 
 	if (c->size == 0 || c->size % TIER_ALIGN)
@@ -479,6 +559,12 @@ int cache_check(const struct cache *c)
 			if (prev && !prev->copy)
 				BROKEN("adjacent gaps at %" PRIu64 " and %" PRIu64,
 				       prev->off, f->off);
+			if (f != gap)
+				BROKEN("gap at %" PRIu64 " is not next in the gap list", f->off);
+			if (gap->gprev != gprev)
+				BROKEN("gap at %" PRIu64 ": bad gprev link", f->off);
+			gprev = gap;
+			gap = gap->gnext;
 			continue;
 		}
 		used += f->size;
@@ -494,6 +580,8 @@ int cache_check(const struct cache *c)
 	if (off != c->size)
 		BROKEN("fragments end at %" PRIu64 ", size %" PRIu64,
 		       off, c->size);
+	if (gap)
+		BROKEN("the gap list goes on past the last gap, at %" PRIu64, gap->off);
 	if (nfrags != c->nfrags)
 		BROKEN("nfrags %" PRIu64 ", counted %" PRIu64, c->nfrags, nfrags);
 	if (ngaps != c->ngaps)

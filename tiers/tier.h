@@ -73,6 +73,8 @@ struct tfile;
 
 struct frag {
 	struct frag *prev, *next;	/* neighbours in offset order */
+	struct frag *gprev, *gnext;	/* a gap's neighbouring gaps, in offset
+					 * order (struct cache's gaps) */
 	uint64_t off;			/* offset in the tier buffer */
 	uint64_t size;			/* bytes, multiple of TIER_ALIGN */
 	struct copy *copy;		/* the copy here, NULL for a gap */
@@ -170,6 +172,8 @@ struct cache {
 	bool host_addressable;		/* base can be dereferenced by the CPU */
 	const struct evict_policy *policy;
 	struct frag *head;		/* fragments in offset order */
+	struct frag *gaps;		/* the gaps alone, in offset order:
+					 * what placement walks */
 	uint64_t nfrags, ngaps;		/* table size */
 	uint64_t used;			/* bytes held by copies */
 	uint64_t seq;			/* copy insertion counter */
