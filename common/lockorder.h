@@ -50,7 +50,7 @@
  * 19   jnl.lock        the journal's end, sequence numbers     nothing (a leaf; taken under
  *      (store/journal.c) and syncs (never held across one)     an ilock, engine.lock never)
  * 20   log_mu          the line state of -o logfile's stream   nothing (the last: a message
- *      (fs/fs_main.c)                                          is written under any lock)
+ *      (fs/fs_start.c)                                         is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
  * engine.lock, and fs.nslock -> fs.lock -> fdc.lock.  Two files' ilocks
@@ -101,7 +101,7 @@ enum lock_rank {
 	LR_GPU_CTX,		/* gpu_common.c's devctx_lock: a leaf */
 	LR_GPU_VMM,		/* gpu_vmm.c's vmm lock: a leaf */
 	LR_JOURNAL,		/* store/journal.c's jnl.lock: a leaf */
-	LR_LOG,			/* fs_main.c's log_mu: the last */
+	LR_LOG,			/* fs_start.c's log_mu: the last */
 };
 
 #ifndef NDEBUG

@@ -60,7 +60,7 @@ static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	 * writer's buffer to tierfs in one copy, without the page-cache copy
 	 * and its dirty-page throttling.  Nothing can mmap a write-only fd.
 	 * Other handles do too when the kernel still mmaps such files
-	 * (fs.dio_mmap, see fs_main.c): a read is then one copy from the
+	 * (fs.dio_mmap, see fs_loop.c): a read is then one copy from the
 	 * cache into the reader's buffer.  no_direct_writes puts every
 	 * writable handle in the page cache (with -o writeback: small
 	 * write()s reach tierfs coalesced, and none bypasses the kernel's own

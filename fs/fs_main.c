@@ -1,12 +1,12 @@
 /*
- * fs_main.c - the tierfs daemon: options, start-up checks (one daemon per
- * backing directory), where messages go (stderr, syslog, -o logfile), the
- * mount, and the orderly shutdown that flushes every cached file to the
- * backing directory.  The request loop is in fs_loop.c.
+ * fs_main.c - the tierfs daemon: its options (parsed and checked), the
+ * start-up in order (the checks, the lock and what goes to the log are
+ * fs_start.c's), the mount, tierfs --recover, and the orderly shutdown
+ * that flushes every cached file to the backing directory.  The request
+ * loop is in fs_loop.c.
  */
 #include <errno.h>
 #include <poll.h>
-#include <pwd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -17,14 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
-#include <sys/uio.h>
-#include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +30,7 @@
 #include "fs_opt.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
+#include "fs_start.h"
 #include "../tiers/gpu_tier.h"
 
 extern int tierfs_log_syslog;
@@ -383,119 +378,6 @@ static uint64_t total_ram(void)
 	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 4ull << 30;
 }
 
-static void raise_nofile(void)
-{
-	struct rlimit rl;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-		rl.rlim_cur = rl.rlim_max;
-		setrlimit(RLIMIT_NOFILE, &rl);
-	}
-}
-
-
-/*
- * Where messages go.  tierfs_log() writes to stderr until the daemon is
- * detached, then to syslog.  With -o logfile=PATH, stderr becomes a
- * line-buffered stream that prefixes every line with the time and the PID
- * and appends it to PATH with one write (so lines of several writers never
- * mix), from the start; once the daemon is detached, descriptor 2 is the
- * log file too, so what bypasses stdio (sanitizer reports) lands there.
- * `console` is the stderr we were started with: fatal start-up errors go
- * there as well.
- */
-static FILE *console;
-static int log_fd = -1;			/* the log file, -1: none */
-static bool log_bol = true;		/* next byte starts a line (log_mu) */
-/* The stream's own lock serialises log_write() in glibc, but nothing
- * promises that of a cookie stream (and ThreadSanitizer cannot see it):
- * the line state has a lock of its own, the last of the lock order
- * (LR_LOG: a message may be written under any lock; nothing under it). */
-static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static size_t log_stamp(char *buf, size_t len)
-{
-	struct timespec ts;
-	struct tm tm;
-	size_t n;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	localtime_r(&ts.tv_sec, &tm);
-	n = strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
-	n += (size_t)snprintf(buf + n, len - n, ".%03ld", ts.tv_nsec / 1000000);
-	n += strftime(buf + n, len - n, " %z", &tm);
-	n += (size_t)snprintf(buf + n, len - n, " [%ld] ", (long)getpid());
-	return n < len ? n : len - 1;
-}
-
-/* fopencookie write: each line that starts here gets a time stamp. */
-static ssize_t log_write(void *cookie, const char *buf, size_t len)
-{
-	size_t done = 0;
-
-	(void)cookie;
-	ranked_lock(&log_mu, LR_LOG);
-	while (done < len) {
-		const char *nl = memchr(buf + done, '\n', len - done);
-		size_t n = nl ? (size_t)(nl - (buf + done)) + 1 : len - done;
-		char stamp[80];
-		struct iovec iov[2] = {
-			{ stamp, log_bol ? log_stamp(stamp, sizeof(stamp)) : 0 },
-			{ (void *)(buf + done), n },
-		};
-
-		/* a full disk loses lines, never the daemon's stderr */
-		if (writev(log_fd, iov, 2) < 0) {
-			/* nothing to report it to */
-		}
-		log_bol = nl != NULL;
-		done += n;
-	}
-	ranked_unlock(&log_mu, LR_LOG);
-	return (ssize_t)len;
-}
-
-/* -o logfile: open PATH (relative to where we were started) and send
- * stderr there.  Returns 0 or -errno. */
-static int log_to_file(const char *path)
-{
-	cookie_io_functions_t io = { .write = log_write };
-	FILE *f;
-
-	log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
-	if (log_fd < 0)
-		return -errno;
-	f = fopencookie(NULL, "w", io);
-	if (!f) {
-		close(log_fd);
-		log_fd = -1;
-		return -ENOMEM;
-	}
-	setvbuf(f, NULL, _IOLBF, 4096);
-	tzset();
-	stderr = f;			/* glibc: stderr is a plain variable */
-	return 0;
-}
-
-/* Can syslog(3) deliver?  0, or why not (-errno). */
-static int syslog_reachable(void)
-{
-	static const int types[] = { SOCK_DGRAM, SOCK_STREAM };
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int i, fd, err = 0;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", _PATH_LOG);
-	for (i = 0; i < 2; i++) {
-		fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return -errno;
-		err = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ? -errno : 0;
-		close(fd);
-		if (err != -EPROTOTYPE)
-			break;
-	}
-	return err;
-}
 
 /*
  * Unmount always ends.  Files that cannot be written to the backing
@@ -516,386 +398,6 @@ static int sync_before_exit(void)
 		failed = fs_sync_all(false);
 	}
 	return failed ? fs_sync_all(true) : 0;
-}
-
-/* One line on the console, and in the log file when there is one. */
-static void say(const char *fmt, const char *a, const char *b)
-{
-	FILE *out[2] = { console ? console : stderr, stderr };
-	int i;
-
-	for (i = 0; i < (out[1] != out[0] ? 2 : 1); i++) {
-		fprintf(out[i], "tierfs: ");
-		fprintf(out[i], fmt, a, b);
-		fputc('\n', out[i]);
-		fflush(out[i]);
-	}
-}
-
-/* One-line error and exit 1 (before mounting): see say(). */
-static void die(const char *fmt, const char *a, const char *b)
-{
-	say(fmt, a, b);
-	exit(1);
-}
-
-/*
- * One daemon per backing directory.  BACKING/.tierfs.lock (a reserved
- * name: never seen through the mount) carries an open file description
- * lock, which stays with the descriptor across the fork into the
- * background, unlike a POSIX record lock; the file says "PID MOUNTPOINT"
- * of the daemon holding it, for the error a second daemon gives.  The
- * holder removes it when it exits, after its last write to the backing
- * directory; so a daemon that got the lock checks that its file is still
- * the one under that name (else the holder removed it on its way out
- * after we opened it: again).
- */
-#define FS_LOCK_NAME	FS_HIDDEN_PREFIX ".lock"
-
-static int lock_fd = -1;
-
-static bool same_file(int fd, int dirfd, const char *name)
-{
-	struct stat a, b;
-
-	return fstat(fd, &a) == 0 && fstatat(dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
-	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
-
-/* Who holds the lock: "PID MOUNTPOINT" into buf (waits a moment for a
- * holder that has just locked it to say so). */
-static void lock_holder(int fd, char *buf, size_t len)
-{
-	ssize_t n = 0;
-	int i;
-
-	for (i = 0; i < 50; i++) {
-		n = pread(fd, buf, len - 1, 0);
-		if (n > 0)
-			break;
-		usleep(20 * 1000);
-	}
-	buf[n > 0 ? n : 0] = 0;
-	buf[strcspn(buf, "\n")] = 0;
-}
-
-/* Say who holds the lock: this process, on fs.opts.mountpoint ("running":
- * lock_note_exit will say how it ends; a file left so, the daemon was
- * killed). */
-static void lock_note(void)
-{
-	char line[PATH_MAX + 32];
-	int n;
-
-	if (lock_fd < 0)
-		return;
-	n = snprintf(line, sizeof(line), "%ld %s\nrunning\n", (long)getpid(),
-		     fs.opts.mountpoint);
-	if (n >= (int)sizeof(line) || pwrite(lock_fd, line, (size_t)n, 0) != n ||
-	    ftruncate(lock_fd, n) < 0)
-		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
-		     strerror(errno));
-}
-
-/*
- * At exit, after the last flush: add to the lock file how the daemon ends,
- * for `tierfsctl wait` and tierfs.wait_flushed, which hold it open to read
- * it once the process is gone (see unlock_backing):
- *	PID MOUNTPOINT
- *	exit STATUS
- *	lost N			files given up (fs_sync_all)
- *	PATH			one line each, the first FS_LOST_NAMES
- *	unpersisted M DIR	the last line: operations that did not reach
- *				-o persist's DIR (M 0, no DIR: none)
- * All within the file's first 4 KiB, which its first line already
- * occupies: a full backing file system still takes it.
- */
-#define LOCK_TAIL_ROOM	(PATH_MAX + 32)		/* the unpersisted line */
-
-static void lock_note_exit(int status, unsigned unpersisted)
-{
-	char buf[4096 + LOCK_TAIL_ROOM];
-	const size_t room = 4096 - 64;		/* for the lines before the last */
-	const char *pdir = fs_persist_dir();
-	int n, i, m;
-
-	if (lock_fd < 0)
-		return;
-	n = snprintf(buf, room, "%ld %s\nexit %d\nlost %u\n", (long)getpid(),
-		     fs.opts.mountpoint, status, fs.lost);
-	for (i = 0; i < FS_LOST_NAMES && i < (int)fs.lost && n < (int)room; i++) {
-		const char *p = fs.lost_names[i] ? fs.lost_names[i] : "?";
-
-		m = snprintf(buf + n, room - (size_t)n, "%s\n", p);
-		if (m >= (int)room - n)
-			break;		/* no room for the whole line */
-		for (char *c = buf + n; c < buf + n + m - 1; c++)
-			if (*c == '\n')
-				*c = '?';
-		n += m;
-	}
-	if (n >= (int)room)
-		return;
-	m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u %s\n", unpersisted,
-		     pdir ? pdir : "-");
-	if (n + m > 4096 || strchr(buf + n, '\n') != buf + n + m - 1)	/* DIR left out */
-		m = snprintf(buf + n, sizeof(buf) - (size_t)n, "unpersisted %u -\n", unpersisted);
-	n += m;
-	if (pwrite(lock_fd, buf, (size_t)n, 0) != n)
-		tlog(LOG_WARNING, "cannot write %s/%s: %s", fs.opts.backing, FS_LOCK_NAME,
-		     strerror(errno));
-}
-
-/* Take the lock, or exit saying who holds it. */
-static void lock_backing(void)
-{
-	char holder[PATH_MAX + 32], why[PATH_MAX + 64], *mnt;
-	int i, r, fd;
-
-	for (i = 0; i < 100; i++) {
-		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
-
-		fd = openat(fs.root_fd, FS_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
-			    0644);
-		if (fd < 0)
-			die("cannot create %s/" FS_LOCK_NAME ": %s", fs.opts.backing,
-			    strerror(errno));
-		r = fcntl(fd, F_OFD_SETLK, &fl);
-		if (r < 0 && errno == EINVAL)		/* no OFD locks: Linux < 3.15 */
-			r = flock(fd, LOCK_EX | LOCK_NB);
-		if (r < 0 && (errno == EAGAIN || errno == EACCES)) {
-			lock_holder(fd, holder, sizeof(holder));
-			close(fd);
-			mnt = strchr(holder, ' ');
-			if (mnt)
-				*mnt++ = 0;
-			snprintf(why, sizeof(why), "PID %s, mounted on %s",
-				 holder[0] ? holder : "unknown", mnt ? mnt : "?");
-			die("backing directory %s is in use by another tierfs daemon (%s)",
-			    fs.opts.backing, why);
-		}
-		if (r < 0) {		/* e.g. a network file system without locks */
-			tlog(LOG_WARNING, "cannot lock %s/%s (%s): nothing stops a second "
-			     "daemon from using it", fs.opts.backing, FS_LOCK_NAME,
-			     strerror(errno));
-			close(fd);
-			return;
-		}
-		if (same_file(fd, fs.root_fd, FS_LOCK_NAME)) {
-			lock_fd = fd;
-			lock_note();
-			return;
-		}
-		close(fd);		/* removed by a holder on its way out */
-	}
-	die("cannot lock %s/" FS_LOCK_NAME ": it keeps being replaced%s", fs.opts.backing, "");
-}
-
-/*
- * Open the backing root (fs.root_fd), keep its mtime for the caller to put
- * back (*rmt, *rmt_ok: the lock file and the daemon's own names change
- * it), and take the backing directory's lock: the start of a mount and of
- * tierfs --recover.
- */
-static void open_backing_root(struct timespec *rmt, bool *rmt_ok)
-{
-	fs.root_fd = open(fs.opts.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	if (fs.root_fd < 0)
-		die("cannot open %s: %s", fs.opts.backing, strerror(errno));
-	fs.tmp_fd = -1;
-	fs_dir_mtime_get(fs.root_fd, rmt, rmt_ok);
-	lock_backing();
-}
-
-/*
- * Exit: the backing directory is free again (see lock_backing).  The lock
- * file goes, but its descriptor stays open until the process ends: what
- * is left of the exit (the CUDA driver's own teardown takes a while) comes
- * after, and `tierfsctl wait` finds an exiting daemon by that descriptor
- * (python/tierfs _find_daemon), to wait for the process itself.  An
- * unlinked file locks nothing: a new daemon makes a lock file of its own.
- */
-static void unlock_backing(void)
-{
-	struct timespec t;
-	bool ok;
-
-	if (lock_fd < 0)
-		return;
-	fs_dir_mtime_get(fs.root_fd, &t, &ok);
-	fs_tmp_dir_end();
-	fs_journal_end();
-	if (same_file(lock_fd, fs.root_fd, FS_LOCK_NAME))
-		unlinkat(fs.root_fd, FS_LOCK_NAME, 0);
-	fs_dir_mtime_put(fs.root_fd, &t, ok);
-}
-
-/* A mountinfo field as it was before the kernel escaped it (\ooo). */
-static void unescape_mnt(char *s)
-{
-	char *o = s;
-
-	for (; *s; s++) {
-		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
-		    s[3] >= '0' && s[3] <= '7') {
-			*o++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
-			s += 3;
-		} else {
-			*o++ = *s;
-		}
-	}
-	*o = 0;
-}
-
-/*
- * A mount point on a live tierfs mount (its root, or a directory inside
- * it) is refused: the new mount would hide the first one's files, which
- * its daemon still flushes.  statfs(2) says whether it is on FUSE at all
- * (a dead FUSE mount fails it: not ours to judge); the mount holding it,
- * the last in /proc/self/mountinfo with the longest mount point above it,
- * says whether that is tierfs.
- */
-#define FUSE_SUPER_MAGIC_	0x65735546
-
-static void check_not_on_tierfs(void)
-{
-	const char *mp = fs.opts.mountpoint;
-	char line[3 * PATH_MAX], best[PATH_MAX] = "", mnt[PATH_MAX], type[64];
-	size_t bl = 0;
-	struct statfs sf;
-	bool tierfs = false;
-	FILE *f;
-
-	if (statfs(mp, &sf) < 0 || (unsigned long)sf.f_type != FUSE_SUPER_MAGIC_)
-		return;
-	f = fopen("/proc/self/mountinfo", "re");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *sep = strstr(line, " - ");
-		size_t ml;
-
-		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
-		    sscanf(sep + 3, "%63s", type) != 1)
-			continue;
-		unescape_mnt(mnt);
-		ml = strlen(mnt);
-		if (strncmp(mp, mnt, ml) || (mp[ml] && mp[ml] != '/' && strcmp(mnt, "/")) ||
-		    ml < bl)
-			continue;
-		snprintf(best, sizeof(best), "%s", mnt);
-		bl = ml;
-		tierfs = !strcmp(type, "fuse.tierfs");
-	}
-	fclose(f);
-	if (!tierfs)
-		return;
-	/* after lock_backing: a second daemon over the same backing directory
-	 * has been told which daemon holds it; this one's lock goes first */
-	unlock_backing();
-	if (!strcmp(best, mp))
-		die("mount point %s is a live tierfs mount already: unmount it first "
-		    "(a second mount would hide it)%s", mp, "");
-	die("mount point %s is inside the live tierfs mount %s (its files would be "
-	    "hidden)", mp, best);
-}
-
-/*
- * The mount point may not be the backing directory or inside it (the
- * daemon would serve its own mount through itself).  Compared by st_dev
- * and st_ino of the mount point and each of its parents, so that a
- * symlink or a bind mount of the backing directory is seen through.
- */
-static void check_mountpoint(const struct stat *bst)
-{
-	char *p = strdup(fs.opts.mountpoint), *slash;
-	struct stat st;
-	bool self = true;
-
-	if (!p)
-		die("out of memory%s%s", "", "");
-	for (;;) {
-		if (stat(p, &st) == 0 && st.st_dev == bst->st_dev && st.st_ino == bst->st_ino) {
-			if (self)
-				die("mount point %s is the backing directory%s",
-				    fs.opts.mountpoint, "");
-			die("mount point %s is inside the backing directory %s",
-			    fs.opts.mountpoint, fs.opts.backing);
-		}
-		slash = strrchr(p, '/');
-		if (!slash || (slash == p && !p[1]))
-			break;
-		slash[slash == p ? 1 : 0] = 0;
-		self = false;
-	}
-	free(p);
-}
-
-/*
- * Into the background (without -f).  Unlike fuse_daemonize(), the
- * starting process waits until the daemon is ready (the cache created,
- * the lock naming the daemon's PID) and exits with its status: a daemon
- * that fails to start says why on the console, and its starter exits 1.
- */
-static int ready_pipe = -1;
-
-static void daemon_fork(void)
-{
-	char status = 1;
-	int p[2];
-	pid_t pid;
-
-	if (pipe2(p, O_CLOEXEC) < 0)
-		die("cannot go into the background: %s%s", strerror(errno), "");
-	fflush(NULL);
-	pid = fork();
-	if (pid < 0)
-		die("cannot go into the background: %s%s", strerror(errno), "");
-	if (pid > 0) {
-		close(p[1]);
-		if (read(p[0], &status, 1) != 1)
-			status = 1;	/* the daemon died starting */
-		_exit(status);
-	}
-	close(p[0]);
-	ready_pipe = p[1];
-	if (setsid() < 0)
-		tlog(LOG_WARNING, "setsid: %s", strerror(errno));
-}
-
-/*
- * Start-up is over: in the background, descriptors 0 and 1 go to
- * /dev/null and 2 to the log file (or /dev/null), messages to syslog
- * unless there is a log file, and the starting process exits 0.  In the
- * foreground only the log file, if any, takes descriptor 2.
- */
-static void daemon_ready(void)
-{
-	int nullfd;
-	char ok = 0;
-
-	if (fs.opts.foreground) {
-		if (log_fd >= 0)
-			dup2(log_fd, STDERR_FILENO);
-		return;
-	}
-	if (log_fd < 0) {
-		openlog("tierfs", LOG_PID, LOG_DAEMON);
-		tierfs_log_syslog = 1;
-	}
-	fflush(NULL);
-	nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (nullfd >= 0) {
-		dup2(nullfd, STDIN_FILENO);
-		dup2(nullfd, STDOUT_FILENO);
-		dup2(log_fd >= 0 ? log_fd : nullfd, STDERR_FILENO);
-		if (nullfd > STDERR_FILENO)
-			close(nullfd);
-	}
-	if (write(ready_pipe, &ok, 1) != 1)
-		tlog(LOG_WARNING, "cannot tell the starting process: %s", strerror(errno));
-	close(ready_pipe);
-	ready_pipe = -1;
 }
 
 /* The mount's source (df, findmnt, /proc/mounts): the backing directory,
@@ -955,12 +457,12 @@ static void check_persist_options(void)
 	    (persist_timeout_str && fs_opt_seconds("persist_timeout", persist_timeout_str, 0,
 						   86400, 1, &fs.opts.persist_timeout, msg,
 						   sizeof(msg)))) {
-		say("%s%s", msg, "");
+		fs_say("%s%s", msg, "");
 		exit(2);
 	}
 	if (!fs.opts.persist && (fs.opts.persist_all || persist_wait_str || persist_bw_str ||
 				 persist_timeout_str || num_opt_given("persist_keep"))) {
-		say("persist_all, persist_wait, persist_bw, persist_timeout and persist_keep "
+		fs_say("persist_all, persist_wait, persist_bw, persist_timeout and persist_keep "
 		    "need: -o persist=DIR%s%s", "", "");
 		exit(2);
 	}
@@ -978,7 +480,7 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 		if (!n->val)
 			continue;
 		if (fs_opt_uint(n->name, n->val, n->min, n->max, n->unit, &v, msg, sizeof(msg))) {
-			say("%s%s", msg, "");
+			fs_say("%s%s", msg, "");
 			exit(n->status);
 		}
 		*n->dst = (int)v;
@@ -986,15 +488,15 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	ecfg->host_cache = ram / 4;
 	if (host_cache_str && fs_opt_size("host_cache", host_cache_str, FS_OPT_PCT, ram,
 					  &ecfg->host_cache, msg, sizeof(msg)))
-		die("%s%s", msg, "");
+		fs_die("%s%s", msg, "");
 	if (ecfg->host_cache < TIER_ALIGN)
-		die("host_cache=%s is too small: give a size like 512M, 8G or 25%%%s",
+		fs_die("host_cache=%s is too small: give a size like 512M, 8G or 25%%%s",
 		    host_cache_str, "");
 	if (ecfg->host_cache > ram)
-		die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
+		fs_die("host_cache=%s is more than this machine's memory%s", host_cache_str, "");
 	ecfg->policy = evict_policy_find(fs.opts.evict ? fs.opts.evict : "score");
 	if (!ecfg->policy)
-		die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
+		fs_die("unknown evict policy '%s' (score, fifo, lru)%s", fs.opts.evict, "");
 	if (fs.opts.flush_threads == -1)	/* not given: the engine's default */
 		fs.opts.flush_threads = 0;
 	if (fs.opts.flush_age_ms == INT_MIN)	/* not given */
@@ -1019,12 +521,12 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 	ecfg->hugepages = true;
 	if (gpu_cache_str && fs_opt_size("gpu_cache", gpu_cache_str, FS_OPT_PCT, ram,
 					 &fs.opts.gpu_cache, msg, sizeof(msg)))
-		die("%s%s", msg, "");
+		fs_die("%s%s", msg, "");
 	if (fs.opts.balance) {
 		enum balance_policy bp;
 
 		if (balance_policy_parse(fs.opts.balance, &bp) || bp == BALANCE_MINCOST)
-			die("bad balance '%s': maxflow, greedy or host%s", fs.opts.balance, "");
+			fs_die("bad balance '%s': maxflow, greedy or host%s", fs.opts.balance, "");
 		ecfg->balance = (int)bp;
 	} else {
 		ecfg->balance = BALANCE_MAXFLOW;
@@ -1035,148 +537,13 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 		bool all;
 
 		if (gpu_spec(fs.opts.gpu, devs, &n, &all))
-			die("bad gpu '%s': a device number, several joined by ':' "
+			fs_die("bad gpu '%s': a device number, several joined by ':' "
 			    "(0:1, at most 8, each once), all, or none%s", fs.opts.gpu, "");
 	}
-	check_persist_options();
-}
-
-/*
- * Mounting as a user (tierfs(8), MOUNTING AS A USER).  A daemon that is
- * not root opens /dev/fuse itself and has fusermount3 (set-user-ID root)
- * mount it, which refuses a mount point the user may not write, a sticky
- * one that is not the user's, and allow_other or allow_root unless
- * /etc/fuse.conf says user_allow_other.  Each is checked here first, so
- * that the error says what is wrong and what it takes, before anything is
- * made in the backing directory.
- */
-#define FUSE_CONF	"/etc/fuse.conf"
-
-static const char *user_name(uid_t uid, char *buf, size_t len)
-{
-	struct passwd *pw = getpwuid(uid);
-
-	if (pw)
-		snprintf(buf, len, "%s", pw->pw_name);
-	else
-		snprintf(buf, len, "%lu", (unsigned long)uid);
-	return buf;
-}
-
-/* Does /etc/fuse.conf have a line user_allow_other?  1, 0, or -errno. */
-static int fuse_conf_allow_other(void)
-{
-	char line[256];
-	FILE *f = fopen(FUSE_CONF, "re");
-	int yes = 0;
-
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f)) {
-		char *p = line, *e;
-
-		while (*p == ' ' || *p == '\t')
-			p++;
-		e = p + strcspn(p, "\r\n");
-		while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
-			e--;
-		*e = 0;
-		if (!strcmp(p, "user_allow_other"))
-			yes = 1;
-	}
-	fclose(f);
-	return yes;
-}
-
-static void check_user_mount(const struct stat *mst)
-{
-	char me[64], owner[64], mode[8], why[PATH_MAX + 256];
-	uid_t uid = geteuid();
-
-	if (uid == 0)
-		return;
-	user_name(uid, me, sizeof(me));
-	if (access("/dev/fuse", R_OK | W_OK) < 0) {
-		if (errno == ENOENT)
-			die("/dev/fuse is missing: load the FUSE module (modprobe fuse)%s%s", "", "");
-		snprintf(why, sizeof(why), "user %s cannot open /dev/fuse (%s): a user mounts "
-			 "only with read and write access to it (its mode is usually 0666; "
-			 "see tierfs(8), MOUNTING AS A USER)", me, strerror(errno));
-		die("%s%s", why, "");
-	}
-	user_name(mst->st_uid, owner, sizeof(owner));
-	snprintf(mode, sizeof(mode), "%04o", (unsigned)(mst->st_mode & 07777));
-	if ((mst->st_mode & S_ISVTX) && mst->st_uid != uid) {
-		snprintf(why, sizeof(why), "mount point %s is sticky and not user %s's own "
-			 "(owner %s, mode %s): fusermount3 mounts a user's file system on a "
-			 "sticky directory only if it is the user's", fs.opts.mountpoint, me,
-			 owner, mode);
-		die("%s%s", why, "");
-	}
-	if (access(fs.opts.mountpoint, W_OK) < 0) {
-		snprintf(why, sizeof(why), "mount point %s is not writable by user %s (owner "
-			 "%s, mode %s): fusermount3 mounts a user's file system only on a "
-			 "directory the user may write", fs.opts.mountpoint, me, owner, mode);
-		die("%s%s", why, "");
-	}
-	if ((fs.opts.allow_other || allow_root) && fuse_conf_allow_other() <= 0) {
-		snprintf(why, sizeof(why), "%s: a user may use it only where %s has a line "
-			 "user_allow_other, and it has none here (or mount as root)",
-			 fs.opts.allow_other ? "allow_other" : "allow_root", FUSE_CONF);
-		die("%s%s", why, "");
-	}
-}
-
-/*
- * The backing directory: checked, locked (one daemon), what a killed
- * daemon left finished (fs_journal_start), the root inode and the table.
- */
-static void open_backing(void)
-{
-	struct timespec rmt;
-	struct stat st;
-	bool rmt_ok;
-
-	if (stat(fs.opts.backing, &st) < 0)
-		die("cannot use backing directory %s: %s", fs.opts.backing, strerror(errno));
-	if (!S_ISDIR(st.st_mode))
-		die("backing directory %s is not a directory%s", fs.opts.backing, "");
-	if (access(fs.opts.backing, R_OK | W_OK | X_OK) < 0)
-		die("backing directory %s is not writable: %s", fs.opts.backing, strerror(errno));
-	check_mountpoint(&st);
-	if (stat(fs.opts.mountpoint, &st) < 0)
-		die("cannot use mount point %s: %s", fs.opts.mountpoint, strerror(errno));
-	if (!S_ISDIR(st.st_mode))
-		die("mount point %s is not a directory%s", fs.opts.mountpoint, "");
-	check_user_mount(&st);
-
-	umask(0);
-	raise_nofile();
-	open_backing_root(&rmt, &rmt_ok);
-	check_not_on_tierfs();
-	fs_tmp_dir_start();
-	fs_journal_start();
-	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file, .tierfs.tmp and
-							 * .tierfs.journal are ours */
-	fs_ino_start();
-	fstat(fs.root_fd, &st);
-	fs.root.fd = fs.root_fd;
-	fs.root.dev = st.st_dev;
-	fs.root.ino = st.st_ino;
-	fs.root.type = S_IFDIR;
-	fs.root.data_fd = -1;
-	fs.root.nlookup = 2;
-	pthread_mutex_init(&fs.root.ilock, NULL);
-	pthread_mutex_init(&fs.lock, NULL);
-	pthread_mutex_init(&fs.nslock, NULL);
-	fs.hsize = 1024;
-	fs.htab = calloc(fs.hsize, sizeof(*fs.htab));
-	if (!fs.htab)
-		die("out of memory%s%s", "", "");
 	if (fs.opts.max_fds > 0 && fs.opts.max_fds < 16)
-		die("max_fds must be 16 or more (0: the default), not '%s'%s",
-		    num_opt_given("max_fds"), "");
-	fs_fd_setup(fs.opts.max_fds);
+		fs_die("max_fds must be 16 or more (0: the default), not '%s'%s",
+		       num_opt_given("max_fds"), "");
+	check_persist_options();
 }
 
 /*
@@ -1192,16 +559,16 @@ static void probe_dedup(struct engine_config *ecfg)
 
 	if (dedup_chunk_str && fs_opt_size("dedup_chunk", dedup_chunk_str, 0, 0, &chunk, msg,
 					   sizeof(msg)))
-		die("%s%s", msg, "");
+		fs_die("%s%s", msg, "");
 	if (dedup_chunk_str && (chunk < 4096 || chunk > (64u << 20) || (chunk & (chunk - 1))))
-		die("bad dedup_chunk '%s': a power of two from 4K to 64M%s", dedup_chunk_str, "");
+		fs_die("bad dedup_chunk '%s': a power of two from 4K to 64M%s", dedup_chunk_str, "");
 	if (dedup_index_str && fs_opt_size("dedup_index", dedup_index_str, FS_OPT_PCT,
 					   total_ram(), &index, msg, sizeof(msg)))
-		die("%s%s", msg, "");
+		fs_die("%s%s", msg, "");
 	if (strcmp(mode, "off") == 0)
 		return;
 	if (strcmp(mode, "auto") && strcmp(mode, "on"))
-		die("bad dedup '%s': auto, on or off%s", mode, "");
+		fs_die("bad dedup '%s': auto, on or off%s", mode, "");
 	struct timespec rmt;
 	bool rmt_ok;
 	int probed;
@@ -1222,8 +589,8 @@ static void probe_dedup(struct engine_config *ecfg)
 		return;
 	}
 	if (strcmp(mode, "on") == 0) {
-		unlock_backing();
-		die("dedup=on: %s cannot be used: %s", fs.opts.backing, why);
+		fs_unlock_backing();
+		fs_die("dedup=on: %s cannot be used: %s", fs.opts.backing, why);
 	}
 	tlog(LOG_NOTICE, "dedup: off (%s: %s)", fs.opts.backing, why);
 }
@@ -1360,15 +727,15 @@ static int recover(int argc, char *argv[])
 	}
 	fs.opts.backing = realpath(argv[2], NULL);
 	if (!fs.opts.backing)
-		die("cannot use backing directory %s: %s", argv[2], strerror(errno));
+		fs_die("cannot use backing directory %s: %s", argv[2], strerror(errno));
 	fs.opts.mountpoint = "(tierfs --recover)";
-	open_backing_root(&rmt, &rmt_ok);
+	fs_open_backing_root(&rmt, &rmt_ok);
 	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
 	fs_tmp_dir_start();		/* a killed daemon's uncommitted versions */
-	unlock_backing();
+	fs_unlock_backing();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);
 	if (ret) {
-		say("%s: %s", fs.opts.backing, msg);
+		fs_say("%s: %s", fs.opts.backing, msg);
 		return 1;
 	}
 	return 0;
@@ -1382,7 +749,7 @@ int main(int argc, char *argv[])
 	char msg[PATH_MAX + 128];
 	int ret = 1, level, mret;
 
-	console = stderr;
+	fs_log_console();
 	if (argc >= 2 && !strcmp(argv[1], "--recover"))
 		return recover(argc, argv);
 	fs.opts.direct_writes = 1;
@@ -1414,7 +781,7 @@ int main(int argc, char *argv[])
 	if (fs.opts.log) {
 		level = parse_level(fs.opts.log);
 		if (level < 0)
-			die("bad log level '%s' (err, warning, notice, info, debug)%s", fs.opts.log, "");
+			fs_die("bad log level '%s' (err, warning, notice, info, debug)%s", fs.opts.log, "");
 		tierfs_log_level = level;
 	} else if (getenv("TIERFS_DEBUG")) {
 		tierfs_log_level = LOG_DEBUG;
@@ -1423,19 +790,19 @@ int main(int argc, char *argv[])
 		tierfs_log_level = LOG_DEBUG;
 	fuse_set_log_func(fuse_log_to_tierfs);
 	if (logfile_path) {
-		int r = *logfile_path ? log_to_file(logfile_path) : -EINVAL;
+		int r = *logfile_path ? fs_log_to_file(logfile_path) : -EINVAL;
 
 		if (r)
-			die("cannot open log file '%s': %s", logfile_path, strerror(-r));
+			fs_die("cannot open log file '%s': %s", logfile_path, strerror(-r));
 	}
 
 	check_options(&ecfg, ram);
 	if (fs_persist_setup(msg, sizeof(msg))) {	/* -o persist=DIR */
-		say("%s%s", msg, "");
+		fs_say("%s%s", msg, "");
 		return 2;
 	}
 	fs_sets_setup((unsigned)fs.opts.keep_sets);
-	open_backing();
+	fs_open_backing(allow_root);
 
 	fuse_opt_add_arg(&args, "-odefault_permissions");
 	add_fsname(&args);
@@ -1468,7 +835,7 @@ int main(int argc, char *argv[])
 			c += 6;
 		snprintf(line, sizeof(line), "cannot mount on %s%s%s", fs.opts.mountpoint,
 			 *c ? ": " : "", c);
-		say("%s%s", line, "");
+		fs_say("%s%s", line, "");
 		ret = 1;
 		goto out_signals;
 	}
@@ -1476,8 +843,8 @@ int main(int argc, char *argv[])
 	if (fuse_session_custom_io(fs.se, &fs_io, fuse_session_fd(fs.se)) != 0)
 		tlog(LOG_INFO, "no custom FUSE I/O: reads go through the page cache");
 	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
-	if (!fs.opts.foreground && log_fd < 0) {
-		int r = syslog_reachable();
+	if (!fs.opts.foreground && !fs_log_file_open()) {
+		int r = fs_syslog_reachable();
 
 		if (r)
 			tlog(LOG_WARNING, "syslog cannot be reached (%s: %s): in the background "
@@ -1485,10 +852,10 @@ int main(int argc, char *argv[])
 	}
 	/* threads and CUDA contexts do not survive fork(): start them after */
 	if (!fs.opts.foreground)
-		daemon_fork();
+		fs_daemon_fork();
 	if (chdir("/") < 0)
 		tlog(LOG_WARNING, "chdir /: %s", strerror(errno));
-	lock_note();			/* the daemon's PID */
+	fs_lock_note();			/* the daemon's PID */
 
 	if (start_engine(&ecfg)) {
 		fuse_session_unmount(fs.se);
@@ -1499,7 +866,7 @@ int main(int argc, char *argv[])
 		fs_share_start();	/* failing, the daemon copies */
 	fs_persist_start();
 	fs_sets_start();
-	daemon_ready();
+	fs_daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
 	fs_sets_stop();			/* no retention while the mount goes */
@@ -1519,10 +886,10 @@ out_session:
 		/* after the last flush: waits persist_wait */
 		unpersisted = fs_persist_stop();
 		engine_destroy(fs.eng);
-		lock_note_exit(ret, unpersisted);
+		fs_lock_note_exit(ret, unpersisted);
 	}
 out_unlock:
-	unlock_backing();
+	fs_unlock_backing();
 	if (tierfs_fault("slow_exit"))
 		sleep(2);	/* as a long driver teardown would (tests) */
 	if (ret != 2)		/* a usage error has said its one line */

@@ -65,7 +65,7 @@ LEVELS = ("cache", "ssd", "pfs")    # checkpoint sets' levels, in order
 
 HIDDEN_PREFIX = b".tierfs"      # names tierfs keeps to itself (fs/fs.h)
 LOCK_NAME = ".tierfs.lock"      # in the backing directory: "PID MOUNTPOINT", ...
-                                # (fs_main.c lock_note_exit)
+                                # (fs_start.c fs_lock_note_exit)
 NAME_MAX = 255
 VALUE_MAX = 64 * 1024           # the kernel's limit on an attribute value
 
@@ -483,7 +483,7 @@ def _open_daemon(mnt):
             except OSError:
                 continue
             # an exiting daemon keeps its lock file's descriptor, unlinked,
-            # until the process has ended (fs_main.c unlock_backing)
+            # until the process has ended (fs_start.c fs_unlock_backing)
             if not target.endswith(("/" + LOCK_NAME, "/" + LOCK_NAME + " (deleted)")):
                 continue
             try:
