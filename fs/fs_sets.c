@@ -36,6 +36,7 @@
  * Locks: sets.lock (LR_SETS, a leaf) guards the watch list and its flags
  * only; evaluations and removals run with no lock of this file held, the
  * manifest's rewrites under fs.nslock (which orders them with commits).
+ * The manifest's format, its reading and writing: sets_manifest.c.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -54,33 +55,12 @@
 #include "fs.h"
 #include "fs_persist.h"
 #include "fs_sets.h"
+#include "sets_int.h"
 #include "tierfs.h"
 #include "../common/log.h"
 
-#define MANIFEST	FS_SET_RECORD		/* fs_persist.h */
-#define MANIFEST_TMP	FS_SET_RECORD_TMP	/* fs_persist.h */
-#define MANIFEST_MAX	(64u << 20)		/* bytes read at most */
 #define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
 #define KEEP_XATTR	TIERFS_XATTR_KEEP	/* on the backing directory */
-
-enum { L_CACHE, L_SSD, L_PFS, L_N };
-static const char *const level_name[L_N] = { "cache", "ssd", "pfs" };
-
-struct mfile {
-	char *name;
-	uint64_t size;
-	struct timespec mtime;
-};
-
-struct manifest {
-	struct timespec committed;
-	struct timespec at[L_N];	/* when ssd, pfs were recorded */
-	bool rec[L_N];			/* recorded (ssd, pfs) */
-	size_t n;
-	struct mfile *f;
-	uint64_t bytes;
-	char *text;			/* as read: names point into it */
-};
 
 struct level {
 	size_t pending;			/* files not there yet */
@@ -155,254 +135,6 @@ void fs_sets_setup(unsigned keep)
 	sets.keep = keep;
 }
 
-/* ------------------------------------------------------------ manifest */
-
-static void ts_now(struct timespec *t)
-{
-	clock_gettime(CLOCK_REALTIME, t);
-}
-
-static int ts_cmp(const struct timespec *a, const struct timespec *b)
-{
-	if (a->tv_sec != b->tv_sec)
-		return a->tv_sec < b->tv_sec ? -1 : 1;
-	return a->tv_nsec < b->tv_nsec ? -1 : a->tv_nsec > b->tv_nsec;
-}
-
-/* "SEC.NSEC" at *p; advances *p.  false: not one. */
-static bool parse_ts(char **p, struct timespec *t)
-{
-	char *end;
-
-	errno = 0;
-	t->tv_sec = strtoll(*p, &end, 10);
-	if (errno || end == *p || *end != '.')
-		return false;
-	*p = end + 1;
-	t->tv_nsec = strtol(*p, &end, 10);
-	if (errno || end == *p || t->tv_nsec < 0 || t->tv_nsec > 999999999)
-		return false;
-	*p = end;
-	return true;
-}
-
-static void manifest_free(struct manifest *m)
-{
-	free(m->f);
-	free(m->text);
-	memset(m, 0, sizeof(*m));
-}
-
-/* Parse m->text (malloc'ed, NUL-terminated; m owns it): 0, or -EIO for
- * one that does not parse (logged; m freed). */
-static int manifest_parse(struct manifest *m)
-{
-	size_t cap = 0;
-	char *p, *nl;
-	int ret = 0;
-
-	if (strncmp(m->text, "tierfs-set 1\n", 13)) {
-		ret = -EIO;
-		goto out;
-	}
-	for (p = m->text + 13; *p; p = nl + 1) {
-		nl = strchr(p, '\n');
-		if (!nl) {
-			ret = -EIO;	/* the last line is whole in a whole file */
-			goto out;
-		}
-		*nl = 0;
-		if (!strncmp(p, "committed ", 10)) {
-			p += 10;
-			if (!parse_ts(&p, &m->committed))
-				ret = -EIO;
-		} else if (!strncmp(p, "ssd ", 4) || !strncmp(p, "pfs ", 4)) {
-			int l = p[0] == 's' ? L_SSD : L_PFS;
-
-			p += 4;
-			if (!parse_ts(&p, &m->at[l]))
-				ret = -EIO;
-			m->rec[l] = true;
-		} else if (!strncmp(p, "file ", 5)) {
-			struct mfile *f;
-			char *end;
-
-			if (m->n == cap) {
-				cap = cap ? 2 * cap : 16;
-				f = realloc(m->f, cap * sizeof(*f));
-				if (!f) {
-					ret = -ENOMEM;
-					goto out;
-				}
-				m->f = f;
-			}
-			f = &m->f[m->n];
-			p += 5;
-			errno = 0;
-			f->size = strtoull(p, &end, 10);
-			if (errno || end == p || *end != ' ') {
-				ret = -EIO;
-				goto out;
-			}
-			p = end + 1;
-			if (!parse_ts(&p, &f->mtime) || *p != ' ' || !p[1]) {
-				ret = -EIO;
-				goto out;
-			}
-			f->name = p + 1;
-			if (strchr(f->name, '/') || !strcmp(f->name, ".") ||
-			    !strcmp(f->name, "..")) {
-				ret = -EIO;	/* not a name of the set's directory */
-				goto out;
-			}
-			m->bytes += f->size;
-			m->n++;
-		}			/* other keys: a newer format's, skipped */
-		if (ret)
-			goto out;
-	}
-	if (!m->committed.tv_sec)
-		ret = -EIO;
-out:
-	if (ret == -EIO)
-		tlog(LOG_WARNING, "sets: a %s that does not parse: taken as no commit", MANIFEST);
-	if (ret)
-		manifest_free(m);
-	return ret;
-}
-
-/*
- * Read and parse the manifest of the backing directory dfd (O_PATH is
- * enough): 0, -ENODATA where there is none (not a set), -EIO for one that
- * does not parse (logged).
- */
-static int manifest_read(int dfd, struct manifest *m)
-{
-	struct stat st;
-	int fd, ret = 0;
-	ssize_t n;
-
-	memset(m, 0, sizeof(*m));
-	fd = openat(dfd, MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT || errno == ENOTDIR ? -ENODATA : -errno;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
-		close(fd);
-		return -EIO;
-	}
-	m->text = malloc((size_t)st.st_size + 1);
-	if (!m->text) {
-		close(fd);
-		return -ENOMEM;
-	}
-	n = pread(fd, m->text, (size_t)st.st_size, 0);
-	close(fd);
-	if (n != st.st_size) {
-		ret = -EIO;
-		goto out;
-	}
-	m->text[n] = 0;
-	return manifest_parse(m);
-out:
-	manifest_free(m);
-	return ret;
-}
-
-/* The manifest's text for m, with the records that are set: malloc'ed. */
-static char *manifest_text(const struct manifest *m, size_t *len)
-{
-	size_t cap = 128 + m->n * 64, at = 0, i;
-	char *s = malloc(cap), *ns;
-
-	for (i = 0; s && i <= m->n + 1; i++) {
-		size_t need = i < m->n ? strlen(m->f[i].name) + 64 : 128;
-
-		if (at + need >= cap) {
-			cap = 2 * cap + need;
-			ns = realloc(s, cap);
-			if (!ns) {
-				free(s);
-				return NULL;
-			}
-			s = ns;
-		}
-		if (i == 0)
-			at += (size_t)snprintf(s + at, cap - at, "tierfs-set 1\ncommitted %lld.%09ld\n",
-					       (long long)m->committed.tv_sec, m->committed.tv_nsec);
-		if (i < m->n)
-			at += (size_t)snprintf(s + at, cap - at, "file %" PRIu64 " %lld.%09ld %s\n",
-					       m->f[i].size, (long long)m->f[i].mtime.tv_sec,
-					       m->f[i].mtime.tv_nsec, m->f[i].name);
-		else if (i == m->n + 1)
-			for (int l = L_SSD; l < L_N; l++)
-				if (m->rec[l])
-					at += (size_t)snprintf(s + at, cap - at, "%s %lld.%09ld\n",
-							       level_name[l],
-							       (long long)m->at[l].tv_sec,
-							       m->at[l].tv_nsec);
-	}
-	*len = at;
-	return s;
-}
-
-/* fsync dfd/rel, opened read-only with `flags` added.  0 or -errno. */
-static int sync_at(int dfd, const char *rel, int flags)
-{
-	int fd = openat(dfd, rel, O_RDONLY | O_CLOEXEC | flags), ret = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		ret = -errno;
-	close(fd);
-	return ret;
-}
-
-/* fsync directory dfd/rel (O_PATH dfd).  0 or -errno. */
-static int sync_dir(int dfd, const char *rel)
-{
-	return sync_at(dfd, rel, O_DIRECTORY);
-}
-
-/*
- * Write m as dfd's manifest (temporary name, fsync, rename, the directory
- * synced), keeping the directory's mtime (the set's files did not change).
- * fs.nslock held.  0 or -errno (the old manifest, if any, stays).
- */
-static int manifest_write(int dfd, const struct manifest *m)
-{
-	struct timespec mt;
-	size_t len;
-	char *s = manifest_text(m, &len);
-	bool ok;
-	int fd, ret = 0;
-
-	if (!s)
-		return -ENOMEM;
-	fs_dir_mtime_get(dfd, &mt, &ok);
-	fd = openat(dfd, MANIFEST_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-		    0600);
-	if (fd < 0) {
-		ret = -errno;
-		goto out;
-	}
-	if (write(fd, s, len) != (ssize_t)len)
-		ret = errno ? -errno : -EIO;
-	else if (fsync(fd) < 0)
-		ret = -errno;
-	close(fd);
-	if (!ret && renameat(dfd, MANIFEST_TMP, dfd, MANIFEST) < 0)
-		ret = -errno;
-	if (ret)
-		unlinkat(dfd, MANIFEST_TMP, 0);
-	else
-		ret = sync_dir(dfd, ".");
-out:
-	fs_dir_mtime_put(dfd, &mt, ok);
-	free(s);
-	return ret;
-}
-
 /* ------------------------------------------------------------ commit */
 
 static int pfile_cmp(const void *a, const void *b)
@@ -467,7 +199,7 @@ static int commit(struct fs_inode *dir)
 			close(rfd);
 		goto out;
 	}
-	ts_now(&m.committed);
+	sets_ts_now(&m.committed);
 	while ((de = readdir(dp))) {
 		struct tfile *tf;
 		struct tfile_facts fx;
@@ -540,7 +272,7 @@ static int commit(struct fs_inode *dir)
 	}
 	qsort(m.f, m.n, sizeof(*m.f), name_cmp);
 	fs_ns_lock();
-	ret = manifest_write(dfd, &m);
+	ret = sets_manifest_write(dfd, &m);
 	fs_ns_unlock();
 	if (ret)
 		say(dir, LOG_WARNING, "sets: commit of %s failed: cannot write its %s: %s",
@@ -644,7 +376,7 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 		ev->lv[L_SSD].bad++;
 		if (!changed)
 			problem(ev, f->name, "changed");
-	} else if (!ev->m.rec[L_SSD] && sync_at(dfd, f->name, O_NOFOLLOW)) {
+	} else if (!ev->m.rec[L_SSD] && sets_sync_at(dfd, f->name, O_NOFOLLOW)) {
 		ev->lv[L_SSD].pending++;	/* not durable yet: asked again */
 	}
 	/* pfs: its copy in DIR is this version */
@@ -680,7 +412,7 @@ static bool complete(const struct eval *ev, int l)
 
 static void eval_free(struct eval *ev)
 {
-	manifest_free(&ev->m);
+	sets_manifest_free(&ev->m);
 	free(ev->probs);
 }
 
@@ -698,7 +430,7 @@ static int record_to_dir(struct fs_inode *dir, const struct manifest *m0)
 	int ret;
 
 	m.rec[L_SSD] = false;
-	text = manifest_text(&m, &len);
+	text = sets_manifest_text(&m, &len);
 	pf = calloc(m.n ? m.n : 1, sizeof(*pf));
 	if (!text || !pf) {
 		free(text);
@@ -729,8 +461,8 @@ static void record(struct fs_inode *dir, int dfd, struct eval *ev, int l)
 	struct timespec at;
 	int ret;
 
-	ts_now(&at);
-	if (l == L_SSD && (sync_dir(dfd, ".") || sync_dir(dfd, "..")))
+	sets_ts_now(&at);
+	if (l == L_SSD && (sets_sync_dir(dfd, ".") || sets_sync_dir(dfd, "..")))
 		return;
 	if (l == L_PFS) {
 		ev->m.at[L_PFS] = at;
@@ -744,11 +476,11 @@ static void record(struct fs_inode *dir, int dfd, struct eval *ev, int l)
 		}
 	}
 	fs_ns_lock();
-	if (!manifest_read(dfd, &now)) {
-		if (!ts_cmp(&now.committed, &ev->m.committed) && !now.rec[l]) {
+	if (!sets_manifest_read(dfd, &now)) {
+		if (!sets_ts_cmp(&now.committed, &ev->m.committed) && !now.rec[l]) {
 			now.at[l] = at;
 			now.rec[l] = true;
-			if (!manifest_write(dfd, &now)) {
+			if (!sets_manifest_write(dfd, &now)) {
 				ev->m.rec[l] = true;
 				ev->m.at[l] = now.at[l];
 			}
@@ -756,7 +488,7 @@ static void record(struct fs_inode *dir, int dfd, struct eval *ev, int l)
 			ev->m.rec[l] = true;
 			ev->m.at[l] = now.at[l];
 		}
-		manifest_free(&now);
+		sets_manifest_free(&now);
 	}
 	fs_ns_unlock();
 }
@@ -788,7 +520,7 @@ static int evaluate_from_dir(struct fs_inode *dir, int dfd, struct eval *ev, boo
 	if (fs_persist_record_get(dir, &text, &pf, &npf))
 		return -ENODATA;
 	ev->m.text = text;
-	ret = manifest_parse(&ev->m);
+	ret = sets_manifest_parse(&ev->m);
 	if (ret) {
 		fs_persist_files_free(pf, npf);
 		return -ENODATA;
@@ -824,10 +556,10 @@ static int evaluate_from_dir(struct fs_inode *dir, int dfd, struct eval *ev, boo
 
 		/* all fetched: DIR's record is the backing directory's now */
 		fs_ns_lock();
-		if (manifest_read(dfd, &cur) == -ENODATA)
-			*adopted = !manifest_write(dfd, &ev->m);
+		if (sets_manifest_read(dfd, &cur) == -ENODATA)
+			*adopted = !sets_manifest_write(dfd, &ev->m);
 		else
-			manifest_free(&cur);
+			sets_manifest_free(&cur);
 		fs_ns_unlock();
 		if (*adopted)
 			say(dir, LOG_INFO, "sets: %s: fetched from DIR whole, its record "
@@ -855,7 +587,7 @@ again:
 		fs_fd_release(dir);
 		return dfd;
 	}
-	ret = manifest_read(dfd, &ev->m);
+	ret = sets_manifest_read(dfd, &ev->m);
 	if (ret == -ENODATA && fs_persist_on() && !adopted && dir != &fs.root) {
 		ret = evaluate_from_dir(dir, dfd, ev, &adopted);
 		fs_fd_release(dir);
@@ -919,9 +651,9 @@ static int state_text(struct fs_inode *dir, char *buf, size_t len)
 	for (int l = 0; l < L_N; l++) {
 		const struct level *v = &ev.lv[l];
 
-		at = put(buf, len, at, "%s ", level_name[l]);
+		at = put(buf, len, at, "%s ", sets_level_name[l]);
 		if (complete(&ev, l)) {
-			top = level_name[l];
+			top = sets_level_name[l];
 			if (ev.m.rec[l])
 				at = put(buf, len, at, "complete %lld.%09ld\n",
 					 (long long)ev.m.at[l].tv_sec, ev.m.at[l].tv_nsec);
@@ -973,7 +705,7 @@ struct cand {
 
 static int newest_first(const void *a, const void *b)
 {
-	return ts_cmp(&((const struct cand *)b)->committed, &((const struct cand *)a)->committed);
+	return sets_ts_cmp(&((const struct cand *)b)->committed, &((const struct cand *)a)->committed);
 }
 
 /* A child directory's inode (looked up, referenced), or NULL. */
