@@ -492,6 +492,12 @@ int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode);
 /* err is EMFILE/ENFILE (either sign): close unused cached fds; true if
  * any were closed (worth a retry). */
 bool fs_fd_reclaim(int err);
+/*
+ * Wait until the descriptors of removed files queued for the closer so far
+ * are closed (their blocks freed): true if there were any, so that an
+ * operation that failed with ENOSPC is worth another try.  No lock held.
+ */
+bool fs_fd_frees_wait(void);
 
 /*
  * fi->fh of a regular file's handle: FS_FH_FLAGS | its open flags, set by

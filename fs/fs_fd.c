@@ -19,6 +19,15 @@
  * back.  fstat through a descriptor the kernel still has then reports the
  * attributes the file had (gone_st), with no links.
  *
+ * That last close frees the file's blocks, which takes the backing file
+ * system a while for a big file (ext4 with discard: most of a second a
+ * GiB), and an unlink or a rename over a checkpoint would wait for it.  A
+ * removed file of CLOSE_LATER_BYTES or more is closed by the closer thread
+ * instead, after the request was answered: its space comes back a moment
+ * later.  An operation that fails with ENOSPC meanwhile waits for the
+ * closes queued before it (fs_fd_frees_wait) and is tried again, as ext4
+ * retries an allocation once its journal has let go of freed blocks.
+ *
  * Without file handles (a backing file system that does not export them,
  * or a daemon without CAP_DAC_READ_SEARCH) descriptors are kept as before,
  * one per known inode, and the start-up log says so.
@@ -29,12 +38,14 @@
  * is closed under it.  A holder counts in fd_users; a version commit
  * (fs_fd_replace) never waits for holders: it parks the replaced
  * descriptor (old_paths) until fd_users drops to 0.  Order:
- * fs.nslock -> fs.lock -> fdc.lock.
+ * fs.nslock -> fs.lock -> fdc.lock.  closer.lock is a leaf, taken with
+ * fdc.lock dropped.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -72,11 +83,100 @@ static void fdc_unlock(void)
 	ranked_unlock(&fdc.lock, LR_FS_FD);
 }
 
-/* Descriptors closed after fdc.lock is dropped. */
+/* Descriptors closed after fdc.lock is dropped; `later`: those of a big
+ * removed file, for the closer. */
 struct closing {
 	int fd[64];
 	int n;
+	bool later;
 };
+
+/* ---- the closer (see the file comment) ----------------------------------- */
+
+#define CLOSE_LATER_BYTES	(8u << 20)	/* blocks a removed file holds */
+#define CLOSER_MAX		32		/* descriptors queued at most */
+
+static struct {
+	pthread_mutex_t lock;		/* LR_FS_CLOSER: the fields below */
+	pthread_cond_t work, done;	/* queued; a batch closed */
+	int fd[CLOSER_MAX];
+	int n;
+	uint64_t queued, closed;	/* descriptors ever queued, closed */
+	bool started;
+} closer = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.work = PTHREAD_COND_INITIALIZER,
+	.done = PTHREAD_COND_INITIALIZER,
+};
+
+static void *closer_main(void *arg)
+{
+	int fd[CLOSER_MAX], n;
+	long ms;
+
+	(void)arg;
+	ranked_lock(&closer.lock, LR_FS_CLOSER);
+	for (;;) {
+		while (!closer.n)
+			pthread_cond_wait(&closer.work, &closer.lock);
+		n = closer.n;
+		memcpy(fd, closer.fd, (size_t)n * sizeof(fd[0]));
+		closer.n = 0;
+		ranked_unlock(&closer.lock, LR_FS_CLOSER);
+		ms = tierfs_delay_ms("gone_close");	/* the tests' slow disk */
+		if (ms > 0)
+			usleep((useconds_t)(ms * 1000));
+		for (int i = 0; i < n; i++)
+			close(fd[i]);
+		ranked_lock(&closer.lock, LR_FS_CLOSER);
+		closer.closed += (uint64_t)n;
+		pthread_cond_broadcast(&closer.done);
+	}
+	return NULL;
+}
+
+/* Hand c's descriptors to the closer (started at its first use: after the
+ * fork into the background).  false: it cannot take them (full, or no
+ * thread), the caller closes them. */
+static bool closer_take(struct closing *c)
+{
+	bool ok = false;
+
+	ranked_lock(&closer.lock, LR_FS_CLOSER);
+	if (!closer.started) {
+		pthread_t t;
+		pthread_attr_t a;
+
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		closer.started = pthread_create(&t, &a, closer_main, NULL) == 0;
+		pthread_attr_destroy(&a);
+	}
+	if (closer.started && closer.n + c->n <= CLOSER_MAX) {
+		memcpy(closer.fd + closer.n, c->fd, (size_t)c->n * sizeof(c->fd[0]));
+		closer.n += c->n;
+		closer.queued += (uint64_t)c->n;
+		pthread_cond_signal(&closer.work);
+		ok = true;
+	}
+	ranked_unlock(&closer.lock, LR_FS_CLOSER);
+	return ok;
+}
+
+bool fs_fd_frees_wait(void)
+{
+	uint64_t upto;
+	bool waited = false;
+
+	ranked_lock(&closer.lock, LR_FS_CLOSER);
+	upto = closer.queued;
+	while (closer.closed < upto) {
+		waited = true;
+		pthread_cond_wait(&closer.done, &closer.lock);
+	}
+	ranked_unlock(&closer.lock, LR_FS_CLOSER);
+	return waited;
+}
 
 static void closing_add(struct closing *c, int fd)
 {
@@ -92,6 +192,10 @@ static void closing_add(struct closing *c, int fd)
 
 static void closing_run(struct closing *c)
 {
+	if (c->later && c->n && closer_take(c)) {
+		c->n = 0;
+		return;
+	}
 	for (int i = 0; i < c->n; i++)
 		close(c->fd[i]);
 	c->n = 0;
@@ -409,6 +513,8 @@ static void release_gone(struct fs_inode *in, struct closing *c)
 			free(st);
 		}
 	}
+	if (in->gone_st && (uint64_t)in->gone_st->st_blocks * 512 >= CLOSE_LATER_BYTES)
+		c->later = true;	/* its blocks take a while to free */
 	drop_fds(in, c);
 }
 

@@ -252,6 +252,8 @@ void fs_ll_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
 
 	(void)fi;
 	ret = tfile_write(&in->tf, buf, size, off);
+	if (ret == -ENOSPC && fs_fd_frees_wait())	/* space a removal frees */
+		ret = tfile_write(&in->tf, buf, size, off);
 	if (ret < 0)
 		fuse_reply_err(req, (int)-ret);
 	else
@@ -370,9 +372,14 @@ void fs_ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
 {
 	struct fs_inode *in = fs_inode_of(ino);
 
+	int ret;
+
 	(void)datasync;
 	(void)fi;
-	fuse_reply_err(req, -tfile_fsync(&in->tf));
+	ret = tfile_fsync(&in->tf);
+	if (ret == -ENOSPC && fs_fd_frees_wait())	/* space a removal frees */
+		ret = tfile_fsync(&in->tf);
+	fuse_reply_err(req, -ret);
 }
 
 void fs_ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off,

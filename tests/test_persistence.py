@@ -277,6 +277,65 @@ def _read_tolerant(path):
         _close_tolerant(fd)
 
 
+def _deleted_fds(pid, backing):
+    """The daemon's descriptors on removed files of the backing directory."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if t.startswith(backing + "/") and t.endswith(" (deleted)"):
+            out.append(t)
+    return out
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("op", ["unlink", "rename"])
+def test_removal_answers_before_the_space_comes_back_and_enospc_waits_for_it(
+        mount, tmp_path, monkeypatch, op):
+    """The last close of a big removed file frees its blocks, which takes a
+    backing file system a while (ext4 with discard: most of a second a GiB):
+    unlink and rename over it answer first, and the closer thread closes it
+    (here held for a long time by TIERFS_DELAY).  Until then the space is not
+    back; an fsync that fails with ENOSPC meanwhile waits for those closes
+    and is tried again, so freeing space and then syncing still works."""
+    ssd = tmp_path / "ssd32"
+    ssd.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32M,mode=0755", "tmpfs", str(ssd)],
+                   check=True)
+    try:
+        rng = random.Random(f"close-later-{op}")
+        filler = randbytes(20 * MiB, rng)
+        monkeypatch.setenv("TIERFS_DELAY", "gone_close=4000")
+        m = mount(backing=str(ssd), host_cache="64M", expect_errors=True)
+        monkeypatch.delenv("TIERFS_DELAY")
+        write_file(j(m.mnt, "filler"), filler)
+        _fsync_path(j(m.mnt, "filler"))
+        assert_same(read_file(j(m.mnt, "filler")), filler)
+        a = randbytes(16 * MiB, rng)
+        write_file(j(m.mnt, "a"), a)
+        with pytest.raises(OSError) as ei:
+            _fsync_path(j(m.mnt, "a"))
+        assert ei.value.errno == errno.ENOSPC
+        if op == "unlink":
+            os.unlink(j(m.mnt, "filler"))
+        else:
+            write_file(j(m.mnt, "small"), b"x")
+            os.rename(j(m.mnt, "small"), j(m.mnt, "filler"))
+        # answered while the filler's blocks are still held (the closer
+        # sleeps 4 s before closing): its descriptors are open, removed
+        held = _deleted_fds(m.proc.pid, str(ssd))
+        assert any("/filler" in t for t in held), held
+        _fsync_path(j(m.mnt, "a"))                      # waits for the close
+        assert not _deleted_fds(m.proc.pid, str(ssd))
+        assert_same(read_file(j(str(ssd), "a")), a, "backing a")
+        m.umount()
+        assert_same(read_file(j(str(ssd), "a")), a, "backing a after unmount")
+    finally:
+        util.lazy_umount(str(ssd))
+
+
 @pytest.mark.daemon
 @pytest.mark.parametrize("cache", ["direct", "writeback"])
 @pytest.mark.parametrize("free_by", ["unlink", "grow"])
