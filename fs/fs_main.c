@@ -741,17 +741,15 @@ static int recover(int argc, char *argv[])
 	return 0;
 }
 
-int main(int argc, char *argv[])
+/*
+ * The command line: the options parsed into fs.opts (and the values kept
+ * for check_options), --help and --version answered, the log level and
+ * -o logfile set.  -1 to go on, else main's exit status.
+ */
+static int parse_args(char *argv[], struct fuse_args *args)
 {
-	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct engine_config ecfg = { 0 };
-	uint64_t ram = total_ram();
-	char msg[PATH_MAX + 128];
-	int ret = 1, level, mret;
+	int level;
 
-	fs_log_console();
-	if (argc >= 2 && !strcmp(argv[1], "--recover"))
-		return recover(argc, argv);
 	fs.opts.direct_writes = 1;
 	fs.opts.direct_reads = 1;
 	fs.opts.readahead_kb = 1024;
@@ -762,7 +760,7 @@ int main(int argc, char *argv[])
 	fs.opts.queue_depth = -1;
 	fs.opts.hint_max = -1;
 	fs.opts.hint_max_user = -1;
-	if (fuse_opt_parse(&args, &fs.opts, opt_spec, opt_proc) < 0)
+	if (fuse_opt_parse(args, &fs.opts, opt_spec, opt_proc) < 0)
 		return 2;
 	if (fs.opts.show_help) {
 		usage(argv[0]);
@@ -795,7 +793,46 @@ int main(int argc, char *argv[])
 		if (r)
 			fs_die("cannot open log file '%s': %s", logfile_path, strerror(-r));
 	}
+	return -1;
+}
 
+/* Mount fs.se on the mount point: 0, or 1 after one line saying why not
+ * (libfuse's reason, kept from its log). */
+static int mount_session(void)
+{
+	char line[PATH_MAX + sizeof(fuse_complaint) + 32], *c = fuse_complaint;
+	int ret;
+
+	fuse_complaint[0] = 0;
+	fuse_capture = true;
+	ret = fuse_session_mount(fs.se, fs.opts.mountpoint);
+	fuse_capture = false;
+	if (ret == 0)
+		return 0;
+	c[strcspn(c, "\n")] = 0;
+	while (!strncmp(c, "fuse: ", 6))
+		c += 6;
+	snprintf(line, sizeof(line), "cannot mount on %s%s%s", fs.opts.mountpoint,
+		 *c ? ": " : "", c);
+	fs_say("%s%s", line, "");
+	return 1;
+}
+
+int main(int argc, char *argv[])
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct engine_config ecfg = { 0 };
+	uint64_t ram = total_ram();
+	char msg[PATH_MAX + 128];
+	int ret = 1;
+
+	fs_log_console();
+	if (argc >= 2 && !strcmp(argv[1], "--recover"))
+		return recover(argc, argv);
+	ret = parse_args(argv, &args);
+	if (ret >= 0)
+		return ret;
+	ret = 1;
 	check_options(&ecfg, ram);
 	if (fs_persist_setup(msg, sizeof(msg))) {	/* -o persist=DIR */
 		fs_say("%s%s", msg, "");
@@ -823,19 +860,7 @@ int main(int argc, char *argv[])
 		ret = 1;
 		goto out_session;
 	}
-	fuse_complaint[0] = 0;
-	fuse_capture = true;		/* libfuse's reason, for the one line below */
-	mret = fuse_session_mount(fs.se, fs.opts.mountpoint);
-	fuse_capture = false;
-	if (mret != 0) {
-		char line[PATH_MAX + sizeof(fuse_complaint) + 32], *c = fuse_complaint;
-
-		c[strcspn(c, "\n")] = 0;
-		while (!strncmp(c, "fuse: ", 6))
-			c += 6;
-		snprintf(line, sizeof(line), "cannot mount on %s%s%s", fs.opts.mountpoint,
-			 *c ? ": " : "", c);
-		fs_say("%s%s", line, "");
+	if (mount_session()) {
 		ret = 1;
 		goto out_signals;
 	}
