@@ -571,6 +571,8 @@ static void vec_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool 
 	if (write) {
 		tfile_attr(&in->tf, &before, &mtime);
 		n = tfile_writev_dev(&in->tf, w->d, (int)w->q.nsegs);
+		if (n == -ENOSPC && fs_fd_frees_wait())	/* space a removal frees */
+			n = tfile_writev_dev(&in->tf, w->d, (int)w->q.nsegs);
 		/* after a failure some segments may be written: the kernel
 		 * drops its pages of them all the same (its size stays) */
 		fs_kernel_written(ino, last_src, lo, hi - lo, n > 0 ? before : UINT64_MAX);
@@ -788,6 +790,9 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		tfile_attr(&in->tf, &before, &mtime);
 		n = tfile_write_dev(&in->tf, ent->base + io.handle_off, ent->dev,
 				    (size_t)len, (off_t)io.file_off);
+		if (n == -ENOSPC && fs_fd_frees_wait())	/* space a removal frees */
+			n = tfile_write_dev(&in->tf, ent->base + io.handle_off, ent->dev,
+					    (size_t)len, (off_t)io.file_off);
 		if (trace)
 			t[2] = tier_now();
 		if (n > 0)
