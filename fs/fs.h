@@ -486,8 +486,9 @@ void fs_data_fd_drop(struct fs_inode *in);	/* close it if not borrowed */
 /* An open directory's fd, counted in the budget; -errno on failure. */
 int fs_fd_opendir(struct fs_inode *in);
 void fs_fd_closedir(void);
-/* openat, retried once after closing cached fds on EMFILE/ENFILE (O_CLOEXEC
- * added).  Returns the fd or -errno. */
+/* openat, retried once after closing cached fds on EMFILE/ENFILE, or after
+ * the closer's frees on ENOSPC (O_CLOEXEC added).  Returns the fd or
+ * -errno. */
 int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode);
 /* err is EMFILE/ENFILE (either sign): close unused cached fds; true if
  * any were closed (worth a retry). */

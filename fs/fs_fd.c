@@ -847,7 +847,9 @@ int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode)
 		fd = openat(dirfd, name, flags | O_CLOEXEC, mode);
 		if (fd < 0)
 			fd = -errno;
-		if (fd >= 0 || !fs_fd_reclaim(fd))
+		if (fd >= 0)
+			break;
+		if (fd == -ENOSPC ? !fs_fd_frees_wait() : !fs_fd_reclaim(fd))
 			break;
 	}
 	return fd;

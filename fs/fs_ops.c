@@ -372,12 +372,19 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name,
 			fs_ns_lock();
 			held = fs_persist_name_begin(p, name, NULL);
 		}
-		int r = kind == NEW_DIR ? mkdirat(pfd, name, mode) :
-			kind == NEW_SYMLINK ? symlinkat(link, pfd, name) :
-			mknodat(pfd, name, mode, rdev);
+		int r, err = 0;
 
+		for (int tries = 0; tries < 2; tries++) {
+			r = kind == NEW_DIR ? mkdirat(pfd, name, mode) :
+			    kind == NEW_SYMLINK ? symlinkat(link, pfd, name) :
+			    mknodat(pfd, name, mode, rdev);
+			err = r < 0 ? errno : 0;
+			/* full: what removed files free (the closer) */
+			if (err != ENOSPC || !fs_fd_frees_wait())
+				break;
+		}
 		if (r < 0)
-			ret = -errno;
+			ret = -err;
 		else
 			tierfs_fault_kill("name_made");
 		if (persist)

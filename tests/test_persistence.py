@@ -337,6 +337,42 @@ def test_removal_answers_before_the_space_comes_back_and_enospc_waits_for_it(
 
 
 @pytest.mark.daemon
+@pytest.mark.parametrize("make", ["create", "mkdir"])
+def test_a_new_name_on_a_full_backing_directory_waits_for_the_closer(
+        mount, tmp_path, monkeypatch, make):
+    """Out of inodes (a tmpfs with few): a big file removed gives its inode
+    back only at its last close, which the closer does later (held here by
+    TIERFS_DELAY); creating a name meanwhile waits for it instead of failing
+    with ENOSPC."""
+    ssd = tmp_path / "ssd-inodes"
+    ssd.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64M,nr_inodes=24,mode=0755",
+                    "tmpfs", str(ssd)], check=True)
+    try:
+        monkeypatch.setenv("TIERFS_DELAY", "gone_close=3000")
+        m = mount(backing=str(ssd), host_cache="64M", expect_errors=True)
+        monkeypatch.delenv("TIERFS_DELAY")
+        write_file(j(m.mnt, "big"), randbytes(12 * MiB, random.Random(5)))
+        _fsync_path(j(m.mnt, "big"))
+        n = 0
+        with pytest.raises(OSError) as ei:      # the inodes used up
+            while n < 100:
+                os.close(os.open(j(m.mnt, f"f{n}"), os.O_WRONLY | os.O_CREAT, 0o644))
+                n += 1
+        assert ei.value.errno == errno.ENOSPC and n < 100, n
+        os.unlink(j(m.mnt, "big"))
+        assert any("/big" in t for t in _deleted_fds(m.proc.pid, str(ssd)))
+        if make == "create":
+            os.close(os.open(j(m.mnt, "new"), os.O_WRONLY | os.O_CREAT, 0o644))
+        else:
+            os.mkdir(j(m.mnt, "new"))
+        assert os.path.exists(j(str(ssd), "new"))
+        m.umount()
+    finally:
+        util.lazy_umount(str(ssd))
+
+
+@pytest.mark.daemon
 @pytest.mark.parametrize("cache", ["direct", "writeback"])
 @pytest.mark.parametrize("free_by", ["unlink", "grow"])
 def test_enospc_on_fsync_then_recovers(mount, small_tmpfs, free_by, cache):
