@@ -22,11 +22,9 @@
 # one's tests run (which wait on FUSE requests, fsync and daemons more than
 # on the CPU).  The pytest suites run in PYTEST_JOBS workers (pytest-xdist:
 # 3, and 2 under TSan; 1 where xdist is missing).  Measured on the 2-core
-# VM from a fresh clone (commit f6c6561): build/ compiled in 23 s, checked
-# in 415 s (pytest 392 s); build-asan/ checked in 415 s and build-tsan/ in
-# 344 s, both compiled meanwhile: 1,197 s (20 min) in all.  Before (one
-# pytest process, builds one after the other): build/ alone 844 s on this
-# VM (pytest 801 s); in CI 992, 1,034 and 601 s, 2,836 s in all.
+# VM from a fresh clone (commit 13a5ed0): build/ compiled in 87 s, checked
+# in 704 s; build-asan/ checked in 558 s and build-tsan/ in 358 s, both
+# compiled meanwhile: 1,707 s in all (tests/README.md has the history).
 #
 # Seeds are fixed by default and printed by every randomised test (C unit
 # programs, the exerciser, the torture runs, the crash states): two runs of
