@@ -163,6 +163,72 @@ static void watch_add(struct fs_inode *dir, bool retain);
 #define RELEASE_WAIT_MS	500	/* a commit waits this long for a writer's release */
 
 /*
+ * One entry of a set being committed (commit below): a regular file with
+ * no writer is flushed now and goes into m (its name, size and mtime); a
+ * name that is not a regular file, or gone meanwhile, is skipped.  0, or
+ * -errno refusing the commit (said in the log): a name with a newline, a
+ * file open for writing (EBUSY).
+ */
+static int commit_file(struct fs_inode *dir, const char *name, struct manifest *m,
+		       size_t *cap)
+{
+	struct tfile *tf;
+	struct tfile_facts fx;
+	struct stat st;
+	struct mfile *f;
+	int ret;
+
+	if (strchr(name, '\n')) {
+		say(dir, LOG_NOTICE, "sets: commit of %s refused: a file name with a "
+		    "newline%s%s", "", "");
+		return -EINVAL;
+	}
+	ret = fs_child_tfile(dir, name, &tf);
+	if (ret == -EINVAL)		/* not a regular file: not in the set */
+		return 0;
+	if (ret)
+		return ret;
+	if (!tf)
+		return 0;		/* gone meanwhile */
+	tfile_facts(tf, &fx);
+	/* close(2) returns before the kernel's release reaches us: a writer
+	 * that has just closed is given RELEASE_WAIT_MS */
+	for (int w = 0; fx.writers && w < RELEASE_WAIT_MS / 5; w++) {
+		usleep(5000);
+		tfile_facts(tf, &fx);
+	}
+	if (fx.writers) {
+		say(dir, LOG_NOTICE, "sets: commit of %s refused (EBUSY): %s%s is open "
+		    "for writing", "", name);
+		tf->ops->put(tf);
+		return -EBUSY;
+	}
+	ret = fs_stat_inode((struct fs_inode *)tf, &st);
+	if (!ret)
+		engine_flush_now(fs.eng, tf);
+	tf->ops->put(tf);
+	if (ret)
+		return ret;
+	if (m->n == *cap) {
+		size_t c = *cap ? 2 * *cap : 16;
+
+		f = realloc(m->f, c * sizeof(*f));
+		if (!f)
+			return -ENOMEM;
+		m->f = f;
+		*cap = c;
+	}
+	f = &m->f[m->n];
+	f->name = strdup(name);
+	if (!f->name)
+		return -ENOMEM;
+	f->size = (uint64_t)st.st_size;
+	f->mtime = st.st_mtim;
+	m->n++;
+	return 0;
+}
+
+/*
  * Commit directory dir as a set: every regular file in it is written and
  * closed (else -EBUSY, the first open one named in the log, after waiting
  * RELEASE_WAIT_MS for the release of a close that has just returned: the
@@ -201,69 +267,14 @@ static int commit(struct fs_inode *dir)
 	}
 	sets_ts_now(&m.committed);
 	while ((de = readdir(dp))) {
-		struct tfile *tf;
-		struct tfile_facts fx;
-		struct stat st;
-		struct mfile *f;
-
 		if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
 			continue;
 		if (fs_hidden_name(de->d_name) || !strcmp(de->d_name, ".") ||
 		    !strcmp(de->d_name, ".."))
 			continue;
-		if (strchr(de->d_name, '\n')) {
-			say(dir, LOG_NOTICE, "sets: commit of %s refused: a file name with a "
-			    "newline%s%s", "", "");
-			ret = -EINVAL;
-			goto out;
-		}
-		ret = fs_child_tfile(dir, de->d_name, &tf);
-		if (ret == -EINVAL) {		/* not a regular file: not in the set */
-			ret = 0;
-			continue;
-		}
+		ret = commit_file(dir, de->d_name, &m, &cap);
 		if (ret)
 			goto out;
-		if (!tf)
-			continue;		/* gone meanwhile */
-		tfile_facts(tf, &fx);
-		/* close(2) returns before the kernel's release reaches us: a
-		 * writer that has just closed is given RELEASE_WAIT_MS */
-		for (int w = 0; fx.writers && w < RELEASE_WAIT_MS / 5; w++) {
-			usleep(5000);
-			tfile_facts(tf, &fx);
-		}
-		if (fx.writers) {
-			say(dir, LOG_NOTICE, "sets: commit of %s refused (EBUSY): %s%s is open "
-			    "for writing", "", de->d_name);
-			tf->ops->put(tf);
-			ret = -EBUSY;
-			goto out;
-		}
-		ret = fs_stat_inode((struct fs_inode *)tf, &st);
-		if (!ret)
-			engine_flush_now(fs.eng, tf);
-		tf->ops->put(tf);
-		if (ret)
-			goto out;
-		if (m.n == cap) {
-			cap = cap ? 2 * cap : 16;
-			f = realloc(m.f, cap * sizeof(*f));
-			if (!f) {
-				ret = -ENOMEM;
-				goto out;
-			}
-			m.f = f;
-		}
-		f = &m.f[m.n];
-		f->name = strdup(de->d_name);
-		if (!f->name) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		f->size = (uint64_t)st.st_size;
-		f->mtime = st.st_mtim;
-		m.n++;
 	}
 	if (m.n == 0) {
 		say(dir, LOG_NOTICE, "sets: commit of %s refused: no file in it%s%s", "", "");
