@@ -243,6 +243,38 @@ static int copy_in_place(int ofd, int fd)
  */
 
 /*
+ * The path of backing file ofd (old: its stat), relative to the backing
+ * root, for a commit intent: dir/name where that name still names it,
+ * else what /proc says of ofd, else "" (the handle alone names it).  len
+ * is rel's size, PATH_MAX at least.
+ */
+static void intent_path(struct fs_inode *dir, const char *name, int ofd,
+			const struct stat *old, char *rel, size_t len)
+{
+	int ret = -ENOENT;
+
+	if (dir && name) {
+		int pfd = fs_fd_hold(dir);
+		struct stat nst;
+
+		if (pfd >= 0 && fstatat(pfd, name, &nst, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    nst.st_ino == old->st_ino && nst.st_dev == old->st_dev) {
+			rel[0] = 0;
+			ret = dir == &fs.root ? 0 : fs_fd_rel_path(pfd, rel, len - NAME_MAX - 2);
+			if (!ret && rel[0])
+				strcat(rel, "/");
+			if (!ret)
+				strncat(rel, name, NAME_MAX);
+		}
+		fs_fd_release(dir);
+	}
+	if (ret)
+		ret = fs_fd_rel_path(ofd, rel, len);
+	if (ret)
+		rel[0] = 0;
+}
+
+/*
  * Copy version fd over in's backing file ofd (held; old: its stat) under a
  * commit intent.  dir/name: a name of it (may be NULL).  in's ilock held,
  * and fs.nslock where there is a name (v_commit).
@@ -259,27 +291,9 @@ static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char
 	uint64_t seq = 0, pending;
 	uint32_t hlen = 0;
 	struct stat st;
-	int mnt, ret = -ENOENT;
+	int mnt, ret;
 
-	if (dir && name) {
-		int pfd = fs_fd_hold(dir);
-		struct stat nst;
-
-		if (pfd >= 0 && fstatat(pfd, name, &nst, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    nst.st_ino == old->st_ino && nst.st_dev == old->st_dev) {
-			rel[0] = 0;
-			ret = dir == &fs.root ? 0 : fs_fd_rel_path(pfd, rel, sizeof(rel) - NAME_MAX - 2);
-			if (!ret && rel[0])
-				strcat(rel, "/");
-			if (!ret)
-				strncat(rel, name, NAME_MAX);
-		}
-		fs_fd_release(dir);
-	}
-	if (ret)
-		ret = fs_fd_rel_path(ofd, rel, sizeof(rel));
-	if (ret)
-		rel[0] = 0;	/* the handle alone names it */
+	intent_path(dir, name, ofd, old, rel, sizeof(rel));
 	h.fh.handle_bytes = MAX_HANDLE_SZ;
 	if (name_to_handle_at(ofd, "", &h.fh, &mnt, AT_EMPTY_PATH) == 0)
 		hlen = (uint32_t)(sizeof(h.fh) + h.fh.handle_bytes);
@@ -599,6 +613,26 @@ static struct fs_inode *lock_parent(struct fs_inode *in, bool root, struct fs_in
 	}
 }
 
+/* A version written in the file itself (v_commit's inplace): its mtime
+ * set, synced when it must be durable, closed; the persistent tier told. */
+static int commit_inplace(struct fs_inode *in, int fd, bool durable)
+{
+	struct timespec tv[2] = { { 0, UTIME_OMIT }, tfile_mtime(&in->tf) };
+	int ret = 0;
+
+	if (tv[1].tv_sec || tv[1].tv_nsec)
+		futimens(fd, tv);
+	if (durable && fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	if (!ret && fs_persist_on()) {
+		fs_ns_lock();
+		fs_persist_committed(in);
+		fs_ns_unlock();
+	}
+	return ret;
+}
+
 /*
  * Make version fd (an O_TMPFILE, or with inplace the file itself) current.
  *
@@ -621,6 +655,11 @@ static struct fs_inode *lock_parent(struct fs_inode *in, bool root, struct fs_in
  * which can wait for a commit (hundreds of ms on a disk busy with
  * flushes), and every lookup, create, open and release of the mount takes
  * fs.lock.
+ *
+ * Over 100 lines: the lock protocol above runs from the attribute copy to
+ * the directory's sync with one unwinding for all its ways out (removed
+ * meanwhile, adopted, copied in place, renamed); in pieces, each would
+ * have to know which of the locks the others took.
  */
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
@@ -630,21 +669,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	bool unlinked, open, named, intended = false, ns;
 	int ret = 0, ofd, dfd = -1, closing[2] = { -1, -1 };
 
-	if (inplace) {
-		struct timespec tv[2] = { { 0, UTIME_OMIT }, tfile_mtime(&in->tf) };
-
-		if (tv[1].tv_sec || tv[1].tv_nsec)
-			futimens(fd, tv);
-		if (durable && fsync(fd) < 0)
-			ret = -errno;
-		close(fd);
-		if (!ret && fs_persist_on()) {
-			fs_ns_lock();
-			fs_persist_committed(in);
-			fs_ns_unlock();
-		}
-		return ret;
-	}
+	if (inplace)
+		return commit_inplace(in, fd, durable);
 	fs_attrs_lock(in);
 	/* the attributes first, outside the names locks: they are in's,
 	 * whatever its name (a removed file's are adopted with its data) */
