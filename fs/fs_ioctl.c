@@ -706,52 +706,20 @@ static void share_ioctl(fuse_req_t req, struct fs_inode *in, unsigned int cmd,
 	}
 }
 
-void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
-		 struct fuse_file_info *fi, unsigned flags, const void *in_buf,
-		 size_t in_bufsz, size_t out_bufsz)
+/* TIERFS_IOC_PWRITE_GPU / TIERFS_IOC_PREAD_GPU: one range of a client's
+ * GPU buffer (an IPC handle) to or from the file, device to device. */
+static void one_ioctl(fuse_req_t req, fuse_ino_t ino, struct fs_inode *in, bool write,
+		      struct fuse_file_info *fi, const void *in_buf, size_t in_bufsz)
 {
-	struct fs_inode *in = fs_inode_of(ino);
 	struct tierfs_gpu_io io;
 	struct ipc_entry *ent;
 	struct timespec mtime;
 	uint64_t len, before = 0;
 	ssize_t n;
-	bool write, trace = tierfs_log_level >= LOG_DEBUG;
+	bool trace = tierfs_log_level >= LOG_DEBUG;
 	double t[3] = { 0 };
 	int err;
 
-	(void)arg;
-	(void)out_bufsz;
-	if (flags & FUSE_IOCTL_COMPAT) {
-		fuse_reply_err(req, ENOSYS);
-		return;
-	}
-	if (cmd == TIERFS_IOC_PWRITE_GPU) {
-		write = true;
-	} else if (cmd == TIERFS_IOC_PREAD_GPU) {
-		write = false;
-	} else if (cmd == TIERFS_IOC_PWRITEV_GPU || cmd == TIERFS_IOC_PREADV_GPU) {
-		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU, fi, in_buf,
-			  in_bufsz, out_bufsz, 0);
-		return;
-	} else if (cmd == TIERFS_IOC_PWRITEV_GPU64 || cmd == TIERFS_IOC_PREADV_GPU64) {
-		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU64, fi, in_buf,
-			  in_bufsz, out_bufsz, 64);
-		return;
-	} else if (cmd == TIERFS_IOC_PWRITEV_GPU16 || cmd == TIERFS_IOC_PREADV_GPU16) {
-		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU16, fi, in_buf,
-			  in_bufsz, out_bufsz, 16);
-		return;
-	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
-		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);
-		return;
-	} else if (cmd == TIERFS_IOC_GPU_SPANV) {
-		spanv_ioctl(req, in, fi, in_buf, in_bufsz, out_bufsz);
-		return;
-	} else {
-		fuse_reply_err(req, ENOTTY);
-		return;
-	}
 	if (in_bufsz != sizeof(io) || !in_buf) {
 		fuse_reply_err(req, EINVAL);
 		return;
@@ -813,4 +781,46 @@ void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
 		fuse_reply_err(req, (int)-n);
 	else
 		fuse_reply_ioctl(req, (int)n, NULL, 0);
+}
+
+void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+		 struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+		 size_t in_bufsz, size_t out_bufsz)
+{
+	struct fs_inode *in = fs_inode_of(ino);
+	bool write;
+
+	(void)arg;
+	(void)out_bufsz;
+	if (flags & FUSE_IOCTL_COMPAT) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	if (cmd == TIERFS_IOC_PWRITE_GPU) {
+		write = true;
+	} else if (cmd == TIERFS_IOC_PREAD_GPU) {
+		write = false;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU || cmd == TIERFS_IOC_PREADV_GPU) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU, fi, in_buf,
+			  in_bufsz, out_bufsz, 0);
+		return;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU64 || cmd == TIERFS_IOC_PREADV_GPU64) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU64, fi, in_buf,
+			  in_bufsz, out_bufsz, 64);
+		return;
+	} else if (cmd == TIERFS_IOC_PWRITEV_GPU16 || cmd == TIERFS_IOC_PREADV_GPU16) {
+		vec_ioctl(req, ino, in, cmd == TIERFS_IOC_PWRITEV_GPU16, fi, in_buf,
+			  in_bufsz, out_bufsz, 16);
+		return;
+	} else if (cmd == TIERFS_IOC_GPU_SHARE || cmd == TIERFS_IOC_GPU_SPAN) {
+		share_ioctl(req, in, cmd, fi, in_buf, in_bufsz, out_bufsz);
+		return;
+	} else if (cmd == TIERFS_IOC_GPU_SPANV) {
+		spanv_ioctl(req, in, fi, in_buf, in_bufsz, out_bufsz);
+		return;
+	} else {
+		fuse_reply_err(req, ENOTTY);
+		return;
+	}
+	one_ioctl(req, ino, in, write, fi, in_buf, in_bufsz);
 }
