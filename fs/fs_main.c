@@ -240,6 +240,8 @@ static int parse_level(const char *s)
 	return -1;
 }
 
+/* tierfs --help: every option, one line or two each (tierfs(8) has the
+ * rest).  Over 100 lines: it is the text. */
 static void usage(const char *prog)
 {
 	printf(
