@@ -240,7 +240,7 @@ static int parse_level(const char *s)
 	return -1;
 }
 
-/* tierfs --help: every option, one line or two each (tierfs(8) has the
+/* tierfs --help: what tierfs does and each option in a few lines (tierfs(8) has the
  * rest).  Over 100 lines: it is the text. */
 static void usage(const char *prog)
 {
