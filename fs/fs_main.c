@@ -240,8 +240,8 @@ static int parse_level(const char *s)
 	return -1;
 }
 
-/* tierfs --help: what tierfs does and each option in a few lines (tierfs(8) has the
- * rest).  Over 100 lines: it is the text. */
+/* tierfs --help: what tierfs does and each option in a few lines
+ * (tierfs(8) has the rest).  Over 100 lines: it is the text. */
 static void usage(const char *prog)
 {
 	printf(
