@@ -22,9 +22,9 @@
 # one's tests run (which wait on FUSE requests, fsync and daemons more than
 # on the CPU).  The pytest suites run in PYTEST_JOBS workers (pytest-xdist:
 # 3, and 2 under TSan; 1 where xdist is missing).  Measured on the 2-core
-# VM from a fresh clone (commit 13a5ed0): build/ compiled in 87 s, checked
-# in 704 s; build-asan/ checked in 558 s and build-tsan/ in 358 s, both
-# compiled meanwhile: 1,707 s in all (tests/README.md has the history).
+# VM from a fresh clone (commit af31fa5): build/ compiled in 69 s, checked
+# in 600 s; build-asan/ checked in 586 s and build-tsan/ in 354 s, both
+# compiled meanwhile: 1,610 s in all (tests/README.md has the history).
 #
 # Seeds are fixed by default and printed by every randomised test (C unit
 # programs, the exerciser, the torture runs, the crash states): two runs of
