@@ -499,6 +499,12 @@ bool fs_fd_reclaim(int err);
  * operation that failed with ENOSPC is worth another try.  No lock held.
  */
 bool fs_fd_frees_wait(void);
+/*
+ * Start the closer thread: after the fork into the background, before the
+ * first request (a thread started at a removal would wait for the host
+ * cache's pages being populated meanwhile: both need the address space).
+ */
+void fs_fd_start(void);
 
 /*
  * fi->fh of a regular file's handle: FS_FH_FLAGS | its open flags, set by

@@ -135,23 +135,36 @@ static void *closer_main(void *arg)
 	return NULL;
 }
 
-/* Hand c's descriptors to the closer (started at its first use: after the
- * fork into the background).  false: it cannot take them (full, or no
- * thread), the caller closes them. */
+/* Start the closer if it is not running (closer.lock held). */
+static void closer_start_locked(void)
+{
+	pthread_t t;
+	pthread_attr_t a;
+
+	if (closer.started)
+		return;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	closer.started = pthread_create(&t, &a, closer_main, NULL) == 0;
+	pthread_attr_destroy(&a);
+}
+
+void fs_fd_start(void)
+{
+	ranked_lock(&closer.lock, LR_FS_CLOSER);
+	closer_start_locked();
+	ranked_unlock(&closer.lock, LR_FS_CLOSER);
+}
+
+/* Hand c's descriptors to the closer (started with the daemon, or here if
+ * that failed).  false: it cannot take them (full, or no thread), the
+ * caller closes them. */
 static bool closer_take(struct closing *c)
 {
 	bool ok = false;
 
 	ranked_lock(&closer.lock, LR_FS_CLOSER);
-	if (!closer.started) {
-		pthread_t t;
-		pthread_attr_t a;
-
-		pthread_attr_init(&a);
-		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-		closer.started = pthread_create(&t, &a, closer_main, NULL) == 0;
-		pthread_attr_destroy(&a);
-	}
+	closer_start_locked();
 	if (closer.started && closer.n + c->n <= CLOSER_MAX) {
 		memcpy(closer.fd + closer.n, c->fd, (size_t)c->n * sizeof(c->fd[0]));
 		closer.n += c->n;

@@ -893,6 +893,7 @@ int main(int argc, char *argv[])
 		fs_share_start();	/* failing, the daemon copies */
 	fs_persist_start();
 	fs_sets_start();
+	fs_fd_start();			/* the closer (fs_fd.c) */
 	fs_daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
