@@ -19,33 +19,9 @@ set -eu
 reps=${1:-5}
 tierfs=${TIERFS_BIN:-./tierfs}
 [ -x "$tierfs" ] || { echo "no tierfs binary at $tierfs (set TIERFS_BIN)" >&2; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/bench_replace.XXXXXX")
-cleanup() {
-	for m in "$work"/mnt*; do
-		umount "$m" 2>/dev/null || true
-	done
-	umount "$work/xfs" 2>/dev/null || umount -l "$work/xfs" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
 size=$(numfmt --from=iec "${SIZE:-1G}")
-roots=
-for fs in ${FS:-ext4 xfs}; do
-	case $fs in
-	ext4)
-		[ "$(stat -f -c %T "$work")" = ext2/ext3 ] ||
-			{ echo "$work is not on ext4: ext4 skipped" >&2; continue; }
-		mkdir "$work/ext4"
-		roots="$roots ext4=$work/ext4" ;;
-	xfs)
-		command -v mkfs.xfs >/dev/null || { echo "no mkfs.xfs: xfs skipped" >&2; continue; }
-		truncate -s $((size * 4 + (256 << 20))) "$work/xfs.img"
-		mkfs.xfs -q "$work/xfs.img"
-		mkdir "$work/xfs"
-		mount -o loop "$work/xfs.img" "$work/xfs"
-		roots="$roots xfs=$work/xfs" ;;
-	esac
-done
+. "$(dirname "$0")/work_fs.sh"
+work_roots bench_replace $((size * 4 + (256 << 20)))
 
 python3 - "$tierfs" "$work" "$reps" "$size" "${HOST_CACHE:-4G}" $roots <<'EOF'
 import os, statistics, subprocess, sys, time

@@ -26,32 +26,8 @@ set -eu
 reps=${1:-5}
 tierfs=${TIERFS_BIN:-./tierfs}
 [ -x "$tierfs" ] || { echo "no tierfs binary at $tierfs (set TIERFS_BIN)" >&2; exit 77; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/bench_sparse.XXXXXX")
-cleanup() {
-	for m in "$work"/mnt*; do
-		umount "$m" 2>/dev/null || true
-	done
-	umount "$work/xfs" 2>/dev/null || umount -l "$work/xfs" 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-roots=
-for fs in ${FS:-ext4 xfs}; do
-	case $fs in
-	ext4)
-		[ "$(stat -f -c %T "$work")" = ext2/ext3 ] ||
-			{ echo "$work is not on ext4: ext4 skipped" >&2; continue; }
-		mkdir "$work/ext4"
-		roots="$roots ext4=$work/ext4" ;;
-	xfs)
-		command -v mkfs.xfs >/dev/null || { echo "no mkfs.xfs: xfs skipped" >&2; continue; }
-		truncate -s 4G "$work/xfs.img"
-		mkfs.xfs -q -m reflink=1 "$work/xfs.img"
-		mkdir "$work/xfs"
-		mount -o loop "$work/xfs.img" "$work/xfs"
-		roots="$roots xfs=$work/xfs" ;;
-	esac
-done
+. "$(dirname "$0")/work_fs.sh"
+work_roots bench_sparse 4G
 
 python3 - "$tierfs" "$work" "$reps" "${HOST_CACHE:-1G}" $roots <<'EOF'
 import ctypes, json, os, shutil, statistics, subprocess, sys, time
