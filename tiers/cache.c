@@ -129,11 +129,9 @@ static void gap_add(struct cache *c, struct frag *n)
 	}
 }
 
-/* Take f out of c's list (and out of the gap list: a gap) and free it. */
-static void frag_unlink(struct cache *c, struct frag *f)
+/* Take f out of c's list and free it; f is in no gap list. */
+static void frag_free(struct cache *c, struct frag *f)
 {
-	if (!f->copy)
-		gap_del(c, f);
 	if (f->prev)
 		f->prev->next = f->next;
 	else
@@ -142,6 +140,14 @@ static void frag_unlink(struct cache *c, struct frag *f)
 		f->next->prev = f->prev;
 	c->nfrags--;
 	free(f);
+}
+
+/* Take f out of c's list (and out of the gap list: a gap) and free it. */
+static void frag_unlink(struct cache *c, struct frag *f)
+{
+	if (!f->copy)
+		gap_del(c, f);
+	frag_free(c, f);
 }
 
 /*
@@ -156,17 +162,12 @@ static struct frag *frag_make_gap(struct cache *c, struct frag *f)
 	assert(f->copy == NULL);
 	if (p && !p->copy) {		/* p takes f (and a gap after it) */
 		p->size += f->size;
-		f->gprev = f->gnext = NULL;	/* f is in no gap list */
-		c->nfrags--;
 		if (n && !n->copy) {
 			p->size += n->size;
 			frag_unlink(c, n);
 			c->ngaps--;
 		}
-		p->next = f->next;
-		if (f->next)
-			f->next->prev = p;
-		free(f);
+		frag_free(c, f);	/* a copy's until now: in no gap list */
 		return p;
 	}
 	c->ngaps++;
