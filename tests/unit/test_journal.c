@@ -48,22 +48,30 @@ static int collect(void *arg, uint16_t type, uint64_t seq, const void *p, uint64
 	return 0;
 }
 
-/* A journal of records "a...", "b...", ... (n of them, each len bytes). */
-static void make(int n, size_t len, uint64_t *seqs)
+/* Append records "a...", "b...", ... to j (n of them, each len bytes, at
+ * most 4096), their seqs into seqs (unless NULL). */
+static void append_n(struct jnl *j, int n, size_t len, uint64_t *seqs)
 {
-	struct jnl j;
 	char buf[4096];
 
-	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
 	for (int i = 0; i < n; i++) {
 		struct iovec v = { buf, len };
 		uint64_t s;
 
 		memset(buf, 'a' + i, len);
-		CHECK(jnl_append(&j, 7, &v, 1, &s) == 0, "append %d", i);
+		CHECK(jnl_append(j, 7, &v, 1, &s) == 0, "append %d", i);
 		if (seqs)
 			seqs[i] = s;
 	}
+}
+
+/* A journal of records "a...", "b...", ... (n of them, each len bytes). */
+static void make(int n, size_t len, uint64_t *seqs)
+{
+	struct jnl j;
+
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	append_n(&j, n, len, seqs);
 	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
 	jnl_close(&j);
 }
@@ -165,12 +173,7 @@ static void test_retired(void)
 	uint64_t s[3];
 
 	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
-	for (int i = 0; i < 3; i++) {
-		struct iovec v = { buf, sizeof(buf) };
-
-		buf[0] = 'a' + i;
-		CHECK(jnl_append(&j, 7, &v, 1, &s[i]) == 0, "append");
-	}
+	append_n(&j, 3, sizeof(buf), s);
 	{
 		uint16_t type;
 		uint64_t len;
@@ -190,12 +193,7 @@ static void test_retired(void)
 	/* all retired: emptied; the next records follow with higher seqs */
 	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
 	j.reset_at = 0;
-	for (int i = 0; i < 2; i++) {
-		struct iovec v = { buf, sizeof(buf) };
-
-		buf[0] = 'a' + i;
-		CHECK(jnl_append(&j, 7, &v, 1, &s[i]) == 0, "append");
-	}
+	append_n(&j, 2, sizeof(buf), s);
 	jnl_retire(&j, s[0]);
 	jnl_retire(&j, s[1]);
 	CHECK(j.live == 0 && j.off == 0 && j.resets == 1, "emptied: live %lu off %lu",
@@ -216,12 +214,7 @@ static void test_retired(void)
 	 * nothing either */
 	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
 	j.reset_at = 0;
-	for (int i = 0; i < 2; i++) {
-		struct iovec v = { buf, sizeof(buf) };
-
-		buf[0] = 'a' + i;
-		CHECK(jnl_append(&j, 7, &v, 1, &s[i]) == 0, "append");
-	}
+	append_n(&j, 2, sizeof(buf), s);
 	CHECK(jnl_retire(&j, s[0]) != 0, "retire a");
 	CHECK(jnl_retire(&j, s[0]) != 0, "retire a again: answers the seq to sync");
 	CHECK(jnl_retire(&j, 999) != 0, "retire a seq never appended");
