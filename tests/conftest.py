@@ -150,18 +150,32 @@ def loop_mounted(img, root, what):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def full_tmpfs(tmp_path):
+    """full_tmpfs(name, options): a backing directory on a tmpfs of its own
+    ("size=8M", "nr_inodes=24": an "SSD" that fills up), unmounted after
+    the test."""
+    util.require_daemon("ENOSPC must come from the daemon's flush")
+    made = []
+
+    def make(name, options):
+        d = tmp_path / name
+        d.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},mode=0755", "tmpfs",
+                        str(d)], check=True)
+        made.append(str(d))
+        return str(d)
+    try:
+        yield make
+    finally:
+        for d in made:
+            util.lazy_umount(d)
+
+
+@pytest.fixture
+def small_tmpfs(full_tmpfs):
     """A backing directory on an 8 MiB tmpfs (the "SSD" that fills up).
     test_persist.py has its own, of 4 MiB, for DIR."""
-    util.require_daemon("ENOSPC must come from the daemon's flush")
-    d = tmp_path / "ssd"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M,mode=0755", "tmpfs", str(d)],
-                   check=True)
-    try:
-        yield str(d)
-    finally:
-        util.lazy_umount(str(d))
+    return full_tmpfs("ssd", "size=8M")
 
 
 @pytest.fixture(autouse=True)

@@ -293,83 +293,71 @@ def _deleted_fds(pid, backing):
 @pytest.mark.daemon
 @pytest.mark.parametrize("op", ["unlink", "rename"])
 def test_removal_answers_before_the_space_comes_back_and_enospc_waits_for_it(
-        mount, tmp_path, monkeypatch, op):
+        mount, full_tmpfs, monkeypatch, op):
     """The last close of a big removed file frees its blocks, which takes a
     backing file system a while (ext4 with discard: most of a second a GiB):
     unlink and rename over it answer first, and the closer thread closes it
     (here held for a long time by TIERFS_DELAY).  Until then the space is not
     back; an fsync that fails with ENOSPC meanwhile waits for those closes
     and is tried again, so freeing space and then syncing still works."""
-    ssd = tmp_path / "ssd32"
-    ssd.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32M,mode=0755", "tmpfs", str(ssd)],
-                   check=True)
-    try:
-        rng = random.Random(f"close-later-{op}")
-        filler = randbytes(20 * MiB, rng)
-        monkeypatch.setenv("TIERFS_DELAY", "gone_close=4000")
-        m = mount(backing=str(ssd), host_cache="64M", expect_errors=True)
-        monkeypatch.delenv("TIERFS_DELAY")
-        write_file(j(m.mnt, "filler"), filler)
-        _fsync_path(j(m.mnt, "filler"))
-        assert_same(read_file(j(m.mnt, "filler")), filler)
-        a = randbytes(16 * MiB, rng)
-        write_file(j(m.mnt, "a"), a)
-        with pytest.raises(OSError) as ei:
-            _fsync_path(j(m.mnt, "a"))
-        assert ei.value.errno == errno.ENOSPC
-        if op == "unlink":
-            os.unlink(j(m.mnt, "filler"))
-        else:
-            write_file(j(m.mnt, "small"), b"x")
-            os.rename(j(m.mnt, "small"), j(m.mnt, "filler"))
-        # answered while the filler's blocks are still held (the closer
-        # sleeps 4 s before closing): its descriptors are open, removed
-        held = _deleted_fds(m.proc.pid, str(ssd))
-        assert any("/filler" in t for t in held), held
-        _fsync_path(j(m.mnt, "a"))                      # waits for the close
-        assert not _deleted_fds(m.proc.pid, str(ssd))
-        assert_same(read_file(j(str(ssd), "a")), a, "backing a")
-        m.umount()
-        assert_same(read_file(j(str(ssd), "a")), a, "backing a after unmount")
-    finally:
-        util.lazy_umount(str(ssd))
+    ssd = full_tmpfs("ssd32", "size=32M")
+    rng = random.Random(f"close-later-{op}")
+    filler = randbytes(20 * MiB, rng)
+    monkeypatch.setenv("TIERFS_DELAY", "gone_close=4000")
+    m = mount(backing=ssd, host_cache="64M", expect_errors=True)
+    monkeypatch.delenv("TIERFS_DELAY")
+    write_file(j(m.mnt, "filler"), filler)
+    _fsync_path(j(m.mnt, "filler"))
+    assert_same(read_file(j(m.mnt, "filler")), filler)
+    a = randbytes(16 * MiB, rng)
+    write_file(j(m.mnt, "a"), a)
+    with pytest.raises(OSError) as ei:
+        _fsync_path(j(m.mnt, "a"))
+    assert ei.value.errno == errno.ENOSPC
+    if op == "unlink":
+        os.unlink(j(m.mnt, "filler"))
+    else:
+        write_file(j(m.mnt, "small"), b"x")
+        os.rename(j(m.mnt, "small"), j(m.mnt, "filler"))
+    # answered while the filler's blocks are still held (the closer
+    # sleeps 4 s before closing): its descriptors are open, removed
+    held = _deleted_fds(m.proc.pid, ssd)
+    assert any("/filler" in t for t in held), held
+    _fsync_path(j(m.mnt, "a"))                      # waits for the close
+    assert not _deleted_fds(m.proc.pid, ssd)
+    assert_same(read_file(j(ssd, "a")), a, "backing a")
+    m.umount()
+    assert_same(read_file(j(ssd, "a")), a, "backing a after unmount")
 
 
 @pytest.mark.daemon
 @pytest.mark.parametrize("make", ["create", "mkdir"])
 def test_a_new_name_on_a_full_backing_directory_waits_for_the_closer(
-        mount, tmp_path, monkeypatch, make):
+        mount, full_tmpfs, monkeypatch, make):
     """Out of inodes (a tmpfs with few): a big file removed gives its inode
     back only at its last close, which the closer does later (held here by
     TIERFS_DELAY); creating a name meanwhile waits for it instead of failing
     with ENOSPC."""
-    ssd = tmp_path / "ssd-inodes"
-    ssd.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64M,nr_inodes=24,mode=0755",
-                    "tmpfs", str(ssd)], check=True)
-    try:
-        monkeypatch.setenv("TIERFS_DELAY", "gone_close=3000")
-        m = mount(backing=str(ssd), host_cache="64M", expect_errors=True)
-        monkeypatch.delenv("TIERFS_DELAY")
-        write_file(j(m.mnt, "big"), randbytes(12 * MiB, random.Random(5)))
-        _fsync_path(j(m.mnt, "big"))
-        n = 0
-        with pytest.raises(OSError) as ei:      # the inodes used up
-            while n < 100:
-                os.close(os.open(j(m.mnt, f"f{n}"), os.O_WRONLY | os.O_CREAT, 0o644))
-                n += 1
-        assert ei.value.errno == errno.ENOSPC and n < 100, n
-        os.unlink(j(m.mnt, "big"))
-        assert any("/big" in t for t in _deleted_fds(m.proc.pid, str(ssd)))
-        if make == "create":
-            os.close(os.open(j(m.mnt, "new"), os.O_WRONLY | os.O_CREAT, 0o644))
-        else:
-            os.mkdir(j(m.mnt, "new"))
-        assert os.path.exists(j(str(ssd), "new"))
-        m.umount()
-    finally:
-        util.lazy_umount(str(ssd))
+    ssd = full_tmpfs("ssd-inodes", "size=64M,nr_inodes=24")
+    monkeypatch.setenv("TIERFS_DELAY", "gone_close=3000")
+    m = mount(backing=ssd, host_cache="64M", expect_errors=True)
+    monkeypatch.delenv("TIERFS_DELAY")
+    write_file(j(m.mnt, "big"), randbytes(12 * MiB, random.Random(5)))
+    _fsync_path(j(m.mnt, "big"))
+    n = 0
+    with pytest.raises(OSError) as ei:      # the inodes used up
+        while n < 100:
+            os.close(os.open(j(m.mnt, f"f{n}"), os.O_WRONLY | os.O_CREAT, 0o644))
+            n += 1
+    assert ei.value.errno == errno.ENOSPC and n < 100, n
+    os.unlink(j(m.mnt, "big"))
+    assert any("/big" in t for t in _deleted_fds(m.proc.pid, ssd))
+    if make == "create":
+        os.close(os.open(j(m.mnt, "new"), os.O_WRONLY | os.O_CREAT, 0o644))
+    else:
+        os.mkdir(j(m.mnt, "new"))
+    assert os.path.exists(j(ssd, "new"))
+    m.umount()
 
 
 @pytest.mark.daemon
