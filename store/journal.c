@@ -216,22 +216,20 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	return ret;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 /* Where seq is in j->live_seq, or -1 (under j's lock). */
 static int64_t live_find(const struct jnl *j, uint64_t seq)
 {
-	uint64_t lo = 0, hi = j->live;
+	const uint64_t *at = j->live ? bsearch(&seq, j->live_seq, j->live,
+					       sizeof(*j->live_seq), cmp_u64) : NULL;
 
-	while (lo < hi) {
-		uint64_t mid = lo + (hi - lo) / 2;
-
-		if (j->live_seq[mid] == seq)
-			return (int64_t)mid;
-		if (j->live_seq[mid] < seq)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return -1;
+	return at ? at - j->live_seq : -1;
 }
 
 uint64_t jnl_retire(struct jnl *j, uint64_t seq)
@@ -364,13 +362,6 @@ int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *le
 		off += sizeof(h) + h.len;
 	}
 	return -ENOENT;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
