@@ -229,13 +229,20 @@ int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t
  */
 int backing_prealloc(int fd, struct copy *cp, uint64_t end)
 {
+	if (ftruncate(fd, (off_t)end) < 0)
+		return -errno;
+	return backing_prealloc_range(fd, cp, 0, end);
+}
+
+/* The blocks of cp's data in [a, b) of fd (its holes left out), as
+ * backing_prealloc() gives them, fd's size left.  0 / -errno. */
+int backing_prealloc_range(int fd, struct copy *cp, uint64_t a, uint64_t b)
+{
 	uint64_t pos, next;
 	bool hole;
 
-	if (ftruncate(fd, (off_t)end) < 0)
-		return -errno;
-	for (pos = 0; pos < end; pos = next) {
-		next = backing_run(copy_ptr(cp), pos, end, &hole);
+	for (pos = a; pos < b; pos = next) {
+		next = backing_run(copy_ptr(cp), pos, b, &hole);
 		if (hole)
 			continue;
 		if (fallocate(fd, 0, (off_t)pos, (off_t)(next - pos)) < 0) {

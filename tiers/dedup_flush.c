@@ -776,11 +776,15 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 	uint64_t ws = 0;	/* bytes [ws, i * C) are still to be written */
 	uint32_t ep = 0;
 	struct dd_src *base = ddf_base(d, &ep);
+	/* the version sized first and each run's blocks given before its
+	 * direct writes, as flush_whole() does: a direct write past the end
+	 * runs alone, so the requests in flight would go one at a time */
+	bool pre = direct && cp->cache->host_addressable;
 	int ret = 0;
 
 	if (base && (ret = ddf_write_based(e, ring, cp, fd, end, d, base, ep)) != -EAGAIN)
 		goto out;
-	ret = 0;
+	ret = pre && ftruncate(fd, (off_t)end) < 0 ? -errno : 0;
 
 	while (i < d->nhashed && !ret) {
 		uint64_t j = i + 1;
@@ -789,8 +793,10 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
-				ret = backing_write_sparse(ring, fd, cp, ws, i * C, progress,
-							   false);
+				ret = pre ? backing_prealloc_range(fd, cp, ws, i * C) : 0;
+				if (!ret)
+					ret = backing_write_sparse(ring, fd, cp, ws, i * C,
+								   progress, false);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i],
@@ -806,6 +812,8 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		}
 		i = j;		/* not cloned: joins the bytes to write */
 	}
+	if (!ret && pre)
+		ret = backing_prealloc_range(fd, cp, ws, end);
 	if (!ret)	/* a fresh version: holes need no writing */
 		ret = backing_write_sparse(ring, fd, cp, ws, end, progress, false);
 	d->written += end > ws ? end - ws : 0;

@@ -626,6 +626,7 @@ int backing_write_segs(struct ssd_ring *ring, int fd, const struct ssd_seg *seg,
 int backing_write_range(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
 			uint64_t b, uint64_t *progress);
 int backing_prealloc(int fd, struct copy *cp, uint64_t end);
+int backing_prealloc_range(int fd, struct copy *cp, uint64_t a, uint64_t b);
 int backing_write_sparse(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a,
 			 uint64_t b, uint64_t *progress, bool inplace);
 /* Make version fd's data stable before its rename: a whole version (an
