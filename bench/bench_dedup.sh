@@ -339,7 +339,7 @@ def table(title, rows):
 
 
 print(f"bench_dedup: {n} checkpoints of {size_mib} MiB on XFS reflink ({dev}), "
-      f"{os.cpu_count()} CPUs")
+      f"{os.cpu_count()} CPUs", flush=True)
 chunks = ["4K", "16K", "64K", "256K", "1M"]
 quick = bool(os.environ.get("QUICK"))
 ps = tuple(float(x) for x in os.environ.get("PS", "0.01").split())
@@ -362,16 +362,25 @@ def medians(rows, keys):
                   f"fsync {f:7.2f} s ({of / f:.2f}x)  runs {runs}")
 
 
+def case(rows, name, key, opts, p, gpu=False):
+    """One series, added to rows and printed at once (a run cut short by
+    a time limit still shows the cases it finished)."""
+    r = series(opts, p, gpu=gpu)
+    rows.append((name, key, r))
+    print(f"  done: {name:<24} durable 2nd.. {r['dlater']:7.2f} s  fsync {r['fsync']:7.2f} s  "
+          f"written 2nd.. {fmt_b(r['later'])}  exact {'yes' if r['ok'] else 'NO'}", flush=True)
+
+
 if GPU:
     rows = []
     for p in ps:
         key = f"p={p * 100:g}%"
         for r in range(repeat):     # off and on in turn
             tag = f" #{r + 1}" if repeat > 1 else ""
-            rows.append((f"off {key}{tag}", key, series(GPU_OPTS + ",dedup=off", p, gpu=True)))
+            case(rows, f"off {key}{tag}", key, GPU_OPTS + ",dedup=off", p, gpu=True)
             for c in os.environ.get("GPU_CHUNKS", "16K").split():
-                rows.append((f"on chunk {c} {key}{tag}", key,
-                             series(GPU_OPTS + f",dedup=on,dedup_chunk={c}", p, gpu=True)))
+                case(rows, f"on chunk {c} {key}{tag}", key,
+                     GPU_OPTS + f",dedup=on,dedup_chunk={c}", p, gpu=True)
     table(f"series written through the ioctl from GPU memory (tierfs.pwrite_gpu, {GPU_OPTS}): "
           "hash GB/s = the GPU's", rows)
     if repeat > 1:
@@ -385,10 +394,9 @@ for p in (ps if quick else (0.001, 0.01, 0.1, 1.0)):
     key = f"p={p * 100:g}%"
     for r in range(repeat):     # off and on in turn: each on row against the off before it
         tag = f" #{r + 1}" if repeat > 1 else ""
-        rows.append((f"off {key}{tag}", key, series("dedup=off", p)))
+        case(rows, f"off {key}{tag}", key, "dedup=off", p)
         for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
-            rows.append((f"on chunk {c} {key}{tag}", key,
-                         series(f"dedup=on,dedup_chunk={c}", p)))
+            case(rows, f"on chunk {c} {key}{tag}", key, f"dedup=on,dedup_chunk={c}", p)
 table("series of new checkpoint files (SSD written: by the loop device; 2nd..: from the "
       "second checkpoint on, the first being all new in every case; vs off: dedup=off's / this)",
       rows)
