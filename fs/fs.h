@@ -181,6 +181,8 @@ struct fs_opts {
 
 struct fs_inode_ops;
 
+struct jnl;
+
 struct fs {
 	struct fs_opts opts;
 	bool persist;			/* -o persist=DIR (fs_persist.c): every
@@ -188,6 +190,9 @@ struct fs {
 	const struct fs_inode_ops *inode_ops;	/* the persistent tier's, for
 					 * the inode table; NULL: none */
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
+	struct jnl *journal;		/* its one journal (fs_journal.c),
+					 * NULL: none this mount; the persistent
+					 * tier appends its notes to it */
 	int tmp_fd;			/* O_PATH fd of BACKING_DIR/.tierfs.tmp,
 					 * where new versions are linked before
 					 * their rename; -1: the root is used */
@@ -369,6 +374,7 @@ int fs_sweep_names(int dir_fd, const char *prefix, bool (*keep)(int dfd, const c
 int fs_journal_replay(int root_fd, char *msg, size_t len);
 int fs_journal_start(void);
 void fs_journal_end(void);
+
 struct json;
 void fs_journal_stats_put(struct json *j);
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,

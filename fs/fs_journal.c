@@ -1,8 +1,10 @@
 /*
  * fs_journal.c - the backing directory's one journal (store/journal.c) as
- * the daemon uses it: small changes made durable as records (struct
- * tfile_ops' journal_delta, journal_apply, journal_retire, called by the
- * engine's journal flush, tiers/flush.c), the commit intents of new
+ * the daemon uses it (fs.journal, to which the persistent tier appends its
+ * queue as notes, persist_journal.c): small changes made durable as
+ * records (struct tfile_ops' journal_delta, journal_apply,
+ * journal_retire, called by the engine's journal flush, tiers/flush.c),
+ * the notes kept by the replay for their reader, the commit intents of new
  * versions copied over hard-linked files (fs_journal_intent, called by
  * fs_version.c), the one replay at start-up and by `tierfs --recover`, the
  * journal's removal at a clean exit, and its counts in the statistics
@@ -256,12 +258,15 @@ int fs_journal_intent_done(uint64_t seq, uint64_t also)
 	return ret;
 }
 
-/* jnl_replay's fn: a delta or an intent applied to its file beneath the root. */
+/* jnl_replay's fn: a delta or an intent applied to its file beneath the
+ * root (arg), a note kept. */
 static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
 {
 	char why[PATH_MAX + 128];
 	int ret;
 
+	if (type == JNL_NOTE)
+		return JNL_KEEP;	/* the persistent tier's: jnl_take_notes() */
 	if (type == JNL_DELTA) {
 		ret = jnl_delta_apply(*(int *)arg, p, len, why, sizeof(why));
 		if (ret == 1)
@@ -441,8 +446,9 @@ int fs_journal_replay(int root_fd, char *msg, size_t len)
 int fs_journal_start(void)
 {
 	char msg[256];
-	int ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
+	int ret;
 
+	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
 	if (ret) {
 		tlog(LOG_ERR, "%s: %s; no journal this time", fs.opts.backing, msg);
 		return ret;
@@ -453,6 +459,7 @@ int fs_journal_start(void)
 		     "flushed as new versions", fs.opts.backing, strerror(-ret));
 		return ret;
 	}
+	fs.journal = &jnl;
 	/* its name durable before any record in it counts */
 	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
@@ -471,13 +478,16 @@ void fs_journal_end(void)
 
 	if (jnl.fd < 0)
 		return;
-	empty = jnl.live == 0;
+	fs.journal = NULL;
+	empty = jnl.live == 0 && !jnl.held;	/* notes held: the persistent
+						 * tier's queue, for the next
+						 * mount (it said so) */
+	if (jnl.live)
+		tlog(LOG_WARNING, "%s/" JOURNAL_NAME " keeps changes not yet in their files: "
+		     "the next start or tierfs --recover applies them", fs.opts.backing);
 	jnl_close(&jnl);
 	if (empty)
 		unlinkat(fs.root_fd, JOURNAL_NAME, 0);
-	else
-		tlog(LOG_WARNING, "%s/" JOURNAL_NAME " keeps changes not yet in their files: "
-		     "the next start or tierfs --recover applies them", fs.opts.backing);
 }
 
 /* See fs.h.  The journal's counts since the mount, and the records the

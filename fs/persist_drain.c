@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "persist_int.h"
+#include "journal.h"
 #include "../common/log.h"
 #include "../tiers/clock.h"
 
@@ -462,10 +463,10 @@ void fs_persist_start(void)
 
 	if (!pq.dir)
 		return;
-	pq.jfd = openat(fs.root_fd, PJOURNAL, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-	if (pq.jfd < 0)
-		tlog(LOG_WARNING, "persist: cannot open %s: %s; a restart may miss operations",
-		     PJOURNAL, strerror(errno));
+	pq.jon = fs.journal != NULL;
+	if (!pq.jon)
+		tlog(LOG_WARNING, "persist: %s has no journal this time (logged above); a "
+		     "restart may miss operations", fs.opts.backing);
 	else
 		persist_replay();
 	r = pthread_create(&pq.thr, NULL, persister, NULL);
@@ -541,12 +542,9 @@ unsigned fs_persist_stop(void)
 			     "to %s (logged above); everything else is there", pq.failed, pq.dir);
 		else
 			tlog(LOG_NOTICE, "persist: everything is in %s", pq.dir);
-		if (pq.jfd >= 0)
-			unlinkat(fs.root_fd, PJOURNAL, 0);
+		jnl_notes_done(fs.journal);	/* the journal may go */
 	}
-	if (pq.jfd >= 0)
-		close(pq.jfd);
-	pq.jfd = -1;
+	pq.jon = false;
 	pq.head = pq.tail = NULL;
 	return left + (unsigned)pq.failed;
 }

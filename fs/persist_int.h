@@ -69,7 +69,7 @@ struct persist_queue {
 	struct pop *head, *tail;
 	pthread_t thr;
 	bool started, stop, abort, exited;
-	int jfd;			/* the journal, -1: none */
+	bool jon;			/* its records go to the journal (notes) */
 	int intents;			/* commits between intent and hook: the
 					 * journal is not emptied meanwhile */
 	bool jerr;			/* a journal write failed (logged) */
@@ -182,7 +182,8 @@ static inline void op_free(struct pop *op)
 	free(op);
 }
 
-/* The journal of the queue, in the backing root (persist_journal.c). */
+/* The journal of the queue that releases before the one journal kept
+ * apart, in the backing root: read once, for an upgrade (persist_journal.c). */
 #define PJOURNAL	FS_HIDDEN_PREFIX ".persist.journal"
 
 /* ------------------------------------------------------------ persist_path.c */
@@ -223,6 +224,7 @@ bool persist_pg_run(struct pjob *j, const char *what);
  * which takes it. */
 void persist_jempty(void);
 void persist_jdone(void);
+void persist_jmade(bool made);
 void persist_jappend(const struct pop *op);
 void persist_jtemp(const char *rel, const char *tmp);
 /* Queue what a previous daemon's journal holds (before any request). */

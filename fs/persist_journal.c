@@ -1,14 +1,18 @@
 /*
- * persist_journal.c - the persist journal: the records that the queue
- * (persist_queue.c, persist_names.c) and the persister (persist_drain.c)
- * append to it, and its replay by the next daemon over the same backing
- * directory (persist_replay(), before any request), which queues again
- * what the previous one had not done and removes the temporaries it left
- * in DIR.
+ * persist_journal.c - the persistent tier's records in the backing
+ * directory's one journal (notes, fs_journal.c and store/journal.c): what
+ * the queue (persist_queue.c, persist_names.c) and the persister
+ * (persist_drain.c) append, and their replay by the next daemon over the
+ * same backing directory (persist_replay(), before any request), which
+ * queues again what the previous one had not done and removes the
+ * temporaries it left in DIR.  The journal file of earlier releases
+ * (PJOURNAL) is read once, before the notes, for an upgrade.
  *
- * Calls: persist_path.c only.  Locks: the records are written under
- * pq.lock (persist_jtemp() takes it, the others are called with it held);
- * the replay runs before the persister thread and any request, alone.
+ * Calls: persist_path.c, and store/ for the notes (the journal that
+ * fs_journal.c opened, fs.journal).  Locks: the
+ * records are written under pq.lock (persist_jtemp() takes it, the others
+ * are called with it held), then the journal's own (a leaf); the replay
+ * runs before the persister thread and any request, alone.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,27 +24,57 @@
 #include <unistd.h>
 
 #include "persist_int.h"
+#include "journal.h"
 #include "../common/log.h"
 
 /*
- * The journal, BACKING_DIR/.tierfs.persist.journal: every queued operation
- * is appended (kind, flags, path, path2, NUL-separated) and the file is
- * emptied whenever the queue is; a daemon that starts over the same backing
- * directory queues what it finds there first.  So a kill, or an unmount
- * that gave up on DIR, loses no copy and no removal: the next mount on
- * this node resumes them (copies then take the file now at that path).
- * Not synced: it survives the daemon, not the node (whose SSD is the
- * backing directory anyway).  Records: C, U, D, R (a queued copy,
- * unlink, rmdir, rename), I (an intent: a copy to make if the daemon
- * dies), X (the head operation done), Y and Z after a removal or rename
- * (the backing directory made it, or did not), T (a copy's temporary).
+ * The records, each a note of the backing directory's journal: every
+ * queued operation is appended (kind, flags, path, path2, NUL-separated),
+ * and the journal is told the notes are done with whenever the queue is
+ * empty (it may then be emptied); a daemon that starts over the same
+ * backing directory queues what the notes say first.  So a kill, or an
+ * unmount that gave up on DIR, loses no copy and no removal: the next
+ * mount on this node resumes them (copies then take the file now at that
+ * path).  Not synced: they survive the daemon, and the node where a later
+ * record's sync covers them (the backing directory is the node's SSD
+ * anyway); a torn one ends the journal's replay, as any record's does.
+ * Records: C, U, D, R (a queued copy, unlink, rmdir, rename), I (an
+ * intent: a copy to make if the daemon dies), X (the head operation done),
+ * Y and Z after a removal or rename (the backing directory made it, or did
+ * not), T (a copy's temporary), S (the queue as a replay left it, whole,
+ * in the same note: what came before is replaced by it).
  */
 
-/* Empty the journal if nothing is queued or about to be.  pq.lock held. */
+/* Append p (n bytes) to the journal as a note (not synced).  0 or -errno. */
+static int note(const void *p, size_t n)
+{
+	struct iovec v = { (void *)p, n };
+	uint64_t seq;
+
+	return fs.journal ? jnl_append(fs.journal, JNL_NOTE, &v, 1, &seq) : -EBADF;
+}
+
+/* Append record rec (n bytes) as a note.  pq.lock held. */
+static void jwrite(const char *rec, size_t n)
+{
+	int ret;
+
+	if (!pq.jon)
+		return;
+	ret = note(rec, n);
+	if (ret && !pq.jerr) {
+		pq.jerr = true;
+		tlog(LOG_WARNING, "persist: cannot write to the journal of %s: %s; a restart "
+		     "may miss operations for %s", fs.opts.backing, strerror(-ret), pq.dir);
+	}
+}
+
+/* The journal's notes are done with if nothing is queued or about to be.
+ * pq.lock held. */
 void persist_jempty(void)
 {
-	if (pq.jfd >= 0 && !pq.head && !pq.intents && ftruncate(pq.jfd, 0) < 0)
-		tlog(LOG_WARNING, "persist: cannot empty %s: %s", PJOURNAL, strerror(errno));
+	if (pq.jon && !pq.head && !pq.intents)
+		jnl_notes_done(fs.journal);
 }
 
 /* The head operation is done: a marker, so that a replay skips it (the
@@ -49,28 +83,34 @@ void persist_jdone(void)
 {
 	static const char rec[] = "X0\0\0";	/* three strings, the last NUL too */
 
-	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(rec)) != sizeof(rec) && !pq.jerr) {
-		pq.jerr = true;
-		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
-	}
+	jwrite(rec, sizeof(rec));
+}
+
+/* The removal or rename just queued was made by the backing directory (Y),
+ * or was not (Z: a replay drops it).  pq.lock held. */
+void persist_jmade(bool made)
+{
+	static const char y[] = "Y0\0\0", z[] = "Z0\0\0";
+
+	jwrite(made ? y : z, sizeof(y));
+}
+
+/* op's record at rec (cap bytes): its length, or 0 where it does not fit. */
+static size_t op_rec(const struct pop *op, char *rec, size_t cap)
+{
+	int n = snprintf(rec, cap, "%c%u%c%s%c%s", op->started ? 'I' : "CUDR"[op->kind],
+			 op->flags, 0, op->path, 0, op->path2 ? op->path2 : "");
+
+	return n < 0 || (size_t)n >= cap ? 0 : (size_t)n + 1;
 }
 
 void persist_jappend(const struct pop *op)
 {
 	char rec[2 * PATH_MAX + 32];
-	int n;
+	size_t n = op_rec(op, rec, sizeof(rec));
 
-	if (pq.jfd < 0)
-		return;
-	n = snprintf(rec, sizeof(rec), "%c%u", op->started ? 'I' : "CUDR"[op->kind], op->flags);
-	n++;
-	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path) + 1;
-	n += snprintf(rec + n, sizeof(rec) - (size_t)n, "%s", op->path2 ? op->path2 : "") + 1;
-	if (write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
-		pq.jerr = true;
-		tlog(LOG_WARNING, "persist: cannot write %s: %s; a restart may miss "
-		     "operations for %s", PJOURNAL, strerror(errno), pq.dir);
-	}
+	if (n)
+		jwrite(rec, n);
 }
 
 /*
@@ -95,10 +135,7 @@ void persist_jtemp(const char *rel, const char *tmp)
 	n += m + 1;
 	rec[n++] = 0;
 	pq_lock();
-	if (pq.jfd >= 0 && write(pq.jfd, rec, (size_t)n) != n && !pq.jerr) {
-		pq.jerr = true;
-		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
-	}
+	jwrite(rec, (size_t)n);
 	pq_unlock();
 }
 
@@ -183,26 +220,39 @@ static void move_copies_last(void)
 		pq.tail = op;
 }
 
-/* A journal of the queue as it is now (the replay reordered it), in place
- * of the old one, so that done-markers count in queue order again. */
-static void jrewrite(void)
+/*
+ * The queue as it is now (the replay reordered it) as one note, S first,
+ * in place of the notes before it, so that done-markers count in queue
+ * order again: one record, so that a crash leaves it whole or not at all
+ * (then the notes before it are replayed again).  false where it could
+ * not be written.
+ */
+static bool jrewrite(void)
 {
-	int fd = openat(fs.root_fd, PJOURNAL ".new", O_RDWR | O_CREAT | O_TRUNC | O_APPEND |
-			O_CLOEXEC, 0600), old = pq.jfd;
+	size_t len = 5, cap = 4096, n;
+	char *buf = malloc(cap), *nb;
+	int ret;
 
-	if (fd < 0)
-		return;
-	pq.jfd = fd;
-	for (struct pop *op = pq.head; op; op = op->next)
-		persist_jappend(op);
-	if (pq.jerr || renameat(fs.root_fd, PJOURNAL ".new", fs.root_fd, PJOURNAL) < 0) {
-		tlog(LOG_WARNING, "persist: cannot rewrite %s", PJOURNAL);
-		close(fd);
-		unlinkat(fs.root_fd, PJOURNAL ".new", 0);
-		pq.jfd = old;
-		return;
+	if (!buf)
+		return false;
+	memcpy(buf, "S0\0\0", 5);
+	for (struct pop *op = pq.head; op; op = op->next) {
+		if (cap - len < 2 * PATH_MAX + 32) {
+			if (!(nb = realloc(buf, cap *= 2))) {
+				free(buf);
+				return false;
+			}
+			buf = nb;
+		}
+		n = op_rec(op, buf + len, cap - len);
+		len += n;
 	}
-	close(old);
+	ret = note(buf, len);
+	free(buf);
+	if (ret)
+		tlog(LOG_WARNING, "persist: cannot write the resumed queue to the journal of "
+		     "%s: %s", fs.opts.backing, strerror(-ret));
+	return !ret;
 }
 
 /* The next record of the journal at *p (kind+flags, path, path2), or false. */
@@ -240,6 +290,47 @@ static void remove_temp(const char *rel)
 		close(root);
 }
 
+/*
+ * The records a previous daemon left: the journal file of a release before
+ * the one journal (PJOURNAL, older), then the notes of the one journal,
+ * from the last S on (malloc'ed, NUL-terminated, *len bytes; NULL: none).
+ * *legacy: PJOURNAL was there.
+ */
+static char *left_records(size_t *len, bool *legacy)
+{
+	size_t nlen, olen = 0;
+	char *notes = jnl_take_notes(fs.journal, &nlen), *buf = NULL, *p, *end, *kf, *path;
+	char *path2;
+	char *from = notes;
+	struct stat st;
+	int fd = openat(fs.root_fd, PJOURNAL, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	*legacy = fd >= 0;
+	if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0 &&
+	    (buf = malloc((size_t)st.st_size + nlen + 1))) {
+		ssize_t got = pread(fd, buf, (size_t)st.st_size, 0);
+
+		olen = got > 0 ? (size_t)got : 0;
+	}
+	if (fd >= 0)
+		close(fd);
+	for (p = notes, end = notes + nlen; p && p < end && jnext(&p, end, &kf, &path, &path2);)
+		if (kf[0] == 'S')
+			from = kf;	/* the queue, whole: what came before is in it */
+	if (from && from != notes)
+		olen = 0;
+	nlen -= (size_t)(from - notes);
+	if (!buf)
+		buf = malloc(nlen + 1);
+	if (buf && nlen)
+		memcpy(buf + olen, from, nlen);
+	free(notes);
+	if (buf)
+		buf[olen + nlen] = 0;
+	*len = olen + nlen;
+	return buf;
+}
+
 /* Queue what the journal of a previous daemon holds (before any request):
  * its operations less as many as it has done-markers (they end in order).
  * Over 100 lines: its three passes (temporaries and done-markers, the
@@ -249,18 +340,17 @@ void persist_replay(void)
 {
 	char *buf, *p, *end, *kf, *path, *path2;
 	unsigned long done = 0, n = 0;
-	struct stat st;
-	ssize_t got;
+	size_t got;
+	bool legacy;
 
-	if (fstat(pq.jfd, &st) < 0 || st.st_size == 0)
+	buf = left_records(&got, &legacy);
+	if (!buf || !got) {
+		free(buf);
+		if (legacy)
+			unlinkat(fs.root_fd, PJOURNAL, 0);
+		persist_jempty();
 		return;
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf)
-		return;
-	got = pread(pq.jfd, buf, (size_t)st.st_size, 0);
-	if (got < 0)
-		got = 0;
-	buf[got] = 0;
+	}
 	end = buf + got;
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
 		done += kf[0] == 'X';
@@ -353,7 +443,9 @@ void persist_replay(void)
 	for (struct pop *op = pq.head; op; op = op->next)
 		pq.tail = op;
 	move_copies_last();
-	jrewrite();
+	if (jrewrite() && legacy)
+		unlinkat(fs.root_fd, PJOURNAL, 0);	/* in the journal now */
+	persist_jempty();	/* nothing left to resume: done with them */
 	if (n)
 		tlog(LOG_NOTICE, "persist: resuming %lu operation%s that a previous daemon "
 		     "queued for %s", n, n == 1 ? "" : "s", pq.dir);

@@ -272,7 +272,7 @@ bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_ino
 	char drel[PATH_MAX], rel[PATH_MAX];
 	int m = -1, fd;
 
-	if (pq.jfd < 0 || persist_rel_of(dir, drel, sizeof(drel)) ||
+	if (!pq.jon || persist_rel_of(dir, drel, sizeof(drel)) ||
 	    persist_join(rel, sizeof(rel), drel, name))
 		return false;
 	if (in) {		/* a link: the file's own mark, if it has one */
@@ -357,7 +357,7 @@ void fs_persist_forget(struct fs_inode *in)
 
 void fs_persist_intent(struct fs_inode *in, bool counted)
 {
-	if (pq.jfd < 0 || !S_ISREG(in->type))
+	if (!pq.jon || !S_ISREG(in->type))
 		return;
 	if (counted) {
 		pq_lock();
@@ -369,7 +369,7 @@ void fs_persist_intent(struct fs_inode *in, bool counted)
 
 void fs_persist_intent_end(void)
 {
-	if (pq.jfd < 0)
+	if (!pq.jon)
 		return;
 	pq_lock();
 	pq.intents--;

@@ -26,13 +26,12 @@
 #include "persist_int.h"
 #include "../common/log.h"
 
-/* The queue, the journal's descriptor and the statistics (pq.lock). */
+/* The queue, whether it is journalled, and the statistics (pq.lock). */
 struct persist_queue pq = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.cond = PTHREAD_COND_INITIALIZER,
 	.done = PTHREAD_COND_INITIALIZER,
 	.wait_s = 5.0,
-	.jfd = -1,
 };
 
 /* Is rel removed through the mount, not yet in DIR?  pq.lock held. */
@@ -229,15 +228,10 @@ struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct
 
 void fs_persist_ns_end(struct pop *op, bool done)
 {
-	static const char cancel[] = "Z0\0\0", made[] = "Y0\0\0";
-	const char *rec = done ? made : cancel;
-
 	if (!op)
 		return;
 	pq_lock();
-	/* Y: made, Z: not made (a replay drops it) */
-	if (pq.jfd >= 0 && write(pq.jfd, rec, sizeof(made)) != sizeof(made))
-		tlog(LOG_WARNING, "persist: cannot write %s: %s", PJOURNAL, strerror(errno));
+	persist_jmade(done);
 	if (done) {
 		queue(op);
 		op = NULL;

@@ -60,6 +60,18 @@
  * (metadata for the file system's log) at each record. */
 #define JNL_RESET_AT	(4u << 20)
 
+/* A record found valid by a scan. */
+struct scanned {
+	uint64_t off, len, seq;
+	uint16_t type;
+};
+
+static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool first,
+		    struct jnl_rec *h, void **p);
+static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint16_t only);
+static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
+			const struct scanned *recs, uint64_t n, uint64_t seq);
+
 static void jlock(struct jnl *j)
 {
 	ranked_lock(&j->lock, LR_JOURNAL);
@@ -72,14 +84,65 @@ static void junlock(struct jnl *j)
 
 int jnl_open(struct jnl *j, int dirfd, const char *name)
 {
+	struct stat sb;
+	struct jnl_rec h;
+	void *p;
+	int r;
+
 	memset(j, 0, sizeof(*j));
-	j->fd = openat(dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	j->dirfd = dirfd;
+	j->name = name;
+	j->fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (j->fd < 0)
 		return -errno;
+	if (fstat(j->fd, &sb) < 0)
+		goto fail;
+	/* the notes a replay kept, for jnl_take_notes(): the next records
+	 * follow them */
+	while ((r = read_rec(j->fd, j->off, (uint64_t)sb.st_size, j->seq, j->off == 0,
+			     &h, &p)) == 1) {
+		char *n = h.type == JNL_NOTE ? realloc(j->notes, j->notes_len + h.len + 1) : NULL;
+
+		if (n) {
+			memcpy(n + j->notes_len, p, h.len);
+			j->notes = n;
+			j->notes_len += h.len;
+			n[j->notes_len] = 0;	/* the reader's strings end here */
+		} else if (h.type == JNL_NOTE) {
+			r = -ENOMEM;
+		}
+		free(p);
+		if (r < 0)
+			break;
+		j->seq = h.seq;
+		j->off += sizeof(h) + h.len;
+		j->held = true;
+	}
+	errno = -r;
+	if (r < 0 || (j->off < (uint64_t)sb.st_size && ftruncate(j->fd, (off_t)j->off) < 0))
+		goto fail;
+	j->synced = j->seq;
 	j->reset_at = JNL_RESET_AT;
 	pthread_mutex_init(&j->lock, NULL);
 	pthread_cond_init(&j->synced_cond, NULL);
 	return 0;
+fail:
+	r = -errno;
+	close(j->fd);
+	j->fd = -1;
+	free(j->notes);
+	j->notes = NULL;
+	return r;
+}
+
+char *jnl_take_notes(struct jnl *j, size_t *len)
+{
+	char *n = j->notes;
+
+	*len = j->notes_len;
+	j->notes = NULL;
+	j->notes_len = 0;
+	return n;
 }
 
 void jnl_close(struct jnl *j)
@@ -91,6 +154,8 @@ void jnl_close(struct jnl *j)
 	free(j->live_seq);
 	j->live_seq = NULL;
 	j->live_cap = 0;
+	free(j->notes);
+	j->notes = NULL;
 	pthread_cond_destroy(&j->synced_cond);
 	pthread_mutex_destroy(&j->lock);
 }
@@ -144,6 +209,7 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	       uint64_t *seq)
 {
 	struct jnl_rec h = { .magic = JNL_MAGIC, .type = type, .hlen = sizeof(h) };
+	bool live = type != JNL_RETIRE && type != JNL_NOTE;	/* until retired */
 	struct iovec *v;
 	uint64_t len = 0;
 	int ret;
@@ -157,7 +223,7 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 		return -ENOMEM;
 	h.len = len;
 	jlock(j);
-	if (type != JNL_RETIRE && j->live == j->live_cap) {
+	if (live && j->live == j->live_cap) {
 		uint64_t cap = j->live_cap ? 2 * j->live_cap : 16;
 		uint64_t *n = realloc(j->live_seq, cap * sizeof(*n));
 
@@ -179,8 +245,9 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 		j->off += sizeof(h) + len;
 		j->appends++;
 		j->bytes += sizeof(h) + len;
-		if (type != JNL_RETIRE)
+		if (live)
 			j->live_seq[j->live++] = h.seq;
+		j->held = j->held || type == JNL_NOTE;
 		*seq = h.seq;
 	}
 	junlock(j);
@@ -190,7 +257,7 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 
 int jnl_sync(struct jnl *j, uint64_t seq)
 {
-	int ret = 0;
+	int ret = 0, fd;
 
 	jlock(j);
 	while (j->synced < seq && !ret) {
@@ -200,10 +267,11 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 			pthread_cond_wait(&j->synced_cond, &j->lock);
 			continue;
 		}
-		j->syncing = true;
+		j->syncing = true;	/* j->fd stays while it is set */
 		upto = j->seq;
+		fd = j->fd;
 		junlock(j);
-		if (fdatasync(j->fd) < 0)
+		if (fdatasync(fd) < 0)
 			ret = -errno;
 		jlock(j);
 		j->syncing = false;
@@ -232,6 +300,48 @@ static int64_t live_find(const struct jnl *j, uint64_t seq)
 	return at ? at - j->live_seq : -1;
 }
 
+/*
+ * Empty the journal where no record is live and it is long enough (under
+ * j's lock).  Notes held are kept: the journal is replaced by one that
+ * holds them alone (rewrite_kept; a few paths each), so that a reader
+ * that is never done for long (a persistent tier whose DIR is away) does
+ * not keep every record after them.
+ */
+static void maybe_reset(struct jnl *j)
+{
+	struct scanned *recs = NULL;
+	uint64_t n = 0;
+	int nfd;
+
+	if (j->live || j->off < j->reset_at)
+		return;
+	if (!j->held) {
+		if (ftruncate(j->fd, 0) == 0) {
+			j->off = 0;	/* seqs go on: what a lost truncation
+					 * leaves past the new records does not
+					 * follow them */
+			j->resets++;
+		}
+		return;
+	}
+	/* not under a sync's fdatasync, which runs without the lock */
+	if (j->syncing || scan(j->fd, j->off, &recs, &n, JNL_NOTE))
+		goto out;
+	nfd = rewrite_kept(j->dirfd, j->name, j->fd, j->off, recs, n, j->seq + 1);
+	if (nfd < 0)
+		goto out;	/* tried again at the next reset */
+	close(j->fd);
+	j->fd = nfd;
+	j->off = 0;
+	for (uint64_t i = 0; i < n; i++)
+		j->off += sizeof(struct jnl_rec) + recs[i].len;
+	j->seq += n;
+	j->synced = j->seq;
+	j->resets++;
+out:
+	free(recs);
+}
+
 uint64_t jnl_retire(struct jnl *j, uint64_t seq)
 {
 	struct iovec v = { &seq, sizeof(seq) };
@@ -256,13 +366,23 @@ uint64_t jnl_retire(struct jnl *j, uint64_t seq)
 		(j->live - (uint64_t)at - 1) * sizeof(*j->live_seq));
 	j->live--;
 	j->retires++;
-	if (!j->live && j->off >= j->reset_at && ftruncate(j->fd, 0) == 0) {
-		j->off = 0;	/* seqs go on: what a lost truncation leaves
-				 * past the new records does not follow them */
+	maybe_reset(j);
+	junlock(j);
+	return rs;
+}
+
+void jnl_notes_done(struct jnl *j)
+{
+	if (j->fd < 0)
+		return;
+	jlock(j);
+	j->held = false;
+	if (!j->live && j->off && ftruncate(j->fd, 0) == 0) {
+		j->off = 0;	/* as maybe_reset(), whatever its length: the
+				 * reader's done records are not read again */
 		j->resets++;
 	}
 	junlock(j);
-	return rs;
 }
 
 void jnl_counts(struct jnl *j, struct jnl_counts *c)
@@ -274,12 +394,6 @@ void jnl_counts(struct jnl *j, struct jnl_counts *c)
 }
 
 /* ---- replay -------------------------------------------------------------- */
-
-/* A record found valid by the scan. */
-struct scanned {
-	uint64_t off, len, seq;
-	uint16_t type;
-};
 
 /* pread exactly len bytes: 0, or -errno (-EIO: the file ends first). */
 static int pread_all(int fd, void *buf, uint64_t len, uint64_t off)
@@ -364,6 +478,95 @@ int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *le
 	return -ENOENT;
 }
 
+/*
+ * Replace journal `name` (fd, size bytes) of dirfd by one that holds its
+ * records recs[0..n) alone, renumbered from seq: written beside it,
+ * synced, renamed over it, the directory synced.  The new journal's
+ * descriptor (O_RDWR), or -errno (the journal left as it was, unless the
+ * directory's sync failed after the rename).
+ */
+static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
+			const struct scanned *recs, uint64_t n, uint64_t seq)
+{
+	char tmp[NAME_MAX + 1];
+	uint64_t off = 0;
+	int nfd, ret = 0;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.new", name) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	nfd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (nfd < 0)
+		return -errno;
+	for (uint64_t i = 0; i < n && !ret; i++) {
+		struct jnl_rec h;
+		struct iovec v[2];
+		void *p;
+		int r = read_rec(fd, recs[i].off, size, 0, true, &h, &p);
+
+		if (r <= 0) {
+			ret = r ? r : -EIO;	/* it checked out a moment ago */
+			break;
+		}
+		h.seq = seq + i;
+		v[1] = (struct iovec){ p, h.len };
+		h.sum = rec_sum(&h, &v[1], 1);
+		v[0] = (struct iovec){ &h, sizeof(h) };
+		ret = pwrite_all(nfd, v, 2, sizeof(h) + h.len, off);
+		off += sizeof(h) + h.len;
+		free(p);
+	}
+	if (!ret && fdatasync(nfd) < 0)
+		ret = -errno;
+	if (!ret && renameat(dirfd, tmp, dirfd, name) < 0)
+		ret = -errno;
+	if (ret) {
+		unlinkat(dirfd, tmp, 0);
+		close(nfd);
+		return ret;
+	}
+	/* dirfd may be an O_PATH descriptor */
+	int d = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (d < 0 || fsync(d) < 0)
+		ret = -errno;
+	if (d >= 0)
+		close(d);
+	if (ret)
+		close(nfd);
+	return ret ? ret : nfd;	/* the rename is made: nfd is the journal */
+}
+
+/*
+ * The records of type `only` among fd's first size bytes, which this
+ * process appended (their headers are read, and trusted: the payloads of
+ * other records are not read), in *recs (malloc'ed, *n of them).  0 or
+ * -errno.
+ */
+static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint16_t only)
+{
+	uint64_t off = 0, cap = 0;
+	struct jnl_rec h;
+	int r = 0;
+
+	*recs = NULL;
+	*n = 0;
+	while (off + sizeof(h) <= size && !(r = pread_all(fd, &h, sizeof(h), off))) {
+		if (h.magic != JNL_MAGIC || h.hlen != sizeof(h) || h.len > size - off - sizeof(h))
+			return -EIO;
+		if (h.type == only && *n == cap) {
+			struct scanned *m = realloc(*recs, (cap = cap ? 2 * cap : 64) * sizeof(*m));
+
+			if (!m)
+				return -ENOMEM;
+			*recs = m;
+		}
+		if (h.type == only)
+			(*recs)[(*n)++] = (struct scanned){ off, h.len, h.seq, h.type };
+		off += sizeof(h) + h.len;
+	}
+	return r;
+}
+
 int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 	       struct jnl_replay_stats *st)
 {
@@ -443,18 +646,23 @@ int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 		}
 		r = fn(arg, h.type, h.seq, p, h.len);
 		free(p);
-		if (r == 0)
+		if (r == JNL_KEEP && h.type == JNL_NOTE)
+			recs[st->kept++] = recs[i];	/* below i: read already */
+		else if (r == 0)
 			st->applied++;
 		else if (r > 0)
 			st->skipped++;
 		else
 			st->failed++;
 	}
-	if (!st->failed) {
-		/* everything is in its file (synced by fn): start afresh */
-		if (ftruncate(fd, 0) < 0 || fsync(fd) < 0)
-			ret = -errno;
-	}
+	/* everything is in its file (synced by fn): start afresh, with the
+	 * notes kept */
+	if (!st->failed && st->kept) {
+		int nfd = rewrite_kept(dirfd, name, fd, (uint64_t)sb.st_size, recs, st->kept, 1);
+
+		ret = nfd < 0 ? nfd : close(nfd);
+	} else if (!st->failed && (ftruncate(fd, 0) < 0 || fsync(fd) < 0))
+		ret = -errno;
 out:
 	free(recs);
 	free(retired);

@@ -22,6 +22,15 @@
  * describes is in the backing file and synced; replay applies only the
  * live ones, in order: deltas and intents of one file in the order they
  * were made.
+ *
+ * Records of type JNL_NOTE are another reader's (the persistent tier's
+ * queue, fs/persist_journal.c): opaque here, never live, never retired.
+ * They are appended as any record is (checksummed, in sequence, durable
+ * with the next jnl_sync), and hold the journal (it is not emptied) until
+ * their reader says it is done with them (jnl_notes_done).  A replay
+ * hands them to its fn in order with the rest; those fn keeps (JNL_KEEP)
+ * survive it: the journal is then rewritten to hold them alone, in their
+ * order, and jnl_open goes on after them.
  */
 #ifndef TIERFS_JOURNAL_H
 #define TIERFS_JOURNAL_H
@@ -38,7 +47,11 @@ enum jnl_type {
 	JNL_RETIRE = 1,			/* payload: the seq (u64) of a record done */
 	JNL_DELTA = 2,			/* a small change of a file (below) */
 	JNL_REDO = 3,			/* a new version copied over a file (below) */
+	JNL_NOTE = 4,			/* another reader's record (above) */
 };
+
+/* What a replay's fn returns for a record it keeps (JNL_NOTE). */
+#define JNL_KEEP	2
 
 /* A record's header, as on disk (host byte order: the journal is never
  * read by another machine). */
@@ -57,6 +70,8 @@ struct jnl_rec {
 /* An open journal (the daemon's), appended to by any thread. */
 struct jnl {
 	int fd;				/* O_RDWR, -1: none */
+	int dirfd;			/* its directory's (open while j is) */
+	const char *name;		/* its name there (kept while j is) */
 	pthread_mutex_t lock;		/* the fields below; rank LR_JOURNAL
 					 * (lockorder.h): a leaf, never held
 					 * across fdatasync */
@@ -72,13 +87,24 @@ struct jnl {
 	uint64_t live_cap;		/* slots of live_seq */
 	uint64_t reset_at;		/* emptied when none is live and it is
 					 * this long (jnl_retire) */
+	bool held;			/* notes appended since the reader was
+					 * last done with them: not emptied */
+	char *notes;			/* the payloads of the notes jnl_open
+					 * found, one after the other, then a
+					 * NUL (jnl_take_notes) */
+	size_t notes_len;
 	/* statistics */
 	uint64_t appends, retires, syncs, bytes, resets;
 };
 
 /*
- * Open (create) journal `name` in directory dirfd for appending, empty:
- * the caller has replayed what it held (jnl_replay).  0 or -errno.
+ * Open (create) journal `name` in directory dirfd for appending: the
+ * caller has replayed what it held (jnl_replay), so it is empty or holds
+ * the notes that replay kept, which the next records follow (held, until
+ * jnl_notes_done), their payloads for jnl_take_notes.  Anything after
+ * its last whole record is cut off.
+ * dirfd and name stay valid while j is open (an emptying that keeps
+ * notes replaces the file).  0 or -errno.
  */
 int jnl_open(struct jnl *j, int dirfd, const char *name);
 void jnl_close(struct jnl *j);
@@ -107,6 +133,19 @@ int jnl_sync(struct jnl *j, uint64_t seq);
  * sync covers the retire record made before.
  */
 uint64_t jnl_retire(struct jnl *j, uint64_t seq);
+/*
+ * The reader of the notes is done with those appended so far: the journal
+ * is emptied now where no record is live (whatever its length: a replay
+ * does not read the done notes again), else as at a retire.  A note
+ * appended later holds it again.
+ */
+void jnl_notes_done(struct jnl *j);
+/*
+ * The payloads of the notes the journal held when jnl_open opened it, one
+ * after the other, NUL-terminated (malloc'ed, the caller's, *len bytes
+ * without the NUL; NULL: none).  Once: a second call gives NULL.
+ */
+char *jnl_take_notes(struct jnl *j, size_t *len);
 
 /* What a journal did since jnl_open (the statistics' "journal"). */
 struct jnl_counts {
@@ -135,13 +174,15 @@ struct jnl_replay_stats {
 	uint64_t applied;		/* live ones applied (fn returned 0) */
 	uint64_t skipped;		/* live ones fn passed over (returned 1) */
 	uint64_t failed;		/* live ones fn failed (returned < 0) */
+	uint64_t kept;			/* ones fn kept (JNL_KEEP: notes) */
 	uint64_t dropped_bytes;		/* of a torn or bad tail, dropped */
 	bool torn;			/* the tail was cut short or did not check out */
 };
 
 /*
- * Apply one live record (not JNL_RETIRE): 0 applied, 1 passed over (what
- * it was for is gone), or -errno (the record stays).
+ * Apply one live record (not JNL_RETIRE), or take a note: 0 applied, 1
+ * passed over (what it was for is gone), JNL_KEEP kept (a note, for its
+ * reader after the replay), or -errno (the record stays).
  */
 typedef int (*jnl_apply_fn)(void *arg, uint16_t type, uint64_t seq, const void *payload,
 			    uint64_t len);
@@ -150,9 +191,12 @@ typedef int (*jnl_apply_fn)(void *arg, uint16_t type, uint64_t seq, const void *
  * Replay journal `name` of dirfd: read its records in order up to the first
  * one that is torn, does not check out (magic, length, checksum) or does
  * not follow the one before (seq), which is logged and dropped with all
- * after it; then hand each live record to fn, in order.  When every live
- * record was applied or passed over the journal is emptied durably (the
- * records are in their files now).  A missing journal is an empty one.
+ * after it; then hand each live record and note to fn, in order.  When
+ * every one was applied, passed over or kept, the journal is emptied
+ * durably (the records are in their files now), or where fn kept some,
+ * replaced durably by one that holds those alone (renumbered from 1; a
+ * rename, so that a crash leaves one journal or the other, whole).  A
+ * missing journal is an empty one.
  * Returns 0, or -errno where the journal could not be read or emptied;
  * fn's failures are counted in st (the journal keeps them).
  */

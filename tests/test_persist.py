@@ -320,6 +320,8 @@ def test_dir_read_only(mount, small_tmpfs):
     m.umount()
     assert "operations not applied" in m.log() or "operation not applied" in m.log()
     assert read_file(j(m.backing, "y")) == b"data of y"
+    # what is not in DIR stays in the backing directory's journal
+    assert {p for _, p, _ in util.persist_notes(m.backing)} >= {"y", "z"}
     subprocess.run(["mount", "-o", "remount,rw", small_tmpfs], check=True)
     # the next mount over this backing directory resumes them (its journal)
     m.start()
@@ -328,6 +330,7 @@ def test_dir_read_only(mount, small_tmpfs):
     assert read_file(j(small_tmpfs, "z")) == b"z"
     m.umount()
     assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
+    assert not os.path.exists(j(m.backing, util.JOURNAL))   # all done: removed
 
 
 def test_kill_resumes_from_journal(mount, pdir):
@@ -347,6 +350,10 @@ def test_kill_resumes_from_journal(mount, pdir):
         os.close(fd)
     os.unlink(j(m.mnt, "old"))
     m.kill(signal.SIGKILL)
+    # the queue is in the backing directory's one journal, checksummed
+    notes = util.persist_notes(m.backing)
+    assert ("U0", "old", "") in notes and ("C0", "small", "") in notes, notes
+    assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
     m.start(persist_bw=None)
     assert not os.path.exists(j(m.mnt, "old"))
     assert "old" not in os.listdir(m.mnt)
@@ -355,6 +362,107 @@ def test_kill_resumes_from_journal(mount, pdir):
     m.umount()
     assert tree(pdir) == want
     assert leftovers(pdir) == []       # the killed daemon's temporary of "big"
+    assert not os.path.exists(j(m.backing, util.JOURNAL))
+
+
+def killed_with_a_queue(mount, pdir):
+    """A daemon killed with copies of "a" (6 MiB, at 1 MiB/s) and "b"
+    queued: its journal holds them (the mount, stopped)."""
+    m = mount(persist=pdir, persist_all=True, persist_bw="1M")
+    want = {"a": randbytes(6 * MiB), "b": b"file b"}
+    for name, d in want.items():
+        write_file(j(m.mnt, name), d)
+        fd = os.open(j(m.mnt, name), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    m.kill(signal.SIGKILL)
+    assert ("C0", "b", "") in util.persist_notes(m.backing)
+    return m, want
+
+
+def resumed(m, pdir, want):
+    m.start(persist_bw=None)
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    assert tree(pdir) == want
+    assert leftovers(pdir) == []
+
+
+def test_a_torn_tail_after_the_queue_is_dropped_and_the_queue_resumed(mount, pdir):
+    """A record cut short at the journal's end (a kill inside its write):
+    the next mount drops it, says so, and resumes the whole records before
+    it."""
+    util.require_daemon()
+    m, want = killed_with_a_queue(mount, pdir)
+    with open(j(m.backing, util.JOURNAL), "ab") as f:
+        f.write(b"TRJ1" + bytes(20))   # a header, torn
+    resumed(m, pdir, want)
+    assert "not whole, valid records" in m.log()
+    assert not os.path.exists(j(m.backing, util.JOURNAL))
+
+
+def test_recover_keeps_the_queue_for_the_next_mount(mount, pdir):
+    """tierfs --recover applies the journal's changes and keeps the
+    persistent tier's queue in it: the next mount resumes it."""
+    util.require_daemon()
+    m, want = killed_with_a_queue(mount, pdir)
+    r = subprocess.run([util.tierfs_bin(), "--recover", m.backing], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert ("C0", "b", "") in util.persist_notes(m.backing)
+    resumed(m, pdir, want)
+
+
+def test_a_mount_without_persist_keeps_the_queue(mount, pdir):
+    """A mount without -o persist over a backing directory whose journal
+    holds a queue leaves it there: changes made durable as records come and
+    go, and each emptying of the journal keeps the queue's records alone
+    (the journal does not grow with the records after them); the next
+    mount with persist resumes the queue."""
+    util.require_daemon()
+    m, want = killed_with_a_queue(mount, pdir)
+    m.start(persist=None, persist_all=None, persist_bw=None)
+    write_file(j(m.mnt, "c"), randbytes(32 * MiB))
+    fd = os.open(j(m.mnt, "c"), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    for i in range(3):     # 5 MiB of 32 each: journal records of 4 MiB or more
+        fd = os.open(j(m.mnt, "c"), os.O_WRONLY)
+        os.pwrite(fd, randbytes(5 * MiB), i * 5 * MiB)
+        os.fsync(fd)
+        os.close(fd)
+    util.wait_flushed(m)
+    st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["journal"]
+    assert st["records_appended"] >= 3 and st["resets"] >= 1, st
+    m.umount()
+    assert ("C0", "b", "") in util.persist_notes(m.backing)
+    assert os.path.getsize(j(m.backing, util.JOURNAL)) < MiB
+    want["c"] = read_file(j(m.backing, "c"))
+    m.start(persist=pdir, persist_all=True)
+    resumed_all = lambda: pstats(m)["backlog_files"] == 0
+    util.wait_until(resumed_all, "the resumed queue")
+    os.setxattr(j(m.mnt, "c"), PX, b"sync")
+    m.umount()
+    assert tree(pdir) == want
+
+
+def test_the_journal_file_of_earlier_releases_is_resumed_once(mount, pdir):
+    """BACKING/.tierfs.persist.journal, as releases before the one journal
+    left it: its copies are resumed, and it is removed."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True)
+    write_file(j(m.mnt, "e"), b"file e")
+    util.wait_flushed(m)
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the copy")
+    m.umount()
+    os.unlink(j(pdir, "e"))
+    with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
+        f.write(b"C0\0e\0\0")
+    m.start()
+    util.wait_until(lambda: os.path.exists(j(pdir, "e")), "the resumed copy")
+    assert read_file(j(pdir, "e")) == b"file e"
+    assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
+    m.umount()
 
 
 @pytest.mark.slow

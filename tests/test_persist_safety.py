@@ -381,9 +381,12 @@ def test_persist_sync_of_a_file_already_in_dir_copies_nothing(mount, layout):
     m.umount()
 
 
-def test_dotdot_in_journal_paths_is_refused(mount, layout):
-    """A journal left in the backing directory whose paths climb out with
-    '..' (or start at /): its operations touch nothing outside DIR."""
+@pytest.mark.parametrize("where", ["notes", "legacy"])
+def test_dotdot_in_journal_paths_is_refused(mount, layout, where):
+    """Records left in the backing directory whose paths climb out with
+    '..' (or start at /), as notes of its journal or in the persist journal
+    file of earlier releases: their operations touch nothing outside
+    DIR."""
     util.require_daemon()
     before = snapshot(layout["secret"])
     secret = layout["secret"]
@@ -395,12 +398,18 @@ def test_dotdot_in_journal_paths_is_refused(mount, layout):
             ("D0", "../secret", ""),
             ("T0", "../secret/.tierfs.persist.x", ""),
             ("C0", "../secret/s", "")]
-    with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
-        for kf, p1, p2 in recs:
-            f.write(kf.encode() + b"\0" + p1.encode() + b"\0" + p2.encode() + b"\0")
+    raw = [kf.encode() + b"\0" + p1.encode() + b"\0" + p2.encode() + b"\0"
+           for kf, p1, p2 in recs]
+    if where == "notes":
+        util.journal_append(m.backing, [(util.JNL_NOTE, r) for r in raw])
+        assert len(util.persist_notes(m.backing)) == len(recs)
+    else:
+        with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
+            f.write(b"".join(raw))
     m.start()
     util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the backlog")
     util.wait_flushed(m)
     m.umount()
+    assert "resuming" in m.log()       # the records were read
     assert snapshot(layout["secret"]) == before
     assert not os.path.lexists(j(layout["dir"], "a", "stolen"))

@@ -1676,9 +1676,10 @@ class Run:
             sync.barrier.abort()
 
     def keep_journal(self):
-        """The persist journal that the killed daemon left (-o persist), as
-        WORKDIR/journal.<crash>: what the next daemon will resume."""
-        src = os.path.join(self.mount.backing, ".tierfs.persist.journal")
+        """The journal that the killed daemon left (with -o persist, its
+        queue too), as WORKDIR/journal.<crash>: what the next daemon will
+        replay and resume."""
+        src = os.path.join(self.mount.backing, ".tierfs.journal")
         try:
             shutil.copyfile(src, os.path.join(self.cfg.workdir, f"journal.{self.crashes}"))
         except OSError:

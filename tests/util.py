@@ -643,6 +643,73 @@ def tierfs_internals(root):
     return found
 
 
+# ---------------------------------------------------------------- the journal
+
+# BACKING/.tierfs.journal, as store/journal.h lays it out: each record a
+# header (magic "TRJ1", type, header length, seq, payload length, XXH3-64 of
+# the header with sum 0 and the payload), then the payload.
+JOURNAL = ".tierfs.journal"
+JNL_MAGIC, JNL_RETIRE, JNL_DELTA, JNL_REDO, JNL_NOTE = 0x314a5254, 1, 2, 3, 4
+_JNL_HEAD = "<IHHQQQ"
+
+
+def _xxh3_64(data):
+    lib = ctypes.CDLL("libxxhash.so.0")     # what tierfs links
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return lib.XXH3_64bits(data, len(data))
+
+
+def journal_records(backing):
+    """[(type, seq, payload)] of the whole, valid records of backing's
+    journal, up to the first that is not ([] where there is none)."""
+    import struct
+    try:
+        with open(os.path.join(backing, JOURNAL), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    hl, off, out = struct.calcsize(_JNL_HEAD), 0, []
+    while off + hl <= len(data):
+        magic, typ, hlen, seq, ln, s = struct.unpack_from(_JNL_HEAD, data, off)
+        payload = data[off + hl:off + hl + ln]
+        if magic != JNL_MAGIC or hlen != hl or len(payload) != ln or \
+                (out and seq != out[-1][1] + 1) or \
+                _xxh3_64(struct.pack(_JNL_HEAD, magic, typ, hlen, seq, ln, 0) + payload) != s:
+            break
+        out.append((typ, seq, payload))
+        off += hl + ln
+    return out
+
+
+def journal_append(backing, records):
+    """Append records [(type, payload)] to backing's journal, whole and
+    valid, their seqs following its last one."""
+    import struct
+    have = journal_records(backing)
+    seq = have[-1][1] if have else 0
+    with open(os.path.join(backing, JOURNAL), "ab") as f:
+        for typ, payload in records:
+            seq += 1
+            head = struct.pack(_JNL_HEAD, JNL_MAGIC, typ, struct.calcsize(_JNL_HEAD), seq,
+                               len(payload), 0)
+            s = _xxh3_64(head + payload)
+            f.write(struct.pack(_JNL_HEAD, JNL_MAGIC, typ, struct.calcsize(_JNL_HEAD), seq,
+                                len(payload), s) + payload)
+
+
+def persist_notes(backing):
+    """The persistent tier's records in backing's journal, in order:
+    [(kind+flags, path, path2)]."""
+    out = []
+    for typ, _, payload in journal_records(backing):
+        if typ == JNL_NOTE:
+            parts = payload.split(b"\0")
+            for i in range(0, len(parts) - 2, 3):
+                out.append(tuple(x.decode() for x in parts[i:i + 3]))
+    return out
+
+
 # ---------------------------------------------------------------- syscalls
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -7,7 +7,9 @@
  * same file; so does a commit intent (a new version copied over a file
  * with two names), replayed in order with a delta after it, and passed
  * over when torn, when its version is gone or another file, or when its
- * file is.  No seed: the cases are fixed.  Exit 0 pass, 1 fail.
+ * file is; notes (another reader's records) are kept across a replay, in
+ * order, and hold the journal until their reader is done with them.  No
+ * seed: the cases are fixed.  Exit 0 pass, 1 fail.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,13 +41,19 @@ static int dirfd_;
 static char seen[64];
 static int nseen;
 
+static int drop_notes(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+{
+	(void)arg, (void)type, (void)seq, (void)p, (void)len;
+	return 1;
+}
+
 static int collect(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
 {
 	(void)arg;
 	(void)seq;
-	if (type == 7 && len && nseen < (int)sizeof(seen) - 1)
+	if ((type == 7 || type == JNL_NOTE) && len && nseen < (int)sizeof(seen) - 1)
 		seen[nseen++] = *(const char *)p;
-	return 0;
+	return type == JNL_NOTE ? JNL_KEEP : 0;
 }
 
 /* Append records "a...", "b...", ... to j (n of them, each len bytes, at
@@ -224,6 +232,90 @@ static void test_retired(void)
 	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
 	jnl_close(&j);
 	CHECK(!strcmp(replay(&st), "b"), "b stays live: got '%s'", seen);
+}
+
+/* Append one record of type with payload c * len. */
+static uint64_t append1(struct jnl *j, uint16_t type, char c, size_t len)
+{
+	char buf[64];
+	struct iovec v = { buf, len };
+	uint64_t s = 0;
+
+	memset(buf, c, len);
+	CHECK(jnl_append(j, type, &v, 1, &s) == 0, "append %c", c);
+	return s;
+}
+
+/* Notes (another reader's records) are handed over in order with the
+ * live records, never live themselves; those kept survive the replay, alone
+ * and renumbered, in a journal that jnl_open goes on after; they hold it
+ * (not emptied) until jnl_notes_done. */
+static void test_notes(void)
+{
+	struct jnl_replay_stats st;
+	struct jnl j;
+	uint64_t a, c;
+	int fd;
+
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	j.reset_at = 0;
+	a = append1(&j, 7, 'a', 8);
+	append1(&j, JNL_NOTE, 'N', 8);
+	append1(&j, 7, 'b', 8);
+	append1(&j, JNL_NOTE, 'O', 8);
+	CHECK(j.live == 2 && j.held, "notes are not live: live %lu", (unsigned long)j.live);
+	jnl_retire(&j, a);
+	CHECK(j.off != 0 && j.resets == 0, "a held journal is not emptied at a retire");
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "NbO"), "notes in order with the live: got '%s'", seen);
+	CHECK(st.kept == 2 && st.applied == 1, "kept %lu applied %lu", (unsigned long)st.kept,
+	      (unsigned long)st.applied);
+	CHECK(jsize() == 2 * REC(8), "rewritten with the notes alone: %ld bytes", (long)jsize());
+	CHECK(!strcmp(replay(&st), "NO") && st.kept == 2, "kept again: got '%s'", seen);
+
+	/* a torn tail after them is cut off at the open; the next records
+	 * follow the notes */
+	fd = openat(dirfd_, JN, O_WRONLY | O_APPEND);
+	CHECK(fd >= 0 && write(fd, "torn", 4) == 4, "tear");
+	close(fd);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(j.seq == 2 && j.off == 2 * REC(8) && j.held && j.live == 0 &&
+	      jsize() == 2 * REC(8), "open after kept notes: seq %lu off %lu size %ld",
+	      (unsigned long)j.seq, (unsigned long)j.off, (long)jsize());
+	{
+		size_t nl;
+		char *n = jnl_take_notes(&j, &nl);
+
+		CHECK(n && nl == 16 && !memcmp(n, "NNNNNNNNOOOOOOOO", 17),
+		      "the notes' payloads, in order, for their reader");
+		free(n);
+		CHECK(!jnl_take_notes(&j, &nl) && nl == 0, "taken once");
+	}
+	j.reset_at = 0;
+	c = append1(&j, 7, 'c', 8);
+	CHECK(c == 3, "seq %lu follows the notes", (unsigned long)c);
+	jnl_retire(&j, c);
+	CHECK(j.off == 2 * REC(8) && j.resets == 1 && j.seq == 6 && jsize() == 2 * REC(8),
+	      "held notes survive an emptying, alone: off %lu seq %lu",
+	      (unsigned long)j.off, (unsigned long)j.seq);
+	CHECK(append1(&j, 7, 'd', 8) == 7, "the next record follows them");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "NOd") && st.kept == 2, "after the emptying: got '%s'",
+	      seen);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	j.reset_at = 0;
+	jnl_notes_done(&j);
+	CHECK(j.off == 0 && j.resets == 1 && !j.held, "done with the notes: emptied");
+	append1(&j, JNL_NOTE, 'P', 8);
+	CHECK(j.held, "a new note holds it again");
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "P"), "after emptying: got '%s'", seen);
+	/* a replay whose fn keeps nothing empties the journal */
+	nseen = 0;
+	CHECK(jnl_replay(dirfd_, JN, drop_notes, NULL, &st) == 0 && st.skipped == 1 &&
+	      jsize() == 0, "notes not kept: size %ld", (long)jsize());
 }
 
 /* Old records past new ones (an emptying lost in a crash): not replayed. */
@@ -495,6 +587,7 @@ int main(void)
 	test_empty_and_missing();
 	test_wrong_magic();
 	test_retired();
+	test_notes();
 	test_stale_tail();
 	test_delta();
 	test_redo();
