@@ -514,6 +514,8 @@ unsigned fs_persist_stop(void)
 	if (!pq.exited) {
 		for (op = pq.head; op; op = op->next)
 			left++;
+		pq.jon = false;	/* the journal closes next: the thread left
+				 * behind appends nothing to it */
 		pq_unlock();
 		tlog(LOG_ERR, "persist: %s does not answer: exiting without waiting for it",
 		     pq.dir);
