@@ -422,6 +422,9 @@ int fs_journal_replay(int root_fd, char *msg, size_t len)
 	ret = jnl_replay(root_fd, JOURNAL_NAME, replay_one, &root_fd, &st);
 	if (!ret && !st.failed)		/* the journal is empty, durably */
 		sweep(root_fd, FS_INTENT_PREFIX, NULL);
+	/* a rewrite of the journal that a crash cut short (its notes kept,
+	 * jnl_replay and the emptying of a journal that holds notes) */
+	unlinkat(root_fd, JOURNAL_NAME ".new", 0);
 	sweep(root_fd, LEGACY_PREFIX, legacy_keep);	/* later than its deltas */
 	if (ret) {
 		snprintf(msg, len, "cannot replay its journal " JOURNAL_NAME ": %s",
