@@ -552,3 +552,17 @@ def test_a_failed_copy_is_superseded_by_the_next_version(disk, mount, monkeypatc
     assert r.returncode == 0, r.stderr
     same_names(backing, ("f", "g"), v2, "after tierfs --recover")
     assert_no_leftovers(backing)
+
+
+def test_a_rewrite_of_the_journal_cut_short_is_removed(mount):
+    """BACKING/.tierfs.journal.new, a rewrite of the journal that a crash
+    cut short (before its rename): the next start removes it."""
+    util.require_daemon()
+    m = mount()
+    m.umount()
+    stale = os.path.join(m.backing, ".tierfs.journal.new")
+    with open(stale, "wb") as f:
+        f.write(b"TRJ1")
+    m.start()
+    assert not os.path.exists(stale)
+    m.umount()
