@@ -427,6 +427,8 @@ static void *persister(void *arg)
 		pq_lock();
 		if (ret == -ECANCELED && pq.abort)
 			break;
+		if (ret == 1 && op->kind == P_COPY && !op->in)
+			persist_follow_copy(op);	/* renamed since the replay? */
 		op_ended(op, ret, dt);
 		if (pq.head != op) {
 			backoff = 0;

@@ -72,6 +72,8 @@ struct persist_queue {
 	bool jon;			/* its records go to the journal (notes) */
 	int intents;			/* commits between intent and hook: the
 					 * journal is not emptied meanwhile */
+	unsigned ns_open;		/* removals and renames begun and not
+					 * yet queued or cancelled (ns_begin) */
 	bool jerr;			/* a journal write failed (logged) */
 	/* statistics */
 	uint64_t backlog_files, backlog_bytes;
@@ -212,6 +214,13 @@ const char *persist_base_of(const char *rel);
 int persist_copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop,
 		      uint64_t *alive);
 
+/* ------------------------------------------------------------ persist_queue.c */
+
+/* A copy resumed from the journal (by path) found no file there: a copy
+ * of the name its file went to through the queued operations after it,
+ * queued last.  pq.lock held. */
+void persist_follow_copy(const struct pop *op);
+
 /* ------------------------------------------------------------ persist_pool.c */
 
 struct pjob *persist_pjob_new(int (*fn)(struct pjob *));
@@ -229,6 +238,10 @@ void persist_jappend(const struct pop *op);
 void persist_jtemp(const char *rel, const char *tmp);
 /* Queue what a previous daemon's journal holds (before any request). */
 void persist_replay(void);
+/* Where the name cur went through the namespace operations from op on:
+ * its new name, or NULL if removed or replaced (malloc'ed).  pq.lock held
+ * or the queue the caller's alone. */
+char *persist_final_name(const struct pop *op, const char *cur);
 
 /* ------------------------------------------------------------ persist_queue.c */
 

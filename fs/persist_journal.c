@@ -35,9 +35,11 @@
  * backing directory queues what the notes say first.  So a kill, or an
  * unmount that gave up on DIR, loses no copy and no removal: the next
  * mount on this node resumes them (copies then take the file now at that
- * path).  Not synced: they survive the daemon, and the node where a later
- * record's sync covers them (the backing directory is the node's SSD
- * anyway); a torn one ends the journal's replay, as any record's does.
+ * path, or follow it where the mount renamed it since:
+ * persist_follow_copy).  Not synced: they survive the daemon, and the node
+ * where a later record's sync covers them (the backing directory is the
+ * node's SSD anyway); a torn one ends the journal's replay, as any
+ * record's does.
  * Records: C, U, D, R (a queued copy, unlink, rmdir, rename), I (an
  * intent: a copy to make if the daemon dies), X (the head operation done),
  * Y and Z after a removal or rename (the backing directory made it, or did
@@ -139,11 +141,8 @@ void persist_jtemp(const char *rel, const char *tmp)
 	pq_unlock();
 }
 
-/*
- * Where the name cur went through the namespace operations after op: its
- * new name, or NULL if it was removed or replaced (malloc'ed).
- */
-static char *final_name(const struct pop *op, const char *cur)
+/* See persist_int.h. */
+char *persist_final_name(const struct pop *op, const char *cur)
 {
 	char *name = strdup(cur);
 
@@ -197,7 +196,7 @@ static void move_copies_last(void)
 			continue;
 		}
 		*pp = next;
-		char *name = final_name(next, op->path);
+		char *name = persist_final_name(next, op->path);
 		bool dup = false;
 
 		for (struct pop *c = copies; name && c; c = c->next)

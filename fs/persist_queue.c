@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "persist_int.h"
@@ -72,6 +73,38 @@ static void queue(struct pop *op)
 		pq.head = op;
 	pq.tail = op;
 	pthread_cond_broadcast(&pq.cond);
+}
+
+/* See persist_int.h.  A copy by path ran after its file was renamed
+ * through the mount (a removal or rename queued after it, or still in
+ * flight: those end first, briefly): the copy goes to the new name, after
+ * the operations that move DIR's old copy there. */
+void persist_follow_copy(const struct pop *op)
+{
+	struct timespec ts;
+	struct pop *c;
+	char *name;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 2;		/* a namespace operation is a system call */
+	while (pq.ns_open && !pq.abort &&
+	       pthread_cond_timedwait(&pq.cond, &pq.lock, &ts) == 0)
+		;
+	name = persist_final_name(op->next, op->path);
+	if (!name || !strcmp(name, op->path)) {
+		free(name);	/* removed, or gone without an operation here */
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		tlog(LOG_ERR, "persist: out of memory: %s not copied to %s", name, pq.dir);
+		free(name);
+		return;
+	}
+	c->kind = P_COPY;
+	c->path = name;
+	pq.backlog_files++;
+	queue(c);
 }
 
 /* Queue a copy of in (path rel); w: a waiter for it, or NULL. */
@@ -200,6 +233,7 @@ static struct pop *ns_begin(enum pkind kind, const char *path, const char *path2
 	op->flags = flags;
 	pq_lock();
 	persist_jappend(op);
+	pq.ns_open++;		/* until fs_persist_ns_end */
 	pq_unlock();
 	op->journaled = true;
 	return op;
@@ -232,6 +266,8 @@ void fs_persist_ns_end(struct pop *op, bool done)
 		return;
 	pq_lock();
 	persist_jmade(done);
+	pq.ns_open--;
+	pthread_cond_broadcast(&pq.cond);	/* persist_follow_copy's wait */
 	if (done) {
 		queue(op);
 		op = NULL;

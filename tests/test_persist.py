@@ -388,6 +388,21 @@ def resumed(m, pdir, want):
     assert leftovers(pdir) == []
 
 
+def test_a_resumed_copy_follows_its_file_renamed_before_it_ran(mount, pdir):
+    """A copy resumed from the journal names its file by path.  Renamed
+    through the mount before the copy's turn (here behind 6 s of another
+    copy), the file still reaches DIR, under its new name, and the name it
+    left does not stay there."""
+    util.require_daemon()
+    m, want = killed_with_a_queue(mount, pdir)
+    m.start()                      # persist_bw=1M still: "a" first, 6 s
+    os.rename(j(m.mnt, "b"), j(m.mnt, "c"))
+    want["c"] = want.pop("b")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    assert tree(pdir) == want
+
+
 def test_a_torn_tail_after_the_queue_is_dropped_and_the_queue_resumed(mount, pdir):
     """A record cut short at the journal's end (a kill inside its write):
     the next mount drops it, says so, and resumes the whole records before
