@@ -374,7 +374,6 @@ int fs_sweep_names(int dir_fd, const char *prefix, bool (*keep)(int dfd, const c
 int fs_journal_replay(int root_fd, char *msg, size_t len);
 int fs_journal_start(void);
 void fs_journal_end(void);
-
 struct json;
 void fs_journal_stats_put(struct json *j);
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,

@@ -449,9 +449,8 @@ int fs_journal_replay(int root_fd, char *msg, size_t len)
 int fs_journal_start(void)
 {
 	char msg[256];
-	int ret;
+	int ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
 
-	ret = fs_journal_replay(fs.root_fd, msg, sizeof(msg));
 	if (ret) {
 		tlog(LOG_ERR, "%s: %s; no journal this time", fs.opts.backing, msg);
 		return ret;

@@ -214,13 +214,6 @@ const char *persist_base_of(const char *rel);
 int persist_copy_data(int src, int wfd, uint64_t size, uint64_t bw, bool *stop,
 		      uint64_t *alive);
 
-/* ------------------------------------------------------------ persist_queue.c */
-
-/* A copy resumed from the journal (by path) found no file there: a copy
- * of the name its file went to through the queued operations after it,
- * queued last.  pq.lock held. */
-void persist_follow_copy(const struct pop *op);
-
 /* ------------------------------------------------------------ persist_pool.c */
 
 struct pjob *persist_pjob_new(int (*fn)(struct pjob *));
@@ -249,6 +242,10 @@ bool persist_whiteout_locked(const char *rel);
 void persist_queue_copy(struct fs_inode *in, const char *rel, struct pwait *w);
 void persist_path_failed(struct fs_inode *in, const char *name);
 void persist_refused(const char *rel, int err);
+/* A copy resumed from the journal (by path) found no file there: a copy
+ * of the name its file went to through the queued operations after it,
+ * queued last.  pq.lock held. */
+void persist_follow_copy(const struct pop *op);
 
 /* ------------------------------------------------------------ fs.inode_ops */
 

@@ -70,7 +70,7 @@ static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool
 		    struct jnl_rec *h, void **p);
 static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint16_t only);
 static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
-			const struct scanned *recs, uint64_t n, uint64_t seq);
+			const struct scanned *recs, uint64_t n, uint64_t seq, uint64_t *len);
 
 static void jlock(struct jnl *j)
 {
@@ -300,6 +300,16 @@ static int64_t live_find(const struct jnl *j, uint64_t seq)
 	return at ? at - j->live_seq : -1;
 }
 
+/* Empty the journal (under j's lock; nothing in it is needed). */
+static void truncate_all(struct jnl *j)
+{
+	if (ftruncate(j->fd, 0) == 0) {
+		j->off = 0;	/* seqs go on: what a lost truncation leaves
+				 * past the new records does not follow them */
+		j->resets++;
+	}
+}
+
 /*
  * Empty the journal where no record is live and it is long enough (under
  * j's lock).  Notes held are kept: the journal is replaced by one that
@@ -310,31 +320,24 @@ static int64_t live_find(const struct jnl *j, uint64_t seq)
 static void maybe_reset(struct jnl *j)
 {
 	struct scanned *recs = NULL;
-	uint64_t n = 0;
+	uint64_t n = 0, len;
 	int nfd;
 
 	if (j->live || j->off < j->reset_at)
 		return;
 	if (!j->held) {
-		if (ftruncate(j->fd, 0) == 0) {
-			j->off = 0;	/* seqs go on: what a lost truncation
-					 * leaves past the new records does not
-					 * follow them */
-			j->resets++;
-		}
+		truncate_all(j);
 		return;
 	}
 	/* not under a sync's fdatasync, which runs without the lock */
 	if (j->syncing || scan(j->fd, j->off, &recs, &n, JNL_NOTE))
 		goto out;
-	nfd = rewrite_kept(j->dirfd, j->name, j->fd, j->off, recs, n, j->seq + 1);
+	nfd = rewrite_kept(j->dirfd, j->name, j->fd, j->off, recs, n, j->seq + 1, &len);
 	if (nfd < 0)
 		goto out;	/* tried again at the next reset */
 	close(j->fd);
 	j->fd = nfd;
-	j->off = 0;
-	for (uint64_t i = 0; i < n; i++)
-		j->off += sizeof(struct jnl_rec) + recs[i].len;
+	j->off = len;
 	j->seq += n;
 	j->synced = j->seq;
 	j->resets++;
@@ -377,11 +380,9 @@ void jnl_notes_done(struct jnl *j)
 		return;
 	jlock(j);
 	j->held = false;
-	if (!j->live && j->off && ftruncate(j->fd, 0) == 0) {
-		j->off = 0;	/* as maybe_reset(), whatever its length: the
-				 * reader's done records are not read again */
-		j->resets++;
-	}
+	if (!j->live && j->off)
+		truncate_all(j);	/* whatever its length: the reader's done
+					 * records are not read again */
 	junlock(j);
 }
 
@@ -482,11 +483,11 @@ int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *le
  * Replace journal `name` (fd, size bytes) of dirfd by one that holds its
  * records recs[0..n) alone, renumbered from seq: written beside it,
  * synced, renamed over it, the directory synced.  The new journal's
- * descriptor (O_RDWR), or -errno (the journal left as it was, unless the
- * directory's sync failed after the rename).
+ * descriptor (O_RDWR), its length in *len, or -errno (the journal left as
+ * it was, unless the directory's sync failed after the rename).
  */
 static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
-			const struct scanned *recs, uint64_t n, uint64_t seq)
+			const struct scanned *recs, uint64_t n, uint64_t seq, uint64_t *len)
 {
 	char tmp[NAME_MAX + 1];
 	uint64_t off = 0;
@@ -533,6 +534,7 @@ static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
 		close(d);
 	if (ret)
 		close(nfd);
+	*len = off;
 	return ret ? ret : nfd;	/* the rename is made: nfd is the journal */
 }
 
@@ -658,9 +660,13 @@ int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 	/* everything is in its file (synced by fn): start afresh, with the
 	 * notes kept */
 	if (!st->failed && st->kept) {
-		int nfd = rewrite_kept(dirfd, name, fd, (uint64_t)sb.st_size, recs, st->kept, 1);
+		uint64_t len;
+		int nfd = rewrite_kept(dirfd, name, fd, (uint64_t)sb.st_size, recs, st->kept, 1,
+				       &len);
 
-		ret = nfd < 0 ? nfd : close(nfd);
+		ret = nfd < 0 ? nfd : 0;
+		if (nfd >= 0)
+			close(nfd);
 	} else if (!st->failed && (ftruncate(fd, 0) < 0 || fsync(fd) < 0))
 		ret = -errno;
 out:
