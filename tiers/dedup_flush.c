@@ -763,6 +763,16 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 	return ret;
 }
 
+/* Write bytes [a, b) of cp into fresh version fd (backing_write_sparse),
+ * their blocks given first where pre (backing_prealloc_range). */
+static int write_new(struct ssd_ring *ring, int fd, struct copy *cp, uint64_t a, uint64_t b,
+		     uint64_t *progress, bool pre)
+{
+	int ret = pre ? backing_prealloc_range(fd, cp, a, b) : 0;
+
+	return ret ? ret : backing_write_sparse(ring, fd, cp, a, b, progress, false);
+}
+
 /*
  * Write cp's len bytes into fd: runs of chunks found in the index are
  * cloned (one FICLONERANGE per run that is contiguous in one version),
@@ -793,10 +803,7 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 			while (j < d->nhashed && ddf_same_run(d, i, j))
 				j++;
 			if ((j - i) * C >= DD_MIN_RUN) {
-				ret = pre ? backing_prealloc_range(fd, cp, ws, i * C) : 0;
-				if (!ret)
-					ret = backing_write_sparse(ring, fd, cp, ws, i * C,
-								   progress, false);
+				ret = write_new(ring, fd, cp, ws, i * C, progress, pre);
 				d->written += i * C - ws;
 				ws = i * C;
 				if (!ret && ddf_clone(e, d, fd, i * C, d->src[i], d->soff[i],
@@ -812,10 +819,8 @@ static int ddf_write(struct engine *e, struct ssd_ring *ring, struct copy *cp, i
 		}
 		i = j;		/* not cloned: joins the bytes to write */
 	}
-	if (!ret && pre)
-		ret = backing_prealloc_range(fd, cp, ws, end);
 	if (!ret)	/* a fresh version: holes need no writing */
-		ret = backing_write_sparse(ring, fd, cp, ws, end, progress, false);
+		ret = write_new(ring, fd, cp, ws, end, progress, pre);
 	d->written += end > ws ? end - ws : 0;
 out:
 	__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
