@@ -454,8 +454,7 @@ def test_a_mount_without_persist_keeps_the_queue(mount, pdir):
     assert os.path.getsize(j(m.backing, util.JOURNAL)) < MiB
     want["c"] = read_file(j(m.backing, "c"))
     m.start(persist=pdir, persist_all=True)
-    resumed_all = lambda: pstats(m)["backlog_files"] == 0
-    util.wait_until(resumed_all, "the resumed queue")
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
     os.setxattr(j(m.mnt, "c"), PX, b"sync")
     m.umount()
     assert tree(pdir) == want

@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import time
 import traceback
@@ -653,17 +654,21 @@ JNL_MAGIC, JNL_RETIRE, JNL_DELTA, JNL_REDO, JNL_NOTE = 0x314a5254, 1, 2, 3, 4
 _JNL_HEAD = "<IHHQQQ"
 
 
+_xxh3 = None
+
+
 def _xxh3_64(data):
-    lib = ctypes.CDLL("libxxhash.so.0")     # what tierfs links
-    lib.XXH3_64bits.restype = ctypes.c_uint64
-    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return lib.XXH3_64bits(data, len(data))
+    global _xxh3
+    if _xxh3 is None:
+        _xxh3 = ctypes.CDLL("libxxhash.so.0").XXH3_64bits    # what tierfs links
+        _xxh3.restype = ctypes.c_uint64
+        _xxh3.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return _xxh3(data, len(data))
 
 
 def journal_records(backing):
     """[(type, seq, payload)] of the whole, valid records of backing's
     journal, up to the first that is not ([] where there is none)."""
-    import struct
     try:
         with open(os.path.join(backing, JOURNAL), "rb") as f:
             data = f.read()
@@ -685,7 +690,6 @@ def journal_records(backing):
 def journal_append(backing, records):
     """Append records [(type, payload)] to backing's journal, whole and
     valid, their seqs following its last one."""
-    import struct
     have = journal_records(backing)
     seq = have[-1][1] if have else 0
     with open(os.path.join(backing, JOURNAL), "ab") as f:
