@@ -314,10 +314,10 @@ static char *left_records(size_t *len, bool *legacy)
 	if (fd >= 0)
 		close(fd);
 	for (p = notes, end = notes + nlen; p && p < end && jnext(&p, end, &kf, &path, &path2);)
-		if (kf[0] == 'S')
+		if (kf[0] == 'S') {
 			from = kf;	/* the queue, whole: what came before is in it */
-	if (from && from != notes)
-		olen = 0;
+			olen = 0;	/* PJOURNAL's too, first or not */
+		}
 	nlen -= (size_t)(from - notes);
 	if (!buf)
 		buf = malloc(nlen + 1);
