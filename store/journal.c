@@ -335,8 +335,18 @@ static void maybe_reset(struct jnl *j)
 	nfd = rewrite_kept(j->dirfd, j->name, j->fd, j->off, recs, n, j->seq + 1, &len);
 	if (nfd < 0)
 		goto out;	/* tried again at the next reset */
-	close(j->fd);
-	j->fd = nfd;
+	/* the new journal under the same descriptor number: j->fd never
+	 * changes, so that callers may test it without the lock */
+	int r;
+
+	while ((r = dup2(nfd, j->fd)) < 0 && (errno == EINTR || errno == EBUSY))
+		;
+	if (r < 0) {		/* not seen: the journal is nfd anyway */
+		close(j->fd);
+		j->fd = nfd;
+	} else {
+		close(nfd);
+	}
 	j->off = len;
 	j->seq += n;
 	j->synced = j->seq;

@@ -69,7 +69,9 @@ struct jnl_rec {
 
 /* An open journal (the daemon's), appended to by any thread. */
 struct jnl {
-	int fd;				/* O_RDWR, -1: none */
+	int fd;				/* O_RDWR, -1: none; set by jnl_open
+					 * only (an emptying that keeps notes
+					 * puts the new file under it: dup2) */
 	int dirfd;			/* its directory's (open while j is) */
 	const char *name;		/* its name there (kept while j is) */
 	pthread_mutex_t lock;		/* the fields below; rank LR_JOURNAL
