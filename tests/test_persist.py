@@ -460,11 +460,9 @@ def test_a_mount_without_persist_keeps_the_queue(mount, pdir):
     assert tree(pdir) == want
 
 
-def test_a_resumed_queue_in_the_journal_supersedes_the_old_journal_file(mount, pdir):
-    """The queue a replay wrote back (a note beginning with S) holds what
-    the journal file of earlier releases held, when that file could not be
-    removed after it: the next start does not resume the file's records
-    again."""
+def with_old_journal_file(mount, pdir):
+    """A stopped mount whose "e" is in DIR no more, and whose backing
+    directory holds the journal file of earlier releases with its copy."""
     util.require_daemon()
     m = mount(persist=pdir, persist_all=True)
     write_file(j(m.mnt, "e"), b"file e")
@@ -474,6 +472,15 @@ def test_a_resumed_queue_in_the_journal_supersedes_the_old_journal_file(mount, p
     os.unlink(j(pdir, "e"))
     with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
         f.write(b"C0\0e\0\0")
+    return m
+
+
+def test_a_resumed_queue_in_the_journal_supersedes_the_old_journal_file(mount, pdir):
+    """The queue a replay wrote back (a note beginning with S) holds what
+    the journal file of earlier releases held, when that file could not be
+    removed after it: the next start does not resume the file's records
+    again."""
+    m = with_old_journal_file(mount, pdir)
     util.journal_append(m.backing, [(util.JNL_NOTE, b"S0\0\0\0")])    # an empty queue
     m.start()
     assert not os.path.exists(j(m.backing, ".tierfs.persist.journal"))
@@ -485,15 +492,7 @@ def test_a_resumed_queue_in_the_journal_supersedes_the_old_journal_file(mount, p
 def test_the_journal_file_of_earlier_releases_is_resumed_once(mount, pdir):
     """BACKING/.tierfs.persist.journal, as releases before the one journal
     left it: its copies are resumed, and it is removed."""
-    util.require_daemon()
-    m = mount(persist=pdir, persist_all=True)
-    write_file(j(m.mnt, "e"), b"file e")
-    util.wait_flushed(m)
-    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the copy")
-    m.umount()
-    os.unlink(j(pdir, "e"))
-    with open(j(m.backing, ".tierfs.persist.journal"), "wb") as f:
-        f.write(b"C0\0e\0\0")
+    m = with_old_journal_file(mount, pdir)
     m.start()
     util.wait_until(lambda: os.path.exists(j(pdir, "e")), "the resumed copy")
     assert read_file(j(pdir, "e")) == b"file e"
