@@ -13,8 +13,11 @@
 #   TIERFS_OPTS=                more mount options
 #   WORK=/var/tmp/tierfs-untar  tarball, backing directory, mount point, local directory
 #
-# Per run: the wall time of the N extractions into the local directory, then
-# into the mount (each extraction a directory of its own, removed after),
+# Per run: the wall time of the N extractions into the local directory, into
+# libfuse's passthrough_ll example over a directory of the same file system
+# (built from /usr/share/doc/libfuse3-dev/examples when that is there; its
+# default options), then into the mount (each extraction a directory of its
+# own, removed after),
 # and, for tierfs, the longest a writer waited for room (the daemon's log
 # line "... ms to make room ...") and the warnings "no room after".  Prints
 # medians [min-max] of RUNS (default 3).
@@ -28,10 +31,26 @@ HOST_CACHE=${HOST_CACHE:-64M}
 WORK=${WORK:-/var/tmp/tierfs-untar}
 TIERFS_BIN=$(cd "$(dirname "$TIERFS_BIN")" && pwd)/$(basename "$TIERFS_BIN")
 
-mkdir -p "$WORK/backing" "$WORK/mnt" "$WORK/local"
+mkdir -p "$WORK/backing" "$WORK/mnt" "$WORK/local" "$WORK/ptsrc" "$WORK/ptmnt"
+EX=/usr/share/doc/libfuse3-dev/examples
+PT=""
+if [ -f "$EX/passthrough_ll.c" ]; then
+	${CC:-cc} -O2 -o "$WORK/passthrough_ll" "$EX/passthrough_ll.c" \
+		$(pkg-config --cflags --libs fuse3) && PT="$WORK/passthrough_ll"
+fi
 tarball=$WORK/src.tar
 [ -s "$tarball" ] || tar -cf "$tarball" -C "$(dirname "$SRC")" "$(basename "$SRC")"
 files=$(tar -tf "$tarball" | grep -vc '/$')
+# passthrough_ll holds a descriptor for each inode the kernel knows: all
+# N x entries of the extraction at once.  Where the limit cannot be raised
+# that far, it is left out (a smaller SRC or N brings it back).
+entries=$(tar -tf "$tarball" | wc -l)
+ulimit -n $((N * entries + 1024)) 2>/dev/null || true
+if [ -n "$PT" ] && [ "$(ulimit -n)" -lt $((N * entries + 1024)) ]; then
+	echo "bench_untar: passthrough_ll left out: it needs $((N * entries + 1024)) descriptors" \
+	     "and the limit is $(ulimit -n)"
+	PT=""
+fi
 echo "bench_untar: $N x $(du -m "$tarball" | cut -f1) MiB, $files files each (from $SRC);" \
      "host_cache=$HOST_CACHE"
 
@@ -51,9 +70,14 @@ untar_all() {	# dir -> seconds
 
 med() { sort -n | awk '{a[NR]=$1} END {printf "%.1f [%.1f-%.1f]", a[int((NR+1)/2)]/1000, a[1]/1000, a[NR]/1000}'; }
 
-loc=() tfs=() longest=() warns=()
+loc=() pts=() tfs=() longest=() warns=()
 for r in $(seq "$RUNS"); do
 	loc+=("$(untar_all "$WORK/local")")
+	if [ -n "$PT" ]; then
+		"$PT" -o source="$WORK/ptsrc" "$WORK/ptmnt"
+		pts+=("$(untar_all "$WORK/ptmnt")")
+		umount "$WORK/ptmnt"
+	fi
 	"$TIERFS_BIN" "$WORK/backing" "$WORK/mnt" -f \
 		-o gpu=none,host_cache="$HOST_CACHE"${TIERFS_OPTS:+,$TIERFS_OPTS} \
 		>"$WORK/tierfs.log" 2>&1 &
@@ -66,6 +90,7 @@ for r in $(seq "$RUNS"); do
 	warns+=("$(grep -c 'no room after' "$WORK/tierfs.log" || true)")
 	rm -rf "$WORK/backing"/x*
 done
-printf '%-8s %s\n' "local" "$(printf '%s\n' "${loc[@]}" | med) s"
-printf '%-8s %s\n' "tierfs" "$(printf '%s\n' "${tfs[@]}" | med) s"
+printf '%-15s %s\n' "local" "$(printf '%s\n' "${loc[@]}" | med) s"
+[ -z "$PT" ] || printf '%-15s %s\n' "passthrough_ll" "$(printf '%s\n' "${pts[@]}" | med) s"
+printf '%-15s %s\n' "tierfs" "$(printf '%s\n' "${tfs[@]}" | med) s"
 echo "tierfs: longest wait for room per run (ms): ${longest[*]:-none}; \"no room after\" warnings: ${warns[*]}"
