@@ -265,7 +265,8 @@ int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq);
 /*
  * Copy the first size bytes of vfd over fd (from offset 0), size fd to
  * size and fsync it: the one way an intent reaches its file, live or
- * replayed.  A file capability of fd, which the write takes away, is put
+ * replayed.  Only vfd's data is written; its holes are punched in fd
+ * (zeros written where fd's file system cannot punch).  A file capability of fd, which the write takes away, is put
  * back.  0 or -errno (fd partly written: the intent stays).
  */
 int jnl_redo_write(int vfd, int fd, uint64_t size);

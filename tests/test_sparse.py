@@ -280,6 +280,45 @@ def test_punch_hole_frees_backing_blocks(mount, request, kind):
     assert util.read_uncached(p) == bytes(want)
 
 
+@pytest.mark.parametrize("kind", ["ext4", "xfs"])
+def test_hard_linked_sparse_file_stays_sparse(mount, request, kind):
+    """A sparse file of 1 GiB with a second name: a new version of it is
+    copied over it in place (a rename would leave the other name the old
+    one).  That copy writes the version's data alone, not its holes, and
+    frees the blocks of a range punched out of it: the backing file stays
+    about its data, as a file with one name does."""
+    m = mount(backing=backing_fs(request, kind), host_cache="64M")
+    p, bp = j(m.mnt, "linked"), j(m.backing, "linked")
+    a, b, c = (util.rng_for(3810 + i).randbytes(64 * KiB) for i in range(3))
+    size = 1 * GiB + len(b)
+    pwrite_file(p, a, 0)
+    pwrite_file(p, b, 1 * GiB, os.O_WRONLY)
+    os.link(p, j(m.mnt, "other"))
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        os.pwrite(fd, c, 300 * MiB)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    util.wait_flushed(m)
+    assert allocated(bp) <= 1 * MiB, f"{allocated(bp)} bytes allocated in the backing file"
+    check_zero_hole(bp, size, {0: a, 300 * MiB: c, 1 * GiB: b})
+    assert os.stat(j(m.backing, "other")).st_ino == os.stat(bp).st_ino
+    # a punched range of the new version is a hole in the file it is copied over
+    fd = os.open(j(m.mnt, "other"), os.O_WRONLY)
+    try:
+        util.fallocate(fd, 0, len(a), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    util.wait_flushed(m)
+    check_zero_hole(bp, size, {300 * MiB: c, 1 * GiB: b})
+    assert allocated(bp) <= 512 * KiB, f"{allocated(bp)} bytes allocated in the backing file"
+    m.umount()
+    m.start()
+    check_zero_hole(p, size, {300 * MiB: c, 1 * GiB: b})
+
+
 def test_seek_hole_in_cached_and_written_through_files(mount):
     """SEEK_DATA / SEEK_HOLE on a file still in the cache (dirty) and on one
     being written through (too big for the cache): the holes are seen."""
