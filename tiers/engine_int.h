@@ -536,6 +536,12 @@ void eng_discard_copy(struct engine *e, struct tfile *f, int i);
 struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			       uint64_t cap, uint64_t keep, int *err);
 void eng_writer_done(struct engine *e, struct tfile *f);
+/* e->lock held (dropped meanwhile): f came off the flush queue with a
+ * shadow (write.c's shadow_done): committed unless a writer has it again. */
+void eng_shadow_due(struct engine *e, struct tfile *f);
+/* e->lock held: f's shadow is off the aging queue (committed, dropped):
+ * its bytes leave the flush backlog. */
+void eng_shadow_unqueued(struct engine *e, struct tfile *f);
 void eng_mark_modified(struct tfile *f);
 /*
  * e->lock held, before bytes [start, end) of f's copy change (a write, a

@@ -903,7 +903,10 @@ void *eng_flusher_main(void *arg)
 			wait_ms(e, &e->flush_work, ms);
 			continue;
 		}
-		if (batch && batchable(e, f)) {
+		if (f->shadow_fd >= 0) {
+			f->queued = false;
+			eng_shadow_due(e, f);
+		} else if (batch && batchable(e, f)) {
 			flush_batch(e, &ring, f, batch);
 		} else {
 			f->queued = false;
