@@ -8,15 +8,16 @@
  * reallocation.  When no room can be made, the file goes write-through: a
  * new version of the backing file (the "shadow") receives the content and
  * the writes, and is committed on fsync, or -o flush_age after the last
- * close (shadow_done; at once in place, or at the unmount).  Either way
+ * close (eng_shadow_done; at once in place, or at the unmount).  Either way
  * a backing file is only ever replaced by a complete new version.  The
  * last writer's close (or an fsync) completes the copy and queues it for
  * flush.c.
  *
  * Owns: the tfile fields shadow_fd, shadow_inplace, writers, write_err,
  * gen, size and mtime while dirty.  Entry points take f->lock, then
- * e->lock; commit_shadow() calls ops->version_commit with f->lock held and
- * e->lock dropped (the fs side takes fs.nslock and fs.lock there).
+ * e->lock; flush.c's eng_commit_shadow() calls ops->version_commit with
+ * f->lock held and e->lock dropped (the fs side takes fs.nslock and
+ * fs.lock there).
  * Calls place.c, flush.c (eng_complete_copy), dedup_flush.c (eng_dd_retire)
  * and backing.c.
  */
@@ -115,70 +116,6 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
 	     nb, f->size);
 	return 0;
-}
-
-/*
- * Commit the shadow version.  e->lock and f->lock held.  Its data is made
- * stable first, as a flush's is (eng_settle_version), also at a close: a
- * rename of unwritten data could be durable before the data, and a power
- * cut would then leave neither the old version nor the new one.  A shadow
- * written in place (no rename) is synced only for fsync.
- */
-static int commit_shadow(struct engine *e, struct tfile *f, bool durable)
-{
-	int fd = f->shadow_fd;
-	uint64_t gen = f->gen;
-	int ret = 0;
-
-	eng_shadow_unqueued(e, f);
-	eng_unlock(e);
-	if (durable || !f->shadow_inplace)
-		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);
-	if (!ret) {
-		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
-	}
-	eng_lock(e);
-	if (ret && ret != -ENOENT) {
-		f->flush_err = ret;
-		return ret;		/* shadow stays; fd still ours */
-	}
-	f->shadow_fd = -1;
-	if (ret == -ENOENT)
-		return 0;
-	f->flushed_gen = gen;
-	f->flush_err = 0;
-	f->dirty = false;
-	return 0;
-}
-
-/*
- * e->lock and f->lock held, f's shadow without a writer: committed now
- * where it is the file itself (in place: nothing to wait for), at the
- * unmount, or without -o flush_age; else it waits on the aging queue as a
- * small file's copy does (eng_queue_flush_aged), and the flusher that
- * takes it commits it (eng_shadow_due).  A file written through is
- * opened, written and closed again and again by some programs (fsstress,
- * a log): each commit makes the next write copy the whole file into a new
- * version again where the backing file system cannot share extents, so
- * the writes of one moment share one version.  Nothing is promised at a
- * close: an fsync commits it at once (tfile_fsync_data).
- */
-static int shadow_done(struct engine *e, struct tfile *f)
-{
-	if (f->shadow_inplace || !e->cfg.flush_age_ms || e->stop || f->flush_waiters)
-		return commit_shadow(e, f, false);
-	eng_queue_flush_aged(e, f, 0);
-	if (!f->shadow_backlog && f->size) {	/* the flush statistics wait for it */
-		f->shadow_backlog = f->size;
-		e->backlog += f->size;
-	}
-	return 0;
-}
-
-void eng_shadow_unqueued(struct engine *e, struct tfile *f)
-{
-	e->backlog -= f->shadow_backlog < e->backlog ? f->shadow_backlog : e->backlog;
-	f->shadow_backlog = 0;
 }
 
 /*
@@ -912,7 +849,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 		f->size = size;
 		eng_mark_modified(f);
 		if (!f->writers)
-			ret = shadow_done(e, f);
+			ret = eng_shadow_done(e, f);
 	}
 out:
 	eng_unlock(e);
@@ -989,7 +926,7 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 	}
 	eng_mark_modified(f);
 	if (!f->writers)
-		ret = shadow_done(e, f);
+		ret = eng_shadow_done(e, f);
 out:
 	eng_unlock(e);
 	tfile_unlock(f);
@@ -1071,22 +1008,6 @@ void tfile_open_writer(struct tfile *f)
 	eng_unlock(f->eng);
 }
 
-void eng_shadow_due(struct engine *e, struct tfile *f)
-{
-	e->busy++;		/* a flush running, for the statistics' waiters */
-	eng_unlock(e);
-	tfile_lock(f);
-	eng_lock(e);
-	if (f->shadow_fd >= 0 && !f->writers && f->dirty && !f->unlinked)
-		commit_shadow(e, f, false);
-	else
-		eng_shadow_unqueued(e, f);	/* a writer's close queues it again */
-	eng_unlock(e);
-	tfile_unlock(f);
-	eng_lock(e);
-	e->busy--;
-}
-
 /* e->lock held: one writer of f is done; the last one completes the file. */
 void eng_writer_done(struct engine *e, struct tfile *f)
 {
@@ -1094,7 +1015,7 @@ void eng_writer_done(struct engine *e, struct tfile *f)
 		f->writers--;
 	if (!f->writers && f->dirty && !f->unlinked) {
 		if (f->shadow_fd >= 0)
-			shadow_done(e, f);
+			eng_shadow_done(e, f);
 		else
 			eng_complete_copy(e, f, false);
 	}
@@ -1126,7 +1047,7 @@ int tfile_fsync_data(struct tfile *f)
 	if (f->unlinked)
 		goto out;
 	if (f->shadow_fd >= 0) {
-		ret = commit_shadow(e, f, true);
+		ret = eng_commit_shadow(e, f, true);
 		goto out;
 	}
 	if (!f->dirty) {
