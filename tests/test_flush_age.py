@@ -158,6 +158,9 @@ def test_small_files_flushed_together_share_their_syncs(mount):
     for i in range(n // 2):          # older versions, flushed now
         data[f"r{i}"] = os.urandom(3 * KiB + i)
         util.write_file(os.path.join(m.mnt, f"r{i}"), data[f"r{i}"])
+    # all of them waiting (each close's release reaches the daemon after
+    # close(2) returns: a flush asked for earlier misses the last ones)
+    settled(m, "flush_aging", n // 2)
     os.setxattr(m.mnt, "user.tierfs.flush", b"1")
     before = settled(m, "files_flushed", n // 2)
     for i in range(n // 2):          # rewritten: new versions, renamed
