@@ -51,6 +51,7 @@
 #include <xxhash.h>
 
 #include "fault.h"
+#include "filecopy.h"
 #include "journal.h"
 #include "lockorder.h"
 #include "log.h"
@@ -959,87 +960,15 @@ int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq)
 }
 
 /*
- * Copy vfd's bytes [from, to) over fd at the same offsets: copy_file_range,
- * or reads and writes where it cannot (*plain then stays set).  fault: the
- * "inplace_copy" kill, due once half of size is copied.
- */
-static int copy_range(int vfd, int fd, loff_t from, loff_t to, uint64_t size, bool fault,
-		      bool *plain)
-{
-	char buf[65536];
-	loff_t i = from, o = from;
-
-	while (i < to) {
-		size_t len = (size_t)(to - i);
-		ssize_t n;
-
-		if (fault && (uint64_t)i >= size / 2)
-			raise(SIGKILL);		/* tests: a kill halfway */
-		if (fault && (uint64_t)i < size / 2 && (uint64_t)(to - i) > size / 2 - (uint64_t)i)
-			len = (size_t)(size / 2 - (uint64_t)i);
-		if (!*plain) {
-			n = copy_file_range(vfd, &i, fd, &o, len, 0);
-			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
-				      errno == ENOSYS)) {
-				*plain = true;
-				continue;
-			}
-		} else {
-			n = pread(vfd, buf, len < sizeof(buf) ? len : sizeof(buf), i);
-			if (n > 0 && pwrite(fd, buf, (size_t)n, o) != n)
-				n = -1;
-			if (n > 0) {
-				i += n;
-				o += n;
-			}
-		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;	/* -EIO: the version is short */
-	}
-	return 0;
-}
-
-/*
- * fd's bytes [from, to) read as zeros, as the version's hole there does:
- * their blocks freed (a punched hole), or zeros written where the file
- * system cannot punch.
- */
-static int clear_range(int fd, loff_t from, loff_t to)
-{
-	static const char zeros[65536];
-
-	if (from >= to)
-		return 0;
-	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, from, to - from) == 0)
-		return 0;
-	if (errno != EOPNOTSUPP && errno != ENOSYS)
-		return -errno;
-	while (from < to) {
-		size_t len = (size_t)(to - from) < sizeof(zeros) ? (size_t)(to - from)
-								  : sizeof(zeros);
-		ssize_t n = pwrite(fd, zeros, len, from);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		from += n;
-	}
-	return 0;
-}
-
-/*
  * The version's data runs are copied and its holes made holes in fd
- * (SEEK_DATA / SEEK_HOLE on vfd): a sparse file stays sparse, and the copy
- * costs its data, not its size.  Where vfd cannot say (no SEEK_DATA), all
- * of it is data.
+ * (filecopy.h): a sparse file stays sparse, and the copy costs its data,
+ * not its size.  Where vfd cannot say (no SEEK_DATA), all of it is data.
+ * The "inplace_copy" kill (tests) comes once half of size is copied.
  */
 int jnl_redo_write(int vfd, int fd, uint64_t size)
 {
 	char cap[256];
-	loff_t pos = 0, end = (loff_t)size;
+	loff_t pos = 0, end = (loff_t)size, half = (loff_t)(size / 2);
 	bool plain = false, fault = tierfs_fault("inplace_copy");
 	int ret = 0;
 	/*
@@ -1050,24 +979,22 @@ int jnl_redo_write(int vfd, int fd, uint64_t size)
 	ssize_t caplen = fgetxattr(fd, "security.capability", cap, sizeof(cap));
 
 	while (!ret && pos < end) {
-		loff_t data = lseek(vfd, pos, SEEK_DATA), hole;
+		loff_t data, hole;
 
-		if (fault && (uint64_t)pos >= size / 2)
+		if (fault && pos >= half)
 			raise(SIGKILL);		/* tests: a kill halfway */
-
-		if (data < 0 && errno == ENXIO)
-			data = end;		/* a hole to the end */
-		else if (data < 0)
-			data = pos;		/* cannot say: data */
-		if (data > end)
-			data = end;
-		ret = clear_range(fd, pos, data);
+		fc_next_run(vfd, pos, end, &data, &hole);
+		ret = fc_clear_range(fd, pos, data);
 		if (ret || data == end)
 			break;
-		hole = lseek(vfd, data, SEEK_HOLE);
-		if (hole < 0 || hole > end)
-			hole = end;
-		ret = copy_range(vfd, fd, data, hole, size, fault, &plain);
+		if (fault && data >= half)
+			raise(SIGKILL);
+		if (fault && hole > half) {
+			ret = fc_copy_range(vfd, fd, data, half, &plain);
+			if (!ret)
+				raise(SIGKILL);
+		}
+		ret = fc_copy_range(vfd, fd, data, hole, &plain);
 		pos = hole;
 	}
 	if (ret)

@@ -28,6 +28,7 @@
 #include <linux/falloc.h>
 
 #include "engine_int.h"
+#include "filecopy.h"
 #include "gpu.h"
 #include "ssd.h"
 
@@ -392,52 +393,23 @@ int eng_settle_cloned(struct engine *e, int fd)
 	return ordered_here(e, fd) ? wait_written(fd) : fsync(fd) < 0 ? -errno : 0;
 }
 
+/* Holes kept (filecopy.h): the version gets f's data runs only. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len)
 {
 	int src = f->ops->data_fd(f, false);
-	off_t pos = 0;
+	loff_t pos = 0, end = (loff_t)len;
+	bool plain = false;
 	int ret = 0;
 
 	if (src < 0)
 		return src == -ENOENT ? 0 : src;
-	while ((uint64_t)pos < len) {
-		off_t data = lseek(src, pos, SEEK_DATA);
-		off_t hole;
+	while (!ret && pos < end) {
+		loff_t data, hole;
 
-		if (data < 0 || (uint64_t)data >= len)
+		fc_next_run(src, pos, end, &data, &hole);
+		if (data == end)
 			break;
-		hole = lseek(src, data, SEEK_HOLE);
-		if (hole < 0 || (uint64_t)hole > len)
-			hole = (off_t)len;
-		loff_t in = data, outp = data;
-		size_t left = (size_t)(hole - data);
-		while (left) {
-			ssize_t n = copy_file_range(src, &in, dst, &outp, left, 0);
-			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-				char buf[65536];
-				ssize_t r = pread(src, buf, left < sizeof(buf) ? left : sizeof(buf), in);
-				if (r <= 0) {
-					ret = r < 0 ? -errno : 0;
-					left = 0;
-					break;
-				}
-				if (pwrite(dst, buf, (size_t)r, outp) != r) {
-					ret = -errno;
-					break;
-				}
-				n = r;
-				in += r;
-				outp += r;
-			} else if (n < 0) {
-				ret = -errno;
-				break;
-			} else if (n == 0) {
-				break;
-			}
-			left -= (size_t)n;
-		}
-		if (ret)
-			break;
+		ret = fc_copy_range(src, dst, data, hole, &plain);
 		pos = hole;
 	}
 	f->ops->release_data_fd(f, src);
