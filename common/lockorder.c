@@ -39,6 +39,11 @@ void lock_rank_take(enum lock_rank r)
 	ranks_held |= 1u << r;
 }
 
+void lock_rank_tried(enum lock_rank r)
+{
+	ranks_held |= 1u << r;
+}
+
 void lock_rank_drop(enum lock_rank r)
 {
 	if (!(ranks_held & (1u << r))) {

@@ -7,8 +7,10 @@
  * calls back into fs code through struct tfile_ops):
  *
  * rank lock            guards                                  held while calling
- *  1   tfile.lock      the order of operations on one file     ops->version_commit (commit_shadow:
- *      (tiers/)        (writes, truncate, fsync, close)        writer_done, truncate, fsync),
+ *  1   tfile.lock      the order of operations on one file     ops->version_commit (eng_commit_shadow:
+ *      (tiers/)        (writes, truncate, fsync, close)        writer_done, truncate, fsync, and a
+ *                                                              flusher's shadow_due, which only
+ *                                                              tries it: ranked_trylock),
  *                                                              ops->version_open, ops->data_fd
  *  2   file ilock      a regular file's version commits and    -
  *      (fs/fs.h)       the changes of its mode, owner, times
@@ -82,6 +84,7 @@
 #define TIERFS_LOCKORDER_H
 
 #include <pthread.h>
+#include <stdbool.h>
 
 enum lock_rank {
 	LR_TFILE = 1,		/* tfile.lock */
@@ -108,12 +111,15 @@ enum lock_rank {
 };
 
 #ifndef NDEBUG
-/* The thread is about to take a lock of rank r / has released it. */
+/* The thread is about to take a lock of rank r / has released it /
+ * took it by a try (ranked_trylock: no order to check). */
 void lock_rank_take(enum lock_rank r);
 void lock_rank_drop(enum lock_rank r);
+void lock_rank_tried(enum lock_rank r);
 #else
 static inline void lock_rank_take(enum lock_rank r) { (void)r; }
 static inline void lock_rank_drop(enum lock_rank r) { (void)r; }
+static inline void lock_rank_tried(enum lock_rank r) { (void)r; }
 #endif
 
 /* Take / release mutex m of rank r through the check: what every lock's
@@ -122,6 +128,21 @@ static inline void ranked_lock(pthread_mutex_t *m, enum lock_rank r)
 {
 	lock_rank_take(r);
 	pthread_mutex_lock(m);
+}
+
+/*
+ * Take m of rank r only if it is free, whatever the thread holds: a try
+ * never waits, so it cannot close a cycle, and is outside the order (a
+ * flusher holding engine.lock tries a tfile.lock, flush.c's shadow_due).
+ * true: taken (ranked_unlock releases it); the locks taken after it are
+ * checked against it as usual.
+ */
+static inline bool ranked_trylock(pthread_mutex_t *m, enum lock_rank r)
+{
+	if (pthread_mutex_trylock(m))
+		return false;
+	lock_rank_tried(r);
+	return true;
 }
 
 static inline void ranked_unlock(pthread_mutex_t *m, enum lock_rank r)

@@ -319,6 +319,38 @@ def test_hard_linked_sparse_file_stays_sparse(mount, request, kind):
     check_zero_hole(p, size, {300 * MiB: c, 1 * GiB: b})
 
 
+def test_written_through_file_reopened_shares_one_version(mount):
+    """A sparse file (written through: it has no cache copy) opened, written
+    and closed 24 times in a row, as fsstress and logs do: the closes of
+    one moment share one new version instead of committing one each, so
+    the daemon copies the file's 8 MiB of data into a new version a few
+    times, not 24 (on ext4, which cannot share extents).  The content is
+    right in the backing file once flushed and after a remount."""
+    m = mount(host_cache="16M")
+    p, bp = j(m.mnt, "reopened"), j(m.backing, "reopened")
+    rng = util.rng_for(3811)
+    data = rng.randbytes(8 * MiB)
+    pieces = {0: bytearray(data)}
+    pwrite_file(p, data, 0)
+    far = rng.randbytes(4 * KiB)
+    pwrite_file(p, far, 1 * GiB, os.O_WRONLY)
+    pieces[1 * GiB] = far
+    util.wait_flushed(m)
+    io0 = daemon_io(m)
+    for i in range(24):
+        blk = rng.randbytes(4 * KiB)
+        pwrite_file(p, blk, i * 64 * KiB, os.O_WRONLY)
+        pieces[0][i * 64 * KiB:i * 64 * KiB + len(blk)] = blk
+    util.wait_flushed(m)
+    wrote = daemon_io(m)["write_bytes"] - io0["write_bytes"]
+    assert wrote <= 4 * 8 * MiB, f"the daemon wrote {wrote} bytes for 24 writes of 4 KiB"
+    size = 1 * GiB + len(far)
+    check_zero_hole(bp, size, {k: bytes(v) for k, v in pieces.items()})
+    m.umount()
+    m.start()
+    check_zero_hole(p, size, {k: bytes(v) for k, v in pieces.items()})
+
+
 def test_seek_hole_in_cached_and_written_through_files(mount):
     """SEEK_DATA / SEEK_HOLE on a file still in the cache (dirty) and on one
     being written through (too big for the cache): the holes are seen."""

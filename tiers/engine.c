@@ -326,6 +326,7 @@ void tfile_destroy(struct tfile *f)
 
 	eng_lock(e);
 	f->destroying = true;
+	eng_shadow_unqueued(e, f);
 	eng_dd_retire(e, f);
 	for (i = 0; i < e->ntiers; i++) {
 		struct copy *cp = f->copy[i];

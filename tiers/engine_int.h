@@ -536,6 +536,7 @@ void eng_discard_copy(struct engine *e, struct tfile *f, int i);
 struct copy *eng_writable_copy(struct engine *e, struct tfile *f,
 			       uint64_t cap, uint64_t keep, int *err);
 void eng_writer_done(struct engine *e, struct tfile *f);
+
 void eng_mark_modified(struct tfile *f);
 /*
  * e->lock held, before bytes [start, end) of f's copy change (a write, a
@@ -560,6 +561,17 @@ void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
 void *eng_gflusher_main(void *arg);
+/*
+ * Write-through shadows (write.c makes them): eng_commit_shadow makes f's
+ * shadow its backing file's content (e->lock and f->lock held, e->lock
+ * dropped meanwhile; durable: for fsync); eng_shadow_done is the last
+ * writer's close: committed now, or after -o flush_age by a flusher;
+ * eng_shadow_unqueued (e->lock held): a shadow off the aging queue
+ * (committed, dropped), its bytes out of the flush backlog.
+ */
+int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable);
+int eng_shadow_done(struct engine *e, struct tfile *f);
+void eng_shadow_unqueued(struct engine *e, struct tfile *f);
 
 /* ---- hints.c ---------------------------------------------------------- */
 

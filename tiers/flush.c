@@ -19,7 +19,8 @@
  * fl_running, flush_bw and the flush statistics.  The threads hold
  * e->lock except while bytes move (under a lease) and while they call
  * tfile_ops (version_open/commit, put, name: those take fs locks).  They
- * never take a tfile.lock.  Calls place.c, backing.c and dedup_flush.c
+ * take a tfile.lock only by a try, for a write-through file's shadow due
+ * after its last close (shadow_due, which commits it).  Calls place.c, backing.c and dedup_flush.c
  * (through dedup_flush.h: a flush's dedup plan, write, commit and end,
  * and the new version's chunks indexed once the end is published; the
  * cascade's GPU hashes; the closes of retired versions), which calls
@@ -105,6 +106,93 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 		e->q_tail = f;
 	}
 	eng_flush_work(e);
+}
+
+/* ---- write-through shadows -------------------------------------------- */
+
+/*
+ * Commit the shadow version.  e->lock and f->lock held.  Its data is made
+ * stable first, as a flush's is (eng_settle_version), also at a close: a
+ * rename of unwritten data could be durable before the data, and a power
+ * cut would then leave neither the old version nor the new one.  A shadow
+ * written in place (no rename) is synced only for fsync.
+ */
+int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
+{
+	int fd = f->shadow_fd;
+	uint64_t gen = f->gen;
+	int ret = 0;
+
+	eng_shadow_unqueued(e, f);
+	eng_unlock(e);
+	if (durable || !f->shadow_inplace)
+		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);
+	if (!ret) {
+		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
+	}
+	eng_lock(e);
+	if (ret && ret != -ENOENT) {
+		f->flush_err = ret;
+		return ret;		/* shadow stays; fd still ours */
+	}
+	f->shadow_fd = -1;
+	if (ret == -ENOENT)
+		return 0;
+	f->flushed_gen = gen;
+	f->flush_err = 0;
+	f->dirty = false;
+	return 0;
+}
+
+/*
+ * e->lock and f->lock held, f's shadow without a writer: committed now
+ * where it is the file itself (in place: nothing to wait for), at the
+ * unmount, or without -o flush_age; else it waits on the aging queue as a
+ * small file's copy does (eng_queue_flush_aged), and the flusher that
+ * takes it commits it (shadow_due).  A file written through is
+ * opened, written and closed again and again by some programs (fsstress,
+ * a log): each commit makes the next write copy the whole file into a new
+ * version again where the backing file system cannot share extents, so
+ * the writes of one moment share one version.  Nothing is promised at a
+ * close: an fsync commits it at once (tfile_fsync_data).
+ */
+int eng_shadow_done(struct engine *e, struct tfile *f)
+{
+	if (f->shadow_inplace || !e->cfg.flush_age_ms || e->stop || f->flush_waiters)
+		return eng_commit_shadow(e, f, false);
+	eng_queue_flush_aged(e, f, 0);
+	if (!f->shadow_backlog && f->size) {	/* the flush statistics wait for it */
+		f->shadow_backlog = f->size;
+		e->backlog += f->size;
+	}
+	return 0;
+}
+
+void eng_shadow_unqueued(struct engine *e, struct tfile *f)
+{
+	e->backlog -= f->shadow_backlog < e->backlog ? f->shadow_backlog : e->backlog;
+	f->shadow_backlog = 0;
+}
+
+/*
+ * e->lock held: f came off a flush queue with a shadow (eng_shadow_done):
+ * committed unless a writer has it again.  f->lock is only tried: its
+ * holder may be waiting for cache room that this flusher's others make,
+ * and is doing something to f anyway; f then waits its age again.
+ */
+static void shadow_due(struct engine *e, struct tfile *f)
+{
+	if (!ranked_trylock(&f->lock, LR_TFILE)) {
+		eng_queue_flush_aged(e, f, 0);
+		return;
+	}
+	e->busy++;		/* a flush running, for the statistics' waiters */
+	if (f->shadow_fd >= 0 && !f->writers && f->dirty && !f->unlinked)
+		eng_commit_shadow(e, f, false);
+	else
+		eng_shadow_unqueued(e, f);	/* a writer's close queues it again */
+	e->busy--;
+	tfile_unlock(f);
 }
 
 /*
@@ -903,7 +991,10 @@ void *eng_flusher_main(void *arg)
 			wait_ms(e, &e->flush_work, ms);
 			continue;
 		}
-		if (batch && batchable(e, f)) {
+		if (f->shadow_fd >= 0) {
+			f->queued = false;
+			shadow_due(e, f);
+		} else if (batch && batchable(e, f)) {
 			flush_batch(e, &ring, f, batch);
 		} else {
 			f->queued = false;

@@ -114,6 +114,8 @@ struct tfile {
 	bool destroying;		/* being freed: copies hold no reference */
 	int shadow_fd;			/* write-through version being built */
 	bool shadow_inplace;		/* shadow_fd is the file itself */
+	uint64_t shadow_backlog;	/* bytes of e->backlog for a shadow
+					 * waiting on the aging queue */
 	int writers;			/* open handles that may write */
 	int flush_err;			/* last flush failure (-errno), or 0 */
 	int write_err;			/* a write-through write failed (-errno):
