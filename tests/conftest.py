@@ -22,7 +22,10 @@ Environment
   TIERFS_GPU         GPU device for gpu=N (default: gpu=none, gpu tests skipped)
   TIERFS_TEST_PLAIN  1: no daemon, the "mount" is a plain directory
   TIERFS_OPTIONS     extra -o options for every mount, e.g. log=debug
-  TIERFS_TEST_TIMEOUT  seconds before a hung test aborts the run (default 900)
+  TIERFS_TEST_TIMEOUT  seconds before a hung test aborts the run (default 900),
+                     after writing hang-report-PID.txt (stacks of the test and of
+                     its daemons, their logs) into TIERFS_HANG_DIR (default: the
+                     current directory; run-pytest.sh prints the reports)
 """
 
 import faulthandler
@@ -178,12 +181,92 @@ def small_tmpfs(full_tmpfs):
     return full_tmpfs("ssd", "size=8M")
 
 
+HANG_DIR = os.environ.get("TIERFS_HANG_DIR") or os.getcwd()
+
+
+def _sh(cmd, timeout=60):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return r.stdout + r.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{cmd[0]}: {e}\n"
+
+
+def _kernel_stacks(pid):
+    """What each thread of pid waits in, from /proc (wchan and the kernel stack)."""
+    out = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError as e:
+        return f"  pid {pid}: {e}\n"
+    for tid in tids:
+        def rd(name):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                    return f.read().strip()
+            except OSError as e:
+                return f"({e.strerror})"
+        out.append(f"  thread {tid} {rd('comm')} state={(rd('stat').rsplit(')', 1)[-1].split() or ['?'])[0]} "
+                   f"wchan={rd('wchan')}\n" + "".join(f"    {ln}\n" for ln in
+                                                    rd("stack").splitlines()))
+    return "".join(out)
+
+
+def _hang_report(item, timeout):
+    """Written when a test runs past the timeout, before the run is aborted:
+    the test's Python stacks, its daemons' threads (kernel stacks, and gdb's
+    backtraces where gdb is installed) and log tails, and every process in
+    uninterruptible sleep.  run-pytest.sh prints the file after the run."""
+    path = os.path.join(HANG_DIR, f"hang-report-{os.getpid()}.txt")
+    with open(path, "w") as f:
+        f.write(f"=== {item.nodeid}: still running after {timeout:.0f} s "
+                f"(TIERFS_TEST_TIMEOUT)\n\n--- the test's threads\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.write(_kernel_stacks(os.getpid()))
+        for m in item.stash.get(MOUNTS, []):
+            proc = getattr(m, "proc", None)
+            f.write(f"\n--- daemon of {m.mnt}: "
+                    f"{'pid %d' % proc.pid if proc else 'not running'}\n")
+            if proc and proc.poll() is None:
+                f.write(_kernel_stacks(proc.pid))
+                if shutil.which("gdb"):
+                    f.write(_sh(["gdb", "-p", str(proc.pid), "-batch", "-nx",
+                                 "-ex", "thread apply all bt"]))
+            f.write(m.log(tail=150) + "\n")
+        f.write("\n--- processes in uninterruptible sleep (D)\n")
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as st:
+                    fields = st.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "D":
+                f.write(_sh(["ps", "-o", "pid,ppid,stat,wchan:32,args", "-p", pid]))
+                f.write(_kernel_stacks(pid))
+
+
 @pytest.fixture(autouse=True)
-def _watchdog():
-    """A hung FUSE call cannot be interrupted: dump stacks and abort the run."""
+def _watchdog(request):
+    """A hung FUSE call cannot be interrupted: write a hang report (above)
+    and abort the run.  faulthandler's own timer, a minute later, is the
+    backstop should the report itself hang."""
+    import threading
     timeout = float(os.environ.get("TIERFS_TEST_TIMEOUT", "900"))
-    faulthandler.dump_traceback_later(timeout, exit=True)
+    done = threading.Event()
+
+    def watch():
+        if done.wait(timeout):
+            return
+        try:
+            _hang_report(request.node, timeout)
+        finally:
+            faulthandler.dump_traceback(all_threads=True)
+            os._exit(70)
+    threading.Thread(target=watch, name="tierfs-watchdog", daemon=True).start()
+    faulthandler.dump_traceback_later(timeout + 120, exit=True)
     yield
+    done.set()
     faulthandler.cancel_dump_traceback_later()
 
 

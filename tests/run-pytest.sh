@@ -22,7 +22,18 @@ if [ "$PYTEST_JOBS" -gt 1 ] 2>/dev/null; then
 		echo "run-pytest.sh: pytest-xdist missing: one worker, not $PYTEST_JOBS" >&2
 	fi
 fi
+# A test that hangs past TIERFS_TEST_TIMEOUT leaves hang-report-PID.txt here
+# (tests/conftest.py: its stacks, its daemons' stacks and logs): printed
+# after the run, into the log that a failing `make check` shows.
+rm -f hang-report-*.txt
 # PYTEST_K: a -k expression (it may hold spaces; PYTEST_ARGS is split on them)
 # --durations: the slowest tests, in the log for whoever trims the CI's time
-exec "$PYTEST" -v -rfE -p no:cacheprovider --durations=25 $XDIST ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS} \
+"$PYTEST" -v -rfE -p no:cacheprovider --durations=25 $XDIST ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS} \
 	"$TIERFS_SRCDIR/tests"
+rc=$?
+for f in hang-report-*.txt; do
+	[ -e "$f" ] || continue
+	echo "===== $f"
+	cat "$f"
+done
+exit $rc
