@@ -93,6 +93,19 @@ static int bend_read(const struct bend *b, uint64_t at, void *buf, size_t n)
 
 static int bend_write(const struct bend *b, uint64_t at, const void *buf, size_t n)
 {
+	if (b->kind == BEND_FD && b->sparse) {
+		uint64_t pos = 0, next;
+		bool hole;
+		int ret = 0;
+
+		for (; pos < n && !ret; pos = next) {
+			next = backing_run(buf, pos, n, &hole);
+			if (!hole)
+				ret = backing_pwrite(b->fd, (const uint8_t *)buf + pos, next - pos,
+						     (off_t)(b->at + at + pos));
+		}
+		return ret;
+	}
 	switch (b->kind) {
 	case BEND_CACHE:
 		return b->cache->ops->write(b->cache, b->at + at, buf, n);
@@ -163,6 +176,57 @@ uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
 			return zs;
 	}
 	return zs;		/* zeros to the end are the next run, a hole */
+}
+
+off_t backing_seek_buf(const uint8_t *buf, uint64_t len, uint64_t size, uint64_t off,
+		       int whence)
+{
+	uint64_t pos = off - off % TIER_ALIGN, next;
+	bool hole;
+
+	for (; pos < len; pos = next) {
+		next = backing_run(buf, pos, len, &hole);
+		if (next > off && hole == (whence == SEEK_HOLE))
+			return (off_t)(pos > off ? pos : off);
+	}
+	if (whence == SEEK_DATA)
+		return -ENXIO;
+	return (off_t)(len > off ? len : off < size ? off : size);
+}
+
+off_t backing_seek_cache(struct cache *c, uint64_t at, uint64_t len, uint64_t size,
+			 uint64_t off, int whence)
+{
+	size_t cap = len < BOUNCE_MAX ? (size_t)len : BOUNCE_MAX;
+	uint64_t base;
+	uint8_t *b;
+	off_t ret = -ENXIO;
+
+	if (!cap || off >= len)
+		return backing_seek_buf(NULL, 0, size, off, whence);
+	b = malloc(cap);
+	if (!b)
+		return -ENOMEM;
+	for (base = off - off % cap; base < len; base += cap) {
+		size_t n = len - base < cap ? (size_t)(len - base) : cap;
+		uint64_t from = off > base ? off - base : 0;
+		int err = c->ops->read(c, at + base, b, n);
+
+		if (err) {
+			ret = err;
+			break;
+		}
+		ret = backing_seek_buf(b, n, n, from, whence);
+		if (ret >= 0 && (whence == SEEK_DATA || (uint64_t)ret < n)) {
+			ret += (off_t)base;
+			break;
+		}
+		ret = -ENXIO;	/* on to the next chunk */
+	}
+	free(b);
+	if (ret == -ENXIO && whence == SEEK_HOLE)
+		ret = (off_t)len;	/* data to len, a hole after it */
+	return ret;
 }
 
 int backing_pwrite_sparse(int fd, const void *buf, uint64_t n)

@@ -593,6 +593,10 @@ struct bend {
 	struct cache *cache;		/* BEND_CACHE */
 	int fd;				/* BEND_FD */
 	uint64_t at;			/* where byte 0 of the transfer is */
+	bool sparse;			/* BEND_FD destination reading zeros
+					 * already (a fresh version): its runs
+					 * of zeros are left unwritten, holes
+					 * (backing_run, chunk by chunk) */
 };
 /*
  * Move len bytes from src to dst through one bounce buffer of at most
@@ -622,6 +626,18 @@ uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
 /* Write the n bytes of buf at offset 0 of fd, a fresh file, holes left
  * out (backing_run); the caller sizes the file.  0 / -errno. */
 int backing_pwrite_sparse(int fd, const void *buf, uint64_t n);
+/*
+ * lseek(2)'s SEEK_DATA / SEEK_HOLE (whence) from off in the first len bytes
+ * of a file of size bytes (len <= size; past len: a hole), holes as a
+ * flush leaves them (backing_run), in buf (host memory), or read from
+ * cache c at `at` (a copy that is not host-addressable, GPU memory) through
+ * a bounce buffer, backing_move's chunks, whose flush leaves the same
+ * holes.  -ENXIO: no data after off; -errno (the read).
+ */
+off_t backing_seek_buf(const uint8_t *buf, uint64_t len, uint64_t size, uint64_t off,
+		       int whence);
+off_t backing_seek_cache(struct cache *c, uint64_t at, uint64_t len, uint64_t size,
+			 uint64_t off, int whence);
 /* Copy the first len bytes of f's backing content into fd, holes kept
  * (copy_file_range, else read and write): 0 / -errno. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len);

@@ -290,8 +290,9 @@ static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t 
 {
 	int ret;
 
-	if (!cp->cache->host_addressable)
-		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
+	if (!cp->cache->host_addressable)	/* holes left out here too */
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd,
+						   .sparse = !inplace },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
 						   .at = cp->frag->off },
 				   len, &cp->flushed_bytes);

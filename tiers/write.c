@@ -85,7 +85,7 @@ static int start_shadow(struct engine *e, struct tfile *f)
 		ret = inplace ? backing_pwrite(fd, copy_ptr(cp), cp->len, 0) :
 			backing_pwrite_sparse(fd, copy_ptr(cp), cp->len);
 	} else if (cp) {
-		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd },
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .sparse = !inplace },
 				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
 						   .at = cp->frag->off },
 				   cp->len, NULL);
@@ -933,27 +933,6 @@ out:
 	return ret;
 }
 
-/*
- * The first data (SEEK_DATA) or hole (SEEK_HOLE) at or after off in
- * buf[0, len) of a file of `size` bytes (len <= size; past len: a hole),
- * holes as a flush leaves them (backing_run).  -ENXIO: no data after off.
- */
-static off_t seek_in(const uint8_t *buf, uint64_t len, uint64_t size, uint64_t off,
-		     int whence)
-{
-	uint64_t pos = off - off % TIER_ALIGN, next;
-	bool hole;
-
-	for (; pos < len; pos = next) {
-		next = backing_run(buf, pos, len, &hole);
-		if (next > off && hole == (whence == SEEK_HOLE))
-			return (off_t)(pos > off ? pos : off);
-	}
-	if (whence == SEEK_DATA)
-		return -ENXIO;
-	return (off_t)(len > off ? len : off < size ? off : size);
-}
-
 off_t tfile_seek(struct tfile *f, off_t off, int whence)
 {
 	struct engine *e = f->eng;
@@ -988,12 +967,16 @@ off_t tfile_seek(struct tfile *f, off_t off, int whence)
 		if (fd >= 0 && !shadow)
 			f->ops->release_data_fd(f, fd);
 		eng_lock(e);
-	} else if (!cp->cache->host_addressable) {
-		ret = whence == SEEK_DATA ? off : (off_t)size;	/* all data */
 	} else {
+		uint64_t len = cp->len < size ? cp->len : size;
+
 		lease_begin(e, &l, cp, NULL);
-		ret = seek_in(copy_ptr(cp), cp->len < size ? cp->len : size, size,
-			      (uint64_t)off, whence);
+		if (cp->cache->host_addressable) {
+			ret = backing_seek_buf(copy_ptr(cp), len, size, (uint64_t)off, whence);
+		} else {	/* GPU memory, read through a bounce buffer */
+			ret = backing_seek_cache(cp->cache, cp->frag->off, len, size,
+						 (uint64_t)off, whence);
+		}
 		lease_end(e, &l);
 	}
 	eng_unlock(e);

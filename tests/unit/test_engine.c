@@ -302,6 +302,99 @@ static void check_runs(void)
 	}
 }
 
+/* A cache that is not host-addressable, as the GPU tier is: read through ops. */
+static uint8_t *dev_mem;
+
+static int dev_read(struct cache *c, uint64_t off, void *dst, size_t len)
+{
+	(void)c;
+	memcpy(dst, dev_mem + off, len);
+	return 0;
+}
+
+/*
+ * SEEK_DATA / SEEK_HOLE in a copy that is not host-addressable
+ * (backing_seek_cache, three bounce chunks of 8 MiB): within one chunk the
+ * same answers as over host memory (backing_seek_buf); over several, never
+ * data skipped (SEEK_DATA: zeros from off to the answer; -ENXIO only for
+ * zeros to the end) and a hole only where the bytes are zeros.  A fresh
+ * file written from that cache with .sparse set reads back the same bytes
+ * and leaves the long zero runs unallocated.
+ */
+static void check_seek_cache(const char *tmp)
+{
+	enum { B = TIER_ALIGN };
+	const uint64_t len = 20u << 20, chunk = 8u << 20;
+	struct tier_ops ops = { .read = dev_read };
+	struct cache c = { .name = "dev", .ops = &ops };
+	uint64_t seed = 4099, at = 0;
+	char path[PATH_MAX];
+	struct stat st;
+	uint8_t *back;
+	int fd;
+
+	dev_mem = calloc(1, len);
+	back = malloc(len);
+	ENSURE(dev_mem && back, "malloc");
+	while (at < len) {		/* runs of zero blocks and data blocks */
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t n = ((seed >> 33) % 96 + 1) * B;
+		bool data = (seed >> 20) % 3 == 0;
+
+		n = n < len - at ? n : len - at;
+		if (data)
+			for (uint64_t b = at; b < at + n; b += B)
+				dev_mem[b + (seed >> 40) % B] = 1 + (uint8_t)(b >> 12);
+		at += n;
+	}
+	for (int round = 0; round < 400; round++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t off = (seed >> 11) % len, size = len + (round % 2) * B;
+		int whence = round % 2 ? SEEK_DATA : SEEK_HOLE;
+		off_t r = backing_seek_cache(&c, 0, len, size, off, whence);
+		uint64_t i;
+
+		if (off / chunk == (len - 1) / chunk) {	/* the last chunk: one read */
+			off_t h = backing_seek_buf(dev_mem + off / chunk * chunk,
+						   len - off / chunk * chunk, size - off / chunk * chunk,
+						   off % chunk, whence);
+			ENSURE(r == (h < 0 ? h : h + (off_t)(off / chunk * chunk)),
+			       "seek %d at %" PRIu64 ": %jd, in host memory %jd", whence, off,
+			       (intmax_t)r, (intmax_t)h);
+		}
+		if (whence == SEEK_DATA) {
+			uint64_t end = r == -ENXIO ? len : (uint64_t)r;
+
+			ENSURE(r == -ENXIO || (r >= (off_t)off && (uint64_t)r < len),
+			       "SEEK_DATA at %" PRIu64 ": %jd", off, (intmax_t)r);
+			for (i = off; i < end; i++)
+				ENSURE(!dev_mem[i], "SEEK_DATA at %" PRIu64 " answers %jd, past data "
+				       "at %" PRIu64, off, (intmax_t)r, i);
+		} else {
+			ENSURE(r >= (off_t)off && (uint64_t)r <= len, "SEEK_HOLE at %" PRIu64
+			       ": %jd", off, (intmax_t)r);
+			for (i = (uint64_t)r; i < len && (i == (uint64_t)r || i % B); i++)
+				ENSURE(!dev_mem[i], "SEEK_HOLE at %" PRIu64 " answers %jd, data at %"
+				       PRIu64, off, (intmax_t)r, i);
+		}
+	}
+	snprintf(path, sizeof(path), "%.4000s/test_engine_sparse.XXXXXX", tmp);
+	fd = mkstemp(path);
+	ENSURE(fd >= 0, "mkstemp %s: %s", path, strerror(errno));
+	unlink(path);
+	ENSURE(backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .sparse = true },
+			    &(struct bend){ .kind = BEND_CACHE, .cache = &c }, len, NULL) == 0 &&
+	       ftruncate(fd, (off_t)len) == 0, "sparse write: %s", strerror(errno));
+	ENSURE(pread(fd, back, len, 0) == (ssize_t)len && !memcmp(back, dev_mem, len),
+	       "the sparse write reads back other bytes");
+	ENSURE(fstat(fd, &st) == 0 && (uint64_t)st.st_blocks * 512 < len * 3 / 4,
+	       "the sparse write allocated %jd of %" PRIu64 " bytes",
+	       (intmax_t)st.st_blocks * 512, len);
+	close(fd);
+	free(back);
+	free(dev_mem);
+}
+
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
@@ -317,6 +410,7 @@ int main(void)
 	int ret, i;
 
 	check_runs();
+	check_seek_cache(tmp);
 	snprintf(dir, sizeof(dir), "%s/test_engine.XXXXXX", tmp);
 	ENSURE(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
 	ret = engine_create(&e, &cfg);
