@@ -102,8 +102,14 @@ class RecordedDisk:
         self.proc = subprocess.Popen([blkrec, str(self.base), str(self.log), str(self.recmnt)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         disk = self.recmnt / "disk"
-        util.wait_until(disk.exists, lambda: "blkrec to come up: " +
-                        self.proc.stdout.read().decode(), 5)
+        # up, or exited (its output then says why); the message must not
+        # read the pipe of a blkrec still running: that read never ends
+        util.wait_until(lambda: disk.exists() or self.proc.poll() is not None,
+                        lambda: f"blkrec (pid {self.proc.pid}) to come up", 120)
+        if not disk.exists():
+            proc, self.proc = self.proc, None
+            raise AssertionError(f"blkrec exited ({proc.returncode}) before it came up: "
+                                 f"{proc.stdout.read().decode()}")
         r = _run(["losetup", "-f", "--show", str(disk)])
         if r.returncode:
             self.close()
