@@ -91,21 +91,26 @@ static int bend_read(const struct bend *b, uint64_t at, void *buf, size_t n)
 	return -EINVAL;
 }
 
+/* buf's n bytes at off of fd, its runs of zeros left out (backing_run). */
+static int pwrite_sparse(int fd, const void *buf, uint64_t n, uint64_t off)
+{
+	uint64_t pos = 0, next;
+	bool hole;
+	int ret = 0;
+
+	for (; pos < n && !ret; pos = next) {
+		next = backing_run(buf, pos, n, &hole);
+		if (!hole)
+			ret = backing_pwrite(fd, (const uint8_t *)buf + pos, next - pos,
+					     (off_t)(off + pos));
+	}
+	return ret;
+}
+
 static int bend_write(const struct bend *b, uint64_t at, const void *buf, size_t n)
 {
-	if (b->kind == BEND_FD && b->sparse) {
-		uint64_t pos = 0, next;
-		bool hole;
-		int ret = 0;
-
-		for (; pos < n && !ret; pos = next) {
-			next = backing_run(buf, pos, n, &hole);
-			if (!hole)
-				ret = backing_pwrite(b->fd, (const uint8_t *)buf + pos, next - pos,
-						     (off_t)(b->at + at + pos));
-		}
-		return ret;
-	}
+	if (b->kind == BEND_FD && b->sparse)
+		return pwrite_sparse(b->fd, buf, n, b->at + at);
 	switch (b->kind) {
 	case BEND_CACHE:
 		return b->cache->ops->write(b->cache, b->at + at, buf, n);
@@ -231,16 +236,7 @@ off_t backing_seek_cache(struct cache *c, uint64_t at, uint64_t len, uint64_t si
 
 int backing_pwrite_sparse(int fd, const void *buf, uint64_t n)
 {
-	uint64_t pos = 0, next;
-	bool hole;
-	int ret = 0;
-
-	for (; pos < n && !ret; pos = next) {
-		next = backing_run(buf, pos, n, &hole);
-		if (!hole)
-			ret = backing_pwrite(fd, (const uint8_t *)buf + pos, next - pos, (off_t)pos);
-	}
-	return ret;
+	return pwrite_sparse(fd, buf, n, 0);
 }
 
 /* ---- a flush's writes and the settling of its version --------------- */
