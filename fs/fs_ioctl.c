@@ -28,7 +28,10 @@
  *                                                allocation's handle may
  *                                                still open: see below),
  *                                                EXDEV (other device),
- *                                                ENOMEM, EIO
+ *                                                ENOMEM, EIO; EBUSY: mapped
+ *                                                by another request for 10 s
+ *                                                and not cached (all 256
+ *                                                cached mappings in use)
  *   handle_off + len > allocation size           EINVAL
  *   then the engine's own errors (ENOSPC, EIO, ...).
  * Kernel caches: a GPU write bypasses the kernel's page cache, so after one
@@ -141,6 +144,8 @@ _Static_assert(TIERFS_GPU_IO_MAX <= INT_MAX, "a count must fit an int");
 
 #define IPC_CACHE_MAX	256	/* cached mappings */
 #define IPC_IDLE_SEC	60	/* an unused mapping is closed after this */
+#define IPC_BUSY_TRIES	10000	/* 1 ms each: a buffer being mapped by another
+				 * request (ipc_get) */
 
 struct ipc_entry {
 	uint8_t handle[TIERFS_IPC_HANDLE_SIZE];
@@ -286,7 +291,32 @@ static int ipc_get(const uint8_t *handle, int dev, struct ipc_entry **out)
 	 * context, where its copies then run (they never cross a link to
 	 * reach memory of the GPU they run on); any other in the first's */
 	mine->dev = engine_gpu_spans(fs.eng, dev) ? dev : -1;
-	ret = gpu_tier_ipc_open(mine->dev, handle, &mine->base, &mine->size);
+	for (i = 0;; i++) {
+		ret = gpu_tier_ipc_open(mine->dev, handle, &mine->base, &mine->size);
+		if (ret != -EEXIST)
+			break;
+		/*
+		 * Another ioctl is mapping the same buffer (a client's
+		 * threads writing from one allocation at once): the driver
+		 * maps a handle once per context.  Its entry is used once it
+		 * is in the table; tried again should its open fail.
+		 */
+		if (i >= IPC_BUSY_TRIES) {
+			tlog(LOG_WARNING, "gpu: a client's buffer stays mapped by another "
+			     "request (the %d cached mappings all in use?)", IPC_CACHE_MAX);
+			free(mine);
+			return -EBUSY;
+		}
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+		ipc_lock();
+		ent = table_get(handle, h, (time_t)tier_now());
+		ipc_unlock();
+		if (ent) {
+			free(mine);
+			*out = ent;
+			return 0;
+		}
+	}
 	if (ret) {
 		free(mine);
 		return ret;

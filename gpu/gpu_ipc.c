@@ -38,8 +38,10 @@ _Static_assert(sizeof(CUipcMemHandle) == GPU_IPC_HANDLE_SIZE,
  * size in *size; -ENODEV before gpu_init(); -EINVAL for a handle that is
  * garbage, whose allocation was freed, or that this process exported;
  * -EXDEV when it lives on another device than the cache's (even one the
- * driver could map as a peer); -ENOMEM; -EIO.  Opening one handle twice
- * returns the same address and needs two gpu_ipc_close() calls.  On error
+ * driver could map as a peer); -EEXIST when the handle is mapped in this
+ * context already (the driver maps a handle once per context: a second
+ * open while another thread's is under way or held can be refused so,
+ * quietly: the caller uses the other mapping); -ENOMEM; -EIO.  On error
  * nothing stays open.
  */
 int gpu_ipc_open(const void *handle, uint64_t *dptr, uint64_t *size)
@@ -86,6 +88,8 @@ int gpu_ipc_open_on(int dev, const void *handle, uint64_t *dptr, uint64_t *size)
 			"gpu: IPC handle refused (%s): garbage, its allocation "
 			"freed, or exported by this process", why);
 		return -EINVAL;
+	case CUDA_ERROR_ALREADY_MAPPED:
+		return -EEXIST;
 	case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
 	case CUDA_ERROR_TOO_MANY_PEERS:
 		gpu_log(LOG_WARNING,

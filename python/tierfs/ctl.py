@@ -156,6 +156,32 @@ def _pid_gone(pid, timeout):
         os.close(fd)
 
 
+def _exiting_daemons_gone(timeout):
+    """Wait for the tierfs daemons that are exiting (their first thread a
+    zombie, others still ending) to be gone.  Such a daemon has closed its
+    files already, its lock file among them, so which mount it served
+    cannot be read any more; yet it is not gone: a GPU tier's driver
+    threads can take seconds to end and give the device's memory back.
+    An unmounted mount whose daemon is not found may be one of them; the
+    others are waited for too, being at their end anyway."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                st = dict(line.split(":\t", 1) for line in f.read().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        if st.get("Name", "").strip() in ("tierfs", "lt-tierfs") and \
+                st.get("State", "").startswith("Z") and int(st.get("Threads", "1")) > 1:
+            pids.append(int(pid))
+    end = None if timeout is None else time.monotonic() + timeout
+    for pid in pids:
+        _pid_gone(pid, None if end is None else max(end - time.monotonic(), 0))
+
+
 def cmd_wait(a):
     """Until the mount's flush backlog is empty; for an unmounted mount (or
     one unmounted meanwhile), until its daemon has flushed and exited.
@@ -263,6 +289,7 @@ def _wait_loop(a, mnt, found, left, deadline):
                 found = tierfs._open_daemon(mnt)
                 if found is not None:   # closed by _wait
                     return _wait(a, mnt, found, left, deadline)
+                _exiting_daemons_gone(left())
                 return 0                # no daemon serves it (any more)
             if _pid_gone(found[0], left()):
                 e = tierfs._lost_error(a.mount, tierfs._daemon_end(found[1]))

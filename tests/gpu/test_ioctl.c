@@ -627,7 +627,9 @@ struct thr {
 	CUdeviceptr d;
 	size_t slice;
 	const uint8_t *data;
-	int failed;
+	int failed;			/* 1 open, 2 write, 3 read back */
+	int err;			/* its errno, or 0: short */
+	ssize_t got;			/* what the failed call returned */
 };
 
 static void *thread_main(void *arg)
@@ -642,6 +644,7 @@ static void *thread_main(void *arg)
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		t->failed = 1;
+		t->err = errno;
 		free(got);
 		return NULL;
 	}
@@ -649,9 +652,13 @@ static void *thread_main(void *arg)
 		size_t off = (size_t)it * 4099 % (t->slice / 2);
 		size_t len = t->slice - off;
 
-		if (tierfs_pwrite_gpu(fd, dptr(t->d + t->slice * (size_t)t->idx + off),
-				      len, (off_t)off) != (ssize_t)len)
+		errno = 0;
+		t->got = tierfs_pwrite_gpu(fd, dptr(t->d + t->slice * (size_t)t->idx + off),
+					   len, (off_t)off);
+		if (t->got != (ssize_t)len) {
 			t->failed = 2;
+			t->err = t->got < 0 ? errno : 0;
+		}
 	}
 	if (!t->failed && (read_at(fd, got, t->slice, 0) != t->slice ||
 			   memcmp(got, t->data + t->slice * (size_t)t->idx,
@@ -681,7 +688,8 @@ static void test_threads(void)
 	}
 	for (i = 0; i < NTHREAD; i++) {
 		pthread_join(tid[i], NULL);
-		CHECK(!t[i].failed, "thread %d failed (%d)", i, t[i].failed);
+		CHECK(!t[i].failed, "thread %d failed (%d: %zd, %s)", i, t[i].failed, t[i].got,
+		      t[i].err ? strerror(t[i].err) : "short");
 	}
 	cuMemFree(d);
 	free(data);
