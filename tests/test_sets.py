@@ -431,8 +431,11 @@ def test_persist_keep_counts_sets(mount, tmp_path):
     util.wait_until(lambda: sorted(os.listdir(pdir / "ck")) == ["s2", "s3"],
                     "persist_keep of sets", timeout=60)
     for s in ("s2", "s3"):
-        assert sorted(os.listdir(pdir / "ck" / s)) == [".tierfs.set", "rank0", "rank1",
-                                                       "rank2"], s
+        # the set's record may still be rewritten (its temporary name beside
+        # it for a moment, then renamed over it): wait for the listing
+        util.wait_until(lambda: sorted(os.listdir(pdir / "ck" / s)) ==
+                        [".tierfs.set", "rank0", "rank1", "rank2"],
+                        lambda: f"{s} in DIR: {sorted(os.listdir(pdir / 'ck' / s))}")
     assert sorted(os.listdir(top)) == ["s0", "s1", "s2", "s3"]
     assert tierfs.latest(top, "pfs") == j(top, "s3")
     st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["persist"]
