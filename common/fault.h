@@ -28,7 +28,9 @@ void tierfs_fault_kill(const char *point);
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
  * flush_write, journal_apply (flush.c), dedup_cloned (dedup_flush.c: after
  * a flush cloned its base), shadow_copy (write.c), prefetch_read
- * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.
+ * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:
+ * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a
+ * set's file's state and its backing file's stat).
  */
 long tierfs_delay_ms(const char *point);
 

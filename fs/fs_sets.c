@@ -57,6 +57,7 @@
 #include "fs_sets.h"
 #include "sets_int.h"
 #include "tierfs.h"
+#include "../common/fault.h"
 #include "../common/log.h"
 
 #define PROBLEMS_MAX	(60u << 10)		/* bytes of "file" lines */
@@ -334,6 +335,14 @@ static bool same(const struct stat *st, const struct mfile *f)
 }
 
 
+/* f's file is not there (or not a regular file): bad at every level. */
+static void missing(struct eval *ev, const char *name)
+{
+	problem(ev, name, "missing");
+	for (int l = 0; l < L_N; l++)
+		ev->lv[l].bad++;
+}
+
 /* One file of the set against its manifest line. */
 static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, struct eval *ev)
 {
@@ -345,15 +354,26 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 	bool bsame, changed = false;
 	int nopen;
 
-	if (fstatat(dfd, f->name, &bst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(bst.st_mode) ||
-	    fs_child_tfile(dir, f->name, &tf) || !tf) {
-		problem(ev, f->name, "missing");
-		for (int l = 0; l < L_N; l++)
-			ev->lv[l].bad++;
+	/*
+	 * The file's state first, its backing file's stat after: a file clean
+	 * now was committed before, so its backing file is that version (the
+	 * other order could pair the version a flush replaced with the clean
+	 * state it left, and read "changed").
+	 */
+	if (fs_child_tfile(dir, f->name, &tf) || !tf) {
+		missing(ev, f->name);
 		return;
 	}
 	in = (struct fs_inode *)tf;
 	tfile_facts(tf, &fx);
+	long ms = tierfs_delay_ms("set_eval");		/* a test hook for races */
+	if (ms > 0)
+		usleep((useconds_t)(ms * 1000));
+	if (fstatat(dfd, f->name, &bst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(bst.st_mode)) {
+		missing(ev, f->name);
+		tf->ops->put(tf);
+		return;
+	}
 	fs_lock();
 	nopen = in->nopen;
 	fs_unlock();

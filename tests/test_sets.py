@@ -440,3 +440,21 @@ def test_persist_keep_counts_sets(mount, tmp_path):
     assert tierfs.latest(top, "pfs") == j(top, "s3")
     st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["persist"]
     assert st["pruned"] == 2, st
+
+
+def test_wait_set_sees_a_flush_that_ends_while_a_file_is_looked_at(mount, monkeypatch):
+    """A file's flush may commit while the set's state looks at it: its
+    backing file and its cached state must be read in an order that cannot
+    pair the old version with a file already clean (that read "changed", a
+    bad level, and wait_set failed).  TIERFS_DELAY holds each look 1 s
+    between its two reads; the file is flushed half a second after its
+    close, inside the first look."""
+    monkeypatch.setenv("TIERFS_DELAY", "set_eval=1000")
+    m = mount(flush_age=500)
+    monkeypatch.delenv("TIERFS_DELAY")
+    d = j(m.mnt, "s")
+    want = make_set(d, nfiles=1)
+    got = tierfs.wait_set(d, "ssd", timeout=60)
+    assert got["files"] == len(want), got
+    for name, data in want.items():
+        util.assert_same(util.read_file(j(m.backing, "s", name)), data)
