@@ -206,10 +206,6 @@ struct fs {
 	struct fuse_session *se;
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
 	bool killpriv_v2;		/* we clear set-ID bits (fs_kill_privs) */
-	bool ordered_log;		/* the backing root's log is ordered
-					 * (probe_log, engine_config.ordered_log):
-					 * a commit intent's own sync makes its
-					 * version durable (copy_journalled) */
 	/* files given up at exit (fs_sync_all), written by one thread */
 	unsigned lost;			/* how many */
 	char *lost_names[FS_LOST_NAMES];	/* the first ones' paths */

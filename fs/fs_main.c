@@ -616,7 +616,7 @@ static void probe_log(struct engine_config *ecfg)
 		     fs.opts.backing, why);
 		return;
 	}
-	ecfg->ordered_log = fs.ordered_log = true;
+	ecfg->ordered_log = true;
 	ecfg->ordered_dev = st.st_dev;
 	tlog(LOG_INFO, "versions: made durable with their rename (%s: ordered log)",
 	     fs.opts.backing);

@@ -304,19 +304,16 @@ static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char
 	}
 	/*
 	 * The version's data, its allocation and its name durable before the
-	 * record.  Where the backing root's log is ordered (fs.ordered_log),
-	 * its writes completed are enough: the journal's sync that makes the
-	 * record durable commits the log (the append grows the journal: a
-	 * logged change of its size), with everything logged before it, the
-	 * version's allocation and link included, and flushes the disk's
-	 * cache first.  Elsewhere an fsync of the version, and of the root
-	 * after its link.  (tests/test_crash_states.py has a hard-linked file.)
+	 * record (engine_settle_named): where the backing log is ordered, the
+	 * journal's sync that makes the record durable commits them (the
+	 * append grows the journal: a logged change of its size); elsewhere
+	 * the version is fsynced here and the root after its link.
+	 * (tests/test_crash_states.py has a hard-linked file.)
 	 */
-	if (fs.ordered_log ? sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE |
-					     SYNC_FILE_RANGE_WRITE |
-					     SYNC_FILE_RANGE_WAIT_AFTER) < 0
-			   : fsync(fd) < 0)
-		return -errno;
+	ret = engine_settle_named(fs.eng, fd);
+	if (ret < 0)
+		return ret;
+	bool sync_name = ret;
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	snprintf(vname, sizeof(vname), FS_INTENT_PREFIX "%lx.%lu", (unsigned long)getpid(),
@@ -335,7 +332,7 @@ static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char
 		.path = rel[0] ? rel : NULL, .version = vname,
 		.vino = st.st_ino, .size = (uint64_t)st.st_size,
 	};
-	ret = fs.ordered_log ? 0 : sync_root();	/* its name durable before the record */
+	ret = sync_name ? sync_root() : 0;	/* its name durable before the record */
 	if (!ret)
 		ret = fs_journal_intent(&r, &seq);
 	if (ret) {

@@ -453,6 +453,15 @@ int eng_settle_cloned(struct engine *e, int fd)
 	return ordered_here(e, fd) ? wait_written(fd) : fsync(fd) < 0 ? -errno : 0;
 }
 
+/* engine.h.  As eng_settle_cloned (an fsync where not ordered: the
+ * version's size and allocation are metadata the record depends on). */
+int engine_settle_named(struct engine *e, int fd)
+{
+	int ret = eng_settle_cloned(e, fd);
+
+	return ret < 0 ? ret : !ordered_here(e, fd);
+}
+
 /* Holes kept (filecopy.h): the version gets f's data runs only. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len)
 {

@@ -166,6 +166,16 @@ int engine_evict_file(struct engine *e, struct tfile *f);
  */
 void engine_flush_now(struct engine *e, struct tfile *f);
 
+/*
+ * Settle a new version fd before a synced record names it (a hard-linked
+ * file's commit intent): 0 where the backing log is ordered and fd is on
+ * that file system (its writes completed: the record's own sync commits
+ * the log, the version's allocation and link with it, after a flush of the
+ * disk's cache); 1 where fd was fsynced and the directory holding its name
+ * must be synced too before the record; -errno.
+ */
+int engine_settle_named(struct engine *e, int fd);
+
 /* Statistics as JSON into buf; returns length or -ERANGE. */
 int engine_stats_json(struct engine *e, char *buf, size_t len);
 /* The same, as members of the object that j has open (user.tierfs.stats
