@@ -24,6 +24,8 @@
 #   IMAGE_FS=ext4         ext4 or xfs, a 32 GiB sparse image in WORK
 #   WORK=/var/tmp/tierfs-stress.PID
 #   BEFORE=               another tierfs binary, run as the target "before"
+#   STATS=                a directory: each tierfs run's user.tierfs.stats
+#                         (before its unmount) into STATS/KIND.RUN.json
 #
 set -euo pipefail
 
@@ -71,6 +73,11 @@ run() {
 	if [ "$kind" = local ]; then
 		sync -f "$mnt"
 	else
+		if [ -n "${STATS:-}" ] && [ -n "$pid" ]; then
+			mkdir -p "$STATS"
+			getfattr --only-values -n user.tierfs.stats "$mnt" \
+				>"$STATS/$kind.$(date +%s).json" 2>/dev/null || true
+		fi
 		if [ -n "$pid" ]; then
 			io=$(awk '/^read_bytes/ { r = $2 } /^write_bytes/ { w = $2 } END { print r, w }' \
 				"/proc/$pid/io")

@@ -30,7 +30,9 @@ void tierfs_fault_kill(const char *point);
  * a flush cloned its base), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:
  * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a
- * set's file's state and its backing file's stat).
+ * set's file's state and its backing file's stat), settle (fs_version.c:
+ * before the settler syncs files copied in place and retires their
+ * intents).
  */
 long tierfs_delay_ms(const char *point);
 

@@ -107,6 +107,7 @@ enum lock_rank {
 	LR_GPU_VMM,		/* gpu_vmm.c's vmm lock: a leaf */
 	LR_JOURNAL,		/* store/journal.c's jnl.lock: a leaf */
 	LR_FS_CLOSER,		/* fs_fd.c's closer.lock: a leaf */
+	LR_FS_SETTLE,		/* fs_version.c's settle.lock: a leaf */
 	LR_LOG,			/* fs_start.c's log_mu: the last */
 };
 

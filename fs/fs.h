@@ -114,6 +114,11 @@ struct fs_inode {
 					 * (fs_version.c), read atomically */
 	char *redo_version;		/* that intent's version (its name in
 					 * the backing root), under ilock */
+	bool redo_copied;		/* redo_seq's copy is in the file, not
+					 * synced: the settler retires it
+					 * (fs_version.c); else the copy failed.
+					 * Under ilock, read atomically */
+	bool settle_queued;		/* on the settler's list (settle.lock) */
 	pthread_mutex_t ilock;		/* a regular file's: a new version
 					 * made current and a change of its
 					 * attributes, one at a time
@@ -387,16 +392,34 @@ int fs_journal_settle(struct tfile *f, uint64_t seq);
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq
  * its record's, 1 where the mount has no journal, or -errno (nothing of
  * it counts).  fs_journal_intent_done retires records seq and (not 0)
- * also, durably: the copy is in the file and synced.  0 or -errno.
+ * also, durably: the copy is in the file and synced;
+ * fs_journal_intents_done the n records seq[] (0s passed over), older
+ * first, with one sync.  0 or -errno.
  */
 struct jnl_redo;
 int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
 int fs_journal_intent_done(uint64_t seq, uint64_t also);
+int fs_journal_intents_done(const uint64_t *seq, unsigned n);
 /* The prefix of the hidden names of intents' versions in BACKING_DIR. */
 #define FS_INTENT_PREFIX	FS_HIDDEN_PREFIX ".version."
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */
 void fs_tmp_dir_start(void);
 void fs_tmp_dir_end(void);
+/*
+ * fs_intent.c: the settler, which retires the commit intents of copies
+ * made in place once their files are synced (a thread, started after the
+ * engine); fs_settle_end settles what is left and stops it, before the
+ * journal closes.
+ */
+void fs_settle_start(void);
+void fs_settle_end(void);
+/*
+ * fs_intent.c: copy version fd over in's backing file ofd (held; old: its
+ * stat) under a commit intent; dir/name a name of it (may be NULL).  in's
+ * ilock held, and fs.nslock where there is a name (v_commit).  0 or -errno.
+ */
+int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, int ofd, int fd,
+		   const struct stat *old);
 /*
  * fs_version.c: the mtime of directory fd, to put back with fs_dir_mtime_put() after
  * tierfs's own change in it (a new version linked and renamed over a file,
@@ -495,6 +518,8 @@ void fs_fd_closedir(void);
  * the closer's frees on ENOSPC (O_CLOEXEC added).  Returns the fd or
  * -errno. */
 int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode);
+/* fsync the directory of O_PATH descriptor pfd: 0 or -errno. */
+int fs_fd_sync_dir(int pfd);
 /* err is EMFILE/ENFILE (either sign): close unused cached fds; true if
  * any were closed (worth a retry). */
 bool fs_fd_reclaim(int err);

@@ -868,6 +868,19 @@ int fs_fd_openat(int dirfd, const char *name, int flags, mode_t mode)
 	return fd;
 }
 
+int fs_fd_sync_dir(int pfd)
+{
+	int dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
+	int ret = 0;
+
+	if (dfd < 0)
+		return dfd;
+	if (fsync(dfd) < 0)
+		ret = -errno;
+	close(dfd);
+	return ret;
+}
+
 bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode)
 {
 	struct file_handle *fh;

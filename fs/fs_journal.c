@@ -96,9 +96,11 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, 
 	fs_unlock();
 	if (gone)
 		return 1;	/* a new version adopts or drops it */
-	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE) &&
+	    !__atomic_load_n(&in->redo_copied, __ATOMIC_ACQUIRE))
 		return 1;	/* a copy in place failed: its backing file is no
-				 * base for a delta (fs_version.c) */
+				 * base for a delta (fs_version.c); a copy done
+				 * is (a replay makes it again before this) */
 	fd = fs_fd_hold(in);
 	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
 		ret = fd < 0 ? fd : -errno;
@@ -241,21 +243,29 @@ int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq)
 }
 
 /* See fs.h. */
-int fs_journal_intent_done(uint64_t seq, uint64_t also)
+int fs_journal_intents_done(const uint64_t *seq, unsigned n)
 {
 	uint64_t rs = 0;
 	int ret = 0;
 
 	if (jnl.fd < 0)
 		return 0;
-	/* the older first: retiring seq durably retires it too */
-	if (also && !(rs = jnl_retire(&jnl, also)))
-		ret = -EIO;
-	if (seq && !(rs = jnl_retire(&jnl, seq)))
-		ret = -EIO;
+	/* in the order given (the older first): retiring a later one
+	 * durably retires those before it too */
+	for (unsigned i = 0; i < n; i++)
+		if (seq[i] && !(rs = jnl_retire(&jnl, seq[i])))
+			ret = -EIO;
 	if (!ret && rs)
 		ret = jnl_sync(&jnl, rs);
 	return ret;
+}
+
+/* See fs.h. */
+int fs_journal_intent_done(uint64_t seq, uint64_t also)
+{
+	uint64_t s[2] = { also, seq };
+
+	return fs_journal_intents_done(s, 2);
 }
 
 /* jnl_replay's fn: a delta or an intent applied to its file beneath the
@@ -377,7 +387,7 @@ static bool legacy_one(int dfd, const char *rname)
 	fs_proc_path(tfd, proc, sizeof(proc));
 	int wfd = open(proc, O_WRONLY | O_CLOEXEC);
 
-	ret = wfd < 0 ? -errno : jnl_redo_write(vfd, wfd, size);
+	ret = wfd < 0 ? -errno : jnl_redo_write(vfd, wfd, size, true);
 	if (wfd >= 0)
 		close(wfd);
 	if (ret) {

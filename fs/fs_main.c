@@ -894,6 +894,7 @@ int main(int argc, char *argv[])
 	fs_persist_start();
 	fs_sets_start();
 	fs_fd_start();			/* the closer (fs_fd.c) */
+	fs_settle_start();		/* intents' retirement (fs_version.c) */
 	fs_daemon_ready();
 	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
 
@@ -911,6 +912,7 @@ out_session:
 
 		if (sync_before_exit())
 			ret = 1;
+		fs_settle_end();	/* the intents of the last copies */
 		/* after the last flush: waits persist_wait */
 		unpersisted = fs_persist_stop();
 		engine_destroy(fs.eng);

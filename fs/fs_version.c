@@ -7,7 +7,7 @@
  * renaming it over the old one, so that the backing directory only ever
  * holds complete versions.  A hard-linked file's new version is copied
  * over it instead, under a commit intent in the backing directory's
- * journal (copy_journalled, fs_journal.c).  The inode moves to the new
+ * journal (fs_intent.c).  The inode moves to the new
  * version's backing object before its name does (swap_fd).
  *
  * Locking (the helpers are fs_locks.c's): the file's ilock across a commit
@@ -15,11 +15,11 @@
  * that reads and uses its name (fs_dirs_lock), fs.nslock too for a
  * hard-linked file's journalled copy; fs.lock only around table and
  * descriptor bookkeeping; the syscalls that change the backing directory
- * run without fs.lock (see v_commit).  Calls fs_journal.c for a copy's
- * commit intent and store/ for the copy (jnl_redo_write, the one a replay
- * makes too).
+ * run without fs.lock (see v_commit).  Calls fs_intent.c for the copy of
+ * a hard-linked file's version.
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
@@ -161,227 +161,6 @@ static void copy_attrs(struct fs_inode *in, int ofd, int fd, const struct stat *
 	if (!tv[1].tv_sec && !tv[1].tv_nsec)
 		tv[1] = old->st_mtim;
 	futimens(fd, tv);
-}
-
-/* fsync the directory of O_PATH descriptor pfd: 0 or -errno. */
-static int sync_dir(int pfd)
-{
-	int dfd = fs_fd_openat(pfd, ".", O_RDONLY | O_DIRECTORY, 0);
-	int ret = 0;
-
-	if (dfd < 0)
-		return dfd;
-	if (fsync(dfd) < 0)
-		ret = -errno;
-	close(dfd);
-	return ret;
-}
-
-static int sync_root(void)
-{
-	return sync_dir(fs.root_fd);
-}
-
-/*
- * Copy version fd's content over the file itself (ofd, held; a file with
- * other names), size it and sync it (jnl_redo_write, as a replay does).
- * The version fd may be O_DIRECT, which copy_file_range (a splice
- * underneath) refuses for lengths that are not block multiples: both ends
- * are reopened buffered.
- */
-static int copy_in_place(int ofd, int fd)
-{
-	char path[64];
-	struct stat st;
-	int src, dst, ret;
-
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	fs_proc_path(fd, path, sizeof(path));
-	src = backing_open(AT_FDCWD, path, O_RDONLY, 0);
-	if (src < 0)
-		return -errno;
-	fs_proc_path(ofd, path, sizeof(path));
-	dst = open(path, O_WRONLY | O_CLOEXEC);
-	if (dst < 0) {
-		ret = -errno;
-		close(src);
-		return ret;
-	}
-	ret = jnl_redo_write(src, dst, (uint64_t)st.st_size);
-	close(dst);
-	close(src);
-	return ret;
-}
-
-/*
- * New versions of files with several names: commit intents.
- *
- * A file with several names cannot be replaced by a rename (the other
- * names would keep the old version): its new version is copied over it.
- * A kill in the middle of that copy would leave it torn, so the copy is
- * guarded by a commit intent in the backing directory's one journal (a
- * JNL_REDO record, store/journal.h).  The complete, synced new version (an
- * O_TMPFILE in the backing root) is linked as BACKING/.tierfs.version.P.N
- * and the root synced; then the record that names the file (device,
- * inode, file handle, path), that version and its size is appended and
- * synced (fs_journal_intent): the commit point.  Then the version is
- * copied over the file, the file synced, the record retired durably
- * (fs_journal_intent_done) and the version removed.  The journal's one
- * replay (fs_journal.c: at start-up and by tierfs --recover) finishes a
- * copy cut short, in sequence order with the file's small changes made
- * before and after it, and removes the versions it leaves.
- *
- * A copy that fails leaves its record live (the replay finishes it) in
- * in->redo_seq; the file's next intent that is done retires it with its
- * own, so that it is never replayed over a newer version, and meanwhile
- * no small change of the file is journalled (fs_journal_delta: the backing
- * file is not the base of one).  fs.nslock is held throughout (v_commit):
- * the path keeps naming the file.  Where the mount has no journal (its
- * replay failed) or no name and no handle of the file is known, the copy
- * is made unjournalled, and the log says so.
- */
-
-/*
- * The path of backing file ofd (old: its stat), relative to the backing
- * root, for a commit intent: dir/name where that name still names it,
- * else what /proc says of ofd, else "" (the handle alone names it).  len
- * is rel's size, PATH_MAX at least.
- */
-static void intent_path(struct fs_inode *dir, const char *name, int ofd,
-			const struct stat *old, char *rel, size_t len)
-{
-	int ret = -ENOENT;
-
-	if (dir && name) {
-		int pfd = fs_fd_hold(dir);
-		struct stat nst;
-
-		if (pfd >= 0 && fstatat(pfd, name, &nst, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    nst.st_ino == old->st_ino && nst.st_dev == old->st_dev) {
-			rel[0] = 0;
-			ret = dir == &fs.root ? 0 : fs_fd_rel_path(pfd, rel, len - NAME_MAX - 2);
-			if (!ret && rel[0])
-				strcat(rel, "/");
-			if (!ret)
-				strncat(rel, name, NAME_MAX);
-		}
-		fs_fd_release(dir);
-	}
-	if (ret)
-		ret = fs_fd_rel_path(ofd, rel, len);
-	if (ret)
-		rel[0] = 0;
-}
-
-/*
- * Copy version fd over in's backing file ofd (held; old: its stat) under a
- * commit intent.  dir/name: a name of it (may be NULL).  in's ilock held,
- * and fs.nslock where there is a name (v_commit).
- */
-static int copy_journalled(struct fs_inode *in, struct fs_inode *dir, const char *name,
-			   int ofd, int fd, const struct stat *old)
-{
-	static unsigned long counter;
-	union {
-		struct file_handle fh;
-		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
-	} h;
-	char rel[PATH_MAX], vname[96], path[64];
-	uint64_t seq = 0, pending;
-	uint32_t hlen = 0;
-	struct stat st;
-	int mnt, ret;
-
-	intent_path(dir, name, ofd, old, rel, sizeof(rel));
-	h.fh.handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(ofd, "", &h.fh, &mnt, AT_EMPTY_PATH) == 0)
-		hlen = (uint32_t)(sizeof(h.fh) + h.fh.handle_bytes);
-	if (!rel[0] && !hlen) {
-		tlog(LOG_WARNING, "inode %ju: no name or handle found for its commit intent: its "
-		     "new version is copied in place unjournalled", (uintmax_t)old->st_ino);
-		return copy_in_place(ofd, fd);
-	}
-	/*
-	 * The version's data, its allocation and its name durable before the
-	 * record (engine_settle_named): where the backing log is ordered, the
-	 * journal's sync that makes the record durable commits them (the
-	 * append grows the journal: a logged change of its size); elsewhere
-	 * the version is fsynced here and the root after its link.
-	 * (tests/test_crash_states.py has a hard-linked file.)
-	 */
-	ret = engine_settle_named(fs.eng, fd);
-	if (ret < 0)
-		return ret;
-	bool sync_name = ret;
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	snprintf(vname, sizeof(vname), FS_INTENT_PREFIX "%lx.%lu", (unsigned long)getpid(),
-		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	fs_proc_path(fd, path, sizeof(path));
-	if (linkat(AT_FDCWD, path, fs.root_fd, vname, AT_SYMLINK_FOLLOW) < 0) {
-		ret = -errno;
-		tlog(LOG_WARNING, "inode %ju: cannot link its new version for a commit intent "
-		     "(%s): copied in place unjournalled", (uintmax_t)old->st_ino,
-		     strerror(-ret));
-		return copy_in_place(ofd, fd);
-	}
-	struct jnl_redo r = {
-		.dev = old->st_dev, .ino = old->st_ino,
-		.handle = hlen ? &h.fh : NULL, .handle_len = hlen,
-		.path = rel[0] ? rel : NULL, .version = vname,
-		.vino = st.st_ino, .size = (uint64_t)st.st_size,
-	};
-	ret = sync_name ? sync_root() : 0;	/* its name durable before the record */
-	if (!ret)
-		ret = fs_journal_intent(&r, &seq);
-	if (ret) {
-		unlinkat(fs.root_fd, vname, 0);
-		if (ret < 0)
-			return ret;
-		tlog(LOG_WARNING, "inode %ju: no journal for its commit intent: its new "
-		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
-		return copy_in_place(ofd, fd);
-	}
-	static bool eio_once;
-
-	if (tierfs_fault("inplace_copy_eio") && !__atomic_exchange_n(&eio_once, true,
-								    __ATOMIC_RELAXED))
-		ret = -EIO;	/* tests: the first copy fails, the file untouched */
-	else
-		ret = copy_in_place(ofd, fd);
-	if (ret)
-		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); journal "
-		     "record %" PRIu64 " keeps it (%s)", rel[0] ? rel : "(no name)",
-		     strerror(-ret), seq, vname);
-	/*
-	 * Done, or (failed) live and later than the file's pending intent:
-	 * that one is retired, and its version removed, so that no replay
-	 * can copy it over this one, retired durably or not.
-	 */
-	pending = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
-	int dret = fs_journal_intent_done(ret ? 0 : seq, pending);
-
-	if (pending) {
-		unlinkat(fs.root_fd, in->redo_version, 0);
-		free(in->redo_version);
-		in->redo_version = NULL;
-		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
-	}
-	if (ret || dret) {
-		/* pending now: the replay finishes (or repeats) the copy; the
-		 * file's next intent retires it */
-		if (!ret)
-			tlog(LOG_WARNING, "%s: the commit intent of its new version could not be "
-			     "retired (%s); kept as record %" PRIu64, rel[0] ? rel : "(no name)",
-			     strerror(-dret), seq);
-		in->redo_version = strdup(vname);
-		if (in->redo_version)
-			__atomic_store_n(&in->redo_seq, seq, __ATOMIC_RELEASE);
-		return ret;
-	}
-	unlinkat(fs.root_fd, vname, 0);
-	return 0;
 }
 
 /*
@@ -748,7 +527,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		bool rok;
 
 		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
-		ret = copy_journalled(in, name ? dir : NULL, name, ofd, fd, &old);
+		ret = fs_intent_copy(in, name ? dir : NULL, name, ofd, fd, &old);
 		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
 		fs_fd_release(in);
 		goto out_close;
@@ -844,7 +623,7 @@ static int v_sync_meta(struct tfile *f)
 		int pfd = fs_fd_hold(dir);
 
 		if (!ret)
-			ret = pfd < 0 ? pfd : sync_dir(pfd);
+			ret = pfd < 0 ? pfd : fs_fd_sync_dir(pfd);
 		fs_fd_release(dir);
 		fs_inode_put(dir);
 		if (!ret)

@@ -965,7 +965,7 @@ int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq)
  * not its size.  Where vfd cannot say (no SEEK_DATA), all of it is data.
  * The "inplace_copy" kill (tests) comes once half of size is copied.
  */
-int jnl_redo_write(int vfd, int fd, uint64_t size)
+int jnl_redo_write(int vfd, int fd, uint64_t size, bool sync)
 {
 	char cap[256];
 	loff_t pos = 0, end = (loff_t)size, half = (loff_t)(size / 2);
@@ -1006,7 +1006,7 @@ int jnl_redo_write(int vfd, int fd, uint64_t size)
 	if (caplen > 0 && fsetxattr(fd, "security.capability", cap, (size_t)caplen, 0) < 0)
 		tlog(LOG_WARNING, "a file capability could not be put back after an in-place "
 		     "copy: %s", strerror(errno));
-	return fsync(fd) < 0 ? -errno : 0;
+	return sync && fsync(fd) < 0 ? -errno : 0;
 }
 
 int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
@@ -1048,7 +1048,7 @@ int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t w
 		ret = fd == -ENOENT ? 1 : fd;
 		goto out;
 	}
-	ret = jnl_redo_write(vfd, fd, h.size);
+	ret = jnl_redo_write(vfd, fd, h.size, true);
 out:
 	if (fd >= 0)
 		close(fd);

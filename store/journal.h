@@ -264,12 +264,13 @@ struct jnl_redo {
 int jnl_redo_append(struct jnl *j, const struct jnl_redo *r, uint64_t *seq);
 /*
  * Copy the first size bytes of vfd over fd (from offset 0), size fd to
- * size and fsync it: the one way an intent reaches its file, live or
- * replayed.  Only vfd's data is written; its holes are punched in fd
+ * size and (sync) fsync it: the one way an intent reaches its file, live
+ * or replayed (a live copy whose intent stays live until the file is
+ * synced need not sync: fs_version.c's settler).  Only vfd's data is written; its holes are punched in fd
  * (zeros written where fd's file system cannot punch).  A file capability of fd, which the write takes away, is put
  * back.  0 or -errno (fd partly written: the intent stays).
  */
-int jnl_redo_write(int vfd, int fd, uint64_t size);
+int jnl_redo_write(int vfd, int fd, uint64_t size, bool sync);
 /*
  * Apply intent payload p (len bytes) below root_fd: its file found as a
  * delta's is (jnl_delta_apply), its version by its name without following

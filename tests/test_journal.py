@@ -451,15 +451,7 @@ def hard_linked(disk, mount, monkeypatch, fault, seed):
     file rewritten (not a small change: a whole new version, copied over
     it in place) and fsynced under TIERFS_FAULT=fault, which kills the
     daemon: (m, backing, old, new)."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    print(f"seed {seed}")
-    rng = random.Random(seed)
-    old, new = rng.randbytes(2 * MiB), rng.randbytes(2 * MiB)
-    m = mount(backing=backing, host_cache="64M", dedup="off")
-    path = durable_file(m, "f", old)
-    os.link(path, os.path.join(m.mnt, "g"))
+    m, backing, path, old, new = linked_pair(disk, mount, seed)
     m.umount()
     os.sync()
     monkeypatch.setenv("TIERFS_FAULT", fault)
@@ -498,6 +490,56 @@ def test_a_power_cut_during_a_hard_linked_copy(disk, mount, monkeypatch, tmp_pat
         r = recover(b)
         assert r.returncode == 0, r.stderr
         same_names(b, ("f", "g"), new, "after a power cut in its copy and tierfs --recover")
+        assert_no_leftovers(b)
+
+
+def linked_pair(disk, mount, seed, **options):
+    """f and g, two names of one durable file: (m, backing, path, old, new)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    old, new = rng.randbytes(2 * MiB), rng.randbytes(2 * MiB)
+    m = mount(backing=backing, host_cache="64M", dedup="off", **options)
+    path = durable_file(m, "f", old)
+    os.link(path, os.path.join(m.mnt, "g"))
+    os.sync()
+    return m, backing, path, old, new
+
+
+def test_an_acknowledged_copy_survives_a_power_cut_before_it_is_settled(
+        disk, mount, monkeypatch, tmp_path):
+    """The fsync of a hard-linked file returns once its commit intent is
+    durable and the copy is made, before the file itself is synced: the
+    settler syncs it and retires the intent a moment later, with others.
+    TIERFS_DELAY holds the settler 30 s; the disk as a power cut leaves it
+    then holds the live intent and its version, and tierfs --recover (and
+    the next mount) give both names the acknowledged version."""
+    monkeypatch.setenv("TIERFS_DELAY", "settle=30000")
+    m, backing, path, old, new = linked_pair(disk, mount, SEED + 8)
+    monkeypatch.delenv("TIERFS_DELAY")
+    change(path, [(0, new)])
+    assert jstats(m)["records_live"] >= 1, "no intent left for the settler"
+    both_ways(disk[0], tmp_path, mount, new, "after a power cut before the settler",
+              names=("f", "g"))
+
+
+def test_the_settler_syncs_a_file_before_it_retires_its_intent(disk, mount, tmp_path):
+    """Once the settler is done (no record live), the disk as a power cut
+    leaves it holds the new version in the file itself, under both names,
+    with nothing to replay and no version kept: the file was synced before
+    its intent's retirement was."""
+    m, backing, path, old, new = linked_pair(disk, mount, SEED + 9)
+    change(path, [(0, new)])
+    util.wait_until(lambda: jstats(m)["records_live"] == 0, "the settler", 60)
+    with Cut(disk[0], tmp_path, "cut") as after:
+        b = os.path.join(after, "b")
+        same_names(b, ("f", "g"), new, "after the settler, before any recovery")
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        assert "finished an update" not in r.stderr, r.stderr
+        same_names(b, ("f", "g"), new, "after tierfs --recover")
         assert_no_leftovers(b)
 
 
