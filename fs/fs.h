@@ -421,7 +421,7 @@ void fs_settle_end(void);
 int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, int ofd, int fd,
 		   const struct stat *old);
 /*
- * fs_version.c: the mtime of directory fd, to put back with fs_dir_mtime_put() after
+ * fs_fd.c: the mtime of directory fd, to put back with fs_dir_mtime_put() after
  * tierfs's own change in it (a new version linked and renamed over a file,
  * the lock file, the probe files): those are no change of the directory
  * as the user sees it (its ctime still moves).  Called under fs.nslock,

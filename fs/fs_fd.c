@@ -881,6 +881,31 @@ int fs_fd_sync_dir(int pfd)
 	return ret;
 }
 
+/* See fs.h. */
+void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok)
+{
+	struct stat st;
+
+	*ok = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
+	if (*ok)
+		*t = st.st_mtim;
+}
+
+void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok)
+{
+	struct timespec tv[2] = { { 0, UTIME_OMIT }, *t };
+	struct stat st;
+	char path[64];
+
+	if (!ok || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 ||
+	    (st.st_mtim.tv_sec == t->tv_sec && st.st_mtim.tv_nsec == t->tv_nsec))
+		return;
+	fs_proc_path(fd, path, sizeof(path));
+	if (utimensat(AT_FDCWD, path, tv, 0) < 0)
+		tlog(LOG_DEBUG, "a directory's mtime not put back after a flush: %s",
+		     strerror(errno));
+}
+
 bool fs_fd_same(struct fs_inode *in, int fd, mode_t mode)
 {
 	struct file_handle *fh;

@@ -219,12 +219,23 @@ static void settle_batch(struct fs_inode **v, unsigned n)
 			tlog(LOG_WARNING, "commit intents could not be retired (%s): the next "
 			     "start finishes them", strerror(-ret));
 	}
-	for (unsigned i = 0; i < n; i++) {
-		if (name && name[i]) {
-			if (!ret)
+	/* the versions removed from the backing root, its mtime put back
+	 * under its names lock (as a commit's link of them) */
+	struct timespec rmt;
+	bool rok;
+
+	if (!ret && name) {
+		fs_dirs_lock(&fs.root, NULL);
+		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
+		for (unsigned i = 0; i < n; i++)
+			if (name[i])
 				unlinkat(fs.root_fd, name[i], 0);
+		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
+		fs_dirs_unlock(&fs.root, NULL);
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (name)
 			free(name[i]);
-		}
 		fs_inode_put(v[i]);
 	}
 	free(seq);

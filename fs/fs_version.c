@@ -240,31 +240,6 @@ static void swap_fd(struct fs_inode *in, int fd, int old[2])
 	fs_fd_replace(in, fd, old);
 }
 
-/* See fs.h. */
-void fs_dir_mtime_get(int fd, struct timespec *t, bool *ok)
-{
-	struct stat st;
-
-	*ok = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
-	if (*ok)
-		*t = st.st_mtim;
-}
-
-void fs_dir_mtime_put(int fd, const struct timespec *t, bool ok)
-{
-	struct timespec tv[2] = { { 0, UTIME_OMIT }, *t };
-	struct stat st;
-	char path[64];
-
-	if (!ok || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0 ||
-	    (st.st_mtim.tv_sec == t->tv_sec && st.st_mtim.tv_nsec == t->tv_nsec))
-		return;
-	fs_proc_path(fd, path, sizeof(path));
-	if (utimensat(AT_FDCWD, path, tv, 0) < 0)
-		tlog(LOG_DEBUG, "a directory's mtime not put back after a flush: %s",
-		     strerror(errno));
-}
-
 /*
  * Link version fd (consumed) under a temporary name and rename it over
  * dir/name, moving in to it first.  dir's names locked, and the root's
