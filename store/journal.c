@@ -727,6 +727,44 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
  * bytes of range i are at base + r[i].off, or (packed) one after the
  * other from base.
  */
+/* len bytes of p written at off of fd.  0 or -errno. */
+static int pwrite_buf(int fd, const char *p, uint64_t len, uint64_t off)
+{
+	struct iovec v = { (void *)p, len };
+
+	return len ? pwrite_all(fd, &v, 1, len, off) : 0;
+}
+
+/* Zero runs of a range at least this long (whole blocks of the file) are
+ * punched, not written: a hole stays a hole, as a whole version leaves it
+ * (the engine's sparse writes). */
+#define HOLE_RUN	(64u << 10)
+#define HOLE_BLOCK	4096u
+
+/* Range [off, off + len) of fd made p's bytes: its data written, its runs
+ * of zeros (HOLE_RUN) punched (fc_clear_range).  0 or -errno. */
+static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
+{
+	static const char zero[HOLE_BLOCK];
+	uint64_t d = 0, i = (HOLE_BLOCK - off % HOLE_BLOCK) % HOLE_BLOCK, z;
+	int ret;
+
+	while (i + HOLE_BLOCK <= len) {
+		for (z = i; z + HOLE_BLOCK <= len && !memcmp(p + z, zero, HOLE_BLOCK); )
+			z += HOLE_BLOCK;
+		if (z - i >= HOLE_RUN) {
+			ret = pwrite_buf(fd, p + d, i - d, off + d);
+			if (!ret)
+				ret = fc_clear_range(fd, (loff_t)(off + i), (loff_t)(off + z));
+			if (ret)
+				return ret;
+			d = z;
+		}
+		i = z > i ? z : i + HOLE_BLOCK;
+	}
+	return pwrite_buf(fd, p + d, len - d, off + d);
+}
+
 static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void *base,
 		       bool packed, uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
 {
@@ -734,18 +772,10 @@ static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void
 
 	for (uint32_t i = 0; i < n; i++) {
 		const char *p = packed ? at : (const char *)base + r[i].off;
-		uint64_t done = 0;
+		int ret = write_range(fd, p, r[i].off, r[i].len);
 
-		while (done < r[i].len) {
-			ssize_t w = pwrite(fd, p + done, r[i].len - done,
-					   (off_t)(r[i].off + done));
-
-			if (w < 0 && errno == EINTR)
-				continue;
-			if (w <= 0)
-				return w < 0 ? -errno : -EIO;
-			done += (uint64_t)w;
-		}
+		if (ret)
+			return ret;
 		at += r[i].len;
 	}
 	if (ftruncate(fd, (off_t)size) < 0)

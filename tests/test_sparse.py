@@ -406,3 +406,44 @@ def test_sparse_big_file_small_cache(mount):
         for off, data in pieces.items():
             f.seek(off)
             assert f.read(len(data)) == data
+
+
+def test_a_sparse_growth_and_a_zeroed_range_are_journalled_as_holes(mount, request):
+    """ext4 (no shared extents: small changes are journal records).  A
+    write far past the end of a flushed file is a small change (its data
+    only, not the hole before it): one journal record, and the hole stays a
+    hole in the backing file.  A range zeroed inside the file, also a small
+    change, frees its blocks there (the record's zeros punched, as a whole
+    version leaves them unwritten)."""
+    tfs = mount(backing=backing_fs(request, "ext4"))
+    p, bp = j(tfs.mnt, "grow"), j(tfs.backing, "grow")
+    data = os.urandom(4 * MiB)
+    util.write_file(p, data)
+    util.wait_flushed(tfs)
+    before = stats(tfs)["journal"]["records_appended"]
+    tail = os.urandom(64 * KiB)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.pwrite(fd, tail, 24 * MiB)   # a hole of 20 MiB: still cached
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    util.wait_flushed(tfs)
+    assert stats(tfs)["journal"]["records_appended"] > before, "not journalled"
+    want = bytearray(data) + bytes(20 * MiB) + tail
+    with open(bp, "rb") as f:
+        assert f.read() == bytes(want)
+    assert allocated(bp) <= 4 * MiB + 64 * KiB + 256 * KiB, f"{allocated(bp)} bytes allocated"
+    before = stats(tfs)["journal"]["records_appended"]
+    fd = os.open(p, os.O_RDWR)
+    try:
+        util.fallocate(fd, 1 * MiB, 2 * MiB, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    util.wait_flushed(tfs)
+    assert stats(tfs)["journal"]["records_appended"] > before, "not journalled"
+    want[1 * MiB:3 * MiB] = bytes(2 * MiB)
+    with open(bp, "rb") as f:
+        assert f.read() == bytes(want)
+    assert allocated(bp) <= 2 * MiB + 64 * KiB + 256 * KiB, f"{allocated(bp)} bytes allocated"

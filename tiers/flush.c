@@ -334,29 +334,47 @@ struct jflush {
 	uint32_t n;
 	bool record;			/* a new record (else f->jseq's is applied) */
 	uint64_t pending;		/* f->jseq when planned */
+	uint32_t cap;			/* r's room */
+	uint64_t bytes;			/* in r */
+	uint64_t sparse;		/* bytes from here to the end are new to
+					 * the backing file (past its size):
+					 * their data runs only (journal_tail),
+					 * UINT64_MAX: none */
 };
 
 /* Bytes at most journalled per flush: a record's payload stays small. */
 #define JOURNAL_MAX	(64ull << 20)
 
+/* Is a journal flush of bytes (of a len-byte file) small enough? */
+static bool journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
+{
+	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;
+}
+
 /*
  * e->lock held: plan the journal flush of len bytes of f (copy cp).  No
  * plan (p->r NULL) when the mount does not journal, the ranges are not
- * known, or the change is not small.
+ * known, or the change is not small.  Past the backing file's size (the
+ * base's) the file's new bytes are counted by their data runs only, found
+ * once the copy is leased (journal_tail): a file grown by a write far past
+ * its end is a small change, and its hole stays a hole.
  */
 static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
 			 struct jflush *p)
 {
-	uint64_t c, bytes = 0;
+	uint64_t c, tb, bytes = 0;
 	uint32_t k = 0;
 
 	memset(p, 0, sizeof(*p));
 	p->pending = f->jseq;
+	p->sparse = UINT64_MAX;
 	if (!e->cfg.journal_pct || e->cfg.dedup || !f->ops->journal_delta ||
 	    !cp->cache->host_addressable || !f->dd.valid || f->dd.taint || f->shadow_fd >= 0)
 		return;
 	c = f->dd.clean_len < len ? f->dd.clean_len : len;
-	p->r = malloc(((size_t)f->dd.ranges.n + 1) * sizeof(*p->r));
+	tb = f->dd.base_len > c ? (f->dd.base_len < len ? f->dd.base_len : len) : c;
+	p->cap = f->dd.ranges.n + 1;
+	p->r = malloc((size_t)p->cap * sizeof(*p->r));
 	if (!p->r)
 		return;
 	for (uint32_t i = 0; i < f->dd.ranges.n; i++) {
@@ -369,17 +387,52 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 		p->r[k++] = d;
 		bytes += d.end - d.start;
 	}
-	if (len > c) {		/* past the least size since the base: all of it */
-		p->r[k++] = (struct drange){ c, len };
-		bytes += len - c;
+	if (tb > c) {		/* the base's bytes past the least size: all */
+		p->r[k++] = (struct drange){ c, tb };
+		bytes += tb - c;
 	}
 	p->n = k;
-	if (bytes > JOURNAL_MAX || bytes * 100 > (uint64_t)e->cfg.journal_pct * len) {
+	p->bytes = bytes;
+	if (tb < len)
+		p->sparse = tb;
+	if (!journal_small(e, bytes, len)) {
 		free(p->r);
 		p->r = NULL;
 		return;
 	}
 	p->record = !(f->jseq && f->jgen == f->gen);
+}
+
+/*
+ * p's ranges completed with the data runs of buf past p->sparse (to len),
+ * as a fresh version's are written (backing_run): 0, 2 when the change is
+ * not small after all (a new version is written), -ENOMEM.
+ */
+static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
+{
+	uint64_t pos = p->sparse, next;
+	bool hole;
+
+	p->sparse = UINT64_MAX;		/* done once: a retry keeps these */
+	while (pos < len) {
+		next = backing_run(buf, pos, len, &hole);
+		if (!hole) {
+			if (p->n == p->cap) {
+				struct drange *r = realloc(p->r, (size_t)p->cap * 2 * sizeof(*r));
+
+				if (!r)
+					return -ENOMEM;
+				p->r = r;
+				p->cap *= 2;
+			}
+			p->r[p->n++] = (struct drange){ pos, next };
+			p->bytes += next - pos;
+			if (!journal_small(e, p->bytes, len))
+				return 2;
+		}
+		pos = next;
+	}
+	return 0;
 }
 
 /*
@@ -396,6 +449,8 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
 	int ret;
 
 	ret = eng_copy_bounds(cp, 0, len);
+	if (!ret && p->sparse < len)
+		ret = journal_tail(e, copy_ptr(cp), len, p);
 	if (ret)
 		return ret;
 	if (p->record) {
