@@ -168,6 +168,7 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	pthread_cond_init(&e->flush_work, NULL);
 	pthread_cond_init(&e->cascade_work, NULL);
 	pthread_cond_init(&e->prefetch_work, NULL);
+	eng_hint_init(e);		/* before any thread hashes a name */
 	e->flush_bw = 1e9;
 
 	uint64_t size = tier_round(cfg->host_cache);

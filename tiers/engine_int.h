@@ -172,7 +172,8 @@ struct engine {
 	size_t hq_ubsize;		/* buckets: a power of two, or 0 */
 	struct hint_dir **hq_dirs;	/* entries by directory */
 	size_t hq_dsize, hq_ndirs;	/* buckets (a power of two, or 0), dirs */
-	uint64_t hq_seed;		/* of both hashes: random per engine */
+	uint64_t hq_seed;		/* of both hashes: random per engine,
+					 * made by engine_create (eng_hint_init) */
 	struct hint_user *hq_users;	/* entries per uid (-o hint_max_user) */
 	size_t hq_nusers, hq_usercap;
 	uint64_t hq_gen;		/* bumped when an entry is freed: a walk
@@ -575,6 +576,7 @@ void eng_shadow_unqueued(struct engine *e, struct tfile *f);
 
 /* ---- hints.c ---------------------------------------------------------- */
 
+void eng_hint_init(struct engine *e);
 void eng_hint_head_update(struct engine *e);
 void eng_hint_remove(struct engine *e, struct hint *h);
 void eng_hint_unbind_file(struct engine *e, struct tfile *f);

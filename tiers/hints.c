@@ -61,15 +61,23 @@ static uint64_t mix64(uint64_t x)
 	return x;
 }
 
+/*
+ * The seed of both hashes, random per engine, made by engine_create before
+ * any thread can hash (names are hashed outside e->lock: a seed made on
+ * first use could be made twice, and a directory filed under one looked
+ * for under the other).
+ */
+void eng_hint_init(struct engine *e)
+{
+	uint64_t s = 0;
+
+	if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != sizeof(s))
+		s = (uint64_t)getpid() ^ (uint64_t)(uintptr_t)e;
+	e->hq_seed = s | 1;
+}
+
 static uint64_t hint_seed(struct engine *e)
 {
-	if (!e->hq_seed) {
-		uint64_t s = 0;
-
-		if (getrandom(&s, sizeof(s), GRND_NONBLOCK) != sizeof(s))
-			s = (uint64_t)getpid() ^ (uint64_t)(uintptr_t)e;
-		e->hq_seed = s | 1;
-	}
 	return e->hq_seed;
 }
 

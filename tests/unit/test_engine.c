@@ -395,6 +395,67 @@ static void check_seek_cache(const char *tmp)
 	free(dev_mem);
 }
 
+/*
+ * The restore queue's first entries, appended by several threads at once
+ * to a fresh engine: each directory's entries are found again, and the
+ * engine frees them (the hashes' seed was made on first use, outside the
+ * engine's lock: two first appends could each make one, and a directory
+ * filed under one was looked for under the other, a NULL dereference at
+ * its removal).
+ */
+#define HINT_THREADS	8
+struct hint_arg {
+	struct engine *e;
+	pthread_barrier_t *b;
+	uint64_t dir;
+};
+
+static void *hint_first(void *p)
+{
+	struct hint_arg *a = p;
+	const char *name[1] = { "ckpt" };
+	struct tfile *none[1] = { NULL };
+
+	pthread_barrier_wait(a->b);
+	ENSURE(engine_hint_append(a->e, a->dir, 0, true, name, none, 1) == 0, "hint_append");
+	return NULL;
+}
+
+static void check_hints_first_at_once(void)
+{
+	struct engine_config cfg = {
+		.host_cache = 1 << 20, .policy = &evict_score, .flush_threads = 1,
+		.queue_depth = 2, .gpu_dev = -1,
+	};
+
+	for (int trial = 0; trial < 50; trial++) {
+		struct hint_arg a[HINT_THREADS];
+		pthread_t t[HINT_THREADS];
+		pthread_barrier_t b;
+		struct engine *e;
+		char buf[256];
+		int ret = engine_create(&e, &cfg);
+
+		if (ret == -ENOSYS || ret == -EPERM)
+			return;		/* no io_uring: main() says so */
+		ENSURE(ret == 0, "engine_create: %s", strerror(-ret));
+		pthread_barrier_init(&b, NULL, HINT_THREADS);
+		for (int i = 0; i < HINT_THREADS; i++) {
+			a[i] = (struct hint_arg){ e, &b, 100 + (uint64_t)i };
+			ENSURE(pthread_create(&t[i], NULL, hint_first, &a[i]) == 0, "thread");
+		}
+		for (int i = 0; i < HINT_THREADS; i++)
+			pthread_join(t[i], NULL);
+		pthread_barrier_destroy(&b);
+		for (int i = 0; i < HINT_THREADS; i++) {
+			ret = engine_hint_list(e, 100 + (uint64_t)i, buf, sizeof(buf));
+			ENSURE(ret > 0 && strstr(buf, "ckpt"), "trial %d: directory %d's entry "
+			       "not found (%d)", trial, i, ret);
+		}
+		engine_destroy(e);
+	}
+}
+
 int main(void)
 {
 	const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
@@ -411,6 +472,7 @@ int main(void)
 
 	check_runs();
 	check_seek_cache(tmp);
+	check_hints_first_at_once();
 	snprintf(dir, sizeof(dir), "%s/test_engine.XXXXXX", tmp);
 	ENSURE(mkdtemp(dir), "mkdtemp %s: %s", dir, strerror(errno));
 	ret = engine_create(&e, &cfg);
