@@ -194,7 +194,7 @@ static uint64_t settle_take(struct fs_inode *in, char **vname)
 	}
 	*vname = in->redo_version;
 	in->redo_version = NULL;
-	in->redo_copied = false;
+	__atomic_store_n(&in->redo_copied, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
 	return seq;
 }
@@ -445,7 +445,7 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 		char *v = in->redo_version;
 
 		in->redo_version = NULL;
-		in->redo_copied = false;
+		__atomic_store_n(&in->redo_copied, false, __ATOMIC_RELAXED);
 		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
 		ret = settle_now(in, seq, v);
 		free(v);
