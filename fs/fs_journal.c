@@ -96,11 +96,11 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, 
 	fs_unlock();
 	if (gone)
 		return 1;	/* a new version adopts or drops it */
-	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE) &&
-	    !__atomic_load_n(&in->redo_copied, __ATOMIC_ACQUIRE))
-		return 1;	/* a copy in place failed: its backing file is no
-				 * base for a delta (fs_version.c); a copy done
-				 * is (a replay makes it again before this) */
+	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE))
+		return 1;	/* an intent of it is live (its copy failed, or
+				 * the settler has not retired it yet): a delta
+				 * applied and retired before it would be undone
+				 * by its replay; a new version retires it */
 	fd = fs_fd_hold(in);
 	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
 		ret = fd < 0 ? fd : -errno;

@@ -525,6 +525,29 @@ def test_an_acknowledged_copy_survives_a_power_cut_before_it_is_settled(
               names=("f", "g"))
 
 
+def test_a_small_change_after_an_unsettled_copy_survives_a_kill(disk, mount, monkeypatch):
+    """A hard-linked file copied over under an intent that the settler has
+    not retired yet (TIERFS_DELAY holds it), then a small change of it,
+    fsynced and flushed: killed then, the next start must not replay the
+    intent alone over the change (a journal record of the change, applied
+    and retired, would be undone by the intent's replay of the older
+    version; torture found it)."""
+    monkeypatch.setenv("TIERFS_DELAY", "settle=30000")
+    m, backing, path, old, new = linked_pair(disk, mount, SEED + 10)
+    monkeypatch.delenv("TIERFS_DELAY")
+    change(path, [(0, new)])
+    tail = random.Random(SEED + 10).randbytes(40960)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, tail)
+    os.fsync(fd)
+    os.close(fd)
+    util.wait_flushed(m)
+    m.kill(signal.SIGKILL)
+    r = recover(backing)
+    assert r.returncode == 0, r.stderr
+    same_names(backing, ("f", "g"), new + tail, "after a kill and tierfs --recover")
+
+
 def test_the_settler_syncs_a_file_before_it_retires_its_intent(disk, mount, tmp_path):
     """Once the settler is done (no record live), the disk as a power cut
     leaves it holds the new version in the file itself, under both names,
