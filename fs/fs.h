@@ -400,6 +400,11 @@ struct jnl_redo;
 int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
 int fs_journal_intent_done(uint64_t seq, uint64_t also);
 int fs_journal_intents_done(const uint64_t *seq, unsigned n);
+/* fs_journal.c: record seq retired, not synced: the retirement's own
+ * seq, 0 when it could not be appended; fs_journal_sync_to(rs) makes the
+ * records up to rs durable (0: nothing).  0 or -errno. */
+uint64_t fs_journal_retire_one(uint64_t seq);
+int fs_journal_sync_to(uint64_t rs);
 /* The prefix of the hidden names of intents' versions in BACKING_DIR. */
 #define FS_INTENT_PREFIX	FS_HIDDEN_PREFIX ".version."
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */

@@ -174,46 +174,56 @@ static bool settle_later(struct fs_inode *in)
 	return ok;
 }
 
-/* ilock held: in's done intent handed over to be retired: its seq (in's
- * redo_* cleared, *vname its version's name to remove once retired), or
- * 0 with nothing to retire or a file that could not be synced (it stays). */
+/*
+ * ilock held: in's done intent retired, its file synced first: the
+ * retirement's seq (in's redo_* cleared, *vname its version's name to
+ * remove once the retirement is durable), or 0 with nothing to retire, or
+ * a file that could not be synced (it stays).  The retirement is appended
+ * here, under the ilock, before the intent stops being in's: a small
+ * change of the file journalled after it (fs_journal_delta refuses while
+ * an intent is live) comes after it in the journal, and no replay can
+ * copy the intent's version over that change.
+ */
 static uint64_t settle_take(struct fs_inode *in, char **vname)
 {
-	uint64_t seq = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
+	uint64_t seq = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE), rs;
 	int ret;
 
 	*vname = NULL;
 	if (!seq || !in->redo_copied)
 		return 0;
 	ret = sync_backing(in);
-	if (ret) {
-		tlog(LOG_WARNING, "inode %ju: cannot sync it after its new version was copied "
-		     "over it (%s): its commit intent stays live (the next start finishes it)",
-		     (uintmax_t)in->number, strerror(-ret));
+	rs = ret ? 0 : fs_journal_retire_one(seq);
+	if (!rs) {
+		tlog(LOG_WARNING, "inode %ju: its commit intent cannot be retired after its "
+		     "new version was copied over it (%s): it stays live (the next start "
+		     "finishes it)", (uintmax_t)in->number, strerror(ret ? -ret : EIO));
 		return 0;
 	}
 	*vname = in->redo_version;
 	in->redo_version = NULL;
 	__atomic_store_n(&in->redo_copied, false, __ATOMIC_RELAXED);
 	__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
-	return seq;
+	return rs;
 }
 
 /* The n files v[] settled (nothing held): synced, their intents retired
  * with one journal sync, their versions removed; their references put. */
 static void settle_batch(struct fs_inode **v, unsigned n)
 {
-	uint64_t *seq = calloc(n, sizeof(*seq));
 	char **name = calloc(n, sizeof(*name));
+	uint64_t rs = 0;
 	int ret = -ENOMEM;
 
-	if (seq && name) {
+	if (name) {
 		for (unsigned i = 0; i < n; i++) {
 			fs_attrs_lock(v[i]);
-			seq[i] = settle_take(v[i], &name[i]);
+			uint64_t r = settle_take(v[i], &name[i]);
 			fs_attrs_unlock(v[i]);
+			if (r > rs)
+				rs = r;
 		}
-		ret = fs_journal_intents_done(seq, n);
+		ret = fs_journal_sync_to(rs);
 		if (ret)	/* the files are synced: a replay copies the
 				 * same bytes again; their versions stay for it */
 			tlog(LOG_WARNING, "commit intents could not be retired (%s): the next "
@@ -238,7 +248,6 @@ static void settle_batch(struct fs_inode **v, unsigned n)
 			free(name[i]);
 		fs_inode_put(v[i]);
 	}
-	free(seq);
 	free(name);
 }
 

@@ -261,6 +261,18 @@ int fs_journal_intents_done(const uint64_t *seq, unsigned n)
 }
 
 /* See fs.h. */
+uint64_t fs_journal_retire_one(uint64_t seq)
+{
+	return jnl.fd < 0 ? 0 : jnl_retire(&jnl, seq);
+}
+
+/* See fs.h. */
+int fs_journal_sync_to(uint64_t rs)
+{
+	return jnl.fd < 0 || !rs ? 0 : jnl_sync(&jnl, rs);
+}
+
+/* See fs.h. */
 int fs_journal_intent_done(uint64_t seq, uint64_t also)
 {
 	uint64_t s[2] = { also, seq };
