@@ -392,14 +392,11 @@ int fs_journal_settle(struct tfile *f, uint64_t seq);
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq
  * its record's, 1 where the mount has no journal, or -errno (nothing of
  * it counts).  fs_journal_intent_done retires records seq and (not 0)
- * also, durably: the copy is in the file and synced;
- * fs_journal_intents_done the n records seq[] (0s passed over), older
- * first, with one sync.  0 or -errno.
+ * also, durably: the copy is in the file and synced.  0 or -errno.
  */
 struct jnl_redo;
 int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
 int fs_journal_intent_done(uint64_t seq, uint64_t also);
-int fs_journal_intents_done(const uint64_t *seq, unsigned n);
 /* fs_journal.c: record seq retired, not synced: the retirement's own
  * seq, 0 when it could not be appended; fs_journal_sync_to(rs) makes the
  * records up to rs durable (0: nothing).  0 or -errno. */

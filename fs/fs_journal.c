@@ -243,24 +243,6 @@ int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq)
 }
 
 /* See fs.h. */
-int fs_journal_intents_done(const uint64_t *seq, unsigned n)
-{
-	uint64_t rs = 0;
-	int ret = 0;
-
-	if (jnl.fd < 0)
-		return 0;
-	/* in the order given (the older first): retiring a later one
-	 * durably retires those before it too */
-	for (unsigned i = 0; i < n; i++)
-		if (seq[i] && !(rs = jnl_retire(&jnl, seq[i])))
-			ret = -EIO;
-	if (!ret && rs)
-		ret = jnl_sync(&jnl, rs);
-	return ret;
-}
-
-/* See fs.h. */
 uint64_t fs_journal_retire_one(uint64_t seq)
 {
 	return jnl.fd < 0 ? 0 : jnl_retire(&jnl, seq);
@@ -275,9 +257,19 @@ int fs_journal_sync_to(uint64_t rs)
 /* See fs.h. */
 int fs_journal_intent_done(uint64_t seq, uint64_t also)
 {
-	uint64_t s[2] = { also, seq };
+	uint64_t rs = 0;
+	int ret = 0;
 
-	return fs_journal_intents_done(s, 2);
+	if (jnl.fd < 0)
+		return 0;
+	/* the older first: retiring seq durably retires it too */
+	if (also && !(rs = jnl_retire(&jnl, also)))
+		ret = -EIO;
+	if (seq && !(rs = jnl_retire(&jnl, seq)))
+		ret = -EIO;
+	if (!ret && rs)
+		ret = jnl_sync(&jnl, rs);
+	return ret;
 }
 
 /* jnl_replay's fn: a delta or an intent applied to its file beneath the

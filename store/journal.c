@@ -722,11 +722,6 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 	return ret;
 }
 
-/*
- * Write ranges r (n) into fd, size it and set its mtime, fsync it.  The
- * bytes of range i are at base + r[i].off, or (packed) one after the
- * other from base.
- */
 /* len bytes of p written at off of fd.  0 or -errno. */
 static int pwrite_buf(int fd, const char *p, uint64_t len, uint64_t off)
 {
@@ -765,6 +760,11 @@ static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
 	return pwrite_buf(fd, p + d, len - d, off + d);
 }
 
+/*
+ * Write ranges r (n) into fd, size it and set its mtime, fsync it.  The
+ * bytes of range i are at base + r[i].off, or (packed) one after the
+ * other from base.
+ */
 static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void *base,
 		       bool packed, uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
 {
