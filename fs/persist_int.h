@@ -53,6 +53,8 @@ struct pop {
 	bool made;			/* replayed removal or rename: the journal
 					 * says the backing directory made it */
 	bool journaled;			/* in the journal before it was queued */
+	bool done;			/* replayed: its done-marker is there; kept
+					 * until the copies before it follow it */
 	struct pwait *waiters;		/* persist=sync callers */
 };
 

@@ -183,7 +183,10 @@ char *persist_final_name(const struct pop *op, const char *cur)
  * A copy in the journal names the file by the path it had; the file may
  * have been renamed after it (the live queue copies by inode, and the
  * rename moves the copy).  So a replayed copy goes last, to the name its
- * file has after the replayed renames, or nowhere if it was removed.
+ * file has after the replayed renames, done ones too (a rename done in DIR
+ * before the file had a copy there moved nothing: the copy must still go
+ * to the new name), or nowhere if it was removed.  The done operations
+ * leave the queue here, after the copies have followed them.
  */
 static void move_copies_last(void)
 {
@@ -196,7 +199,7 @@ static void move_copies_last(void)
 			continue;
 		}
 		*pp = next;
-		char *name = persist_final_name(next, op->path);
+		char *name = op->done ? NULL : persist_final_name(next, op->path);
 		bool dup = false;
 
 		for (struct pop *c = copies; name && c; c = c->next)
@@ -214,6 +217,14 @@ static void move_copies_last(void)
 		pq.backlog_files++;
 	}
 	*pp = copies;
+	for (pp = &pq.head; (op = *pp);) {
+		if (op->done) {
+			*pp = op->next;
+			op_free(op);
+		} else {
+			pp = &op->next;
+		}
+	}
 	pq.tail = NULL;
 	for (op = pq.head; op; op = op->next)
 		pq.tail = op;
@@ -396,15 +407,18 @@ void persist_replay(void)
 		pq.tail = op;
 	}
 	free(buf);
-	/* drop the cancelled, then the done (they end in order), then the
-	 * removals and renames that the backing directory did not make */
+	/* drop the cancelled, then the done (they end in order: kept until
+	 * the copies before them have followed them, move_copies_last), then
+	 * the removals and renames that the backing directory did not make */
 	for (struct pop **pp = &pq.head, *op; (op = *pp);) {
 		struct stat lst;
 		bool drop = op->started;
 
 		if (!drop && !op->journaled && done) {
 			done--;
-			drop = true;
+			op->done = true;
+			pp = &op->next;
+			continue;
 		}
 		if (!drop && op->kind != P_COPY && !op->made &&
 		    persist_backing_lstat(op->path, &lst) == 0) {
