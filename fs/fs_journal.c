@@ -126,6 +126,11 @@ out_fd:
 	jr = ranges_of(r, n);
 	if (!jr)
 		return -ENOMEM;
+	/* DIR's copy of the change: its intent ahead of the record in the
+	 * journal, synced with it.  A replay that applies the record finds
+	 * it (a kill before the apply would otherwise leave DIR the old
+	 * file); the record keeps it there until it is retired. */
+	fs_persist_intent(in, false);
 	struct jnl_delta d = {
 		.dev = st.st_dev, .ino = st.st_ino, .size = size,
 		.mtime_sec = mt.tv_sec, .mtime_nsec = mt.tv_nsec,
@@ -170,7 +175,6 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 		free(jr);
 		return fd;
 	}
-	fs_persist_intent(in, false);	/* changed in place, as v_small's */
 	if (n && tierfs_fault("journal_apply_torn")) {
 		/* a kill in the middle of the apply (tests) */
 		struct jnl_range half = { jr[0].off, jr[0].len / 2 };

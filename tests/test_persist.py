@@ -435,6 +435,39 @@ def test_a_new_file_renamed_over_a_copied_one_reaches_dir_after_a_kill(mount, pd
     assert leftovers(pdir) == []
 
 
+def test_a_small_change_journalled_before_a_kill_reaches_dir(mount, pdir, monkeypatch):
+    """A small change made durable as a journal record (ext4 here: no
+    reflink), the daemon killed before the record is written into the
+    file (TIERFS_DELAY=journal_apply holds it): the next daemon applies the
+    record, and DIR gets the changed file.  (Found by the persistent
+    torture under ASan: the copy's intent was journalled at the apply, after
+    the record, so a kill between them left DIR the old file.)"""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "journal_apply=600000")
+    m = mount(persist=pdir, persist_all=True, dedup="off")
+    old = randbytes(MiB)
+    new = bytearray(old)
+    new[4096:4096 + 100] = b"n" * 100
+    write_file(j(m.mnt, "f"), old)
+    os.setxattr(j(m.mnt, "f"), PX, b"sync")
+    assert read_file(j(pdir, "f")) == old
+    fd = os.open(j(m.mnt, "f"), os.O_WRONLY)
+    os.pwrite(fd, b"n" * 100, 4096)
+    os.fsync(fd)                        # a journal record, its apply held
+    m.kill(signal.SIGKILL)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    monkeypatch.delenv("TIERFS_DELAY")
+    assert read_file(j(m.backing, "f")) == old, "the apply was not held back"
+    m.start()
+    util.wait_until(lambda: pstats(m)["backlog_files"] == 0, "the resumed queue")
+    m.umount()
+    assert read_file(j(m.backing, "f")) == bytes(new)
+    util.assert_same(read_file(j(pdir, "f")), bytes(new), "DIR's f")
+
+
 def test_a_torn_tail_after_the_queue_is_dropped_and_the_queue_resumed(mount, pdir):
     """A record cut short at the journal's end (a kill inside its write):
     the next mount drops it, says so, and resumes the whole records before
