@@ -178,7 +178,9 @@ static bool settle_later(struct fs_inode *in)
  * ilock held: in's done intent retired, its file synced first: the
  * retirement's seq (in's redo_* cleared, *vname its version's name to
  * remove once the retirement is durable), or 0 with nothing to retire, or
- * a file that could not be synced (it stays).  The retirement is appended
+ * a file that could not be synced (it stays, not retried: a second fsync
+ * after one that failed may succeed without the data, whose pages the
+ * kernel has marked clean; the intent's replay copies the version again).  The retirement is appended
  * here, under the ilock, before the intent stops being in's: a small
  * change of the file journalled after it (fs_journal_delta refuses while
  * an intent is live) comes after it in the journal, and no replay can
