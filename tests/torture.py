@@ -1693,6 +1693,16 @@ class Run:
         self.out(f"torture: {t:6.1f}s {ops} ops, {wr / MiB:.0f} MiB written, "
                  f"{rd / MiB:.0f} MiB read" + (f", {self.crashes} crashes" if self.cfg.crash else ""))
 
+    @staticmethod
+    def failure_head(text, most=8):
+        """A failure's first lines, before its worker's operations."""
+        head = []
+        for line in text.splitlines()[:most]:
+            if line.startswith("last ") and head:
+                break
+            head.append(line)
+        return head
+
     def failure_text(self, widx, text, hist):
         lines = [f"worker {widx} ({self.cfg.root}/w{widx}): {text}",
                  f"last {len(hist)} operations of worker {widx}:"]
@@ -1844,6 +1854,9 @@ class Run:
         text = "\n\n".join([head] + self.failures + [replay, f"operation logs: {cfg.workdir}"])
         if self.mount is not None:
             text += "\n\ndaemon log (tail):\n" + self.mount.log(tail=40)
+        # what failed, again at the end: a report cut to its tail keeps it
+        text += "\n\n" + head + ":\n" + "\n".join(
+            "  " + "\n  ".join(self.failure_head(f)) for f in self.failures)
         print(text, file=sys.stderr, flush=True)
         if cfg.findings:
             with open(cfg.findings, "a") as f:
