@@ -30,9 +30,10 @@ void tierfs_fault_kill(const char *point);
  * a flush cloned its base), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:
  * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a
- * set's file's state and its backing file's stat), settle (fs_version.c:
+ * set's file's state and its backing file's stat), settle (fs_intent.c:
  * before the settler syncs files copied in place and retires their
- * intents).
+ * intents), persist_extras (persist_fetch.c: a listing between its read
+ * of DIR's names and its look at the queue's removals and renames).
  */
 long tierfs_delay_ms(const char *point);
 

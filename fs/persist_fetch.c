@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "persist_int.h"
+#include "../common/fault.h"
 #include "../common/log.h"
 
 /* ------------------------------------------------------------ restart */
@@ -232,8 +233,17 @@ static long add_extras(struct fs_psnap *s, const char *rel, int local)
 			continue;
 		if (fstatat(local, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
 			continue;
+		long ms = tierfs_delay_ms("persist_extras");	/* a test hook for races */
+
+		if (ms > 0)
+			usleep((useconds_t)(ms * 1000));
 		if (persist_join(crel, sizeof(crel), rel, de->d_name) ||
 		    persist_whiteout_locked(crel))
+			continue;
+		/* the persister removes a queued removal or rename after it
+		 * has made it in DIR: one that was queued when readdir saw the
+		 * name and is gone now has taken the name away there */
+		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue;
 		if (de->d_type != DT_DIR && de->d_type != DT_REG && de->d_type != DT_UNKNOWN)
 			continue;	/* only files and directories are fetched */
