@@ -180,11 +180,12 @@ static bool settle_later(struct fs_inode *in)
  * remove once the retirement is durable), or 0 with nothing to retire, or
  * a file that could not be synced (it stays, not retried: a second fsync
  * after one that failed may succeed without the data, whose pages the
- * kernel has marked clean; the intent's replay copies the version again).  The retirement is appended
- * here, under the ilock, before the intent stops being in's: a small
- * change of the file journalled after it (fs_journal_delta refuses while
- * an intent is live) comes after it in the journal, and no replay can
- * copy the intent's version over that change.
+ * kernel has marked clean; the intent's replay copies the version again).
+ * The retirement is appended here, under the ilock, before the intent
+ * stops being in's: a small change of the file journalled after it
+ * (fs_journal_delta refuses while an intent is live) comes after it in
+ * the journal, and no replay can copy the intent's version over that
+ * change.
  */
 static uint64_t settle_take(struct fs_inode *in, char **vname)
 {
