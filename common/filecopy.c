@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "filecopy.h"
@@ -82,4 +83,39 @@ int fc_clear_range(int dst, loff_t from, loff_t to)
 		from += n;
 	}
 	return 0;
+}
+
+/* Is block [b, b + blk) of buf (cut at end) all zeros? */
+static bool zero_block(const uint8_t *buf, uint64_t b, uint64_t blk, uint64_t end)
+{
+	size_t n = end - b < blk ? (size_t)(end - b) : (size_t)blk;
+	const uint8_t *p = buf + b;
+
+	return !p[0] && !memcmp(p, p + 1, n - 1);
+}
+
+uint64_t fc_zero_run(const uint8_t *buf, uint64_t pos, uint64_t end, uint64_t blk, uint64_t min,
+		     bool end_hole, bool *hole)
+{
+	uint64_t b = pos, zs;	/* zs: where the current zero blocks start */
+
+	while (b < end && zero_block(buf, b, blk, end))
+		b += blk;
+	b = b < end ? b : end;
+	if (b > pos && (b - pos >= min || (end_hole && b == end))) {
+		*hole = true;
+		return b;
+	}
+	*hole = false;
+	for (zs = end; b < end; b += blk) {
+		if (!zero_block(buf, b, blk, end)) {
+			zs = end;
+			continue;
+		}
+		if (zs == end)
+			zs = b;
+		if ((b + blk < end ? b + blk : end) - zs >= min)
+			return zs;
+	}
+	return end_hole ? zs : end;	/* zeros to the end: the next run */
 }

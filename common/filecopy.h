@@ -4,12 +4,16 @@
  * each copied with copy_file_range (extents shared where the file system
  * can), reads and writes where it cannot.  Used by tiers/backing.c (a new
  * version made from the backing file) and store/journal.c (a hard-linked
- * file's new version copied over it in place).  No lock, no allocation.
+ * file's new version copied over it in place).  And where a buffer's runs
+ * of zeros are (fc_zero_run): the holes that tiers/backing.c leaves in a
+ * new version and that store/journal.c punches when it applies a record.
+ * No lock, no allocation.
  */
 #ifndef TIERFS_FILECOPY_H
 #define TIERFS_FILECOPY_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /*
@@ -33,5 +37,15 @@ int fc_copy_range(int src, int dst, loff_t from, loff_t to, bool *plain);
  * 0 / -errno.
  */
 int fc_clear_range(int dst, loff_t from, loff_t to);
+
+/*
+ * The run of buf that starts at pos (a multiple of blk; buf[0] is at a
+ * multiple of blk in its file), below end: its end.  A hole (*hole true)
+ * where whole zero blocks start at pos, min bytes or more of them, or
+ * (end_hole) zeros reach end, a short last block included; else data, up
+ * to where such a hole starts, or to end.  Runs tile [pos, end).
+ */
+uint64_t fc_zero_run(const uint8_t *buf, uint64_t pos, uint64_t end, uint64_t blk, uint64_t min,
+		     bool end_hole, bool *hole);
 
 #endif

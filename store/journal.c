@@ -737,27 +737,25 @@ static int pwrite_buf(int fd, const char *p, uint64_t len, uint64_t off)
 #define HOLE_BLOCK	4096u
 
 /* Range [off, off + len) of fd made p's bytes: its data written, its runs
- * of zeros (HOLE_RUN) punched (fc_clear_range).  0 or -errno. */
+ * of zeros (HOLE_RUN, whole blocks of the file) punched (fc_clear_range);
+ * a short run of zeros is written with the data around it.  0 or -errno. */
 static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
 {
-	static const char zero[HOLE_BLOCK];
-	uint64_t d = 0, i = (HOLE_BLOCK - off % HOLE_BLOCK) % HOLE_BLOCK, z;
+	uint64_t head = (HOLE_BLOCK - off % HOLE_BLOCK) % HOLE_BLOCK, pos, next;
+	const uint8_t *blocks;
+	bool hole;
 	int ret;
 
-	while (i + HOLE_BLOCK <= len) {
-		for (z = i; z + HOLE_BLOCK <= len && !memcmp(p + z, zero, HOLE_BLOCK); )
-			z += HOLE_BLOCK;
-		if (z - i >= HOLE_RUN) {
-			ret = pwrite_buf(fd, p + d, i - d, off + d);
-			if (!ret)
-				ret = fc_clear_range(fd, (loff_t)(off + i), (loff_t)(off + z));
-			if (ret)
-				return ret;
-			d = z;
-		}
-		i = z > i ? z : i + HOLE_BLOCK;
+	head = head < len ? head : len;		/* to the file's next block */
+	ret = pwrite_buf(fd, p, head, off);
+	blocks = (const uint8_t *)p + head;
+	for (pos = head; !ret && pos < len; pos = next) {
+		next = head + fc_zero_run(blocks, pos - head, len - head, HOLE_BLOCK, HOLE_RUN,
+					  false, &hole);
+		ret = hole ? fc_clear_range(fd, (loff_t)(off + pos), (loff_t)(off + next))
+			   : pwrite_buf(fd, p + pos, next - pos, off + pos);
 	}
-	return pwrite_buf(fd, p + d, len - d, off + d);
+	return ret;
 }
 
 /*

@@ -149,38 +149,9 @@ int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
 	return ret;
 }
 
-/* Is block [b, b + TIER_ALIGN) of buf (cut at end) all zeros? */
-static bool zero_block(const uint8_t *buf, uint64_t b, uint64_t end)
-{
-	size_t n = end - b < TIER_ALIGN ? (size_t)(end - b) : TIER_ALIGN;
-	const uint8_t *p = buf + b;
-
-	return !p[0] && !memcmp(p, p + 1, n - 1);
-}
-
 uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
 {
-	uint64_t b = pos, zs = pos;	/* zs: where the current zero blocks start */
-
-	while (b < end && zero_block(buf, b, end))
-		b += TIER_ALIGN;
-	b = b < end ? b : end;
-	if (b > pos && (b - pos >= SPARSE_RUN || b == end)) {
-		*hole = true;
-		return b;
-	}
-	*hole = false;
-	for (zs = end; b < end; b += TIER_ALIGN) {
-		if (!zero_block(buf, b, end)) {
-			zs = end;
-			continue;
-		}
-		if (zs == end)
-			zs = b;
-		if (b + TIER_ALIGN - zs >= SPARSE_RUN)
-			return zs;
-	}
-	return zs;		/* zeros to the end are the next run, a hole */
+	return fc_zero_run(buf, pos, end, TIER_ALIGN, SPARSE_RUN, true, hole);
 }
 
 off_t backing_seek_buf(const uint8_t *buf, uint64_t len, uint64_t size, uint64_t off,

@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "engine_int.h"	/* backing_run */
+#include "filecopy.h"	/* fc_zero_run */
 
 #define FAIL(...) do {							\
 	fprintf(stderr, "test_engine: %s:%d: ", __FILE__, __LINE__);	\
@@ -250,12 +251,13 @@ static void *worker_main(void *arg)
 }
 
 /*
- * backing_run over random block patterns (zero blocks, data blocks, a
- * partial last block): the runs tile the buffer; a hole is all zeros and
- * at least SPARSE_RUN long or reaches the end; data starts with a data
- * block or a short zero run, and holds no zero run of SPARSE_RUN.
+ * backing_run (fc_zero_run with end_hole) and fc_zero_run without it (the
+ * journal's punched ranges) over random block patterns (zero blocks, data
+ * blocks, a partial last block): the runs tile the buffer; a hole is all
+ * zeros and at least SPARSE_RUN long or (end_hole) reaches the end; data
+ * holds no zero run of SPARSE_RUN.
  */
-static void check_runs(void)
+static void check_runs_of(bool end_hole)
 {
 	enum { B = TIER_ALIGN, NB = 64 };
 	static uint8_t buf[NB * B];
@@ -273,7 +275,8 @@ static void check_runs(void)
 				buf[(size_t)b * B + (seed >> 40) % B] = 1;
 		}
 		for (pos = 0; pos < len; pos = next) {
-			next = backing_run(buf, pos, len, &hole);
+			next = end_hole ? backing_run(buf, pos, len, &hole)
+					: fc_zero_run(buf, pos, len, B, SPARSE_RUN, false, &hole);
 			ENSURE(next > pos && next <= len && (next % B == 0 || next == len),
 			       "round %d: run [%" PRIu64 ", %" PRIu64 ")", round, pos, next);
 			uint64_t zrun = 0, zmax = 0;
@@ -291,7 +294,7 @@ static void check_runs(void)
 				zmax = zrun > zmax ? zrun : zmax;
 			}
 			if (hole)
-				ENSURE(next - pos >= SPARSE_RUN || next == len,
+				ENSURE(next - pos >= SPARSE_RUN || (end_hole && next == len),
 				       "round %d: short hole [%" PRIu64 ", %" PRIu64 ")",
 				       round, pos, next);
 			else
@@ -300,6 +303,12 @@ static void check_runs(void)
 				       zmax);
 		}
 	}
+}
+
+static void check_runs(void)
+{
+	check_runs_of(true);
+	check_runs_of(false);
 }
 
 /* A cache that is not host-addressable, as the GPU tier is: read through ops. */
