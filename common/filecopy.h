@@ -38,6 +38,11 @@ int fc_copy_range(int src, int dst, loff_t from, loff_t to, bool *plain);
  */
 int fc_clear_range(int dst, loff_t from, loff_t to);
 
+/* The shortest run of zeros left a hole (whole blocks): a new version's
+ * (tiers/backing.c, SPARSE_RUN) and a journal record's applied in place
+ * (store/journal.c), so that a hole stays a hole either way. */
+#define FC_HOLE_RUN	(64u << 10)
+
 /*
  * The run of buf that starts at pos (a multiple of blk; buf[0] is at a
  * multiple of blk in its file), below end: its end.  A hole (*hole true)

@@ -730,14 +730,13 @@ static int pwrite_buf(int fd, const char *p, uint64_t len, uint64_t off)
 	return len ? pwrite_all(fd, &v, 1, len, off) : 0;
 }
 
-/* Zero runs of a range at least this long (whole blocks of the file) are
- * punched, not written: a hole stays a hole, as a whole version leaves it
- * (the engine's sparse writes). */
-#define HOLE_RUN	(64u << 10)
+/* Zero runs of a range FC_HOLE_RUN long or more (whole blocks of the
+ * file) are punched, not written: a hole stays a hole, as a whole version
+ * leaves it (the engine's sparse writes). */
 #define HOLE_BLOCK	4096u
 
 /* Range [off, off + len) of fd made p's bytes: its data written, its runs
- * of zeros (HOLE_RUN, whole blocks of the file) punched (fc_clear_range);
+ * of zeros (FC_HOLE_RUN, whole blocks of the file) punched (fc_clear_range);
  * a short run of zeros is written with the data around it.  0 or -errno. */
 static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
 {
@@ -750,7 +749,7 @@ static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
 	ret = pwrite_buf(fd, p, head, off);
 	blocks = (const uint8_t *)p + head;
 	for (pos = head; !ret && pos < len; pos = next) {
-		next = head + fc_zero_run(blocks, pos - head, len - head, HOLE_BLOCK, HOLE_RUN,
+		next = head + fc_zero_run(blocks, pos - head, len - head, HOLE_BLOCK, FC_HOLE_RUN,
 					  false, &hole);
 		ret = hole ? fc_clear_range(fd, (loff_t)(off + pos), (loff_t)(off + next))
 			   : pwrite_buf(fd, p + pos, next - pos, off + pos);

@@ -95,6 +95,7 @@
 #include "engine.h"
 #include "lockorder.h"
 #include "fault.h"
+#include "filecopy.h"
 #include "log.h"
 
 #define FLUSH_RETRY_S	1		/* seconds between retries of a failed flush */
@@ -623,7 +624,7 @@ int backing_pwrite(int fd, const void *buf, size_t n, off_t off);
  * of TIER_ALIGN) in buf[pos, end): a hole (*hole) or data (which may hold
  * shorter runs of zeros).  Callers check no more than they write.
  */
-#define SPARSE_RUN	(64u << 10)
+#define SPARSE_RUN	FC_HOLE_RUN
 uint64_t backing_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole);
 /* Write the n bytes of buf at offset 0 of fd, a fresh file, holes left
  * out (backing_run); the caller sizes the file.  0 / -errno. */
