@@ -11,10 +11,15 @@
  * files of a GiB or more.  A benchmark, not a test: errors a call may
  * give (ENOENT after a rename, ENOTEMPTY, ENOSPC) are counted, not fatal.
  *
- * usage: bench_stress DIR [-p PROCS] [-n OPS] [-s SEED]
+ * usage: bench_stress DIR [-p PROCS] [-n OPS] [-s SEED] [-t]
  *
  * Prints one line: ops done, bytes the writes handed the file system, the
- * calls that failed, and the seconds the processes took.
+ * calls that failed, and the seconds the processes took.  -t: also, to
+ * stderr, each kind of operation's count and the seconds the processes
+ * spent in it, summed over them (c creat, w write, r read, t truncate,
+ * s fsync, y fdatasync, p punch, z zero range, u unlink, n rename, l link,
+ * m mkdir, d rmdir, k symlink, g getdents, a stat, h chmod, e readlink,
+ * o setxattr, x write and fsync).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -22,6 +27,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/falloc.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +59,15 @@ struct proc {
 	char buf[WRITE_MAX];
 };
 
+/* the operations, one letter each; "x" is a write and its fsync */
+static const char ops[] = "cccwwwwrttsyuunnllmmdkkgaheoxpz";
+static const char kinds[] = "cwrtsypzunlmdkgaheox";	/* each once */
+#define NKINDS	(sizeof(kinds) - 1)
+
 struct totals {				/* shared with the children */
 	uint64_t written, ops, failed;
+	uint64_t count[NKINDS];		/* operations of each kind */
+	double seconds[NKINDS];		/* and the time they took */
 };
 
 static uint64_t rnd(struct proc *p)	/* splitmix64 */
@@ -225,12 +238,22 @@ static int op_getdents(struct proc *p, struct name *d)
 	return 0;
 }
 
-static void one(struct proc *p)
+static double now(void)
 {
-	static const char ops[] = "cccwwwwrttsyuunnllmmdkkgaheoxpz";
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* One operation, picked with p's generator; its kind's count and time in t. */
+static void one(struct proc *p, struct totals *t)
+{
 	char op = ops[rnd(p) % (sizeof(ops) - 1)], path[256];
 	struct name *f = pick(p, K_FILE), *d;
 	int fd;
+
+	double t0 = now();
 
 	p->ops++;
 	if (!f && op != 'm' && op != 'k')
@@ -310,35 +333,33 @@ static void one(struct proc *p)
 		op_fd(p, f, 1);
 		break;
 	}
-}
+	size_t k = (size_t)(strchr(kinds, op) - kinds);
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
+	t->count[k]++;
+	t->seconds[k] += now() - t0;
 }
 
 int main(int argc, char **argv)
 {
-	unsigned procs = 4, ops = 20000;
+	unsigned procs = 4, n = 20000;
 	uint64_t seed = 1;
 	struct totals *t;
 	const char *dir;
+	bool times = false;
 	double t0;
 	int c;
 
 	if (argc < 2 || argv[1][0] == '-') {
-		fprintf(stderr, "usage: bench_stress DIR [-p PROCS] [-n OPS] [-s SEED]\n");
+		fprintf(stderr, "usage: bench_stress DIR [-p PROCS] [-n OPS] [-s SEED] [-t]\n");
 		return 2;
 	}
 	dir = argv[1];
 	optind = 2;
-	while ((c = getopt(argc, argv, "p:n:s:")) != -1) {
+	while ((c = getopt(argc, argv, "p:n:s:t")) != -1) {
 		switch (c) {
+		case 't': times = true; break;
 		case 'p': procs = (unsigned)atoi(optarg); break;
-		case 'n': ops = (unsigned)atoi(optarg); break;
+		case 'n': n = (unsigned)atoi(optarg); break;
 		case 's': seed = strtoull(optarg, NULL, 0); break;
 		default: return 2;
 		}
@@ -363,9 +384,11 @@ int main(int argc, char **argv)
 				_exit(1);
 			}
 			p->seed = seed * 1000003 + i;
-			for (unsigned k = 0; k < ops; k++)
-				one(p);
-			t[i] = (struct totals){ p->written, p->ops, p->failed };
+			for (unsigned k = 0; k < n; k++)
+				one(p, &t[i]);
+			t[i].written = p->written;
+			t[i].ops = p->ops;
+			t[i].failed = p->failed;
 			_exit(0);
 		}
 	}
@@ -377,8 +400,20 @@ int main(int argc, char **argv)
 		sum.written += t[i].written;
 		sum.ops += t[i].ops;
 		sum.failed += t[i].failed;
+		for (size_t k = 0; k < NKINDS; k++) {
+			sum.count[k] += t[i].count[k];
+			sum.seconds[k] += t[i].seconds[k];
+		}
 	}
 	printf("ops %" PRIu64 " written %" PRIu64 " failed %" PRIu64 " seconds %.2f seed %" PRIu64
 	       "\n", sum.ops, sum.written, sum.failed, now() - t0, seed);
+	fflush(stdout);
+	if (times) {		/* to stderr: the summary line stays one line */
+		fprintf(stderr, "%-4s %8s %10s %10s\n", "op", "count", "seconds", "mean ms");
+		for (size_t k = 0; k < NKINDS; k++)
+			fprintf(stderr, "%-4c %8" PRIu64 " %10.3f %10.3f\n", kinds[k], sum.count[k],
+				sum.seconds[k],
+				sum.count[k] ? sum.seconds[k] * 1e3 / sum.count[k] : 0.0);
+	}
 	return bad;
 }

@@ -26,6 +26,8 @@
 #   BEFORE=               another tierfs binary, run as the target "before"
 #   STATS=                a directory: each tierfs run's user.tierfs.stats
 #                         (before its unmount) into STATS/KIND.RUN.json
+#   TIMES=                a directory: each run's seconds per kind of
+#                         operation (bench_stress -t) into TIMES/KIND.RUN.txt
 #
 set -euo pipefail
 
@@ -67,7 +69,13 @@ run() {
 	esac
 	for _ in $(seq 100); do [ "$kind" = local ] || mountpoint -q "$mnt" && break; sleep 0.1; done
 	d0=$(dev_written); t0=$(now)
-	out=$("$WORK/bench_stress" "$mnt" -p "$P" -n "$N" -s "$SEED")
+	if [ -n "${TIMES:-}" ]; then
+		mkdir -p "$TIMES"
+		out=$("$WORK/bench_stress" "$mnt" -p "$P" -n "$N" -s "$SEED" -t \
+			2>"$TIMES/$kind.$(date +%s).txt")
+	else
+		out=$("$WORK/bench_stress" "$mnt" -p "$P" -n "$N" -s "$SEED")
+	fi
 	sync -f "$mnt"
 	t1=$(now)
 	if [ "$kind" = local ]; then
