@@ -2,7 +2,7 @@
  * fs_journal.c - the backing directory's one journal (store/journal.c) as
  * the daemon uses it (fs.journal, to which the persistent tier appends its
  * queue as notes, persist_journal.c): small changes made durable as
- * records (struct tfile_ops' journal_delta, journal_apply,
+ * records (struct tfile_ops' journal_delta, journal_sync, journal_apply,
  * journal_retire, called by the engine's journal flush, tiers/flush.c),
  * the notes kept by the replay for their reader, the commit intents of new
  * versions copied over hard-linked files (fs_journal_intent, called by
@@ -74,7 +74,7 @@ static struct jnl_range *ranges_of(const struct drange *r, uint32_t n)
 
 /* tfile_ops.journal_delta: see tfile.h. */
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
-		     uint64_t size, uint64_t *seq)
+		     uint64_t size, uint64_t *seq, bool sync)
 {
 	struct fs_inode *in = in_of(f);
 	union {
@@ -140,14 +140,21 @@ out_fd:
 	ret = jnl_delta_append(&jnl, &d, base, seq);
 	free(jr);
 	tierfs_fault_kill("journal_appended");
-	if (!ret)
+	if (!ret && sync)
 		ret = jnl_sync(&jnl, *seq);
 	return ret;
 }
 
+/* tfile_ops.journal_sync: see tfile.h. */
+int fs_journal_sync(struct tfile *f, uint64_t seq)
+{
+	(void)f;
+	return jnl.fd < 0 ? -EBADF : jnl_sync(&jnl, seq);
+}
+
 /* tfile_ops.journal_apply: see tfile.h. */
 int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
-		     uint64_t size)
+		     uint64_t size, int *fdp)
 {
 	struct fs_inode *in = in_of(f);
 	struct timespec mt = tfile_mtime(f);
@@ -179,12 +186,15 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 		/* a kill in the middle of the apply (tests) */
 		struct jnl_range half = { jr[0].off, jr[0].len / 2 };
 
-		jnl_delta_write(fd, &half, 1, base, size, 0, 0);
+		jnl_delta_write(fd, &half, 1, base, size, 0, 0, true);
 		raise(SIGKILL);
 	}
-	ret = jnl_delta_write(fd, jr, n, base, size, mt.tv_sec, mt.tv_nsec);
+	ret = jnl_delta_write(fd, jr, n, base, size, mt.tv_sec, mt.tv_nsec, !fdp);
 	fs_attrs_unlock(in);
-	close(fd);
+	if (!ret && fdp)
+		*fdp = fd;	/* the caller's, to sync */
+	else
+		close(fd);
 	free(jr);
 	if (!ret && fs_persist_on()) {
 		fs_ns_lock();

@@ -746,6 +746,7 @@ const struct tfile_ops fs_tfile_ops = {
 	.put		= v_put,
 	.name		= v_name,
 	.journal_delta	= fs_journal_delta,
+	.journal_sync	= fs_journal_sync,
 	.journal_apply	= fs_journal_apply,
 	.journal_retire	= fs_journal_retire,
 	.journal_settle	= fs_journal_settle,

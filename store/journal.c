@@ -763,7 +763,8 @@ static int write_range(int fd, const char *p, uint64_t off, uint64_t len)
  * other from base.
  */
 static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void *base,
-		       bool packed, uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
+		       bool packed, uint64_t size, int64_t mtime_sec, int64_t mtime_nsec,
+		       bool sync)
 {
 	const char *at = base;
 
@@ -788,13 +789,13 @@ static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void
 	 * journal's next sync (ext4's and XFS's logs commit in order), which
 	 * is what makes the record's retirement durable.
 	 */
-	return fdatasync(fd) < 0 ? -errno : 0;
+	return !sync ? 0 : fdatasync(fd) < 0 ? -errno : 0;
 }
 
 int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *base,
-		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec)
+		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec, bool sync)
 {
-	return write_delta(fd, r, n, base, false, size, mtime_sec, mtime_nsec);
+	return write_delta(fd, r, n, base, false, size, mtime_sec, mtime_nsec, sync);
 }
 
 /*
@@ -950,7 +951,7 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 		ret = fd == -ENOENT ? 1 : fd;
 		goto out_r;
 	}
-	ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec);
+	ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec, true);
 	close(fd);
 out_r:
 	free(r);

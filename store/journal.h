@@ -231,11 +231,13 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 		     uint64_t *seq);
 /*
  * Write ranges r (n, bytes at base + r[i].off) into fd, set its size and
- * mtime (both 0: left), and fsync it: the one way a delta reaches its
- * file, live or replayed.  0 or -errno.
+ * mtime (both 0: left), and (sync) fdatasync it: the one way a delta
+ * reaches its file, live or replayed.  Without sync the caller syncs fd
+ * before the record is retired (a group's files together: tiers/flush.c).
+ * 0 or -errno.
  */
 int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *base,
-		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec);
+		    uint64_t size, int64_t mtime_sec, int64_t mtime_nsec, bool sync);
 /*
  * Apply delta record payload p (len bytes) to its file below root_fd: found
  * by its path without following symlinks, else (renamed since) by its

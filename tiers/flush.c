@@ -436,49 +436,79 @@ static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, stru
 }
 
 /*
- * The journal flush planned in p, of f's copy cp (leased, e->lock not
- * held) as of gen.  inline_: in an fsync's thread (the apply is left to a
- * flusher: returns 1 once the record is durable).  0 when the backing
- * file holds it, 1 (inline_), 2 where f cannot be journalled (the caller
- * writes a new version), or -errno.
+ * The journal flush in its phases, which a group of flushes (flush_batch:
+ * journal_group) takes together.  1: p's record appended (synced where
+ * sync), of f's copy cp (leased, e->lock not held), *seq the record to
+ * apply (p->pending where p's is a record made before): 0, 2 where f
+ * cannot be journalled after all (a new version is written), or -errno.
  */
-static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uint64_t gen,
-			 uint64_t len, struct jflush *p, bool inline_)
+static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+			  struct jflush *p, bool sync, uint64_t *seq)
 {
-	uint64_t seq = p->pending, old = 0;
-	int ret;
+	int ret = eng_copy_bounds(cp, 0, len);
 
-	ret = eng_copy_bounds(cp, 0, len);
+	*seq = p->pending;
 	if (!ret && p->sparse < len)
 		ret = journal_tail(e, copy_ptr(cp), len, p);
-	if (ret)
+	if (ret || !p->record)
 		return ret;
-	if (p->record) {
-		ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, p->n, len, &seq);
-		if (ret)
-			return ret > 0 ? 2 : ret;
-		eng_lock(e);
-		old = f->jseq;		/* superseded: this one holds its ranges too */
-		f->jseq = seq;
-		f->jgen = gen;
-		if (f->journaled_gen < gen)
-			f->journaled_gen = gen;
-		eng_flushed(e);		/* the fsyncs of gen are done */
-		eng_unlock(e);
-		if (old)
-			f->ops->journal_retire(f, old);
-	}
-	if (inline_)
-		return 1;
-	eng_delay_at(NULL, "journal_apply");
-	ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len);
-	if (ret)
-		return ret;	/* the record stays: retried, or replayed */
+	ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, p->n, len, seq, sync);
+	return ret > 0 ? 2 : ret;
+}
+
+/* 2: record seq, durable, is f's as of gen (the fsyncs of gen are done);
+ * the record before it is superseded (this one holds its ranges too). */
+static void journal_recorded(struct engine *e, struct tfile *f, uint64_t gen, uint64_t seq)
+{
+	uint64_t old;
+
+	eng_lock(e);
+	old = f->jseq;
+	f->jseq = seq;
+	f->jgen = gen;
+	if (f->journaled_gen < gen)
+		f->journaled_gen = gen;
+	eng_flushed(e);
+	eng_unlock(e);
+	if (old)
+		f->ops->journal_retire(f, old);
+}
+
+/* 3, after journal_apply: record seq is in the backing file, synced. */
+static void journal_applied(struct engine *e, struct tfile *f, uint64_t seq)
+{
 	f->ops->journal_retire(f, seq);
 	eng_lock(e);
 	if (f->jseq == seq)
 		f->jseq = 0;
 	eng_unlock(e);
+}
+
+/*
+ * The journal flush planned in p, of f's copy cp (leased, e->lock not
+ * held) as of gen, alone.  inline_: in an fsync's thread (the apply is
+ * left to a flusher: returns 1 once the record is durable).  0 when the
+ * backing file holds it, 1 (inline_), 2 where f cannot be journalled (the
+ * caller writes a new version), or -errno.
+ */
+static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uint64_t gen,
+			 uint64_t len, struct jflush *p, bool inline_)
+{
+	uint64_t seq;
+	int ret;
+
+	ret = journal_record(e, f, cp, len, p, true, &seq);
+	if (ret)
+		return ret;
+	if (p->record)
+		journal_recorded(e, f, gen, seq);
+	if (inline_)
+		return 1;
+	eng_delay_at(NULL, "journal_apply");
+	ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len, NULL);
+	if (ret)
+		return ret;	/* the record stays: retried, or replayed */
+	journal_applied(e, f, seq);
 	return 0;
 }
 
@@ -545,6 +575,9 @@ struct fjob {
 	bool vsmall;			/* written in place by version_small */
 	bool settle;			/* fd is to be settled before its commit */
 	bool jonly;			/* journalled, the apply left to a flusher */
+	bool jgroup;			/* journalled with its group (journal_group):
+					 * done, j->ret its result */
+	uint64_t jseq;			/* the record journal_group applies */
 	int fd;				/* the version to commit, or -1 */
 	int ret;
 	double t0, ts, tc;		/* start; seconds settling, committing */
@@ -595,6 +628,8 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 	int fd, ret;
 
 	eng_delay_at(NULL, "flush_write");	/* under cp's lease */
+	if (j->jgroup)
+		return;
 	j->t0 = tier_now();
 	if (j->jf.r) {
 		ret = journal_flush(e, f, cp, j->gen, len, &j->jf, !ring);
@@ -873,6 +908,10 @@ static struct tfile *pop_flush(struct engine *e)
  * which the backing file system's log commits together: a tar extraction
  * of thousands of small files pays a few log commits, not one a file),
  * then commits each.  Each version is still durable before its rename.
+ * Their small changes in place go together too (journal_group): one
+ * journal sync for the group's records, one group sync of their files.
+ * A file on the aging queue joins a group up to group_slack before it is
+ * due.
  */
 #define FLUSH_BATCH_FILES	64
 #define FLUSH_BATCH_BYTES	(4u << 20)
@@ -907,10 +946,21 @@ static bool batchable(struct engine *e, struct tfile *f)
 }
 
 /*
+ * How much sooner than its due time an aging file may join a group: an
+ * eighth of its age.  Files closed a few milliseconds apart share their
+ * group's syncs (journal_group, eng_settle_versions) instead of each
+ * making a group of one when its time comes.
+ */
+static double group_slack(const struct engine *e)
+{
+	return e->cfg.flush_age_ms / 8e3;
+}
+
+/*
  * e->lock held: unlink and return a due file of the queues for a group
  * (batchable), or NULL: the first of the flush queue's first
  * FLUSH_BATCH_FILES that is, else the aging queue's first when it is due
- * (pop_flush's rule).
+ * (pop_flush's rule) or due within group_slack.
  */
 static struct tfile *pop_small(struct engine *e)
 {
@@ -930,10 +980,92 @@ static struct tfile *pop_small(struct engine *e)
 		return f;
 	}
 	f = e->aq_head;
-	if (!f || (f->due_at > tier_now() && !e->room_waiters && !e->stop) || !batchable(e, f))
+	if (!f || (f->due_at > tier_now() + group_slack(e) && !e->room_waiters && !e->stop) ||
+	    !batchable(e, f))
 		return NULL;
 	aging_remove(e, f);
 	return f;
+}
+
+/*
+ * e->lock not held: the journal flushes of a group's jobs j[0..n) (those
+ * with a plan, j->jf.r), made together so that they share their syncs:
+ * every record appended, the journal synced once for them all (each
+ * record durable before its file is written in place), every change
+ * applied, the files synced together (ssd_fdatasync_many: the backing
+ * log commits them at once), then each record retired.  Two log commits
+ * for the group where each alone takes two (RESULTS 18f).  A job whose
+ * change is not small after all goes on to a new version (flush_write);
+ * one whose step fails keeps its record live (retried, or replayed), as
+ * journal_flush's does.
+ */
+static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *j, unsigned n)
+{
+	int fds[FLUSH_BATCH_FILES], res[FLUSH_BATCH_FILES];
+	unsigned idx[FLUSH_BATCH_FILES], na = 0, i, k;
+	uint64_t last = 0;
+	struct tfile *owner = NULL;
+	int ret;
+
+	for (i = 0; i < n; i++) {	/* the records, not synced yet */
+		struct fjob *q = &j[i];
+
+		if (!q->jf.r)
+			continue;
+		q->t0 = tier_now();
+		ret = journal_record(e, q->f, q->cp, q->len, &q->jf, false, &q->jseq);
+		if (ret == 2) {		/* a new version: flush_write's */
+			free(q->jf.r);
+			q->jf.r = NULL;
+			continue;
+		}
+		q->jgroup = true;
+		q->ret = ret;
+		if (ret)
+			continue;
+		if (q->jf.record && q->jseq > last) {
+			last = q->jseq;
+			owner = q->f;
+		}
+	}
+	ret = owner ? owner->ops->journal_sync(owner, last) : 0;
+	for (i = 0; i < n; i++) {	/* durable: each file's now */
+		struct fjob *q = &j[i];
+
+		if (!q->jgroup || q->ret)
+			continue;
+		if (ret && q->jf.record) {
+			q->ret = ret;
+			continue;
+		}
+		if (q->jf.record)
+			journal_recorded(e, q->f, q->gen, q->jseq);
+	}
+	eng_delay_at(NULL, "journal_apply");
+	for (i = 0; i < n; i++) {	/* applied, not synced */
+		struct fjob *q = &j[i];
+
+		if (!q->jgroup || q->ret)
+			continue;
+		q->ret = q->f->ops->journal_apply(q->f, copy_ptr(q->cp), q->jf.r, q->jf.n, q->len,
+						  &fds[na]);
+		if (!q->ret)
+			idx[na++] = i;
+	}
+	if (na)
+		ssd_fdatasync_many(ring, fds, res, na);
+	for (k = 0; k < na; k++) {
+		struct fjob *q = &j[idx[k]];
+
+		close(fds[k]);
+		q->ret = res[k];
+		if (!q->ret) {
+			journal_applied(e, q->f, q->jseq);
+			__atomic_store_n(&q->cp->flushed_bytes, q->len, __ATOMIC_RELAXED);
+		}
+	}
+	if (na)
+		__atomic_add_fetch(&e->fl_syncs, 1, __ATOMIC_RELAXED);
 }
 
 /*
@@ -962,6 +1094,7 @@ static void flush_batch(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	} while (n < e->batch_files && nmore < e->batch_files - 1 &&
 		 bytes < FLUSH_BATCH_BYTES && (f = pop_small(e)));
 	eng_unlock(e);
+	journal_group(e, ring, j, n);
 	for (i = 0; i < n; i++) {
 		flush_write(e, ring, &j[i]);
 		if (j[i].fd >= 0 && j[i].settle) {

@@ -58,20 +58,27 @@ struct tfile_ops {
 	 */
 	int (*version_small)(struct tfile *f, const void *buf, uint64_t len, int *fd);
 	/*
-	 * Optional, the three together (-o journal_pct; flush.c's journal
-	 * flush).  journal_delta: make durable a record of f's change since
-	 * its backing file's content: the n ranges r, whose bytes are at
-	 * base + r[i].start, and size.  Returns 0 with *seq the record's, 1
-	 * where f cannot be journalled (the caller writes a new version), or
-	 * -errno.  journal_apply: write that change into the backing file
-	 * itself and sync it (the record guards the write): 0 or -errno.
-	 * journal_retire: record seq is in the backing file (or superseded):
-	 * no replay needs it.
+	 * Optional, the four together (-o journal_pct; flush.c's journal
+	 * flush).  journal_delta: append a record of f's change since its
+	 * backing file's content: the n ranges r, whose bytes are at
+	 * base + r[i].start, and size, made durable (sync) or not yet (the
+	 * caller's journal_sync does, for a group's records at once).
+	 * Returns 0 with *seq the record's, 1 where f cannot be journalled
+	 * (the caller writes a new version), or -errno.  journal_sync: the
+	 * records up to seq durable (any file's: f names the journal's
+	 * owner), 0 or -errno.  journal_apply, once the record is durable:
+	 * write that change into the backing file itself (the record guards
+	 * the write) and sync it, or (fd not NULL) leave the sync to the
+	 * caller, *fd then a descriptor of the file written, the caller's to
+	 * sync and close before the record is retired: 0 or -errno.
+	 * journal_retire: record seq is in the backing file, synced (or
+	 * superseded): no replay needs it.
 	 */
 	int (*journal_delta)(struct tfile *f, const void *base, const struct drange *r,
-			     uint32_t n, uint64_t size, uint64_t *seq);
+			     uint32_t n, uint64_t size, uint64_t *seq, bool sync);
+	int (*journal_sync)(struct tfile *f, uint64_t seq);
 	int (*journal_apply)(struct tfile *f, const void *base, const struct drange *r,
-			     uint32_t n, uint64_t size);
+			     uint32_t n, uint64_t size, int *fd);
 	void (*journal_retire)(struct tfile *f, uint64_t seq);
 	/*
 	 * Record seq of f is not applied, and f's next version is not made
