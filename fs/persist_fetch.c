@@ -123,9 +123,15 @@ static int job_fetch(struct pjob *j)
 	 * a FIFO that a user put in DIR, a link anywhere on the way) */
 	d = persist_walk_beneath(root, j->rel, true, &b, NULL, NULL);
 	close(root);
-	if (d < 0 || fstatat(d, b, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-	    !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
-		ret = d < 0 ? d : S_ISLNK(st.st_mode) ? -ELOOP : -ENOENT;
+	if (d < 0)
+		ret = d;
+	else if (fstatat(d, b, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		ret = -ENOENT;	/* not in DIR (st is not filled: not looked at) */
+	else if (S_ISLNK(st.st_mode))
+		ret = -ELOOP;
+	else
+		ret = S_ISDIR(st.st_mode) || S_ISREG(st.st_mode) ? 0 : -ENOENT;
+	if (ret) {
 		if (d >= 0)
 			close(d);
 		if (ret == -ELOOP || ret == -ENOTDIR)
