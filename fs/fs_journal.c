@@ -140,8 +140,9 @@ out_fd:
 	ret = jnl_delta_append(&jnl, &d, base, seq);
 	free(jr);
 	tierfs_fault_kill("journal_appended");
-	if (!ret && sync)
-		ret = jnl_sync(&jnl, *seq);
+	if (!ret && sync && (ret = jnl_sync(&jnl, *seq)))
+		jnl_retire(&jnl, *seq);	/* perhaps durable: the retry journals
+					 * the change again, no replay applies it */
 	return ret;
 }
 
