@@ -392,17 +392,18 @@ int fs_journal_settle(struct tfile *f, uint64_t seq);
  * fs_journal.c: the commit intent of a new version copied over a file in
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq
  * its record's, 1 where the mount has no journal, or -errno (nothing of
- * it counts).  fs_journal_intent_done retires records seq and (not 0)
- * also, durably: the copy is in the file and synced.  0 or -errno.
+ * it counts).
  */
 struct jnl_redo;
 int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
-int fs_journal_intent_done(uint64_t seq, uint64_t also);
 /* fs_journal.c: record seq retired, not synced: the retirement's own
  * seq, 0 when it could not be appended; fs_journal_sync_to(rs) makes the
- * records up to rs durable (0: nothing).  0 or -errno. */
+ * records up to rs durable (0: nothing).  0 or -errno.
+ * fs_journal_retire_durably: both (what it describes is in its file and
+ * synced; no journal: 0).  0 or -errno. */
 uint64_t fs_journal_retire_one(uint64_t seq);
 int fs_journal_sync_to(uint64_t rs);
+int fs_journal_retire_durably(uint64_t seq);
 /* The prefix of the hidden names of intents' versions in BACKING_DIR. */
 #define FS_INTENT_PREFIX	FS_HIDDEN_PREFIX ".version."
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */

@@ -149,7 +149,7 @@ static int settle_now(struct fs_inode *in, uint64_t seq, const char *vname)
 	int ret = sync_backing(in);
 
 	if (!ret)
-		ret = fs_journal_intent_done(seq, 0);
+		ret = fs_journal_retire_durably(seq);
 	if (!ret)
 		unlinkat(fs.root_fd, vname, 0);
 	return ret;
@@ -428,7 +428,7 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 	 */
 	pending = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
 	if (pending) {
-		int dret = fs_journal_intent_done(0, pending);
+		int dret = fs_journal_retire_durably(pending);
 
 		if (dret)	/* a replay copies it, then this one over it */
 			tlog(LOG_WARNING, "%s: an earlier commit intent of it could not be "

@@ -25,7 +25,7 @@
  * Locking: journal_apply holds the file's ilock (fs_attrs_lock) across its
  * write, as every commit of a version of it does; journal_delta takes no fs
  * lock but fs.lock for a look at the inode, and the journal's own
- * (jnl.lock, a leaf); fs_journal_intent and fs_journal_intent_done run
+ * (jnl.lock, a leaf); fs_journal_intent and fs_journal_retire_durably run
  * under the ilock, fs.nslock and names locks of the commit (v_commit) and
  * take only jnl.lock.  Calls store/ (the journal), fs_fd.c (descriptors,
  * fs_fd_rel_path), persist_names.c (the persistent tier's intent and
@@ -218,7 +218,7 @@ int fs_journal_settle(struct tfile *f, uint64_t seq)
 {
 	struct fs_inode *in = in_of(f);
 	char why[128];
-	uint64_t len, rs;
+	uint64_t len;
 	uint16_t type;
 	void *p;
 	int ret;
@@ -236,8 +236,7 @@ int fs_journal_settle(struct tfile *f, uint64_t seq)
 	free(p);
 	if (ret < 0)
 		return ret;
-	rs = jnl_retire(&jnl, seq);
-	return rs ? jnl_sync(&jnl, rs) : -EIO;
+	return fs_journal_retire_durably(seq);
 }
 
 /* See fs.h. */
@@ -270,21 +269,11 @@ int fs_journal_sync_to(uint64_t rs)
 }
 
 /* See fs.h. */
-int fs_journal_intent_done(uint64_t seq, uint64_t also)
+int fs_journal_retire_durably(uint64_t seq)
 {
-	uint64_t rs = 0;
-	int ret = 0;
+	uint64_t rs = fs_journal_retire_one(seq);
 
-	if (jnl.fd < 0)
-		return 0;
-	/* the older first: retiring seq durably retires it too */
-	if (also && !(rs = jnl_retire(&jnl, also)))
-		ret = -EIO;
-	if (seq && !(rs = jnl_retire(&jnl, seq)))
-		ret = -EIO;
-	if (!ret && rs)
-		ret = jnl_sync(&jnl, rs);
-	return ret;
+	return jnl.fd < 0 ? 0 : rs ? fs_journal_sync_to(rs) : -EIO;
 }
 
 /* jnl_replay's fn: a delta or an intent applied to its file beneath the

@@ -19,7 +19,7 @@
  * applied delta again gives the file it has, except where something else
  * changed that file since; such a change (a new version of the file)
  * first makes the retirement durable (jnl_sync of the retire record's seq:
- * fs/fs_journal.c's fs_journal_settle and fs_journal_intent_done).
+ * fs/fs_journal.c's fs_journal_settle and fs_journal_retire_durably).
  *
  * A commit intent (JNL_REDO) is replayed by copying its version over its
  * file again (jnl_redo_write, the live copy's own): a copy cut short is
