@@ -33,7 +33,8 @@ void tierfs_fault_kill(const char *point);
  * set's file's state and its backing file's stat), settle (fs_intent.c:
  * before the settler syncs files copied in place and retires their
  * intents), persist_extras (persist_fetch.c: a listing between its read
- * of DIR's names and its look at the queue's removals and renames).
+ * of DIR's names and its look at the queue's removals and renames),
+ * getattr_root (fs_ops.c: a getattr of the mount's root).
  */
 long tierfs_delay_ms(const char *point);
 

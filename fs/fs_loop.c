@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <syslog.h>
 #include <time.h>
@@ -266,21 +265,70 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* A path of /proc/self/mountinfo, its octal escapes (\040: a space)
+ * undone in place. */
+static void unescape(char *p)
+{
+	char *q = p;
+
+	for (; *p; p++, q++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+		    p[3] >= '0' && p[3] <= '7') {
+			*q = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
+			p += 3;
+		} else {
+			*q = *p;
+		}
+	}
+	*q = 0;
+}
+
+/*
+ * The device number of the file system mounted last on path (this
+ * daemon's, once mounted), from /proc/self/mountinfo.  Not from a stat()
+ * of the mount point: that is a request to this daemon, and a thread of
+ * it waiting for its own answer keeps a killed daemon from ever exiting
+ * (the threads that answer die first, the waiting one cannot, and the
+ * connection lives while the process holds /dev/fuse open).  Nothing of
+ * the daemon's may go through its own mount.  0 or -errno.
+ */
+static int mounted_dev(const char *path, unsigned *maj, unsigned *min)
+{
+	char line[8192], mp[4096];
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+	int ret = -ENOENT;
+
+	if (!f)
+		return -errno;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned a, b;
+
+		if (sscanf(line, "%*d %*d %u:%u %*s %4095s", &a, &b, mp) != 3)
+			continue;
+		unescape(mp);
+		if (!strcmp(mp, path)) {	/* the last one is on top */
+			*maj = a;
+			*min = b;
+			ret = 0;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
 /*
  * The kernel gives a FUSE mount 128 KiB of readahead; sequential reads of
- * cached checkpoints run much faster with more (bench/RESULTS.md).  Needs
- * the loop running: stat() of the mount point is a request to us.
+ * cached checkpoints run much faster with more (bench/RESULTS.md).
  */
 static void set_readahead(void)
 {
 	char path[128], val[32];
-	struct stat st;
+	unsigned maj, min;
 	int fd;
 
-	if (fs.opts.readahead_kb <= 0 || stat(fs.opts.mountpoint, &st) < 0)
+	if (fs.opts.readahead_kb <= 0 || mounted_dev(fs.opts.mountpoint, &maj, &min))
 		return;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 major(st.st_dev), minor(st.st_dev));
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, min);
 	snprintf(val, sizeof(val), "%d", fs.opts.readahead_kb);
 	fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, val, strlen(val)) < 0)

@@ -101,8 +101,15 @@ static void fs_ll_forget_multi(fuse_req_t req, size_t count,
 static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct stat st;
-	int ret = fs_stat_inode(fs_inode_of(ino), &st);
+	int ret;
 
+	if (ino == FUSE_ROOT_ID) {
+		long ms = tierfs_delay_ms("getattr_root");	/* a test hook */
+
+		if (ms > 0)
+			usleep((useconds_t)(ms * 1000));
+	}
+	ret = fs_stat_inode(fs_inode_of(ino), &st);
 	(void)fi;
 	if (ret)
 		fuse_reply_err(req, -ret);

@@ -9,6 +9,7 @@ mount namespace (unshare -m) where an overlay puts tools/mount.tierfs into
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -259,3 +260,45 @@ def test_read_only(tmp_path, mount):
         with pytest.raises(OSError) as ei:
             fn(*args)
         assert ei.value.errno == errno.EROFS
+
+
+def test_readahead_is_set_without_a_request_to_itself(mount):
+    """-o readahead_kb reaches the mount's bdi.  The daemon finds the mount's
+    device in /proc/self/mountinfo: a stat() of its own mount point was a
+    request to itself, and a daemon killed while that request was in flight
+    could never exit (its answering threads died first)."""
+    util.require_daemon()
+    m = mount(readahead_kb=2048)
+    st = os.stat(m.mnt)
+    path = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
+    util.wait_until(lambda: open(path).read().strip() == "2048",
+                    lambda: f"{path}: {open(path).read().strip()}")
+    log = m.log()
+    assert "cannot set readahead" not in log, log
+
+
+def test_a_daemon_killed_while_its_root_is_looked_at_exits(mount, monkeypatch):
+    """SIGKILL while a getattr of the root is in flight (TIERFS_DELAY holds
+    it): the daemon exits.  Before, its main thread stat()ed its own mount
+    point to set the readahead; killed with that request in flight, the
+    threads that answer died and the waiting one never could, so the
+    daemon never exited and its mount stayed."""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "getattr_root=3000")
+    m = mount()
+    monkeypatch.delenv("TIERFS_DELAY")
+    dev = os.stat(m.mnt).st_dev      # held too: the daemon's own look is in flight
+    proc = m.proc
+    proc.send_signal(signal.SIGKILL)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        # free it: abort the connection, whose answer never comes
+        with open(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort", "w") as f:
+            f.write("1")
+        proc.wait(timeout=30)
+        pytest.fail("the killed daemon did not exit: a thread of it waited on its own mount")
+    finally:
+        m.runs[-1][3] = "SIGKILL"
+        m.proc = None
+        util.lazy_umount(m.mnt)
