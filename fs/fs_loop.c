@@ -23,6 +23,7 @@
 
 #include "config.h"
 #include "fs.h"
+#include "fs_start.h"
 #include "../tiers/gpu_tier.h"
 
 /*
@@ -265,24 +266,6 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* A path of /proc/self/mountinfo, its octal escapes (\040: a space)
- * undone in place. */
-static void unescape(char *p)
-{
-	char *q = p;
-
-	for (; *p; p++, q++) {
-		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
-		    p[3] >= '0' && p[3] <= '7') {
-			*q = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
-			p += 3;
-		} else {
-			*q = *p;
-		}
-	}
-	*q = 0;
-}
-
 /*
  * The device number of the file system mounted last on path (this
  * daemon's, once mounted), from /proc/self/mountinfo.  Not from a stat()
@@ -305,7 +288,7 @@ static int mounted_dev(const char *path, unsigned *maj, unsigned *min)
 
 		if (sscanf(line, "%*d %*d %u:%u %*s %4095s", &a, &b, mp) != 3)
 			continue;
-		unescape(mp);
+		fs_mountinfo_unescape(mp);
 		if (!strcmp(mp, path)) {	/* the last one is on top */
 			*maj = a;
 			*min = b;

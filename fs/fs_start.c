@@ -371,7 +371,7 @@ void fs_unlock_backing(void)
 }
 
 /* A mountinfo field as it was before the kernel escaped it (\ooo). */
-static void unescape_mnt(char *s)
+void fs_mountinfo_unescape(char *s)
 {
 	char *o = s;
 
@@ -418,7 +418,7 @@ static void check_not_on_tierfs(void)
 		if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
 		    sscanf(sep + 3, "%63s", type) != 1)
 			continue;
-		unescape_mnt(mnt);
+		fs_mountinfo_unescape(mnt);
 		ml = strlen(mnt);
 		if (strncmp(mp, mnt, ml) || (mp[ml] && mp[ml] != '/' && strcmp(mnt, "/")) ||
 		    ml < bl)

@@ -46,4 +46,8 @@ void fs_unlock_backing(void);
 void fs_daemon_fork(void);
 void fs_daemon_ready(void);
 
+/* A field of /proc/self/mountinfo undone in place: the kernel writes
+ * space, tab, newline and backslash as \ooo. */
+void fs_mountinfo_unescape(char *s);
+
 #endif
