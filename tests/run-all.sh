@@ -181,8 +181,8 @@ check() {
 	if [ $# -gt 0 ]; then
 		tests=("TESTS=$(tests_of "$@")")
 	fi
-	say "$dir: make check (TIERFS_OPS=$ops, PYTEST_JOBS=$PYTEST_JOBS${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS}${tests:+, ${tests[*]}})"
-	if ! TIERFS_OPS=$ops make check "${tests[@]}"; then
+	say "$dir: make -j$JOBS check (TIERFS_OPS=$ops, PYTEST_JOBS=$PYTEST_JOBS${PYTEST_ARGS:+, PYTEST_ARGS=$PYTEST_ARGS}${tests:+, ${tests[*]}})"
+	if ! TIERFS_OPS=$ops make -j"$JOBS" check "${tests[@]}"; then
 		echo
 		echo "==> $dir: make check failed; $dir/test-suite.log follows"
 		cat test-suite.log 2>/dev/null || echo "(no test-suite.log in $dir)"
