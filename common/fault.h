@@ -18,7 +18,9 @@
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
  * tierfs_fault_kill() kills there if it is.  Not a kill:
  * journal_apply_eio (every apply of a journalled change fails),
- * inplace_copy_eio (the first copy of a commit intent fails: fs_intent.c).
+ * inplace_copy_eio (the first copy of a commit intent fails: fs_intent.c),
+ * journal_sync_eio (the journal's first sync runs, then reports EIO:
+ * store/journal.c).
  */
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);

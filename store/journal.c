@@ -256,6 +256,16 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	return ret;
 }
 
+/* Tests: TIERFS_FAULT=journal_sync_eio makes the first sync report EIO
+ * after it ran, as a failing disk may: its records are perhaps durable. */
+static bool sync_fault(void)
+{
+	static bool once;
+
+	return tierfs_fault("journal_sync_eio") &&
+	       !__atomic_exchange_n(&once, true, __ATOMIC_RELAXED);
+}
+
 int jnl_sync(struct jnl *j, uint64_t seq)
 {
 	int ret = 0, fd;
@@ -274,6 +284,8 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 		junlock(j);
 		if (fdatasync(fd) < 0)
 			ret = -errno;
+		else if (sync_fault())
+			ret = -EIO;
 		jlock(j);
 		j->syncing = false;
 		j->syncs++;

@@ -15,6 +15,7 @@ killed; TIERFS_FAULT=journal_apply_torn kills the daemon halfway through an
 apply.  Seeds are fixed and printed.
 """
 
+import errno
 import json
 import os
 import random
@@ -687,3 +688,63 @@ def test_small_changes_due_together_share_their_syncs_and_survive_a_power_cut(
             util.assert_same(read(os.path.join(m2.mnt, f"f{i}")), new[i],
                              f"f{i} through the next mount")
         m2.umount()
+
+
+@pytest.mark.parametrize("how", ["fsync", "background"])
+def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mount,
+                                                                       monkeypatch, how):
+    """TIERFS_FAULT=journal_sync_eio: the journal's first sync runs, then
+    reports EIO, so the record it was for may be durable.  That record is
+    retired: the fsync reports EIO, the flush's retry journals the change
+    again, and no replay applies the
+    failed record over what the file is given later.  Before, it stayed
+    live until the unmount: a later change, applied and retired, was undone
+    by the next start's replay after a kill.  fsync: the record of an fsync
+    (journal_flush); background: small files closed together without fsync
+    (journal_group's shared sync)."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    seed = SEED + 3
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    size, off = 200 << 10, 40960
+    old = rng.randbytes(size)
+    first, second = rng.randbytes(4096), rng.randbytes(4096)
+    monkeypatch.setenv("TIERFS_FAULT", "journal_sync_eio")
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200",
+              expect_errors=[r"f: flush to SSD failed: Input/output error"])
+    monkeypatch.delenv("TIERFS_FAULT")
+    assert jstats(m)["syncs"] == 0, "a journal sync before the test's"
+    path = durable_file(m, "f", old)
+    if how == "fsync":
+        fd = os.open(path, os.O_WRONLY)
+        os.pwrite(fd, first, off)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            assert e.errno == errno.EIO, e
+        else:
+            pytest.fail("the fsync whose journal sync failed returned 0")
+        util.wait_flushed(m)        # the retry: journalled again
+        os.fsync(fd)
+        os.close(fd)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(first)
+    util.wait_flushed(m)
+    assert "f: flush to SSD failed: Input/output error" in m.log(), "the sync did not fail"
+    change(path, [(off, second)])   # later: applied and retired
+    want = bytearray(old)
+    want[off:off + 4096] = second
+    util.wait_flushed(m)            # applied, its record retired
+    util.assert_same(read(os.path.join(backing, "f")), bytes(want), "f before the kill")
+    live = jstats(m)["records_live"]
+    m.kill(signal.SIGKILL)
+    m2 = mount(backing=backing, host_cache="64M", dedup="off")
+    util.assert_same(read(os.path.join(m2.mnt, "f")), bytes(want),
+                     "f after the next start's replay")
+    assert jstats(m2)["records_replayed"] == 0, jstats(m2)
+    assert live == 0, f"{live} record(s) live once every flush was done"
+    m2.umount()
