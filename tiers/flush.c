@@ -578,6 +578,7 @@ struct fjob {
 	bool jgroup;			/* journalled with its group (journal_group):
 					 * done, j->ret its result */
 	uint64_t jseq;			/* the record journal_group applies */
+	bool held;			/* past its flush_write delay point */
 	int fd;				/* the version to commit, or -1 */
 	int ret;
 	double t0, ts, tc;		/* start; seconds settling, committing */
@@ -627,9 +628,10 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 	uint64_t len = j->len;
 	int fd, ret;
 
-	eng_delay_at(NULL, "flush_write");	/* under cp's lease */
 	if (j->jgroup)
-		return;
+		return;		/* journal_group's */
+	if (!j->held)
+		eng_delay_at(NULL, "flush_write");	/* under cp's lease */
 	j->t0 = tier_now();
 	if (j->jf.r) {
 		ret = journal_flush(e, f, cp, j->gen, len, &j->jf, !ring);
@@ -1012,6 +1014,8 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 
 		if (!q->jf.r)
 			continue;
+		eng_delay_at(NULL, "flush_write");	/* before its record, as alone */
+		q->held = true;
 		q->t0 = tier_now();
 		ret = journal_record(e, q->f, q->cp, q->len, &q->jf, false, &q->jseq);
 		if (ret == 2) {		/* a new version: flush_write's */
