@@ -119,6 +119,13 @@ struct fs_inode {
 					 * (fs_version.c); else the copy failed.
 					 * Under ilock, read atomically */
 	bool settle_queued;		/* on the settler's list (settle.lock) */
+	uint64_t jretired;		/* atomic: the seq of the retirement of
+					 * its last journal record retired, not
+					 * synced perhaps (UINT64_MAX: one could
+					 * not be appended, the record stays);
+					 * made durable before the file is
+					 * written in place outside the journal
+					 * (fs_journal_retired_durable) */
 	pthread_mutex_t ilock;		/* a regular file's: a new version
 					 * made current and a change of its
 					 * attributes, one at a time
@@ -404,6 +411,15 @@ int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
 uint64_t fs_journal_retire_one(uint64_t seq);
 int fs_journal_sync_to(uint64_t rs);
 int fs_journal_retire_durably(uint64_t seq);
+/*
+ * fs_journal.c: every record of in retired durably, before the file is
+ * written in place outside the journal (a first version into an empty
+ * file, v_small; v_open's fallback): a record whose retirement a crash
+ * lost is replayed, and would undo that write (a truncation to 0 emptying
+ * the file again).  0, or -errno (the caller writes a new version, or
+ * fails).
+ */
+int fs_journal_retired_durable(struct fs_inode *in);
 /* The prefix of the hidden names of intents' versions in BACKING_DIR. */
 #define FS_INTENT_PREFIX	FS_HIDDEN_PREFIX ".version."
 /* fs_version.c: BACKING_DIR/.tierfs.tmp made empty (start-up), removed (exit). */

@@ -72,6 +72,30 @@ static struct jnl_range *ranges_of(const struct drange *r, uint32_t n)
 	return jr;
 }
 
+/* Record seq of in retired (not synced): the retirement's seq noted in
+ * in->jretired, for fs_journal_retired_durable. */
+static void retire_of(struct fs_inode *in, uint64_t seq)
+{
+	uint64_t rs = jnl_retire(&jnl, seq);
+	uint64_t cur = __atomic_load_n(&in->jretired, __ATOMIC_RELAXED);
+
+	if (!rs)
+		rs = UINT64_MAX;	/* still live: never written in place */
+	while (cur < rs && !__atomic_compare_exchange_n(&in->jretired, &cur, rs, false,
+							__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+/* See fs.h. */
+int fs_journal_retired_durable(struct fs_inode *in)
+{
+	uint64_t rs = __atomic_load_n(&in->jretired, __ATOMIC_RELAXED);
+
+	if (rs == UINT64_MAX)
+		return -EIO;
+	return jnl.fd < 0 || !rs ? 0 : jnl_sync(&jnl, rs);
+}
+
 /* tfile_ops.journal_delta: see tfile.h. */
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
 		     uint64_t size, uint64_t *seq, bool sync)
@@ -141,7 +165,7 @@ out_fd:
 	free(jr);
 	tierfs_fault_kill("journal_appended");
 	if (!ret && sync && (ret = jnl_sync(&jnl, *seq)))
-		jnl_retire(&jnl, *seq);	/* perhaps durable: the retry journals
+		retire_of(in, *seq);	/* perhaps durable: the retry journals
 					 * the change again, no replay applies it */
 	return ret;
 }
@@ -208,9 +232,8 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 /* tfile_ops.journal_retire: see tfile.h. */
 void fs_journal_retire(struct tfile *f, uint64_t seq)
 {
-	(void)f;
 	if (jnl.fd >= 0)
-		jnl_retire(&jnl, seq);
+		retire_of(in_of(f), seq);
 }
 
 /* tfile_ops.journal_settle: see tfile.h. */

@@ -125,8 +125,11 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 	if (ret < 0 && !gone && (ret == -EOPNOTSUPP || ret == -EISDIR)) {
 		/* no O_TMPFILE here: the file itself, in place (not atomic) */
 		*inplace = true;
-		fs_persist_intent(in, false);
-		ret = open_held(in, O_RDWR, want_direct, direct);
+		ret = fs_journal_retired_durable(in);
+		if (!ret) {
+			fs_persist_intent(in, false);
+			ret = open_held(in, O_RDWR, want_direct, direct);
+		}
 	}
 	fs_inode_put(dir);
 	return ret;
@@ -677,6 +680,11 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len, int *fdp)
 			fgetxattr(fd, "security.capability", NULL, 0) >= 0)) {
 		close(fd);
 		ret = 0;
+	}
+	if (ret > 0 && fs_journal_retired_durable(in)) {
+		close(fd);
+		ret = 0;	/* a record's retirement not durable: a new
+				 * version, which no replay of it can touch */
 	}
 	if (ret <= 0) {
 		fs_attrs_unlock(in);

@@ -748,3 +748,44 @@ def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mou
     assert jstats(m2)["records_replayed"] == 0, jstats(m2)
     assert live == 0, f"{live} record(s) live once every flush was done"
     m2.umount()
+
+
+def test_a_file_emptied_by_a_record_then_written_in_place_survives_a_power_cut(
+        disk, mount, tmp_path):
+    """A truncation to 0 is a small change: a record of size 0, applied
+    (the backing file emptied) and retired.  The file's next content, a
+    few KiB, is then written into that same empty inode (version_small)
+    and acknowledged by fsync.  A power cut right after: the record must
+    not come back in the replay (its retirement is durable before anything
+    is written in place), or it empties the file again."""
+    img, root = disk
+    backing = os.path.join(root, "b")
+    os.mkdir(backing)
+    seed = SEED + 4
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    old, new = rng.randbytes(64 << 10), rng.randbytes(3000)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    ino = os.stat(os.path.join(backing, "f")).st_ino
+    before = jstats(m)
+    fd = os.open(path, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.fsync(fd)
+    os.close(fd)
+    util.wait_flushed(m)
+    st = jstats(m)
+    assert st["records_appended"] > before["records_appended"], "not journalled"
+    assert st["records_live"] == 0 and os.path.getsize(os.path.join(backing, "f")) == 0, st
+    fd = os.open(path, os.O_WRONLY)
+    os.write(fd, new)
+    os.fsync(fd)
+    os.close(fd)
+    cut = Cut(img, tmp_path, "cut")     # the power cut, as the fsync returns
+    assert os.stat(os.path.join(backing, "f")).st_ino == ino, "not written in place"
+    m.kill(signal.SIGKILL)
+    with cut as after:
+        b = os.path.join(after, "b")
+        r = recover(b)
+        assert r.returncode == 0, r.stderr
+        util.assert_same(read(os.path.join(b, "f")), new, "f after the cut and tierfs --recover")
