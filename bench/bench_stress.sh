@@ -24,6 +24,8 @@
 #   IMAGE_FS=ext4         ext4 or xfs, a 32 GiB sparse image in WORK
 #   WORK=/var/tmp/tierfs-stress.PID
 #   BEFORE=               another tierfs binary, run as the target "before"
+#   BEFORE_OPTS=          the options of "before" (TIERFS_OPTS); with
+#                         BEFORE=BUILD/tierfs, two settings in one run
 #   STATS=                a directory: each tierfs run's user.tierfs.stats
 #                         (before its unmount) into STATS/KIND.RUN.json
 #   TIMES=                a directory: each run's seconds per kind of
@@ -56,15 +58,16 @@ now() { date +%s.%N; }
 
 # run KIND: one run; prints "sync_s done_s written dev_bytes dread dwrite blocks"
 run() {
-	local kind=$1 dir="$WORK/data" mnt="$WORK/mnt" pid="" out t0 t1 t2 d0 d1 io="0 0"
+	local kind=$1 dir="$WORK/data" mnt="$WORK/mnt" pid="" out t0 t1 t2 d0 d1 io="0 0" bin opts
 	rm -rf "$dir"; mkdir -p "$dir" "$mnt"
 	sync -f "$WORK"
 	case $kind in
 	local) mnt=$dir ;;
 	passthrough_ll) "$PT" -o source="$dir" "$mnt" ;;
 	tierfs|before)
-		bin=$BUILD/tierfs; [ "$kind" = tierfs ] || bin=$BEFORE
-		"$bin" "$dir" "$mnt" -f -o "$TIERFS_OPTS" >"$WORK/tierfs.log" 2>&1 &
+		bin=$BUILD/tierfs opts=$TIERFS_OPTS
+		[ "$kind" = tierfs ] || { bin=$BEFORE; opts=${BEFORE_OPTS:-$TIERFS_OPTS}; }
+		"$bin" "$dir" "$mnt" -f -o "$opts" >"$WORK/tierfs.log" 2>&1 &
 		pid=$!; echo $pid >"$WORK/pid" ;;
 	esac
 	for _ in $(seq 100); do [ "$kind" = local ] || mountpoint -q "$mnt" && break; sleep 0.1; done
@@ -105,7 +108,7 @@ targets="local"
 [ -n "$PT" ] && targets="$targets passthrough_ll"
 [ -n "${BEFORE:-}" ] && targets="$targets before"
 targets="$targets tierfs"
-echo "bench_stress: P=$P N=$N SEED=$SEED, $IMAGE_FS image, tierfs -o $TIERFS_OPTS, R=$R"
+echo "bench_stress: P=$P N=$N SEED=$SEED, $IMAGE_FS image, tierfs -o $TIERFS_OPTS${BEFORE:+, before: $BEFORE -o ${BEFORE_OPTS:-$TIERFS_OPTS}}, R=$R"
 declare -A res
 for _ in $(seq "$R"); do
 	for t in $targets; do

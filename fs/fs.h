@@ -205,6 +205,10 @@ struct fs {
 	struct jnl *journal;		/* its one journal (fs_journal.c),
 					 * NULL: none this mount; the persistent
 					 * tier appends its notes to it */
+	uint64_t jretired_gone;		/* atomic: the highest jretired of the
+					 * inodes dropped from the table (whose
+					 * backing files may come back as new
+					 * inodes): fs_journal_retired_durable */
 	int tmp_fd;			/* O_PATH fd of BACKING_DIR/.tierfs.tmp,
 					 * where new versions are linked before
 					 * their rename; -1: the root is used */
@@ -482,6 +486,17 @@ static inline void fs_cpu_relax(void)
 #elif defined(__aarch64__)
 	__asm__ __volatile__("yield");
 #endif
+}
+
+/* *at = the larger of *at and v, atomically (a count that only grows:
+ * how many changes are durable, a journal seq reached). */
+static inline void fs_atomic_max(uint64_t *at, uint64_t v)
+{
+	uint64_t cur = __atomic_load_n(at, __ATOMIC_ACQUIRE);
+
+	while (cur < v && !__atomic_compare_exchange_n(at, &cur, v, false, __ATOMIC_ACQ_REL,
+						       __ATOMIC_ACQUIRE))
+		;
 }
 
 /* The /proc/self/fd path of descriptor fd into buf[len], for the calls

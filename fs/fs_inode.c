@@ -307,6 +307,8 @@ static void inode_free(struct fs_inode *in)
 	if (S_ISREG(in->type)) {
 		if (fs.inode_ops)
 			fs.inode_ops->forget(in);
+		if (in->jretired)	/* its file may come back as a new inode */
+			fs_atomic_max(&fs.jretired_gone, in->jretired);
 		tfile_destroy(&in->tf);
 	}
 	fs_fd_detach(in);

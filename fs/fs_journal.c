@@ -77,22 +77,20 @@ static struct jnl_range *ranges_of(const struct drange *r, uint32_t n)
 static void retire_of(struct fs_inode *in, uint64_t seq)
 {
 	uint64_t rs = jnl_retire(&jnl, seq);
-	uint64_t cur = __atomic_load_n(&in->jretired, __ATOMIC_RELAXED);
 
-	if (!rs)
-		rs = UINT64_MAX;	/* still live: never written in place */
-	while (cur < rs && !__atomic_compare_exchange_n(&in->jretired, &cur, rs, false,
-							__ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
+	fs_atomic_max(&in->jretired, rs ? rs : UINT64_MAX);	/* 0: still live */
 }
 
 /* See fs.h. */
 int fs_journal_retired_durable(struct fs_inode *in)
 {
 	uint64_t rs = __atomic_load_n(&in->jretired, __ATOMIC_RELAXED);
+	uint64_t fr = __atomic_load_n(&fs.jretired_gone, __ATOMIC_RELAXED);
 
-	if (rs == UINT64_MAX)
-		return -EIO;
+	if (rs == UINT64_MAX || fr == UINT64_MAX)
+		return -EIO;		/* a record stays live */
+	if (fr > rs)
+		rs = fr;
 	return jnl.fd < 0 || !rs ? 0 : jnl_sync(&jnl, rs);
 }
 

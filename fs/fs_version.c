@@ -340,17 +340,6 @@ out:
 	return ret;
 }
 
-/* Atomic *c = max(*c, v): the first v changes counted are durable. */
-static void counter_reached(uint64_t *c, uint64_t v)
-{
-	uint64_t had = __atomic_load_n(c, __ATOMIC_ACQUIRE);
-
-	while (had < v &&
-	       !__atomic_compare_exchange_n(c, &had, v, false, __ATOMIC_ACQ_REL,
-					    __ATOMIC_ACQUIRE))
-		;
-}
-
 /*
  * The directory that holds in's name, referenced, with its names locked
  * (fs_dirs_lock), and the backing root's too where it is changed and its
@@ -545,7 +534,7 @@ out_attrs:
 			if (!ret)
 				ret = -errno;
 		} else {
-			counter_reached(&in->renames_synced, renames);
+			fs_atomic_max(&in->renames_synced, renames);
 		}
 		close(dfd);
 	}
@@ -595,7 +584,7 @@ static int v_sync_meta(struct tfile *f)
 		if (fd >= 0)
 			fs_data_fd_put(in, fd);
 		if (!ret)
-			counter_reached(&in->attrs_synced, attrs);
+			fs_atomic_max(&in->attrs_synced, attrs);
 	}
 	if (dir) {
 		int pfd = fs_fd_hold(dir);
@@ -605,7 +594,7 @@ static int v_sync_meta(struct tfile *f)
 		fs_fd_release(dir);
 		fs_inode_put(dir);
 		if (!ret)
-			counter_reached(&in->renames_synced, renames);
+			fs_atomic_max(&in->renames_synced, renames);
 	}
 	return ret;
 }
