@@ -288,7 +288,7 @@ static void usage(const char *prog)
 "    -o log=LEVEL           err, warning, notice (default), info, debug\n"
 "    -o logfile=PATH        append messages to PATH, one timestamped line\n"
 "                           each (default: stderr with -f, else syslog)\n"
-"    -o flush_threads=N     threads flushing to the SSD (default 2)\n"
+"    -o flush_threads=N     threads flushing to the SSD (default 4)\n"
 "    -o flush_age=MS        a closed file of at most 256 KiB is flushed to\n"
 "                           the SSD this long after its close, unless an\n"
 "                           fsync or a lack of cache room asks sooner\n"

@@ -143,8 +143,9 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	if (!e)
 		return -ENOMEM;
 	e->cfg = *cfg;
-	if (!e->cfg.flush_threads)
-		e->cfg.flush_threads = 2;
+	if (!e->cfg.flush_threads)	/* a flush waits on its syncs more than on
+					 * bandwidth: 4 (bench/RESULTS.md 18g) */
+		e->cfg.flush_threads = 4;
 	eng_batch_files(e);
 	if (!e->cfg.queue_depth)
 		e->cfg.queue_depth = 32;
