@@ -21,10 +21,12 @@
 # background, one after the other at a lower priority, while the first
 # one's tests run (which wait on FUSE requests, fsync and daemons more than
 # on the CPU).  The pytest suites run in PYTEST_JOBS workers (pytest-xdist:
-# 3, and 2 under TSan; 1 where xdist is missing).  Measured on the 2-core
-# VM from a fresh clone (commit af31fa5): build/ compiled in 69 s, checked
-# in 600 s; build-asan/ checked in 586 s and build-tsan/ in 354 s, both
-# compiled meanwhile: 1,610 s in all (tests/README.md has the history).
+# 4, and 2 under TSan; 1 where xdist is missing), and the unit tests beside
+# them (make -jJOBS check: run-pytest.sh starts first).  Measured on the
+# 2-core VM from a fresh clone (commit d497d66, one make check at a time,
+# 3 workers): build/ compiled in 74 s, checked in 671 s; build-asan/
+# checked in 682 s and build-tsan/ in 489 s, both compiled meanwhile:
+# 1,916 s in all (tests/README.md has the history).
 #
 # Seeds are fixed by default and printed by every randomised test (C unit
 # programs, the exerciser, the torture runs, the crash states): two runs of
@@ -65,7 +67,7 @@
 # follow its coroutines).
 #   TIERFS_TORTURE_SEED=            the torture harness's seed (default 1)
 #   BUILDS="build build-asan build-tsan"   the builds to run
-#   PYTEST_JOBS=        pytest workers per build (3; 2 under TSan; 1: no xdist)
+#   PYTEST_JOBS=        pytest workers per build (4; 2 under TSan; 1: no xdist)
 #   JOBS=$(nproc)       parallel make jobs
 #
 set -uo pipefail
@@ -235,7 +237,7 @@ run() {
 		TIERFS_TORTURE_SECONDS=${TIERFS_TORTURE_SECONDS:-20} \
 		TIERFS_SCALE_FILES=${TIERFS_SCALE_FILES:-20000} \
 		TIERFS_CRASH_STATES=${TIERFS_CRASH_STATES:-40} \
-		PYTEST_JOBS=${PYTEST_JOBS:-3} check build "${TIERFS_OPS:-50000}"
+		PYTEST_JOBS=${PYTEST_JOBS:-4} check build "${TIERFS_OPS:-50000}"
 		;;
 	build-asan)
 		# Leaks at exit are not reported (the daemon exits right after its
@@ -252,7 +254,7 @@ run() {
 		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-10000} \
 		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-20} \
 		PYTEST_K="not install and not test_torture_plain and not test_torture_detects_corruption" \
-		PYTEST_JOBS=${PYTEST_JOBS:-3} check build-asan "${TIERFS_ASAN_OPS:-20000}" \
+		PYTEST_JOBS=${PYTEST_JOBS:-4} check build-asan "${TIERFS_ASAN_OPS:-20000}" \
 			DROP check-calls.sh test_hash_kernel_cpu
 		;;
 	build-tsan)
