@@ -131,6 +131,19 @@ def read(path):
         return f.read()
 
 
+def backing_on(disk):
+    """A new backing directory on the disk."""
+    backing = os.path.join(disk[1], "b")
+    os.mkdir(backing)
+    return backing
+
+
+def seeded(seed):
+    """A random.Random of seed, printed."""
+    print(f"seed {seed}")
+    return random.Random(seed)
+
+
 def journalled(disk, mount, monkeypatch, delay=HOLD, names=("f",)):
     """A mount over the disk whose file f got a small change that fsync
     acknowledged and that is in the journal only (the apply held back):
@@ -702,12 +715,8 @@ def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mou
     by the next start's replay after a kill.  fsync: the record of an fsync
     (journal_flush); background: small files closed together without fsync
     (journal_group's shared sync)."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    seed = SEED + 3
-    print(f"seed {seed}")
-    rng = random.Random(seed)
+    backing = backing_on(disk)
+    rng = seeded(SEED + 3)
     size, off = 200 << 10, 40960
     old = rng.randbytes(size)
     first, second = rng.randbytes(4096), rng.randbytes(4096)
@@ -758,12 +767,9 @@ def test_a_file_emptied_by_a_record_then_written_in_place_survives_a_power_cut(
     and acknowledged by fsync.  A power cut right after: the record must
     not come back in the replay (its retirement is durable before anything
     is written in place), or it empties the file again."""
-    img, root = disk
-    backing = os.path.join(root, "b")
-    os.mkdir(backing)
-    seed = SEED + 4
-    print(f"seed {seed}")
-    rng = random.Random(seed)
+    img = disk[0]
+    backing = backing_on(disk)
+    rng = seeded(SEED + 4)
     old, new = rng.randbytes(64 << 10), rng.randbytes(3000)
     m = mount(backing=backing, host_cache="64M", dedup="off")
     path = durable_file(m, "f", old)
