@@ -23,10 +23,10 @@
 # on the CPU).  The pytest suites run in PYTEST_JOBS workers (pytest-xdist:
 # 4, and 2 under TSan; 1 where xdist is missing), and the unit tests beside
 # them (make -jJOBS check: run-pytest.sh starts first).  Measured on the
-# 2-core VM from a fresh clone (commit d497d66, one make check at a time,
-# 3 workers): build/ compiled in 74 s, checked in 671 s; build-asan/
-# checked in 682 s and build-tsan/ in 489 s, both compiled meanwhile:
-# 1,916 s in all (tests/README.md has the history).
+# 2-core VM from a fresh clone (commit e953a55): build/ compiled in 67 s,
+# checked in 676 s; build-asan/ checked in 622 s and build-tsan/ in 369 s,
+# both compiled meanwhile: 1,735 s in all (tests/README.md has the
+# history).
 #
 # Seeds are fixed by default and printed by every randomised test (C unit
 # programs, the exerciser, the torture runs, the crash states): two runs of
