@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fault.h"
 #include "log.h"
@@ -39,4 +40,12 @@ long tierfs_delay_ms(const char *point)
 		return 0;
 	tlog(LOG_DEBUG, "TIERFS_DELAY: %ld ms at %s", ms, point);
 	return ms;
+}
+
+void tierfs_delay(const char *point)
+{
+	long ms = tierfs_delay_ms(point);
+
+	if (ms > 0)
+		usleep((useconds_t)(ms * 1000));
 }

@@ -39,5 +39,8 @@ void tierfs_fault_kill(const char *point);
  * getattr_root (fs_ops.c: a getattr of the mount's root).
  */
 long tierfs_delay_ms(const char *point);
+/* Sleep the milliseconds TIERFS_DELAY names for POINT, if any (no lock of
+ * the caller's is dropped: the engine's points use eng_delay_at). */
+void tierfs_delay(const char *point);
 
 #endif /* TIERFS_FAULT_H */

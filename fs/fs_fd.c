@@ -112,7 +112,6 @@ static struct {
 static void *closer_main(void *arg)
 {
 	int fd[CLOSER_MAX], n;
-	long ms;
 
 	(void)arg;
 	ranked_lock(&closer.lock, LR_FS_CLOSER);
@@ -123,9 +122,7 @@ static void *closer_main(void *arg)
 		memcpy(fd, closer.fd, (size_t)n * sizeof(fd[0]));
 		closer.n = 0;
 		ranked_unlock(&closer.lock, LR_FS_CLOSER);
-		ms = tierfs_delay_ms("gone_close");	/* the tests' slow disk */
-		if (ms > 0)
-			usleep((useconds_t)(ms * 1000));
+		tierfs_delay("gone_close");	/* the tests' slow disk */
 		for (int i = 0; i < n; i++)
 			close(fd[i]);
 		ranked_lock(&closer.lock, LR_FS_CLOSER);

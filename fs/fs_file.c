@@ -330,10 +330,7 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if ((fi->flags & O_ACCMODE) != O_WRONLY)
 		touch_atime(in);
 	if (writable(fi->flags)) {
-		long ms = tierfs_delay_ms("release");	/* a test hook for races */
-
-		if (ms > 0)
-			usleep((useconds_t)(ms * 1000));
+		tierfs_delay("release");	/* a test hook for races */
 		tfile_close_writer(&in->tf);
 	}
 	if (writable(fi->flags) && fs_persist_on())

@@ -277,9 +277,7 @@ static void *settler_main(void *arg)
 		for (unsigned i = 0; i < n; i++)
 			v[i]->settle_queued = false;
 		ranked_unlock(&settle.lock, LR_FS_SETTLE);
-		long ms = tierfs_delay_ms("settle");	/* tests: a power cut first */
-		if (ms > 0)
-			usleep((useconds_t)(ms * 1000));
+		tierfs_delay("settle");	/* tests: a power cut first */
 		settle_batch(v, n);
 		ranked_lock(&settle.lock, LR_FS_SETTLE);
 	}

@@ -103,12 +103,8 @@ static void fs_ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	struct stat st;
 	int ret;
 
-	if (ino == FUSE_ROOT_ID) {
-		long ms = tierfs_delay_ms("getattr_root");	/* a test hook */
-
-		if (ms > 0)
-			usleep((useconds_t)(ms * 1000));
-	}
+	if (ino == FUSE_ROOT_ID)
+		tierfs_delay("getattr_root");	/* a test hook */
 	ret = fs_stat_inode(fs_inode_of(ino), &st);
 	(void)fi;
 	if (ret)

@@ -366,9 +366,7 @@ static void eval_file(struct fs_inode *dir, int dfd, const struct mfile *f, stru
 	}
 	in = (struct fs_inode *)tf;
 	tfile_facts(tf, &fx);
-	long ms = tierfs_delay_ms("set_eval");		/* a test hook for races */
-	if (ms > 0)
-		usleep((useconds_t)(ms * 1000));
+	tierfs_delay("set_eval");		/* a test hook for races */
 	if (fstatat(dfd, f->name, &bst, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(bst.st_mode)) {
 		missing(ev, f->name);
 		tf->ops->put(tf);

@@ -239,10 +239,7 @@ static long add_extras(struct fs_psnap *s, const char *rel, int local)
 			continue;
 		if (fstatat(local, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
 			continue;
-		long ms = tierfs_delay_ms("persist_extras");	/* a test hook for races */
-
-		if (ms > 0)
-			usleep((useconds_t)(ms * 1000));
+		tierfs_delay("persist_extras");	/* a test hook for races */
 		if (persist_join(crel, sizeof(crel), rel, de->d_name) ||
 		    persist_whiteout_locked(crel))
 			continue;
