@@ -40,7 +40,8 @@
 /** File or directory, write (any value): flush now what waits for its age
  *  (-o flush_age): the file's data, or on a directory every file of the
  *  mount that waits.  Returns at once; user.tierfs.state (ssd:CURRENT) or
- *  the statistics' flush_backlog tell when it is on the SSD. */
+ *  the statistics' flush_backlog and flush_queued (0) tell when it is on
+ *  the SSD. */
 #define TIERFS_XATTR_FLUSH		"user.tierfs.flush"
 /** File, read-only: "SHARED SIZE": bytes of its backing file (as flushed)
  *  whose extents other files share too (-o dedup), and the file's size. */

@@ -296,7 +296,9 @@ static int file_flushed(int fd)
 	       !strstr(st, ":WRITE_COMPLETE");
 }
 
-/* The mount's flush backlog empty, nothing flushing? 1, 0, -1. */
+/* The mount's flush backlog empty, nothing flushing or queued (a queued
+ * flush may have no bytes in the backlog: a file truncated to 0, a journal
+ * record's apply)?  1, 0, -1. */
 static int mount_flushed(int rootfd)
 {
 	char buf[1 << 16];
@@ -305,7 +307,8 @@ static int mount_flushed(int rootfd)
 	if (n < 0)
 		return -1;
 	buf[n] = 0;
-	return json_num(buf, "flush_backlog") == 0 && json_num(buf, "flushes_running") <= 0;
+	return json_num(buf, "flush_backlog") == 0 && json_num(buf, "flushes_running") <= 0 &&
+	       json_num(buf, "flush_queued") <= 0;
 }
 
 /* The root of the mount holding directory fd: climb while ".." is on the

@@ -22,6 +22,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -414,6 +415,41 @@ def unapplied(disk, mount, monkeypatch, seed):
     change(path, changes, close_error_ok=True)  # a record, not applied
     assert os.path.getsize(journal(backing)) > 0
     return m, img, backing, path, new
+
+
+def test_a_queued_flush_with_no_bytes_keeps_the_mount_unflushed(disk, mount, monkeypatch):
+    """A file truncated to 0 and fsynced: a journal record, whose apply is
+    a flush with no bytes in the backlog.  While it waits on the flush
+    queue (here its apply fails, TIERFS_FAULT=journal_apply_eio, and is
+    retried every second) the mount is not flushed: the statistics count it
+    (flush_queued) and tierfs.wait_flushed of the mount goes on waiting
+    (it once read flush_backlog 0 and nothing running as done)."""
+    sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+    import tierfs
+    backing = backing_on(disk)
+    monkeypatch.setenv("TIERFS_FAULT", "journal_apply_eio")
+    m = mount(backing=backing, host_cache="64M", dedup="off",
+              expect_errors=["flush to SSD failed"])
+    path = durable_file(m, "f", seeded(SEED + 5).randbytes(64 << 10))
+    fd = os.open(path, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.fsync(fd)                    # the record is durable; its apply fails
+    try:
+        os.close(fd)                # which the close may report
+    except OSError as e:
+        assert e.errno == errno.EIO, e
+    assert jstats(m)["records_live"] == 1
+    util.wait_until(lambda: ssd_stats(m)["flush_errors"] > 0, "the apply to fail")
+    st = ssd_stats(m)
+    assert st["flush_backlog"] == 0 and st["flush_queued"] + st["flushes_running"] >= 1, st
+    with pytest.raises(TimeoutError):
+        tierfs.wait_flushed(m.mnt, timeout=2.5)
+    assert os.path.getsize(os.path.join(backing, "f")) == 64 << 10   # not applied
+    m.kill(signal.SIGKILL)
+
+
+def ssd_stats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
 
 
 def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount, monkeypatch,

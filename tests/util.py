@@ -521,8 +521,10 @@ def wait_flushed(m, timeout=60):
     What waits for its age (-o flush_age) is asked for at each look."""
     def drained():
         os.setxattr(m.mnt, "user.tierfs.flush", b"")
-        st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
-        return st["ssd"]["flush_backlog"] == 0 and not st["ssd"]["flushes_running"]
+        s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
+        # flush_queued: a queued flush may have no bytes in the backlog (a
+        # file truncated to 0, a journal record's apply)
+        return s["flush_backlog"] == 0 and not s["flushes_running"] and not s["flush_queued"]
     wait_until(drained, "the flush backlog to drain", timeout)
 
 

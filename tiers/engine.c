@@ -628,6 +628,18 @@ static double rate(uint64_t bytes, double s)
 
 /* e->lock held: what the running flushes have written (or cloned) so far,
  * each capped at its copy's length (published without the lock). */
+/* e->lock held: files on the flush queue (waiting for a flusher, or for
+ * their retry), whatever their bytes: a file emptied by a truncation, or
+ * whose journal record waits for its apply, has none in the backlog. */
+static uint64_t flush_queued(const struct engine *e)
+{
+	uint64_t n = 0;
+
+	for (const struct tfile *f = e->q_head; f; f = f->fq_next)
+		n++;
+	return n;
+}
+
 static uint64_t flush_done_bytes(struct engine *e)
 {
 	uint64_t sum = 0;
@@ -676,6 +688,7 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "flush_errors", e->flush_errors);
 	json_u64(j, "flush_backlog", e->backlog);
 	json_int(j, "flushes_running", e->busy);
+	json_u64(j, "flush_queued", flush_queued(e));
 	json_u64(j, "flush_done_bytes", flush_done_bytes(e));
 	json_u64(j, "flush_aging", e->aq_len);
 	json_num(j, "flush_bandwidth", e->flush_bw, 0);

@@ -594,7 +594,10 @@ def _file_flushed(path):
 
 def _mount_flushed(root):
     s = json.loads(os.getxattr(root, XATTR_STATS)).get("ssd", {})
-    return s.get("flush_backlog") == 0 and not s.get("flushes_running")
+    # flush_queued: a queued flush may have no bytes in the backlog (a file
+    # truncated to 0, a journal record's apply)
+    return s.get("flush_backlog") == 0 and not s.get("flushes_running") and \
+        not s.get("flush_queued")
 
 
 def _ask_flush(path):

@@ -406,6 +406,7 @@ HELP = {
         "flush_errors": "Failed flushes (each is retried).",
         "flush_backlog": "Bytes waiting for or being flushed.",
         "flushes_running": "Flushes in progress.",
+        "flush_queued": "Files waiting for a flusher (or a failed flush's retry).",
         "flush_done_bytes": "Bytes the running flushes have written or cloned so far.",
         "flush_aging": "Small files whose flush waits for flush_age.",
         "flush_bandwidth": "Measured flush rate in bytes per second.",
