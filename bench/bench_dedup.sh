@@ -13,6 +13,8 @@
 # GPU cache on device N (GPU_OPTS, default gpu_cache=4G); such
 # checkpoints are hashed on the GPU; ONLY=gpu: that series alone;
 # ONLY=new: the series of new checkpoint files alone (no in-place, no sqlite);
+# ONLY=inplace: the file changed in place alone (whole versions, journal
+# records with dedup off and on, incremental flushes);
 # REPEAT=N: each case of the series of new files (and of the GPU series) N
 # times, off and on in turn (the table gives each run, then the medians);
 # GPU_CHUNKS="4K 16K": its dedup chunk sizes (default 16K);
@@ -26,7 +28,9 @@
 #     by a 4-64 byte update at a random place (p = 100%: all new data);
 #     dedup=off, and dedup=on with chunks of 4K .. 1M;
 #  2. in place: one file of SIZE_MIB changed in place the same way and
-#     fsynced, CHECKPOINTS times;
+#     fsynced, CHECKPOINTS times: whole versions (dedup=off, journal_pct=0:
+#     the baseline), journal records (dedup=off), dedup's incremental
+#     flushes (journal_pct=0) and dedup=on with the default journal_pct;
 #  3. sqlite: 100 single-row commits on a ~7.4 MB database.
 #
 # Columns: SSD bytes written (what the loop device was asked to write,
@@ -146,8 +150,9 @@ def touch(data, p, rng):
 
 def flushed(st):
     d, s = st.get("dedup", {}), st["ssd"]
-    if d.get("on"):
-        return d["bytes_written"] + s["bytes_written_through"], d["bytes_cloned"]
+    if d.get("on"):         # versions, write-through and journal records
+        return (d["bytes_written"] + s["bytes_written_through"] +
+                st.get("journal", {}).get("bytes_appended", 0)), d["bytes_cloned"]
     return s["bytes_flushed"] + s["bytes_written_through"], 0
 
 
@@ -176,6 +181,9 @@ def series(opts, p, inplace=False, gpu=False):
         if gpu:                 # the checkpoint is in GPU memory first
             gbuf.copy_(torch.frombuffer(data, dtype=torch.uint8))
             torch.cuda.synchronize()
+        if inplace and i:       # what changed, found before the clock starts
+            mv, old = memoryview(data), kept[-1]
+            blocks = [b for b in range(0, SIZE, 4096) if mv[b:b + 4096] != old[b:b + 4096]]
         t0 = time.perf_counter()
         if gpu:
             fd = os.open(os.path.join(mnt, f"ckpt.{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -186,11 +194,8 @@ def series(opts, p, inplace=False, gpu=False):
                 os.write(fd, data)
             else:
                 fd = os.open(path, os.O_RDWR)
-                # rewrite only what changed: compare with the last version
-                mv, old = memoryview(data), kept[-1]
-                for b in range(0, SIZE, 4096):
-                    if mv[b:b + 4096] != old[b:b + 4096]:
-                        os.pwrite(fd, mv[b:b + 4096], b)
+                for b in blocks:    # rewrite only what changed
+                    os.pwrite(fd, mv[b:b + 4096], b)
         else:
             fd = os.open(os.path.join(mnt, f"ckpt.{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.write(fd, data)
@@ -390,17 +395,18 @@ if GPU:
             plot()
         sys.exit(0)
 rows = []
-for p in (ps if quick else (0.001, 0.01, 0.1, 1.0)):
+for p in (() if os.environ.get("ONLY") == "inplace" else ps if quick else (0.001, 0.01, 0.1, 1.0)):
     key = f"p={p * 100:g}%"
     for r in range(repeat):     # off and on in turn: each on row against the off before it
         tag = f" #{r + 1}" if repeat > 1 else ""
         case(rows, f"off {key}{tag}", key, "dedup=off", p)
         for c in (["16K"] if quick else ["4K", "16K", "64K"] if p not in (0.01, 0.1) else chunks):
             case(rows, f"on chunk {c} {key}{tag}", key, f"dedup=on,dedup_chunk={c}", p)
-table("series of new checkpoint files (SSD written: by the loop device; 2nd..: from the "
-      "second checkpoint on, the first being all new in every case; vs off: dedup=off's / this)",
-      rows)
-if repeat > 1:
+if rows:
+    table("series of new checkpoint files (SSD written: by the loop device; 2nd..: from the "
+          "second checkpoint on, the first being all new in every case; vs off: dedup=off's / "
+          "this)", rows)
+if rows and repeat > 1:
     medians(rows, [f"p={p * 100:g}%" for p in (ps if quick else (0.001, 0.01, 0.1, 1.0))])
 if os.environ.get("ONLY") == "new":
     if PLOT:
@@ -412,9 +418,21 @@ for p in (ps if quick else (0.001, 0.01, 0.1)):
     if p >= 1:
         continue
     key = f"p={p * 100:g}%"
-    rows.append((f"off {key}", key, series("dedup=off", p, inplace=True)))
-    rows.append((f"on {key}", key, series("dedup=on", p, inplace=True)))
-table("one file changed in place and fsynced", rows)
+    for r in range(repeat):
+        tag = f" #{r + 1}" if repeat > 1 else ""
+        # off: a whole new version per fsync (journal_pct=0), the baseline
+        rows.append((f"off {key}{tag}", key, series("dedup=off,journal_pct=0", p, inplace=True)))
+        rows.append((f"journal {key}{tag}", key, series("dedup=off", p, inplace=True)))
+        rows.append((f"on incr {key}{tag}", key,
+                     series("dedup=on,journal_pct=0", p, inplace=True)))
+        rows.append((f"on {key}{tag}", key, series("dedup=on", p, inplace=True)))
+table("one file changed in place and fsynced (off: a whole version per fsync, journal_pct=0; "
+      "journal: dedup off, journal_pct 25; on incr: dedup on, journal_pct=0, incremental "
+      "flushes; on: dedup on, journal_pct 25)", rows)
+if repeat > 1:
+    medians(rows, [f"p={p * 100:g}%" for p in (ps if quick else (0.001, 0.01, 0.1)) if p < 1])
+if os.environ.get("ONLY") == "inplace":
+    sys.exit(0)
 
 print("\nsqlite: 100 single-row commits (UPDATE of a 1000-byte row) on a database of "
       "7000 such rows")

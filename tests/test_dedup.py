@@ -10,7 +10,10 @@ are missing).  What is checked:
   changed blocks (the statistics) and shares the rest with the old version
   (FIEMAP_EXTENT_SHARED), byte-exact; truncates, extensions, mmap writes
   and hard links against a model;
-- a kill during an incremental flush leaves the old or the new version.
+- a kill during an incremental flush leaves the old or the new version;
+- a small change in place is a journal record under dedup too (the
+  default journal_pct), and the file's version, written in place, keeps
+  its chunks in the index but those of the changed chunks.
 """
 
 import ctypes
@@ -33,6 +36,19 @@ import util
 from util import MiB, KiB
 
 pytestmark = pytest.mark.daemon
+
+
+@pytest.fixture
+def mount(mount):
+    """conftest's mount, with -o journal_pct=0 where dedup is on and the
+    test does not say otherwise: the tests here are of the incremental
+    flush, which a small change in place would otherwise skip (a journal
+    record; those are tested by the *_journal* tests below)."""
+    def factory(*args, **options):
+        if options.get("dedup") == "on":
+            options.setdefault("journal_pct", "0")
+        return mount(*args, **options)
+    return factory
 
 
 def _run(cmd):
@@ -333,7 +349,7 @@ def test_kill_during_incremental_flush(xfs, tmp_path, monkeypatch, point):
     backing = backing_in(xfs)
     with open(os.path.join(backing, "f"), "wb") as f:     # made without tierfs
         f.write(old)
-    m = util.Mount(tmp_path / "m", {"dedup": "on"}, backing=backing)
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "journal_pct": "0"}, backing=backing)
     try:
         monkeypatch.setenv("TIERFS_FAULT", point)
         m.start()
@@ -360,6 +376,65 @@ def test_kill_during_incremental_flush(xfs, tmp_path, monkeypatch, point):
 
 
 # ---------------------------------------------------------------- whole new files
+
+def jstats(m):
+    return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["journal"]
+
+
+def test_a_small_change_in_place_is_a_journal_record_under_dedup_too(xfs, mount):
+    """With the default journal_pct, a change of a few blocks of a file is
+    made durable by one journal record (the fsync returns then) and written
+    into the backing file in place, not made a new version by an
+    incremental flush (journal_pct=0 keeps those).  The file's flushed
+    version has its chunks in the index, and written in place it keeps
+    them as after an incremental flush: the entries of the two changed
+    chunks are no longer found (cloned, they would copy the new bytes into
+    a file that wants the old ones), those chunks are indexed with their
+    new content, and every other entry stays."""
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
+              journal_pct="25")
+    C, size = 64 * KiB, 8 * MiB
+    old = util.randbytes(size, random.Random(11))
+    path, bpath = os.path.join(m.mnt, "a"), os.path.join(m.backing, "a")
+    write_sync(path, old)
+    util.wait_flushed(m)
+    ino = os.stat(bpath).st_ino
+    s0, j0 = dstats(m), jstats(m)
+    new = bytearray(old)
+    fd = os.open(path, os.O_RDWR)
+    for off in (3 * C + 100, 77 * C + 4000):            # two blocks of two chunks
+        os.pwrite(fd, b"\x5a" * 64, off)
+        new[off:off + 64] = b"\x5a" * 64
+    os.fsync(fd)
+    os.close(fd)
+    j1 = jstats(m)
+    assert j1["records_appended"] > j0["records_appended"], "not journalled"
+    assert j1["bytes_appended"] - j0["bytes_appended"] < 64 * KiB, j1
+    util.wait_flushed(m)
+    s1 = dstats(m)
+    assert s1["files_incremental"] == s0["files_incremental"], s1
+    assert s1["files_full"] == s0["files_full"], s1
+    assert jstats(m)["records_live"] == 0
+    assert os.stat(bpath).st_ino == ino, "not written in place"
+    util.assert_same(util.read_file(bpath), bytes(new), "a, applied in place")
+    assert s1["versions_carried"] == s0["versions_carried"] + 1, s1
+    n = size // C
+    # the old content again, as a new file: all but the two changed chunks
+    # are found in a
+    write_sync(os.path.join(m.mnt, "b"), old)
+    s2 = dstats(m)
+    util.assert_same(util.read_file(os.path.join(m.backing, "b")), old, "b (a's old content)")
+    assert s2["chunks_found"] - s1["chunks_found"] == n - 2, s2
+    # and the new content: every chunk (the changed ones with their new hashes)
+    write_sync(os.path.join(m.mnt, "c"), bytes(new))
+    s3 = dstats(m)
+    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new), "c (a's new content)")
+    assert s3["chunks_found"] - s2["chunks_found"] == n, s3
+    m.umount()
+    util.assert_same(util.read_file(bpath), bytes(new), "a after the unmount")
+    util.assert_same(util.read_file(os.path.join(m.backing, "b")), old, "b after the unmount")
+    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new), "c after the unmount")
+
 
 def write_sync(path, data):
     with open(path, "wb") as f:
@@ -583,7 +658,8 @@ def test_kill_during_dedup_flush(xfs, tmp_path, monkeypatch):
     backing = backing_in(xfs)
     one = util.randbytes(8 * MiB, random.Random(11))
     two = one[:MiB] + b"\x07" * 64 * KiB + one[MiB + 64 * KiB:]
-    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K"}, backing=backing)
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "journal_pct": "0"},
+                   backing=backing)
     try:
         m.start()
         write_sync(os.path.join(m.mnt, "one"), one)
@@ -957,7 +1033,8 @@ def test_progress_visible_during_a_dedup_flush(xfs, tmp_path, monkeypatch, how):
     one = util.randbytes(size, random.Random(21))
     two = one[:MiB] + b"\x05" * C + one[MiB + C:]
     monkeypatch.setenv("TIERFS_DELAY", "dedup_cloned=1500")
-    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "host_cache": "256M"},
+    m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "host_cache": "256M",
+                                         "journal_pct": "0"},
                    backing=backing_in(xfs))
     try:
         m.start()

@@ -9,9 +9,10 @@
  *    here, or the GPU tier's kernel, in the cascade or here) are looked up
  *    in the chunk index (dedup.c); runs found are cloned, the rest written;
  *  - the index's versions (struct dd_src): added after a flush by chunks,
- *    carried over by an incremental flush, retired when their file's next
- *    version starts or the file goes; their descriptors are closed by a
- *    flusher, without e->lock.
+ *    carried over by an incremental flush or by a small change's journal
+ *    record written in place (flush.c: eng_dd_applied), retired when their
+ *    file's next version starts or the file goes; their descriptors are
+ *    closed by a flusher, without e->lock.
  *
  * Owns: e->dd (statistics, the index, the live versions, the descriptors
  * to close) and f->dd's src, hashed_whole and gh; reads f->dd's ranges and
@@ -1036,6 +1037,20 @@ void eng_dd_committed(struct tfile *f, uint64_t len, struct dd_flush *p)
 		p->vfd = open_version(f);
 }
 
+void eng_dd_applied(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+		    struct dd_flush *p)
+{
+	struct incr *in = &p->in;
+
+	if (!in->on || !in->carry)
+		return;
+	/* the apply wrote the plan's ranges below in->clone and everything
+	 * from it on, as an incremental flush writes them */
+	incr_changed(e, cp, len, in->carry->chunk, in);
+	in->done = true;
+	p->vfd = open_version(f);
+}
+
 void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 		 uint64_t len)
 {
@@ -1061,7 +1076,7 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 	in->ch = NULL;
 	if (!ok)
 		return;
-	if (e->cfg.dedup) {
+	if (e->cfg.dedup && !p->journalled) {
 		e->dd.bytes_logical += len;
 		e->dd.bytes_written += in->on ? in->written : d->on ? d->written : len;
 		e->dd.bytes_cloned += in->on ? in->cloned : d->on ? d->cloned : 0;

@@ -70,6 +70,8 @@ struct dd_flush {
 	struct incr in;		/* an incremental flush */
 	struct ddf d;		/* a flush by chunks (or a version hashed whole) */
 	bool had_src;		/* the file had a version in the index */
+	bool journalled;	/* made a journal record instead (flush.c):
+				 * no version, counted by the journal */
 	uint64_t gen;		/* the file's gen when the flush started */
 	int vfd;		/* after the commit: the new version, read, for
 				 * the carry of in.carry (-1: none) */
@@ -100,14 +102,23 @@ void eng_dd_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t le
  */
 int eng_dd_write(struct engine *e, struct ssd_ring *ring, struct tfile *f, struct copy *cp,
 		 int fd, bool direct, bool inplace, uint64_t len, struct dd_flush *p);
+/*
+ * e->lock not held, cp leased: f's version was changed in place by the
+ * apply of a journal record of cp's len bytes (flush.c), not replaced.
+ * Where the plan suspended it in the index it is carried over as after an
+ * incremental flush (the changed chunks hashed anew, the others' entries
+ * kept); otherwise it left the index at the plan.
+ */
+void eng_dd_applied(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+		    struct dd_flush *p);
 /* e->lock not held, f's new version of len bytes committed: open what the
  * index keeps of it. */
 void eng_dd_committed(struct tfile *f, uint64_t len, struct dd_flush *p);
 /*
  * e->lock held, after the flush (ok: its version of len bytes committed):
  * index the new version or carry the old one over to it, drop what the
- * plan held, count the flush in e->dd and, when ok, make the version f's
- * base.  Never fails.
+ * plan held, count the flush in e->dd (not a journalled one) and, when
+ * ok, make the version f's base.  Never fails.
  */
 void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 		 uint64_t len);

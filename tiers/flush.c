@@ -9,7 +9,8 @@
  *    through io_uring, fdatasync it and ask the fs side to commit it
  *    (atomic rename); a failed flush is retried every FLUSH_RETRY_S.
  *    With -o dedup the version is made by dedup_flush.c where it can be
- *    (incrementally, or by chunks), else written whole here;
+ *    (incrementally, or by chunks), else written whole here; a small
+ *    change in place is a journal record instead, with dedup or without;
  *  - the GPU -> host queue (e->gq_head): the cascade thread copies a GPU
  *    copy into a new host copy, which then goes to the SSD queue.
  * Flushers also drop deferred file references (e->reap).
@@ -368,7 +369,7 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 	memset(p, 0, sizeof(*p));
 	p->pending = f->jseq;
 	p->sparse = UINT64_MAX;
-	if (!e->cfg.journal_pct || e->cfg.dedup || !f->ops->journal_delta ||
+	if (!e->cfg.journal_pct || !f->ops->journal_delta ||
 	    !cp->cache->host_addressable || !f->dd.valid || f->dd.taint || f->shadow_fd >= 0)
 		return;
 	c = f->dd.clean_len < len ? f->dd.clean_len : len;
@@ -637,8 +638,11 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 		ret = journal_flush(e, f, cp, j->gen, len, &j->jf, !ring);
 		j->jonly = ret == 1;
 		if (ret != 2) {
-			if (!ret)
+			j->dd.journalled = true;
+			if (!ret) {	/* applied: the version stays indexed */
+				eng_dd_applied(e, f, cp, len, &j->dd);
 				__atomic_store_n(&cp->flushed_bytes, len, __ATOMIC_RELAXED);
+			}
 			j->ret = ret;
 			return;
 		}
