@@ -279,7 +279,8 @@ def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp
         way = "synced before their rename" if sync else "made durable with their rename"
         assert f"versions: {way}" in m.log(), m.log()
         written = workload(m, disk, seed)
-        dedup = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["dedup"]
+        st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+        dedup, jrecords = st["dedup"], st["journal"]["records_appended"]
         m.kill(signal.SIGKILL)            # the power goes: nothing more is written
     finally:
         disk.close()
@@ -317,6 +318,7 @@ def test_every_crash_state_holds_a_whole_acknowledged_version(blkrec, mount, tmp
     nflush = sum(r[0] == 2 for r in recs)
     print(f"{kind}: seed {seed}, {len(recs)} records, {nflush} flushes, "
           f"{checked} crash states checked; dedup {'on' if dedup['on'] else 'off'}, "
-          f"{dedup['files_incremental']} versions made incrementally")
+          f"{dedup['files_incremental']} versions made incrementally, "
+          f"{jrecords} journal records (retirements included)")
     assert not failures, (f"seed {seed} (TIERFS_CRASH_SEED), {len(failures)} of {checked} "
                           f"crash states wrong:\n" + "\n".join(failures[:20]))
