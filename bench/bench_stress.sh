@@ -10,8 +10,9 @@
 # `sync -f` returned, the seconds until everything is on the disk (for a
 # FUSE target, its unmount and the daemon's exit; locally a second sync),
 # the bytes the operations wrote, the bytes the image's loop device took
-# in that time, and for tierfs the daemon's own read and write bytes
-# (/proc/PID/io) and the blocks the backing directory holds at the end
+# in that time, for the FUSE targets the daemon's own read and write bytes
+# (/proc/PID/io) and CPU seconds (user + system, /proc/PID/stat, until the
+# load's end), and the blocks the backing directory holds at the end
 # against the local directory's.  Medians of R runs [min-max]; the runs go
 # round the targets in turn.
 #
@@ -58,12 +59,14 @@ now() { date +%s.%N; }
 
 # run KIND: one run; prints "sync_s done_s written dev_bytes dread dwrite blocks"
 run() {
-	local kind=$1 dir="$WORK/data" mnt="$WORK/mnt" pid="" out t0 t1 t2 d0 d1 io="0 0" bin opts
+	local kind=$1 dir="$WORK/data" mnt="$WORK/mnt" pid="" out t0 t1 t2 d0 d1 io="0 0" cpu=0 bin opts
 	rm -rf "$dir"; mkdir -p "$dir" "$mnt"
 	sync -f "$WORK"
 	case $kind in
 	local) mnt=$dir ;;
-	passthrough_ll) "$PT" -o source="$dir" "$mnt" ;;
+	passthrough_ll)
+		"$PT" -o source="$dir" "$mnt"	# it goes to the background
+		pid=$(pgrep -nf "^$PT -o source=$dir") || pid="" ;;
 	tierfs|before)
 		bin=$BUILD/tierfs opts=$TIERFS_OPTS
 		[ "$kind" = tierfs ] || { bin=$BEFORE; opts=${BEFORE_OPTS:-$TIERFS_OPTS}; }
@@ -84,7 +87,7 @@ run() {
 	if [ "$kind" = local ]; then
 		sync -f "$mnt"
 	else
-		if [ -n "${STATS:-}" ] && [ -n "$pid" ]; then
+		if [ -n "${STATS:-}" ] && [ "$kind" != passthrough_ll ]; then
 			mkdir -p "$STATS"
 			getfattr --only-values -n user.tierfs.stats "$mnt" \
 				>"$STATS/$kind.$(date +%s).json" 2>/dev/null || true
@@ -92,6 +95,9 @@ run() {
 		if [ -n "$pid" ]; then
 			io=$(awk '/^read_bytes/ { r = $2 } /^write_bytes/ { w = $2 } END { print r, w }' \
 				"/proc/$pid/io")
+			# the daemon's CPU seconds (user + system) until the load's end
+			cpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' \
+				"/proc/$pid/stat")
 		fi
 		umount "$mnt"
 		[ -z "$pid" ] || while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
@@ -101,7 +107,7 @@ run() {
 	t2=$(now); d1=$(dev_written)
 	echo "$(echo "$t1 - $t0" | bc) $(echo "$t2 - $t0" | bc)" \
 	     "$(echo "$out" | awk '{ print $4 }') $((d1 - d0)) $io" \
-	     "$(du -s --block-size=1 "$dir" | cut -f1)"
+	     "$(du -s --block-size=1 "$dir" | cut -f1) $cpu"
 }
 
 targets="local"
@@ -121,12 +127,12 @@ med() {	# column -> median [min-max]
 		awk '{ v[NR] = $1 } END { printf "%.1f [%.1f-%.1f]", v[int((NR + 1) / 2)], v[1], v[NR] }'
 }
 M=$((1 << 20))
-printf "%-15s %-20s %-20s %-13s %-22s %-22s %-22s %s\n" target "synced s" "on disk s" \
-	"wrote MiB" "device MiB" "daemon read MiB" "daemon wrote MiB" "blocks MiB"
+printf "%-15s %-20s %-20s %-13s %-22s %-22s %-22s %-22s %s\n" target "synced s" "on disk s" \
+	"wrote MiB" "device MiB" "daemon read MiB" "daemon wrote MiB" "blocks MiB" "daemon CPU s"
 for t in $targets; do
 	r=${res[$t]}
-	printf "%-15s %-20s %-20s %-13s %-22s %-22s %-22s %s\n" "$t" "$(echo "$r" | med 1 1)" \
+	printf "%-15s %-20s %-20s %-13s %-22s %-22s %-22s %-22s %s\n" "$t" "$(echo "$r" | med 1 1)" \
 		"$(echo "$r" | med 2 1)" "$(echo "$r" | med 3 $M | cut -d' ' -f1)" \
 		"$(echo "$r" | med 4 $M)" "$(echo "$r" | med 5 $M)" "$(echo "$r" | med 6 $M)" \
-		"$(echo "$r" | med 7 $M)"
+		"$(echo "$r" | med 7 $M)" "$(echo "$r" | med 8 1)"
 done
