@@ -79,7 +79,8 @@
  *             (50 ms at most: a failed copy's retry time).
  *   prefetch_work  the restore queue changed (entries appended, bound to
  *             their file, consumed, dropped: eng_hint_head_update),
- *             prefetching was started, room may be made (eng_room), the
+ *             prefetching was started, room may be made (eng_room, while
+ *             the restore queue has entries and prefetching is on), the
  *             engine stops [eng_prefetch_work].  Waits: the prefetcher's
  *             idle wait (50 ms at most: a failed prefetch's file).
  */
@@ -417,12 +418,15 @@ static inline void eng_prefetch_work(struct engine *e)
 	pthread_cond_broadcast(&e->prefetch_work);
 }
 
-/* Room may be made in a cache: wake writers waiting for it
- * (eng_alloc_wait) and the prefetcher. */
+/* Room may be made in a cache (e->lock held): wake writers waiting for
+ * it (eng_alloc_wait) and the prefetcher, if it has a restore queue to
+ * work on (an idle one woken at every flush's end and lease's end only
+ * took e->lock to find nothing: thousands of wake-ups a second). */
 static inline void eng_room(struct engine *e)
 {
 	pthread_cond_broadcast(&e->room);
-	eng_prefetch_work(e);
+	if (e->hq_head && e->prefetch_on)
+		eng_prefetch_work(e);
 }
 
 /*
