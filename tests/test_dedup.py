@@ -428,12 +428,14 @@ def test_a_small_change_in_place_is_a_journal_record_under_dedup_too(xfs, mount)
     # and the new content: every chunk (the changed ones with their new hashes)
     write_sync(os.path.join(m.mnt, "c"), bytes(new))
     s3 = dstats(m)
-    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new), "c (a's new content)")
+    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new),
+                     "c (a's new content)")
     assert s3["chunks_found"] - s2["chunks_found"] == n, s3
     m.umount()
     util.assert_same(util.read_file(bpath), bytes(new), "a after the unmount")
     util.assert_same(util.read_file(os.path.join(m.backing, "b")), old, "b after the unmount")
-    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new), "c after the unmount")
+    util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new),
+                     "c after the unmount")
 
 
 def write_sync(path, data):
@@ -1034,7 +1036,7 @@ def test_progress_visible_during_a_dedup_flush(xfs, tmp_path, monkeypatch, how):
     two = one[:MiB] + b"\x05" * C + one[MiB + C:]
     monkeypatch.setenv("TIERFS_DELAY", "dedup_cloned=1500")
     m = util.Mount(tmp_path / "m", {"dedup": "on", "dedup_chunk": "64K", "host_cache": "256M",
-                                         "journal_pct": "0"},
+                                    "journal_pct": "0"},
                    backing=backing_in(xfs))
     try:
         m.start()

@@ -626,8 +626,6 @@ static double rate(uint64_t bytes, double s)
 	return s > 0 ? (double)bytes / s : 0.0;
 }
 
-/* e->lock held: what the running flushes have written (or cloned) so far,
- * each capped at its copy's length (published without the lock). */
 /* e->lock held: files on the flush queue (waiting for a flusher, or for
  * their retry), whatever their bytes: a file emptied by a truncation, or
  * whose journal record waits for its apply, has none in the backlog. */
@@ -640,6 +638,8 @@ static uint64_t flush_queued(const struct engine *e)
 	return n;
 }
 
+/* e->lock held: what the running flushes have written (or cloned) so far,
+ * each capped at its copy's length (published without the lock). */
 static uint64_t flush_done_bytes(struct engine *e)
 {
 	uint64_t sum = 0;
