@@ -452,6 +452,33 @@ def ssd_stats(m):
     return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
 
 
+def test_bytes_flushed_counts_what_a_journal_flush_wrote(disk, mount):
+    """ssd.bytes_flushed counts the bytes a flush wrote into the backing
+    directory: for a small change made a journal record, the changed
+    ranges applied to the file, not the file's length (it counted the
+    length, 4 MiB for a few KiB changed).  One file alone (its fsync) and
+    six closed together (a group, flush.c's journal_group)."""
+    backing = backing_on(disk)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="2000")
+    rng = seeded(SEED + 6)
+    big = durable_file(m, "big", rng.randbytes(4 * MiB))
+    small = [durable_file(m, f"s{i}", rng.randbytes(256 << 10)) for i in range(6)]
+    os.sync()
+    before, jb = ssd_stats(m), jstats(m)
+    change(big, [(123456, rng.randbytes(4096))])
+    for p in small:                 # closed a few milliseconds apart, no fsync
+        with open(p, "r+b") as f:
+            f.seek(rng.randrange(200 << 10))
+            f.write(rng.randbytes(1000))
+    util.wait_flushed(m)
+    after, ja = ssd_stats(m), jstats(m)
+    assert ja["records_appended"] >= jb["records_appended"] + 7, (jb, ja)
+    assert after["files_flushed"] == before["files_flushed"] + 7, (before, after)
+    wrote = after["bytes_flushed"] - before["bytes_flushed"]
+    assert 4096 + 6 * 1000 <= wrote <= 7 * 64 * 1024, (before, after)
+    m.umount()
+
+
 def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount, monkeypatch,
                                                                    tmp_path):
     """A hard-linked file whose journalled change could not be applied

@@ -772,7 +772,8 @@ static int flush_end(struct engine *e, struct fjob *j)
 			e->flush_bw = e->flush_bw > 0 ?
 				0.7 * e->flush_bw + 0.3 * (double)len / dt :
 				(double)len / dt;
-		e->bytes_flushed += len;
+		/* a journal flush wrote its ranges into the file, not len */
+		e->bytes_flushed += j->dd.journalled ? j->jf.bytes : len;
 		e->files_flushed++;
 		f->flushed_gen = gen;
 		if (f->flush_err)
@@ -1074,6 +1075,10 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 		q->ret = res[k];
 		if (!q->ret) {
 			journal_applied(e, q->f, q->jseq);
+			/* as journal_flush's caller (a group has no dedup:
+			 * batchable; bytes_flushed counts its ranges) */
+			q->dd.journalled = true;
+			eng_dd_applied(e, q->f, q->cp, q->len, &q->dd);
 			__atomic_store_n(&q->cp->flushed_bytes, q->len, __ATOMIC_RELAXED);
 		}
 	}
