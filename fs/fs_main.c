@@ -821,6 +821,111 @@ static int mount_session(void)
 	return 1;
 }
 
+/*
+ * The FUSE session over args (tierfs' own options added to them) in
+ * fs.se: 0, or -1 after one line saying why not (libfuse's reason).  What
+ * libfuse complained of without failing goes to the log.
+ */
+static int new_session(struct fuse_args *args)
+{
+	fuse_opt_add_arg(args, "-odefault_permissions");
+	add_fsname(args);
+	fuse_opt_add_arg(args, "-osubtype=tierfs");
+	fuse_capture = true;
+	fs.se = fuse_session_new(args, &fs_ll_ops, sizeof(fs_ll_ops), NULL);
+	fuse_capture = false;
+	if (!fs.se) {
+		say_fuse_complaint();
+		return -1;
+	}
+	if (*fuse_complaint)		/* said, but not fatal */
+		tlog(LOG_WARNING, "fuse: %s", fuse_complaint);
+	return 0;
+}
+
+/*
+ * Just mounted: our FUSE I/O put in place, the mount logged (and a
+ * warning where a daemon's messages would be lost), then into the
+ * background unless -f, out of the caller's directory, and the daemon's
+ * PID noted in the lock.  Called before any thread of ours starts.
+ */
+static void after_mount(void)
+{
+	/* our writev amends the FUSE_INIT reply (see note_init) */
+	if (fuse_session_custom_io(fs.se, &fs_io, fuse_session_fd(fs.se)) != 0)
+		tlog(LOG_INFO, "no custom FUSE I/O: reads go through the page cache");
+	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
+	if (!fs.opts.foreground && !fs_log_file_open()) {
+		int r = fs_syslog_reachable();
+
+		if (r)
+			tlog(LOG_WARNING, "syslog cannot be reached (%s: %s): in the background "
+			     "messages are lost; use -f or -o logfile=PATH", _PATH_LOG, strerror(-r));
+	}
+	/* threads and CUDA contexts do not survive fork(): start them after */
+	if (!fs.opts.foreground)
+		fs_daemon_fork();
+	if (chdir("/") < 0)
+		tlog(LOG_WARNING, "chdir /: %s", strerror(errno));
+	fs_lock_note();			/* the daemon's PID */
+}
+
+/*
+ * The mounted daemon's life: the engine (ecfg) and the background threads
+ * started, requests served until the mount ends or a signal stops it,
+ * then the mount point unmounted (also where the engine could not start).
+ * Returns main's exit status so far: 0, or 1 where the engine could not
+ * start or the loop failed.
+ */
+static int serve(struct engine_config *ecfg)
+{
+	int ret;
+
+	if (start_engine(ecfg)) {
+		fuse_session_unmount(fs.se);
+		return 1;
+	}
+	if (fs.opts.gpu_share && ecfg->gpu_dev >= 0)
+		fs_share_start();	/* failing, the daemon copies */
+	fs_persist_start();
+	fs_sets_start();
+	fs_fd_start();			/* the closer (fs_fd.c) */
+	fs_settle_start();		/* intents' retirement (fs_version.c) */
+	fs_daemon_ready();
+	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
+
+	fs_sets_stop();			/* no retention while the mount goes */
+	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
+	fuse_session_unmount(fs.se);
+	return ret;
+}
+
+/*
+ * The session destroyed (which flushes every cached file), IPC mappings
+ * and shares closed, and where the engine was created: what it holds
+ * synced, the last intents settled, the persister stopped (it waits
+ * persist_wait), the engine destroyed and the exit noted in the lock.
+ * Returns main's exit status: ret, or 1 where the sync failed.
+ */
+static int end_session(int ret)
+{
+	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
+	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
+	fs_share_stop();		/* clients' open copies fail */
+	if (fs.eng) {
+		unsigned unpersisted;
+
+		if (sync_before_exit())
+			ret = 1;
+		fs_settle_end();	/* the intents of the last copies */
+		/* after the last flush: waits persist_wait */
+		unpersisted = fs_persist_stop();
+		engine_destroy(fs.eng);
+		fs_lock_note_exit(ret, unpersisted);
+	}
+	return ret;
+}
+
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
@@ -844,19 +949,10 @@ int main(int argc, char *argv[])
 	fs_sets_setup((unsigned)fs.opts.keep_sets);
 	fs_open_backing(allow_root);
 
-	fuse_opt_add_arg(&args, "-odefault_permissions");
-	add_fsname(&args);
-	fuse_opt_add_arg(&args, "-osubtype=tierfs");
-	fuse_capture = true;
-	fs.se = fuse_session_new(&args, &fs_ll_ops, sizeof(fs_ll_ops), NULL);
-	fuse_capture = false;
-	if (!fs.se) {
-		say_fuse_complaint();
+	if (new_session(&args)) {
 		ret = 2;
 		goto out_unlock;
 	}
-	if (*fuse_complaint)		/* said, but not fatal */
-		tlog(LOG_WARNING, "fuse: %s", fuse_complaint);
 	probe_dedup(&ecfg);		/* after the options' complaints */
 	probe_log(&ecfg);
 	if (fuse_set_signal_handlers(fs.se) != 0) {
@@ -867,58 +963,12 @@ int main(int argc, char *argv[])
 		ret = 1;
 		goto out_signals;
 	}
-	/* our writev amends the FUSE_INIT reply (see note_init) */
-	if (fuse_session_custom_io(fs.se, &fs_io, fuse_session_fd(fs.se)) != 0)
-		tlog(LOG_INFO, "no custom FUSE I/O: reads go through the page cache");
-	tlog(LOG_NOTICE, "mounted %s on %s", fs.opts.backing, fs.opts.mountpoint);
-	if (!fs.opts.foreground && !fs_log_file_open()) {
-		int r = fs_syslog_reachable();
-
-		if (r)
-			tlog(LOG_WARNING, "syslog cannot be reached (%s: %s): in the background "
-			     "messages are lost; use -f or -o logfile=PATH", _PATH_LOG, strerror(-r));
-	}
-	/* threads and CUDA contexts do not survive fork(): start them after */
-	if (!fs.opts.foreground)
-		fs_daemon_fork();
-	if (chdir("/") < 0)
-		tlog(LOG_WARNING, "chdir /: %s", strerror(errno));
-	fs_lock_note();			/* the daemon's PID */
-
-	if (start_engine(&ecfg)) {
-		fuse_session_unmount(fs.se);
-		ret = 1;
-		goto out_signals;
-	}
-	if (fs.opts.gpu_share && ecfg.gpu_dev >= 0)
-		fs_share_start();	/* failing, the daemon copies */
-	fs_persist_start();
-	fs_sets_start();
-	fs_fd_start();			/* the closer (fs_fd.c) */
-	fs_settle_start();		/* intents' retirement (fs_version.c) */
-	fs_daemon_ready();
-	ret = fs_run_loop() ? 1 : 0;	/* a signal is an orderly stop */
-
-	fs_sets_stop();			/* no retention while the mount goes */
-	tlog(LOG_NOTICE, "unmounting: flushing cached files to %s", fs.opts.backing);
-	fuse_session_unmount(fs.se);
+	after_mount();
+	ret = serve(&ecfg);
 out_signals:
 	fuse_remove_signal_handlers(fs.se);
 out_session:
-	fuse_session_destroy(fs.se);	/* calls destroy: flushes everything */
-	fs_ioctl_shutdown();		/* no worker runs: close IPC mappings */
-	fs_share_stop();		/* clients' open copies fail */
-	if (fs.eng) {
-		unsigned unpersisted;
-
-		if (sync_before_exit())
-			ret = 1;
-		fs_settle_end();	/* the intents of the last copies */
-		/* after the last flush: waits persist_wait */
-		unpersisted = fs_persist_stop();
-		engine_destroy(fs.eng);
-		fs_lock_note_exit(ret, unpersisted);
-	}
+	ret = end_session(ret);
 out_unlock:
 	fs_unlock_backing();
 	if (tierfs_fault("slow_exit"))

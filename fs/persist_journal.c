@@ -341,49 +341,58 @@ static char *left_records(size_t *len, bool *legacy)
 	return buf;
 }
 
-/* Queue what the journal of a previous daemon holds (before any request):
- * its operations less as many as it has done-markers (they end in order).
- * Over 100 lines: its three passes (temporaries and done-markers, the
- * records, the drops) share the buffer and the counts, and read in the
- * order the replay has. */
-void persist_replay(void)
+/*
+ * Replay's first pass over the records buf..end: the temporaries a killed
+ * daemon left in DIR removed (T), and the done-markers (X) counted.
+ * Returns their count.  Before any request, alone.
+ */
+static unsigned long replay_scan(char *buf, char *end)
 {
-	char *buf, *p, *end, *kf, *path, *path2;
-	unsigned long done = 0, n = 0;
-	size_t got;
-	bool legacy;
+	char *p, *kf, *path, *path2;
+	unsigned long done = 0;
 
-	buf = left_records(&got, &legacy);
-	if (!buf || !got) {
-		free(buf);
-		if (legacy)
-			unlinkat(fs.root_fd, PJOURNAL, 0);
-		persist_jempty();
-		return;
-	}
-	end = buf + got;
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
 		done += kf[0] == 'X';
 		if (kf[0] == 'T' && *path)
 			remove_temp(path);
 	}
+	return done;
+}
+
+/*
+ * A Y or Z record: the last removal or rename queued so far did not happen
+ * (Z, dropped by replay_drop) or did (Y).  Before any request, alone.
+ */
+static void replay_mark(char kind)
+{
+	struct pop *op, *last = NULL;
+
+	for (op = pq.head; op; op = op->next)
+		if (op->kind != P_COPY)
+			last = op;
+	if (last && kind == 'Z')
+		last->started = true;
+	else if (last)
+		last->made = true;
+}
+
+/*
+ * Replay's second pass over the records buf..end: each operation and
+ * intent appended to the queue, as queue() would but already in the
+ * journal; the Y and Z markers applied to the operation before them.
+ * Stops at the first that cannot be allocated.  Before any request, alone.
+ */
+static void replay_queue(char *buf, char *end)
+{
+	char *p, *kf, *path, *path2;
+
 	for (p = buf; p < end && jnext(&p, end, &kf, &path, &path2);) {
 		static const char kinds[] = "CUDRI";	/* enum pkind, intent */
 		const char *k = kf[0] ? strchr(kinds, kf[0]) : NULL;
 		struct pop *op;
 
 		if (kf[0] == 'Z' || kf[0] == 'Y') {
-			/* the last removal or rename did not happen (Z, dropped
-			 * below) or did (Y) */
-			struct pop *last = NULL;
-
-			for (op = pq.head; op; op = op->next)
-				if (op->kind != P_COPY)
-					last = op;
-			if (last && kf[0] == 'Z')
-				last->started = true;
-			else if (last)
-				last->made = true;
+			replay_mark(kf[0]);
 			continue;
 		}
 		if (!k || !*path)
@@ -406,7 +415,41 @@ void persist_replay(void)
 			pq.head = op;
 		pq.tail = op;
 	}
-	free(buf);
+}
+
+/*
+ * Turn removal or rename op into a copy of its path, followed by a copy of
+ * its path2 where it had one (and the copy can be allocated), each to
+ * take the file now at that name.  Before any request, alone.
+ */
+static void replay_as_copies(struct pop *op)
+{
+	struct pop *c = op->path2 ? calloc(1, sizeof(*c)) : NULL;
+
+	if (c && (c->path = op->path2)) {
+		op->path2 = NULL;
+		c->kind = P_COPY;
+		c->journaled = true;	/* counts no done-marker */
+		c->next = op->next;
+		op->next = c;
+	}
+	free(op->path2);
+	op->path2 = NULL;
+	op->kind = P_COPY;
+	op->flags = 0;
+}
+
+/*
+ * Replay's third pass, over the queue it built: the first `done`
+ * operations that are not intents marked done, the cancelled ones freed,
+ * and the removals and renames the backing directory did not make turned
+ * into copies (replay_as_copies); pq.tail set again.  Returns the number of
+ * operations left to resume.  Before any request, alone.
+ */
+static unsigned long replay_drop(unsigned long done)
+{
+	unsigned long n = 0;
+
 	/* drop the cancelled, then the done (they end in order: kept until
 	 * the copies before them have followed them, move_copies_last), then
 	 * the removals and renames that the backing directory did not make */
@@ -429,19 +472,7 @@ void persist_replay(void)
 			 * get their current files (copies, which go last; a
 			 * directory is skipped).
 			 */
-			struct pop *c = op->path2 ? calloc(1, sizeof(*c)) : NULL;
-
-			if (c && (c->path = op->path2)) {
-				op->path2 = NULL;
-				c->kind = P_COPY;
-				c->journaled = true;	/* counts no done-marker */
-				c->next = op->next;
-				op->next = c;
-			}
-			free(op->path2);
-			op->path2 = NULL;
-			op->kind = P_COPY;
-			op->flags = 0;
+			replay_as_copies(op);
 		}
 		if (drop) {
 			*pp = op->next;
@@ -455,6 +486,33 @@ void persist_replay(void)
 	pq.tail = NULL;
 	for (struct pop *op = pq.head; op; op = op->next)
 		pq.tail = op;
+	return n;
+}
+
+/* Queue what the journal of a previous daemon holds (before any request):
+ * its operations less as many as it has done-markers (they end in order).
+ * Three passes over the same records, in the order the replay has:
+ * temporaries and done-markers (replay_scan), the records (replay_queue),
+ * the drops (replay_drop). */
+void persist_replay(void)
+{
+	unsigned long done, n;
+	size_t got;
+	bool legacy;
+	char *buf;
+
+	buf = left_records(&got, &legacy);
+	if (!buf || !got) {
+		free(buf);
+		if (legacy)
+			unlinkat(fs.root_fd, PJOURNAL, 0);
+		persist_jempty();
+		return;
+	}
+	done = replay_scan(buf, buf + got);
+	replay_queue(buf, buf + got);
+	free(buf);
+	n = replay_drop(done);
 	move_copies_last();
 	if (jrewrite() && legacy)
 		unlinkat(fs.root_fd, PJOURNAL, 0);	/* in the journal now */

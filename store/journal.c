@@ -592,83 +592,104 @@ static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint1
 	return r;
 }
 
-int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
-	       struct jnl_replay_stats *st)
-{
-	struct scanned *recs = NULL;
-	uint64_t *retired = NULL, nrec = 0, nret = 0, caprec = 0, capret = 0;
-	uint64_t off = 0, prev = 0;
-	struct stat sb;
-	int fd, ret = 0;
+/* What replay's first pass found (replay_read): the records that check
+ * out and the seqs that their JNL_RETIRE records retire. */
+struct replay_set {
+	struct scanned *recs;		/* every valid record, in order (malloc'ed) */
+	uint64_t nrec, caprec;		/* in recs; its room */
+	uint64_t *retired;		/* seqs retired, in record order (malloc'ed) */
+	uint64_t nret, capret;		/* in retired; its room */
+	uint64_t end;			/* offset past the last valid record */
+};
 
-	memset(st, 0, sizeof(*st));
-	fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	if (fstat(fd, &sb) < 0) {
-		ret = -errno;
-		goto out;
+/* Add the seq that retire record payload p names to rs->retired: 0 or
+ * -ENOMEM. */
+static int replay_add_retired(struct replay_set *rs, const void *p)
+{
+	if (rs->nret == rs->capret) {
+		uint64_t *n;
+
+		rs->capret = rs->capret ? 2 * rs->capret : 64;
+		n = realloc(rs->retired, rs->capret * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		rs->retired = n;
 	}
+	memcpy(&rs->retired[rs->nret++], p, sizeof(uint64_t));
+	return 0;
+}
+
+/* Add the record at off (header h) to rs->recs: 0 or -ENOMEM. */
+static int replay_add_rec(struct replay_set *rs, const struct jnl_rec *h, uint64_t off)
+{
+	if (rs->nrec == rs->caprec) {
+		struct scanned *n;
+
+		rs->caprec = rs->caprec ? 2 * rs->caprec : 64;
+		n = realloc(rs->recs, rs->caprec * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		rs->recs = n;
+	}
+	rs->recs[rs->nrec++] = (struct scanned){ off, h->len, h->seq, h->type };
+	return 0;
+}
+
+/*
+ * Replay's first pass: fd's records (size: the file's length) read in
+ * order up to the first one that is torn, does not check out or does not
+ * follow the one before, into rs (zeroed by the caller), rs->end set past
+ * the last.  0 or -errno; rs holds what was read either way (the caller
+ * frees it).
+ */
+static int replay_read(int fd, uint64_t size, struct replay_set *rs)
+{
+	uint64_t prev = 0;
+
 	for (;;) {
 		struct jnl_rec h;
 		void *p;
-		int r = read_rec(fd, off, (uint64_t)sb.st_size, prev, nrec == 0, &h, &p);
+		int r = read_rec(fd, rs->end, size, prev, rs->nrec == 0, &h, &p);
 
-		if (r < 0) {
-			ret = r;
-			goto out;
-		}
-		if (r == 0)
-			break;
-		if (h.type == JNL_RETIRE && h.len == sizeof(uint64_t)) {
-			if (nret == capret) {
-				uint64_t *n = realloc(retired, (capret = capret ? 2 * capret : 64) *
-						      sizeof(*n));
-				if (!n) {
-					free(p);
-					ret = -ENOMEM;
-					goto out;
-				}
-				retired = n;
-			}
-			memcpy(&retired[nret++], p, sizeof(uint64_t));
-		}
+		if (r <= 0)
+			return r;	/* 0: no valid record here, the end */
+		r = 0;
+		if (h.type == JNL_RETIRE && h.len == sizeof(uint64_t))
+			r = replay_add_retired(rs, p);
 		free(p);
-		if (nrec == caprec) {
-			struct scanned *n = realloc(recs, (caprec = caprec ? 2 * caprec : 64) *
-						    sizeof(*n));
-			if (!n) {
-				ret = -ENOMEM;
-				goto out;
-			}
-			recs = n;
-		}
-		recs[nrec++] = (struct scanned){ off, h.len, h.seq, h.type };
+		if (!r)
+			r = replay_add_rec(rs, &h, rs->end);
+		if (r)
+			return r;
 		prev = h.seq;
-		off += sizeof(h) + h.len;
+		rs->end += sizeof(h) + h.len;
 	}
-	st->records = nrec;
-	if (off < (uint64_t)sb.st_size) {
-		st->torn = true;
-		st->dropped_bytes = (uint64_t)sb.st_size - off;
-		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
-		     "valid records (a write cut short): dropped", name, st->dropped_bytes);
-	}
-	if (nret)	/* qsort's base may not be NULL, even for no element */
-		qsort(retired, nret, sizeof(*retired), cmp_u64);
-	for (uint64_t i = 0; i < nrec; i++) {
+}
+
+/*
+ * Replay's second pass: each record of rs that is live (not JNL_RETIRE,
+ * its seq not in rs->retired, sorted) read again from fd (size bytes) and
+ * handed to fn(arg, ...), the outcomes counted in st; the notes fn kept
+ * moved to the front of rs->recs (st->kept of them).  0 or -errno where a
+ * record could not be read again.
+ */
+static int replay_apply(int fd, uint64_t size, struct replay_set *rs, jnl_apply_fn fn,
+			void *arg, struct jnl_replay_stats *st)
+{
+	struct scanned *recs = rs->recs;
+
+	for (uint64_t i = 0; i < rs->nrec; i++) {
 		struct jnl_rec h;
 		void *p;
 		int r;
 
 		if (recs[i].type == JNL_RETIRE ||
-		    (nret && bsearch(&recs[i].seq, retired, nret, sizeof(*retired), cmp_u64)))
+		    (rs->nret && bsearch(&recs[i].seq, rs->retired, rs->nret,
+					 sizeof(*rs->retired), cmp_u64)))
 			continue;
-		r = read_rec(fd, recs[i].off, (uint64_t)sb.st_size, 0, true, &h, &p);
-		if (r <= 0) {
-			ret = r ? r : -EIO;	/* it checked out a moment ago */
-			goto out;
-		}
+		r = read_rec(fd, recs[i].off, size, 0, true, &h, &p);
+		if (r <= 0)
+			return r ? r : -EIO;	/* it checked out a moment ago */
 		r = fn(arg, h.type, h.seq, p, h.len);
 		free(p);
 		if (r == JNL_KEEP && h.type == JNL_NOTE)
@@ -680,21 +701,69 @@ int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 		else
 			st->failed++;
 	}
+	return 0;
+}
+
+/*
+ * After replay_apply, journal `name` of dirfd (fd, size bytes) emptied
+ * durably, or replaced by one that holds the st->kept notes at the front
+ * of recs alone; left as it is where fn failed a record.  0 or -errno.
+ */
+static int replay_settle(int dirfd, const char *name, int fd, uint64_t size,
+			 const struct scanned *recs, const struct jnl_replay_stats *st)
+{
+	if (st->failed)
+		return 0;
 	/* everything is in its file (synced by fn): start afresh, with the
 	 * notes kept */
-	if (!st->failed && st->kept) {
+	if (st->kept) {
 		uint64_t len;
-		int nfd = rewrite_kept(dirfd, name, fd, (uint64_t)sb.st_size, recs, st->kept, 1,
-				       &len);
+		int nfd = rewrite_kept(dirfd, name, fd, size, recs, st->kept, 1, &len);
 
-		ret = nfd < 0 ? nfd : 0;
 		if (nfd >= 0)
 			close(nfd);
-	} else if (!st->failed && (ftruncate(fd, 0) < 0 || fsync(fd) < 0))
+		return nfd < 0 ? nfd : 0;
+	}
+	if (ftruncate(fd, 0) < 0 || fsync(fd) < 0)
+		return -errno;
+	return 0;
+}
+
+int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
+	       struct jnl_replay_stats *st)
+{
+	struct replay_set rs = { 0 };
+	struct stat sb;
+	uint64_t size;
+	int fd, ret = 0;
+
+	memset(st, 0, sizeof(*st));
+	fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (fstat(fd, &sb) < 0) {
 		ret = -errno;
+		goto out;
+	}
+	size = (uint64_t)sb.st_size;
+	ret = replay_read(fd, size, &rs);
+	if (ret)
+		goto out;
+	st->records = rs.nrec;
+	if (rs.end < size) {
+		st->torn = true;
+		st->dropped_bytes = size - rs.end;
+		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
+		     "valid records (a write cut short): dropped", name, st->dropped_bytes);
+	}
+	if (rs.nret)	/* qsort's base may not be NULL, even for no element */
+		qsort(rs.retired, rs.nret, sizeof(*rs.retired), cmp_u64);
+	ret = replay_apply(fd, size, &rs, fn, arg, st);
+	if (!ret)
+		ret = replay_settle(dirfd, name, fd, size, rs.recs, st);
 out:
-	free(recs);
-	free(retired);
+	free(rs.recs);
+	free(rs.retired);
 	close(fd);
 	return ret;
 }

@@ -588,6 +588,50 @@ score_consider(struct best *b, long i, long j, double w, u128 u)
 	}
 }
 
+/*
+ * Start a decision's best window: none yet, with its deques empty over the
+ * thread's scratch buffers (which the caller has grown to the table:
+ * srec_reserve, aux_reserve).
+ */
+static void best_init(struct best *b)
+{
+	b->i = b->j = -1;
+	b->w = 0;
+	b->m = 0;
+	b->u = ~(u128)0;
+	b->age = 0;
+	b->aged = false;
+	b->thr = HUGE_VAL;
+	b->q.frag = sfrag_buf;
+	b->q.qk = pre_buf;
+	b->q.qi = cand_buf;
+	b->q.qk[0] = UINT64_MAX;
+	b->q.qh = b->q.qt = 1;
+	b->q.next = 0;
+	b->mq.rec = srec_buf;
+	b->mq.qk = mink_buf;
+	b->mq.qi = mini_buf;
+	b->mq.qk[0] = 0;
+	b->mq.qh = b->mq.qt = 1;
+	b->mq.next = 0;
+}
+
+/*
+ * The decision's answer from the best window b found: its end fragments in
+ * *first and *last, its summed wait in *wait_s.  0, or -ENOSPC when no
+ * window holds the need.
+ */
+static int best_window(const struct best *b, struct frag **first, struct frag **last,
+		       double *wait_s)
+{
+	if (b->i < 0)
+		return -ENOSPC;
+	*first = sfrag_buf[b->i];
+	*last = sfrag_buf[b->j];
+	*wait_s = b->w;
+	return 0;
+}
+
 static int score_choose(struct cache *c, uint64_t need,
 			evict_cost_fn cost, const struct evict_ctx *ctx,
 			struct frag **first, struct frag **last, double *wait_s)
@@ -606,25 +650,7 @@ static int score_choose(struct cache *c, uint64_t need,
 	    aux_reserve(c->nfrags))
 		return -ENOMEM;
 	r = ri = rj = lim = srec_buf;
-	b.i = b.j = -1;
-	b.w = 0;
-	b.m = 0;
-	b.u = ~(u128)0;
-	b.age = 0;
-	b.aged = false;
-	b.thr = HUGE_VAL;
-	b.q.frag = sfrag_buf;
-	b.q.qk = pre_buf;
-	b.q.qi = cand_buf;
-	b.q.qk[0] = UINT64_MAX;
-	b.q.qh = b.q.qt = 1;
-	b.q.next = 0;
-	b.mq.rec = srec_buf;
-	b.mq.qk = mink_buf;
-	b.mq.qi = mini_buf;
-	b.mq.qk[0] = 0;
-	b.mq.qh = b.mq.qt = 1;
-	b.mq.next = 0;
+	best_init(&b);
 	if (need == 0)
 		need = 1;
 	for (;;) {
@@ -692,12 +718,7 @@ static int score_choose(struct cache *c, uint64_t need,
 		ri++;
 	}
 done:
-	if (b.i < 0)
-		return -ENOSPC;
-	*first = sfrag_buf[b.i];
-	*last = sfrag_buf[b.j];
-	*wait_s = b.w;
-	return 0;
+	return best_window(&b, first, last, wait_s);
 }
 
 /* ---- fifo and lru ---------------------------------------------------- */

@@ -437,17 +437,151 @@ int gpu_tier_part_device(struct gpu_tier *g, unsigned i)
 
 /* ---- creation --------------------------------------------------------- */
 
+/* What gpu_tier_create() learns of its devices before it reserves memory. */
+struct tier_devs {
+	int devs[GPU_MAX_DEVICES];	/* device ordinals; the first is the tier's */
+	unsigned n;			/* how many */
+	uint64_t sizes[GPU_MAX_DEVICES];	/* each one's part of the cache */
+	uint64_t free_all, total_all;	/* their free and total memory, bytes */
+};
+
+/*
+ * The devices of the cache into d: devs_in[0..ndev), each checked to exist
+ * where the device count is known, or with ndev 0 every device (up to
+ * GPU_MAX_DEVICES).  0, or -ENODEV with a sentence in msg.  After
+ * gpu_init(); no lock (nothing is shared yet).
+ */
+static int pick_devices(struct tier_devs *d, const int *devs_in, unsigned ndev,
+			char *msg, size_t msglen)
+{
+	int count;
+
+	if (!ndev) {		/* every device (gpu=all) */
+		count = gpu_device_count();
+		if (count < 1) {
+			if (msg && msglen)
+				snprintf(msg, msglen, "no CUDA device");
+			return -ENODEV;
+		}
+		d->n = (unsigned)count < GPU_MAX_DEVICES ? (unsigned)count : GPU_MAX_DEVICES;
+		for (unsigned i = 0; i < d->n; i++)
+			d->devs[i] = (int)i;
+		return 0;
+	}
+	d->n = ndev;
+	memcpy(d->devs, devs_in, ndev * sizeof(*d->devs));
+	count = gpu_device_count();
+	for (unsigned i = 0; i < ndev; i++)
+		if (count >= 0 && (d->devs[i] < 0 || d->devs[i] >= count)) {
+			if (msg && msglen)
+				snprintf(msg, msglen, "no device %d (%d CUDA device%s)",
+					 d->devs[i], count, count == 1 ? "" : "s");
+			return -ENODEV;
+		}
+	return 0;
+}
+
+/*
+ * One range over several devices: each must reach the others' memory.
+ * 0, or -EOPNOTSUPP with a sentence in msg naming the first pair that
+ * cannot.  No lock.
+ */
+static int check_peers(const struct tier_devs *d, char *msg, size_t msglen)
+{
+	for (unsigned i = 0; i < d->n; i++)
+		for (unsigned j = 0; j < d->n; j++)
+			if (i != j && gpu_can_access_peer(d->devs[i], d->devs[j]) != 1) {
+				if (msg && msglen)
+					snprintf(msg, msglen, "GPU %d cannot access the memory of "
+						 "GPU %d (no peer access): one cache cannot span them; "
+						 "name one of them in gpu=", d->devs[i], d->devs[j]);
+				return -EOPNOTSUPP;
+			}
+	return 0;
+}
+
+/*
+ * Each device's part of the cache (size per device, 0: the default;
+ * part_size) into d->sizes, the first device's name into name (namelen
+ * bytes), and the devices' free and total memory summed.  0, or -errno
+ * with a sentence in msg.  No lock.
+ */
+static int size_parts(struct tier_devs *d, uint64_t size, char *name, size_t namelen,
+		      char *msg, size_t msglen)
+{
+	uint64_t free_b = 0, total_b = 0;
+	char other[sizeof(((struct gpu_tier *)0)->name)];
+	int ret = 0;
+
+	for (unsigned i = 0; i < d->n; i++) {
+		d->sizes[i] = part_size(d->devs[i], size, i ? other : name,
+					namelen, &free_b, &total_b, msg, msglen, &ret);
+		if (!d->sizes[i])
+			return ret;
+		d->free_all += free_b;
+		d->total_all += total_b;
+	}
+	return 0;
+}
+
+/* Say in msg why the range over devices d (the first one's name: name)
+ * could not be reserved (ret). */
+static void say_no_range(const struct tier_devs *d, const char *name, int ret, char *msg,
+			 size_t msglen)
+{
+	if (msg && msglen && d->n == 1)
+		snprintf(msg, msglen, "GPU %d (%s): cannot reserve a "
+			 "%llu MiB cache: %s", d->devs[0], name, MiB(d->sizes[0]),
+			 strerror(-ret));
+	else if (msg && msglen)
+		snprintf(msg, msglen, "GPUs %d..%d: cannot reserve one cache "
+			 "over them: %s%s", d->devs[0], d->devs[d->n - 1], strerror(-ret),
+			 ret == -EOPNOTSUPP ? " (see the log)" : "");
+}
+
+/*
+ * Start g's mapping watcher (watcher_main); where it cannot start, say so
+ * in the log: eviction then waits for the whole mapping.  No lock (g is
+ * not shared yet).
+ */
+static void start_watcher(struct gpu_tier *g)
+{
+	sigset_t all, old;
+
+	/* The watcher takes no signals: they belong to the daemon's loop. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	g->watcher_started = pthread_create(&g->watcher, NULL, watcher_main,
+					    g) == 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!g->watcher_started)
+		tlog(LOG_WARNING, "gpu cache: no mapping watcher: eviction "
+		     "waits for the whole cache to be mapped");
+}
+
+/* Say in msg what cache g over devices d (the first one's name: name) is. */
+static void say_created(const struct gpu_tier *g, const struct tier_devs *d,
+			const char *name, char *msg, size_t msglen)
+{
+	if (msg && msglen && d->n == 1)
+		snprintf(msg, msglen, "GPU %d (%s): %llu MiB cache, %llu of "
+			 "%llu MiB free", d->devs[0], name, MiB(g->cache.size),
+			 MiB(d->free_all), MiB(d->total_all));
+	else if (msg && msglen)
+		snprintf(msg, msglen, "%u GPUs (%d..%d, %s): one %llu MiB cache over "
+			 "them, %llu of %llu MiB free", d->n, d->devs[0], d->devs[d->n - 1],
+			 name, MiB(g->cache.size), MiB(d->free_all), MiB(d->total_all));
+}
+
 int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 		    uint64_t size, bool shareable, const struct evict_policy *pol,
 		    char *msg, size_t msglen)
 {
-	struct gpu_tier *g;
-	int devs[GPU_MAX_DEVICES];
-	uint64_t sizes[GPU_MAX_DEVICES], free_b = 0, total_b = 0, free_all = 0, total_all = 0;
-	char name[sizeof(g->name)] = "", other[sizeof(g->name)];
+	struct tier_devs d = { .n = 0 };
 	struct gpu_links links = { .n = 1 };
-	sigset_t all, old;
-	int ret = 0, count;
+	struct gpu_tier *g;
+	char name[sizeof(g->name)] = "";
+	int ret = 0;
 
 	*out = NULL;
 	if (msg && msglen)
@@ -460,68 +594,30 @@ int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 	ret = gpu_init(ndev ? devs_in[0] : 0, msg, msglen);
 	if (ret)
 		return ret;
-	if (!ndev) {		/* every device (gpu=all) */
-		count = gpu_device_count();
-		if (count < 1) {
-			if (msg && msglen)
-				snprintf(msg, msglen, "no CUDA device");
-			return -ENODEV;
-		}
-		ndev = (unsigned)count < GPU_MAX_DEVICES ? (unsigned)count : GPU_MAX_DEVICES;
-		for (unsigned i = 0; i < ndev; i++)
-			devs[i] = (int)i;
-	} else {
-		memcpy(devs, devs_in, ndev * sizeof(*devs));
-		count = gpu_device_count();
-		for (unsigned i = 0; i < ndev; i++)
-			if (count >= 0 && (devs[i] < 0 || devs[i] >= count)) {
-				if (msg && msglen)
-					snprintf(msg, msglen, "no device %d (%d CUDA device%s)",
-						 devs[i], count, count == 1 ? "" : "s");
-				return -ENODEV;
-			}
-	}
-	/* one range over several devices: each must reach the others' memory */
-	for (unsigned i = 0; i < ndev; i++)
-		for (unsigned j = 0; j < ndev; j++)
-			if (i != j && gpu_can_access_peer(devs[i], devs[j]) != 1) {
-				if (msg && msglen)
-					snprintf(msg, msglen, "GPU %d cannot access the memory of "
-						 "GPU %d (no peer access): one cache cannot span them; "
-						 "name one of them in gpu=", devs[i], devs[j]);
-				return -EOPNOTSUPP;
-			}
-	if (ndev > 1)
-		probe_links(devs, ndev, &links);
-	for (unsigned i = 0; i < ndev; i++) {
-		sizes[i] = part_size(devs[i], size, i ? other : name,
-				     sizeof(name), &free_b, &total_b, msg, msglen, &ret);
-		if (!sizes[i])
-			return ret;
-		free_all += free_b;
-		total_all += total_b;
-	}
+	ret = pick_devices(&d, devs_in, ndev, msg, msglen);
+	if (!ret)
+		ret = check_peers(&d, msg, msglen);
+	if (ret)
+		return ret;
+	if (d.n > 1)
+		probe_links(d.devs, d.n, &links);
+	ret = size_parts(&d, size, name, sizeof(name), msg, msglen);
+	if (ret)
+		return ret;
 
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		return -ENOMEM;
-	g->dev = devs[0];
+	g->dev = d.devs[0];
 	g->t0 = tier_now();
 	g->links = links;
-	if (ndev == 1)
+	if (d.n == 1)
 		snprintf(g->name, sizeof(g->name), "%s", name);
 	else
-		snprintf(g->name, sizeof(g->name), "%u x %s", ndev, name);
-	ret = gpu_vmm_create_multi(&g->vmm, devs, sizes, ndev, shareable);
+		snprintf(g->name, sizeof(g->name), "%u x %s", d.n, name);
+	ret = gpu_vmm_create_multi(&g->vmm, d.devs, d.sizes, d.n, shareable);
 	if (ret) {
-		if (msg && msglen && ndev == 1)
-			snprintf(msg, msglen, "GPU %d (%s): cannot reserve a "
-				 "%llu MiB cache: %s", devs[0], name, MiB(sizes[0]),
-				 strerror(-ret));
-		else if (msg && msglen)
-			snprintf(msg, msglen, "GPUs %d..%d: cannot reserve one cache "
-				 "over them: %s%s", devs[0], devs[ndev - 1], strerror(-ret),
-				 ret == -EOPNOTSUPP ? " (see the log)" : "");
+		say_no_range(&d, name, ret, msg, msglen);
 		goto err_free;
 	}
 	g->dbase = gpu_vmm_base(g->vmm);
@@ -535,25 +631,8 @@ int gpu_tier_create(struct gpu_tier **out, const int *devs_in, unsigned ndev,
 	}
 	g->cache.host_addressable = false;
 	g->cache.usable = 0;		/* gpu_tier_update_usable() raises it */
-
-	/* The watcher takes no signals: they belong to the daemon's loop. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	g->watcher_started = pthread_create(&g->watcher, NULL, watcher_main,
-					    g) == 0;
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (!g->watcher_started)
-		tlog(LOG_WARNING, "gpu cache: no mapping watcher: eviction "
-		     "waits for the whole cache to be mapped");
-
-	if (msg && msglen && ndev == 1)
-		snprintf(msg, msglen, "GPU %d (%s): %llu MiB cache, %llu of "
-			 "%llu MiB free", devs[0], name, MiB(g->cache.size),
-			 MiB(free_all), MiB(total_all));
-	else if (msg && msglen)
-		snprintf(msg, msglen, "%u GPUs (%d..%d, %s): one %llu MiB cache over "
-			 "them, %llu of %llu MiB free", ndev, devs[0], devs[ndev - 1], name,
-			 MiB(g->cache.size), MiB(free_all), MiB(total_all));
+	start_watcher(g);
+	say_created(g, &d, name, msg, msglen);
 	*out = g;
 	return 0;
 
