@@ -340,6 +340,61 @@ static void intent_path(struct fs_inode *dir, const char *name, int ofd,
 }
 
 /*
+ * ilock held: intent seq (version vname) made in's, after its copy ended
+ * with ret (0: done): the file's earlier intent retired durably, and this
+ * one kept live (for the settler, or, failed, for the replay) or settled
+ * now.  rel names the file in the log.  Returns ret, or settle_now's error.
+ */
+static int intent_hand_over(struct fs_inode *in, uint64_t seq, const char *vname,
+			    const char *rel, int ret)
+{
+	uint64_t pending;
+
+	/*
+	 * The file's earlier intent (a copy that failed, or one the settler
+	 * has not retired yet) is retired durably and its version removed:
+	 * no replay may copy it over this one.
+	 */
+	pending = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
+	if (pending) {
+		int dret = fs_journal_retire_durably(pending);
+
+		if (dret)	/* a replay copies it, then this one over it */
+			tlog(LOG_WARNING, "%s: an earlier commit intent of it could not be "
+			     "retired (%s)", rel[0] ? rel : "(no name)", strerror(-dret));
+		if (in->redo_version)
+			unlinkat(fs.root_fd, in->redo_version, 0);
+		free(in->redo_version);
+		in->redo_version = NULL;
+		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
+	}
+	/*
+	 * This one stays live: a failed copy until the replay finishes it or
+	 * the file's next intent retires it; a done one until the settler
+	 * has synced the file and retired it (at once where there is no
+	 * settler).
+	 */
+	in->redo_version = strdup(vname);
+	if (!in->redo_version) {
+		if (!ret)
+			ret = settle_now(in, seq, vname);
+		return ret;	/* failed: the replay finishes it */
+	}
+	__atomic_store_n(&in->redo_copied, ret == 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&in->redo_seq, seq, __ATOMIC_RELEASE);
+	if (!ret && !settle_later(in)) {
+		char *v = in->redo_version;
+
+		in->redo_version = NULL;
+		__atomic_store_n(&in->redo_copied, false, __ATOMIC_RELAXED);
+		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
+		ret = settle_now(in, seq, v);
+		free(v);
+	}
+	return ret;
+}
+
+/*
  * Copy version fd over in's backing file ofd (held; old: its stat) under a
  * commit intent.  dir/name: a name of it (may be NULL).  in's ilock held,
  * and fs.nslock where there is a name (v_commit).
@@ -353,7 +408,7 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
 	} h;
 	char rel[PATH_MAX], vname[96], path[64];
-	uint64_t seq = 0, pending;
+	uint64_t seq = 0;
 	uint32_t hlen = 0;
 	struct stat st;
 	int mnt, ret;
@@ -419,46 +474,5 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 		tlog(LOG_ERR, "%s: copying its new version in place failed (%s); journal "
 		     "record %" PRIu64 " keeps it (%s)", rel[0] ? rel : "(no name)",
 		     strerror(-ret), seq, vname);
-	/*
-	 * The file's earlier intent (a copy that failed, or one the settler
-	 * has not retired yet) is retired durably and its version removed:
-	 * no replay may copy it over this one.
-	 */
-	pending = __atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE);
-	if (pending) {
-		int dret = fs_journal_retire_durably(pending);
-
-		if (dret)	/* a replay copies it, then this one over it */
-			tlog(LOG_WARNING, "%s: an earlier commit intent of it could not be "
-			     "retired (%s)", rel[0] ? rel : "(no name)", strerror(-dret));
-		if (in->redo_version)
-			unlinkat(fs.root_fd, in->redo_version, 0);
-		free(in->redo_version);
-		in->redo_version = NULL;
-		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
-	}
-	/*
-	 * This one stays live: a failed copy until the replay finishes it or
-	 * the file's next intent retires it; a done one until the settler
-	 * has synced the file and retired it (at once where there is no
-	 * settler).
-	 */
-	in->redo_version = strdup(vname);
-	if (!in->redo_version) {
-		if (!ret)
-			ret = settle_now(in, seq, vname);
-		return ret;	/* failed: the replay finishes it */
-	}
-	__atomic_store_n(&in->redo_copied, ret == 0, __ATOMIC_RELEASE);
-	__atomic_store_n(&in->redo_seq, seq, __ATOMIC_RELEASE);
-	if (!ret && !settle_later(in)) {
-		char *v = in->redo_version;
-
-		in->redo_version = NULL;
-		__atomic_store_n(&in->redo_copied, false, __ATOMIC_RELAXED);
-		__atomic_store_n(&in->redo_seq, 0, __ATOMIC_RELEASE);
-		ret = settle_now(in, seq, v);
-		free(v);
-	}
-	return ret;
+	return intent_hand_over(in, seq, vname, rel, ret);
 }

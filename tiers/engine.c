@@ -135,13 +135,10 @@ static void stop_threads(struct engine *e)
 		pthread_join(e->gflusher, NULL);
 }
 
-int engine_create(struct engine **out, const struct engine_config *cfg)
+/* e's configuration (cfg, its defaults filled in), its locks and
+ * conditions, and what must be there before any thread runs. */
+static void engine_init_state(struct engine *e, const struct engine_config *cfg)
 {
-	struct engine *e = calloc(1, sizeof(*e));
-	int ret, i;
-
-	if (!e)
-		return -ENOMEM;
 	e->cfg = *cfg;
 	if (!e->cfg.flush_threads)	/* a flush waits on its syncs more than on
 					 * bandwidth: 4 (bench/RESULTS.md 18g) */
@@ -171,19 +168,27 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 	pthread_cond_init(&e->prefetch_work, NULL);
 	eng_hint_init(e);		/* before any thread hashes a name */
 	e->flush_bw = 1e9;
+}
 
-	uint64_t size = tier_round(cfg->host_cache);
-	if (size < TIER_ALIGN)
-		size = TIER_ALIGN;
+/*
+ * e's host cache, size bytes mapped at e->host_buf, and the GPU tier's
+ * slot (an empty placeholder until the GPU builder fills it) where the
+ * mount has a GPU: its tiers, fastest first.  0 or -errno (nothing left
+ * mapped).
+ */
+static int engine_init_tiers(struct engine *e, uint64_t size)
+{
+	int ret;
+
 	e->host_buf = mmap(NULL, size, PROT_READ | PROT_WRITE,
 			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (e->host_buf == MAP_FAILED) {
 		ret = -errno;
 		tlog(LOG_ERR, "cannot map a %" PRIu64 "-byte host cache: %s",
 		     size, strerror(errno));
-		goto err_free;
+		return ret;
 	}
-	if (cfg->hugepages)
+	if (e->cfg.hugepages)
 		madvise(e->host_buf, size, MADV_HUGEPAGE);
 	ret = cache_init(&e->host, "host", 1, e->host_buf, size, &tier_host_ops,
 			 e->cfg.policy);
@@ -191,7 +196,7 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		goto err_unmap;
 	e->host.priv = e;
 	e->host.host_addressable = true;
-	if (cfg->gpu_dev >= 0) {
+	if (e->cfg.gpu_dev >= 0) {
 		/*
 		 * The GPU tier is built in the background (gbuilder_main): the
 		 * mount serves writes, into the host tier, from the start.  Its
@@ -199,13 +204,36 @@ int engine_create(struct engine **out, const struct engine_config *cfg)
 		 */
 		ret = cache_init(&e->gpu_slot, "gpu", 0, e->host_buf, TIER_ALIGN,
 				 &tier_host_ops, e->cfg.policy);
-		if (ret)
-			goto err_cache;
+		if (ret) {
+			cache_destroy(&e->host);
+			goto err_unmap;
+		}
 		e->gpu_slot.usable = 0;
 		e->gpu_slot.priv = e;
 		e->tiers[e->ntiers++] = &e->gpu_slot;
 	}
 	e->tiers[e->ntiers++] = &e->host;
+	return 0;
+
+err_unmap:
+	munmap(e->host_buf, size);
+	return ret;
+}
+
+int engine_create(struct engine **out, const struct engine_config *cfg)
+{
+	struct engine *e = calloc(1, sizeof(*e));
+	uint64_t size = tier_round(cfg->host_cache);
+	int ret, i;
+
+	if (!e)
+		return -ENOMEM;
+	engine_init_state(e, cfg);
+	if (size < TIER_ALIGN)
+		size = TIER_ALIGN;
+	ret = engine_init_tiers(e, size);
+	if (ret)
+		goto err_free;
 
 	e->prefetch_on = true;
 	if (pthread_create(&e->prefetcher, NULL, eng_prefetcher_main, e) == 0)
@@ -231,11 +259,9 @@ err_threads:
 	stop_threads(e);
 	if (e->gpu)
 		gpu_tier_destroy(e->gpu);
-err_cache:
 	if (e->gpu_slot.head)
 		cache_destroy(&e->gpu_slot);
 	cache_destroy(&e->host);
-err_unmap:
 	munmap(e->host_buf, size);
 err_free:
 	free(e);

@@ -1220,36 +1220,23 @@ void *eng_flusher_main(void *arg)
 /* ---- GPU -> host cascade ---------------------------------------------- */
 
 /*
- * e->lock held: copy f's GPU copy into a new host copy, which then goes to
- * the SSD flush queue; the GPU copy becomes FLUSHED (evictable).
+ * e->lock held (dropped while it waits), f's GPU copy cp leased and
+ * flushing: room for hcp, len bytes, in the host cache; *kept when the GPU
+ * tier keeps f until it is read.  0, -EEXIST where f has a host copy or
+ * went away meanwhile, or eng_alloc_wait's error (no room now).
  */
-static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+static int cascade_room(struct engine *e, struct tfile *f, struct copy *cp, struct copy *hcp,
+			uint64_t len, bool *kept)
 {
 	int hi = host_index(e);
-	struct copy *cp = f->copy[0], *hcp;
-	struct lease l = { .n = 0 };
-	uint64_t len;
-	struct dd_ghash gh;
-	double t0;
-	bool kept;
 	int ret;
 
-	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
-	    cp->flushing || f->unlinked || !f->dirty)
-		return;
-	hcp = calloc(1, sizeof(*hcp));
-	if (!hcp)
-		return;
-	hcp->file = f;
-	cp->flushing = true;
-	lease_take(&l, cp);	/* eng_alloc_wait() may drop the lock */
-	len = cp->len;
-	kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
-	       f->hint_seq < eng_gpu_keeps_below(e) &&
-	       eng_gpu_unflushed(e) <= e->tiers[0]->size / 2;
-	if (f->copy[hi]) {
-		ret = -EEXIST;
-	} else if (kept) {
+	*kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
+		f->hint_seq < eng_gpu_keeps_below(e) &&
+		eng_gpu_unflushed(e) <= e->tiers[0]->size / 2;
+	if (f->copy[hi])
+		return -EEXIST;
+	if (*kept) {
 		/*
 		 * The GPU tier keeps this file until it is read: a host copy
 		 * would only be a second one.  Take room that is free now and
@@ -1267,6 +1254,45 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		eng_room(e);
 		ret = -EEXIST;
 	}
+	return ret;
+}
+
+/* e->lock held: hcp, which did not become its file's host copy, dropped. */
+static void cascade_drop(struct engine *e, struct copy *hcp)
+{
+	tier_set_state(&hcp->state, TS_INIT);
+	cache_release(&e->host, hcp);
+	free(hcp);
+	eng_settled(e);
+	eng_room(e);
+}
+
+/*
+ * e->lock held: copy f's GPU copy into a new host copy, which then goes to
+ * the SSD flush queue; the GPU copy becomes FLUSHED (evictable).
+ */
+static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+{
+	int hi = host_index(e);
+	struct copy *cp = f->copy[0], *hcp;
+	struct lease l = { .n = 0 };
+	uint64_t len;
+	struct dd_ghash gh;
+	double t0;
+	bool kept, moved;
+	int ret;
+
+	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
+	    cp->flushing || f->unlinked || !f->dirty)
+		return;
+	hcp = calloc(1, sizeof(*hcp));
+	if (!hcp)
+		return;
+	hcp->file = f;
+	cp->flushing = true;
+	lease_take(&l, cp);	/* eng_alloc_wait() may drop the lock */
+	len = cp->len;
+	ret = cascade_room(e, f, cp, hcp, len, &kept);
 	if (ret) {
 		free(hcp);
 		cp->flushing = false;
@@ -1299,28 +1325,14 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 		eng_dd_gpu_hash(e, cp, &gh);
 	lease_end(e, &l);
 	cp->flushing = false;
-	if (ret || f->copy[hi] || f->copy[0] != cp || f->unlinked ||
-	    cp->state != TS_WRITE_COMPLETE) {
+	/* changed while the bytes moved (not by a writer: they wait for
+	 * cp->flushing): this copy is not the file's any more */
+	moved = f->copy[hi] || f->copy[0] != cp || f->unlinked || cp->state != TS_WRITE_COMPLETE;
+	if (ret || moved) {
 		eng_dd_gpu_keep(f, &gh, false);	/* no host copy of them follows */
-	}
-	if (!ret && (f->copy[hi] || f->copy[0] != cp || f->unlinked ||
-		     cp->state != TS_WRITE_COMPLETE)) {
-		/* changed while the bytes moved (not by a writer: they wait
-		 * for cp->flushing): this copy is not the file's any more */
-		tier_set_state(&hcp->state, TS_INIT);
-		cache_release(&e->host, hcp);
-		free(hcp);
-		eng_settled(e);
-		eng_room(e);
-		return;
-	}
-	if (ret) {
-		tier_set_state(&hcp->state, TS_INIT);
-		cache_release(&e->host, hcp);
-		free(hcp);
-		tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
-		eng_settled(e);
-		eng_room(e);
+		cascade_drop(e, hcp);
+		if (ret)
+			tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
 		return;
 	}
 	hcp->len = len;
