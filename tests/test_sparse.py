@@ -447,3 +447,28 @@ def test_a_sparse_growth_and_a_zeroed_range_are_journalled_as_holes(mount, reque
     with open(bp, "rb") as f:
         assert f.read() == bytes(want)
     assert allocated(bp) <= 2 * MiB + 64 * KiB + 256 * KiB, f"{allocated(bp)} bytes allocated"
+
+
+def test_a_writable_copy_of_an_evicted_sparse_file_reads_its_data_not_its_holes(mount):
+    """A change to a file whose cached copy was evicted fills a new copy
+    from the backing file: its data runs are read, its holes zeroed in the
+    cache without a read.  It read the whole length: for 2 MiB of data in
+    a 32 MiB file, 32 MiB through the page cache, which the kernel fills
+    with pages of zeros for the holes.  The daemon's read calls (rchar)
+    stay near the data, and the file reads back exact."""
+    m = mount(host_cache="64M")
+    p = j(m.mnt, "s")
+    rng = util.rng_for(util.pick_seed("TIERFS_SPARSE_SEED", 3803, "sparse fill"))
+    pieces = {0: rng.randbytes(MiB), 31 * MiB: rng.randbytes(MiB)}
+    for off, data in pieces.items():
+        pwrite_file(p, data, off)
+    util.wait_flushed(m)
+    os.setxattr(p, "user.tierfs.evict", b"1")
+    assert host_used(m) == 0, "the copy was not evicted"
+    io0 = daemon_io(m)
+    pwrite_file(p, b"y" * 100, 16 * MiB, os.O_WRONLY)
+    io1 = daemon_io(m)
+    pieces[16 * MiB] = b"y" * 100
+    read = io1["rchar"] - io0["rchar"]
+    assert read <= 6 * MiB, f"the daemon read {read} bytes to change 100 of a 2 MiB file"
+    check_zero_hole(p, 32 * MiB, pieces)

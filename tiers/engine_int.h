@@ -617,6 +617,9 @@ int backing_move(const struct bend *dst, const struct bend *src, uint64_t len,
 		 uint64_t *progress);
 /* Read n bytes at off of fd into buf, zeros past the file's end: 0 / -errno. */
 int backing_pread(int fd, void *buf, size_t n, off_t off);
+/* The first n bytes of fd into buf as backing_pread, fd's holes (SEEK_DATA,
+ * SEEK_HOLE) zeroed instead of read (moves fd's offset): 0 / -errno. */
+int backing_pread_sparse(int fd, void *buf, size_t n);
 /* Write all n bytes of buf at off of fd: 0 / -errno. */
 int backing_pwrite(int fd, const void *buf, size_t n, off_t off);
 /*

@@ -291,6 +291,10 @@ static bool drop_slower(struct engine *e, struct tfile *f, int t)
 	return false;
 }
 
+/* Files at least this long are filled by their data runs (two lseeks a
+ * run): below it one read costs less. */
+#define FILL_SPARSE_MIN	(1u << 20)
+
 /*
  * Fill the new copy ncp (not attached, pinned) with the first n bytes of
  * f's content: from src (a copy in the same or a faster tier) or, without
@@ -319,7 +323,9 @@ static int fill_copy(struct tfile *f, struct copy *ncp, struct copy *src, uint64
 	}
 	if (fd < 0)
 		return fd;
-	ret = backing_pread(fd, copy_ptr(ncp), n, 0);	/* zeros past its end */
+	/* zeros past its end; a large file's holes not read (a memset) */
+	ret = n >= FILL_SPARSE_MIN ? backing_pread_sparse(fd, copy_ptr(ncp), n) :
+				     backing_pread(fd, copy_ptr(ncp), n, 0);
 	f->ops->release_data_fd(f, fd);
 	return ret;
 }
