@@ -20,7 +20,8 @@
  * journal_apply_eio (every apply of a journalled change fails),
  * inplace_copy_eio (the first copy of a commit intent fails: fs_intent.c),
  * journal_sync_eio (the journal's first sync runs, then reports EIO:
- * store/journal.c).
+ * store/journal.c), journal_settle_later (every apply's sync is left to a
+ * flusher's pause, not only while other flushes are due: flush.c).
  */
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);
@@ -28,7 +29,8 @@ void tierfs_fault_kill(const char *point);
  * TIERFS_DELAY="point=ms[,point=ms...]" names points where a thread
  * sleeps, for the tests of races: tierfs_delay_ms() is the milliseconds
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
- * flush_write, journal_apply (flush.c), dedup_cloned (dedup_flush.c: after
+ * flush_write, journal_apply, journal_settle_applied (flush.c: before a
+ * flusher syncs the applies left to it), dedup_cloned (dedup_flush.c: after
  * a flush cloned its base), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:
  * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a

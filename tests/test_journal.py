@@ -452,6 +452,41 @@ def ssd_stats(m):
     return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
 
 
+def test_an_apply_whose_sync_waits_survives_a_power_cut(disk, mount, monkeypatch, tmp_path):
+    """A record's apply is written into the backing file and its sync left
+    to a flusher's pause (flush.c's asettle), which syncs such files
+    together and only then retires their records: while other flushes are
+    due, and for every apply with TIERFS_FAULT=journal_settle_later.  Held
+    there (TIERFS_DELAY=journal_settle_applied), the file reads its change
+    through the backing directory's page cache, the record stays live and
+    the mount is not flushed (ssd.flush_queued counts it); a power cut
+    then leaves the record, and tierfs --recover and the next mount both
+    give the file its change."""
+    img, root = disk
+    backing = backing_on(disk)
+    old, new, changes = contents()
+    monkeypatch.setenv("TIERFS_DELAY", "journal_settle_applied=600000")
+    monkeypatch.setenv("TIERFS_FAULT", "journal_settle_later")
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", old)
+    os.sync()
+    change(path, changes)
+    bpath = os.path.join(backing, "f")
+    util.wait_until(lambda: read(bpath) == new, "the apply")
+    assert jstats(m)["records_live"] >= 1, "retired before its sync"
+    assert ssd_stats(m)["flush_queued"] >= 1, ssd_stats(m)
+    cut1, cut2 = Cut(img, tmp_path, "cut1"), Cut(img, tmp_path, "cut2")
+    m.kill(signal.SIGKILL)
+    with cut1 as cut:
+        r = recover(os.path.join(cut, "b"))
+        assert r.returncode == 0, r.stderr
+        util.assert_same(read(os.path.join(cut, "b", "f")), new, "f after tierfs --recover")
+    with cut2 as cut:
+        m2 = mount(backing=os.path.join(cut, "b"), host_cache="64M", dedup="off")
+        util.assert_same(read(os.path.join(m2.mnt, "f")), new, "f through the next mount")
+        m2.umount()
+
+
 def test_bytes_flushed_counts_what_a_journal_flush_wrote(disk, mount):
     """ssd.bytes_flushed counts the bytes a flush wrote into the backing
     directory: for a small change made a journal record, the changed

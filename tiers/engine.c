@@ -654,10 +654,11 @@ static double rate(uint64_t bytes, double s)
 
 /* e->lock held: files on the flush queue (waiting for a flusher, or for
  * their retry), whatever their bytes: a file emptied by a truncation, or
- * whose journal record waits for its apply, has none in the backlog. */
+ * whose journal record waits for its apply, has none in the backlog; and
+ * applies whose sync waits for a flusher (flush.c's asettle). */
 static uint64_t flush_queued(const struct engine *e)
 {
-	uint64_t n = 0;
+	uint64_t n = e->nasettle + e->asettling;
 
 	for (const struct tfile *f = e->q_head; f; f = f->fq_next)
 		n++;

@@ -107,6 +107,10 @@
  * bypassing the page cache.
  */
 #define FLUSH_BUFFERED_MAX	(256u << 10)
+/* Journal applies left unsynced at most, and how many a flusher that
+ * still has work lets wait before it syncs them (flush.c's asettle). */
+#define ASETTLE_MAX	64
+#define ASETTLE_BATCH	16
 
 struct ssd_ring;
 
@@ -193,6 +197,17 @@ struct engine {
 	uint64_t client_writes, client_reads, client_bytes;	/* spans */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;
+	/* journal applies written and not synced yet (flush.c's asettle):
+	 * a flusher syncs them together once it has nothing due or
+	 * ASETTLE_BATCH wait, then retires their records; each holds a
+	 * reference to its file */
+	struct asettle {
+		struct tfile *f;
+		uint64_t seq;		/* the record applied */
+		int fd;			/* the backing file written */
+	} asettle[ASETTLE_MAX];
+	unsigned nasettle;		/* waiting */
+	unsigned asettling;		/* being synced (f->jsettling) */
 	pthread_t toucher;		/* pre-faults the host buffer */
 	bool toucher_started;
 	uint64_t touched;		/* host bytes touched so far */
@@ -566,6 +581,10 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
+/* f's applied record whose sync a flusher has not made yet synced and
+ * retired now (flush.c's asettle), before anything newer of f is written
+ * into its backing file.  e->lock not held.  0 or -errno. */
+int eng_asettle_file(struct engine *e, struct tfile *f);
 void *eng_gflusher_main(void *arg);
 /*
  * Write-through shadows (write.c makes them): eng_commit_shadow makes f's

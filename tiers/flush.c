@@ -486,6 +486,146 @@ static void journal_applied(struct engine *e, struct tfile *f, uint64_t seq)
 }
 
 /*
+ * An apply's sync left to a flusher's pause.  A journal flush alone
+ * (journal_flush) writes its record's ranges into the backing file and,
+ * while other flushes are due, instead of waiting there for their sync (a
+ * log commit each, in the flusher that should be making room), queues the
+ * file here: a flusher
+ * that has nothing due, or that finds ASETTLE_BATCH waiting, syncs them
+ * all together (ssd_fdatasync_many: the backing log commits them at once)
+ * and retires their records.  Until then the record stays live: a crash
+ * replays it, writing the same bytes again.  Its retirement must come
+ * before anything newer of the file is written into its backing file and
+ * retired (a replay of the older record would undo it): another apply, a
+ * settle, a version (flush_write, start_shadow) each settle f's first
+ * (eng_asettle_file).  A file is queued once at most (f->jsettle).
+ * e->asettle is under e->lock; f->jsettle, f->jsettling too.
+ */
+
+/* e->lock held: f's apply of record seq (written through fd, not synced)
+ * queued; false where the queue is full (the caller syncs it).  Only while
+ * other flushes are due (journal_flush): a flusher with nothing else to do
+ * syncs at once, as soon as a pause would. */
+static bool asettle_later(struct engine *e, struct tfile *f, uint64_t seq, int fd)
+{
+	if (e->nasettle == ASETTLE_MAX)
+		return false;
+	f->ops->get(f);
+	e->asettle[e->nasettle++] = (struct asettle){ f, seq, fd };
+	f->jsettle = seq;
+	if (f->jseq == seq)
+		f->jseq = 0;	/* applied: no later record supersedes it */
+	return true;
+}
+
+/*
+ * e->lock not held: the sync of an apply of f's record seq ended with
+ * ret (fd closed).  Retired where it is durable; else the record is
+ * applied again from the journal (journal_settle: written, synced,
+ * retired durably), as a replay would.  0 or -errno (it stays f's).
+ */
+static int asettle_done(struct tfile *f, uint64_t seq, int ret)
+{
+	if (!ret) {
+		f->ops->journal_retire(f, seq);
+		return 0;
+	}
+	return f->ops->journal_settle(f, seq);
+}
+
+/* e->lock held: f's settle of seq over (ret), its waiters woken. */
+static void asettle_end(struct engine *e, struct tfile *f, uint64_t seq, int ret)
+{
+	f->jsettling = false;
+	if (!ret && f->jsettle == seq)
+		f->jsettle = 0;
+	eng_flushed(e);
+}
+
+/* e->lock held (dropped meanwhile): every queued apply synced, together,
+ * and its record retired. */
+static void asettle_all(struct engine *e, struct ssd_ring *ring)
+{
+	struct asettle v[ASETTLE_MAX];
+	int fds[ASETTLE_MAX], res[ASETTLE_MAX];
+	unsigned n = e->nasettle, i;
+
+	memcpy(v, e->asettle, n * sizeof(v[0]));
+	e->nasettle = 0;
+	e->asettling += n;
+	for (i = 0; i < n; i++) {
+		v[i].f->jsettling = true;
+		fds[i] = v[i].fd;
+	}
+	eng_unlock(e);
+	eng_delay_at(NULL, "journal_settle_applied");	/* tests: a power cut first */
+	ssd_fdatasync_many(ring, fds, res, n);
+	__atomic_add_fetch(&e->fl_syncs, 1, __ATOMIC_RELAXED);
+	for (i = 0; i < n; i++) {
+		close(fds[i]);
+		res[i] = asettle_done(v[i].f, v[i].seq, res[i]);
+		if (res[i]) {
+			char nb[256];
+
+			tlog(LOG_WARNING, "%s: a journal record's apply could not be synced (%s): "
+			     "it stays live (retried before the file's next change)",
+			     fname(v[i].f, nb, sizeof(nb)), strerror(-res[i]));
+		}
+	}
+	eng_lock(e);
+	for (i = 0; i < n; i++)
+		asettle_end(e, v[i].f, v[i].seq, res[i]);
+	e->asettling -= n;
+	eng_unlock(e);
+	for (i = 0; i < n; i++)
+		v[i].f->ops->put(v[i].f);
+	eng_lock(e);
+}
+
+/*
+ * e->lock not held: f's applied record, where one waits for its sync,
+ * settled now (synced and retired, or applied again from the journal),
+ * before anything newer of f is written into its backing file; one that
+ * a flusher is settling is waited for.  0 or -errno.
+ */
+int eng_asettle_file(struct engine *e, struct tfile *f)
+{
+	uint64_t seq;
+	int fd = -1, ret;
+	bool queued = false;
+
+	eng_lock(e);
+	while (f->jsettling)
+		pthread_cond_wait(&e->flushed, &e->lock);
+	seq = f->jsettle;
+	if (!seq) {
+		eng_unlock(e);
+		return 0;
+	}
+	for (unsigned i = 0; i < e->nasettle; i++)
+		if (e->asettle[i].f == f) {
+			fd = e->asettle[i].fd;
+			e->asettle[i] = e->asettle[--e->nasettle];
+			queued = true;
+			break;
+		}
+	f->jsettling = true;
+	e->asettling++;
+	eng_unlock(e);
+	ret = fd >= 0 && fdatasync(fd) < 0 ? -errno : fd >= 0 ? 0 : -EIO;
+	if (fd >= 0)
+		close(fd);
+	ret = asettle_done(f, seq, ret);
+	eng_lock(e);
+	asettle_end(e, f, seq, ret);
+	e->asettling--;
+	eng_unlock(e);
+	if (queued)
+		f->ops->put(f);
+	return ret;
+}
+
+/*
  * The journal flush planned in p, of f's copy cp (leased, e->lock not
  * held) as of gen, alone.  inline_: in an fsync's thread (the apply is
  * left to a flusher: returns 1 once the record is durable).  0 when the
@@ -496,7 +636,8 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
 			 uint64_t len, struct jflush *p, bool inline_)
 {
 	uint64_t seq;
-	int ret;
+	bool queued;
+	int ret, fd;
 
 	ret = journal_record(e, f, cp, len, p, true, &seq);
 	if (ret)
@@ -506,9 +647,21 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
 	if (inline_)
 		return 1;
 	eng_delay_at(NULL, "journal_apply");
-	ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len, NULL);
+	ret = eng_asettle_file(e, f);	/* its earlier apply first */
+	if (!ret)
+		ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len, &fd);
 	if (ret)
 		return ret;	/* the record stays: retried, or replayed */
+	eng_lock(e);
+	queued = (e->q_head || tierfs_fault("journal_settle_later")) &&	/* others due */
+		 asettle_later(e, f, seq, fd);
+	eng_unlock(e);
+	if (queued)
+		return 0;
+	ret = fdatasync(fd) < 0 ? -errno : 0;
+	close(fd);
+	if (ret)
+		return ret;
 	journal_applied(e, f, seq);
 	return 0;
 }
@@ -524,8 +677,10 @@ static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uin
  */
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq)
 {
-	int ret = f->ops->journal_settle(f, seq);
+	int ret = eng_asettle_file(e, f);	/* an older record's retirement first */
 
+	if (!ret)
+		ret = f->ops->journal_settle(f, seq);
 	if (!ret) {
 		eng_lock(e);
 		if (f->jseq == seq)
@@ -646,6 +801,12 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 			j->ret = ret;
 			return;
 		}
+	}
+	/* an applied record settled before a version (eng_asettle_file) */
+	ret = eng_asettle_file(e, f);
+	if (ret) {
+		j->ret = ret;
+		return;
 	}
 	if (j->jf.pending) {
 		ret = eng_settle_record(e, f, j->jf.pending);
@@ -1061,8 +1222,10 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 
 		if (!q->jgroup || q->ret)
 			continue;
-		q->ret = q->f->ops->journal_apply(q->f, copy_ptr(q->cp), q->jf.r, q->jf.n, q->len,
-						  &fds[na]);
+		q->ret = eng_asettle_file(e, q->f);	/* its earlier apply first */
+		if (!q->ret)
+			q->ret = q->f->ops->journal_apply(q->f, copy_ptr(q->cp), q->jf.r,
+							  q->jf.n, q->len, &fds[na]);
 		if (!q->ret)
 			idx[na++] = i;
 	}
@@ -1184,7 +1347,15 @@ void *eng_flusher_main(void *arg)
 			eng_lock(e);
 			continue;
 		}
+		if (e->nasettle >= ASETTLE_BATCH) {
+			asettle_all(e, &ring);
+			continue;
+		}
 		f = pop_flush(e);
+		if (!f && e->nasettle) {	/* nothing due: their syncs now */
+			asettle_all(e, &ring);
+			continue;
+		}
 		if (!f) {
 			int ms = e->q_head ? 100 : 1100;
 

@@ -134,6 +134,10 @@ struct tfile {
 	uint64_t jseq;			/* its record while not yet applied to
 					 * the backing file, 0: none */
 	uint64_t jgen;			/* the gen that record holds */
+	uint64_t jsettle;		/* its record applied to the backing
+					 * file, the apply not synced yet
+					 * (flush.c's asettle), 0: none */
+	bool jsettling;			/* that sync under way */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct hint *hint_first, *hint_last;	/* its restore-queue entries,
 						 * ticket order (hints.c) */

@@ -66,14 +66,15 @@ static int start_shadow(struct engine *e, struct tfile *f)
 			break;
 		pthread_cond_wait(&e->settled, &e->lock);
 	}
-	/* a journal record not applied yet: settled before anything of the
-	 * shadow is written (eng_settle_record); claimed here, so that no
+	/* a journal record not applied yet, or applied and not synced:
+	 * settled before anything of the shadow is written
+	 * (eng_settle_record, eng_asettle_file); claimed here, so that no
 	 * flush that starts meanwhile settles it too */
 	pending = f->jseq;
 	f->jseq = 0;
 	lease_begin(e, &l, cp, NULL);
 	eng_delay_at(NULL, "shadow_copy");
-	fd = pending ? eng_settle_record(e, f, pending) : 0;
+	fd = pending ? eng_settle_record(e, f, pending) : eng_asettle_file(e, f);
 	if (!fd) {
 		pending = 0;	/* in the backing file, retired */
 		fd = f->ops->version_open(f, false, &direct, &inplace);
