@@ -66,36 +66,23 @@ int backing_pread(int fd, void *buf, size_t n, off_t off)
  * kernel fills with pages of zeros, each copied out: a writable copy of a
  * file of a few MiB of data in a large hole (eng_writable_copy's fill)
  * cost the copy of its whole length.  Its data runs are read; its holes
- * are a memset.  Where fd says nothing (lseek fails but for ENXIO: no
- * data past pos), the rest is read whole.
+ * are a memset.  Where fd says nothing, the rest is read whole
+ * (fc_next_run, as backing_copy_file walks them).
  */
 int backing_pread_sparse(int fd, void *buf, size_t n)
 {
 	char *b = buf;
-	size_t pos = 0;
+	loff_t pos = 0, end = (loff_t)n, data, hole;
+	int ret = 0;
 
-	while (pos < n) {
-		off_t data = lseek(fd, (off_t)pos, SEEK_DATA), hole;
-		int ret;
-
-		if (data < 0 && errno == ENXIO)
-			data = (off_t)n;	/* a hole to the end, or past it */
-		else if (data < 0)
-			return backing_pread(fd, b + pos, n - pos, (off_t)pos);
-		if ((size_t)data > n)
-			data = (off_t)n;
-		memset(b + pos, 0, (size_t)data - pos);
-		if ((size_t)data == n)
-			return 0;
-		hole = lseek(fd, data, SEEK_HOLE);
-		if (hole < 0 || (size_t)hole > n || hole <= data)
-			hole = (off_t)n;
-		ret = backing_pread(fd, b + data, (size_t)(hole - data), data);
-		if (ret)
-			return ret;
-		pos = (size_t)hole;
+	while (!ret && pos < end) {
+		fc_next_run(fd, pos, end, &data, &hole);
+		memset(b + pos, 0, (size_t)(data - pos));
+		if (data < hole)
+			ret = backing_pread(fd, b + data, (size_t)(hole - data), data);
+		pos = hole;
 	}
-	return 0;
+	return ret;
 }
 
 int backing_pwrite(int fd, const void *buf, size_t n, off_t off)

@@ -612,9 +612,11 @@ int eng_asettle_file(struct engine *e, struct tfile *f)
 	f->jsettling = true;
 	e->asettling++;
 	eng_unlock(e);
-	ret = fd >= 0 && fdatasync(fd) < 0 ? -errno : fd >= 0 ? 0 : -EIO;
-	if (fd >= 0)
+	ret = -EIO;		/* not queued: its sync failed before */
+	if (fd >= 0) {
+		ret = fdatasync(fd) < 0 ? -errno : 0;
 		close(fd);
+	}
 	ret = asettle_done(f, seq, ret);
 	eng_lock(e);
 	asettle_end(e, f, seq, ret);
