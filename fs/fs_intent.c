@@ -463,6 +463,10 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 		     "version is copied in place unjournalled", (uintmax_t)old->st_ino);
 		return copy_in_place(ofd, fd, true);
 	}
+	/* the intent, durable, supersedes the records of the fsyncs of a
+	 * shadow committed here (tfile_shadow_records): retired before the
+	 * intent can be */
+	fs_journal_retire_shadow(in);
 	static bool eio_once;
 
 	if (tierfs_fault("inplace_copy_eio") && !__atomic_exchange_n(&eio_once, true,

@@ -62,13 +62,15 @@ static struct fs_inode *in_of(struct tfile *f)
 	return (struct fs_inode *)((char *)f - offsetof(struct fs_inode, tf));
 }
 
-/* The journal's ranges of the engine's (drange: start, end). */
-static struct jnl_range *ranges_of(const struct drange *r, uint32_t n)
+/* The journal's ranges of the engine's (drange: start, end; zero: those
+ * that read as zeros, or NULL). */
+static struct jnl_range *ranges_of(const struct drange *r, const bool *zero, uint32_t n)
 {
 	struct jnl_range *jr = malloc(((size_t)n ? n : 1) * sizeof(*jr));
 
 	for (uint32_t i = 0; jr && i < n; i++)
-		jr[i] = (struct jnl_range){ r[i].start, r[i].end - r[i].start };
+		jr[i] = (struct jnl_range){ r[i].start, (r[i].end - r[i].start) |
+							(zero && zero[i] ? JNL_ZERO : 0) };
 	return jr;
 }
 
@@ -95,8 +97,8 @@ int fs_journal_retired_durable(struct fs_inode *in)
 }
 
 /* tfile_ops.journal_delta: see tfile.h. */
-int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
-		     uint64_t size, uint64_t *seq, bool sync)
+int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
+		     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq, bool sync)
 {
 	struct fs_inode *in = in_of(f);
 	union {
@@ -145,7 +147,7 @@ out_fd:
 	fs_fd_release(in);
 	if (ret)
 		return ret;
-	jr = ranges_of(r, n);
+	jr = ranges_of(r, zero, n);
 	if (!jr)
 		return -ENOMEM;
 	/* DIR's copy of the change: its intent ahead of the record in the
@@ -168,6 +170,16 @@ out_fd:
 	return ret;
 }
 
+/* See fs.h. */
+void fs_journal_retire_shadow(struct fs_inode *in)
+{
+	uint32_t n;
+	const uint64_t *seq = tfile_shadow_records(&in->tf, &n);
+
+	for (uint32_t i = 0; jnl.fd >= 0 && i < n; i++)
+		retire_of(in, seq[i]);
+}
+
 /* tfile_ops.journal_sync: see tfile.h. */
 int fs_journal_sync(struct tfile *f, uint64_t seq)
 {
@@ -181,7 +193,7 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 {
 	struct fs_inode *in = in_of(f);
 	struct timespec mt = tfile_mtime(f);
-	struct jnl_range *jr = ranges_of(r, n);
+	struct jnl_range *jr = ranges_of(r, NULL, n);
 	char path[64];
 	int fd, ret;
 

@@ -797,7 +797,8 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 	v[k++] = (struct iovec){ (void *)d->path, h.path_len };
 	v[k++] = (struct iovec){ (void *)d->r, (size_t)d->n * sizeof(*d->r) };
 	for (uint32_t i = 0; i < d->n; i++)
-		v[k++] = (struct iovec){ (char *)base + d->r[i].off, d->r[i].len };
+		if (!(d->r[i].len & JNL_ZERO))
+			v[k++] = (struct iovec){ (char *)base + d->r[i].off, d->r[i].len };
 	ret = jnl_append(j, JNL_DELTA, v, k, seq);
 	free(v);
 	return ret;
@@ -851,11 +852,15 @@ static int write_delta(int fd, const struct jnl_range *r, uint32_t n, const void
 
 	for (uint32_t i = 0; i < n; i++) {
 		const char *p = packed ? at : (const char *)base + r[i].off;
-		int ret = write_range(fd, p, r[i].off, r[i].len);
+		uint64_t len = r[i].len & ~JNL_ZERO;
+		int ret = r[i].len & JNL_ZERO ?
+			fc_clear_range(fd, (loff_t)r[i].off, (loff_t)(r[i].off + len)) :
+			write_range(fd, p, r[i].off, len);
 
 		if (ret)
 			return ret;
-		at += r[i].len;
+		if (!(r[i].len & JNL_ZERO))
+			at += len;
 	}
 	if (ftruncate(fd, (off_t)size) < 0)
 		return -errno;
@@ -1016,9 +1021,12 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 	memcpy(r, q + sizeof(h) + h.handle_len + h.path_len, (size_t)h.n * sizeof(*r));
 	ret = -EINVAL;
 	for (uint32_t i = 0; i < h.n; i++) {
-		if (r[i].off + r[i].len < r[i].off || r[i].off + r[i].len > h.size)
+		uint64_t rl = r[i].len & ~JNL_ZERO;
+
+		if (r[i].off + rl < r[i].off || r[i].off + rl > h.size)
 			goto out_r;
-		bytes += r[i].len;
+		if (!(r[i].len & JNL_ZERO))
+			bytes += rl;
 	}
 	if (bytes != len - need)
 		goto out_r;

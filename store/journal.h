@@ -207,9 +207,13 @@ int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 
 /* ---- JNL_DELTA: a small change of one backing file ------------------------ */
 
+/* A changed range of a delta.  With JNL_ZERO set in len, the range reads
+ * as zeros: none of its bytes are in the record, and its apply punches it
+ * (a hole of a sparse file stays one, and costs the record nothing). */
 struct jnl_range {
 	uint64_t off, len;
 };
+#define JNL_ZERO	(1ull << 63)
 
 /* What a delta record says besides its ranges' bytes. */
 struct jnl_delta {
@@ -225,7 +229,8 @@ struct jnl_delta {
 
 /*
  * Append the record of delta d, the bytes of range i being at
- * base + d->r[i].off (a file's cached copy).  Not synced.  0 or -errno.
+ * base + d->r[i].off (a file's cached copy, or a mapping of a file),
+ * none for a JNL_ZERO range.  Not synced.  0 or -errno.
  */
 int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 		     uint64_t *seq);

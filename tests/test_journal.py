@@ -893,3 +893,120 @@ def test_a_file_emptied_by_a_record_then_written_in_place_survives_a_power_cut(
         r = recover(b)
         assert r.returncode == 0, r.stderr
         util.assert_same(read(os.path.join(b, "f")), new, "f after the cut and tierfs --recover")
+
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+class Model:
+    """A file's bytes as the writes through fd should leave them."""
+
+    def __init__(self, fd, base):
+        self.fd, self.b = fd, bytearray(base)
+
+    def write(self, off, data):
+        os.pwrite(self.fd, data, off)
+        if off + len(data) > len(self.b):
+            self.b.extend(bytes(off + len(data) - len(self.b)))
+        self.b[off:off + len(data)] = data
+
+    def truncate(self, size):
+        os.ftruncate(self.fd, size)
+        del self.b[size:]
+        self.b.extend(bytes(size - len(self.b)))
+
+    def punch(self, off, n):
+        util.fallocate(self.fd, off, n, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
+        self.b[off:off + n] = bytes(n)
+
+
+def written_through(m, rng, name="s"):
+    """(path, model, base): a durable file of 256 KiB, open, then written
+    40 MiB past its end: from there written through (a new version of its
+    backing file, the shadow, takes its writes)."""
+    base = rng.randbytes(256 << 10)
+    path = durable_file(m, name, base)
+    f = Model(os.open(path, os.O_RDWR), base)
+    f.write(40 * MiB, rng.randbytes(4096))
+    return path, f, base
+
+
+def test_fsyncs_of_a_file_written_through_are_journal_records(disk, mount, tmp_path):
+    """A file written through (a sparse one: a write far past its end) had
+    its shadow committed as a whole new version at each fsync (fdatasync,
+    rename, a sync of its directory), and its next write copied the whole
+    file into a new shadow.  Now each fsync appends a record of what
+    changed since the last one (writes, a shrink and a growth again, a
+    punched hole) and the shadow stays; the backing file is still the
+    base.  After a power cut, tierfs --recover and the next mount give the
+    file as of its last fsync (the records applied in order over the
+    base), sparse, without the write that came after."""
+    img, root = disk
+    backing = backing_on(disk)
+    rng = seeded(SEED + 8)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
+    path, f, base = written_through(m, rng)
+    before = ssd_stats(m)
+    assert before["files_written_through"] == 1, before
+    os.fsync(f.fd)
+    f.write(1000, rng.randbytes(3000))          # the base's bytes
+    os.fsync(f.fd)
+    f.truncate(100 << 10)                        # below the base's size
+    f.write(36 * MiB, rng.randbytes(5000))       # and past it again: zeros between
+    f.write(50 << 10, rng.randbytes(20 << 10))
+    os.fsync(f.fd)
+    f.punch(40 << 10, 32 << 10)
+    os.fsync(f.fd)
+    synced = bytes(f.b)
+    f.write(2000, rng.randbytes(100))            # never synced
+    st = ssd_stats(m)
+    assert st["files_written_through"] == 1, "a shadow was made again"
+    assert st["write_through_records"] == before["write_through_records"] + 4, st
+    assert st["files_flushed"] == before["files_flushed"], "a version was committed"
+    assert jstats(m)["records_live"] >= 4, jstats(m)
+    util.assert_same(read(os.path.join(backing, "s")), base, "the backing file (the base)")
+    cut1, cut2 = Cut(img, tmp_path, "cut1"), Cut(img, tmp_path, "cut2")
+    m.kill(signal.SIGKILL)
+    try:
+        os.close(f.fd)
+    except OSError:
+        pass
+    with cut1 as cut:
+        r = recover(os.path.join(cut, "b"))
+        assert r.returncode == 0, r.stderr
+        p = os.path.join(cut, "b", "s")
+        util.assert_same(read(p), synced, "s after tierfs --recover")
+        assert os.stat(p).st_blocks * 512 < 2 * MiB, "its holes were written"
+    with cut2 as cut:
+        m2 = mount(backing=os.path.join(cut, "b"), host_cache="64M", dedup="off")
+        util.assert_same(read(os.path.join(m2.mnt, "s")), synced, "s through the next mount")
+        m2.umount()
+
+
+def test_a_file_written_through_is_committed_and_its_records_retired(disk, mount):
+    """The shadow whose fsyncs are journal records is committed after its
+    last close (-o flush_age), durably, and its records are retired then:
+    none stays live, and a clean unmount removes the journal.  A hard link
+    made while it is written through has the commit copy it over the
+    file in place (under a commit intent, which retires the records):
+    both names read the last content, holes kept."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 9)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200")
+    path, f, _ = written_through(m, rng)
+    os.fsync(f.fd)
+    f.write(7, rng.randbytes(70000))
+    os.fsync(f.fd)
+    assert jstats(m)["records_live"] >= 2, jstats(m)
+    os.link(path, path + ".2")
+    f.write(30 * MiB, rng.randbytes(9000))
+    os.fsync(f.fd)
+    os.close(f.fd)
+    util.wait_flushed(m)
+    util.wait_until(lambda: jstats(m)["records_live"] == 0, "the records retired")
+    for name in ("s", "s.2"):
+        p = os.path.join(backing, name)
+        util.assert_same(read(p), bytes(f.b), f"{name} in the backing directory")
+        assert os.stat(p).st_blocks * 512 < 2 * MiB, "its holes were written"
+    m.umount()
+    assert not os.path.exists(journal(backing)), "the journal outlived a clean unmount"

@@ -369,6 +369,11 @@ void tfile_destroy(struct tfile *f)
 	if (f->jseq && f->ops->journal_retire)
 		f->ops->journal_retire(f, f->jseq);
 	f->jseq = 0;
+	eng_shadow_committed(f, -ENOENT);	/* its records: of a file gone */
+	if (f->slog)
+		dset_free(&f->slog->ranges);
+	free(f->slog);
+	f->slog = NULL;
 	if (f->shadow_fd >= 0)
 		close(f->shadow_fd);
 	f->shadow_fd = -1;
@@ -721,6 +726,8 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_num(j, "flush_bandwidth", e->flush_bw, 0);
 	json_u64(j, "bytes_written_through", e->bytes_written_through);
 	json_u64(j, "files_written_through", e->files_written_through);
+	json_u64(j, "write_through_records", e->write_through_records);
+	json_u64(j, "write_through_record_bytes", e->write_through_record_bytes);
 	json_obj(j, "seconds");
 	json_num(j, "total", e->fl_total_s, 6);
 	json_num(j, "clone", e->fl_clone_s, 6);

@@ -152,6 +152,8 @@ struct engine {
 	/* statistics */
 	uint64_t bytes_flushed, files_flushed, flush_errors;
 	uint64_t bytes_written_through, files_written_through;
+	uint64_t write_through_records;	/* their fsyncs made journal records */
+	uint64_t write_through_record_bytes;	/* the bytes those held */
 	uint64_t backlog;		/* bytes queued or being flushed */
 	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet); set once,
 					 * atomically (engine_has_gpu reads it
@@ -581,6 +583,9 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
+/* Is a journal record of bytes changed in a len-byte file small enough
+ * (-o journal_pct of the file, JOURNAL_MAX at most)? */
+bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len);
 /* f's applied record whose sync a flusher has not made yet synced and
  * retired now (flush.c's asettle), before anything newer of f is written
  * into its backing file.  e->lock not held.  0 or -errno. */
@@ -595,6 +600,10 @@ void *eng_gflusher_main(void *arg);
  * (committed, dropped), its bytes out of the flush backlog.
  */
 int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable);
+/* f's shadow committed (ret 0, or -ENOENT: dropped with its file): the
+ * journal records of its fsyncs (write.c's shadow_record) retired;
+ * e->lock not held. */
+void eng_shadow_committed(struct tfile *f, int ret);
 int eng_shadow_done(struct engine *e, struct tfile *f);
 void eng_shadow_unqueued(struct engine *e, struct tfile *f);
 

@@ -111,6 +111,20 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 
 /* ---- write-through shadows -------------------------------------------- */
 
+/* See engine_int.h: the records of the shadow's fsyncs (write.c's
+ * shadow_record) retired once the shadow is committed, durably. */
+void eng_shadow_committed(struct tfile *f, int ret)
+{
+	struct shadow_log *s = f->slog;
+
+	if (!s || (ret && ret != -ENOENT))
+		return;			/* live: a replay needs them */
+	for (uint32_t i = 0; i < s->nseq; i++)
+		f->ops->journal_retire(f, s->seq[i]);
+	s->nseq = 0;
+	s->valid = false;
+}
+
 /*
  * Commit the shadow version.  e->lock and f->lock held.  Its data is made
  * stable first, as a flush's is (eng_settle_version), also at a close: a
@@ -124,13 +138,17 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	uint64_t gen = f->gen;
 	int ret = 0;
 
+	/* its fsyncs' journal records are retired once it is committed:
+	 * durably (write.c) */
+	bool logged = f->slog && f->slog->nseq;
+
 	eng_shadow_unqueued(e, f);
 	eng_unlock(e);
 	if (durable || !f->shadow_inplace)
 		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);
-	if (!ret) {
-		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable);
-	}
+	if (!ret)
+		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable || logged);
+	eng_shadow_committed(f, ret);
 	eng_lock(e);
 	if (ret && ret != -ENOENT) {
 		f->flush_err = ret;
@@ -346,8 +364,7 @@ struct jflush {
 /* Bytes at most journalled per flush: a record's payload stays small. */
 #define JOURNAL_MAX	(64ull << 20)
 
-/* Is a journal flush of bytes (of a len-byte file) small enough? */
-static bool journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
+bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
 {
 	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;
 }
@@ -396,7 +413,7 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 	p->bytes = bytes;
 	if (tb < len)
 		p->sparse = tb;
-	if (!journal_small(e, bytes, len)) {
+	if (!eng_journal_small(e, bytes, len)) {
 		free(p->r);
 		p->r = NULL;
 		return;
@@ -428,7 +445,7 @@ static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, stru
 			}
 			p->r[p->n++] = (struct drange){ pos, next };
 			p->bytes += next - pos;
-			if (!journal_small(e, p->bytes, len))
+			if (!eng_journal_small(e, p->bytes, len))
 				return 2;
 		}
 		pos = next;
@@ -453,7 +470,7 @@ static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, ui
 		ret = journal_tail(e, copy_ptr(cp), len, p);
 	if (ret || !p->record)
 		return ret;
-	ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, p->n, len, seq, sync);
+	ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, NULL, p->n, len, seq, sync);
 	return ret > 0 ? 2 : ret;
 }
 

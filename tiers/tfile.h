@@ -22,6 +22,9 @@ struct hint;
 struct engine;
 struct tfile;
 
+/* Journal records a write-through version holds at most before an fsync
+ * commits it instead (struct shadow_log). */
+#define SLOG_MAX	16
 
 /* Backing-store operations, implemented by the fs side. */
 struct tfile_ops {
@@ -61,7 +64,9 @@ struct tfile_ops {
 	 * Optional, the four together (-o journal_pct; flush.c's journal
 	 * flush).  journal_delta: append a record of f's change since its
 	 * backing file's content: the n ranges r, whose bytes are at
-	 * base + r[i].start, and size, made durable (sync) or not yet (the
+	 * base + r[i].start (zero: NULL, or where zero[i], range i reads as
+	 * zeros, its bytes not recorded: its apply punches it), and size,
+	 * made durable (sync) or not yet (the
 	 * caller's journal_sync does, for a group's records at once).
 	 * Returns 0 with *seq the record's, 1 where f cannot be journalled
 	 * (the caller writes a new version), or -errno.  journal_sync: the
@@ -72,10 +77,12 @@ struct tfile_ops {
 	 * caller, *fd then a descriptor of the file written, the caller's to
 	 * sync and close before the record is retired: 0 or -errno.
 	 * journal_retire: record seq is in the backing file, synced (or
-	 * superseded): no replay needs it.
+	 * superseded, or in a new version committed durably: a shadow's,
+	 * write.c): no replay needs it.
 	 */
 	int (*journal_delta)(struct tfile *f, const void *base, const struct drange *r,
-			     uint32_t n, uint64_t size, uint64_t *seq, bool sync);
+			     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq,
+			     bool sync);
 	int (*journal_sync)(struct tfile *f, uint64_t seq);
 	int (*journal_apply)(struct tfile *f, const void *base, const struct drange *r,
 			     uint32_t n, uint64_t size, int *fd);
@@ -123,6 +130,23 @@ struct tfile {
 	bool shadow_inplace;		/* shadow_fd is the file itself */
 	uint64_t shadow_backlog;	/* bytes of e->backlog for a shadow
 					 * waiting on the aging queue */
+	/*
+	 * A shadow's fsyncs made durable by journal records instead of a
+	 * new version each (write.c's shadow_record): the ranges written
+	 * since its base (the backing file, which it was made from, or its
+	 * last record), while valid; base_len the size then, clean_len the
+	 * least since; seq the live records, in order, until the shadow is
+	 * committed (durably: then they are retired); gen the gen the last
+	 * one holds.  Under f->lock (every write to a shadow holds it).
+	 */
+	struct shadow_log {
+		struct dset ranges;
+		uint64_t base_len, clean_len;
+		bool valid;
+		uint32_t nseq;
+		uint64_t seq[SLOG_MAX];
+		uint64_t gen;
+	} *slog;			/* NULL: none (malloc'ed by start_shadow) */
 	int writers;			/* open handles that may write */
 	int flush_err;			/* last flush failure (-errno), or 0 */
 	int write_err;			/* a write-through write failed (-errno):
@@ -160,6 +184,15 @@ struct tfile {
 
 void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
 		uint64_t size);
+/*
+ * The live journal records that hold the fsyncs of f's write-through
+ * version (write.c), *n of them, in order: for a commit of it that copies
+ * it over the file in place, which retires them once its own intent is
+ * durable (before that intent can be retired: a replay of them after
+ * the copy would undo part of it).  The caller of version_commit holds
+ * f->lock, which keeps them.
+ */
+const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n);
 /* Drop every copy and pending work of a file that is going away. */
 void tfile_destroy(struct tfile *f);
 

@@ -7,19 +7,21 @@
  * the file's current content) on first write; the copy grows by
  * reallocation.  When no room can be made, the file goes write-through: a
  * new version of the backing file (the "shadow") receives the content and
- * the writes, and is committed on fsync, or -o flush_age after the last
- * close (eng_shadow_done; at once in place, or at the unmount).  Either way
+ * the writes, and is committed on fsync (unless the fsync is a journal
+ * record: shadow_record), or -o flush_age after the last close
+ * (eng_shadow_done; at once in place, or at the unmount).  Either way
  * a backing file is only ever replaced by a complete new version.  The
  * last writer's close (or an fsync) completes the copy and queues it for
  * flush.c.
  *
- * Owns: the tfile fields shadow_fd, shadow_inplace, writers, write_err,
- * gen, size and mtime while dirty.  Entry points take f->lock, then
+ * Owns: the tfile fields shadow_fd, shadow_inplace, slog, writers,
+ * write_err, gen, size and mtime while dirty.  Entry points take f->lock, then
  * e->lock; flush.c's eng_commit_shadow() calls ops->version_commit with
  * f->lock held and e->lock dropped (the fs side takes fs.nslock and
  * fs.lock there).
- * Calls place.c, flush.c (eng_complete_copy), dedup_flush.c (eng_dd_retire)
- * and backing.c.
+ * Calls place.c, flush.c (eng_complete_copy, eng_journal_small),
+ * dedup_flush.c (eng_dd_retire), backing.c and the journal through
+ * tfile_ops (journal_delta, journal_retire).
  */
 #include <assert.h>
 #include <errno.h>
@@ -31,9 +33,11 @@
 #include <string.h>
 #include <unistd.h>
 #include <linux/falloc.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "dedup_flush.h"
+#include "filecopy.h"
 #include "engine_int.h"
 #include "gpu_tier.h"
 #include "gpu.h"
@@ -44,6 +48,206 @@ static void touch_mtime(struct tfile *f)
 }
 
 /*
+ * Fsyncs of a file written through.  Committing its shadow (fdatasync of
+ * the shadow, a rename, a sync of its directory) at every fsync costs the
+ * backing log several commits, and the next write then copies the whole
+ * file into a new shadow again where extents cannot be shared (ext4): the
+ * sparse files of a GiB that fsstress writes and fsyncs again and again.
+ * Instead, where the shadow was made from the backing file's content (its
+ * base), an fsync whose changes since the base are small
+ * (eng_journal_small) appends them to the journal as a delta record of
+ * the backing file (tfile_ops.journal_delta, synced: one sequential
+ * write) and returns; the shadow stays and takes the next writes.  The
+ * next fsync's record holds what changed since the one before: a replay
+ * applies the live records of a file in order, the base plus each one
+ * giving the shadow as it was at that fsync.  The records stay live until
+ * the shadow is committed, durably (eng_commit_shadow), and are retired
+ * then (eng_shadow_committed): after the rename the path names another
+ * inode, and a replay passes them over anyway.  A commit copied over a
+ * hard-linked file in place retires them once its intent is durable
+ * (fs_intent.c), before the intent itself can be retired.  A shadow holds
+ * SLOG_MAX records at most; an fsync commits it after that, or where its
+ * changes are not small or not known (a write that failed, no memory).
+ * f->slog is under f->lock (every write to the shadow holds it).
+ */
+
+/* e->lock held: f's new shadow, made from its backing file's content
+ * where base: its changes are tracked from here. */
+static void slog_start(struct engine *e, struct tfile *f, bool base)
+{
+	struct shadow_log *s = f->slog;
+
+	if (!base || !e->cfg.journal_pct || !f->ops->journal_delta)
+		return;
+	if (!s) {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return;
+		f->slog = s;
+	}
+	dset_clear(&s->ranges);
+	s->base_len = s->clean_len = f->size;
+	s->nseq = 0;
+	s->valid = true;
+}
+
+/* Bytes [start, end) of f's shadow changed (written, zeroed); ok false: a
+ * change that failed, whose bytes are not known. */
+static void slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
+{
+	struct shadow_log *s = f->slog;
+
+	if (s && s->valid && (!ok || (end > start && dset_add(&s->ranges, start, end))))
+		s->valid = false;
+}
+
+/* f's shadow sized to size. */
+static void slog_truncate(struct tfile *f, uint64_t size, bool ok)
+{
+	struct shadow_log *s = f->slog;
+
+	if (s && s->valid && !ok)
+		s->valid = false;
+	if (s && s->valid && size < s->clean_len)
+		s->clean_len = size;
+}
+
+/* The ranges of a shadow's record: r[i] reads as zeros where zero[i]
+ * (none of its bytes recorded); bytes: of the others. */
+struct slog_plan {
+	struct drange *r;
+	bool *zero;
+	uint32_t n, cap;
+	uint64_t bytes;
+};
+
+/* [start, end) added to p (zero: a hole); false: no memory. */
+static bool plan_add(struct slog_plan *p, uint64_t start, uint64_t end, bool zero)
+{
+	if (p->n == p->cap) {
+		uint32_t cap = p->cap ? p->cap * 2 : 16;
+		struct drange *r = realloc(p->r, (size_t)cap * sizeof(*r));
+		bool *z = r ? realloc(p->zero, (size_t)cap * sizeof(*z)) : NULL;
+
+		if (r)
+			p->r = r;
+		if (!z)
+			return false;
+		p->zero = z;
+		p->cap = cap;
+	}
+	p->r[p->n] = (struct drange){ start, end };
+	p->zero[p->n++] = zero;
+	if (!zero)
+		p->bytes += end - start;
+	return true;
+}
+
+/* [start, end) of shadow fd added to p as its data runs and, where
+ * holes, zeros (holes: true), or its data runs alone. */
+static bool plan_runs(struct slog_plan *p, int fd, uint64_t start, uint64_t end, bool holes)
+{
+	loff_t pos, data, hole;
+
+	for (pos = (loff_t)start; pos < (loff_t)end; pos = hole) {
+		fc_next_run(fd, pos, (loff_t)end, &data, &hole);
+		if (holes && data > pos && !plan_add(p, (uint64_t)pos, (uint64_t)data, true))
+			return false;
+		if (data < hole && !plan_add(p, (uint64_t)data, (uint64_t)hole, false))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Plan the record of f's shadow (fd, size bytes): the ranges written
+ * below the least size since the base, the base's bytes from there to its
+ * size (or the file's) whole, each as the shadow's data runs and holes
+ * there (zeros); past that the shadow's data runs alone (its holes are
+ * holes of the file grown to the record's size).  false where there are
+ * too many bytes for a record, or no memory.  f->lock held.
+ */
+static bool slog_plan(struct engine *e, struct tfile *f, int fd, uint64_t size,
+		      struct slog_plan *p)
+{
+	struct shadow_log *s = f->slog;
+	uint64_t c = s->clean_len < size ? s->clean_len : size, tb = c;
+	bool ok = true;
+
+	for (uint32_t i = 0; ok && i < s->ranges.n && s->ranges.r[i].start < c; i++) {
+		uint64_t end = s->ranges.r[i].end < c ? s->ranges.r[i].end : c;
+
+		ok = plan_runs(p, fd, s->ranges.r[i].start, end, true);
+	}
+	if (ok && s->base_len > c) {
+		tb = s->base_len < size ? s->base_len : size;
+		ok = plan_runs(p, fd, c, tb, true);
+	}
+	if (ok)
+		ok = plan_runs(p, fd, tb, size, false);
+	return ok && eng_journal_small(e, p->bytes, size);
+}
+
+/*
+ * e->lock and f->lock held (e->lock dropped meanwhile): f's shadow made
+ * durable by a journal record of its changes since its base or its last
+ * record (above).  0, or 1 where it cannot be (the caller commits it).
+ */
+static int shadow_record(struct engine *e, struct tfile *f)
+{
+	struct shadow_log *s = f->slog;
+	uint64_t size = f->size, gen = f->gen, seq;
+	struct slog_plan p = { 0 };
+	void *map = NULL;
+	struct stat st;
+	int ret = 1;
+
+	if (!s || !s->valid || s->nseq == SLOG_MAX)
+		return 1;
+	if (s->nseq && s->gen == gen)
+		return 0;		/* its last record holds it */
+	eng_unlock(e);
+	/* the shadow as f->size says (a write cut short may have grown it) */
+	if (fstat(f->shadow_fd, &st) < 0 || (uint64_t)st.st_size != size ||
+	    !slog_plan(e, f, f->shadow_fd, size, &p))
+		goto out;
+	if (size) {
+		map = mmap(NULL, size, PROT_READ, MAP_SHARED, f->shadow_fd, 0);
+		if (map == MAP_FAILED) {
+			map = NULL;
+			goto out;
+		}
+	}
+	ret = f->ops->journal_delta(f, map, p.r, p.zero, p.n, size, &seq, true);
+	if (ret < 0)
+		tlog(LOG_DEBUG, "a write-through file's journal record failed (%s): its "
+		     "version is committed", strerror(-ret));
+out:
+	if (map)
+		munmap(map, size);
+	free(p.r);
+	free(p.zero);
+	eng_lock(e);
+	if (ret)
+		return 1;
+	s->seq[s->nseq++] = seq;
+	s->gen = gen;
+	dset_clear(&s->ranges);		/* the next record: from this one */
+	s->base_len = s->clean_len = size;
+	if (f->journaled_gen < gen)
+		f->journaled_gen = gen;
+	e->write_through_records++;
+	e->write_through_record_bytes += p.bytes;
+	return 0;
+}
+
+const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
+{
+	*n = f->slog ? f->slog->nseq : 0;
+	return f->slog ? f->slog->seq : NULL;
+}
+
+/*
  * Switch f to write-through: a new version holding the current content
  * becomes the target of all writes.  e->lock held on entry and exit
  * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
@@ -51,7 +255,7 @@ static void touch_mtime(struct tfile *f)
 static int start_shadow(struct engine *e, struct tfile *f)
 {
 	struct copy *cp;
-	bool direct, inplace;
+	bool direct, inplace, was_dirty = f->dirty;
 	struct lease l;
 	char nb[256];
 	uint64_t pending;
@@ -112,6 +316,9 @@ static int start_shadow(struct engine *e, struct tfile *f)
 	eng_dd_retire(e, f);	/* and may be the backing file itself */
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
+	/* its fsyncs may be journal records where it was made from the
+	 * backing file's content (a file not dirty: no copy newer) */
+	slog_start(e, f, !was_dirty && !f->dd.taint && !inplace);
 	f->dirty = true;
 	e->files_written_through++;
 	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
@@ -671,6 +878,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 		ret = ret ? ret : (ssize_t)len;
 	}
 	eng_lock(e);
+	slog_note(f, (uint64_t)off, (uint64_t)off + (ret > 0 ? (uint64_t)ret : 0), ret >= 0);
 	if (ret < 0)
 		f->write_err = (int)ret;	/* for fsync, as write-back would */
 	if (ret > 0) {
@@ -852,6 +1060,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 	if (ftruncate(f->shadow_fd, (off_t)size) < 0)
 		ret = -errno;
 	eng_lock(e);
+	slog_truncate(f, size, !ret);
 	if (!ret) {
 		f->size = size;
 		eng_mark_modified(f);
@@ -927,6 +1136,7 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 	eng_unlock(e);
 	ret = shadow_zero(f->shadow_fd, off, end);
 	eng_lock(e);
+	slog_note(f, off, end, !ret);
 	if (ret) {
 		f->write_err = ret;	/* for fsync, as a failed write */
 		goto out;
@@ -1037,7 +1247,9 @@ int tfile_fsync_data(struct tfile *f)
 	if (f->unlinked)
 		goto out;
 	if (f->shadow_fd >= 0) {
-		ret = eng_commit_shadow(e, f, true);
+		/* a journal record of its changes, else a new version */
+		if (shadow_record(e, f))
+			ret = eng_commit_shadow(e, f, true);
 		goto out;
 	}
 	if (!f->dirty) {

@@ -423,6 +423,58 @@ static void test_delta(void)
 	free(got);
 }
 
+/*
+ * A delta with a JNL_ZERO range (a hole of a file written through): none
+ * of its bytes in the record, and its apply punches it (its blocks freed)
+ * beside a range written and one past the old end, which the size grows
+ * over as a hole.
+ */
+static void test_delta_zero(void)
+{
+	enum { OLD = 1 << 20, NEW = 3 << 20 };
+	struct jnl_replay_stats st;
+	struct jnl_range r[3] = {
+		{ 4096, (256 << 10) | JNL_ZERO }, { 300000, 10 }, { NEW - 5, 5 },
+	};
+	char *want = calloc(1, NEW), *got = malloc(NEW), *old = malloc(OLD);
+	struct stat sb;
+	struct jnl j;
+	uint64_t s;
+	int fd, rootfd = openat(dirfd_, ".", O_RDONLY | O_DIRECTORY);
+
+	memset(old, 'o', OLD);
+	fd = openat(dirfd_, "z", O_RDWR | O_CREAT | O_TRUNC, 0600);
+	CHECK(pwrite(fd, old, OLD, 0) == OLD && fsync(fd) == 0, "write");
+	fstat(fd, &sb);
+	memcpy(want, old, OLD);
+	memset(want + 4096, 0, 256 << 10);
+	memset(want + 300000, 'N', 10);
+	memset(want + NEW - 5, 'E', 5);
+	struct jnl_delta d = { .dev = sb.st_dev, .ino = sb.st_ino, .size = NEW,
+			       .path = "z", .r = r, .n = 3 };
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	/* the zero range's bytes are never read: base need not hold them */
+	CHECK(jnl_delta_append(&j, &d, want, &s) == 0, "delta append");
+	CHECK(jnl_sync(&j, s) == 0, "sync");
+	CHECK(j.off < 4096, "the zero range's bytes recorded: %lu bytes",
+	      (unsigned long)j.off);
+	jnl_close(&j);
+	CHECK(jnl_replay(dirfd_, JN, apply_delta, &rootfd, &st) == 0, "replay");
+	CHECK(st.applied == 1, "zero delta: applied %lu failed %lu",
+	      (unsigned long)st.applied, (unsigned long)st.failed);
+	fstat(fd, &sb);
+	CHECK(sb.st_size == NEW, "size %ld", (long)sb.st_size);
+	CHECK(pread(fd, got, NEW, 0) == NEW && !memcmp(got, want, NEW), "zero delta content");
+	CHECK(sb.st_blocks * 512 <= OLD - (240 << 10), "the zero range not punched: %ld blocks",
+	      (long)sb.st_blocks);
+	close(fd);
+	unlinkat(dirfd_, "z", 0);
+	close(rootfd);
+	free(want);
+	free(got);
+	free(old);
+}
+
 static int apply_any(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
 {
 	char why[256];
@@ -594,6 +646,7 @@ int main(void)
 	test_notes();
 	test_stale_tail();
 	test_delta();
+	test_delta_zero();
 	test_redo();
 	unlinkat(dirfd_, JN, 0);
 	unlinkat(dirfd_, "f", 0);
