@@ -514,6 +514,27 @@ def test_bytes_flushed_counts_what_a_journal_flush_wrote(disk, mount):
     m.umount()
 
 
+def test_a_journal_flush_is_no_sample_of_the_flush_bandwidth(disk, mount):
+    """ssd.flush_bandwidth, the rate eviction expects a whole copy to be
+    flushed at, is measured on whole versions.  A journal flush of a large
+    file wrote a few KiB in its time, and counted the file's length: one
+    fsync of 4 KiB changed in 64 MiB made it many times what the disk
+    does, and eviction then expected dirty copies to be free much sooner
+    than they are."""
+    backing = backing_on(disk)
+    m = mount(backing=backing, host_cache="256M", dedup="off")
+    rng = seeded(SEED + 10)
+    path = durable_file(m, "big", rng.randbytes(64 * MiB))
+    bw = ssd_stats(m)["flush_bandwidth"]
+    records = jstats(m)["records_appended"]
+    for i in range(3):
+        change(path, [(rng.randrange(64 * MiB - 4096), rng.randbytes(4096))])
+    util.wait_flushed(m)
+    assert jstats(m)["records_appended"] >= records + 3, "not journal flushes"
+    assert ssd_stats(m)["flush_bandwidth"] == bw, (bw, ssd_stats(m))
+    m.umount()
+
+
 def test_a_whole_version_after_a_pending_record_is_not_undone_by_it(disk, mount, monkeypatch,
                                                                    tmp_path):
     """A hard-linked file whose journalled change could not be applied

@@ -948,7 +948,9 @@ static int flush_end(struct engine *e, struct fjob *j)
 	if (ret == 0) {
 		double dt = tier_now() - j->t0;
 
-		if (len >= (1u << 20) && dt > 0)
+		/* the rate of whole versions, which eviction waits for (a
+		 * journal flush writes a few ranges of len in that time) */
+		if (len >= (1u << 20) && dt > 0 && !j->dd.journalled)
 			e->flush_bw = e->flush_bw > 0 ?
 				0.7 * e->flush_bw + 0.3 * (double)len / dt :
 				(double)len / dt;
