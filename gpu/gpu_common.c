@@ -126,6 +126,89 @@ bool gpu_built(void)
 }
 
 /*
+ * gpu_init's first steps, gpu_state.lock held: load the driver, cuInit,
+ * note the driver's version (0 when it does not say).  Returns 0, or
+ * gpu_dl_load's error or -ENODEV with the reason in msg.
+ */
+static int init_driver(char *msg, size_t msglen)
+{
+	CUresult r;
+	int ret;
+
+	ret = gpu_dl_load(msg, msglen);
+	if (ret)
+		return ret;
+	r = cuInit(0);
+	if (r != CUDA_SUCCESS) {
+		init_failure(r, msg, msglen);
+		return -ENODEV;
+	}
+	if (cuDriverGetVersion(&gpu_state.driver) != CUDA_SUCCESS)
+		gpu_state.driver = 0;
+	return 0;
+}
+
+/*
+ * Device `dev`'s driver handle into *d, gpu_state.lock held and the driver
+ * initialised.  Returns 0, or -ENODEV with the reason in msg.
+ */
+static int init_device(int dev, CUdevice *d, char *msg, size_t msglen)
+{
+	CUresult r;
+	char why[160];
+	int count = 0;
+
+	r = cuDeviceGetCount(&count);
+	if (r != CUDA_SUCCESS)
+		count = 0;
+	if (dev < 0 || dev >= count) {
+		if (msg && msglen)
+			snprintf(msg, msglen, "no device %d (%d CUDA device%s)",
+				 dev, count, count == 1 ? "" : "s");
+		return -ENODEV;
+	}
+	r = cuDeviceGet(d, dev);
+	if (r != CUDA_SUCCESS) {
+		cu_describe(r, why, sizeof(why));
+		if (msg && msglen)
+			snprintf(msg, msglen, "no device %d: %s", dev, why);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+/*
+ * Retain device `dev`'s (d's) primary context into *ctx and make it
+ * current, gpu_state.lock held.  Returns 0, or -ENODEV with the reason in
+ * msg and the context released again.
+ */
+static int init_context(int dev, CUdevice d, CUcontext *ctx, char *msg, size_t msglen)
+{
+	CUresult r;
+	char why[160];
+
+	r = cuDevicePrimaryCtxRetain(ctx, d);
+	if (r != CUDA_SUCCESS) {
+		cu_describe(r, why, sizeof(why));
+		if (msg && msglen)
+			snprintf(msg, msglen,
+				 "device %d refuses a context: %s", dev, why);
+		return -ENODEV;
+	}
+	r = cuCtxSetCurrent(*ctx);
+	if (r != CUDA_SUCCESS) {
+		cu_describe(r, why, sizeof(why));
+		if (msg && msglen)
+			snprintf(msg, msglen,
+				 "device %d: cannot make its context current: %s",
+				 dev, why);
+		cuDevicePrimaryCtxRelease(d);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+/*
  * gpu_init - initialise the driver and make device `dev`'s primary context
  * current in the calling thread.  Returns 0 and writes a one-line
  * description of the device to msg; or -ENODEV (no driver: "no CUDA driver
@@ -138,9 +221,7 @@ int gpu_init(int dev, char *msg, size_t msglen)
 {
 	CUcontext ctx = NULL;
 	CUdevice d;
-	CUresult r;
-	char why[160];
-	int count = 0, ret = 0;
+	int ret = 0;
 
 	if (msg && msglen)
 		msg[0] = '\0';
@@ -157,56 +238,15 @@ int gpu_init(int dev, char *msg, size_t msglen)
 		goto out_describe;
 	}
 
-	ret = gpu_dl_load(msg, msglen);
+	ret = init_driver(msg, msglen);
 	if (ret)
 		goto out_unlock;
-	r = cuInit(0);
-	if (r != CUDA_SUCCESS) {
-		init_failure(r, msg, msglen);
-		ret = -ENODEV;
+	ret = init_device(dev, &d, msg, msglen);
+	if (ret)
 		goto out_unlock;
-	}
-	if (cuDriverGetVersion(&gpu_state.driver) != CUDA_SUCCESS)
-		gpu_state.driver = 0;
-
-	r = cuDeviceGetCount(&count);
-	if (r != CUDA_SUCCESS)
-		count = 0;
-	if (dev < 0 || dev >= count) {
-		if (msg && msglen)
-			snprintf(msg, msglen, "no device %d (%d CUDA device%s)",
-				 dev, count, count == 1 ? "" : "s");
-		ret = -ENODEV;
+	ret = init_context(dev, d, &ctx, msg, msglen);
+	if (ret)
 		goto out_unlock;
-	}
-	r = cuDeviceGet(&d, dev);
-	if (r != CUDA_SUCCESS) {
-		cu_describe(r, why, sizeof(why));
-		if (msg && msglen)
-			snprintf(msg, msglen, "no device %d: %s", dev, why);
-		ret = -ENODEV;
-		goto out_unlock;
-	}
-
-	r = cuDevicePrimaryCtxRetain(&ctx, d);
-	if (r != CUDA_SUCCESS) {
-		cu_describe(r, why, sizeof(why));
-		if (msg && msglen)
-			snprintf(msg, msglen,
-				 "device %d refuses a context: %s", dev, why);
-		ret = -ENODEV;
-		goto out_unlock;
-	}
-	r = cuCtxSetCurrent(ctx);
-	if (r != CUDA_SUCCESS) {
-		cu_describe(r, why, sizeof(why));
-		if (msg && msglen)
-			snprintf(msg, msglen,
-				 "device %d: cannot make its context current: %s",
-				 dev, why);
-		ret = -ENODEV;
-		goto out_release;
-	}
 
 	if (cuDeviceGetName(gpu_state.name, sizeof(gpu_state.name), d) !=
 	    CUDA_SUCCESS)
@@ -229,8 +269,6 @@ out_describe:
 	ranked_unlock(&gpu_state.lock, LR_GPU_INIT);
 	return 0;
 
-out_release:
-	cuDevicePrimaryCtxRelease(d);
 out_unlock:
 	ranked_unlock(&gpu_state.lock, LR_GPU_INIT);
 	return ret;

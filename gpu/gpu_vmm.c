@@ -177,40 +177,15 @@ static void *vmm_mapper(void *arg)
 }
 
 /*
- * gpu_vmm_create_multi - reserve sizes[0] + ... + sizes[n - 1] bytes of
- * device addresses, the first sizes[0] (rounded up to whole chunks, the
- * last part to the granularity only) to be backed by memory of device
- * devs[0], the next by devs[1], and so on, and start the mapper thread;
- * with `shareable`, chunks are created exportable (gpu_vmm_export).  Every
- * device gets read/write access to the whole range.  Returns 0 with *out
- * set, -EINVAL for a size 0, n out of 1..GPU_MAX_DEVICES or a device named
- * twice, -ENODEV before gpu_init() or for a device that does not exist,
- * -EOPNOTSUPP when a device lacks VMM or two of them cannot reach each
- * other's memory (peer access), or the mapped driver / pthread error; on
- * error *out is NULL and nothing is left reserved.
+ * The devices of gpu_vmm_create_multi (n of them, each named once): each
+ * must exist, manage virtual memory and reach the memory of every other
+ * (peer access).  The daemon's context is current.  Returns 0, -ENODEV,
+ * -EOPNOTSUPP (logged), or the mapped driver error.
  */
-int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *sizes,
-			 unsigned n, bool shareable)
+static int vmm_check_devs(const int *devs, unsigned n)
 {
-	struct gpu_vmm *v;
-	size_t gmin = 0, grec = 0;
-	sigset_t all, old;
-	int vmm_ok = 0, ret, count = 0;
-	uint64_t total = 0;
+	int vmm_ok = 0, ret = 0, count = 0;
 
-	*out = NULL;
-	if (!n || n > GPU_MAX_DEVICES)
-		return -EINVAL;
-	for (unsigned i = 0; i < n; i++) {
-		if (!sizes[i] || sizes[i] > UINT64_MAX / 2 / GPU_MAX_DEVICES)
-			return -EINVAL;
-		for (unsigned j = 0; j < i; j++)
-			if (devs[j] == devs[i])
-				return -EINVAL;
-	}
-	ret = gpu_ctx_enter();
-	if (ret)
-		return ret;
 	GPU_CU(cuDeviceGetCount(&count), out);
 	for (unsigned i = 0; i < n; i++) {
 		CUdevice d;
@@ -245,10 +220,22 @@ int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *
 			}
 		}
 	}
+out:
+	return ret;
+}
 
-	v = calloc(1, sizeof(*v));
-	if (!v)
-		return -ENOMEM;
+/*
+ * The devices of a new, zeroed range v: their ordinals, read/write
+ * access for each, the chunks' allocation properties (v->prop, its
+ * location devs[0]'s), and in *gmin and *grec the largest minimum and
+ * recommended granularity of them all (2 MiB when the driver says none;
+ * grec at least gmin).  Returns 0 or the mapped driver error.
+ */
+static int vmm_set_devs(struct gpu_vmm *v, const int *devs, unsigned n, bool shareable,
+			size_t *gmin, size_t *grec)
+{
+	int ret = 0;
+
 	v->ndev = n;
 	v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	v->prop.requestedHandleTypes = shareable ?
@@ -263,19 +250,34 @@ int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *
 		v->access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 		v->prop.location.id = devs[i];
 		GPU_CU(cuMemGetAllocationGranularity(&dmin, &v->prop,
-				CU_MEM_ALLOC_GRANULARITY_MINIMUM), out_free);
+				CU_MEM_ALLOC_GRANULARITY_MINIMUM), out);
 		GPU_CU(cuMemGetAllocationGranularity(&drec, &v->prop,
-				CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), out_free);
-		if (dmin > gmin)
-			gmin = dmin;
-		if (drec > grec)
-			grec = drec;
+				CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), out);
+		if (dmin > *gmin)
+			*gmin = dmin;
+		if (drec > *grec)
+			*grec = drec;
 	}
 	v->prop.location.id = devs[0];
-	if (!gmin)
-		gmin = 2ULL << 20;
-	if (grec < gmin)
-		grec = gmin;
+	if (!*gmin)
+		*gmin = 2ULL << 20;
+	if (*grec < *gmin)
+		*grec = *gmin;
+out:
+	return ret;
+}
+
+/*
+ * The layout of v over its devices' parts: the chunk (VMM_CHUNK rounded up
+ * to the granularities, smaller for a small part), each part's end in
+ * dend[] (whole chunks but the last, which is rounded to gmin only), the
+ * size and the number of chunks.
+ */
+static void vmm_set_parts(struct gpu_vmm *v, const uint64_t *sizes, unsigned n, size_t gmin,
+			  size_t grec)
+{
+	uint64_t total = 0;
+
 	v->chunk = round_up(round_up(VMM_CHUNK, grec), gmin);
 	for (unsigned i = 0; i + 1 < n; i++)	/* a small part: smaller chunks */
 		if (round_up(sizes[i], gmin) < v->chunk)
@@ -288,29 +290,31 @@ int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *
 	}
 	v->size = total;
 	v->nchunks = (v->size + v->chunk - 1) / v->chunk;
-	v->handles = calloc(v->nchunks, sizeof(*v->handles));
-	if (!v->handles) {
-		ret = -ENOMEM;
-		goto out_free;
-	}
+}
+
+/*
+ * Retain the primary contexts of v's devices but the first (dctx[1..]),
+ * then make the daemon's context current again.  Returns 0 or -errno;
+ * what was retained stays in dctx[] for release_ctxs().
+ */
+static int vmm_retain_ctxs(struct gpu_vmm *v, const int *devs, unsigned n)
+{
+	int ret = 0;
+
 	for (unsigned i = 1; i < n; i++) {	/* the other devices' driver state */
 		CUdevice d;
 
-		GPU_CU(cuDeviceGet(&d, devs[i]), out_release_ctx);
-		GPU_CU(cuDevicePrimaryCtxRetain(&v->dctx[i], d), out_release_ctx);
+		GPU_CU(cuDeviceGet(&d, devs[i]), out);
+		GPU_CU(cuDevicePrimaryCtxRetain(&v->dctx[i], d), out);
 	}
 	ret = gpu_ctx_enter();	/* back to the daemon's context */
-	if (ret)
-		goto out_release_ctx;
+out:
+	return ret;
+}
 
-	GPU_CU(cuMemAddressReserve(&v->base, v->size, grec, 0, 0),
-	       out_release_ctx);
-
-	atomic_init(&v->mapped, 0);
-	atomic_init(&v->stop, false);
-	pthread_mutex_init(&v->lock, NULL);
-	pthread_cond_init(&v->cond, NULL);
-
+/* Log where the reserved range of v lies, part by part. */
+static void vmm_log_parts(const struct gpu_vmm *v, const int *devs, unsigned n)
+{
 	if (n == 1)
 		gpu_log(LOG_INFO,
 			"gpu: cache of %llu MiB reserved at 0x%llx, mapping %llu MiB chunks",
@@ -322,17 +326,92 @@ int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *
 				MiB(v->dend[i] - (i ? v->dend[i - 1] : 0)), devs[i],
 				(unsigned long long)(v->base + (i ? v->dend[i - 1] : 0)),
 				MiB(v->chunk));
+}
 
-	/* The mapper takes no signals: they belong to the daemon's loop. */
+/*
+ * Start v's mapper thread with every signal blocked (they belong to the
+ * daemon's loop).  Returns 0, or the pthread error as -errno (logged).
+ */
+static int vmm_start_mapper(struct gpu_vmm *v)
+{
+	sigset_t all, old;
+	int ret;
+
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	ret = -pthread_create(&v->mapper, NULL, vmm_mapper, v);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (ret) {
+	if (ret)
 		gpu_log(LOG_ERR, "gpu: cannot start the cache mapper: %s",
 			strerror(-ret));
-		goto out_addr_free;
+	return ret;
+}
+
+/*
+ * gpu_vmm_create_multi - reserve sizes[0] + ... + sizes[n - 1] bytes of
+ * device addresses, the first sizes[0] (rounded up to whole chunks, the
+ * last part to the granularity only) to be backed by memory of device
+ * devs[0], the next by devs[1], and so on, and start the mapper thread;
+ * with `shareable`, chunks are created exportable (gpu_vmm_export).  Every
+ * device gets read/write access to the whole range.  Returns 0 with *out
+ * set, -EINVAL for a size 0, n out of 1..GPU_MAX_DEVICES or a device named
+ * twice, -ENODEV before gpu_init() or for a device that does not exist,
+ * -EOPNOTSUPP when a device lacks VMM or two of them cannot reach each
+ * other's memory (peer access), or the mapped driver / pthread error; on
+ * error *out is NULL and nothing is left reserved.
+ */
+int gpu_vmm_create_multi(struct gpu_vmm **out, const int *devs, const uint64_t *sizes,
+			 unsigned n, bool shareable)
+{
+	struct gpu_vmm *v;
+	size_t gmin = 0, grec = 0;
+	int ret;
+
+	*out = NULL;
+	if (!n || n > GPU_MAX_DEVICES)
+		return -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		if (!sizes[i] || sizes[i] > UINT64_MAX / 2 / GPU_MAX_DEVICES)
+			return -EINVAL;
+		for (unsigned j = 0; j < i; j++)
+			if (devs[j] == devs[i])
+				return -EINVAL;
 	}
+	ret = gpu_ctx_enter();
+	if (ret)
+		return ret;
+	ret = vmm_check_devs(devs, n);
+	if (ret)
+		goto out;
+
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	ret = vmm_set_devs(v, devs, n, shareable, &gmin, &grec);
+	if (ret)
+		goto out_free;
+	vmm_set_parts(v, sizes, n, gmin, grec);
+	v->handles = calloc(v->nchunks, sizeof(*v->handles));
+	if (!v->handles) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	ret = vmm_retain_ctxs(v, devs, n);
+	if (ret)
+		goto out_release_ctx;
+
+	GPU_CU(cuMemAddressReserve(&v->base, v->size, grec, 0, 0),
+	       out_release_ctx);
+
+	atomic_init(&v->mapped, 0);
+	atomic_init(&v->stop, false);
+	pthread_mutex_init(&v->lock, NULL);
+	pthread_cond_init(&v->cond, NULL);
+
+	vmm_log_parts(v, devs, n);
+	ret = vmm_start_mapper(v);
+	if (ret)
+		goto out_addr_free;
 	*out = v;
 	return 0;
 

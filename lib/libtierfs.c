@@ -1052,17 +1052,232 @@ out:
 	return ret;
 }
 
+/*
+ * Step 1 of gpu_iov: check every segment before anything else (length > 0,
+ * offsets, the total within SSIZE_MAX), fill sg[] and by_off[] (sorted by
+ * file offset) and widen [*lo, *hi) (the caller's starts empty) to the
+ * union of the file ranges; a write's ranges must not overlap.  Returns 0,
+ * or -1 with errno EINVAL.
+ */
+static int vec_check(const struct tierfs_gpu_iovec *iov, int iovcnt, bool write,
+		     struct vseg *sg, struct vseg **by_off, uint64_t *lo, uint64_t *hi)
+{
+	uint64_t total = 0;
+	int i;
+
+	for (i = 0; i < iovcnt; i++) {
+		uint64_t len = iov[i].len;
+
+		if (!len || iov[i].off < 0 || len > SSIZE_MAX || !iov[i].dev_ptr ||
+		    len > (uint64_t)INT64_MAX - (uint64_t)iov[i].off ||
+		    len > (uint64_t)SSIZE_MAX - total) {
+			errno = EINVAL;
+			return -1;
+		}
+		total += len;
+		sg[i] = (struct vseg){ (uint64_t)(uintptr_t)iov[i].dev_ptr, len,
+				       (uint64_t)iov[i].off, -1, 0, false };
+		by_off[i] = &sg[i];
+		if (sg[i].off < *lo)
+			*lo = sg[i].off;
+		if (sg[i].off + len > *hi)
+			*hi = sg[i].off + len;
+	}
+	qsort(by_off, (size_t)iovcnt, sizeof(*by_off), off_cmp);
+	for (i = 1; write && i < iovcnt; i++)
+		if (by_off[i - 1]->off + by_off[i - 1]->len > by_off[i]->off) {
+			errno = EINVAL;		/* file ranges overlap */
+			return -1;
+		}
+	return 0;
+}
+
+/*
+ * Steps 3 and 4 of gpu_iov: each allocation the segments point into,
+ * resolved once into al[] (a segment inside one already seen asks the
+ * driver nothing) and named in the segment's a; every range must lie
+ * inside its own allocation.  Returns how many allocations al[] holds, or
+ * -1 with errno.
+ */
+static int vec_resolve(struct vseg *sg, int iovcnt, struct valloc *al)
+{
+	int i, j, nal = 0;
+
+	for (i = 0; i < iovcnt; i++) {
+		struct vseg *s = &sg[i];
+
+		for (j = 0; j < nal; j++)
+			if (s->p >= al[j].x.base && s->p - al[j].x.base < al[j].x.size)
+				break;
+		if (j == nal) {
+			if (resolve(s->p, &al[nal].x, &al[nal].pi, &al[nal].cached,
+				    false) < 0)
+				return -1;
+			al[nal++].slot = -1;
+		}
+		s->a = j;
+		if (s->len > al[j].x.size - (s->p - al[j].x.base)) {
+			errno = EINVAL;	/* the range leaves its allocation */
+			return -1;
+		}
+	}
+	return nal;
+}
+
+/*
+ * Step 5 of gpu_iov: the legacy default stream of each allocation's context
+ * (once for a run of allocations of one context), then the kernel's dirty
+ * pages over the file range [lo, hi).  Returns 0, or -1 with errno.
+ */
+static int vec_sync(int fd, const struct valloc *al, int nal, uint64_t lo, uint64_t hi)
+{
+	void *last_ctx = NULL;
+	int j;
+
+	for (j = 0; j < nal; j++)
+		if (al[j].pi.ctx != last_ctx) {
+			last_ctx = al[j].pi.ctx;
+			if (sync_buffer(last_ctx) < 0)
+				return -1;
+		}
+	if (sync_file_range(fd, (off_t)lo, (off_t)(hi - lo),
+			    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+			    SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * Step 6 of gpu_iov, through the share sh (the caller holds a reference
+ * and puts it): lists of ranges, one span each (share_iov, when the daemon
+ * takes them), else segment by segment (share_io) for the segments on the
+ * share's GPU.  Each segment's done/over records what moved; *moved adds
+ * it up.  Returns 0 (the daemon moves the rest), or -1 with errno.
+ */
+static int vec_share(struct share *sh, int fd, struct vseg *sg, struct vseg **by_off,
+		     int iovcnt, const struct valloc *al, bool write, uint64_t *moved)
+{
+	int sr = sh->spanv ? share_iov(sh, fd, by_off, iovcnt, al, write, moved) : 0;
+	int i;
+
+	if (sr < 0)
+		return -1;
+	for (i = 0; sr == 0 && i < iovcnt; i++) {
+		struct vseg *s = &sg[i];
+		size_t done = 0;
+		int r;
+
+		if (al[s->a].x.device != sh->device || s->over || s->done)
+			continue;
+		r = share_io(sh, fd, s->p, al[s->a].pi.ctx, (size_t)s->len,
+			     (off_t)s->off, write, &done);
+		s->done = done;
+		*moved += done;
+		if (r < 0)
+			return -1;
+		if (r > 0)
+			s->over = true;	/* all of it, or EOF */
+	}
+	return 0;
+}
+
+/*
+ * One batch of step 7 of gpu_iov into v: from by_off[i] on, the pieces the
+ * shared cache left, at most TIERFS_GPU_VEC_SEGS of them,
+ * TIERFS_GPU_VEC_HANDLES allocations (al[].slot: their place in
+ * v->handles[]) and TIERFS_GPU_VEC_MAX bytes (a longer segment is cut; the
+ * piece counts as done).  Returns the index the next batch starts from;
+ * v->nsegs is 0 when nothing was left.
+ */
+static int vec_fill(struct tierfs_gpu_vec *v, struct vseg **by_off, int i, int iovcnt,
+		    struct valloc *al, int nal)
+{
+	uint64_t btotal = 0;
+	int j;
+
+	memset(v, 0, offsetof(struct tierfs_gpu_vec, segs));
+	for (j = 0; j < nal; j++)
+		al[j].slot = -1;
+	for (; i < iovcnt; i++) {
+		struct vseg *s = by_off[i];
+		struct valloc *x = &al[s->a];
+		struct tierfs_gpu_vec_seg *o;
+		uint64_t piece;
+
+		if (s->over || s->done == s->len)
+			continue;
+		if (v->nsegs == TIERFS_GPU_VEC_SEGS || btotal == TIERFS_GPU_VEC_MAX ||
+		    (x->slot < 0 && v->nhandles == TIERFS_GPU_VEC_HANDLES))
+			break;
+		if (x->slot < 0) {
+			x->slot = (int)v->nhandles++;
+			memcpy(v->handles[x->slot].handle, x->x.handle,
+			       TIERFS_IPC_HANDLE_SIZE);
+			v->handles[x->slot].device =
+				x->x.device < 0 ? 0 : (uint32_t)x->x.device;
+		}
+		piece = s->len - s->done;
+		if (piece > TIERFS_GPU_VEC_MAX - btotal)
+			piece = TIERFS_GPU_VEC_MAX - btotal;
+		o = &v->segs[v->nsegs++];
+		o->handle_off = s->p + s->done - x->x.base;
+		o->len = piece;
+		o->file_off = s->off + s->done;
+		o->handle = (uint32_t)x->slot;
+		o->flags = 0;
+		btotal += piece;
+		s->done += piece;
+		if (s->done < s->len)
+			break;	/* the batch is full: the rest next time */
+	}
+	return i;
+}
+
+/*
+ * Step 7 of gpu_iov: what the shared cache left, through the daemon, in
+ * batches filled in v (vec_fill) and sent by vec_send (a handle the daemon
+ * refuses is exported again, once per call).  *moved adds up what moved;
+ * when tracing, *tio adds the time spent in the ioctls and *nio counts
+ * them.  Returns 0, or -1 with errno.
+ */
+static int vec_daemon(int fd, bool write, struct tierfs_gpu_vec *v, struct vseg **by_off,
+		      int iovcnt, struct valloc *al, int nal, uint64_t *moved, double *tio,
+		      int *nio)
+{
+	bool retried = false, trace = tracing();
+	int i = 0;
+
+	while (i < iovcnt) {
+		double t0;
+		int64_t r;
+
+		i = vec_fill(v, by_off, i, iovcnt, al, nal);
+		if (!v->nsegs)
+			break;
+		t0 = trace ? mono_s() : 0;
+		r = vec_send(fd, write, v, al, nal, &retried);
+		if (trace) {
+			*tio += mono_s() - t0;
+			(*nio)++;
+		}
+		if (r < 0)
+			return -1;
+		*moved += (uint64_t)r;
+	}
+	return 0;
+}
+
 static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 		       bool write)
 {
 	struct tierfs_gpu_vec *v = NULL;
 	struct vseg *sg = NULL, **by_off = NULL;
 	struct valloc *al = NULL;
-	uint64_t total = 0, lo = UINT64_MAX, hi = 0, moved = 0, btotal;
-	void *last_ctx = NULL;
-	bool retried = false, trace = tracing();
+	struct share *sh;
+	uint64_t lo = UINT64_MAX, hi = 0, moved = 0;
+	bool trace = tracing();
 	double t[4] = { trace ? mono_s() : 0 }, tio = 0;
-	int i, j, nal = 0, ret = -1, saved, nio = 0;
+	int nal = 0, ret = -1, saved, nio = 0;
 	uint64_t mnt_id;
 	dev_t dev;
 
@@ -1076,99 +1291,32 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 	if (!sg || !by_off || !al)
 		goto out;
 	/* 1. every segment, before anything else */
-	for (i = 0; i < iovcnt; i++) {
-		uint64_t len = iov[i].len;
-
-		if (!len || iov[i].off < 0 || len > SSIZE_MAX || !iov[i].dev_ptr ||
-		    len > (uint64_t)INT64_MAX - (uint64_t)iov[i].off ||
-		    len > (uint64_t)SSIZE_MAX - total) {
-			errno = EINVAL;
-			goto out;
-		}
-		total += len;
-		sg[i] = (struct vseg){ (uint64_t)(uintptr_t)iov[i].dev_ptr, len,
-				       (uint64_t)iov[i].off, -1, 0, false };
-		by_off[i] = &sg[i];
-		if (sg[i].off < lo)
-			lo = sg[i].off;
-		if (sg[i].off + len > hi)
-			hi = sg[i].off + len;
-	}
-	qsort(by_off, (size_t)iovcnt, sizeof(*by_off), off_cmp);
-	for (i = 1; write && i < iovcnt; i++)
-		if (by_off[i - 1]->off + by_off[i - 1]->len > by_off[i]->off) {
-			errno = EINVAL;		/* file ranges overlap */
-			goto out;
-		}
+	if (vec_check(iov, iovcnt, write, sg, by_off, &lo, &hi) < 0)
+		goto out;
 	/* 2. the fd */
 	if (check_fd(fd, &dev, &mnt_id) < 0)
 		goto out;
 	/* 3, 4. each allocation once, and every range inside its own */
-	for (i = 0; i < iovcnt; i++) {
-		struct vseg *s = &sg[i];
-
-		for (j = 0; j < nal; j++)
-			if (s->p >= al[j].x.base && s->p - al[j].x.base < al[j].x.size)
-				break;
-		if (j == nal) {
-			if (resolve(s->p, &al[nal].x, &al[nal].pi, &al[nal].cached,
-				    false) < 0)
-				goto out;
-			al[nal++].slot = -1;
-		}
-		s->a = j;
-		if (s->len > al[j].x.size - (s->p - al[j].x.base)) {
-			errno = EINVAL;	/* the range leaves its allocation */
-			goto out;
-		}
-	}
+	nal = vec_resolve(sg, iovcnt, al);
+	if (nal < 0)
+		goto out;
 	if (trace)
 		t[1] = mono_s();
 	/* 5. the producers' default streams, the kernel's dirty pages */
-	for (j = 0; j < nal; j++)
-		if (al[j].pi.ctx != last_ctx) {
-			last_ctx = al[j].pi.ctx;
-			if (sync_buffer(last_ctx) < 0)
-				goto out;
-		}
-	if (sync_file_range(fd, (off_t)lo, (off_t)(hi - lo),
-			    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-			    SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+	if (vec_sync(fd, al, nal, lo, hi) < 0)
 		goto out;
 
 	if (trace)
 		t[2] = mono_s();
 	/* 6. the shared GPU cache, where it can: lists of ranges (one span
 	 * each), else segment by segment */
-	{
-		struct share *sh = share_get(fd, dev, mnt_id);
-		int sr = sh && sh->spanv ? share_iov(sh, fd, by_off, iovcnt, al, write,
-						     &moved) : 0;
+	sh = share_get(fd, dev, mnt_id);
+	if (sh) {
+		int sr = vec_share(sh, fd, sg, by_off, iovcnt, al, write, &moved);
 
-		if (sr < 0) {
-			share_put(sh);
+		share_put(sh);
+		if (sr < 0)
 			goto out;
-		}
-		for (i = 0; sh && sr == 0 && i < iovcnt; i++) {
-			struct vseg *s = &sg[i];
-			size_t done = 0;
-			int r;
-
-			if (al[s->a].x.device != sh->device || s->over || s->done)
-				continue;
-			r = share_io(sh, fd, s->p, al[s->a].pi.ctx, (size_t)s->len,
-				     (off_t)s->off, write, &done);
-			s->done = done;
-			moved += done;
-			if (r < 0) {
-				share_put(sh);
-				goto out;
-			}
-			if (r > 0)
-				s->over = true;	/* all of it, or EOF */
-		}
-		if (sh)
-			share_put(sh);
 	}
 
 	/* 7. the rest through the daemon: batches of at most
@@ -1177,59 +1325,8 @@ static ssize_t gpu_iov(int fd, const struct tierfs_gpu_iovec *iov, int iovcnt,
 	v = malloc(sizeof(*v));
 	if (!v)
 		goto out;
-	i = 0;
-	while (i < iovcnt) {
-		memset(v, 0, offsetof(struct tierfs_gpu_vec, segs));
-		for (j = 0; j < nal; j++)
-			al[j].slot = -1;
-		btotal = 0;
-		for (; i < iovcnt; i++) {
-			struct vseg *s = by_off[i];
-			struct valloc *x = &al[s->a];
-			struct tierfs_gpu_vec_seg *o;
-			uint64_t piece;
-
-			if (s->over || s->done == s->len)
-				continue;
-			if (v->nsegs == TIERFS_GPU_VEC_SEGS || btotal == TIERFS_GPU_VEC_MAX ||
-			    (x->slot < 0 && v->nhandles == TIERFS_GPU_VEC_HANDLES))
-				break;
-			if (x->slot < 0) {
-				x->slot = (int)v->nhandles++;
-				memcpy(v->handles[x->slot].handle, x->x.handle,
-				       TIERFS_IPC_HANDLE_SIZE);
-				v->handles[x->slot].device =
-					x->x.device < 0 ? 0 : (uint32_t)x->x.device;
-			}
-			piece = s->len - s->done;
-			if (piece > TIERFS_GPU_VEC_MAX - btotal)
-				piece = TIERFS_GPU_VEC_MAX - btotal;
-			o = &v->segs[v->nsegs++];
-			o->handle_off = s->p + s->done - x->x.base;
-			o->len = piece;
-			o->file_off = s->off + s->done;
-			o->handle = (uint32_t)x->slot;
-			o->flags = 0;
-			btotal += piece;
-			s->done += piece;
-			if (s->done < s->len)
-				break;	/* the batch is full: the rest next time */
-		}
-		if (!v->nsegs)
-			break;
-		{
-			double t0 = trace ? mono_s() : 0;
-			int64_t r = vec_send(fd, write, v, al, nal, &retried);
-
-			if (trace) {
-				tio += mono_s() - t0;
-				nio++;
-			}
-			if (r < 0)
-				goto out;
-			moved += (uint64_t)r;
-		}
-	}
+	if (vec_daemon(fd, write, v, by_off, iovcnt, al, nal, &moved, &tio, &nio) < 0)
+		goto out;
 	ret = 0;
 out:
 	saved = errno;

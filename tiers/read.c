@@ -227,13 +227,101 @@ ssize_t tfile_readv_dev(struct tfile *f, const struct tdev_seg *seg, int n)
  * do_write() under f->lock).  A write span counts as a writer of the file
  * (f->writers), so its close does not complete the copy under it.
  */
+
+/*
+ * tfile_spanv_begin for a write over [r[0].off, hi), f->lock and e->lock
+ * held (e->lock dropped while the holes before the ranges are zeroed): the
+ * writable copy, its changes noted, pinned and counted as a span and a
+ * writer, into *cpp.  Returns 0, -EAGAIN when the daemon copies (written
+ * through, a hole, not in the GPU tier), or eng_writable_copy's error.
+ */
+static int spanv_begin_write(struct engine *e, struct tfile *f, const struct tspan_range *r,
+			     int n, uint64_t hi, struct copy **cpp)
+{
+	struct copy *cp;
+	uint64_t at;
+	int err, i;
+
+	/* written through, or to be (a hole the caches do not take):
+	 * the daemon copies */
+	if (f->shadow_fd >= 0 || eng_goes_sparse(e, f, r[0].off, hi))
+		return -EAGAIN;
+	cp = eng_writable_copy(e, f, hi > f->size ? hi : f->size, f->size, &err);
+	if (!cp)
+		return err ? err : -EAGAIN;
+	if (cp->cache->host_addressable)
+		return -EAGAIN;	/* not in the GPU tier */
+	for (i = 0; i < n; i++)
+		eng_note_change(e, f, cp->len < r[i].off ? cp->len : r[i].off,
+				r[i].off + r[i].len);
+	copy_lease(cp);		/* until tfile_span_end() */
+	cp->spans++;
+	f->writers++;
+	e->client_writes++;
+	at = cp->len;
+	eng_unlock(e);
+	for (i = 0; i < n; i++) {	/* the holes before the ranges */
+		eng_copy_zero(cp, at, r[i].off);
+		if (r[i].off + r[i].len > at)
+			at = r[i].off + r[i].len;
+	}
+	eng_lock(e);
+	*cpp = cp;
+	return 0;
+}
+
+/*
+ * tfile_spanv_begin for a read, f->lock and e->lock held: the ranges cut
+ * at end of file, [*lo, *hi) (the caller's starts empty) widened to their
+ * union and *last set to the one that ends last, and the GPU tier's copy,
+ * pinned and counted as a span, into *cpp (left NULL when nothing is left
+ * to read: no span).
+ * Returns 0, or -EAGAIN when the ranges are not all in the GPU tier.
+ */
+static int spanv_begin_read(struct engine *e, struct tfile *f, struct tspan_range *r, int n,
+			    uint64_t *lo, uint64_t *hi, int *last, struct copy **cpp)
+{
+	bool waited = wait_filled(e, f);	/* a prefetch of it is running */
+	struct copy *cp;
+	int i;
+
+	for (i = 0; i < n; i++) {
+		if (r[i].off >= f->size)
+			r[i].len = 0;	/* nothing to read there */
+		else if (r[i].len > f->size - r[i].off)
+			r[i].len = f->size - r[i].off;
+		if (!r[i].len)
+			continue;
+		if (r[i].off < *lo)
+			*lo = r[i].off;
+		if (r[i].off + r[i].len > *hi) {
+			*hi = r[i].off + r[i].len;
+			*last = i;
+		}
+	}
+	if (!*hi)
+		return 0;	/* nothing to read: no span */
+	cp = f->copy[0];
+	if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT || *hi > cp->len)
+		return -EAGAIN;	/* not in the GPU tier */
+	copy_lease(cp);		/* until tfile_span_end() */
+	cp->spans++;
+	cp->last_use = ++e->tick;
+	for (i = 0; i < n; i++)
+		if (r[i].len)
+			count_read(cp->cache, waited);
+	e->client_reads++;
+	*cpp = cp;
+	return 0;
+}
+
 int tfile_spanv_begin(struct tfile *f, bool write, struct tspan_range *r, int n,
 		      struct tspan *s, uint64_t *cache_off)
 {
 	struct engine *e = f->eng;
-	uint64_t lo = UINT64_MAX, hi = 0, bytes = 0, at;
+	uint64_t lo = UINT64_MAX, hi = 0, bytes = 0;
 	struct copy *cp = NULL;
-	int ret = 0, err, i, last = 0;
+	int ret = 0, i, last = 0;
 
 	memset(s, 0, sizeof(*s));
 	if (!e->gpu)
@@ -249,71 +337,15 @@ int tfile_spanv_begin(struct tfile *f, bool write, struct tspan_range *r, int n,
 	tfile_lock(f);
 	eng_lock(e);
 	if (write) {
-		hi = r[n - 1].off + r[n - 1].len;
-		/* written through, or to be (a hole the caches do not take):
-		 * the daemon copies */
-		if (f->shadow_fd >= 0 || eng_goes_sparse(e, f, r[0].off, hi)) {
-			ret = -EAGAIN;
-			goto out;
-		}
-		cp = eng_writable_copy(e, f, hi > f->size ? hi : f->size, f->size, &err);
-		if (!cp) {
-			ret = err ? err : -EAGAIN;
-			goto out;
-		}
-		if (cp->cache->host_addressable) {
-			ret = -EAGAIN;	/* not in the GPU tier */
-			goto out;
-		}
-		for (i = 0; i < n; i++)
-			eng_note_change(e, f, cp->len < r[i].off ? cp->len : r[i].off,
-					r[i].off + r[i].len);
 		lo = r[0].off;
+		hi = r[n - 1].off + r[n - 1].len;
 		last = n - 1;
-		copy_lease(cp);		/* until tfile_span_end() */
-		cp->spans++;
-		f->writers++;
-		e->client_writes++;
-		at = cp->len;
-		eng_unlock(e);
-		for (i = 0; i < n; i++) {	/* the holes before the ranges */
-			eng_copy_zero(cp, at, r[i].off);
-			if (r[i].off + r[i].len > at)
-				at = r[i].off + r[i].len;
-		}
-		eng_lock(e);
+		ret = spanv_begin_write(e, f, r, n, hi, &cp);
 	} else {
-		bool waited = wait_filled(e, f);	/* a prefetch of it is running */
-
-		for (i = 0; i < n; i++) {
-			if (r[i].off >= f->size)
-				r[i].len = 0;	/* nothing to read there */
-			else if (r[i].len > f->size - r[i].off)
-				r[i].len = f->size - r[i].off;
-			if (!r[i].len)
-				continue;
-			if (r[i].off < lo)
-				lo = r[i].off;
-			if (r[i].off + r[i].len > hi) {
-				hi = r[i].off + r[i].len;
-				last = i;
-			}
-		}
-		if (!hi)
-			goto out;	/* nothing to read: no span */
-		cp = f->copy[0];
-		if (!cp || cp->cache != e->tiers[0] || cp->state == TS_INIT || hi > cp->len) {
-			ret = -EAGAIN;	/* not in the GPU tier */
-			goto out;
-		}
-		copy_lease(cp);		/* until tfile_span_end() */
-		cp->spans++;
-		cp->last_use = ++e->tick;
-		for (i = 0; i < n; i++)
-			if (r[i].len)
-				count_read(cp->cache, waited);
-		e->client_reads++;
+		ret = spanv_begin_read(e, f, r, n, &lo, &hi, &last, &cp);
 	}
+	if (ret || !cp)
+		goto out;
 	for (i = 0; i < n; i++) {
 		cache_off[i] = cp->frag->off + r[i].off;
 		bytes += r[i].len;
