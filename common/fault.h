@@ -36,7 +36,8 @@ void tierfs_fault_kill(const char *point);
  * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a
  * set's file's state and its backing file's stat), settle (fs_intent.c:
  * before the settler syncs files copied in place and retires their
- * intents), persist_extras (persist_fetch.c: a listing between its read
+ * intents), intent_copy (fs_intent.c: a commit intent durable, before its
+ * copy in place), persist_extras (persist_fetch.c: a listing between its read
  * of DIR's names and its look at the queue's removals and renames),
  * getattr_root (fs_ops.c: a getattr of the mount's root).
  */

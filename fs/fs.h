@@ -444,7 +444,9 @@ void fs_settle_end(void);
 /*
  * fs_intent.c: copy version fd over in's backing file ofd (held; old: its
  * stat) under a commit intent; dir/name a name of it (may be NULL).  in's
- * ilock held, and fs.nslock where there is a name (v_commit).  0 or -errno.
+ * ilock held, and where a name is given its directory's names lock and
+ * fs.nslock (v_commit; commit_linked gives none, the handle names the
+ * file).  0 or -errno.
  */
 int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, int ofd, int fd,
 		   const struct stat *old);

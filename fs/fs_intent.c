@@ -86,8 +86,10 @@ static int copy_in_place(int ofd, int fd, bool sync)
  * in->redo_seq (redo_copied false); the file's next intent retires it,
  * so that it is never replayed over a newer version, and meanwhile
  * no small change of the file is journalled (fs_journal_delta: the backing
- * file is not the base of one).  fs.nslock is held throughout (v_commit):
- * the path keeps naming the file.  Where the mount has no journal (its
+ * file is not the base of one).  Where the file's handle is known, the
+ * record names it by that, its path a hint, and no names lock is held
+ * (commit_linked, fs_version.c); else fs.nslock is held throughout
+ * (v_commit): the path keeps naming the file.  Where the mount has no journal (its
  * replay failed) or no name and no handle of the file is known, the copy
  * is made unjournalled, and the log says so.
  */
@@ -397,7 +399,8 @@ static int intent_hand_over(struct fs_inode *in, uint64_t seq, const char *vname
 /*
  * Copy version fd over in's backing file ofd (held; old: its stat) under a
  * commit intent.  dir/name: a name of it (may be NULL).  in's ilock held,
- * and fs.nslock where there is a name (v_commit).
+ * and where a name is given its directory's names lock and fs.nslock
+ * (v_commit; commit_linked gives none: the handle names the file).
  */
 int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, int ofd, int fd,
 		   const struct stat *old)
@@ -467,6 +470,7 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 	 * shadow committed here (tfile_shadow_records): retired before the
 	 * intent can be */
 	fs_journal_retire_shadow(in);
+	tierfs_delay("intent_copy");
 	static bool eio_once;
 
 	if (tierfs_fault("inplace_copy_eio") && !__atomic_exchange_n(&eio_once, true,

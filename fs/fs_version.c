@@ -392,6 +392,44 @@ static int commit_inplace(struct fs_inode *in, int fd, bool durable)
 }
 
 /*
+ * in's ilock held: version fd (consumed) of a file with several names
+ * copied over it in place under a commit intent (fs_intent_copy) that
+ * names it by its handle, without the names lock of its directory or
+ * fs.nslock.  An in-place copy renames nothing, and the intent's path is a
+ * hint beside the handle (a replay looks the file up by its handle where
+ * the path names another), as it is once the commit returns and until the
+ * settler retires the intent; held across the intent's journal sync (a
+ * log commit) and the copy, those locks made every create, link, unlink
+ * and rename in the directory wait, and every rename of a directory
+ * (RESULTS 18n).  1 where the file has no handle or no name left (the
+ * caller commits it under the locks, fd still its), else 0 or -errno.
+ */
+static int commit_linked(struct fs_inode *in, int fd)
+{
+	struct timespec rmt;
+	struct stat old;
+	bool fast, rok;
+	int ofd, ret;
+
+	fs_lock();
+	fast = in->fh && !in->unlinked;
+	fs_unlock();
+	if (!fast)
+		return 1;
+	ofd = fs_fd_hold(in);
+	if (ofd < 0 || fstatat(ofd, "", &old, AT_EMPTY_PATH) < 0) {
+		ret = ofd < 0 ? ofd : -errno;
+	} else {
+		fs_dir_mtime_get(fs.root_fd, &rmt, &rok);
+		ret = fs_intent_copy(in, NULL, NULL, ofd, fd, &old);
+		fs_dir_mtime_put(fs.root_fd, &rmt, rok);
+	}
+	fs_fd_release(in);
+	close(fd);
+	return ret;
+}
+
+/*
  * Make version fd (an O_TMPFILE, or with inplace the file itself) current.
  *
  * Locking: in's ilock (fs_attrs_lock) across the whole commit: the mode,
@@ -405,9 +443,10 @@ static int commit_inplace(struct fs_inode *in, int fd, bool durable)
  * it (lookup_once).  The attribute copy (a dozen syscalls, each of which
  * can wait for the journal) is made before it, and namespace changes in
  * other directories never wait for a commit.  A hard-linked file is
- * copied in place under a commit intent that names its path: fs.nslock as
- * well then, which every rename of a directory takes (fs_ll_rename), so
- * that the path keeps naming the file.
+ * copied in place under a commit intent, without these locks where its
+ * handle names it (commit_linked); else the intent names its path, and
+ * fs.nslock is taken as well, which every rename of a directory takes
+ * (fs_ll_rename), so that the path keeps naming the file.
  * fs.lock is taken only for the bookkeeping.  The syscalls that change
  * the backing directory run without it: each needs a journal handle,
  * which can wait for a commit (hundreds of ms on a disk busy with
@@ -444,6 +483,14 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 	}
 	copy_attrs(in, ofd, fd, &old);
 	fs_fd_release(in);
+	if (old.st_nlink > 1 && !fs_persist_on()) {
+		ret = commit_linked(in, fd);
+		if (ret != 1) {
+			fd = -1;	/* consumed */
+			goto out_attrs;
+		}
+		ret = 0;
+	}
 	/* links are made under in's ilock: one link now stays one */
 	ns = old.st_nlink > 1 && !fs_persist_on();
 	if (ns)
