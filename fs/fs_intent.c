@@ -89,9 +89,9 @@ static int copy_in_place(int ofd, int fd, bool sync)
  * file is not the base of one).  Where the file's handle is known, the
  * record names it by that, its path a hint, and no names lock is held
  * (commit_linked, fs_version.c); else fs.nslock is held throughout
- * (v_commit): the path keeps naming the file.  Where the mount has no journal (its
- * replay failed) or no name and no handle of the file is known, the copy
- * is made unjournalled, and the log says so.
+ * (v_commit): the path keeps naming the file.  Where the mount has no
+ * journal (its replay failed) or no name and no handle of the file is
+ * known, the copy is made unjournalled, and the log says so.
  */
 
 /*
