@@ -1076,3 +1076,35 @@ def test_a_hard_linked_files_commit_holds_no_names_lock(disk, mount, monkeypatch
     for name in ("a", "a2"):
         util.assert_same(read(os.path.join(backing, "d", name)), new, f"d/{name}")
     m.umount()
+
+
+def test_a_shadow_holds_sixteen_records_then_its_fsync_commits_it(disk, mount):
+    """A written-through file's shadow holds SLOG_MAX (16) records at most:
+    the 17th fsync commits it as a new version, durably, and retires its
+    records; the next write makes a new shadow, whose fsyncs are records
+    again.  The backing file reads the content of the commit."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 12)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
+    path, f, base = written_through(m, rng)
+    before = ssd_stats(m)
+    for i in range(16):
+        f.write(i * 8192, rng.randbytes(100))
+        os.fsync(f.fd)
+    util.assert_same(read(os.path.join(backing, "s")), base, "s before the 17th fsync")
+    assert jstats(m)["records_live"] >= 16, jstats(m)
+    for i in range(16, 17):
+        f.write(i * 8192, rng.randbytes(100))
+        os.fsync(f.fd)
+    st = ssd_stats(m)
+    assert st["write_through_records"] == before["write_through_records"] + 16, st
+    assert jstats(m)["records_live"] == 0, jstats(m)
+    util.assert_same(read(os.path.join(backing, "s")), bytes(f.b), "s, committed")
+    f.write(1 << 20, rng.randbytes(5000))
+    os.fsync(f.fd)
+    st2 = ssd_stats(m)
+    assert st2["files_written_through"] == st["files_written_through"] + 1, st2
+    assert st2["write_through_records"] == st["write_through_records"] + 1, st2
+    os.close(f.fd)
+    m.umount()
+    util.assert_same(read(os.path.join(backing, "s")), bytes(f.b), "s after the unmount")
