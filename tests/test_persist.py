@@ -151,6 +151,32 @@ def test_persist_all_and_namespace_order(mount, pdir):
     assert leftovers(pdir) == []
 
 
+def test_a_file_written_through_and_fsynced_reaches_dir_at_the_unmount(mount, pdir):
+    """A file written through (a write far past its end) whose fsyncs are
+    journal records keeps its new version open (tiers/write.c).  The
+    unmount's sync made one more record of it instead of committing it, so
+    it was committed only when the engine stopped, after the persister had:
+    DIR kept the file's older copy (test_torture_then_dir_matches_backing
+    [kills] found a file so).  The unmount commits it, and DIR gets it."""
+    util.require_daemon()
+    m = mount(persist=pdir, persist_all=True, flush_age="60000")
+    rng = util.rng_for(41)
+    base = randbytes(256 << 10, rng)
+    write_file(j(m.mnt, "s"), base)
+    os.setxattr(j(m.mnt, "s"), PX, b"sync")
+    want = bytearray(base)
+    fd = os.open(j(m.mnt, "s"), os.O_RDWR)
+    tail = randbytes(4096, rng)
+    os.pwrite(fd, tail, 40 * MiB)          # 40 MiB past its end: written through
+    want.extend(bytes(40 * MiB - len(want)))
+    want.extend(tail)
+    os.fsync(fd)
+    os.close(fd)                           # its commit waits flush_age
+    m.umount()
+    assert tree(m.backing)["s"] == bytes(want)
+    assert tree(pdir)["s"] == bytes(want), "DIR holds an older copy"
+
+
 def write_ckpts(m, rng_seed=7, n=12):
     os.mkdir(j(m.mnt, "run"))
     os.setxattr(j(m.mnt, "run"), PX, b"1")

@@ -309,7 +309,8 @@ ssize_t tfile_span_end(struct tfile *f, struct tspan *s, bool ok);
 /* Make the file durable on the SSD; returns 0 or the flush error. */
 int tfile_fsync(struct tfile *f);
 /* tfile_fsync but for ops->sync_meta: the caller makes the whole backing
- * file system durable afterwards (syncfs at unmount). */
+ * file system durable afterwards (syncfs at unmount); a file written
+ * through is committed, never left to a journal record (write.c). */
 int tfile_fsync_data(struct tfile *f);
 /* The file lost its last name: cancel its flush, free its copies once no
  * handle uses them. */

@@ -1232,7 +1232,14 @@ void tfile_close_writer(struct tfile *f)
 	tfile_unlock(f);
 }
 
-int tfile_fsync_data(struct tfile *f)
+/*
+ * f durable in its backing file, or (record) in a journal record where a
+ * shadow's change is small (shadow_record).  Without record (the unmount's
+ * sync, tfile_fsync_data) a shadow is committed: every backing file is
+ * complete after a clean exit, and the persistent tier, which stops
+ * before the engine does, copies the committed file.
+ */
+static int fsync_data(struct tfile *f, bool record)
 {
 	struct engine *e = f->eng;
 	int ret = 0;
@@ -1248,7 +1255,7 @@ int tfile_fsync_data(struct tfile *f)
 		goto out;
 	if (f->shadow_fd >= 0) {
 		/* a journal record of its changes, else a new version */
-		if (shadow_record(e, f))
+		if (!record || shadow_record(e, f))
 			ret = eng_commit_shadow(e, f, true);
 		goto out;
 	}
@@ -1283,9 +1290,14 @@ out:
 	return ret;
 }
 
+int tfile_fsync_data(struct tfile *f)
+{
+	return fsync_data(f, false);
+}
+
 int tfile_fsync(struct tfile *f)
 {
-	int ret = tfile_fsync_data(f);
+	int ret = fsync_data(f, true);
 
 	/* the flushes' renames (this one's, or a background one's since the
 	 * last fsync) are durable only with their directory; attributes
