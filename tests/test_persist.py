@@ -160,6 +160,7 @@ def test_a_file_written_through_and_fsynced_reaches_dir_at_the_unmount(mount, pd
     [kills] found a file so).  The unmount commits it, and DIR gets it."""
     util.require_daemon()
     m = mount(persist=pdir, persist_all=True, flush_age="60000")
+    print("seed 41")
     rng = util.rng_for(41)
     base = randbytes(256 << 10, rng)
     write_file(j(m.mnt, "s"), base)
