@@ -11,7 +11,10 @@
  * (user.tierfs.stats' "journal", read by fs_xattr.c).
  *
  * BACKING/.tierfs.journal holds the records of changes that were made
- * durable there and may not be in their files yet.  A record names its
+ * durable there and may not be in their files yet; without the
+ * persistent tier, BACKING/.tierfs.journal.1 too, the two taken in turn
+ * (jnl_ring: their blocks written over, a record's sync changes no
+ * metadata).  A record names its
  * file by its path beneath the backing root, else (renamed since) by the
  * backing file's handle (open_by_handle_at), and only where that is still
  * the inode it names (a file removed or replaced since is never written).
@@ -53,6 +56,11 @@
 #include "journal.h"
 
 #define JOURNAL_NAME	FS_HIDDEN_PREFIX ".journal"
+/* Its second file (jnl_ring), written in turn with the first past this
+ * length; TIERFS_JOURNAL_RING=BYTES in the environment sets it (tests;
+ * 0: one file). */
+#define JOURNAL_NAME1	JOURNAL_NAME ".1"
+#define JOURNAL_RING	(32u << 20)
 
 static struct jnl jnl = { .fd = -1 };
 static uint64_t replayed;	/* live records applied by the last replay */
@@ -513,6 +521,12 @@ int fs_journal_start(void)
 		return ret;
 	}
 	fs.journal = &jnl;
+	/* two files in turn, without the persistent tier (its notes need
+	 * a journal that can be emptied) */
+	const char *ring = getenv("TIERFS_JOURNAL_RING");
+
+	if (!fs_persist_on())
+		jnl_ring(&jnl, ring ? strtoull(ring, NULL, 0) : JOURNAL_RING);
 	/* its name durable before any record in it counts */
 	int dfd = openat(fs.root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
@@ -539,8 +553,10 @@ void fs_journal_end(void)
 		tlog(LOG_WARNING, "%s/" JOURNAL_NAME " keeps changes not yet in their files: "
 		     "the next start or tierfs --recover applies them", fs.opts.backing);
 	jnl_close(&jnl);
-	if (empty)
+	if (empty) {		/* the second file first: a replay reads it */
+		unlinkat(fs.root_fd, JOURNAL_NAME1, 0);
 		unlinkat(fs.root_fd, JOURNAL_NAME, 0);
+	}
 }
 
 /* See fs.h.  The journal's counts since the mount, and the records the

@@ -654,7 +654,7 @@ void fs_open_backing(bool allow_root)
 	fs_tmp_dir_start();
 	fs_journal_start();
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* the lock file, .tierfs.tmp and
-							 * .tierfs.journal are ours */
+							 * .tierfs.journal(.1) are ours */
 	fs_ino_start();
 	fstat(fs.root_fd, &st);
 	fs.root.fd = fs.root_fd;

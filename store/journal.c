@@ -21,6 +21,19 @@
  * first makes the retirement durable (jnl_sync of the retire record's seq:
  * fs/fs_journal.c's fs_journal_settle and fs_journal_retire_durably).
  *
+ * Two files in turn (jnl_ring, without notes): past ring_at bytes the
+ * records go to `name`.1, and back to `name` once none of the first
+ * file's records is live, and so on: a file is written again from its
+ * start, over blocks it already has, so that the fdatasync of a record
+ * changes no metadata of the backing file system (a file that grows
+ * does: its size, its blocks).  The change of file (ring_switch) syncs
+ * the file left, then writes JNL_START at the other one's start and syncs
+ * it before any other record goes there: what that file held before (an
+ * earlier round, all retired) can then never be read as records, as it
+ * does not follow JNL_START's seq.  A replay reads both files and takes
+ * their records in seq order (each file holds one run of seqs); a record
+ * retired in the other file than its own is found retired either way.
+ *
  * A commit intent (JNL_REDO) is replayed by copying its version over its
  * file again (jnl_redo_write, the live copy's own): a copy cut short is
  * finished, a finished one rewritten with the same bytes; a later delta or
@@ -72,6 +85,7 @@ static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool
 static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint16_t only);
 static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
 			const struct scanned *recs, uint64_t n, uint64_t seq, uint64_t *len);
+static int ring_open1(struct jnl *j, bool make);
 
 static void jlock(struct jnl *j)
 {
@@ -93,9 +107,21 @@ int jnl_open(struct jnl *j, int dirfd, const char *name)
 	memset(j, 0, sizeof(*j));
 	j->dirfd = dirfd;
 	j->name = name;
+	j->fd1 = -1;
 	j->fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (j->fd < 0)
 		return -errno;
+	j->wfd = j->fd;
+	/* a second file that holds anything is a replay's to empty first:
+	 * the records appended here would not follow its seqs */
+	r = ring_open1(j, false);
+	if (r >= 0 && (fstat(r, &sb) < 0 || sb.st_size)) {
+		close(r);
+		errno = ENOTEMPTY;
+		goto fail;
+	}
+	if (r >= 0)
+		close(r);
 	if (fstat(j->fd, &sb) < 0)
 		goto fail;
 	/* the notes a replay kept, for jnl_take_notes(): the next records
@@ -115,6 +141,8 @@ int jnl_open(struct jnl *j, int dirfd, const char *name)
 		free(p);
 		if (r < 0)
 			break;
+		if (!j->off)
+			j->cur_start = h.seq;
 		j->seq = h.seq;
 		j->off += sizeof(h) + h.len;
 		j->held = true;
@@ -123,6 +151,8 @@ int jnl_open(struct jnl *j, int dirfd, const char *name)
 	if (r < 0 || (j->off < (uint64_t)sb.st_size && ftruncate(j->fd, (off_t)j->off) < 0))
 		goto fail;
 	j->synced = j->seq;
+	if (!j->off)
+		j->cur_start = j->seq + 1;
 	j->reset_at = JNL_RESET_AT;
 	pthread_mutex_init(&j->lock, NULL);
 	pthread_cond_init(&j->synced_cond, NULL);
@@ -152,6 +182,9 @@ void jnl_close(struct jnl *j)
 		return;
 	close(j->fd);
 	j->fd = -1;
+	if (j->fd1 >= 0)
+		close(j->fd1);
+	j->fd1 = -1;
 	free(j->live_seq);
 	j->live_seq = NULL;
 	j->live_cap = 0;
@@ -206,6 +239,138 @@ static int pwrite_all(int fd, struct iovec *iov, int iovcnt, uint64_t total, uin
 	return 0;
 }
 
+/* ---- two files in turn (jnl_ring) --------------------------------------- */
+
+int jnl_name1(const char *name, char *buf, size_t len)
+{
+	return snprintf(buf, len, "%s.1", name) < (int)len ? 0 : -ENAMETOOLONG;
+}
+
+/* fsync of directory dirfd (which may be an O_PATH descriptor): 0 or -errno. */
+static int sync_dir(int dirfd)
+{
+	int d = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+
+	if (d < 0 || fsync(d) < 0)
+		ret = -errno;
+	if (d >= 0)
+		close(d);
+	return ret;
+}
+
+/* The second file, opened (made, its name synced, where absent): its
+ * descriptor, or -errno. */
+static int ring_open1(struct jnl *j, bool make)
+{
+	char n1[NAME_MAX + 1];
+	int fd, ret = jnl_name1(j->name, n1, sizeof(n1));
+
+	if (ret)
+		return ret;
+	fd = openat(j->dirfd, n1, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (make ? O_CREAT : 0), 0600);
+	if (fd < 0)
+		return -errno;
+	if (make && (ret = sync_dir(j->dirfd)) < 0) {
+		close(fd);
+		return ret;
+	}
+	return fd;
+}
+
+bool jnl_ring(struct jnl *j, uint64_t at)
+{
+	struct stat sb;
+	int fd;
+
+	if (j->fd < 0 || j->off || j->held || !at || fstat(j->fd, &sb) < 0 || sb.st_size)
+		return false;
+	fd = ring_open1(j, false);
+	if (fd == -ENOENT)
+		fd = ring_open1(j, true);	/* now: the directory changes
+						 * while the caller expects it */
+	if (fd < 0 || fstat(fd, &sb) < 0 || sb.st_size) {
+		if (fd >= 0)
+			close(fd);	/* records a replay could not apply */
+		return false;
+	}
+	jlock(j);
+	j->fd1 = fd;
+	j->ring_at = at;
+	junlock(j);
+	return true;
+}
+
+/* Under j's lock: is every record of the file not appended to retired
+ * (its seqs are those below cur_start)?  Notes turn the ring off. */
+static bool ring_other_done(const struct jnl *j)
+{
+	return !j->held && (!j->live || j->live_seq[0] >= j->cur_start);
+}
+
+/*
+ * Under j's lock (dropped meanwhile; appends and syncs wait): make every
+ * record of the file appended to durable, then start the other file with
+ * JNL_START, durable before any other record goes there (so that what it
+ * held before, an earlier round's, can never be read as records after
+ * it: their seqs do not follow its), and append to it from now on.  A
+ * failure to sync the file left marks the journal broken (the records
+ * may not be durable: every later sync says so); a failure of the other
+ * file turns the ring off (the records go on where they were).
+ */
+static void ring_switch(struct jnl *j)
+{
+	struct jnl_rec h = { .magic = JNL_MAGIC, .type = JNL_START, .hlen = sizeof(h) };
+	int ofd = j->wfd, nfd, ret, nret = 0;
+	uint64_t oend;
+
+	j->switching = true;		/* no append from now on */
+	while (j->syncing)
+		pthread_cond_wait(&j->synced_cond, &j->lock);
+	j->syncing = true;
+	oend = j->off;
+	h.seq = j->seq + 1;
+	nfd = ofd == j->fd ? j->fd1 : j->fd;
+	junlock(j);
+	ret = fdatasync(ofd) < 0 ? -errno : 0;
+	if (!ret && nfd < 0)
+		nfd = ring_open1(j, true);
+	if (!ret && nfd < 0)
+		nret = nfd;
+	if (!ret && !nret) {
+		struct iovec v = { &h, sizeof(h) };
+
+		h.sum = rec_sum(&h, NULL, 0);
+		nret = pwrite_all(nfd, &v, 1, sizeof(h), 0);
+		if (!nret && fdatasync(nfd) < 0)
+			nret = -errno;
+	}
+	jlock(j);
+	if (nfd >= 0 && j->fd1 < 0)
+		j->fd1 = nfd;
+	if (ret) {
+		j->broken = ret;
+	} else {
+		j->syncs++;
+		j->synced = j->seq;	/* nothing was appended meanwhile */
+		if (nret) {
+			j->ring_at = 0;
+			tlog(LOG_WARNING, "journal %s: cannot take its second file (%s): one "
+			     "file from now on", j->name, strerror(-nret));
+		} else {
+			j->syncs++;
+			j->wfd = nfd;
+			j->seq = j->synced = h.seq;
+			j->off = sizeof(h);
+			j->other_end = oend;
+			j->cur_start = h.seq;
+			j->resets++;
+		}
+	}
+	j->syncing = false;
+	j->switching = false;
+	pthread_cond_broadcast(&j->synced_cond);
+}
+
 int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt,
 	       uint64_t *seq)
 {
@@ -224,6 +389,23 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 		return -ENOMEM;
 	h.len = len;
 	jlock(j);
+	while (j->switching)
+		pthread_cond_wait(&j->synced_cond, &j->lock);
+	if (j->broken) {
+		junlock(j);
+		free(v);
+		return j->broken;
+	}
+	if (type == JNL_NOTE && j->other_end) {
+		junlock(j);	/* see jnl_ring: the emptying that notes need
+				 * is for one file */
+		free(v);
+		return -EOPNOTSUPP;
+	}
+	if (type == JNL_NOTE)
+		j->ring_at = 0;	/* one file from now on */
+	if (j->ring_at && j->off >= j->ring_at && ring_other_done(j))
+		ring_switch(j);	/* may wait: appends come after it */
 	if (live && j->live == j->live_cap) {
 		uint64_t cap = j->live_cap ? 2 * j->live_cap : 16;
 		uint64_t *n = realloc(j->live_seq, cap * sizeof(*n));
@@ -240,7 +422,7 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	h.sum = rec_sum(&h, iov, iovcnt);
 	v[0] = (struct iovec){ &h, sizeof(h) };
 	memcpy(v + 1, iov, (size_t)iovcnt * sizeof(*v));
-	ret = pwrite_all(j->fd, v, iovcnt + 1, sizeof(h) + len, j->off);
+	ret = pwrite_all(j->wfd, v, iovcnt + 1, sizeof(h) + len, j->off);
 	if (!ret) {
 		j->seq = h.seq;
 		j->off += sizeof(h) + len;
@@ -274,13 +456,17 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	while (j->synced < seq && !ret) {
 		uint64_t upto;
 
+		if (j->broken) {
+			ret = j->broken;
+			break;
+		}
 		if (j->syncing) {
 			pthread_cond_wait(&j->synced_cond, &j->lock);
 			continue;
 		}
-		j->syncing = true;	/* j->fd stays while it is set */
+		j->syncing = true;	/* j->wfd stays while it is set */
 		upto = j->seq;
-		fd = j->fd;
+		fd = j->wfd;
 		junlock(j);
 		if (fdatasync(fd) < 0)
 			ret = -errno;
@@ -313,12 +499,17 @@ static int64_t live_find(const struct jnl *j, uint64_t seq)
 	return at ? at - j->live_seq : -1;
 }
 
-/* Empty the journal (under j's lock; nothing in it is needed). */
+/* Empty the journal (under j's lock; nothing in it is needed).  One file
+ * only: a ring that took its second file is never emptied (maybe_reset,
+ * and jnl_append refuses notes there). */
 static void truncate_all(struct jnl *j)
 {
+	if (j->other_end || j->wfd != j->fd)
+		return;
 	if (ftruncate(j->fd, 0) == 0) {
 		j->off = 0;	/* seqs go on: what a lost truncation leaves
 				 * past the new records does not follow them */
+		j->cur_start = j->seq + 1;
 		j->resets++;
 	}
 }
@@ -336,14 +527,15 @@ static void maybe_reset(struct jnl *j)
 	uint64_t n = 0, len;
 	int nfd;
 
-	if (j->live || j->off < j->reset_at)
-		return;
+	if (j->live || j->off < j->reset_at || j->ring_at)
+		return;		/* the ring writes its files again instead */
 	if (!j->held) {
 		truncate_all(j);
 		return;
 	}
-	/* not under a sync's fdatasync, which runs without the lock */
-	if (j->syncing || scan(j->fd, j->off, &recs, &n, JNL_NOTE))
+	/* not under a sync's fdatasync, which runs without the lock; one
+	 * file (a ring that took its second one holds no note) */
+	if (j->syncing || j->other_end || scan(j->fd, j->off, &recs, &n, JNL_NOTE))
 		goto out;
 	nfd = rewrite_kept(j->dirfd, j->name, j->fd, j->off, recs, n, j->seq + 1, &len);
 	if (nfd < 0)
@@ -360,6 +552,8 @@ static void maybe_reset(struct jnl *j)
 	} else {
 		close(nfd);
 	}
+	j->wfd = j->fd;
+	j->cur_start = j->seq + 1;
 	j->off = len;
 	j->seq += n;
 	j->synced = j->seq;
@@ -477,20 +671,27 @@ int jnl_read(struct jnl *j, uint64_t seq, uint16_t *type, void **p, uint64_t *le
 {
 	uint64_t end, off = 0;
 	struct jnl_rec h;
+	int fd;
 
 	*p = NULL;
 	jlock(j);
 	end = j->off;		/* records below it are whole */
+	fd = j->wfd;
+	if (seq < j->cur_start) {	/* in the other file (a live record's
+					 * file is not taken again) */
+		fd = j->wfd == j->fd ? j->fd1 : j->fd;
+		end = j->other_end;
+	}
 	junlock(j);
-	while (off + sizeof(h) <= end) {
-		int ret = pread_all(j->fd, &h, sizeof(h), off);
+	while (fd >= 0 && off + sizeof(h) <= end) {
+		int ret = pread_all(fd, &h, sizeof(h), off);
 
 		if (ret)
 			return ret;
 		if (h.magic != JNL_MAGIC || h.hlen != sizeof(h) || h.len > end - off - sizeof(h))
 			return -ENOENT;
 		if (h.seq == seq) {
-			ret = read_rec(j->fd, off, end, 0, true, &h, p);
+			ret = read_rec(fd, off, end, 0, true, &h, p);
 			if (ret <= 0)
 				return ret ? ret : -EIO;
 			*type = h.type;
@@ -667,14 +868,14 @@ static int replay_read(int fd, uint64_t size, struct replay_set *rs)
 }
 
 /*
- * Replay's second pass: each record of rs that is live (not JNL_RETIRE,
- * its seq not in rs->retired, sorted) read again from fd (size bytes) and
+ * Replay's second pass: each record of rs that is live (not JNL_RETIRE or
+ * JNL_START, its seq not in retired, sorted, nret of them) read again from fd (size bytes) and
  * handed to fn(arg, ...), the outcomes counted in st; the notes fn kept
  * moved to the front of rs->recs (st->kept of them).  0 or -errno where a
  * record could not be read again.
  */
-static int replay_apply(int fd, uint64_t size, struct replay_set *rs, jnl_apply_fn fn,
-			void *arg, struct jnl_replay_stats *st)
+static int replay_apply(int fd, uint64_t size, struct replay_set *rs, const uint64_t *retired,
+			uint64_t nret, jnl_apply_fn fn, void *arg, struct jnl_replay_stats *st)
 {
 	struct scanned *recs = rs->recs;
 
@@ -683,9 +884,8 @@ static int replay_apply(int fd, uint64_t size, struct replay_set *rs, jnl_apply_
 		void *p;
 		int r;
 
-		if (recs[i].type == JNL_RETIRE ||
-		    (rs->nret && bsearch(&recs[i].seq, rs->retired, rs->nret,
-					 sizeof(*rs->retired), cmp_u64)))
+		if (recs[i].type == JNL_RETIRE || recs[i].type == JNL_START ||
+		    (nret && bsearch(&recs[i].seq, retired, nret, sizeof(*retired), cmp_u64)))
 			continue;
 		r = read_rec(fd, recs[i].off, size, 0, true, &h, &p);
 		if (r <= 0)
@@ -729,42 +929,116 @@ static int replay_settle(int dirfd, const char *name, int fd, uint64_t size,
 	return 0;
 }
 
+/* One file of a journal being replayed. */
+struct replay_file {
+	int fd;				/* -1: absent */
+	uint64_t size;
+	struct replay_set rs;
+	struct jnl_replay_stats st;
+};
+
+/* Open and read file `name` of dirfd into rf (zeroed by the caller): 0
+ * (rf->fd -1 where it is absent) or -errno. */
+static int replay_file_read(int dirfd, const char *name, struct replay_file *rf)
+{
+	struct stat sb;
+	int ret;
+
+	rf->fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (rf->fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (fstat(rf->fd, &sb) < 0)
+		return -errno;
+	rf->size = (uint64_t)sb.st_size;
+	ret = replay_read(rf->fd, rf->size, &rf->rs);
+	if (ret)
+		return ret;
+	rf->st.records = rf->rs.nrec;
+	if (rf->rs.end < rf->size && rf->rs.nrec && rf->rs.recs[0].type == JNL_START)
+		return 0;	/* a file the ring took again: the rest is an
+				 * earlier round's */
+	if (rf->rs.end < rf->size) {
+		rf->st.torn = true;
+		rf->st.dropped_bytes = rf->size - rf->rs.end;
+		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
+		     "valid records (a write cut short): dropped", name, rf->st.dropped_bytes);
+	}
+	return 0;
+}
+
 int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 	       struct jnl_replay_stats *st)
 {
-	struct replay_set rs = { 0 };
-	struct stat sb;
-	uint64_t size;
-	int fd, ret = 0;
+	struct replay_file f[2];
+	char n1[NAME_MAX + 1];
+	uint64_t *retired = NULL, nret;
+	int ret, first;
 
 	memset(st, 0, sizeof(*st));
-	fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	if (fstat(fd, &sb) < 0) {
+	memset(f, 0, sizeof(f));
+	f[0].fd = f[1].fd = -1;
+	ret = jnl_name1(name, n1, sizeof(n1));
+	if (!ret)
+		ret = replay_file_read(dirfd, name, &f[0]);
+	if (!ret)
+		ret = replay_file_read(dirfd, n1, &f[1]);
+	if (ret || (f[0].fd < 0 && f[1].fd < 0))
+		goto out;
+	/* the retired seqs of both files (a record's retirement may be in
+	 * the file after its own) */
+	nret = f[0].rs.nret + f[1].rs.nret;
+	retired = malloc((nret ? nret : 1) * sizeof(*retired));
+	if (!retired) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (f[0].rs.nret)
+		memcpy(retired, f[0].rs.retired, f[0].rs.nret * sizeof(*retired));
+	if (f[1].rs.nret)
+		memcpy(retired + f[0].rs.nret, f[1].rs.retired, f[1].rs.nret * sizeof(*retired));
+	if (nret)	/* qsort's base may not be NULL, even for no element */
+		qsort(retired, nret, sizeof(*retired), cmp_u64);
+	/* the file of the earlier records first: each holds a run of seqs */
+	first = f[1].rs.nrec && (!f[0].rs.nrec || f[1].rs.recs[0].seq < f[0].rs.recs[0].seq);
+	for (int k = 0; k < 2 && !ret; k++) {
+		struct replay_file *rf = &f[k ? !first : first];
+
+		if (rf->fd >= 0)
+			ret = replay_apply(rf->fd, rf->size, &rf->rs, retired, nret, fn, arg,
+					   &rf->st);
+	}
+	for (int k = 0; k < 2; k++) {
+		st->records += f[k].st.records;
+		st->applied += f[k].st.applied;
+		st->skipped += f[k].st.skipped;
+		st->failed += f[k].st.failed;
+		st->kept += f[k].st.kept;
+		st->dropped_bytes += f[k].st.dropped_bytes;
+		st->torn = st->torn || f[k].st.torn;
+	}
+	if (ret || st->failed)
+		goto out;	/* the journal keeps what failed */
+	/* everything is in its file (synced by fn): the second file emptied
+	 * first (what is left is all in the first one then, applied), the
+	 * first one with the notes kept (the second holds none: jnl_append) */
+	if (f[1].fd >= 0 && f[1].st.kept) {
+		tlog(LOG_WARNING, "journal %s: notes in its second file: kept as it is", name);
+		goto out;
+	}
+	if (f[1].fd >= 0 && (ftruncate(f[1].fd, 0) < 0 || fsync(f[1].fd) < 0)) {
 		ret = -errno;
 		goto out;
 	}
-	size = (uint64_t)sb.st_size;
-	ret = replay_read(fd, size, &rs);
-	if (ret)
-		goto out;
-	st->records = rs.nrec;
-	if (rs.end < size) {
-		st->torn = true;
-		st->dropped_bytes = size - rs.end;
-		tlog(LOG_WARNING, "journal %s: %" PRIu64 " bytes at its end are not whole, "
-		     "valid records (a write cut short): dropped", name, st->dropped_bytes);
-	}
-	if (rs.nret)	/* qsort's base may not be NULL, even for no element */
-		qsort(rs.retired, rs.nret, sizeof(*rs.retired), cmp_u64);
-	ret = replay_apply(fd, size, &rs, fn, arg, st);
-	if (!ret)
-		ret = replay_settle(dirfd, name, fd, size, rs.recs, st);
+	if (f[0].fd >= 0)
+		ret = replay_settle(dirfd, name, f[0].fd, f[0].size, f[0].rs.recs, &f[0].st);
 out:
-	free(rs.recs);
-	free(rs.retired);
-	close(fd);
+	for (int k = 0; k < 2; k++) {
+		free(f[k].rs.recs);
+		free(f[k].rs.retired);
+		if (f[k].fd >= 0)
+			close(f[k].fd);
+	}
+	free(retired);
 	return ret;
 }
 

@@ -1,5 +1,6 @@
 /*
- * journal.h - the journal of a backing directory: one file of records, each
+ * journal.h - the journal of a backing directory: a file of records (two
+ * taken in turn, jnl_ring), each
  * a header (magic, type, sequence number, length), a payload and a checksum
  * (XXH3-64 over both), appended and made durable with fdatasync; replayed
  * in one place (jnl_replay), which stops at the first record that is torn
@@ -48,6 +49,8 @@ enum jnl_type {
 	JNL_DELTA = 2,			/* a small change of a file (below) */
 	JNL_REDO = 3,			/* a new version copied over a file (below) */
 	JNL_NOTE = 4,			/* another reader's record (above) */
+	JNL_START = 5,			/* no payload: the first record of a
+					 * journal file taken again (below) */
 };
 
 /* What a replay's fn returns for a record it keeps (JNL_NOTE). */
@@ -95,6 +98,23 @@ struct jnl {
 					 * found, one after the other, then a
 					 * NUL (jnl_take_notes) */
 	size_t notes_len;
+	/*
+	 * Two files in turn (jnl_ring): records go to one until it is
+	 * ring_at long, then to the other one, written again from its start
+	 * once no record in it is live.  Writes over blocks a file has
+	 * already cost its file system no metadata, so the fdatasync of a
+	 * record commits nothing to that file system's log.
+	 */
+	int fd1;			/* the second file (name + ".1"), -1:
+					 * not open */
+	int wfd;			/* the file appended to: fd or fd1 */
+	uint64_t ring_at;		/* 0: one file (no ring) */
+	uint64_t cur_start;		/* seq of wfd's first record */
+	uint64_t other_end;		/* the end of the records of the other
+					 * file (jnl_read) */
+	bool switching;			/* appends wait: the files change */
+	int broken;			/* -errno: the sync at a change of file
+					 * failed; no record is durable after */
 	/* statistics */
 	uint64_t appends, retires, syncs, bytes, resets;
 };
@@ -104,12 +124,30 @@ struct jnl {
  * caller has replayed what it held (jnl_replay), so it is empty or holds
  * the notes that replay kept, which the next records follow (held, until
  * jnl_notes_done), their payloads for jnl_take_notes.  Anything after
- * its last whole record is cut off.
+ * its last whole record is cut off.  -ENOTEMPTY where `name`.1 (jnl_ring)
+ * is not empty: a replay empties it.
  * dirfd and name stay valid while j is open (an emptying that keeps
  * notes replaces the file).  0 or -errno.
  */
 int jnl_open(struct jnl *j, int dirfd, const char *name);
 void jnl_close(struct jnl *j);
+/*
+ * Take two files in turn from now on, `name` and `name`.1 (made when
+ * first needed, its name synced): once the file appended to is `at`
+ * bytes long and no record of the other one is live, the other one is
+ * taken again.  Its first record, JNL_START, is made durable (after
+ * every record of the file left) before any other is written there, so a
+ * replay never reads an earlier round's records in it: they do not
+ * follow JNL_START's seq.  The journal is never emptied then (its blocks
+ * are written over; jnl_retire's emptying is for one file), and a replay
+ * reads both files.  Only on a journal that jnl_open found empty, with
+ * no `name`.1 holding records, and never where notes are appended (the
+ * first note turns the ring off: notes_done's emptying needs one file).
+ * true where it is on.
+ */
+bool jnl_ring(struct jnl *j, uint64_t at);
+/* The second file's name for name (buf of len bytes): 0 or -ENAMETOOLONG. */
+int jnl_name1(const char *name, char *buf, size_t len);
 
 /*
  * Append a record of `type` whose payload is the iovcnt buffers of iov
@@ -157,7 +195,8 @@ struct jnl_counts {
 	uint64_t syncs;			/* fdatasyncs, one per group commit */
 	uint64_t retires;		/* records retired */
 	uint64_t live;			/* records appended and not retired */
-	uint64_t resets;		/* times the file was emptied */
+	uint64_t resets;		/* times the file was emptied, or the
+					 * other file taken again (jnl_ring) */
 };
 /* Copy j's counts into *c (under j's lock). */
 void jnl_counts(struct jnl *j, struct jnl_counts *c);
@@ -198,7 +237,10 @@ typedef int (*jnl_apply_fn)(void *arg, uint16_t type, uint64_t seq, const void *
  * durably (the records are in their files now), or where fn kept some,
  * replaced durably by one that holds those alone (renumbered from 1; a
  * rename, so that a crash leaves one journal or the other, whole).  A
- * missing journal is an empty one.
+ * missing journal is an empty one.  `name`.1 (jnl_ring) is read too, its
+ * records in seq order with the other file's, and emptied first.  In a
+ * file that begins with JNL_START, what follows its last record is an
+ * earlier round's, not a torn tail.
  * Returns 0, or -errno where the journal could not be read or emptied;
  * fn's failures are counted in st (the journal keeps them).
  */

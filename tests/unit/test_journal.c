@@ -8,7 +8,8 @@
  * with two names), replayed in order with a delta after it, and passed
  * over when torn, when its version is gone or another file, or when its
  * file is; notes (another reader's records) are kept across a replay, in
- * order, and hold the journal until their reader is done with them.  No
+ * order, and hold the journal until their reader is done with them; two
+ * files in turn (jnl_ring) are replayed together, in seq order.  No
  * seed: the cases are fixed.  Exit 0 pass, 1 fail.
  */
 #include <errno.h>
@@ -626,6 +627,125 @@ static void test_redo(void)
 	close(rootfd);
 }
 
+static off_t jsize1(void)
+{
+	struct stat st;
+
+	return fstatat(dirfd_, JN ".1", &st, 0) == 0 ? st.st_size : -1;
+}
+
+/*
+ * Two files in turn (jnl_ring): past `at` bytes the records go to the
+ * second file, and back to the first (written again from its start) only
+ * once no record of the first is live; records are read back from either
+ * file; a replay takes both files' live records in seq order and not an
+ * earlier round's left past a taken-again file's records; a note is
+ * refused once the second file was taken.
+ */
+static void test_ring(void)
+{
+	struct jnl_replay_stats st;
+	struct jnl j;
+	uint64_t s[8], t[8], u[2], len;
+	uint16_t type;
+	void *p;
+
+	unlinkat(dirfd_, JN, 0);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_ring(&j, 3 * REC(100)), "ring on an empty journal");
+	CHECK(jsize1() == 0, "the second file made: %ld", (long)jsize1());
+	append_n(&j, 3, 100, s);		/* a b c in the first file */
+	CHECK(j.wfd == j.fd && j.off == 3 * REC(100), "first file: off %lu",
+	      (unsigned long)j.off);
+	append_n(&j, 4, 100, t);		/* a: to the second, after START */
+	CHECK(j.wfd == j.fd1 && j.resets == 1 && j.cur_start == t[0] - 1,
+	      "second file taken: resets %lu start %lu", (unsigned long)j.resets,
+	      (unsigned long)j.cur_start);
+	CHECK(j.off == REC(0) + 4 * REC(100) && jsize1() == REC(0) + 4 * REC(100),
+	      "four records after START in the second: off %lu", (unsigned long)j.off);
+	CHECK(j.synced >= s[2], "the first file's records synced at the change");
+	/* b of the first file still live: no change back */
+	jnl_retire(&j, s[0]);
+	jnl_retire(&j, s[2]);
+	append_n(&j, 1, 100, NULL);
+	CHECK(j.wfd == j.fd1 && j.resets == 1, "no change back while b is live");
+	CHECK(jnl_read(&j, s[1], &type, &p, &len) == 0 && type == 7 && *(char *)p == 'b',
+	      "b read back from the first file");
+	free(p);
+	CHECK(jnl_read(&j, t[3], &type, &p, &len) == 0 && type == 7 && *(char *)p == 'd',
+	      "d read back from the second file");
+	free(p);
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	/* a crash now: the first file's b, then the second file's a b c d
+	 * a (the retire records of the first file's a and c among them) */
+	{
+		struct jnl j2;
+
+		CHECK(jnl_open(&j2, dirfd_, JN) == -ENOTEMPTY,
+		      "no opening over a second file that holds records");
+	}
+	CHECK(!strcmp(replay(&st), "babcda"), "both files in seq order: got '%s'", seen);
+	CHECK(jsize() == 0 && jsize1() == 0, "both emptied by the replay: %ld %ld",
+	      (long)jsize(), (long)jsize1());
+	jnl_close(&j);
+
+	/* the change back once b is retired: the first file written again
+	 * from its start, what it held past the new records not replayed */
+	unlinkat(dirfd_, JN ".1", 0);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_ring(&j, 3 * REC(100)), "ring");
+	append_n(&j, 3, 100, s);
+	append_n(&j, 3, 100, t);		/* second file */
+	for (int i = 0; i < 3; i++)
+		jnl_retire(&j, s[i]);		/* retire records: second file */
+	append_n(&j, 2, 100, u);		/* the second is long enough: first */
+	CHECK(j.wfd == j.fd && j.resets == 2 && j.off == REC(0) + 2 * REC(100),
+	      "the first file taken again: resets %lu off %lu", (unsigned long)j.resets,
+	      (unsigned long)j.off);
+	CHECK(jsize() == 3 * REC(100), "written over, not grown: %ld", (long)jsize());
+	CHECK(jnl_read(&j, t[1], &type, &p, &len) == 0 && *(char *)p == 'b',
+	      "b of the second file read back");
+	free(p);
+	{
+		char n = 'n';
+		struct iovec v = { &n, 1 };
+		uint64_t q;
+
+		CHECK(jnl_append(&j, JNL_NOTE, &v, 1, &q) == -EOPNOTSUPP,
+		      "a note refused once the second file was taken");
+	}
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "abcab"), "second file then first: got '%s'", seen);
+	CHECK(!st.torn && st.applied == 5, "an earlier round is no torn tail: torn %d applied %lu",
+	      st.torn, (unsigned long)st.applied);
+
+	/* the first record after a START torn: the replay stops there, and
+	 * reads nothing of the earlier round past it (its seqs do not
+	 * follow) */
+	unlinkat(dirfd_, JN ".1", 0);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_ring(&j, 3 * REC(100)), "ring");
+	append_n(&j, 3, 100, s);
+	append_n(&j, 3, 100, t);
+	for (int i = 0; i < 3; i++)
+		jnl_retire(&j, s[i]);
+	append_n(&j, 1, 100, u);		/* the first file again */
+	CHECK(j.wfd == j.fd && j.off == REC(0) + REC(100), "first file again");
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	jnl_close(&j);
+	flip(REC(0) + REC(50));			/* u's payload */
+	CHECK(!strcmp(replay(&st), "abc"), "stops at the torn record: got '%s'", seen);
+
+	/* no ring where jnl_open found records, or the second file holds some */
+	make(1, 10, NULL);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(!jnl_ring(&j, 4096), "no ring over a journal that holds records");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "a"), "the record: got '%s'", seen);
+	unlinkat(dirfd_, JN ".1", 0);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/test_journal.XXXXXX";
@@ -648,7 +768,9 @@ int main(void)
 	test_delta();
 	test_delta_zero();
 	test_redo();
+	test_ring();
 	unlinkat(dirfd_, JN, 0);
+	unlinkat(dirfd_, JN ".1", 0);
 	unlinkat(dirfd_, "f", 0);
 	unlinkat(dirfd_, "g", 0);
 	close(dirfd_);
