@@ -1677,13 +1677,15 @@ class Run:
 
     def keep_journal(self):
         """The journal that the killed daemon left (with -o persist, its
-        queue too), as WORKDIR/journal.<crash>: what the next daemon will
-        replay and resume."""
-        src = os.path.join(self.mount.backing, ".tierfs.journal")
-        try:
-            shutil.copyfile(src, os.path.join(self.cfg.workdir, f"journal.{self.crashes}"))
-        except OSError:
-            pass
+        queue too), as WORKDIR/journal.<crash> (and its second file,
+        journal.<crash>.1): what the next daemon will replay and resume."""
+        for suffix in ("", ".1"):
+            src = os.path.join(self.mount.backing, ".tierfs.journal" + suffix)
+            try:
+                shutil.copyfile(src, os.path.join(self.cfg.workdir,
+                                                  f"journal.{self.crashes}{suffix}"))
+            except OSError:
+                pass
 
     def progress(self, sync, t):
         W = self.cfg.nworkers
