@@ -1189,3 +1189,29 @@ def test_records_live_in_both_journal_files_survive_a_power_cut(
     for i in range(n):
         assert read(os.path.join(backing, f"f{i}")) != want[f"f{i}"], f"f{i}: applied"
     power_cut_gives(disk, tmp_path, mount, m, {k: bytes(v) for k, v in want.items()})
+
+
+def test_the_zero_blocks_of_a_small_change_are_no_bytes_of_its_record(
+        disk, mount, monkeypatch, tmp_path):
+    """A cached file's small change that writes whole blocks of zeros (64
+    KiB of them, beside 4 KiB of data) is recorded without their bytes
+    (JNL_ZERO ranges, tiers/flush.c's record_ranges): the record holds a
+    few KiB.  With its apply held back and the power cut, tierfs --recover
+    and the next mount give the file with its zeros and its data."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 15)
+    monkeypatch.setenv("TIERFS_DELAY", HOLD)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    data = bytearray(rng.randbytes(MiB))
+    path = durable_file(m, "f", bytes(data))
+    before = jstats(m)
+    changes = [(128 << 10, bytes(64 << 10)), (512 << 10, rng.randbytes(4096))]
+    change(path, changes)
+    for off, b in changes:
+        data[off:off + len(b)] = b
+    st = jstats(m)
+    grew = st["bytes_appended"] - before["bytes_appended"]
+    assert st["records_appended"] == before["records_appended"] + 1, (before, st)
+    assert grew < 16 << 10, f"the record holds {grew} bytes"
+    assert read(os.path.join(backing, "f")) != data, "the apply was held back"
+    power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})

@@ -454,6 +454,69 @@ static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, stru
 }
 
 /*
+ * The ranges of record p, of f's copy buf: p's, each cut where whole
+ * TIER_ALIGN blocks of zeros start and end.  The zero runs (*zero true)
+ * hold no bytes in the record (JNL_ZERO: a replay punches them; the apply
+ * in place writes what it writes, zeros or a hole, the same bytes).
+ * *r and *zero malloc'ed, *n of them; both NULL where p has no zero
+ * block (its ranges go as they are).  0 or -ENOMEM.
+ */
+static int record_ranges(const uint8_t *buf, const struct jflush *p, struct drange **r,
+			 bool **zero, uint32_t *n)
+{
+	uint32_t k = 0, cap = 0;
+	bool any = false;
+
+	*r = NULL;
+	*zero = NULL;
+	*n = 0;
+	for (int pass = 0; pass < 2; pass++) {	/* count, then fill */
+		for (uint32_t i = 0; i < p->n; i++) {
+			uint64_t pos = p->r[i].start, end = p->r[i].end, next;
+			bool hole;
+
+			for (; pos < end; pos = next) {
+				if (pos % TIER_ALIGN) {	/* an unaligned head: data */
+					next = pos - pos % TIER_ALIGN + TIER_ALIGN;
+					next = next < end ? next : end;
+					hole = false;
+				} else {
+					next = fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN,
+							   false, &hole);
+				}
+				any = any || hole;
+				if (pass && k && (*zero)[k - 1] == hole && (*r)[k - 1].end == pos) {
+					(*r)[k - 1].end = next;
+					continue;
+				}
+				if (pass) {
+					(*r)[k] = (struct drange){ pos, next };
+					(*zero)[k] = hole;
+				}
+				k++;
+			}
+		}
+		if (!any)
+			return 0;
+		if (!pass) {
+			cap = k;
+			k = 0;
+			*r = malloc((size_t)cap * sizeof(**r));
+			*zero = malloc((size_t)cap * sizeof(**zero));
+			if (!*r || !*zero) {
+				free(*r);
+				free(*zero);
+				*r = NULL;
+				*zero = NULL;
+				return -ENOMEM;
+			}
+		}
+	}
+	*n = k;
+	return 0;
+}
+
+/*
  * The journal flush in its phases, which a group of flushes (flush_batch:
  * journal_group) takes together.  1: p's record appended (synced where
  * sync), of f's copy cp (leased, e->lock not held), *seq the record to
@@ -470,7 +533,17 @@ static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, ui
 		ret = journal_tail(e, copy_ptr(cp), len, p);
 	if (ret || !p->record)
 		return ret;
-	ret = f->ops->journal_delta(f, copy_ptr(cp), p->r, NULL, p->n, len, seq, sync);
+	struct drange *r;
+	bool *zero;
+	uint32_t n;
+
+	ret = record_ranges(copy_ptr(cp), p, &r, &zero, &n);
+	if (ret)
+		return ret;
+	ret = r ? f->ops->journal_delta(f, copy_ptr(cp), r, zero, n, len, seq, sync)
+		: f->ops->journal_delta(f, copy_ptr(cp), p->r, NULL, p->n, len, seq, sync);
+	free(r);
+	free(zero);
 	return ret > 0 ? 2 : ret;
 }
 
