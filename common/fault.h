@@ -20,7 +20,9 @@
  * journal_apply_eio (every apply of a journalled change fails),
  * inplace_copy_eio (the first copy of a commit intent fails: fs_intent.c),
  * journal_sync_eio (the journal's first sync runs, then reports EIO:
- * store/journal.c), journal_settle_later (every apply's sync is left to a
+ * store/journal.c), journal_switch_eio (the same for the sync of the file
+ * left at the journal's first change of file: store/journal.c),
+ * journal_settle_later (every apply's sync is left to a
  * flusher's pause, not only while other flushes are due: flush.c).
  */
 bool tierfs_fault(const char *point);

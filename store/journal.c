@@ -300,6 +300,16 @@ bool jnl_ring(struct jnl *j, uint64_t at)
 	return true;
 }
 
+/* Tests: TIERFS_FAULT=journal_switch_eio makes the sync of the file left
+ * at the first change of file report EIO after it ran. */
+static bool switch_fault(void)
+{
+	static bool once;
+
+	return tierfs_fault("journal_switch_eio") &&
+	       !__atomic_exchange_n(&once, true, __ATOMIC_RELAXED);
+}
+
 /* Under j's lock: is every record of the file not appended to retired
  * (its seqs are those below cur_start)?  Notes turn the ring off. */
 static bool ring_other_done(const struct jnl *j)
@@ -313,9 +323,9 @@ static bool ring_other_done(const struct jnl *j)
  * JNL_START, durable before any other record goes there (so that what it
  * held before, an earlier round's, can never be read as records after
  * it: their seqs do not follow its), and append to it from now on.  A
- * failure to sync the file left marks the journal broken (the records
- * may not be durable: every later sync says so); a failure of the other
- * file turns the ring off (the records go on where they were).
+ * failure to sync the file left is the failure of every jnl_sync of its
+ * records not synced yet, and turns the ring off, as a failure of the
+ * other file does (the records go on where they were).
  */
 static void ring_switch(struct jnl *j)
 {
@@ -332,6 +342,8 @@ static void ring_switch(struct jnl *j)
 	nfd = ofd == j->fd ? j->fd1 : j->fd;
 	junlock(j);
 	ret = fdatasync(ofd) < 0 ? -errno : 0;
+	if (!ret && switch_fault())
+		ret = -EIO;
 	if (!ret && nfd < 0)
 		nfd = ring_open1(j, true);
 	if (!ret && nfd < 0)
@@ -347,8 +359,13 @@ static void ring_switch(struct jnl *j)
 	jlock(j);
 	if (nfd >= 0 && j->fd1 < 0)
 		j->fd1 = nfd;
-	if (ret) {
-		j->broken = ret;
+	if (ret) {		/* as a failed jnl_sync, for every waiter */
+		j->fail_from = j->synced;
+		j->fail_upto = j->seq;
+		j->fail_err = ret;
+		j->ring_at = 0;
+		tlog(LOG_ERR, "journal %s: cannot sync it (%s): one file from now on",
+		     j->name, strerror(-ret));
 	} else {
 		j->syncs++;
 		j->synced = j->seq;	/* nothing was appended meanwhile */
@@ -391,11 +408,6 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	jlock(j);
 	while (j->switching)
 		pthread_cond_wait(&j->synced_cond, &j->lock);
-	if (j->broken) {
-		junlock(j);
-		free(v);
-		return j->broken;
-	}
 	if (type == JNL_NOTE && j->other_end) {
 		junlock(j);	/* see jnl_ring: the emptying that notes need
 				 * is for one file */
@@ -453,15 +465,17 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	int ret = 0, fd;
 
 	jlock(j);
+	/* a record whose sync failed at a change of file (ring_switch):
+	 * perhaps durable, never said to be */
+	if (seq > j->fail_from && seq <= j->fail_upto)
+		ret = j->fail_err;
 	while (j->synced < seq && !ret) {
 		uint64_t upto;
 
-		if (j->broken) {
-			ret = j->broken;
-			break;
-		}
 		if (j->syncing) {
 			pthread_cond_wait(&j->synced_cond, &j->lock);
+			if (seq > j->fail_from && seq <= j->fail_upto)
+				ret = j->fail_err;	/* a change of file meanwhile */
 			continue;
 		}
 		j->syncing = true;	/* j->wfd stays while it is set */

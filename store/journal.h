@@ -113,8 +113,10 @@ struct jnl {
 	uint64_t other_end;		/* the end of the records of the other
 					 * file (jnl_read) */
 	bool switching;			/* appends wait: the files change */
-	int broken;			/* -errno: the sync at a change of file
-					 * failed; no record is durable after */
+	uint64_t fail_from, fail_upto;	/* the records (fail_from, fail_upto]
+					 * whose sync failed at a change of
+					 * file: jnl_sync says fail_err */
+	int fail_err;
 	/* statistics */
 	uint64_t appends, retires, syncs, bytes, resets;
 };

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -1214,4 +1215,44 @@ def test_the_zero_blocks_of_a_small_change_are_no_bytes_of_its_record(
     assert st["records_appended"] == before["records_appended"] + 1, (before, st)
     assert grew < 16 << 10, f"the record holds {grew} bytes"
     assert read(os.path.join(backing, "f")) != data, "the apply was held back"
+    power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})
+
+
+def test_a_failed_sync_at_a_change_of_journal_file_keeps_one_file(
+        disk, mount, monkeypatch, tmp_path):
+    """TIERFS_FAULT=journal_switch_eio: at the journal's first change of file
+    (a 64 KiB ring) the sync of the file left runs, then reports EIO.  The
+    error is logged, every fsync whose record was in that sync reports EIO
+    (here none is: each fsync synced its own before), the journal goes on in
+    the one file (no change of file after), its records are still made,
+    and after a power cut tierfs --recover and the next mount give the file
+    as of its last fsync."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 16)
+    monkeypatch.setenv("TIERFS_JOURNAL_RING", str(64 << 10))
+    monkeypatch.setenv("TIERFS_FAULT", "journal_switch_eio")
+    m = mount(backing=backing, host_cache="64M", dedup="off",
+              expect_errors=[r"journal \S+: cannot sync it \(Input/output error\)",
+                             r"flush to SSD failed: Input/output error"])
+    monkeypatch.delenv("TIERFS_FAULT")
+    data = bytearray(rng.randbytes(MiB))
+    path = durable_file(m, "f", bytes(data))
+    eio = 0
+    for _ in range(60):
+        off, b = rng.randrange(MiB - 4096), rng.randbytes(4096)
+        fd = os.open(path, os.O_WRONLY)
+        os.pwrite(fd, b, off)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            assert e.errno == errno.EIO, e
+            eio += 1
+        os.close(fd)
+        data[off:off + 4096] = b
+    change(path, [(0, data[:4096])])    # the last fsync succeeds
+    st = jstats(m)
+    assert re.search(r"journal \S+: cannot sync it \(Input/output error\): one file",
+                     m.log()), m.log()
+    assert st["resets"] == 0 and st["records_appended"] >= 60 and eio <= 1, (st, eio)
+    assert os.path.getsize(journal(backing) + ".1") == 0, "the second file was taken"
     power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})
