@@ -300,14 +300,13 @@ bool jnl_ring(struct jnl *j, uint64_t at)
 	return true;
 }
 
-/* Tests: TIERFS_FAULT=journal_switch_eio makes the sync of the file left
- * at the first change of file report EIO after it ran. */
-static bool switch_fault(void)
+/* Tests: is TIERFS_FAULT point, the first time it is asked (*once)?
+ * journal_sync_eio makes the first sync report EIO after it ran, as a
+ * failing disk may (its records are perhaps durable); journal_switch_eio
+ * the sync of the file left at the first change of file. */
+static bool fault_once(const char *point, bool *once)
 {
-	static bool once;
-
-	return tierfs_fault("journal_switch_eio") &&
-	       !__atomic_exchange_n(&once, true, __ATOMIC_RELAXED);
+	return tierfs_fault(point) && !__atomic_exchange_n(once, true, __ATOMIC_RELAXED);
 }
 
 /* Under j's lock: is every record of the file not appended to retired
@@ -329,6 +328,7 @@ static bool ring_other_done(const struct jnl *j)
  */
 static void ring_switch(struct jnl *j)
 {
+	static bool switch_eio;
 	struct jnl_rec h = { .magic = JNL_MAGIC, .type = JNL_START, .hlen = sizeof(h) };
 	int ofd = j->wfd, nfd, ret, nret = 0;
 	uint64_t oend;
@@ -342,7 +342,7 @@ static void ring_switch(struct jnl *j)
 	nfd = ofd == j->fd ? j->fd1 : j->fd;
 	junlock(j);
 	ret = fdatasync(ofd) < 0 ? -errno : 0;
-	if (!ret && switch_fault())
+	if (!ret && fault_once("journal_switch_eio", &switch_eio))
 		ret = -EIO;
 	if (!ret && nfd < 0)
 		nfd = ring_open1(j, true);
@@ -450,18 +450,9 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	return ret;
 }
 
-/* Tests: TIERFS_FAULT=journal_sync_eio makes the first sync report EIO
- * after it ran, as a failing disk may: its records are perhaps durable. */
-static bool sync_fault(void)
-{
-	static bool once;
-
-	return tierfs_fault("journal_sync_eio") &&
-	       !__atomic_exchange_n(&once, true, __ATOMIC_RELAXED);
-}
-
 int jnl_sync(struct jnl *j, uint64_t seq)
 {
+	static bool sync_eio;
 	int ret = 0, fd;
 
 	jlock(j);
@@ -484,7 +475,7 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 		junlock(j);
 		if (fdatasync(fd) < 0)
 			ret = -errno;
-		else if (sync_fault())
+		else if (fault_once("journal_sync_eio", &sync_eio))
 			ret = -EIO;
 		jlock(j);
 		j->syncing = false;
@@ -883,10 +874,10 @@ static int replay_read(int fd, uint64_t size, struct replay_set *rs)
 
 /*
  * Replay's second pass: each record of rs that is live (not JNL_RETIRE or
- * JNL_START, its seq not in retired, sorted, nret of them) read again from fd (size bytes) and
- * handed to fn(arg, ...), the outcomes counted in st; the notes fn kept
- * moved to the front of rs->recs (st->kept of them).  0 or -errno where a
- * record could not be read again.
+ * JNL_START, its seq not in retired, sorted, nret of them) read again
+ * from fd (size bytes) and handed to fn(arg, ...), the outcomes counted in
+ * st; the notes fn kept moved to the front of rs->recs (st->kept of them).
+ * 0 or -errno where a record could not be read again.
  */
 static int replay_apply(int fd, uint64_t size, struct replay_set *rs, const uint64_t *retired,
 			uint64_t nret, jnl_apply_fn fn, void *arg, struct jnl_replay_stats *st)
