@@ -85,7 +85,7 @@ static int read_rec(int fd, uint64_t off, uint64_t size, uint64_t prev_seq, bool
 static int scan(int fd, uint64_t size, struct scanned **recs, uint64_t *n, uint16_t only);
 static int rewrite_kept(int dirfd, const char *name, int fd, uint64_t size,
 			const struct scanned *recs, uint64_t n, uint64_t seq, uint64_t *len);
-static int ring_open1(struct jnl *j, bool make);
+static int open1(struct jnl *j, int flags);
 
 static void jlock(struct jnl *j)
 {
@@ -113,15 +113,15 @@ int jnl_open(struct jnl *j, int dirfd, const char *name)
 		return -errno;
 	j->wfd = j->fd;
 	/* a second file that holds anything is a replay's to empty first:
-	 * the records appended here would not follow its seqs */
-	r = ring_open1(j, false);
+	 * the records appended here would not follow its seqs (an empty one
+	 * is kept open for jnl_ring) */
+	r = open1(j, 0);
 	if (r >= 0 && (fstat(r, &sb) < 0 || sb.st_size)) {
 		close(r);
 		errno = ENOTEMPTY;
 		goto fail;
 	}
-	if (r >= 0)
-		close(r);
+	j->fd1 = r >= 0 ? r : -1;
 	if (fstat(j->fd, &sb) < 0)
 		goto fail;
 	/* the notes a replay kept, for jnl_take_notes(): the next records
@@ -161,6 +161,9 @@ fail:
 	r = -errno;
 	close(j->fd);
 	j->fd = -1;
+	if (j->fd1 >= 0)
+		close(j->fd1);
+	j->fd1 = -1;
 	free(j->notes);
 	j->notes = NULL;
 	return r;
@@ -246,53 +249,31 @@ int jnl_name1(const char *name, char *buf, size_t len)
 	return snprintf(buf, len, "%s.1", name) < (int)len ? 0 : -ENAMETOOLONG;
 }
 
-/* fsync of directory dirfd (which may be an O_PATH descriptor): 0 or -errno. */
-static int sync_dir(int dirfd)
-{
-	int d = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
-
-	if (d < 0 || fsync(d) < 0)
-		ret = -errno;
-	if (d >= 0)
-		close(d);
-	return ret;
-}
-
-/* The second file, opened (made, its name synced, where absent): its
- * descriptor, or -errno. */
-static int ring_open1(struct jnl *j, bool make)
+/* The second file opened (flags: O_CREAT to make it): its descriptor,
+ * or -errno. */
+static int open1(struct jnl *j, int flags)
 {
 	char n1[NAME_MAX + 1];
 	int fd, ret = jnl_name1(j->name, n1, sizeof(n1));
 
 	if (ret)
 		return ret;
-	fd = openat(j->dirfd, n1, O_RDWR | O_NOFOLLOW | O_CLOEXEC | (make ? O_CREAT : 0), 0600);
-	if (fd < 0)
-		return -errno;
-	if (make && (ret = sync_dir(j->dirfd)) < 0) {
-		close(fd);
-		return ret;
-	}
-	return fd;
+	fd = openat(j->dirfd, n1, O_RDWR | O_NOFOLLOW | O_CLOEXEC | flags, 0600);
+	return fd < 0 ? -errno : fd;
 }
 
 bool jnl_ring(struct jnl *j, uint64_t at)
 {
 	struct stat sb;
-	int fd;
+	int fd = j->fd1;	/* jnl_open's, empty */
 
 	if (j->fd < 0 || j->off || j->held || !at || fstat(j->fd, &sb) < 0 || sb.st_size)
 		return false;
-	fd = ring_open1(j, false);
-	if (fd == -ENOENT)
-		fd = ring_open1(j, true);	/* now: the directory changes
-						 * while the caller expects it */
-	if (fd < 0 || fstat(fd, &sb) < 0 || sb.st_size) {
-		if (fd >= 0)
-			close(fd);	/* records a replay could not apply */
+	if (fd < 0)
+		fd = open1(j, O_CREAT);	/* now: the directory changes while
+					 * the caller expects it */
+	if (fd < 0)
 		return false;
-	}
 	jlock(j);
 	j->fd1 = fd;
 	j->ring_at = at;
@@ -339,16 +320,12 @@ static void ring_switch(struct jnl *j)
 	j->syncing = true;
 	oend = j->off;
 	h.seq = j->seq + 1;
-	nfd = ofd == j->fd ? j->fd1 : j->fd;
+	nfd = ofd == j->fd ? j->fd1 : j->fd;	/* both open: jnl_ring */
 	junlock(j);
 	ret = fdatasync(ofd) < 0 ? -errno : 0;
 	if (!ret && fault_once("journal_switch_eio", &switch_eio))
 		ret = -EIO;
-	if (!ret && nfd < 0)
-		nfd = ring_open1(j, true);
-	if (!ret && nfd < 0)
-		nret = nfd;
-	if (!ret && !nret) {
+	if (!ret) {
 		struct iovec v = { &h, sizeof(h) };
 
 		h.sum = rec_sum(&h, NULL, 0);
@@ -357,8 +334,6 @@ static void ring_switch(struct jnl *j)
 			nret = -errno;
 	}
 	jlock(j);
-	if (nfd >= 0 && j->fd1 < 0)
-		j->fd1 = nfd;
 	if (ret) {		/* as a failed jnl_sync, for every waiter */
 		j->fail_from = j->synced;
 		j->fail_upto = j->seq;
@@ -456,17 +431,19 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	int ret = 0, fd;
 
 	jlock(j);
-	/* a record whose sync failed at a change of file (ring_switch):
-	 * perhaps durable, never said to be */
-	if (seq > j->fail_from && seq <= j->fail_upto)
-		ret = j->fail_err;
-	while (j->synced < seq && !ret) {
+	for (;;) {
 		uint64_t upto;
 
+		/* a record whose sync failed at a change of file
+		 * (ring_switch): perhaps durable, never said to be */
+		if (seq > j->fail_from && seq <= j->fail_upto) {
+			ret = j->fail_err;
+			break;
+		}
+		if (ret || j->synced >= seq)
+			break;
 		if (j->syncing) {
 			pthread_cond_wait(&j->synced_cond, &j->lock);
-			if (seq > j->fail_from && seq <= j->fail_upto)
-				ret = j->fail_err;	/* a change of file meanwhile */
 			continue;
 		}
 		j->syncing = true;	/* j->wfd stays while it is set */
@@ -509,7 +486,7 @@ static int64_t live_find(const struct jnl *j, uint64_t seq)
  * and jnl_append refuses notes there). */
 static void truncate_all(struct jnl *j)
 {
-	if (j->other_end || j->wfd != j->fd)
+	if (j->other_end)	/* set at every change of file */
 		return;
 	if (ftruncate(j->fd, 0) == 0) {
 		j->off = 0;	/* seqs go on: what a lost truncation leaves

@@ -134,8 +134,9 @@ struct jnl {
 int jnl_open(struct jnl *j, int dirfd, const char *name);
 void jnl_close(struct jnl *j);
 /*
- * Take two files in turn from now on, `name` and `name`.1 (made when
- * first needed, its name synced): once the file appended to is `at`
+ * Take two files in turn from now on, `name` and `name`.1 (made here
+ * where absent: the caller syncs dirfd before a record counts, as after
+ * jnl_open): once the file appended to is `at`
  * bytes long and no record of the other one is live, the other one is
  * taken again.  Its first record, JNL_START, is made durable (after
  * every record of the file left) before any other is written there, so a
