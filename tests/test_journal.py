@@ -134,6 +134,17 @@ def read(path):
         return f.read()
 
 
+def fsync_eio(fd):
+    """fsync fd: False, or True where it failed with EIO (any other error
+    fails the test)."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        assert e.errno == errno.EIO, e
+        return True
+    return False
+
+
 def backing_on(disk):
     """A new backing directory on the disk."""
     backing = os.path.join(disk[1], "b")
@@ -851,11 +862,7 @@ def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mou
     if how == "fsync":
         fd = os.open(path, os.O_WRONLY)
         os.pwrite(fd, first, off)
-        try:
-            os.fsync(fd)
-        except OSError as e:
-            assert e.errno == errno.EIO, e
-        else:
+        if not fsync_eio(fd):
             pytest.fail("the fsync whose journal sync failed returned 0")
         util.wait_flushed(m)        # the retry: journalled again
         os.fsync(fd)
@@ -1246,11 +1253,7 @@ def test_a_failed_sync_at_a_change_of_journal_file_keeps_one_file(
         off, b = rng.randrange(MiB - 4096), rng.randbytes(4096)
         fd = os.open(path, os.O_WRONLY)
         os.pwrite(fd, b, off)
-        try:
-            os.fsync(fd)
-        except OSError as e:
-            assert e.errno == errno.EIO, e
-            eio += 1
+        eio += fsync_eio(fd)
         os.close(fd)
         data[off:off + 4096] = b
     change(path, [(0, data[:4096])])    # the last fsync succeeds
