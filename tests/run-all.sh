@@ -52,12 +52,12 @@
 #   TIERFS_TORTURE_SECONDS=20       seconds per torture run, default build
 #   TIERFS_ASAN_TORTURE_SECONDS=12  the same for the AddressSanitizer build
 #   TIERFS_TSAN_TORTURE_SECONDS=12  the same for the ThreadSanitizer build
-#   TIERFS_SCALE_FILES=20000        files of test_scale.py, default build
-#   TIERFS_ASAN_SCALE_FILES=10000   the same under AddressSanitizer
+#   TIERFS_SCALE_FILES=10000        files of test_scale.py, default build
+#   TIERFS_ASAN_SCALE_FILES=5000    the same under AddressSanitizer
 #   TIERFS_CRASH_STATES=40          crash states checked per file system,
 #                       default build (the daemon runs the same workload;
 #                       the states are checked by mounting disk images)
-#   TIERFS_ASAN_CRASH_STATES=20     the same under AddressSanitizer
+#   TIERFS_ASAN_CRASH_STATES=10     the same under AddressSanitizer
 #   TIERFS_TSAN_INTEGRITY_ROUNDS=8  rounds of test_integrity_engine.py's
 #                       concurrent writers under ThreadSanitizer (15 elsewhere)
 # The sanitizer builds leave out the install tests, the torture harness's
@@ -235,7 +235,7 @@ run() {
 	build)
 		# The default build runs the full exerciser, and every test.
 		TIERFS_TORTURE_SECONDS=${TIERFS_TORTURE_SECONDS:-20} \
-		TIERFS_SCALE_FILES=${TIERFS_SCALE_FILES:-20000} \
+		TIERFS_SCALE_FILES=${TIERFS_SCALE_FILES:-10000} \
 		TIERFS_CRASH_STATES=${TIERFS_CRASH_STATES:-40} \
 		PYTEST_JOBS=${PYTEST_JOBS:-4} check build "${TIERFS_OPS:-50000}"
 		;;
@@ -251,8 +251,8 @@ run() {
 		ASAN_OPTIONS="detect_leaks=0:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}" \
 		UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}" \
 		TIERFS_TORTURE_SECONDS=${TIERFS_ASAN_TORTURE_SECONDS:-12} \
-		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-10000} \
-		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-20} \
+		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-5000} \
+		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-10} \
 		PYTEST_K="not install and not test_torture_plain and not test_torture_detects_corruption" \
 		PYTEST_JOBS=${PYTEST_JOBS:-4} check build-asan "${TIERFS_ASAN_OPS:-20000}" \
 			DROP check-calls.sh test_hash_kernel_cpu

@@ -137,7 +137,7 @@ def test_fsync_survives_sigkill(mount):
 
 
 def _gen(seed, size):
-    return random.Random(seed).randbytes(size)
+    return util.randbytes(size, random.Random(seed))
 
 
 @pytest.mark.slow
