@@ -576,6 +576,7 @@ void fs_journal_stats_put(struct json *j)
 	json_u64(j, "records_retired", c.retires);
 	json_u64(j, "records_live", c.live);
 	json_u64(j, "resets", c.resets);
+	json_u64(j, "sync_failures", c.failures);
 	json_u64(j, "records_replayed", replayed);
 	json_close(j);
 }

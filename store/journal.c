@@ -34,6 +34,15 @@
  * their records in seq order (each file holds one run of seqs); a record
  * retired in the other file than its own is found retired either way.
  *
+ * A failed sync (sync_failed) leaves the records it was for perhaps lost
+ * on the disk, so that a replay would stop there and never reach a record
+ * after them: none of them, and no record after them, is ever said
+ * durable, and no record that would be live is taken until every live one
+ * is retired (their owners retire a record whose sync failed).  Then the
+ * journal is emptied, both files, durably (heal), and works again.  Until
+ * then the changes that need a record fail (EIO) and are tried again;
+ * retire records are still taken.
+ *
  * A commit intent (JNL_REDO) is replayed by copying its version over its
  * file again (jnl_redo_write, the live copy's own): a copy cut short is
  * finished, a finished one rewritten with the same bytes; a later delta or
@@ -297,15 +306,56 @@ static bool ring_other_done(const struct jnl *j)
 	return !j->held && (!j->live || j->live_seq[0] >= j->cur_start);
 }
 
+/* Under j's lock: a sync of the records after seq `from` failed (err). */
+static void sync_failed(struct jnl *j, uint64_t from, int err)
+{
+	if (j->fail_err)
+		return;		/* failed already, from an earlier point */
+	j->fail_from = from;
+	j->fail_err = err;
+	j->failures++;
+	tlog(LOG_ERR, "journal %s: cannot sync it (%s): its records from seq %" PRIu64
+	     " may be lost; no record is taken until they are retired, then it "
+	     "starts again empty", j->name, strerror(-err), from + 1);
+}
+
+/*
+ * Under j's lock, after a failed sync (j->fail_err): empty the journal,
+ * both files, durably, once no record is live and no note is held.  The
+ * records of the failed sync and every one after them are gone then, all
+ * retired, and a record appended from now on is durable at its sync
+ * again.  True when the journal works again.
+ */
+static bool heal(struct jnl *j)
+{
+	if (j->live || j->held)
+		return false;
+	while (j->syncing)	/* its fdatasync runs without the lock */
+		pthread_cond_wait(&j->synced_cond, &j->lock);
+	if (ftruncate(j->fd, 0) < 0 || (j->fd1 >= 0 && ftruncate(j->fd1, 0) < 0) ||
+	    fdatasync(j->fd) < 0 || (j->fd1 >= 0 && fdatasync(j->fd1) < 0))
+		return false;	/* tried again at the next append */
+	j->wfd = j->fd;
+	j->off = 0;
+	j->other_end = 0;
+	j->cur_start = j->seq + 1;
+	j->synced = j->seq;	/* what is below is gone, all retired */
+	j->fail_err = 0;
+	j->resets++;
+	tlog(LOG_WARNING, "journal %s: every record of the failed sync retired: emptied, "
+	     "records are taken again", j->name);
+	return true;
+}
+
 /*
  * Under j's lock (dropped meanwhile; appends and syncs wait): make every
  * record of the file appended to durable, then start the other file with
  * JNL_START, durable before any other record goes there (so that what it
  * held before, an earlier round's, can never be read as records after
  * it: their seqs do not follow its), and append to it from now on.  A
- * failure to sync the file left is the failure of every jnl_sync of its
- * records not synced yet, and turns the ring off, as a failure of the
- * other file does (the records go on where they were).
+ * failure to sync the file left is a failed sync (sync_failed); a failure
+ * of the other file turns the ring off (the records go on where they
+ * were, durable).
  */
 static void ring_switch(struct jnl *j)
 {
@@ -334,13 +384,8 @@ static void ring_switch(struct jnl *j)
 			nret = -errno;
 	}
 	jlock(j);
-	if (ret) {		/* as a failed jnl_sync, for every waiter */
-		j->fail_from = j->synced;
-		j->fail_upto = j->seq;
-		j->fail_err = ret;
-		j->ring_at = 0;
-		tlog(LOG_ERR, "journal %s: cannot sync it (%s): one file from now on",
-		     j->name, strerror(-ret));
+	if (ret) {
+		sync_failed(j, j->synced, ret);
 	} else {
 		j->syncs++;
 		j->synced = j->seq;	/* nothing was appended meanwhile */
@@ -391,8 +436,14 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	}
 	if (type == JNL_NOTE)
 		j->ring_at = 0;	/* one file from now on */
-	if (j->ring_at && j->off >= j->ring_at && ring_other_done(j))
+	if (j->ring_at && j->off >= j->ring_at && !j->fail_err && ring_other_done(j))
 		ring_switch(j);	/* may wait: appends come after it */
+	if (j->fail_err && type != JNL_RETIRE && !heal(j)) {
+		ret = j->fail_err;	/* see sync_failed */
+		junlock(j);
+		free(v);
+		return ret;
+	}
 	if (live && j->live == j->live_cap) {
 		uint64_t cap = j->live_cap ? 2 * j->live_cap : 16;
 		uint64_t *n = realloc(j->live_seq, cap * sizeof(*n));
@@ -434,9 +485,9 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 	for (;;) {
 		uint64_t upto;
 
-		/* a record whose sync failed at a change of file
-		 * (ring_switch): perhaps durable, never said to be */
-		if (seq > j->fail_from && seq <= j->fail_upto) {
+		/* a record of a failed sync, or after one: perhaps
+		 * durable, never said to be (sync_failed) */
+		if (j->fail_err && seq > j->fail_from) {
 			ret = j->fail_err;
 			break;
 		}
@@ -457,7 +508,9 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 		jlock(j);
 		j->syncing = false;
 		j->syncs++;
-		if (!ret && j->synced < upto)
+		if (ret)
+			sync_failed(j, j->synced, ret);
+		else if (j->synced < upto)
 			j->synced = upto;
 		pthread_cond_broadcast(&j->synced_cond);
 	}
@@ -589,7 +642,8 @@ void jnl_counts(struct jnl *j, struct jnl_counts *c)
 {
 	jlock(j);
 	*c = (struct jnl_counts){ .appends = j->appends, .bytes = j->bytes, .syncs = j->syncs,
-				  .retires = j->retires, .live = j->live, .resets = j->resets };
+				  .retires = j->retires, .live = j->live, .resets = j->resets,
+				  .failures = j->failures };
 	junlock(j);
 }
 

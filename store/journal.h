@@ -113,12 +113,14 @@ struct jnl {
 	uint64_t other_end;		/* the end of the records of the other
 					 * file (jnl_read) */
 	bool switching;			/* appends wait: the files change */
-	uint64_t fail_from, fail_upto;	/* the records (fail_from, fail_upto]
-					 * whose sync failed at a change of
-					 * file: jnl_sync says fail_err */
-	int fail_err;
+	int fail_err;			/* a sync failed (sync_failed): every
+					 * record after fail_from is never
+					 * said durable, none that would be
+					 * live is taken, until all are
+					 * retired and the journal emptied */
+	uint64_t fail_from;
 	/* statistics */
-	uint64_t appends, retires, syncs, bytes, resets;
+	uint64_t appends, retires, syncs, bytes, resets, failures;
 };
 
 /*
@@ -200,6 +202,8 @@ struct jnl_counts {
 	uint64_t live;			/* records appended and not retired */
 	uint64_t resets;		/* times the file was emptied, or the
 					 * other file taken again (jnl_ring) */
+	uint64_t failures;		/* failed syncs (sync_failed), each
+					 * until the journal was emptied */
 };
 /* Copy j's counts into *c (under j's lock). */
 void jnl_counts(struct jnl *j, struct jnl_counts *c);

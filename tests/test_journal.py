@@ -855,7 +855,8 @@ def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mou
     first, second = rng.randbytes(4096), rng.randbytes(4096)
     monkeypatch.setenv("TIERFS_FAULT", "journal_sync_eio")
     m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200",
-              expect_errors=[r"f: flush to SSD failed: Input/output error"])
+              expect_errors=[r"f: flush to SSD failed: Input/output error",
+                             r"journal \S+: cannot sync it \(Input/output error\)"])
     monkeypatch.delenv("TIERFS_FAULT")
     assert jstats(m)["syncs"] == 0, "a journal sync before the test's"
     path = durable_file(m, "f", old)
@@ -1229,15 +1230,16 @@ def test_the_zero_blocks_of_a_small_change_are_no_bytes_of_its_record(
     power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})
 
 
-def test_a_failed_sync_at_a_change_of_journal_file_keeps_one_file(
+def test_a_failed_sync_at_a_change_of_journal_file_takes_no_record_until_emptied(
         disk, mount, monkeypatch, tmp_path):
     """TIERFS_FAULT=journal_switch_eio: at the journal's first change of file
-    (a 64 KiB ring) the sync of the file left runs, then reports EIO.  The
-    error is logged, every fsync whose record was in that sync reports EIO
-    (here none is: each fsync synced its own before), the journal goes on in
-    the one file (no change of file after), its records are still made,
-    and after a power cut tierfs --recover and the next mount give the file
-    as of its last fsync."""
+    (a 64 KiB ring) the sync of the file left runs, then reports EIO, so
+    its records may be lost, and a replay would stop there.  The error is
+    logged; from then on no fsync is acknowledged by a record (EIO, the
+    flush tried again) until every record is retired and both files are
+    emptied, durably; then records are taken again, and after a power cut
+    tierfs --recover and the next mount give the file as of its last
+    fsync."""
     backing = backing_on(disk)
     rng = seeded(SEED + 16)
     monkeypatch.setenv("TIERFS_JOURNAL_RING", str(64 << 10))
@@ -1254,12 +1256,18 @@ def test_a_failed_sync_at_a_change_of_journal_file_keeps_one_file(
         fd = os.open(path, os.O_WRONLY)
         os.pwrite(fd, b, off)
         eio += fsync_eio(fd)
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            pass            # the flush of an fsync that said EIO, again
         data[off:off + 4096] = b
-    change(path, [(0, data[:4096])])    # the last fsync succeeds
+    util.wait_flushed(m)
+    change(path, [(0, data[:4096])])    # the journal works again
     st = jstats(m)
-    assert re.search(r"journal \S+: cannot sync it \(Input/output error\): one file",
-                     m.log()), m.log()
-    assert st["resets"] == 0 and st["records_appended"] >= 60 and eio <= 1, (st, eio)
-    assert os.path.getsize(journal(backing) + ".1") == 0, "the second file was taken"
+    log = m.log()
+    assert re.search(r"journal \S+: cannot sync it \(Input/output error\): its records "
+                     r"from seq \d+ may be lost", log), log
+    assert "emptied, records are taken again" in log, log
+    assert st["sync_failures"] == 1 and st["resets"] >= 1, st
+    print(f"{eio} of 60 fsyncs said EIO; {st}")
     power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})

@@ -9,7 +9,9 @@
  * over when torn, when its version is gone or another file, or when its
  * file is; notes (another reader's records) are kept across a replay, in
  * order, and hold the journal until their reader is done with them; two
- * files in turn (jnl_ring) are replayed together, in seq order.  No
+ * files in turn (jnl_ring) are replayed together, in seq order; after a
+ * failed sync no record of it or after it is said durable, none is
+ * taken until all are retired, then the journal is emptied.  No
  * seed: the cases are fixed.  Exit 0 pass, 1 fail.
  */
 #include <errno.h>
@@ -746,6 +748,65 @@ static void test_ring(void)
 	unlinkat(dirfd_, JN ".1", 0);
 }
 
+/* A failed sync (TIERFS_FAULT=journal_sync_eio: it ran, then says EIO, as
+ * a failing disk may): none of the records it was for is ever said
+ * durable, no record is taken while one of them is live (a replay would
+ * stop at a lost one, so nothing after it could be made durable), and
+ * once all are retired the journal is emptied and works again.  The same
+ * at a change of file (journal_switch_eio), both files emptied. */
+static void test_sync_failure(void)
+{
+	struct jnl_replay_stats st;
+	struct jnl j;
+	uint64_t s[3], c, rs;
+	char buf[100];
+	struct iovec v = { buf, sizeof(buf) };
+
+	memset(buf, 'c', sizeof(buf));
+	unlinkat(dirfd_, JN, 0);
+	unlinkat(dirfd_, JN ".1", 0);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	append_n(&j, 2, 100, s);
+	setenv("TIERFS_FAULT", "journal_sync_eio", 1);
+	CHECK(jnl_sync(&j, s[1]) == -EIO, "the failed sync");
+	unsetenv("TIERFS_FAULT");
+	CHECK(jnl_sync(&j, s[0]) == -EIO, "a's sync after b's failed: not durable");
+	CHECK(jnl_sync(&j, s[1]) == -EIO, "b's sync again: not durable");
+	CHECK(jnl_append(&j, 7, &v, 1, &c) == -EIO, "a record while a and b are live");
+	rs = jnl_retire(&j, s[0]);
+	CHECK(rs && jnl_sync(&j, rs) == -EIO, "a's retirement is not durable");
+	jnl_retire(&j, s[1]);
+	CHECK(jnl_append(&j, 7, &v, 1, &c) == 0, "a record once a and b are retired");
+	CHECK(j.off == REC(100) && jsize() == REC(100), "emptied, then c: off %lu size %ld",
+	      (unsigned long)j.off, (long)jsize());
+	CHECK(jnl_sync(&j, c) == 0, "c durable");
+	CHECK(jnl_sync(&j, rs) == 0, "a's retirement: the emptied journal holds no a");
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "c"), "c alone: got '%s'", seen);
+
+	/* at a change of file: c of the first file live across it */
+	unlinkat(dirfd_, JN ".1", 0);
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_ring(&j, 3 * REC(100)), "ring");
+	append_n(&j, 3, 100, s);
+	setenv("TIERFS_FAULT", "journal_switch_eio", 1);
+	jnl_retire(&j, s[0]);		/* its record: the change, failed */
+	unsetenv("TIERFS_FAULT");
+	CHECK(j.wfd == j.fd && j.failures == 1, "no change of file: failures %lu",
+	      (unsigned long)j.failures);
+	jnl_retire(&j, s[1]);
+	CHECK(jnl_append(&j, 7, &v, 1, &c) == -EIO, "a record after the failed change");
+	CHECK(jnl_sync(&j, s[2]) == -EIO, "c of the first file: not durable");
+	jnl_retire(&j, s[2]);
+	CHECK(jnl_append(&j, 7, &v, 1, &c) == 0 && jnl_sync(&j, c) == 0,
+	      "a record once c is retired");
+	CHECK(jsize() == REC(100) && jsize1() == 0, "both emptied: %ld %ld", (long)jsize(),
+	      (long)jsize1());
+	jnl_close(&j);
+	CHECK(!strcmp(replay(&st), "c"), "the new c alone: got '%s'", seen);
+	unlinkat(dirfd_, JN ".1", 0);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/test_journal.XXXXXX";
@@ -769,6 +830,7 @@ int main(void)
 	test_delta_zero();
 	test_redo();
 	test_ring();
+	test_sync_failure();
 	unlinkat(dirfd_, JN, 0);
 	unlinkat(dirfd_, JN ".1", 0);
 	unlinkat(dirfd_, "f", 0);
