@@ -10,7 +10,7 @@
 /*
  * Test hooks: TIERFS_FAULT=POINT names one point where the daemon kills
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
- * new_linked, small_written (fs_version.c); inplace_copy (store/journal.c,
+ * new_linked, small_written (fs_version.c); inplace_copy (store/records.c,
  * the copy of a commit intent); incr_write, dedup_write (dedup_flush.c);
  * journal_appended, redo_appended, journal_apply_torn (fs_journal.c);
  * name_made (a new name in the backing directory,

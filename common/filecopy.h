@@ -3,10 +3,10 @@
  * offsets, holes kept: the data runs found with SEEK_DATA / SEEK_HOLE,
  * each copied with copy_file_range (extents shared where the file system
  * can), reads and writes where it cannot.  Used by tiers/backing.c (a new
- * version made from the backing file) and store/journal.c (a hard-linked
+ * version made from the backing file) and store/records.c (a hard-linked
  * file's new version copied over it in place).  And where a buffer's runs
  * of zeros are (fc_zero_run): the holes that tiers/backing.c leaves in a
- * new version and that store/journal.c punches when it applies a record.
+ * new version and that store/records.c punches when it applies a record.
  * No lock, no allocation.
  */
 #ifndef TIERFS_FILECOPY_H
@@ -40,7 +40,7 @@ int fc_clear_range(int dst, loff_t from, loff_t to);
 
 /* The shortest run of zeros left a hole (whole blocks): a new version's
  * (tiers/backing.c, SPARSE_RUN) and a journal record's applied in place
- * (store/journal.c), so that a hole stays a hole either way. */
+ * (store/records.c), so that a hole stays a hole either way. */
 #define FC_HOLE_RUN	(64u << 10)
 
 /*

@@ -4,7 +4,7 @@
  * a header (magic, type, sequence number, length), a payload and a checksum
  * (XXH3-64 over both), appended and made durable with fdatasync; replayed
  * in one place (jnl_replay), which stops at the first record that is torn
- * or does not check out.
+ * or does not check out (journal.c).
  *
  * Records of type JNL_DELTA carry a small change of one backing file: its
  * identity (device, inode, file handle, path below the backing root), its
@@ -254,7 +254,7 @@ typedef int (*jnl_apply_fn)(void *arg, uint16_t type, uint64_t seq, const void *
 int jnl_replay(int dirfd, const char *name, jnl_apply_fn fn, void *arg,
 	       struct jnl_replay_stats *st);
 
-/* ---- JNL_DELTA: a small change of one backing file ------------------------ */
+/* ---- JNL_DELTA: a small change of one backing file (records.c) ----------- */
 
 /* A changed range of a delta.  With JNL_ZERO set in len, the range reads
  * as zeros: none of its bytes are in the record, and its apply punches it
@@ -302,7 +302,7 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
  */
 int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
 
-/* ---- JNL_REDO: a new version copied over a file in place ------------------ */
+/* ---- JNL_REDO: a new version copied over a file in place (records.c) ----- */
 
 /* What a commit intent says. */
 struct jnl_redo {
