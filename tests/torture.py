@@ -152,11 +152,11 @@ def gen(hi, start, end):
     """The bytes [start, end) of write `hi` (0: zeros)."""
     if hi == 0:
         return bytes(end - start)
+    if numpy is not None:
+        return gen_view(hi, start, end).tobytes()
     w0, w1 = start >> 3, (end + 7) >> 3
     n = w1 - w0
     s = start - w0 * 8
-    if numpy is not None:
-        return gen_view(hi, start, end).tobytes()
     b = bytearray(memoryview(TEMPLATE)[w0 * 8:w1 * 8])
     hb = hi.to_bytes(5, "little")
     for k in range(5):
