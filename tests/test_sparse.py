@@ -207,10 +207,10 @@ def test_sparse_random_model(mount, cache):
         finally:
             os.close(fd)
         got = util.read_uncached(p)
-        assert got == bytes(model), f"seed {seed}, round {rnd}: mount differs"
+        assert got == model, f"seed {seed}, round {rnd}: mount differs"
         util.wait_flushed(m)
         with open(bp, "rb") as f:
-            assert f.read() == bytes(model), f"seed {seed}, round {rnd}: backing differs"
+            assert f.read() == model, f"seed {seed}, round {rnd}: backing differs"
         # data blocks: the 64 KiB pieces that hold a byte other than zero
         # (holes shorter than that may be written), plus slack
         piece = 64 * KiB
@@ -220,7 +220,7 @@ def test_sparse_random_model(mount, cache):
             f"seed {seed}: {allocated(bp)} allocated for {pieces} pieces of data"
     m.umount()
     m.start()
-    assert util.read_uncached(p) == bytes(model), f"seed {seed}: after remount"
+    assert util.read_uncached(p) == model, f"seed {seed}: after remount"
 
 
 @pytest.mark.parametrize("kind", ["ext4", "xfs"])

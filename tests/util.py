@@ -538,12 +538,13 @@ def read_uncached(path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        out = bytearray()
-        while True:
-            b = os.read(fd, 4 * MiB)
+        left, chunks = os.fstat(fd).st_size, []
+        while True:         # the whole file in one read, as a rule: one copy
+            b = os.read(fd, max(left, MiB))
             if not b:
-                return bytes(out)
-            out += b
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.append(b)
+            left -= len(b)
     finally:
         os.close(fd)
 
