@@ -758,8 +758,9 @@ static void test_sync_failure(void)
 {
 	struct jnl_replay_stats st;
 	struct jnl j;
-	uint64_t s[3], c, rs;
+	uint64_t s[3], u[10], c, rs;
 	char buf[100];
+	int n;
 	struct iovec v = { buf, sizeof(buf) };
 
 	memset(buf, 'c', sizeof(buf));
@@ -784,24 +785,32 @@ static void test_sync_failure(void)
 	jnl_close(&j);
 	CHECK(!strcmp(replay(&st), "c"), "c alone: got '%s'", seen);
 
-	/* at a change of file: c of the first file live across it */
+	/* at the change back to the first file: records in both files, and
+	 * t, u... of the second file live across the failure */
 	unlinkat(dirfd_, JN ".1", 0);
 	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
 	CHECK(jnl_ring(&j, 3 * REC(100)), "ring");
 	append_n(&j, 3, 100, s);
+	for (int i = 0; i < 3; i++)
+		jnl_retire(&j, s[i]);
+	CHECK(j.wfd == j.fd1 && j.resets == 1, "the second file taken");
 	setenv("TIERFS_FAULT", "journal_switch_eio", 1);
-	jnl_retire(&j, s[0]);		/* its record: the change, failed */
+	for (n = 0; n < 10 && jnl_append(&j, 7, &v, 1, &u[n]) == 0; n++)
+		;
 	unsetenv("TIERFS_FAULT");
-	CHECK(j.wfd == j.fd && j.failures == 1, "no change of file: failures %lu",
+	CHECK(n >= 1 && n < 10 && j.failures == 1 && j.wfd == j.fd1,
+	      "the change back failed after %d records: failures %lu", n,
 	      (unsigned long)j.failures);
-	jnl_retire(&j, s[1]);
-	CHECK(jnl_append(&j, 7, &v, 1, &c) == -EIO, "a record after the failed change");
-	CHECK(jnl_sync(&j, s[2]) == -EIO, "c of the first file: not durable");
-	jnl_retire(&j, s[2]);
+	CHECK(jnl_sync(&j, u[0]) == -EIO, "a record of the second file: not durable");
+	CHECK(jsize1() > 0, "the second file holds records");
+	for (int i = 0; i < n - 1; i++)
+		jnl_retire(&j, u[i]);
+	CHECK(jnl_append(&j, 7, &v, 1, &c) == -EIO, "a record while one is live");
+	jnl_retire(&j, u[n - 1]);
 	CHECK(jnl_append(&j, 7, &v, 1, &c) == 0 && jnl_sync(&j, c) == 0,
-	      "a record once c is retired");
-	CHECK(jsize() == REC(100) && jsize1() == 0, "both emptied: %ld %ld", (long)jsize(),
-	      (long)jsize1());
+	      "a record once all are retired");
+	CHECK(j.wfd == j.fd && jsize() == REC(100) && jsize1() == 0,
+	      "both emptied, c in the first: %ld %ld", (long)jsize(), (long)jsize1());
 	jnl_close(&j);
 	CHECK(!strcmp(replay(&st), "c"), "the new c alone: got '%s'", seen);
 	unlinkat(dirfd_, JN ".1", 0);
