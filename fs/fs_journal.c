@@ -121,8 +121,8 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 	int fd, mnt, ret = 0;
 	uint32_t hlen = 0;
 
-	if (jnl.fd < 0)
-		return 1;
+	if (jnl.fd < 0 || jnl_failed(&jnl))
+		return 1;	/* no journal, or none now: a new version */
 	fs_lock();
 	gone = in->unlinked;
 	fs_unlock();

@@ -40,8 +40,9 @@
  * durable, and no record that would be live is taken until every live one
  * is retired (their owners retire a record whose sync failed).  Then the
  * journal is emptied, both files, durably (heal), and works again.  Until
- * then the changes that need a record fail (EIO) and are tried again;
- * retire records are still taken.
+ * then a small change is made durable as a whole new version instead
+ * (jnl_failed), a change that needs a record fails (EIO) and is tried
+ * again, and retire records are still taken.
  *
  * The payloads of the records of changes (deltas, commit intents), their
  * writes into files and their applies are records.c's.
@@ -630,6 +631,16 @@ void jnl_notes_done(struct jnl *j)
 		truncate_all(j);	/* whatever its length: the reader's done
 					 * records are not read again */
 	junlock(j);
+}
+
+bool jnl_failed(struct jnl *j)
+{
+	bool failed;
+
+	jlock(j);
+	failed = j->fail_err && !heal(j);
+	junlock(j);
+	return failed;
 }
 
 void jnl_counts(struct jnl *j, struct jnl_counts *c)

@@ -209,6 +209,14 @@ struct jnl_counts {
 void jnl_counts(struct jnl *j, struct jnl_counts *c);
 
 /*
+ * Does j take no record now, after a failed sync whose records (or later
+ * ones) are not all retired yet?  Where they are, j is emptied first,
+ * durably, and works again (false).  A caller with a change to make
+ * durable makes it another way meanwhile (a whole new version).
+ */
+bool jnl_failed(struct jnl *j);
+
+/*
  * Read record seq back from the journal: its type and payload (*p,
  * malloc'ed, *len bytes).  0, -ENOENT where no record of that seq is
  * there, or -errno.

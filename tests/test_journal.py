@@ -1235,11 +1235,11 @@ def test_a_failed_sync_at_a_change_of_journal_file_takes_no_record_until_emptied
     """TIERFS_FAULT=journal_switch_eio: at the journal's first change of file
     (a 64 KiB ring) the sync of the file left runs, then reports EIO, so
     its records may be lost, and a replay would stop there.  The error is
-    logged; from then on no fsync is acknowledged by a record (EIO, the
-    flush tried again) until every record is retired and both files are
-    emptied, durably; then records are taken again, and after a power cut
-    tierfs --recover and the next mount give the file as of its last
-    fsync."""
+    logged; from then on no record is taken (a small change is a whole new
+    version instead, or EIO and the flush tried again) until every record
+    is retired and both files are emptied, durably; then records are taken
+    again, and after a power cut tierfs --recover and the next mount give
+    the file as of its last fsync."""
     backing = backing_on(disk)
     rng = seeded(SEED + 16)
     monkeypatch.setenv("TIERFS_JOURNAL_RING", str(64 << 10))

@@ -774,9 +774,13 @@ static void test_sync_failure(void)
 	CHECK(jnl_sync(&j, s[0]) == -EIO, "a's sync after b's failed: not durable");
 	CHECK(jnl_sync(&j, s[1]) == -EIO, "b's sync again: not durable");
 	CHECK(jnl_append(&j, 7, &v, 1, &c) == -EIO, "a record while a and b are live");
+	CHECK(jnl_failed(&j), "failed while a and b are live");
 	rs = jnl_retire(&j, s[0]);
 	CHECK(rs && jnl_sync(&j, rs) == -EIO, "a's retirement is not durable");
 	jnl_retire(&j, s[1]);
+	CHECK(!jnl_failed(&j) && j.off == 0 && jsize() == 0,
+	      "emptied once a and b are retired: off %lu size %ld", (unsigned long)j.off,
+	      (long)jsize());
 	CHECK(jnl_append(&j, 7, &v, 1, &c) == 0, "a record once a and b are retired");
 	CHECK(j.off == REC(100) && jsize() == REC(100), "emptied, then c: off %lu size %ld",
 	      (unsigned long)j.off, (long)jsize());
