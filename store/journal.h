@@ -157,13 +157,18 @@ int jnl_name1(const char *name, char *buf, size_t len);
 /*
  * Append a record of `type` whose payload is the iovcnt buffers of iov
  * (not synced: jnl_sync).  *seq: its sequence number.  0 or -errno (then
- * nothing of it counts: a later record overwrites it).
+ * nothing of it counts: a later record overwrites it); after a failed
+ * sync, the sync's error for any record but a JNL_RETIRE until the records
+ * then live are all retired (jnl_failed).
  */
 int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt,
 	       uint64_t *seq);
 /*
  * Make the records up to seq durable: one fdatasync for every waiter that
- * comes while one is running (group commit).  0 or -errno.
+ * comes while one is running (group commit).  0 or -errno.  A failed sync
+ * fails every jnl_sync of its records and of any record after them, until
+ * the journal is emptied (jnl_failed): such a record may follow a lost
+ * one, where a replay stops.
  */
 int jnl_sync(struct jnl *j, uint64_t seq);
 /*
