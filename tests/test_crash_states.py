@@ -65,7 +65,7 @@ def _run(cmd, **kw):
 
 
 def content(version, size):
-    return random.Random(version).randbytes(size)
+    return util.randbytes(size, random.Random(version))
 
 
 @pytest.fixture(scope="module")
