@@ -1,7 +1,8 @@
 /*
  * fault.c - the test hooks of fault.h: TIERFS_FAULT (a point where the
- * daemon kills itself) and TIERFS_DELAY (points where a thread sleeps).
- * Read from the environment at each call; nothing is cached.
+ * daemon kills itself, or fails; TIERFS_FAULT_ARM: only once a file is
+ * there) and TIERFS_DELAY (points where a thread sleeps).  Read from the
+ * environment (and the file system) at each call; nothing is cached.
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -13,9 +14,12 @@
 
 bool tierfs_fault(const char *point)
 {
-	const char *f = getenv("TIERFS_FAULT");
+	const char *f = getenv("TIERFS_FAULT"), *arm;
 
-	return f && strcmp(f, point) == 0;
+	if (!f || strcmp(f, point) != 0)
+		return false;
+	arm = getenv("TIERFS_FAULT_ARM");
+	return !arm || !*arm || access(arm, F_OK) == 0;
 }
 
 void tierfs_fault_kill(const char *point)

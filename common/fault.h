@@ -24,6 +24,9 @@
  * left at the journal's first change of file: store/journal.c),
  * journal_settle_later (every apply's sync is left to a
  * flusher's pause, not only while other flushes are due: flush.c).
+ * TIERFS_FAULT_ARM=PATH arms the point only once PATH exists (a test
+ * creates it when the daemon is in the state it wants the fault in);
+ * "once" points count their one time from then.
  */
 bool tierfs_fault(const char *point);
 void tierfs_fault_kill(const char *point);

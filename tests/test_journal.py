@@ -1271,3 +1271,70 @@ def test_a_failed_sync_at_a_change_of_journal_file_takes_no_record_until_emptied
     assert st["sync_failures"] == 1 and st["resets"] >= 1, st
     print(f"{eio} of 60 fsyncs said EIO; {st}")
     power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})
+
+
+def test_a_failed_sync_with_a_record_live_makes_small_changes_whole_versions_until_it_retires(
+        disk, mount, monkeypatch, tmp_path):
+    """A written-through file's fsync records stay live while it is open
+    (its shadow is not committed).  The journal's sync then fails, armed
+    only now (TIERFS_FAULT_ARM): the fsync it was for says EIO.  While that
+    file's record is live the journal is failed and takes no record: a
+    small change of another file is made durable as a whole new version
+    (its fsync returns 0, no record is appended, no reset).  The open
+    file's next fsync commits its shadow whole, which retires its records:
+    the next record empties the journal first, and is taken.  After a power cut,
+    tierfs --recover and the next mount give every file as of its last
+    acknowledged fsync."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 17)
+    arm = str(tmp_path / "arm")
+    monkeypatch.setenv("TIERFS_FAULT", "journal_sync_eio")
+    monkeypatch.setenv("TIERFS_FAULT_ARM", arm)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000",
+              expect_errors=[r"journal \S+: cannot sync it \(Input/output error\)",
+                             r"flush to SSD failed: Input/output error"])
+    monkeypatch.delenv("TIERFS_FAULT")
+    monkeypatch.delenv("TIERFS_FAULT_ARM")
+    spath, w, _ = written_through(m, rng)
+    w.write(1000, rng.randbytes(3000))
+    os.fsync(w.fd)                              # a record, live while w is open
+    small = bytearray(rng.randbytes(MiB))
+    path = durable_file(m, "f", bytes(small))
+    st = jstats(m)
+    assert st["records_live"] >= 1 and st["sync_failures"] == 0, st
+    open(arm, "w").close()                      # the next journal sync fails
+    off, b = 4096, rng.randbytes(4096)
+    fd = os.open(path, os.O_WRONLY)
+    os.pwrite(fd, b, off)
+    assert fsync_eio(fd), "the fsync whose journal sync failed returned 0"
+    small[off:off + 4096] = b                   # in the cache: the retry may make it
+    util.wait_flushed(m)
+    failed = jstats(m)
+    assert failed["sync_failures"] == 1 and failed["records_live"] >= 1, failed
+    for _ in range(5):                          # whole versions, each acknowledged
+        off, b = rng.randrange(MiB - 4096), rng.randbytes(4096)
+        os.pwrite(fd, b, off)
+        os.fsync(fd)
+        small[off:off + 4096] = b
+    try:
+        os.close(fd)
+    except OSError:
+        pass                                    # the first flush's error, again
+    st = jstats(m)
+    assert st["records_appended"] == failed["records_appended"], \
+        f"records taken while the journal was failed: {failed} -> {st}"
+    assert st["resets"] == failed["resets"], "emptied with a record live"
+    assert "emptied, records are taken again" not in m.log()
+    util.assert_same(read(os.path.join(backing, "f")), bytes(small),
+                     "f's backing file after its whole versions")
+    w.write(2000, rng.randbytes(100))
+    os.fsync(w.fd)                              # no record: its shadow committed
+    util.wait_flushed(m)
+    st = jstats(m)
+    assert st["records_live"] == 0, st
+    change(path, [(0, bytes(small[:4096]))])    # emptied first, then a record
+    assert "emptied, records are taken again" in m.log(), m.log()
+    assert jstats(m)["records_appended"] > st["records_appended"], jstats(m)
+    synced_w = bytes(w.b)
+    os.close(w.fd)
+    power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(small), "s": synced_w})
