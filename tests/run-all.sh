@@ -46,7 +46,7 @@
 #   PYTEST_ARGS=        extra pytest arguments for every build, e.g. "-x -k posix"
 #   TIERFS_OPS=50000    exerciser operations per main run, default build
 #                       (and half of it in the 1 MiB cache: 75,000 operations)
-#   TIERFS_ASAN_OPS=20000   the same for the sanitizer build (it runs slower)
+#   TIERFS_ASAN_OPS=10000   the same for the sanitizer build (it runs slower)
 #   TIERFS_RANDOM_SEED= 1: random seeds everywhere instead of the fixed ones
 #   TIERFS_SEED=        the exerciser's seed (default: fixed per run, printed)
 #   TIERFS_TORTURE_SECONDS=20       seconds per torture run, default build
@@ -254,7 +254,7 @@ run() {
 		TIERFS_SCALE_FILES=${TIERFS_ASAN_SCALE_FILES:-5000} \
 		TIERFS_CRASH_STATES=${TIERFS_ASAN_CRASH_STATES:-10} \
 		PYTEST_K="not install and not test_torture_plain and not test_torture_detects_corruption" \
-		PYTEST_JOBS=${PYTEST_JOBS:-4} check build-asan "${TIERFS_ASAN_OPS:-20000}" \
+		PYTEST_JOBS=${PYTEST_JOBS:-4} check build-asan "${TIERFS_ASAN_OPS:-10000}" \
 			DROP check-calls.sh test_hash_kernel_cpu
 		;;
 	build-tsan)
