@@ -1338,3 +1338,47 @@ def test_a_failed_sync_with_a_record_live_makes_small_changes_whole_versions_unt
     synced_w = bytes(w.b)
     os.close(w.fd)
     power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(small), "s": synced_w})
+
+
+def test_a_hole_punched_or_zeroed_in_a_cached_file_is_a_small_change(disk, mount, tmp_path):
+    """Half of a cached file punched (fallocate PUNCH_HOLE), then another
+    quarter zeroed (ZERO_RANGE), then the file cut to a quarter and grown
+    back to its size by a write at its end: each fsync's change is mostly
+    whole blocks of zeros, which are no bytes of a record, so each is a
+    journal record of a few KiB, not a whole new version (the backing
+    file keeps its inode, and the punched blocks are freed there).  Before,
+    the change was counted with its zeros, over the 25% of a small change,
+    and each fsync wrote the whole file again.  After a power cut, tierfs
+    --recover and the next mount give the file as of its last fsync."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 18)
+    size = 4 * MiB
+    data = bytearray(rng.randbytes(size))
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    path = durable_file(m, "f", bytes(data))
+    bpath = os.path.join(backing, "f")
+    ino = os.stat(bpath).st_ino
+    before = jstats(m)
+    f = Model(os.open(path, os.O_RDWR), data)
+    f.punch(MiB, 2 * MiB)
+    f.write(0, rng.randbytes(4096))
+    os.fsync(f.fd)
+    util.wait_flushed(m)
+    st = os.stat(bpath)
+    assert st.st_ino == ino, "a new version was written for a punched hole"
+    assert st.st_blocks * 512 <= size - MiB, f"the hole holds blocks: {st.st_blocks}"
+    util.assert_same(read(bpath), bytes(f.b), "f after the punch, applied")
+    util.fallocate(f.fd, 3 * MiB, MiB, 0x10 | FALLOC_FL_KEEP_SIZE)   # ZERO_RANGE
+    f.b[3 * MiB:] = bytes(MiB)
+    os.fsync(f.fd)
+    f.truncate(MiB)
+    f.write(size - 4096, rng.randbytes(4096))
+    os.fsync(f.fd)
+    st = jstats(m)
+    grew = st["bytes_appended"] - before["bytes_appended"]
+    assert st["records_appended"] - before["records_appended"] >= 3, (before, st)
+    assert grew < 64 << 10, f"the records hold {grew} bytes"
+    assert os.stat(bpath).st_ino == ino, "a new version was written"
+    want = bytes(f.b)
+    os.close(f.fd)
+    power_cut_gives(disk, tmp_path, mount, m, {"f": want})

@@ -359,6 +359,9 @@ struct jflush {
 					 * the backing file (past its size):
 					 * their data runs only (journal_tail),
 					 * UINT64_MAX: none */
+	bool zeros;			/* bytes counts r's blocks of zeros:
+					 * over the limit with them, counted
+					 * again without them (journal_data) */
 };
 
 /* Bytes at most journalled per flush: a record's payload stays small. */
@@ -372,7 +375,9 @@ bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
 /*
  * e->lock held: plan the journal flush of len bytes of f (copy cp).  No
  * plan (p->r NULL) when the mount does not journal, the ranges are not
- * known, or the change is not small.  Past the backing file's size (the
+ * known, or the change is not small even without its blocks of zeros
+ * (over the limit with them, it is counted again once the copy is
+ * leased: journal_data).  Past the backing file's size (the
  * base's) the file's new bytes are counted by their data runs only, found
  * once the copy is leased (journal_tail): a file grown by a write far past
  * its end is a small change, and its hole stays a hole.
@@ -413,12 +418,49 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 	p->bytes = bytes;
 	if (tb < len)
 		p->sparse = tb;
-	if (!eng_journal_small(e, bytes, len)) {
-		free(p->r);
-		p->r = NULL;
+	p->record = !(f->jseq && f->jgen == f->gen);
+	if (eng_journal_small(e, bytes, len))
+		return;
+	if (bytes <= JOURNAL_MAX && p->record) {
+		p->zeros = true;	/* a punched or zeroed range is no bytes */
 		return;
 	}
-	p->record = !(f->jseq && f->jgen == f->gen);
+	free(p->r);
+	p->r = NULL;
+}
+
+/*
+ * A plan over the limit (p->zeros) counted again, of f's copy buf: its
+ * ranges' bytes less their whole TIER_ALIGN blocks of zeros, which are no
+ * bytes of the record (record_ranges) and which its apply punches or
+ * writes as the file's own.  A hole punched or a range zeroed through the
+ * mount (fallocate), or a file cut short and grown again, is then a small
+ * change, as it is to the disk.  0, or 2 where it is not small after all.
+ */
+static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
+{
+	uint64_t bytes = 0;
+
+	p->zeros = false;	/* counted once: a retry keeps the count */
+	for (uint32_t i = 0; i < p->n; i++) {
+		uint64_t pos = p->r[i].start, end = p->r[i].end, next;
+		bool hole = false;
+
+		for (; pos < end; pos = next) {
+			if (pos % TIER_ALIGN) {
+				next = pos - pos % TIER_ALIGN + TIER_ALIGN;
+				next = next < end ? next : end;
+				hole = false;
+			} else {
+				next = fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN, false,
+						   &hole);
+			}
+			if (!hole)
+				bytes += next - pos;
+		}
+	}
+	p->bytes = bytes;
+	return eng_journal_small(e, bytes, len) ? 0 : 2;
 }
 
 /*
@@ -529,6 +571,8 @@ static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, ui
 	int ret = eng_copy_bounds(cp, 0, len);
 
 	*seq = p->pending;
+	if (!ret && p->zeros)
+		ret = journal_data(e, copy_ptr(cp), len, p);
 	if (!ret && p->sparse < len)
 		ret = journal_tail(e, copy_ptr(cp), len, p);
 	if (ret || !p->record)
