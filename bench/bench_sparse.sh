@@ -16,8 +16,10 @@
 #           flushed (tierfs: until its flush backlog is empty and the
 #           version is in place; local: fsync): blocks (512 B) allocated
 #           in the backing file;
-#  punch    an 8 MiB file, flushed; fallocate --punch-hole of 6 MiB in its
-#           middle, flushed: blocks allocated before and after;
+#  punch    a 64 MiB file, flushed; fallocate --punch-hole of 48 MiB in its
+#           middle, fsynced and flushed: blocks allocated before and after,
+#           the fsync's time, and (tierfs) the bytes the daemon wrote to
+#           the disk from the punch on;
 #  small    a 2 GiB file with 16 MiB of data in 16 places and a rewrite of
 #           100 bytes, through a 64 MiB host cache: time to durable, bytes
 #           the daemon wrote to the disk (/proc/PID/io), blocks allocated.
@@ -133,17 +135,22 @@ def punch(fs, i):
     name = f"punch{i}"
     p = os.path.join(fs.mnt, name)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
-    os.write(fd, os.urandom(8 * MiB))
+    os.write(fd, os.urandom(64 * MiB))
     sync_close(fd)
-    before = os.stat(fs.settle(name, 8 * MiB)).st_blocks
+    before = os.stat(fs.settle(name, 64 * MiB)).st_blocks
+    w0 = fs.written() if isinstance(fs, Tierfs) else 0
     fd = os.open(p, os.O_RDWR)
-    if libc.fallocate(fd, PUNCH, 1 * MiB, 6 * MiB):
+    if libc.fallocate(fd, PUNCH, 8 * MiB, 48 * MiB):
         sys.exit(f"fallocate: {os.strerror(ctypes.get_errno())}")
-    sync_close(fd)
+    t = time.perf_counter()
+    os.fsync(fd)
+    dt = time.perf_counter() - t
+    os.close(fd)
     time.sleep(0.05)    # a write-through version commits at RELEASE
-    after = os.stat(fs.settle(name, 8 * MiB)).st_blocks
+    after = os.stat(fs.settle(name, 64 * MiB)).st_blocks
+    w = (fs.written() - w0) if isinstance(fs, Tierfs) else 0
     os.unlink(p)
-    return before, after
+    return before, after, dt * 1e3, w / MiB
 
 
 def small(fs, i):
@@ -169,7 +176,8 @@ def small(fs, i):
 
 print(f"{reps} runs each, host cache {cache} (small: 64M); medians [min-max]")
 print(f"{'fs':5} {'where':7} {'far ms':>22} {'cache MiB':>9} {'blocks @500M':>14} "
-      f"{'punch before':>13} {'after':>7} {'small s':>18} {'daemon MiB':>10} {'blocks':>8}")
+      f"{'punch before':>13} {'after':>7} {'fsync ms':>18} {'MiB':>5} "
+      f"{'small s':>18} {'daemon MiB':>10} {'blocks':>8}")
 for fsname, root in roots.items():
     for kind in ("local", "tierfs"):
         fs = Local(root) if kind == "local" else Tierfs(root, cache)
@@ -182,6 +190,7 @@ for fsname, root in roots.items():
         fs.stop()
         print(f"{fsname:5} {kind:7} {med([x[0] for x in r], '{:.2f}'):>22} "
               f"{max(x[1] for x in r):9.1f} {med(bl):>14} {med([x[0] for x in pu]):>13} "
-              f"{med([x[1] for x in pu]):>7} {med([x[0] for x in sm], '{:.2f}'):>18} "
+              f"{med([x[1] for x in pu]):>7} {med([x[2] for x in pu], '{:.1f}'):>18} "
+              f"{max(x[3] for x in pu):5.1f} {med([x[0] for x in sm], '{:.2f}'):>18} "
               f"{max(x[1] for x in sm):10.1f} {med([x[2] for x in sm]):>8}")
 EOF
