@@ -23,9 +23,9 @@
 # on the CPU).  The pytest suites run in PYTEST_JOBS workers (pytest-xdist:
 # 4, and 2 under TSan; 1 where xdist is missing), and the unit tests beside
 # them (make -jJOBS check: run-pytest.sh starts first).  Measured on the
-# 2-core VM from a fresh clone (commit 4ee5f3f): build/ compiled in 53 s,
-# checked in 540 s; build-asan/ checked in 592 s and build-tsan/ in 346 s,
-# both compiled meanwhile: 1,531 s in all (tests/README.md has the
+# 2-core VM from a fresh clone (commit 34a9b90): build/ compiled in 70 s,
+# checked in 537 s; build-asan/ checked in 587 s and build-tsan/ in 359 s,
+# both compiled meanwhile: 1,553 s in all (tests/README.md has the
 # history).
 #
 # Seeds are fixed by default and printed by every randomised test (C unit

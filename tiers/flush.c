@@ -430,6 +430,23 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 }
 
 /*
+ * The run of buf from pos (below end) of whole TIER_ALIGN blocks of zeros
+ * (*hole) or of data: its end.  An unaligned head is data up to the next
+ * block.
+ */
+static uint64_t zero_blocks_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
+{
+	uint64_t next;
+
+	if (pos % TIER_ALIGN) {
+		next = pos - pos % TIER_ALIGN + TIER_ALIGN;
+		*hole = false;
+		return next < end ? next : end;
+	}
+	return fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN, false, hole);
+}
+
+/*
  * A plan over the limit (p->zeros) counted again, of f's copy buf: its
  * ranges' bytes less their whole TIER_ALIGN blocks of zeros, which are no
  * bytes of the record (record_ranges) and which its apply punches or
@@ -447,14 +464,7 @@ static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, stru
 		bool hole = false;
 
 		for (; pos < end; pos = next) {
-			if (pos % TIER_ALIGN) {
-				next = pos - pos % TIER_ALIGN + TIER_ALIGN;
-				next = next < end ? next : end;
-				hole = false;
-			} else {
-				next = fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN, false,
-						   &hole);
-			}
+			next = zero_blocks_run(buf, pos, end, &hole);
 			if (!hole)
 				bytes += next - pos;
 		}
@@ -518,14 +528,7 @@ static int record_ranges(const uint8_t *buf, const struct jflush *p, struct dran
 			bool hole;
 
 			for (; pos < end; pos = next) {
-				if (pos % TIER_ALIGN) {	/* an unaligned head: data */
-					next = pos - pos % TIER_ALIGN + TIER_ALIGN;
-					next = next < end ? next : end;
-					hole = false;
-				} else {
-					next = fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN,
-							   false, &hole);
-				}
+				next = zero_blocks_run(buf, pos, end, &hole);
 				any = any || hole;
 				if (pass && k && (*zero)[k - 1] == hole && (*r)[k - 1].end == pos) {
 					(*r)[k - 1].end = next;
