@@ -1295,7 +1295,7 @@ def test_a_failed_sync_with_a_record_live_makes_small_changes_whole_versions_unt
                              r"flush to SSD failed: Input/output error"])
     monkeypatch.delenv("TIERFS_FAULT")
     monkeypatch.delenv("TIERFS_FAULT_ARM")
-    spath, w, _ = written_through(m, rng)
+    _, w, _ = written_through(m, rng)
     w.write(1000, rng.randbytes(3000))
     os.fsync(w.fd)                              # a record, live while w is open
     small = bytearray(rng.randbytes(MiB))

@@ -359,9 +359,6 @@ struct jflush {
 					 * the backing file (past its size):
 					 * their data runs only (journal_tail),
 					 * UINT64_MAX: none */
-	bool zeros;			/* bytes counts r's blocks of zeros:
-					 * over the limit with them, counted
-					 * again without them (journal_data) */
 };
 
 /* Bytes at most journalled per flush: a record's payload stays small. */
@@ -419,12 +416,10 @@ static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uin
 	if (tb < len)
 		p->sparse = tb;
 	p->record = !(f->jseq && f->jgen == f->gen);
-	if (eng_journal_small(e, bytes, len))
+	/* over the limit, a new record is counted again without its zero
+	 * blocks once the copy is leased (journal_data): kept */
+	if (eng_journal_small(e, bytes, len) || (bytes <= JOURNAL_MAX && p->record))
 		return;
-	if (bytes <= JOURNAL_MAX && p->record) {
-		p->zeros = true;	/* a punched or zeroed range is no bytes */
-		return;
-	}
 	free(p->r);
 	p->r = NULL;
 }
@@ -447,7 +442,7 @@ static uint64_t zero_blocks_run(const uint8_t *buf, uint64_t pos, uint64_t end, 
 }
 
 /*
- * A plan over the limit (p->zeros) counted again, of f's copy buf: its
+ * A new record's plan over the limit counted again, of f's copy buf: its
  * ranges' bytes less their whole TIER_ALIGN blocks of zeros, which are no
  * bytes of the record (record_ranges) and which its apply punches or
  * writes as the file's own.  A hole punched or a range zeroed through the
@@ -458,7 +453,6 @@ static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, stru
 {
 	uint64_t bytes = 0;
 
-	p->zeros = false;	/* counted once: a retry keeps the count */
 	for (uint32_t i = 0; i < p->n; i++) {
 		uint64_t pos = p->r[i].start, end = p->r[i].end, next;
 		bool hole = false;
@@ -574,7 +568,7 @@ static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, ui
 	int ret = eng_copy_bounds(cp, 0, len);
 
 	*seq = p->pending;
-	if (!ret && p->zeros)
+	if (!ret && p->record && !eng_journal_small(e, p->bytes, len))
 		ret = journal_data(e, copy_ptr(cp), len, p);
 	if (!ret && p->sparse < len)
 		ret = journal_tail(e, copy_ptr(cp), len, p);
