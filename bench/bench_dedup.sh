@@ -41,7 +41,9 @@
 # from the second checkpoint on, with its ratio to dedup=off), the fsync
 # alone (the flush: from the second checkpoint on), hashing
 # bandwidth, the chunk index's memory, and whether every file read back
-# byte-exact.
+# byte-exact; then where the flushes spent their time, and how many fsyncs
+# returned at a clone record (-o dedup with journal_pct: the chunks that
+# differ from the base in the journal, the version made after).
 set -eu
 
 size=${1:-128}
@@ -241,7 +243,8 @@ def series(opts, p, inplace=False, gpu=False):
                index=d.get("index_bytes", 0) if d.get("on") else 0, ok=ok,
                ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
                found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per,
-               stages=stages(st), copy=copy)
+               stages=stages(st), copy=copy,
+               records=d.get("records", 0) if d.get("on") else 0)
     shutil.rmtree(t.back)
     return row
 
@@ -325,15 +328,17 @@ def table(title, rows):
               f"{(r['ghash'] or r['hash']) / 1e9:>9.1f} {fmt_b(r['index']):>9} "
               f"{'yes' if r['ok'] else 'NO':>5}")
     print("where the flushes spent their time, seconds for the whole series "
-          "(data = flush - clone - sync - commit)")
+          "(data = flush - clone - sync - commit; records: fsyncs that returned at a "
+          "clone record)")
     print(f"{'case':<22} {'flush':>7} {'data':>7} {'clone':>7} {'sync':>7} {'commit':>7} "
-          f"{'to host':>7}")
+          f"{'to host':>7} {'records':>7}")
     for name, key, r in rows:
         t = r["stages"]
         tot = t.get("total", 0)
         data = tot - t.get("clone", 0) - t.get("sync", 0) - t.get("commit", 0)
         print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
-              f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f}")
+              f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f} "
+              f"{r['records']:>7}")
     if any(r.get("copy") for _, _, r in rows):
         print("then the last content written as a new file (a checkpoint under a new name)")
         print(f"{'case':<22} {'SSD written':>11} {'flushed':>10} {'durable s':>9}")

@@ -12,7 +12,8 @@
  * itself (SIGKILL), for the tests of what a restart finds.  Points:
  * new_linked, small_written (fs_version.c); inplace_copy (store/records.c,
  * the copy of a commit intent); incr_write, dedup_write (dedup_flush.c);
- * journal_appended, redo_appended, journal_apply_torn (fs_journal.c);
+ * journal_appended, redo_appended, clone_appended, journal_apply_torn
+ * (fs_journal.c);
  * name_made (a new name in the backing directory,
  * made by create, mknod or link, before anything else: fs_file.c,
  * fs_ops.c).  tierfs_fault() tells whether POINT is the one named;
@@ -36,7 +37,8 @@ void tierfs_fault_kill(const char *point);
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
  * flush_write, journal_apply, journal_settle_applied (flush.c: before a
  * flusher syncs the applies left to it), dedup_cloned (dedup_flush.c: after
- * a flush cloned its base), shadow_copy (write.c), prefetch_read
+ * a flush cloned its base), clone_recorded (dedup_flush.c: a flush whose
+ * clone record is durable, before its version is written), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:
  * release (fs_file.c: a writer's release), set_eval (fs_sets.c: between a
  * set's file's state and its backing file's stat), settle (fs_intent.c:

@@ -119,6 +119,12 @@ struct fs_inode {
 					 * (fs_version.c); else the copy failed.
 					 * Under ilock, read atomically */
 	bool settle_queued;		/* on the settler's list (settle.lock) */
+	uint64_t clone_seq;		/* its live clone record (a new version
+					 * made durable as a delta over a base,
+					 * fs_journal_clone), 0: none; under
+					 * ilock, read atomically */
+	char clone_base[64];		/* that record's base (its link's name
+					 * in the backing root), under ilock */
 	uint64_t jretired;		/* atomic: the seq of the retirement of
 					 * its last journal record retired, not
 					 * synced perhaps (UINT64_MAX: one could
@@ -403,6 +409,12 @@ void fs_journal_retire(struct tfile *f, uint64_t seq);
  * file is durable.  Its caller holds the tfile's lock. */
 void fs_journal_retire_shadow(struct fs_inode *in);
 int fs_journal_settle(struct tfile *f, uint64_t seq);
+int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct drange *r,
+		     uint32_t n, uint64_t size, uint64_t *seq);
+/* fs_journal.c: in's clone record, if any, retired durably and its base's
+ * link removed, after a version of in was committed durably (v_commit's
+ * caller: fs_version.c).  Takes in's ilock. */
+void fs_journal_clone_done(struct fs_inode *in);
 /*
  * fs_journal.c: the commit intent of a new version copied over a file in
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq

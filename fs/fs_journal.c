@@ -6,7 +6,10 @@
  * journal_retire, called by the engine's journal flush, tiers/flush.c),
  * the notes kept by the replay for their reader, the commit intents of new
  * versions copied over hard-linked files (fs_journal_intent, called by
- * fs_version.c), the one replay at start-up and by `tierfs --recover`, the
+ * fs_version.c), the clone records of new files that are an earlier
+ * version but for a few chunks (tfile_ops.journal_clone, called by the
+ * dedup flush, tiers/dedup_flush.c; retired by fs_journal_clone_done at
+ * the durable commit of the file's version, fs_version.c), the one replay at start-up and by `tierfs --recover`, the
  * journal's removal at a clean exit, and its counts in the statistics
  * (user.tierfs.stats' "journal", read by fs_xattr.c).
  *
@@ -21,7 +24,7 @@
  * Replay applies the live records in sequence order (jnl_replay), deltas
  * and intents alike, before anything else reads the backing directory;
  * once the journal is empty, durably, it removes the versions the intents
- * kept (BACKING/.tierfs.version.*).  Then, once, what the redo journal of
+ * and the clone records kept (BACKING/.tierfs.version.*).  Then, once, what the redo journal of
  * earlier releases left (BACKING/.tierfs.redo.*; minimal, see legacy_one):
  * its records came later than any delta of the same file.
  *
@@ -104,22 +107,28 @@ int fs_journal_retired_durable(struct fs_inode *in)
 	return jnl.fd < 0 || !rs ? 0 : jnl_sync(&jnl, rs);
 }
 
-/* tfile_ops.journal_delta: see tfile.h. */
-int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
-		     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq, bool sync)
-{
-	struct fs_inode *in = in_of(f);
+/* How a record names its backing file (store/journal.h: struct jnl_delta). */
+struct ident {
+	struct stat st;
 	union {
 		struct file_handle fh;
 		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
 	} h;
-	char rel[PATH_MAX], path[64];
-	struct timespec mt = tfile_mtime(f);
-	struct jnl_range *jr;
-	struct stat st;
+	uint32_t hlen;
+	char rel[PATH_MAX];
+};
+
+/*
+ * in's backing file's identity for a record of it (id), where in can have
+ * one now: 0; 1 where not (no journal, or none now; removed; an intent or
+ * a clone record of it live; a file capability; nothing a replay could
+ * find it by); or -errno.
+ */
+static int ident_of(struct fs_inode *in, struct ident *id)
+{
+	char path[64];
 	bool gone;
 	int fd, mnt, ret = 0;
-	uint32_t hlen = 0;
 
 	if (jnl.fd < 0 || jnl_failed(&jnl))
 		return 1;	/* no journal, or none now: a new version */
@@ -128,31 +137,60 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 	fs_unlock();
 	if (gone)
 		return 1;	/* a new version adopts or drops it */
-	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&in->redo_seq, __ATOMIC_ACQUIRE) ||
+	    __atomic_load_n(&in->clone_seq, __ATOMIC_ACQUIRE))
 		return 1;	/* an intent of it is live (its copy failed, or
-				 * the settler has not retired it yet): a delta
+				 * the settler has not retired it yet), or a
+				 * clone record (its version failed): a delta
 				 * applied and retired before it would be undone
 				 * by its replay; a new version retires it */
+	id->hlen = 0;
 	fd = fs_fd_hold(in);
-	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH) < 0) {
+	if (fd < 0 || fstatat(fd, "", &id->st, AT_EMPTY_PATH) < 0) {
 		ret = fd < 0 ? fd : -errno;
 		goto out_fd;
 	}
 	fs_proc_path(fd, path, sizeof(path));
 	/* a file capability would go with our write (as v_small says) */
-	if (!S_ISREG(st.st_mode) || getxattr(path, "security.capability", NULL, 0) >= 0) {
+	if (!S_ISREG(id->st.st_mode) || getxattr(path, "security.capability", NULL, 0) >= 0) {
 		ret = 1;
 		goto out_fd;
 	}
-	h.fh.handle_bytes = MAX_HANDLE_SZ;
-	if (name_to_handle_at(fd, "", &h.fh, &mnt, AT_EMPTY_PATH) == 0)
-		hlen = (uint32_t)(sizeof(h.fh) + h.fh.handle_bytes);
-	if (fs_fd_rel_path(fd, rel, sizeof(rel)))
-		rel[0] = 0;
-	if (!hlen && !rel[0])
+	id->h.fh.handle_bytes = MAX_HANDLE_SZ;
+	if (name_to_handle_at(fd, "", &id->h.fh, &mnt, AT_EMPTY_PATH) == 0)
+		id->hlen = (uint32_t)(sizeof(id->h.fh) + id->h.fh.handle_bytes);
+	if (fs_fd_rel_path(fd, id->rel, sizeof(id->rel)))
+		id->rel[0] = 0;
+	if (!id->hlen && !id->rel[0])
 		ret = 1;	/* nothing a replay could find it by */
 out_fd:
 	fs_fd_release(in);
+	return ret;
+}
+
+/* The delta of a record of in (identity id, ranges jr). */
+static struct jnl_delta delta_of(struct fs_inode *in, const struct ident *id,
+				 const struct jnl_range *jr, uint32_t n, uint64_t size)
+{
+	struct timespec mt = tfile_mtime(&in->tf);
+
+	return (struct jnl_delta){
+		.dev = id->st.st_dev, .ino = id->st.st_ino, .size = size,
+		.mtime_sec = mt.tv_sec, .mtime_nsec = mt.tv_nsec,
+		.handle = id->hlen ? &id->h.fh : NULL, .handle_len = id->hlen,
+		.path = id->rel[0] ? id->rel : NULL, .r = jr, .n = n,
+	};
+}
+
+/* tfile_ops.journal_delta: see tfile.h. */
+int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
+		     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq, bool sync)
+{
+	struct fs_inode *in = in_of(f);
+	struct jnl_range *jr;
+	struct ident id;
+	int ret = ident_of(in, &id);
+
 	if (ret)
 		return ret;
 	jr = ranges_of(r, zero, n);
@@ -163,12 +201,8 @@ out_fd:
 	 * it (a kill before the apply would otherwise leave DIR the old
 	 * file); the record keeps it there until it is retired. */
 	fs_persist_intent(in, false);
-	struct jnl_delta d = {
-		.dev = st.st_dev, .ino = st.st_ino, .size = size,
-		.mtime_sec = mt.tv_sec, .mtime_nsec = mt.tv_nsec,
-		.handle = hlen ? &h.fh : NULL, .handle_len = hlen,
-		.path = rel[0] ? rel : NULL, .r = jr, .n = n,
-	};
+	struct jnl_delta d = delta_of(in, &id, jr, n, size);
+
 	ret = jnl_delta_append(&jnl, &d, base, seq);
 	free(jr);
 	tierfs_fault_kill("journal_appended");
@@ -176,6 +210,88 @@ out_fd:
 		retire_of(in, *seq);	/* perhaps durable: the retry journals
 					 * the change again, no replay applies it */
 	return ret;
+}
+
+/*
+ * tfile_ops.journal_clone: see tfile.h.  The base (a version in the chunk
+ * index, bfd) is linked under a hidden name in the backing root and that
+ * made durable (its data, then the root) before the record, which names
+ * it; the record is then appended and synced.  One clone record of a file
+ * at a time: while one is live (its version failed) the next flush just
+ * writes its version, whose durable commit retires it.  Runs under in's
+ * ilock, as its commits do.
+ */
+int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct drange *r,
+		     uint32_t n, uint64_t size, uint64_t *seq)
+{
+	static uint64_t counter;
+	struct fs_inode *in = in_of(f);
+	char path[64], bname[sizeof(in->clone_base)];
+	struct jnl_range *jr;
+	struct ident id;
+	struct stat bst;
+	int ret;
+
+	fs_attrs_lock(in);
+	ret = ident_of(in, &id);
+	if (ret)
+		goto out;
+	if (fstat(bfd, &bst) < 0 || !S_ISREG(bst.st_mode) || bst.st_dev != id.st.st_dev) {
+		ret = 1;	/* not a base a replay could clone */
+		goto out;
+	}
+	snprintf(bname, sizeof(bname), FS_INTENT_PREFIX "b%lx.%" PRIu64, (unsigned long)getpid(),
+		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+	fs_proc_path(bfd, path, sizeof(path));
+	if (fsync(bfd) < 0 || linkat(AT_FDCWD, path, fs.root_fd, bname, AT_SYMLINK_FOLLOW) < 0) {
+		ret = errno == ENOENT ? 1 : -errno;	/* ENOENT: the base has no
+							 * name left to link */
+		goto out;
+	}
+	ret = fs_fd_sync_dir(fs.root_fd);	/* the base's name durable first */
+	jr = ret ? NULL : ranges_of(r, NULL, n);
+	if (!ret && !jr)
+		ret = -ENOMEM;
+	if (!ret) {
+		struct jnl_base b = { .name = bname, .ino = bst.st_ino,
+				      .size = (uint64_t)bst.st_size };
+		struct jnl_delta d = delta_of(in, &id, jr, n, size);
+
+		fs_persist_intent(in, false);	/* as fs_journal_delta's */
+		ret = jnl_clone_append(&jnl, &b, &d, data, seq);
+		free(jr);
+		tierfs_fault_kill("clone_appended");
+		if (!ret && (ret = jnl_sync(&jnl, *seq)))
+			retire_of(in, *seq);	/* perhaps durable: passed over by
+						 * a replay once the version is in */
+	}
+	if (ret) {
+		unlinkat(fs.root_fd, bname, 0);
+		goto out;
+	}
+	memcpy(in->clone_base, bname, sizeof(bname));
+	__atomic_store_n(&in->clone_seq, *seq, __ATOMIC_RELEASE);
+out:
+	fs_attrs_unlock(in);
+	return ret;
+}
+
+/* See fs.h. */
+void fs_journal_clone_done(struct fs_inode *in)
+{
+	char bname[sizeof(in->clone_base)];
+	uint64_t seq;
+
+	fs_attrs_lock(in);
+	seq = __atomic_load_n(&in->clone_seq, __ATOMIC_ACQUIRE);
+	memcpy(bname, in->clone_base, sizeof(bname));
+	__atomic_store_n(&in->clone_seq, 0, __ATOMIC_RELEASE);
+	fs_attrs_unlock(in);
+	/* a record that stays live (its retirement not durable) is passed
+	 * over by a replay (its file is the new version now), and its base's
+	 * link goes with the journal's next emptying at a start-up */
+	if (seq && !fs_journal_retire_durably(seq))
+		unlinkat(fs.root_fd, bname, 0);
 }
 
 /* See fs.h. */
@@ -331,6 +447,11 @@ static int replay_one(void *arg, uint16_t type, uint64_t seq, const void *p, uin
 		if (ret == 1)
 			tlog(LOG_INFO, "journal record %" PRIu64 ": its file is %s; passed over",
 			     seq, why);
+	} else if (type == JNL_CLONE) {
+		ret = jnl_clone_apply(*(int *)arg, p, len, why, sizeof(why));
+		if (ret == 1)
+			tlog(LOG_WARNING, "journal record %" PRIu64 " (a new version made of "
+			     "another's and a few changes): %s; passed over", seq, why);
 	} else if (type == JNL_REDO) {
 		ret = jnl_redo_apply(*(int *)arg, p, len, why, sizeof(why));
 		if (ret == 1)

@@ -779,9 +779,37 @@ static const char *v_name(struct tfile *f, char *buf, size_t len)
 	return buf;
 }
 
+/*
+ * tfile_ops.version_commit: v_commit, durably where the file has a live
+ * clone record (fs_journal_clone: its fsync returned once the record was
+ * durable), which is then retired: the record may go only once the
+ * version that holds its change is in the backing directory for good.  A
+ * file removed meanwhile (its version adopted nameless, or dropped) has
+ * its removal made durable first (syncfs: the directory it left is not
+ * known here), so that no crash brings its name back without the change.
+ * A record whose file is removed and never committed again stays live
+ * until the next start, whose replay passes over it (as a commit intent
+ * of a freed inode does).
+ */
+static int version_commit(struct tfile *f, int fd, bool inplace, bool durable)
+{
+	struct fs_inode *in = in_of(f);
+	bool cloned = __atomic_load_n(&in->clone_seq, __ATOMIC_ACQUIRE) != 0, gone;
+	int ret = v_commit(f, fd, inplace, durable || cloned);
+
+	if (!cloned || (ret && ret != -ENOENT))
+		return ret;
+	fs_lock();
+	gone = in->unlinked;
+	fs_unlock();
+	if (gone ? syncfs(fs.root_fd) == 0 : !ret)
+		fs_journal_clone_done(in);
+	return ret;
+}
+
 const struct tfile_ops fs_tfile_ops = {
 	.version_open	= v_open,
-	.version_commit	= v_commit,
+	.version_commit	= version_commit,
 	.sync_meta	= v_sync_meta,
 	.version_small	= v_small,
 	.data_fd	= v_data_fd,
@@ -794,4 +822,5 @@ const struct tfile_ops fs_tfile_ops = {
 	.journal_apply	= fs_journal_apply,
 	.journal_retire	= fs_journal_retire,
 	.journal_settle	= fs_journal_settle,
+	.journal_clone	= fs_journal_clone,
 };

@@ -24,6 +24,20 @@
  * live ones, in order: deltas and intents of one file in the order they
  * were made.
  *
+ * Records of type JNL_CLONE are deltas over a base: a new file whose
+ * content is another file's (a version of the previous checkpoint of a
+ * series, -o dedup) but for a few ranges.  The record names the file (as a
+ * delta does), the base (linked under a hidden name below the backing
+ * root, durable before the record, with its inode number and size), the
+ * new size and the ranges that differ, with their bytes.  Applying one
+ * (jnl_clone_apply) clones the whole base into the file (FICLONE), then
+ * writes the ranges, sizes and syncs it: applying it again, or over a
+ * partial apply, gives the same file.  The live flush makes the file's new
+ * version from the same base and ranges after the record is durable, then
+ * retires it; the record makes the change durable in one sequential write
+ * where the version costs a clone of a fragmented file and a copy on write
+ * per changed chunk.
+ *
  * Records of type JNL_NOTE are another reader's (the persistent tier's
  * queue, fs/persist_journal.c): opaque here, never live, never retired.
  * They are appended as any record is (checksummed, in sequence, durable
@@ -51,6 +65,8 @@ enum jnl_type {
 	JNL_NOTE = 4,			/* another reader's record (above) */
 	JNL_START = 5,			/* no payload: the first record of a
 					 * journal file taken again (below) */
+	JNL_CLONE = 6,			/* a delta over a clone of another
+					 * file (below) */
 };
 
 /* What a replay's fn returns for a record it keeps (JNL_NOTE). */
@@ -314,6 +330,34 @@ int jnl_delta_write(int fd, const struct jnl_range *r, uint32_t n, const void *b
  * -EINVAL for a payload that does not parse, or -errno.
  */
 int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
+
+/* ---- JNL_CLONE: a delta over a clone of a base (records.c) --------------- */
+
+/* The base of a clone record: a name relative to the backing root (a
+ * hidden link of its inode, made durable before the record), its inode
+ * number and size. */
+struct jnl_base {
+	const char *name;
+	uint64_t ino, size;
+};
+
+/*
+ * Append the record of delta d over base b (d's file's content is b's
+ * first b->size bytes but for d's ranges, then d->size), the bytes of
+ * range i being at data + d->r[i].off.  Not synced.  0 or -errno.
+ */
+int jnl_clone_append(struct jnl *j, const struct jnl_base *b, const struct jnl_delta *d,
+		     const void *data, uint64_t *seq);
+/*
+ * Apply clone record payload p (len bytes): its file found as a delta's is
+ * (jnl_delta_apply), its base by its name without following symlinks, and
+ * only where that is still the inode of the size recorded; the base cloned
+ * whole into the file, then the delta written (jnl_delta_write) and synced.
+ * 0 applied, 1 passed over (why says so), -EINVAL for a payload that does
+ * not parse, or -errno.  The base's link is left (the caller removes it
+ * once the record is retired or the journal emptied, durably).
+ */
+int jnl_clone_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl);
 
 /* ---- JNL_REDO: a new version copied over a file in place (records.c) ----- */
 

@@ -1,7 +1,8 @@
 /*
  * records.c - the records of changes that the journal (journal.c) carries:
  * a delta (JNL_DELTA: a small change of one backing file, its ranges' bytes
- * and its new size) and a commit intent (JNL_REDO: a new version to copy
+ * and its new size), a delta over a clone of a base (JNL_CLONE: a new
+ * file that is another's but for a few ranges) and a commit intent (JNL_REDO: a new version to copy
  * over a file in place); their payloads, appended through jnl_append; their
  * writes into a file, the live flush's and the replay's alike; and their
  * applies at a replay, to a file found beneath the backing root by its
@@ -25,11 +26,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <syslog.h>
 #include <unistd.h>
+#include <linux/fs.h>
 #include <linux/openat2.h>
 
 #include "fault.h"
@@ -48,8 +51,10 @@ struct delta_head {
 	uint32_t handle_len, path_len, n, pad;
 };
 
-int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
-		     uint64_t *seq)
+/* Append a record of type, the npre iovecs pre (at most 2) then delta d's
+ * payload (its ranges' bytes at base + d->r[i].off).  Not synced. */
+static int delta_append(struct jnl *j, uint16_t type, const struct iovec *pre, int npre,
+			const struct jnl_delta *d, const void *base, uint64_t *seq)
 {
 	struct delta_head h = {
 		.dev = d->dev, .ino = d->ino, .size = d->size,
@@ -57,11 +62,13 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 		.handle_len = d->handle ? d->handle_len : 0,
 		.path_len = d->path ? (uint32_t)strlen(d->path) : 0, .n = d->n,
 	};
-	struct iovec *v = malloc(((size_t)d->n + 4) * sizeof(*v));
+	struct iovec *v = malloc(((size_t)d->n + 6) * sizeof(*v));
 	int k = 0, ret;
 
 	if (!v)
 		return -ENOMEM;
+	for (; k < npre; k++)
+		v[k] = pre[k];
 	v[k++] = (struct iovec){ &h, sizeof(h) };
 	v[k++] = (struct iovec){ (void *)d->handle, h.handle_len };
 	v[k++] = (struct iovec){ (void *)d->path, h.path_len };
@@ -69,9 +76,15 @@ int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
 	for (uint32_t i = 0; i < d->n; i++)
 		if (!(d->r[i].len & JNL_ZERO))
 			v[k++] = (struct iovec){ (char *)base + d->r[i].off, d->r[i].len };
-	ret = jnl_append(j, JNL_DELTA, v, k, seq);
+	ret = jnl_append(j, type, v, k, seq);
 	free(v);
 	return ret;
+}
+
+int jnl_delta_append(struct jnl *j, const struct jnl_delta *d, const void *base,
+		     uint64_t *seq)
+{
+	return delta_append(j, JNL_DELTA, NULL, 0, d, base, seq);
 }
 
 /* len bytes of p written at off of fd.  0 or -errno. */
@@ -268,7 +281,26 @@ static int file_open(int root_fd, uint64_t ino, const void *handle, uint32_t han
 	return -ENOENT;
 }
 
-int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
+/*
+ * fd's content made base bfd's first bsize bytes: all of it cloned (its
+ * extents shared, none copied), then cut to bsize (the delta's apply sizes
+ * it after).  0 or -errno.
+ */
+static int clone_base(int bfd, uint64_t bsize, int fd)
+{
+	if (ftruncate(fd, 0) < 0)
+		return -errno;
+	if (bsize && ioctl(fd, FICLONE, bfd) < 0)
+		return -errno;
+	return ftruncate(fd, (off_t)bsize) < 0 ? -errno : 0;
+}
+
+/*
+ * Apply delta payload p (len bytes) to its file below root_fd, after a
+ * clone of base fd bfd (bsize bytes) into it where bfd >= 0.
+ */
+static int delta_apply(int root_fd, const void *p, uint64_t len, int bfd, uint64_t bsize,
+		       char *why, size_t wl)
 {
 	const char *q = p;
 	struct delta_head h;
@@ -310,10 +342,75 @@ int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 		ret = fd == -ENOENT ? 1 : fd;
 		goto out_r;
 	}
-	ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec, h.mtime_nsec, true);
+	ret = bfd >= 0 ? clone_base(bfd, bsize, fd) : 0;
+	if (!ret)
+		ret = write_delta(fd, r, h.n, q + need, true, h.size, h.mtime_sec,
+				  h.mtime_nsec, true);
 	close(fd);
 out_r:
 	free(r);
+	return ret;
+}
+
+int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
+{
+	snprintf(why, wl, "-");
+	return delta_apply(root_fd, p, len, -1, 0, why, wl);
+}
+
+/* ---- JNL_CLONE ------------------------------------------------------------ */
+
+/* The clone payload's fixed part; then the base's name, then a delta's
+ * payload. */
+struct clone_head {
+	uint64_t bino, bsize;
+	uint32_t name_len, pad;
+};
+
+int jnl_clone_append(struct jnl *j, const struct jnl_base *b, const struct jnl_delta *d,
+		     const void *data, uint64_t *seq)
+{
+	struct clone_head h = { .bino = b->ino, .bsize = b->size,
+				.name_len = (uint32_t)strlen(b->name) };
+	struct iovec pre[2] = { { &h, sizeof(h) }, { (void *)b->name, h.name_len } };
+
+	if (!h.name_len || h.name_len >= PATH_MAX)
+		return -EINVAL;
+	return delta_append(j, JNL_CLONE, pre, 2, d, data, seq);
+}
+
+int jnl_clone_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
+{
+	const char *q = p;
+	struct clone_head h;
+	struct stat st;
+	char *name;
+	int bfd, ret;
+
+	snprintf(why, wl, "-");
+	if (len < sizeof(h))
+		return -EINVAL;
+	memcpy(&h, q, sizeof(h));
+	if (!h.name_len || h.name_len >= PATH_MAX || sizeof(h) + (uint64_t)h.name_len > len)
+		return -EINVAL;
+	name = strndup(q + sizeof(h), h.name_len);
+	if (!name)
+		return -ENOMEM;
+	bfd = open_beneath(root_fd, name, O_RDONLY);
+	if (bfd < 0 || fstat(bfd, &st) < 0) {
+		snprintf(why, wl, "its base %s is gone (%s)", name, strerror(errno));
+		ret = 1;
+	} else if (!S_ISREG(st.st_mode) || st.st_ino != (ino_t)h.bino ||
+		   (uint64_t)st.st_size != h.bsize) {
+		snprintf(why, wl, "its base %s is another file now", name);
+		ret = 1;
+	} else {
+		ret = delta_apply(root_fd, q + sizeof(h) + h.name_len,
+				  len - sizeof(h) - h.name_len, bfd, h.bsize, why, wl);
+	}
+	if (bfd >= 0)
+		close(bfd);
+	free(name);
 	return ret;
 }
 

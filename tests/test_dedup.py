@@ -24,6 +24,7 @@ import mmap
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -423,11 +424,13 @@ def test_a_small_change_in_place_is_a_journal_record_under_dedup_too(xfs, mount)
     # are found in a
     write_sync(os.path.join(m.mnt, "b"), old)
     s2 = dstats(m)
+    util.wait_flushed(m)    # its fsync returned at a clone record: its version after
     util.assert_same(util.read_file(os.path.join(m.backing, "b")), old, "b (a's old content)")
     assert s2["chunks_found"] - s1["chunks_found"] == n - 2, s2
     # and the new content: every chunk (the changed ones with their new hashes)
     write_sync(os.path.join(m.mnt, "c"), bytes(new))
     s3 = dstats(m)
+    util.wait_flushed(m)
     util.assert_same(util.read_file(os.path.join(m.backing, "c")), bytes(new),
                      "c (a's new content)")
     assert s3["chunks_found"] - s2["chunks_found"] == n, s3
@@ -485,6 +488,114 @@ def test_second_checkpoint_shares_the_chunks_it_repeats(xfs, mount):
     m.umount()
     for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", two)):
         util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)
+    assert util.tierfs_internals(m.backing) == []
+
+
+def live_records(backing, typ):
+    """The seqs of backing's journal records of type typ not retired."""
+    recs = util.journal_records(backing)
+    retired = {struct.unpack("<Q", p)[0] for t, _, p in recs if t == util.JNL_RETIRE}
+    return [s for t, s, _ in recs if t == typ and s not in retired]
+
+
+def base_links(backing):
+    return [n for n in os.listdir(backing) if n.startswith(".tierfs.version.b")]
+
+
+def series_of_three(seed):
+    """A checkpoint (16 MiB and a partial chunk) and two more, each the one
+    before it with three 64 KiB chunks changed (chunks 3, 99 and 100)."""
+    rng = random.Random(seed)
+    C, size = 64 * KiB, 16 * MiB + 1000
+    out = [bytearray(rng.randbytes(size))]
+    for _ in range(2):
+        nxt = bytearray(out[-1])
+        nxt[3 * C + 5:3 * C + 9] = rng.randbytes(4)
+        nxt[100 * C - 2:100 * C + 2] = rng.randbytes(4)
+        out.append(nxt)
+    return C, size, [bytes(x) for x in out]
+
+
+@pytest.mark.parametrize("then", ["mount", "recover"])
+def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mount,
+                                                                      monkeypatch, then):
+    """With a journal (journal_pct), the fsync of a new file that is an
+    indexed version but for a few chunks (a checkpoint of a series)
+    returns once a clone record is durable: those chunks and the tail in
+    the journal, the version linked under a hidden name.  The new version
+    is made after, from the same base; its durable commit retires the
+    record and removes the link.  Then the flush of the third is held
+    after its record (TIERFS_DELAY=clone_recorded), its base (the second)
+    removed through the mount, and the daemon killed: the next mount, or
+    tierfs --recover, applies the record: the file is whole and exact, and
+    nothing hidden is left."""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=3000")
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
+              journal_pct="25")
+    monkeypatch.delenv("TIERFS_DELAY")
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4101, "clone record"))
+    n = size // C
+    write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])
+    s0 = dstats(m)
+    assert s0["records"] == 0, s0       # no base: a version
+    write_sync(os.path.join(m.mnt, "ckpt.2"), ck[1])
+    s1 = dstats(m)
+    assert s1["records"] == 1, s1
+    assert s1["bytes_recorded"] == 3 * C + (size - n * C), s1
+    assert live_records(m.backing, util.JNL_CLONE), "no clone record"
+    util.wait_flushed(m)                # its version, 3 s later
+    assert live_records(m.backing, util.JNL_CLONE) == [], "the record stays live"
+    assert base_links(m.backing) == []
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.2")), ck[1], "ckpt.2")
+    assert shared_bytes(os.path.join(m.backing, "ckpt.2")) >= (n - 3) * C
+    # the third: its version held back, its base removed, a kill
+    write_sync(os.path.join(m.mnt, "ckpt.3"), ck[2])
+    assert dstats(m)["records"] == 2
+    assert os.path.getsize(os.path.join(m.backing, "ckpt.3")) == 0, "not held back"
+    assert len(base_links(m.backing)) == 1
+    os.unlink(os.path.join(m.mnt, "ckpt.2"))
+    m.kill(signal.SIGKILL)
+    if then == "recover":
+        r = _run([util.tierfs_bin(), "--recover", m.backing])
+        assert r.returncode == 0, r.stderr
+        m.start()
+    else:
+        m.start()
+    util.assert_same(util.read_file(os.path.join(m.mnt, "ckpt.3")), ck[2], "ckpt.3 after " + then)
+    assert sorted(os.listdir(m.mnt)) == ["ckpt.1", "ckpt.3"]
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.3")), ck[2], "its backing file")
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.1")), ck[0], "ckpt.1")
+    assert util.tierfs_internals(m.backing) == []
+
+
+def test_a_kill_before_a_clone_record_is_synced_leaves_the_old_file_or_the_new(
+        xfs, mount, monkeypatch):
+    """Killed after the clone record of a checkpoint is appended and before
+    its sync (TIERFS_FAULT=clone_appended; its fsync never returned): the
+    next start finds the file empty (the record torn or dropped) or whole
+    (the record applied), never torn, and nothing hidden left."""
+    util.require_daemon()
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4101, "clone record"))
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
+              journal_pct="25")
+    write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])
+    m.umount()
+    monkeypatch.setenv("TIERFS_FAULT", "clone_appended")
+    m.start()
+    monkeypatch.delenv("TIERFS_FAULT")
+    write_sync(os.path.join(m.mnt, "ckpt.1b"), ck[0])    # indexed in this mount
+    try:
+        write_sync(os.path.join(m.mnt, "ckpt.2"), ck[1])
+    except OSError:
+        pass
+    assert m.wait_death() == -9, m.log(tail=50)
+    m.start()
+    got = util.read_file(os.path.join(m.mnt, "ckpt.2"))
+    assert got in (b"", ck[1]), "torn after the kill"
+    util.assert_same(util.read_file(os.path.join(m.mnt, "ckpt.1b")), ck[0], "ckpt.1b")
+    m.umount()
     assert util.tierfs_internals(m.backing) == []
 
 

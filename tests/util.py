@@ -658,6 +658,7 @@ def tierfs_internals(root):
 # the header with sum 0 and the payload), then the payload.
 JOURNAL = ".tierfs.journal"
 JNL_MAGIC, JNL_RETIRE, JNL_DELTA, JNL_REDO, JNL_NOTE = 0x314a5254, 1, 2, 3, 4
+JNL_CLONE = 6
 _JNL_HEAD = "<IHHQQQ"
 
 

@@ -191,6 +191,10 @@ struct engine_dedup {
 	uint64_t carried;		/* versions carried over (dd_src_carry) */
 	uint64_t cgen_bytes;		/* memory of their chunk generations */
 	uint64_t gpu_chunks, gpu_bytes;	/* hashed on the GPU */
+	uint64_t records, bytes_recorded;	/* fsyncs made durable by a
+					 * clone record (ddf_record) first */
+	uint32_t versions_pending;	/* versions of clone records not yet
+					 * in the index (ddf_wait_pending) */
 	double gpu_s;
 };
 

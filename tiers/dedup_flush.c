@@ -8,6 +8,8 @@
  *  - by chunks: a whole new file is cut into chunks whose hashes (XXH3-128
  *    here, or the GPU tier's kernel, in the cascade or here) are looked up
  *    in the chunk index (dedup.c); runs found are cloned, the rest written;
+ *    where an fsync waits and the file is one version but for a few
+ *    chunks, a clone record makes it durable first (ddf_record);
  *  - the index's versions (struct dd_src): added after a flush by chunks,
  *    carried over by an incremental flush or by a small change's journal
  *    record written in place (flush.c: eng_dd_applied), retired when their
@@ -24,7 +26,8 @@
  * briefly (lookups, a clone's epoch check, statistics); never a
  * tfile.lock.  Calls backing.c (the writes and settling of a version),
  * dedup.c (the index, hashes, FICLONERANGE), the cache's hash operation,
- * and tfile_ops data_fd/release_data_fd without e->lock.
+ * and tfile_ops data_fd/release_data_fd, journal_clone and name without
+ * e->lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -832,6 +835,131 @@ out:
 	return ret;
 }
 
+/*
+ * The ranges of d's file (len bytes) that are not in base b (epoch ep, m
+ * of its chunks at their own offsets): its chunks found nowhere else or
+ * elsewhere, and its tail past its last full chunk.  Returns their number
+ * (*r malloc'ed, *bytes their length), or 0 with *r NULL where they cannot
+ * be allocated.
+ */
+static uint32_t ddf_not_in_base(const struct ddf *d, uint64_t len, const struct dd_src *b,
+				uint32_t ep, uint64_t m, struct drange **r, uint64_t *bytes)
+{
+	uint64_t C = d->chunk, i;
+	uint32_t n = 0;
+
+	*bytes = 0;
+	*r = malloc((d->nhashed + 1) * sizeof(**r));
+	if (!*r)
+		return 0;
+	for (i = 0; i < d->nhashed; i++) {
+		if (ddf_in_base(d, i, m, b, ep))
+			continue;
+		if (n && (*r)[n - 1].end == i * C)
+			(*r)[n - 1].end += C;
+		else
+			(*r)[n++] = (struct drange){ i * C, (i + 1) * C };
+		*bytes += C;
+	}
+	if (len > d->nhashed * C) {
+		if (n && (*r)[n - 1].end == d->nhashed * C)
+			(*r)[n - 1].end = len;
+		else
+			(*r)[n++] = (struct drange){ d->nhashed * C, len };
+		*bytes += len - d->nhashed * C;
+	}
+	return n;
+}
+
+/*
+ * An fsync waits for this flush (d->record) of a file that is its base
+ * but for a few chunks (a checkpoint of a series): its content made
+ * durable first as a clone record (tfile_ops.journal_clone: those chunks
+ * and the tail appended to the journal, one sequential write and one
+ * sync), and the waiter woken (journaled_gen); then the version is made
+ * as without it (ddf_write), and its durable commit retires the record.
+ * The version costs a clone of the base, whose extent map grows with each
+ * version of a series, and a copy on write per changed chunk: the record
+ * only the changed bytes.  Nothing happens where the change is not small
+ * (journal_pct), the base cannot be held, or the fs side refuses.
+ * e->lock not held.
+ */
+static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
+		       struct ddf *d)
+{
+	uint32_t ep = 0, n;
+	struct dd_src *b = ddf_base(d, &ep);
+	struct drange *r = NULL;
+	uint64_t bytes, seq, m;
+	struct stat st;
+	int bfd, ret;
+
+	if (!b)
+		return;
+	eng_lock(e);
+	bfd = dd_src_dup(b, ep);
+	eng_unlock(e);
+	if (bfd < 0)
+		return;
+	if (fstat(bfd, &st) < 0)
+		goto out;
+	m = (uint64_t)st.st_size / d->chunk;
+	n = ddf_not_in_base(d, len, b, ep, m < d->nhashed ? m : d->nhashed, &r, &bytes);
+	if (!r || !eng_journal_small(e, bytes, len))
+		goto out;
+	ret = f->ops->journal_clone(f, bfd, copy_ptr(cp), r, n, len, &seq);
+	if (ret < 0) {
+		char nb[256];
+
+		tlog(LOG_WARNING, "%s: no journal record of its new version (%s): written "
+		     "whole before its fsync returns", f->ops->name(f, nb, sizeof(nb)),
+		     strerror(-ret));
+	}
+	if (ret)
+		goto out;
+	eng_lock(e);
+	if (f->journaled_gen < d->gen)
+		f->journaled_gen = d->gen;	/* its fsync returns */
+	d->recorded = true;
+	e->dd.versions_pending++;
+	e->dd.records++;
+	e->dd.bytes_recorded += bytes;
+	eng_flushed(e);
+	eng_unlock(e);
+	eng_delay_at(NULL, "clone_recorded");
+out:
+	free(r);
+	close(bfd);
+}
+
+/*
+ * A flush that may make a clone record waits first (a second at most) for
+ * the versions of earlier clone records to be in the index: their fsyncs
+ * returned before those versions were written, and the next checkpoint of
+ * a series, arriving meanwhile, would take the one before as its base and
+ * differ from it twice as much (a record of twice the chunks, or none).
+ * e->lock not held.
+ */
+static void ddf_wait_pending(struct engine *e)
+{
+	double until = tier_now() + 1.0;
+
+	eng_lock(e);
+	while (e->dd.versions_pending && !e->stop && tier_now() < until)
+		wait_ms(e, &e->flushed, 20);
+	eng_unlock(e);
+}
+
+/* e->lock held: p's clone record's version is indexed, or failed. */
+static void pending_end(struct engine *e, struct dd_flush *p)
+{
+	if (!p->d.recorded)
+		return;
+	p->d.recorded = false;
+	e->dd.versions_pending--;
+	eng_flushed(e);		/* ddf_wait_pending */
+}
+
 /* Flush f's whole new content by chunks.  e->lock not held.  -EAGAIN: the
  * caller writes it all (nothing was done). */
 static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
@@ -855,7 +983,11 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	d->sep = malloc(d->n * sizeof(*d->sep));
 	if (!d->h || !d->src || !d->soff || !d->sep)
 		return -EAGAIN;		/* freed by ddf_done() */
+	if (d->record)
+		ddf_wait_pending(e);
 	ddf_hash(e, cp, len, d);
+	if (d->record)
+		ddf_record(e, f, cp, len, d);
 	return ddf_write(e, ring, cp, fd, direct, len, d);
 }
 
@@ -986,6 +1118,9 @@ void eng_dd_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t le
 	ddf_plan(e, f, cp, len, &p->d);
 	if (p->in.on)
 		p->d.on = false;
+	p->d.gen = p->gen;
+	p->d.record = p->d.on && f->flush_waiters && e->cfg.journal_pct &&
+		      f->ops->journal_clone && cp->cache->host_addressable;
 }
 
 int eng_dd_write(struct engine *e, struct ssd_ring *ring, struct tfile *f, struct copy *cp,
@@ -1074,8 +1209,10 @@ void eng_dd_done(struct engine *e, struct tfile *f, struct dd_flush *p, bool ok,
 	free(in->ch);
 	in->ck = NULL;
 	in->ch = NULL;
-	if (!ok)
+	if (!ok) {
+		pending_end(e, p);
 		return;
+	}
 	if (e->cfg.dedup && !p->journalled) {
 		e->dd.bytes_logical += len;
 		e->dd.bytes_written += in->on ? in->written : d->on ? d->written : len;
@@ -1098,8 +1235,10 @@ void eng_dd_index(struct engine *e, struct dd_flush *p)
 {
 	struct dd_src *s = p->ix_src;
 
-	if (!s)
+	if (!s) {
+		pending_end(e, p);
 		return;
+	}
 	for (uint64_t i = 0; i < p->ix_n && !s->retired;) {
 		uint64_t end = p->ix_n - i < DD_BATCH ? p->ix_n : i + DD_BATCH;
 
@@ -1119,6 +1258,7 @@ void eng_dd_index(struct engine *e, struct dd_flush *p)
 	free(p->ix_h);
 	p->ix_src = NULL;
 	p->ix_h = NULL;
+	pending_end(e, p);
 }
 
 int eng_dd_take_close(struct engine *e)

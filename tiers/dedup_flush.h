@@ -60,6 +60,12 @@ struct ddf {
 				 * the GPU (owned; NULL: hash here) */
 	double clone_s, sync_s;	/* statistics: seconds in FICLONERANGE
 				 * and settling the version */
+	bool record;		/* an fsync waits: a clone record first,
+				 * where the file is its base but for a
+				 * few chunks (ddf_record) */
+	uint64_t gen;		/* the file's gen that the flush writes */
+	bool recorded;		/* made one: counted in versions_pending
+				 * until its version is indexed or failed */
 };
 
 /*

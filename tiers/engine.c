@@ -768,6 +768,8 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "versions_open", e->dd.nlive);
 	json_u64(j, "versions_carried", e->dd.carried);
 	json_u64(j, "gpu_chunks_hashed", e->dd.gpu_chunks);
+	json_u64(j, "records", e->dd.records);
+	json_u64(j, "bytes_recorded", e->dd.bytes_recorded);
 	json_num(j, "gpu_hash_bandwidth", rate(e->dd.gpu_bytes, e->dd.gpu_s), 0);
 	json_close(j);
 	eng_unlock(e);

@@ -583,9 +583,16 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
+/* Bytes at most journalled per flush: a record's payload stays small. */
+#define JOURNAL_MAX	(64ull << 20)
+
 /* Is a journal record of bytes changed in a len-byte file small enough
- * (-o journal_pct of the file, JOURNAL_MAX at most)? */
-bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len);
+ * (-o journal_pct of the file, JOURNAL_MAX at most)?  The one rule of the
+ * records of flush.c, write.c and dedup_flush.c. */
+static inline bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
+{
+	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;
+}
 /* f's applied record whose sync a flusher has not made yet synced and
  * retired now (flush.c's asettle), before anything newer of f is written
  * into its backing file.  e->lock not held.  0 or -errno. */

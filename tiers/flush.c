@@ -361,13 +361,6 @@ struct jflush {
 					 * UINT64_MAX: none */
 };
 
-/* Bytes at most journalled per flush: a record's payload stays small. */
-#define JOURNAL_MAX	(64ull << 20)
-
-bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
-{
-	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;
-}
 
 /*
  * e->lock held: plan the journal flush of len bytes of f (copy cp).  No

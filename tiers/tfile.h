@@ -95,6 +95,20 @@ struct tfile_ops {
 	 * record replayed after that would undo part of it).  0 or -errno.
 	 */
 	int (*journal_settle)(struct tfile *f, uint64_t seq);
+	/*
+	 * Optional (-o dedup with a journal): append a record saying that
+	 * f's content is now that of the version open at bfd (a base in the
+	 * chunk index) but for the n ranges r, whose bytes are at
+	 * data + r[i].start, and size; and make it durable.  The caller then
+	 * makes the new version from the same base and ranges and commits
+	 * it, which retires the record (the fs side's, at a durable commit);
+	 * a crash in between leaves the record, which a replay applies to
+	 * the backing file.  Returns 0 with *seq the record's, 1 where f
+	 * cannot have one now (the caller just writes the version), or
+	 * -errno.
+	 */
+	int (*journal_clone)(struct tfile *f, int bfd, const void *data, const struct drange *r,
+			     uint32_t n, uint64_t size, uint64_t *seq);
 	/* An fd reading f's current backing content, owned by the fs side
 	 * (valid until release_data_fd).  Returns fd or -errno. */
 	int (*data_fd)(struct tfile *f, bool direct);

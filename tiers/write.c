@@ -19,7 +19,7 @@
  * e->lock; flush.c's eng_commit_shadow() calls ops->version_commit with
  * f->lock held and e->lock dropped (the fs side takes fs.nslock and
  * fs.lock there).
- * Calls place.c, flush.c (eng_complete_copy, eng_journal_small),
+ * Calls place.c, flush.c (eng_complete_copy),
  * dedup_flush.c (eng_dd_retire), backing.c and the journal through
  * tfile_ops (journal_delta, journal_retire).
  */
