@@ -983,6 +983,9 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	d->sep = malloc(d->n * sizeof(*d->sep));
 	if (!d->h || !d->src || !d->soff || !d->sep)
 		return -EAGAIN;		/* freed by ddf_done() */
+	if (!ring)
+		d->record = false;	/* in the fsync's own thread (a few
+					 * pages): the version returns as soon */
 	if (d->record)
 		ddf_wait_pending(e);
 	ddf_hash(e, cp, len, d);
