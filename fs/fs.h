@@ -423,6 +423,15 @@ void fs_journal_clone_done(struct fs_inode *in);
  */
 struct jnl_redo;
 int fs_journal_intent(const struct jnl_redo *r, uint64_t *seq);
+/*
+ * fs_journal.c: the file open as fd (synced already) linked under a new
+ * hidden name in the backing root (FS_INTENT_PREFIX, tag, the daemon's pid
+ * and a count: a name no link of this daemon or an earlier one has), put
+ * in name (len bytes), then the root synced: the name durable before a
+ * record names it.  0, or -errno with nothing linked (-ENOENT: fd has no
+ * name left to link from).
+ */
+int fs_journal_keep(int fd, const char *tag, char *name, size_t len);
 /* fs_journal.c: record seq retired, not synced: the retirement's own
  * seq, 0 when it could not be appended; fs_journal_sync_to(rs) makes the
  * records up to rs durable (0: nothing).  0 or -errno.

@@ -103,8 +103,9 @@ static int copy_in_place(int ofd, int fd, bool sync)
  * (settle_later, holding a reference on it); the settler thread takes
  * what came in the last SETTLE_MS, syncs each file and retires all their
  * intents with one journal sync.  A commit of a hard-linked file then
- * waits for one log commit where the backing log is ordered (its
- * intent's) instead of three (RESULTS 18c).  A file committed again
+ * waits, where the backing log is ordered, for the root's sync (the
+ * version's link) and the intent's, instead of three log commits
+ * (RESULTS 18c).  A file committed again
  * before that retires the earlier intent itself (fs_intent_copy); the
  * retirement of an intent whose file cannot be synced waits for that
  * (the next start replays it).  fs_settle_end settles the rest before the
@@ -405,12 +406,11 @@ static int intent_hand_over(struct fs_inode *in, uint64_t seq, const char *vname
 int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, int ofd, int fd,
 		   const struct stat *old)
 {
-	static unsigned long counter;
 	union {
 		struct file_handle fh;
 		char buf[sizeof(struct file_handle) + MAX_HANDLE_SZ];
 	} h;
-	char rel[PATH_MAX], vname[96], path[64];
+	char rel[PATH_MAX], vname[96];
 	uint64_t seq = 0;
 	uint32_t hlen = 0;
 	struct stat st;
@@ -427,24 +427,23 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 	}
 	/*
 	 * The version's data, its allocation and its name durable before the
-	 * record (engine_settle_named): where the backing log is ordered, the
-	 * journal's sync that makes the record durable commits them (the
-	 * append grows the journal: a logged change of its size); elsewhere
-	 * the version is fsynced here and the root after its link.
-	 * (tests/test_crash_states.py has a hard-linked file.)
+	 * record: the version settled (engine_settle_named: its writes
+	 * completed where the backing log is ordered, else an fsync), linked,
+	 * and the root synced, which commits the log where it is ordered.
+	 * Never left to the record's own sync: that commits the log only
+	 * where the append grows the journal, and a journal written over
+	 * (jnl_ring) changes no metadata.  (tests/test_crash_states.py has a
+	 * hard-linked file; test_journal.py's commit intent in a journal
+	 * written over.)
 	 */
 	ret = engine_settle_named(fs.eng, fd);
 	if (ret < 0)
 		return ret;
-	bool sync_name = ret;
 	if (fstat(fd, &st) < 0)
 		return -errno;
-	snprintf(vname, sizeof(vname), FS_INTENT_PREFIX "%lx.%lu", (unsigned long)getpid(),
-		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	fs_proc_path(fd, path, sizeof(path));
-	if (linkat(AT_FDCWD, path, fs.root_fd, vname, AT_SYMLINK_FOLLOW) < 0) {
-		ret = -errno;
-		tlog(LOG_WARNING, "inode %ju: cannot link its new version for a commit intent "
+	ret = fs_journal_keep(fd, "", vname, sizeof(vname));	/* its name durable first */
+	if (ret) {
+		tlog(LOG_WARNING, "inode %ju: cannot keep its new version for a commit intent "
 		     "(%s): copied in place unjournalled", (uintmax_t)old->st_ino,
 		     strerror(-ret));
 		return copy_in_place(ofd, fd, true);
@@ -455,9 +454,7 @@ int fs_intent_copy(struct fs_inode *in, struct fs_inode *dir, const char *name, 
 		.path = rel[0] ? rel : NULL, .version = vname,
 		.vino = st.st_ino, .size = (uint64_t)st.st_size,
 	};
-	ret = sync_name ? fs_fd_sync_dir(fs.root_fd) : 0;	/* its name durable before the record */
-	if (!ret)
-		ret = fs_journal_intent(&r, &seq);
+	ret = fs_journal_intent(&r, &seq);
 	if (ret) {
 		unlinkat(fs.root_fd, vname, 0);
 		if (ret < 0)

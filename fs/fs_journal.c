@@ -224,9 +224,8 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct drange *r,
 		     uint32_t n, uint64_t size, uint64_t *seq)
 {
-	static uint64_t counter;
 	struct fs_inode *in = in_of(f);
-	char path[64], bname[sizeof(in->clone_base)];
+	char bname[sizeof(in->clone_base)];
 	struct jnl_range *jr;
 	struct ident id;
 	struct stat bst;
@@ -240,17 +239,13 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 		ret = 1;	/* not a base a replay could clone */
 		goto out;
 	}
-	snprintf(bname, sizeof(bname), FS_INTENT_PREFIX "b%lx.%" PRIu64, (unsigned long)getpid(),
-		 __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-	fs_proc_path(bfd, path, sizeof(path));
-	if (fsync(bfd) < 0 || linkat(AT_FDCWD, path, fs.root_fd, bname, AT_SYMLINK_FOLLOW) < 0) {
-		ret = errno == ENOENT ? 1 : -errno;	/* ENOENT: the base has no
-							 * name left to link */
+	ret = fsync(bfd) < 0 ? -errno : fs_journal_keep(bfd, "b", bname, sizeof(bname));
+	if (ret) {
+		ret = ret == -ENOENT ? 1 : ret;	/* the base has no name left */
 		goto out;
 	}
-	ret = fs_fd_sync_dir(fs.root_fd);	/* the base's name durable first */
-	jr = ret ? NULL : ranges_of(r, NULL, n);
-	if (!ret && !jr)
+	jr = ranges_of(r, NULL, n);
+	if (!jr)
 		ret = -ENOMEM;
 	if (!ret) {
 		struct jnl_base b = { .name = bname, .ino = bst.st_ino,
@@ -394,6 +389,25 @@ int fs_journal_settle(struct tfile *f, uint64_t seq)
 	if (ret < 0)
 		return ret;
 	return fs_journal_retire_durably(seq);
+}
+
+/* See fs.h. */
+int fs_journal_keep(int fd, const char *tag, char *name, size_t len)
+{
+	static uint64_t counter;
+	char path[64];
+	int ret;
+
+	if (snprintf(name, len, FS_INTENT_PREFIX "%s%lx.%" PRIu64, tag, (unsigned long)getpid(),
+		     __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED)) >= (int)len)
+		return -ENAMETOOLONG;
+	fs_proc_path(fd, path, sizeof(path));
+	if (linkat(AT_FDCWD, path, fs.root_fd, name, AT_SYMLINK_FOLLOW) < 0)
+		return -errno;
+	ret = fs_fd_sync_dir(fs.root_fd);
+	if (ret)
+		unlinkat(fs.root_fd, name, 0);
+	return ret;
 }
 
 /* See fs.h. */

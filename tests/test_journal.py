@@ -1141,6 +1141,20 @@ def power_cut_gives(disk, tmp_path, mount, m, want):
                     if n.startswith(".tierfs.journal")], "the journal left by a clean unmount"
 
 
+def small_changes(m, name, rng, count=200):
+    """name in mount m: 1 MiB made durable, then count small changes (4 KiB
+    at random offsets, each acknowledged by fsync, each a journal record):
+    (path, its content now, the journal's statistics before the changes)."""
+    data = bytearray(rng.randbytes(MiB))
+    path = durable_file(m, name, bytes(data))
+    before = jstats(m)
+    for _ in range(count):
+        off, b = rng.randrange(MiB - 4096), rng.randbytes(4096)
+        change(path, [(off, b)])
+        data[off:off + 4096] = b
+    return path, bytes(data), before
+
+
 def test_the_journal_takes_its_two_files_in_turn_and_stops_growing(
         disk, mount, monkeypatch, tmp_path):
     """Without the persistent tier the journal is two files taken in turn
@@ -1156,19 +1170,45 @@ def test_the_journal_takes_its_two_files_in_turn_and_stops_growing(
     ring = 64 << 10
     monkeypatch.setenv("TIERFS_JOURNAL_RING", str(ring))
     m = mount(backing=backing, host_cache="64M", dedup="off")
-    data = bytearray(rng.randbytes(MiB))
-    path = durable_file(m, "f", bytes(data))
-    before = jstats(m)
-    for _ in range(200):
-        off, b = rng.randrange(MiB - 4096), rng.randbytes(4096)
-        change(path, [(off, b)])
-        data[off:off + 4096] = b
+    path, data, before = small_changes(m, "f", rng)
     st = jstats(m)
     appended = st["bytes_appended"] - before["bytes_appended"]
     assert appended > 12 * ring and st["resets"] - before["resets"] >= 4, st
     sizes = [os.path.getsize(journal(backing) + s) for s in ("", ".1")]
     assert sum(sizes) < appended // 3, (sizes, appended)
-    power_cut_gives(disk, tmp_path, mount, m, {"f": bytes(data)})
+    power_cut_gives(disk, tmp_path, mount, m, {"f": data})
+
+
+def test_a_commit_intent_in_a_journal_written_over_survives_a_power_cut(
+        disk, mount, monkeypatch, tmp_path):
+    """A hard-linked file's new version is copied over it in place under a
+    commit intent that names the version by a hidden link.  Once the
+    journal's two files are written over (TIERFS_JOURNAL_RING, 200 small
+    changes of another file), a record's sync commits no metadata of the
+    backing file system: the version's link and allocation must be made
+    durable by a sync of their own before the record.  The whole file
+    rewritten in place and fsynced, its copy's settling held back
+    (TIERFS_DELAY=settle), then a power cut: tierfs --recover and the next
+    mount give both names the new content."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 17)
+    monkeypatch.setenv("TIERFS_JOURNAL_RING", str(64 << 10))
+    monkeypatch.setenv("TIERFS_DELAY", "settle=600000")
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    monkeypatch.delenv("TIERFS_DELAY")
+    old = rng.randbytes(MiB)
+    path = durable_file(m, "f", old)
+    os.link(path, path + ".other")           # from now on: versions under intents
+    _, gdata, before = small_changes(m, "g", rng)
+    util.wait_flushed(m)
+    os.sync()                               # both journal files allocated, durable
+    st = jstats(m)
+    assert st["resets"] - before["resets"] >= 4, st
+    new = rng.randbytes(MiB)
+    change(path, [(0, new)])                # past journal_pct: a whole version
+    assert jstats(m)["records_live"] >= 1, "the intent was retired: settle not held"
+    power_cut_gives(disk, tmp_path, mount, m,
+                    {"f": new, "f.other": new, "g": gdata})
 
 
 def test_records_live_in_both_journal_files_survive_a_power_cut(

@@ -452,9 +452,7 @@ int eng_settle_cloned(struct engine *e, int fd)
  * version's size and allocation are metadata the record depends on). */
 int engine_settle_named(struct engine *e, int fd)
 {
-	int ret = eng_settle_cloned(e, fd);
-
-	return ret < 0 ? ret : !ordered_here(e, fd);
+	return eng_settle_cloned(e, fd);
 }
 
 /* Holes kept (filecopy.h): the version gets f's data runs only. */

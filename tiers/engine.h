@@ -167,12 +167,14 @@ int engine_evict_file(struct engine *e, struct tfile *f);
 void engine_flush_now(struct engine *e, struct tfile *f);
 
 /*
- * Settle a new version fd before a synced record names it (a hard-linked
- * file's commit intent): 0 where the backing log is ordered and fd is on
- * that file system (its writes completed: the record's own sync commits
- * the log, the version's allocation and link with it, after a flush of the
- * disk's cache); 1 where fd was fsynced and the directory holding its name
- * must be synced too before the record; -errno.
+ * Settle a new version fd before it is linked under a name that a synced
+ * record will name (a hard-linked file's commit intent): where the backing
+ * log is ordered and fd is on that file system, its writes completed (the
+ * sync of the directory that then holds its name commits the log, its
+ * allocation with it, after a flush of the disk's cache); elsewhere an
+ * fsync.  The caller syncs that directory either way: the record's own
+ * sync does not (the journal written over, jnl_ring, commits nothing).
+ * 0 or -errno.
  */
 int engine_settle_named(struct engine *e, int fd);
 
