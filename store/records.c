@@ -296,6 +296,32 @@ static int clone_base(int bfd, uint64_t bsize, int fd)
 }
 
 /*
+ * A file a record keeps under a hidden name below root_fd (a commit
+ * intent's new version, a clone record's base; `what` says which), opened
+ * for reading where it is still the regular file of inode ino and size
+ * bytes that the record names: its descriptor, or -1 with why saying what
+ * became of it (the record is then passed over).
+ */
+static int open_kept(int root_fd, const char *name, uint64_t ino, uint64_t size,
+		     const char *what, char *why, size_t wl)
+{
+	struct stat st;
+	int fd = open_beneath(root_fd, name, O_RDONLY);
+
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		snprintf(why, wl, "its %s %s is gone (%s)", what, name, strerror(errno));
+	} else if (!S_ISREG(st.st_mode) || st.st_ino != (ino_t)ino ||
+		   (uint64_t)st.st_size != size) {
+		snprintf(why, wl, "its %s %s is another file now", what, name);
+	} else {
+		return fd;
+	}
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+/*
  * Apply delta payload p (len bytes) to its file below root_fd, after a
  * clone of base fd bfd (bsize bytes) into it where bfd >= 0.
  */
@@ -354,7 +380,6 @@ out_r:
 
 int jnl_delta_apply(int root_fd, const void *p, uint64_t len, char *why, size_t wl)
 {
-	snprintf(why, wl, "-");
 	return delta_apply(root_fd, p, len, -1, 0, why, wl);
 }
 
@@ -383,9 +408,8 @@ int jnl_clone_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 {
 	const char *q = p;
 	struct clone_head h;
-	struct stat st;
 	char *name;
-	int bfd, ret;
+	int bfd, ret = 1;
 
 	snprintf(why, wl, "-");
 	if (len < sizeof(h))
@@ -396,20 +420,12 @@ int jnl_clone_apply(int root_fd, const void *p, uint64_t len, char *why, size_t 
 	name = strndup(q + sizeof(h), h.name_len);
 	if (!name)
 		return -ENOMEM;
-	bfd = open_beneath(root_fd, name, O_RDONLY);
-	if (bfd < 0 || fstat(bfd, &st) < 0) {
-		snprintf(why, wl, "its base %s is gone (%s)", name, strerror(errno));
-		ret = 1;
-	} else if (!S_ISREG(st.st_mode) || st.st_ino != (ino_t)h.bino ||
-		   (uint64_t)st.st_size != h.bsize) {
-		snprintf(why, wl, "its base %s is another file now", name);
-		ret = 1;
-	} else {
+	bfd = open_kept(root_fd, name, h.bino, h.bsize, "base", why, wl);
+	if (bfd >= 0) {
 		ret = delta_apply(root_fd, q + sizeof(h) + h.name_len,
 				  len - sizeof(h) - h.name_len, bfd, h.bsize, why, wl);
-	}
-	if (bfd >= 0)
 		close(bfd);
+	}
 	free(name);
 	return ret;
 }
@@ -498,7 +514,6 @@ int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t w
 	const char *q = p;
 	struct redo_head h;
 	char *path = NULL, *version = NULL;
-	struct stat vst;
 	int fd = -1, vfd = -1, ret;
 
 	snprintf(why, wl, "-");
@@ -514,16 +529,9 @@ int jnl_redo_apply(int root_fd, const void *p, uint64_t len, char *why, size_t w
 	if (!path || !version)
 		goto out;
 	ret = 1;
-	vfd = open_beneath(root_fd, version, O_RDONLY);
-	if (vfd < 0 || fstat(vfd, &vst) < 0) {
-		snprintf(why, wl, "its new version %s is gone (%s)", version, strerror(errno));
+	vfd = open_kept(root_fd, version, h.vino, h.size, "new version", why, wl);
+	if (vfd < 0)
 		goto out;
-	}
-	if (!S_ISREG(vst.st_mode) || vst.st_ino != (ino_t)h.vino ||
-	    (uint64_t)vst.st_size != h.size) {
-		snprintf(why, wl, "its new version %s is another file now", version);
-		goto out;
-	}
 	char fwhy[64];
 
 	fd = file_open(root_fd, h.ino, q + sizeof(h), h.handle_len, path, fwhy, sizeof(fwhy));

@@ -570,6 +570,45 @@ def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mou
     assert util.tierfs_internals(m.backing) == []
 
 
+def test_the_next_checkpoint_waits_for_the_version_of_a_clone_record(xfs, mount, monkeypatch):
+    """The fsync of a checkpoint that returned at a clone record comes
+    before its version is in the chunk index.  The next checkpoint of the
+    series, written at once, waits for that version (a second at most:
+    tiers/dedup_flush.c, ddf_wait_pending) instead of taking the one before
+    as its base: its record holds the three chunks it changed and the
+    tail, not six.  The versions are held 0.5 s after their records
+    (TIERFS_DELAY=clone_recorded)."""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=500")
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
+              journal_pct="25")
+    monkeypatch.delenv("TIERFS_DELAY")
+    rng = random.Random(util.pick_seed("TIERFS_DEDUP_SEED", 4101, "clone records in a row"))
+    C, size = 64 * KiB, 16 * MiB + 1000
+    tail = size - (size // C) * C
+    ck = [bytearray(rng.randbytes(size))]
+    for chunks in ([3, 99, 100], [40, 150, 200]):
+        nxt = bytearray(ck[-1])
+        for c in chunks:
+            nxt[c * C + 7:c * C + 11] = rng.randbytes(4)
+        ck.append(nxt)
+    write_sync(os.path.join(m.mnt, "ckpt.1"), bytes(ck[0]))
+    util.wait_flushed(m)
+    for i in (1, 2):
+        before = dstats(m)
+        write_sync(os.path.join(m.mnt, f"ckpt.{i + 1}"), bytes(ck[i]))
+        st = dstats(m)
+        assert st["records"] == before["records"] + 1, (i, before, st)
+        got = st["bytes_recorded"] - before["bytes_recorded"]
+        assert got == 3 * C + tail, (f"ckpt.{i + 1}: {got} bytes recorded, "
+                                     f"{(got - tail) // C} chunks: not its predecessor's base")
+    util.wait_flushed(m)
+    for i in range(3):
+        util.assert_same(util.read_file(os.path.join(m.backing, f"ckpt.{i + 1}")), bytes(ck[i]),
+                         f"ckpt.{i + 1}")
+    assert live_records(m.backing, util.JNL_CLONE) == []
+
+
 def test_a_kill_before_a_clone_record_is_synced_leaves_the_old_file_or_the_new(
         xfs, mount, monkeypatch):
     """Killed after the clone record of a checkpoint is appended and before

@@ -524,6 +524,33 @@ static int dd_src_dup(const struct dd_src *s, uint32_t ep)
 }
 
 /*
+ * A descriptor of base b as it was at epoch ep (dd_src_dup) and in *m the
+ * chunks of it that the file's hashed chunks may share at the same
+ * offsets (its whole chunks, at most d->nhashed): the descriptor, or -1
+ * (b retired or changed since, or unreadable).  e->lock not held.
+ */
+static int ddf_base_open(struct engine *e, const struct ddf *d, const struct dd_src *b,
+			 uint32_t ep, uint64_t *m)
+{
+	struct stat st;
+	int bfd;
+
+	eng_lock(e);
+	bfd = dd_src_dup(b, ep);
+	eng_unlock(e);
+	if (bfd < 0)
+		return -1;
+	if (fstat(bfd, &st) < 0) {
+		close(bfd);
+		return -1;
+	}
+	*m = (uint64_t)st.st_size / d->chunk;
+	if (*m > d->nhashed)
+		*m = d->nhashed;
+	return bfd;
+}
+
+/*
  * Clone len bytes at soff of version s, as it was at epoch ep (when its
  * chunks were looked up), into fd at off.  e->lock not held.  Returns 0,
  * or -errno (the caller writes those bytes instead): s was retired,
@@ -686,20 +713,12 @@ static int ddf_write_based(struct engine *e, struct ssd_ring *ring, struct copy 
 							 * the clone count twice */
 	bool host = cp->cache->host_addressable;
 	struct ssd_seg *seg = NULL;
-	struct stat st;
 	unsigned ns = 0;
-	int sfd, ret = 0;
+	int sfd = ddf_base_open(e, d, b, ep, &m), ret = 0;
 
-	eng_lock(e);
-	sfd = dd_src_dup(b, ep);
-	eng_unlock(e);
 	if (sfd < 0)
 		return -EAGAIN;
-	ret = fstat(sfd, &st) < 0 ? -errno : 0;
-	close(sfd);
-	m = ret ? 0 : (uint64_t)st.st_size / C;
-	if (m > d->nhashed)
-		m = d->nhashed;
+	close(sfd);	/* ddf_clone takes its own, checked again */
 	if (!m)
 		return -EAGAIN;
 	/* the chunks written over the clone are copies on write: XFS would
@@ -891,20 +910,11 @@ static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, uint6
 	struct dd_src *b = ddf_base(d, &ep);
 	struct drange *r = NULL;
 	uint64_t bytes, seq, m;
-	struct stat st;
 	int bfd, ret;
 
-	if (!b)
+	if (!b || (bfd = ddf_base_open(e, d, b, ep, &m)) < 0)
 		return;
-	eng_lock(e);
-	bfd = dd_src_dup(b, ep);
-	eng_unlock(e);
-	if (bfd < 0)
-		return;
-	if (fstat(bfd, &st) < 0)
-		goto out;
-	m = (uint64_t)st.st_size / d->chunk;
-	n = ddf_not_in_base(d, len, b, ep, m < d->nhashed ? m : d->nhashed, &r, &bytes);
+	n = ddf_not_in_base(d, len, b, ep, m, &r, &bytes);
 	if (!r || !eng_journal_small(e, bytes, len))
 		goto out;
 	ret = f->ops->journal_clone(f, bfd, copy_ptr(cp), r, n, len, &seq);
