@@ -43,11 +43,13 @@ def drop_page_cache(path):
 
 
 def wait_touched(m, timeout=60):
-    """Wait until the host cache is faulted in: the background toucher
-    changes host_touched while it runs."""
+    """Wait until the host cache is faulted in (the background toucher
+    changes host_touched while it runs) and, with a GPU tier, pinned
+    (tiers/host.c pins it once touched: "pinned" changes then)."""
     def touched():
         s = stats_of(m)
-        return s.get("host_touched", 0) >= s["tiers"]["host"]["capacity"]
+        return (s.get("host_touched", 0) >= s["tiers"]["host"]["capacity"] and
+                ("gpu" not in s["tiers"] or s["tiers"]["host"].get("pinned")))
     util.wait_until(touched, lambda: f"the host cache touched: {stats_of(m)}", timeout, 0.02)
 
 
