@@ -228,6 +228,9 @@ struct fs {
 	struct fuse_session *se;
 	bool dio_mmap;			/* kernel mmaps FOPEN_DIRECT_IO files */
 	bool killpriv_v2;		/* we clear set-ID bits (fs_kill_privs) */
+	struct fs_closing *closing;	/* writable handles closed, not yet
+					 * released (fs_file.c), under fs.lock */
+	unsigned nclosing, closing_cap;
 	/* files given up at exit (fs_sync_all), written by one thread */
 	unsigned lost;			/* how many */
 	char *lost_names[FS_LOST_NAMES];	/* the first ones' paths */
@@ -599,11 +602,23 @@ bool fs_fd_frees_wait(void);
 void fs_fd_start(void);
 
 /*
- * fi->fh of a regular file's handle: FS_FH_FLAGS | its open flags, set by
- * open/create.  FUSE ioctl requests carry fh but not the open flags, and
- * fs_ioctl.c checks the access mode as write()/read() would.
+ * fi->fh of a regular file's handle: FS_FH_FLAGS | the handle's number
+ * << 32 | its open flags, set by open/create.  FUSE ioctl requests carry
+ * fh but not the open flags, and fs_ioctl.c checks the access mode as
+ * write()/read() would; the number tells a handle's close (FLUSH) and its
+ * release apart from other handles' (fs_closes_pending).
  */
 #define FS_FH_FLAGS		(1ULL << 63)
+/* fs_file.c: writable handles whose close(2) the daemon has seen (FLUSH)
+ * in the last FS_CLOSE_GRACE seconds and whose release it has not
+ * finished: the kernel sends a release after close(2) has returned, and
+ * the new version a written-through file's last close makes due is queued
+ * only then.  Mount-wide waits for the flush backlog wait for these first
+ * (the statistics' "closes_pending").  Past the grace a handle is not
+ * counted: one whose descriptor was duplicated stays open after one of
+ * them is closed.  fs.lock held. */
+#define FS_CLOSE_GRACE		5.0
+unsigned fs_closes_pending(void);
 
 /* fs_ioctl.c: the GPU zero-copy ioctl (tierfs-gpu(7)) */
 void fs_ll_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,

@@ -31,8 +31,74 @@ static bool writable(int flags)
 	return (flags & O_ACCMODE) != O_RDONLY;
 }
 
+/* A writable handle closed (FLUSH), not yet released: fs.closing. */
+struct fs_closing {
+	uint32_t hid;		/* the handle's number (fi->fh) */
+	double at;		/* tier_now() of its last FLUSH */
+};
+
+static uint32_t handle_number(const struct fuse_file_info *fi)
+{
+	return (uint32_t)(fi->fh >> 32) & 0x7fffffffu;
+}
+
+/* fs.lock held: fs.closing's entry of handle hid, or -1. */
+static int closing_find(uint32_t hid)
+{
+	for (unsigned i = 0; i < fs.nclosing; i++)
+		if (fs.closing[i].hid == hid)
+			return (int)i;
+	return -1;
+}
+
+/* A close of writable handle hid: counted until its release is over
+ * (fs_closes_pending).  Without memory for it, not counted. */
+static void closing_add(uint32_t hid)
+{
+	int i;
+
+	fs_lock();
+	i = closing_find(hid);
+	if (i < 0 && fs.nclosing == fs.closing_cap) {
+		unsigned cap = fs.closing_cap ? 2 * fs.closing_cap : 16;
+		struct fs_closing *c = realloc(fs.closing, cap * sizeof(*c));
+
+		if (c) {
+			fs.closing = c;
+			fs.closing_cap = cap;
+		}
+	}
+	if (i < 0 && fs.nclosing < fs.closing_cap) {
+		i = (int)fs.nclosing++;
+		fs.closing[i].hid = hid;
+	}
+	if (i >= 0)
+		fs.closing[i].at = tier_now();
+	fs_unlock();
+}
+
+/* fs.lock held: handle hid's release is over. */
+static void closing_del(uint32_t hid)
+{
+	int i = closing_find(hid);
+
+	if (i >= 0)
+		fs.closing[i] = fs.closing[--fs.nclosing];
+}
+
+unsigned fs_closes_pending(void)
+{
+	double now = tier_now();
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < fs.nclosing; i++)
+		n += now - fs.closing[i].at < FS_CLOSE_GRACE;
+	return n;
+}
+
 static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 {
+	static uint32_t next_hid;
 	fs_lock();
 	if (in->fd_gone) {
 		/* removed, closed and let go (an O_PATH descriptor reopened
@@ -44,7 +110,8 @@ static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 	fs_unlock();
 	if (writable(fi->flags))
 		tfile_open_writer(&in->tf);
-	fi->fh = FS_FH_FLAGS | (uint32_t)fi->flags;	/* for fs_ll_ioctl */
+	fi->fh = FS_FH_FLAGS | (uint32_t)fi->flags |	/* for fs_ll_ioctl */
+		 (uint64_t)(__atomic_add_fetch(&next_hid, 1, __ATOMIC_RELAXED) & 0x7fffffffu) << 32;
 	/* no kernel page cache across opens: reads reach tierfs, which counts
 	 * them, consumes restore hints, and is the cache */
 	fi->keep_cache = 0;
@@ -272,6 +339,8 @@ void fs_ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct fs_inode *in = fs_inode_of(ino);
 	bool wrote = (fi->fh & FS_FH_FLAGS) && writable((int)(uint32_t)fi->fh);
 
+	if (wrote)
+		closing_add(handle_number(fi));	/* its release follows */
 	fuse_reply_err(req, S_ISREG(in->type) && wrote ? -tfile_pending_error(&in->tf) : 0);
 }
 
@@ -361,6 +430,12 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		else
 			fs_data_fd_drop(in);
 		fs_inode_put(in);
+	}
+	if (writable(fi->flags)) {	/* last: the version its close made
+					 * due is queued (fs_closes_pending) */
+		fs_lock();
+		closing_del(handle_number(fi));
+		fs_unlock();
 	}
 }
 

@@ -118,6 +118,9 @@ static int tierfs_get(struct fs_inode *in, const char *name, char *buf, size_t l
 		json_init(&j, buf, len);
 		json_obj(&j, NULL);
 		engine_stats_put(fs.eng, &j);
+		fs_lock();
+		json_u64(&j, "closes_pending", fs_closes_pending());
+		fs_unlock();
 		fs_journal_stats_put(&j);
 		fs_persist_stats_put(&j);
 		json_close(&j);

@@ -298,7 +298,8 @@ static int file_flushed(int fd)
 
 /* The mount's flush backlog empty, nothing flushing or queued (a queued
  * flush may have no bytes in the backlog: a file truncated to 0, a journal
- * record's apply)?  1, 0, -1. */
+ * record's apply), no close whose release is not over (it may queue a
+ * flush yet: closes_pending)?  1, 0, -1. */
 static int mount_flushed(int rootfd)
 {
 	char buf[1 << 16];
@@ -308,7 +309,7 @@ static int mount_flushed(int rootfd)
 		return -1;
 	buf[n] = 0;
 	return json_num(buf, "flush_backlog") == 0 && json_num(buf, "flushes_running") <= 0 &&
-	       json_num(buf, "flush_queued") <= 0;
+	       json_num(buf, "flush_queued") <= 0 && json_num(buf, "closes_pending") <= 0;
 }
 
 /* The root of the mount holding directory fd: climb while ".." is on the

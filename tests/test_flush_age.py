@@ -169,6 +169,7 @@ def test_small_files_flushed_together_share_their_syncs(mount):
     for i in range(n // 2):          # first versions, in place or not
         data[f"s{i}"] = os.urandom(1 * KiB + 211 * i)
         util.write_file(os.path.join(m.mnt, f"s{i}"), data[f"s{i}"])
+    util.wait_released(m)            # each close's release made it wait
     for i in range(0, n // 2, 7):    # removed while they wait
         os.unlink(os.path.join(m.mnt, f"s{i}"))
         del data[f"s{i}"]

@@ -125,6 +125,7 @@ def test_commit_state_latest_in_every_form(mount):
     os.rmdir(j(top, "s0"))
     # a file changed after the commit is said so
     write_file(j(top, "s1", "rank1"), b"rewritten")
+    util.wait_released(m)       # "pending" while its release is under way
     st = tierfs.set_state(j(top, "s1"))
     assert st["cache"] == "incomplete" and st["ssd"] == "incomplete", st
     assert [n for n, w in st["files_not_done"]] == ["rank1"], st

@@ -10,10 +10,14 @@ cache use, allocated blocks, the daemon's I/O and memory.
 import errno
 import json
 import os
+import sys
 
 import pytest
 
 import util
+
+sys.path.insert(0, os.path.join(util.REPO_DIR, "python"))
+import tierfs  # noqa: E402
 from util import MiB
 
 j = os.path.join
@@ -349,6 +353,40 @@ def test_written_through_file_reopened_shares_one_version(mount):
     m.umount()
     m.start()
     check_zero_hole(p, size, {k: bytes(v) for k, v in pieces.items()})
+
+
+def test_a_close_is_pending_until_its_release_is_over(mount, monkeypatch):
+    """user.tierfs.stats' closes_pending counts a writable handle from its
+    close(2) (FLUSH) until the daemon's release of it is over, held back
+    here (TIERFS_DELAY=release=3000): a written-through file's new version
+    is queued only at that release, which the kernel sends after close
+    returns.  A mount-wide wait (util.wait_flushed, tierfs.wait_flushed on
+    the mount) waits for it, so it covers the close: the backing file then
+    has the data.  A descriptor duplicated and still open after its twin's
+    close is counted for five seconds only (fs/fs.h, FS_CLOSE_GRACE)."""
+    monkeypatch.setenv("TIERFS_DELAY", "release=3000")
+    m = mount(host_cache="16M")
+    monkeypatch.delenv("TIERFS_DELAY")
+    p, bp = j(m.mnt, "f"), j(m.backing, "f")
+    data = util.rng_for(3813).randbytes(32 * MiB)      # over the cache: written through
+
+    def pending():
+        return json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["closes_pending"]
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, data)
+    assert pending() == 0
+    os.close(fd)
+    assert pending() == 1, "the close is not pending while its release is held back"
+    assert tierfs.wait_flushed(m.mnt, timeout=60)
+    assert pending() == 0
+    util.assert_same(util.read_file(bp), data, "the backing file after a mount-wide wait")
+    # a duplicate still open: its twin's close counts for the grace only
+    fd = os.open(p, os.O_WRONLY)
+    dup = os.dup(fd)
+    os.close(fd)
+    assert pending() == 1
+    util.wait_released(m, timeout=30)       # the grace, not the duplicate's close
+    os.close(dup)
 
 
 def test_seek_hole_in_cached_and_written_through_files(mount):

@@ -516,15 +516,31 @@ class Mount:
 
 # ---------------------------------------------------------------- data
 
+def wait_released(m, timeout=60):
+    """Until mount m has finished the releases of the files closed so far
+    ("closes_pending" in user.tierfs.stats): the kernel sends a release
+    after close(2) has returned, and the version a written-through file's
+    last close makes due is queued only then.  (A handle whose descriptor
+    was duplicated and is still open is not waited for past a grace of
+    five seconds.)"""
+    def pending():
+        return json.loads(os.getxattr(m.mnt, "user.tierfs.stats")).get("closes_pending")
+    wait_until(lambda: not pending(), lambda: f"the releases of closed files ({pending()})",
+               timeout)
+
+
 def wait_flushed(m, timeout=60):
-    """Until mount m has no flush queued or running (user.tierfs.stats).
-    What waits for its age (-o flush_age) is asked for at each look."""
+    """Until mount m has no flush queued or running and no close whose
+    release is not over (user.tierfs.stats: wait_released).  What waits
+    for its age (-o flush_age) is asked for at each look."""
     def drained():
         os.setxattr(m.mnt, "user.tierfs.flush", b"")
-        s = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))["ssd"]
+        st = json.loads(os.getxattr(m.mnt, "user.tierfs.stats"))
+        s = st["ssd"]
         # flush_queued: a queued flush may have no bytes in the backlog (a
         # file truncated to 0, a journal record's apply)
-        return s["flush_backlog"] == 0 and not s["flushes_running"] and not s["flush_queued"]
+        return s["flush_backlog"] == 0 and not s["flushes_running"] and not s["flush_queued"] \
+            and not st.get("closes_pending")
     wait_until(drained, "the flush backlog to drain", timeout)
 
 

@@ -593,11 +593,14 @@ def _file_flushed(path):
 
 
 def _mount_flushed(root):
-    s = json.loads(os.getxattr(root, XATTR_STATS)).get("ssd", {})
+    st = json.loads(os.getxattr(root, XATTR_STATS))
+    s = st.get("ssd", {})
     # flush_queued: a queued flush may have no bytes in the backlog (a file
-    # truncated to 0, a journal record's apply)
+    # truncated to 0, a journal record's apply); closes_pending: files
+    # closed whose release (sent after close returns) is not over, which
+    # may queue their flush yet
     return s.get("flush_backlog") == 0 and not s.get("flushes_running") and \
-        not s.get("flush_queued")
+        not s.get("flush_queued") and not st.get("closes_pending")
 
 
 def _ask_flush(path):
@@ -618,7 +621,9 @@ def wait_flushed(path_or_mount, timeout=None, interval=0.05):
 
     For a regular file: until its SSD copy is current (state ssd:CURRENT).
     For a directory (the mount point or any directory of the mount): until
-    the whole mount's flush backlog is empty and no flush is running.
+    the whole mount's flush backlog is empty, no flush is running, and the
+    releases of the files closed before the call are over (the kernel sends
+    them after close returns: "closes_pending" in the statistics).
     Small files closed moments ago are flushed now, not after their age
     (-o flush_age).  Returns True; raises TimeoutError after `timeout`
     seconds (None: wait for ever).  A file written again meanwhile is
