@@ -47,12 +47,17 @@ void eng_pin_host_once(struct engine *e)
 /*
  * Fault the host buffer in, front to back, in the background (hipc22 §IV:
  * the cache is usable at once; first writes into untouched pages just pay
- * the page faults themselves).
+ * the page faults themselves).  In 2 MiB steps: each holds the address
+ * space's lock for reading while it faults its pages in, and every mmap,
+ * mprotect or munmap of the daemon meanwhile (a thread's malloc arena
+ * growing, a flush's arrays) waits for the step under way (8 MiB steps
+ * made a dedup flush's fsync in the first seconds after a mount twice as
+ * long on a small VM: bench/RESULTS.md, 9i).
  */
 void *eng_toucher_main(void *arg)
 {
 	struct engine *e = arg;
-	uint64_t chunk = 8ull << 20, off;	/* short holds of the mm lock */
+	uint64_t chunk = 2ull << 20, off;	/* short holds of the mm lock */
 	double t0 = tier_now();
 	bool populate = true;
 
