@@ -99,6 +99,7 @@ unsigned fs_closes_pending(void)
 static int open_common(struct fs_inode *in, struct fuse_file_info *fi)
 {
 	static uint32_t next_hid;
+
 	fs_lock();
 	if (in->fd_gone) {
 		/* removed, closed and let go (an O_PATH descriptor reopened
@@ -405,6 +406,9 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	if (writable(fi->flags) && fs_persist_on())
 		fs_persist_released(in);	/* made and closed empty */
 	fs_lock();
+	if (writable(fi->flags))	/* the version its close made due is
+					 * queued (fs_closes_pending) */
+		closing_del(handle_number(fi));
 	in->nopen--;
 	last = !in->nopen;
 	gone = last && in->unlinked;
@@ -430,12 +434,6 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		else
 			fs_data_fd_drop(in);
 		fs_inode_put(in);
-	}
-	if (writable(fi->flags)) {	/* last: the version its close made
-					 * due is queued (fs_closes_pending) */
-		fs_lock();
-		closing_del(handle_number(fi));
-		fs_unlock();
 	}
 }
 

@@ -292,9 +292,10 @@ char *tierfs_stats(const char *mount);
  * regular file, until its SSD copy is current; for a directory (any one of
  * the mount), until the whole mount's flush backlog is empty, no flush
  * runs and no close is pending (the release of a file closed before the
- * call, which the kernel sends after close returns).  What waits for its age (-o flush_age) is asked for at once
- * (user.tierfs.flush).  timeout_ms < 0 waits for ever.  Returns 0, or -1
- * with errno (ETIMEDOUT after timeout_ms; ENOTCONN when the daemon stopped
+ * call, which the kernel sends after close returns).  What waits for its
+ * age (-o flush_age) is asked for at once (user.tierfs.flush).
+ * timeout_ms < 0 waits for ever.  Returns 0, or -1 with errno (ETIMEDOUT
+ * after timeout_ms; ENOTCONN when the daemon stopped
  * meanwhile, e.g. on SIGTERM: what it wrote before its exit, `tierfsctl
  * wait` tells).  The call holds the path open: a plain umount(8) of the
  * mount fails with EBUSY meanwhile, so nothing is given up under it.
