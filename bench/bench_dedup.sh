@@ -256,6 +256,8 @@ def stages(st):
     g = st.get("tiers", {}).get("gpu", {})
     bw = g.get("to_host_bandwidth") or 0
     t["to_host"] = g.get("bytes_to_host", 0) / bw if bw else 0.0
+    j = st.get("journal", {})
+    t["jwrite"], t["jsync"] = j.get("append_seconds", 0.0), j.get("sync_seconds", 0.0)
     return t
 
 
@@ -329,16 +331,16 @@ def table(title, rows):
               f"{'yes' if r['ok'] else 'NO':>5}")
     print("where the flushes spent their time, seconds for the whole series "
           "(data = flush - clone - sync - commit; records: fsyncs that returned at a "
-          "clone record)")
+          "clone record; jnl wr, jnl sync: the journal's record writes and syncs)")
     print(f"{'case':<22} {'flush':>7} {'data':>7} {'clone':>7} {'sync':>7} {'commit':>7} "
-          f"{'to host':>7} {'records':>7}")
+          f"{'to host':>7} {'records':>7} {'jnl wr':>7} {'jnl sync':>8}")
     for name, key, r in rows:
         t = r["stages"]
         tot = t.get("total", 0)
         data = tot - t.get("clone", 0) - t.get("sync", 0) - t.get("commit", 0)
         print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
               f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f} "
-              f"{r['records']:>7}")
+              f"{r['records']:>7} {t['jwrite']:>7.3f} {t['jsync']:>8.3f}")
     if any(r.get("copy") for _, _, r in rows):
         print("then the last content written as a new file (a checkpoint under a new name)")
         print(f"{'case':<22} {'SSD written':>11} {'flushed':>10} {'durable s':>9}")

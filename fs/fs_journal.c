@@ -712,6 +712,8 @@ void fs_journal_stats_put(struct json *j)
 	json_u64(j, "records_live", c.live);
 	json_u64(j, "resets", c.resets);
 	json_u64(j, "sync_failures", c.failures);
+	json_num(j, "append_seconds", c.append_s, 3);
+	json_num(j, "sync_seconds", c.sync_s, 3);
 	json_u64(j, "records_replayed", replayed);
 	json_close(j);
 }

@@ -137,6 +137,7 @@ struct jnl {
 	uint64_t fail_from;
 	/* statistics */
 	uint64_t appends, retires, syncs, bytes, resets, failures;
+	double append_s, sync_s;	/* in the appends' writes, in fdatasync */
 };
 
 /*
@@ -225,6 +226,8 @@ struct jnl_counts {
 					 * other file taken again (jnl_ring) */
 	uint64_t failures;		/* failed syncs (sync_failed), each
 					 * until the journal was emptied */
+	double append_s;		/* seconds in the appends' writes */
+	double sync_s;			/* seconds in fdatasync */
 };
 /* Copy j's counts into *c (under j's lock). */
 void jnl_counts(struct jnl *j, struct jnl_counts *c);

@@ -373,7 +373,7 @@ COUNTERS = {"hits", "late", "misses", "evictions", "evicted_bytes", "evicted_que
             "bytes_written_through", "files_written_through", "files_prefetched",
             "bytes_prefetched", "files_to_gpu", "bytes_to_gpu", "consumed",
             "records_appended", "bytes_appended", "syncs", "records_retired", "resets",
-            "records_replayed"}
+            "records_replayed", "append_seconds", "sync_seconds"}
 
 
 # "# HELP" text per section and key (tierfs-hints(7), STATISTICS); keys not
@@ -422,6 +422,8 @@ HELP = {
         "records_live": "Journal records not retired yet.",
         "resets": "Times the journal file was emptied.",
         "records_replayed": "Journal records of the previous daemon applied at mount.",
+        "append_seconds": "Seconds spent writing journal records.",
+        "sync_seconds": "Seconds spent in the journal's fdatasyncs.",
     },
     "prefetch": {
         "queue": "Entries in the restore queue.",

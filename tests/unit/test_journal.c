@@ -11,7 +11,8 @@
  * order, and hold the journal until their reader is done with them; two
  * files in turn (jnl_ring) are replayed together, in seq order; after a
  * failed sync no record of it or after it is said durable, none is
- * taken until all are retired, then the journal is emptied.  No
+ * taken until all are retired, then the journal is emptied; a record
+ * of many MiB, written in steps, replays byte for byte.  No
  * seed: the cases are fixed.  Exit 0 pass, 1 fail.
  */
 #include <errno.h>
@@ -820,6 +821,66 @@ static void test_sync_failure(void)
 	unlinkat(dirfd_, JN ".1", 0);
 }
 
+/* What test_large's replay found: the payload of its one record. */
+static unsigned char *big_seen;
+static uint64_t big_len;
+
+static int collect_big(void *arg, uint16_t type, uint64_t seq, const void *p, uint64_t len)
+{
+	(void)arg, (void)seq;
+	if (type == 7 && !big_seen && (big_seen = malloc(len))) {
+		memcpy(big_seen, p, len);
+		big_len = len;
+	}
+	return 0;
+}
+
+/*
+ * A record of ~9 MiB written in steps (JNL_STEP): 1,500 iovecs (more than
+ * IOV_MAX) of sizes that fall across the steps' ends, one of them longer
+ * than a step, then a small record after it: the replay gives both, the
+ * large one byte for byte.
+ */
+static void test_large(void)
+{
+	enum { NV = 1500 };
+	static struct iovec v[NV];
+	struct jnl_replay_stats st;
+	size_t total = 0, off = 0;
+	unsigned char *buf;
+	struct jnl j;
+	uint64_t s;
+
+	for (int i = 0; i < NV; i++) {
+		v[i].iov_len = i == 700 ? (3u << 20) + 17 : 1 + (size_t)(i * 7919) % 8191;
+		total += v[i].iov_len;
+	}
+	buf = malloc(total);
+	CHECK(buf != NULL, "malloc");
+	if (!buf)
+		return;
+	for (size_t k = 0; k < total; k++)
+		buf[k] = (unsigned char)(k * 131 + k / 4093);
+	for (int i = 0; i < NV; i++) {
+		v[i].iov_base = buf + off;
+		off += v[i].iov_len;
+	}
+	CHECK(jnl_open(&j, dirfd_, JN) == 0, "open");
+	CHECK(jnl_append(&j, 7, v, NV, &s) == 0, "append %zu bytes", total);
+	append_n(&j, 1, 10, NULL);
+	CHECK(jnl_sync(&j, j.seq) == 0, "sync");
+	CHECK(j.off == 2 * sizeof(struct jnl_rec) + total + 10, "offset %lu",
+	      (unsigned long)j.off);
+	jnl_close(&j);
+	big_seen = NULL;
+	CHECK(jnl_replay(dirfd_, JN, collect_big, NULL, &st) == 0, "replay");
+	CHECK(st.records == 2 && !st.torn, "records %lu", (unsigned long)st.records);
+	CHECK(big_seen && big_len == total && !memcmp(big_seen, buf, total),
+	      "the large record's %zu bytes replayed (%lu)", total, (unsigned long)big_len);
+	free(big_seen);
+	free(buf);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/test_journal.XXXXXX";
@@ -844,6 +905,7 @@ int main(void)
 	test_redo();
 	test_ring();
 	test_sync_failure();
+	test_large();
 	unlinkat(dirfd_, JN, 0);
 	unlinkat(dirfd_, JN ".1", 0);
 	unlinkat(dirfd_, "f", 0);
