@@ -175,6 +175,7 @@ def series(opts, p, inplace=False, gpu=False):
     durable, kept, w1, d1, fs = 0.0, [], 0, 0.0, 0.0
     path = os.path.join(mnt, "f")
     per, prev = [], dev_written()     # bytes the device took per checkpoint
+    times = []                        # and the seconds to durable of each
     for i in range(n):
         if i == 1:              # the first checkpoint is all new in every case
             w1, d1 = dev_written(), durable
@@ -205,6 +206,7 @@ def series(opts, p, inplace=False, gpu=False):
         os.fsync(fd)
         os.close(fd)
         durable += time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
         if i:
             fs += time.perf_counter() - t1
         now = dev_written()
@@ -244,7 +246,7 @@ def series(opts, p, inplace=False, gpu=False):
                ghash=d.get("gpu_hash_bandwidth", 0) if d.get("on") else 0,
                found=d.get("chunks_found", 0), hashed=d.get("chunks_hashed", 0), per=per,
                stages=stages(st), copy=copy,
-               records=d.get("records", 0) if d.get("on") else 0)
+               records=d.get("records", 0) if d.get("on") else 0, times=times)
     shutil.rmtree(t.back)
     return row
 
@@ -258,6 +260,9 @@ def stages(st):
     t["to_host"] = g.get("bytes_to_host", 0) / bw if bw else 0.0
     j = st.get("journal", {})
     t["jwrite"], t["jsync"] = j.get("append_seconds", 0.0), j.get("sync_seconds", 0.0)
+    d = st.get("dedup", {})
+    t["grec"], t["gather"] = d.get("records_from_gpu", 0), d.get("gpu_gather_seconds", 0.0)
+    t["pwait"] = d.get("pending_wait_seconds", 0.0)
     return t
 
 
@@ -331,16 +336,20 @@ def table(title, rows):
               f"{'yes' if r['ok'] else 'NO':>5}")
     print("where the flushes spent their time, seconds for the whole series "
           "(data = flush - clone - sync - commit; records: fsyncs that returned at a "
-          "clone record; jnl wr, jnl sync: the journal's record writes and syncs)")
+          "clone record; jnl wr, jnl sync: the journal's record writes and syncs; gpu rec: "
+          "records made in the cascade from the chunks that differ, gather: their copies "
+          "out of the GPU; waited: records waiting for earlier versions to be indexed)")
     print(f"{'case':<22} {'flush':>7} {'data':>7} {'clone':>7} {'sync':>7} {'commit':>7} "
-          f"{'to host':>7} {'records':>7} {'jnl wr':>7} {'jnl sync':>8}")
+          f"{'to host':>7} {'records':>7} {'jnl wr':>7} {'jnl sync':>8} {'gpu rec':>7} "
+          f"{'gather':>7} {'waited':>7}")
     for name, key, r in rows:
         t = r["stages"]
         tot = t.get("total", 0)
         data = tot - t.get("clone", 0) - t.get("sync", 0) - t.get("commit", 0)
         print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
               f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f} "
-              f"{r['records']:>7} {t['jwrite']:>7.3f} {t['jsync']:>8.3f}")
+              f"{r['records']:>7} {t['jwrite']:>7.3f} {t['jsync']:>8.3f} {t['grec']:>7} "
+              f"{t['gather']:>7.3f} {t['pwait']:>7.3f}")
     if any(r.get("copy") for _, _, r in rows):
         print("then the last content written as a new file (a checkpoint under a new name)")
         print(f"{'case':<22} {'SSD written':>11} {'flushed':>10} {'durable s':>9}")
@@ -380,7 +389,8 @@ def case(rows, name, key, opts, p, gpu=False):
     r = series(opts, p, gpu=gpu)
     rows.append((name, key, r))
     print(f"  done: {name:<24} durable 2nd.. {r['dlater']:7.2f} s  fsync {r['fsync']:7.2f} s  "
-          f"written 2nd.. {fmt_b(r['later'])}  exact {'yes' if r['ok'] else 'NO'}", flush=True)
+          f"written 2nd.. {fmt_b(r['later'])}  exact {'yes' if r['ok'] else 'NO'}  each "
+          + " ".join(f"{x * 1000:.0f}" for x in r["times"][1:]) + " ms", flush=True)
 
 
 if GPU:

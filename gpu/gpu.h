@@ -102,6 +102,9 @@ struct gpu_xfer {
 	enum gpu_dir dir;
 };
 int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n);
+/* The same on the device-to-host stream (the flushes'), for copies out of
+ * the cache (GPU_D2H): a file's scattered pieces copied with one wait. */
+int gpu_copy_dtoh_batch(const struct gpu_xfer *x, int n);
 
 /* ---- host memory pinning (gpu_pin.c) -------------------------------- */
 

@@ -183,22 +183,16 @@ int gpu_copy_dtod_on(int dev, uint64_t dst, uint64_t src, size_t len)
 }
 
 /*
- * gpu_copy_batch_on - queue every copy of x[0..n) on device dev's
- * device-to-device lane, in order, then wait once.  On a queueing error
- * the copies queued before it are still waited for (they read and write
- * memory that the caller frees after the return).
+ * Queue every copy of x[0..n) on lane l (locked), in order, then wait
+ * once.  On a queueing error the copies queued before it are still waited
+ * for (they read and write memory that the caller frees after the return).
+ * Unlocks l.
  */
-int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
+static int batch_on_lane(struct gpu_lane *l, const struct gpu_xfer *x, int n)
 {
-	struct gpu_lane *l;
 	CUresult r = CUDA_SUCCESS;
 	int ret = 0, i;
 
-	if (n <= 0)
-		return 0;
-	l = dtod_lane_get(dev, &ret);
-	if (!l)
-		return ret;
 	for (i = 0; i < n && r == CUDA_SUCCESS; i++) {
 		const struct gpu_xfer *c = &x[i];
 
@@ -226,4 +220,34 @@ int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
 out:
 	ranked_unlock(&l->lock, LR_GPU_LANE);
 	return ret;
+}
+
+/*
+ * gpu_copy_batch_on - queue every copy of x[0..n) on device dev's
+ * device-to-device lane, in order, then wait once.
+ */
+int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
+{
+	struct gpu_lane *l;
+	int ret = 0;
+
+	if (n <= 0)
+		return 0;
+	l = dtod_lane_get(dev, &ret);
+	return l ? batch_on_lane(l, x, n) : ret;
+}
+
+/*
+ * gpu_copy_dtoh_batch - the same on the device-to-host lane (the flushes'):
+ * pieces of the cache copied out to host memory together, one wait.
+ */
+int gpu_copy_dtoh_batch(const struct gpu_xfer *x, int n)
+{
+	struct gpu_lane *l;
+	int ret = 0;
+
+	if (n <= 0)
+		return 0;
+	l = lane_get(GPU_D2H, &ret);
+	return l ? batch_on_lane(l, x, n) : ret;
 }

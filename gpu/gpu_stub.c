@@ -186,6 +186,13 @@ int gpu_copy_batch_on(int dev, const struct gpu_xfer *x, int n)
 	return -EOPNOTSUPP;
 }
 
+int gpu_copy_dtoh_batch(const struct gpu_xfer *x, int n)
+{
+	(void)x;
+	(void)n;
+	return -EOPNOTSUPP;
+}
+
 /* gpu_host_register/unregister - -EOPNOTSUPP: nothing to pin for. */
 int gpu_host_register(void *p, size_t len)
 {

@@ -29,6 +29,7 @@ Environment
 """
 
 import faulthandler
+import fcntl
 import os
 import shutil
 import subprocess
@@ -144,7 +145,11 @@ def loop_mounted(img, root, what):
     """For fixtures: mount the image img on the new directory root through a
     loop device (skip the test if that fails), yield root, unmount."""
     root.mkdir()
-    r = _run(["mount", "-o", "loop", str(img), str(root)])
+    # one loop set-up at a time: two workers' mount -o loop may take the
+    # same free loop device, and one mount then fails (wrong fs type)
+    with open("/tmp/tierfs-tests-loop.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = _run(["mount", "-o", "loop", str(img), str(root)])
     if r.returncode:
         pytest.skip(f"cannot mount {what} on a loop device: {r.stderr.strip()}")
     yield str(root)

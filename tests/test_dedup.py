@@ -516,6 +516,16 @@ def series_of_three(seed):
     return C, size, [bytes(x) for x in out]
 
 
+def kill_and_start(m, then):
+    """SIGKILL m's daemon; then ("recover") tierfs --recover its backing
+    directory; start it again (its own replay, where nothing was recovered)."""
+    m.kill(signal.SIGKILL)
+    if then == "recover":
+        r = _run([util.tierfs_bin(), "--recover", m.backing])
+        assert r.returncode == 0, r.stderr
+    m.start()
+
+
 @pytest.mark.parametrize("then", ["mount", "recover"])
 def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mount,
                                                                       monkeypatch, then):
@@ -555,13 +565,7 @@ def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mou
     assert os.path.getsize(os.path.join(m.backing, "ckpt.3")) == 0, "not held back"
     assert len(base_links(m.backing)) == 1
     os.unlink(os.path.join(m.mnt, "ckpt.2"))
-    m.kill(signal.SIGKILL)
-    if then == "recover":
-        r = _run([util.tierfs_bin(), "--recover", m.backing])
-        assert r.returncode == 0, r.stderr
-        m.start()
-    else:
-        m.start()
+    kill_and_start(m, then)
     util.assert_same(util.read_file(os.path.join(m.mnt, "ckpt.3")), ck[2], "ckpt.3 after " + then)
     assert sorted(os.listdir(m.mnt)) == ["ckpt.1", "ckpt.3"]
     m.umount()
@@ -1021,6 +1025,51 @@ def test_gpu_tier_checkpoints_are_hashed_on_the_gpu(xfs, mount):
     m.umount()
     for name, want in (("ckpt.1", one), ("ckpt.2", two), ("ckpt.3", three)):
         util.assert_same(util.read_file(os.path.join(m.backing, name)), bytes(want), name)
+    assert util.tierfs_internals(m.backing) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("then", ["mount", "recover"])
+def test_gpu_checkpoint_is_recorded_from_its_changed_chunks(xfs, mount, monkeypatch, then):
+    """A checkpoint in the GPU tier that is an indexed version but for a
+    few chunks gets its clone record in the cascade, from those chunks
+    alone copied out of GPU memory (records_from_gpu), before the rest of
+    the file crosses to the host: its fsync returns at the record.  The
+    version follows and retires it.  Then the third's cascade is held after
+    its record (TIERFS_DELAY=clone_recorded), its base removed, the daemon
+    killed: the next mount, or tierfs --recover, applies the record, whose
+    bytes are the chunks copied out of the GPU: the file is exact."""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=3000")
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", journal_pct="25",
+              gpu_cache="256M", host_cache="256M")
+    monkeypatch.delenv("TIERFS_DELAY")
+    m.wait_gpu_tier()
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4107,
+                                                 "GPU clone record"))
+    n = size // C
+    p1 = os.path.join(m.mnt, "ckpt.1")
+    write_sync(p1, ck[0])
+    assert "gpu" in os.getxattr(p1, "user.tierfs.tier").decode()
+    assert dstats(m)["records"] == 0
+    util.wait_flushed(m)                # indexed: the next one's base
+    write_sync(os.path.join(m.mnt, "ckpt.2"), ck[1])
+    s = dstats(m)
+    assert s["records"] == 1 and s["records_from_gpu"] == 1, s
+    assert s["bytes_recorded"] == 3 * C + (size - n * C), s
+    util.wait_flushed(m)                # its version, 3 s later
+    assert live_records(m.backing, util.JNL_CLONE) == [], "the record stays live"
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.2")), ck[1], "ckpt.2")
+    # the third: held after its record, its base removed, a kill
+    write_sync(os.path.join(m.mnt, "ckpt.3"), ck[2])
+    assert dstats(m)["records_from_gpu"] == 2
+    assert os.path.getsize(os.path.join(m.backing, "ckpt.3")) == 0, "not held back"
+    os.unlink(os.path.join(m.mnt, "ckpt.2"))
+    kill_and_start(m, then)
+    util.assert_same(util.read_file(os.path.join(m.mnt, "ckpt.3")), ck[2], "ckpt.3 after " + then)
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.3")), ck[2], "its backing file")
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.1")), ck[0], "ckpt.1")
     assert util.tierfs_internals(m.backing) == []
 
 

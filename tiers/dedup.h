@@ -135,6 +135,8 @@ struct dd_ghash {
 	struct dd_hash *h;		/* n hashes (owned), NULL: none */
 	uint64_t n, chunk, len;		/* of n chunks of chunk bytes of len */
 	uint64_t gen, epoch;		/* its gen and wepoch then */
+	bool record;			/* an fsync waits: a clone record from
+					 * the GPU copy first (eng_dd_gpu_record) */
 };
 
 /*
@@ -159,6 +161,10 @@ struct tfile_dedup {
 	 */
 	struct dd_ghash gh;
 	uint64_t wepoch;
+	uint64_t grec_gen;		/* the gen of a clone record the cascade
+					 * made (eng_dd_gpu_record), counted in
+					 * versions_pending until the flush of
+					 * that gen takes it over; 0: none */
 	bool noted;			/* changes noted while the file is not
 					 * dirty yet (a vectored write notes all
 					 * its segments before it writes any):
@@ -196,6 +202,9 @@ struct engine_dedup {
 	uint32_t versions_pending;	/* versions of clone records not yet
 					 * in the index (ddf_wait_pending) */
 	double gpu_s;
+	uint64_t records_gpu;		/* clone records made from the GPU copy */
+	double gather_s;		/* their chunks' copies to the host */
+	double pending_s;		/* waited in ddf_wait_pending */
 };
 
 #endif /* TIERFS_DEDUP_H */

@@ -417,10 +417,22 @@ static void incr_changed(struct engine *e, struct copy *cp, uint64_t len, uint64
 	eng_unlock(e);
 }
 
+/* e->lock held: a clone record whose version no flush will index (its
+ * file changed or went first) is not waited for (ddf_wait_pending). */
+static void grec_end(struct engine *e)
+{
+	e->dd.versions_pending--;
+	eng_flushed(e);
+}
+
 void eng_dd_retire(struct engine *e, struct tfile *f)
 {
 	if (f->dd.src)
 		dd_src_retire(e, f->dd.src);
+	if (f->dd.grec_gen) {
+		f->dd.grec_gen = 0;
+		grec_end(e);
+	}
 }
 
 void eng_dd_destroy(struct engine *e)
@@ -891,6 +903,32 @@ static uint32_t ddf_not_in_base(const struct ddf *d, uint64_t len, const struct 
 }
 
 /*
+ * The ranges r[0..n) of copy `from` (the GPU tier's) into copy `to` (the
+ * host cache's, of len bytes) at their own offsets, all queued before one
+ * wait where the tier can (read_ranges).  e->lock not held, both leased.
+ * 0 or -errno.
+ */
+static int ddf_gather(struct engine *e, struct copy *from, struct copy *to,
+		      const struct drange *r, uint32_t n, uint64_t len)
+{
+	const struct tier_ops *o = from->cache->ops;
+	double t0 = tier_now();
+	int ret = eng_copy_bounds(to, 0, len);
+
+	if (!ret)
+		ret = eng_copy_bounds(from, 0, len);
+	if (!ret && o->read_ranges)
+		ret = o->read_ranges(from->cache, from->frag->off, r, n, copy_ptr(to));
+	for (uint32_t i = 0; !ret && !o->read_ranges && i < n; i++)
+		ret = o->read(from->cache, from->frag->off + r[i].start, copy_ptr(to) + r[i].start,
+			      r[i].end - r[i].start);
+	eng_lock(e);
+	e->dd.gather_s += tier_now() - t0;
+	eng_unlock(e);
+	return ret;
+}
+
+/*
  * An fsync waits for this flush (d->record) of a file that is its base
  * but for a few chunks (a checkpoint of a series): its content made
  * durable first as a clone record (tfile_ops.journal_clone: those chunks
@@ -900,11 +938,13 @@ static uint32_t ddf_not_in_base(const struct ddf *d, uint64_t len, const struct 
  * The version costs a clone of the base, whose extent map grows with each
  * version of a series, and a copy on write per changed chunk: the record
  * only the changed bytes.  Nothing happens where the change is not small
- * (journal_pct), the base cannot be held, or the fs side refuses.
+ * (journal_pct), the base cannot be held, or the fs side refuses.  With
+ * `from` (the cascade, eng_dd_gpu_record), cp is the host copy still to be
+ * filled: the chunks that differ are copied into it from `from` first.
  * e->lock not held.
  */
-static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
-		       struct ddf *d)
+static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, struct copy *from,
+		       uint64_t len, struct ddf *d)
 {
 	uint32_t ep = 0, n;
 	struct dd_src *b = ddf_base(d, &ep);
@@ -917,6 +957,8 @@ static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, uint6
 	n = ddf_not_in_base(d, len, b, ep, m, &r, &bytes);
 	if (!r || !eng_journal_small(e, bytes, len))
 		goto out;
+	if (from && ddf_gather(e, from, cp, r, n, len))
+		goto out;	/* the whole copy and the flush follow */
 	ret = f->ops->journal_clone(f, bfd, copy_ptr(cp), r, n, len, &seq);
 	if (ret < 0) {
 		char nb[256];
@@ -933,6 +975,7 @@ static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, uint6
 	d->recorded = true;
 	e->dd.versions_pending++;
 	e->dd.records++;
+	e->dd.records_gpu += from != NULL;
 	e->dd.bytes_recorded += bytes;
 	eng_flushed(e);
 	eng_unlock(e);
@@ -952,11 +995,12 @@ out:
  */
 static void ddf_wait_pending(struct engine *e)
 {
-	double until = tier_now() + 1.0;
+	double t0 = tier_now(), until = t0 + 1.0;
 
 	eng_lock(e);
 	while (e->dd.versions_pending && !e->stop && tier_now() < until)
 		wait_ms(e, &e->flushed, 20);
+	e->dd.pending_s += tier_now() - t0;
 	eng_unlock(e);
 }
 
@@ -970,15 +1014,17 @@ static void pending_end(struct engine *e, struct dd_flush *p)
 	eng_flushed(e);		/* ddf_wait_pending */
 }
 
-/* Flush f's whole new content by chunks.  e->lock not held.  -EAGAIN: the
- * caller writes it all (nothing was done). */
-static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
-		       struct copy *cp, int fd, bool direct, uint64_t len, struct ddf *d)
+/*
+ * d's owner (the backing file's: the new version is still ours), whose
+ * versions alone it may clone, and its arrays for d->n chunks.  0, or
+ * -EAGAIN (what was allocated is freed by ddf_done() or eng_dd_gpu_record()).
+ * e->lock not held.
+ */
+static int ddf_setup(struct tfile *f, struct ddf *d)
 {
 	struct stat st;
 	int sfd = f->ops->data_fd(f, false);
 
-	/* the owner: the backing file's (the new version is still ours) */
 	if (sfd < 0)
 		return -EAGAIN;
 	if (fstat(sfd, &st) < 0) {
@@ -991,8 +1037,25 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 	d->src = calloc(d->n, sizeof(*d->src));
 	d->soff = malloc(d->n * sizeof(*d->soff));
 	d->sep = malloc(d->n * sizeof(*d->sep));
-	if (!d->h || !d->src || !d->soff || !d->sep)
-		return -EAGAIN;		/* freed by ddf_done() */
+	return d->h && d->src && d->soff && d->sep ? 0 : -EAGAIN;
+}
+
+/* e->lock held: the references of d's lookups dropped. */
+static void ddf_put_found(struct ddf *d)
+{
+	if (d->src)
+		for (uint64_t i = 0; i < d->n; i++)
+			if (d->src[i])
+				dd_src_put(d->src[i]);
+}
+
+/* Flush f's whole new content by chunks.  e->lock not held.  -EAGAIN: the
+ * caller writes it all (nothing was done). */
+static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
+		       struct copy *cp, int fd, bool direct, uint64_t len, struct ddf *d)
+{
+	if (ddf_setup(f, d))
+		return -EAGAIN;
 	if (!ring)
 		d->record = false;	/* in the fsync's own thread (a few
 					 * pages): the version returns as soon */
@@ -1000,7 +1063,7 @@ static int flush_dedup(struct engine *e, struct ssd_ring *ring, struct tfile *f,
 		ddf_wait_pending(e);
 	ddf_hash(e, cp, len, d);
 	if (d->record)
-		ddf_record(e, f, cp, len, d);
+		ddf_record(e, f, cp, NULL, len, d);
 	return ddf_write(e, ring, cp, fd, direct, len, d);
 }
 
@@ -1014,10 +1077,7 @@ static struct dd_src *ddf_done(struct engine *e, struct tfile *f, struct ddf *d,
 {
 	struct dd_src *s = NULL;
 
-	if (d->src)
-		for (uint64_t i = 0; i < d->n; i++)
-			if (d->src[i])
-				dd_src_put(d->src[i]);
+	ddf_put_found(d);
 	if (ok && d->vfd >= 0 && d->nhashed && !f->unlinked && !f->dd.src)
 		s = calloc(1, sizeof(*s));
 	if (s) {
@@ -1118,6 +1178,9 @@ static int open_version(struct tfile *f)
 void eng_dd_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
 		 struct dd_flush *p)
 {
+	uint64_t grec = f->dd.grec_gen;
+
+	f->dd.grec_gen = 0;
 	memset(p, 0, sizeof(*p));
 	p->vfd = -1;
 	p->gen = f->gen;
@@ -1134,6 +1197,13 @@ void eng_dd_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t le
 	p->d.gen = p->gen;
 	p->d.record = p->d.on && f->flush_waiters && e->cfg.journal_pct &&
 		      f->ops->journal_clone && cp->cache->host_addressable;
+	if (grec && grec == p->gen && p->d.on) {
+		p->d.recorded = true;	/* the cascade's record of this content:
+					 * its version is this flush's */
+		p->d.record = false;
+	} else if (grec) {
+		grec_end(e);
+	}
 }
 
 int eng_dd_write(struct engine *e, struct ssd_ring *ring, struct tfile *f, struct copy *cp,
@@ -1290,6 +1360,38 @@ void eng_dd_gpu_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_
 	g->len = len;
 	g->gen = f->gen;
 	g->epoch = f->dd.wepoch;
+	g->record = g->n && f->flush_waiters && e->cfg.journal_pct && f->ops->journal_clone;
+}
+
+/*
+ * See dedup_flush.h.  The chunks are looked up as the flush would look
+ * them up (ddf_take_hashes), and the record is the flush's (ddf_record),
+ * its chunks copied from cp first; the flush of hcp that follows takes it
+ * over (eng_dd_plan: grec_gen), looks them up again and makes the version.
+ */
+void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struct copy *hcp,
+		       uint64_t len, const struct dd_ghash *g)
+{
+	struct ddf d = { .vfd = -1, .chunk = g->chunk, .n = g->n, .gen = g->gen, .on = true };
+
+	if (!g->record || !g->h)
+		return;
+	if (!ddf_setup(f, &d)) {
+		ddf_wait_pending(e);
+		ddf_take_hashes(e, &d, g->h, 0, d.n);
+		ddf_record(e, f, hcp, cp, len, &d);
+	}
+	eng_lock(e);
+	ddf_put_found(&d);
+	if (d.recorded && f->dd.grec_gen)
+		grec_end(e);		/* an earlier one's flush never came */
+	if (d.recorded)
+		f->dd.grec_gen = d.gen;	/* counted in versions_pending */
+	eng_unlock(e);
+	free(d.h);
+	free(d.src);
+	free(d.soff);
+	free(d.sep);
 }
 
 void eng_dd_gpu_hash(struct engine *e, struct copy *cp, struct dd_ghash *g)

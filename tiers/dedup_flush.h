@@ -11,7 +11,8 @@
  * committed (eng_dd_committed), and ends under e->lock (eng_dd_done, then,
  * once its end is published, eng_dd_index: the new version's chunks).  The
  * GPU -> host cascade hashes a whole new file's chunks on the GPU for the
- * flush that follows (eng_dd_gpu_plan, _hash, _keep).
+ * flush that follows (eng_dd_gpu_plan, _hash, _keep), and makes its clone
+ * record first where an fsync waits (eng_dd_gpu_record).
  */
 #ifndef TIERFS_DEDUP_FLUSH_H
 #define TIERFS_DEDUP_FLUSH_H
@@ -148,6 +149,17 @@ int eng_dd_take_close(struct engine *e);
 void eng_dd_gpu_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
 		     struct dd_ghash *g);
 void eng_dd_gpu_hash(struct engine *e, struct copy *cp, struct dd_ghash *g);
+/*
+ * e->lock not held, cp (f's GPU copy) and hcp (the host copy the cascade
+ * fills, len bytes) leased, g hashed: where an fsync waits for f (g->record)
+ * and f is an indexed version but for a few chunks, make its clone record
+ * from those chunks alone, copied from cp into hcp, before the cascade
+ * copies the rest: the fsync returns without waiting for the whole file to
+ * cross to the host.  Nothing where a record cannot be made (the flush of
+ * hcp then makes it, or writes the version).
+ */
+void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struct copy *hcp,
+		       uint64_t len, const struct dd_ghash *g);
 void eng_dd_gpu_keep(struct tfile *f, struct dd_ghash *g, bool keep);
 
 /* e->lock held: f's backing version is about to change or go: its chunks

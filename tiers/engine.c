@@ -770,6 +770,9 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "gpu_chunks_hashed", e->dd.gpu_chunks);
 	json_u64(j, "records", e->dd.records);
 	json_u64(j, "bytes_recorded", e->dd.bytes_recorded);
+	json_u64(j, "records_from_gpu", e->dd.records_gpu);
+	json_num(j, "gpu_gather_seconds", e->dd.gather_s, 3);
+	json_num(j, "pending_wait_seconds", e->dd.pending_s, 3);
 	json_num(j, "gpu_hash_bandwidth", rate(e->dd.gpu_bytes, e->dd.gpu_s), 0);
 	json_close(j);
 	eng_unlock(e);

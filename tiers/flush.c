@@ -12,7 +12,10 @@
  *    (incrementally, or by chunks), else written whole here; a small
  *    change in place is a journal record instead, with dedup or without;
  *  - the GPU -> host queue (e->gq_head): the cascade thread copies a GPU
- *    copy into a new host copy, which then goes to the SSD queue.
+ *    copy into a new host copy, which then goes to the SSD queue (where
+ *    an fsync waits for a checkpoint like its predecessor, its clone
+ *    record is made first, from the chunks that differ: dedup_flush.c,
+ *    eng_dd_gpu_record).
  * Flushers also drop deferred file references (e->reap).
  *
  * Owns: the queues and the tfile fields queued, aging, due_at, gqueued,
@@ -1613,6 +1616,10 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	lease_take(&l, hcp);
 	eng_dd_gpu_plan(e, f, cp, len, &gh);	/* a whole new file's chunks */
 	eng_unlock(e);		/* under the lease of cp and hcp */
+	/* hashed first: where an fsync waits, its clone record is made
+	 * from the chunks that differ before the rest crosses over */
+	eng_dd_gpu_hash(e, cp, &gh);
+	eng_dd_gpu_record(e, f, cp, hcp, len, &gh);
 	t0 = tier_now();
 	ret = eng_copy_bounds(hcp, 0, len);
 	if (!ret)
@@ -1620,8 +1627,6 @@ static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f
 	if (!ret)
 		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
 	t0 = tier_now() - t0;
-	if (!ret)
-		eng_dd_gpu_hash(e, cp, &gh);
 	lease_end(e, &l);
 	cp->flushing = false;
 	/* changed while the bytes moved (not by a writer: they wait for

@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@
 #include "clock.h"
 #include "gpu.h"
 #include "gpu_tier.h"
+#include "dedup.h"
 #include "json.h"
 
 _Static_assert(GPU_TIER_MAX_DEVICES == GPU_MAX_DEVICES, "one limit of GPUs per cache");
@@ -227,11 +229,53 @@ static int gpu_tier_hash(struct cache *c, uint64_t off, uint64_t len, uint64_t c
 	return ret;
 }
 
+/* The ranges of a copy at cache offset off to host dst (at the ranges'
+ * own offsets), in pieces that do not cross from one GPU's part to the
+ * next, all queued on the device-to-host stream before one wait. */
+static int gpu_tier_read_ranges(struct cache *c, uint64_t off, const struct drange *r,
+				uint32_t n, void *dst)
+{
+	struct gpu_tier *g = tier_of(c);
+	size_t cap = (size_t)n + gpu_vmm_ndevices(g->vmm), nq = 0;
+	struct gpu_xfer *q;
+	int ret;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (r[i].end < r[i].start || !range_ok(g, "read", off + r[i].start,
+							 r[i].end - r[i].start))
+			return -EFAULT;
+	q = malloc((cap ? cap : 1) * sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint64_t at = r[i].start, m; at < r[i].end; at += m) {
+			m = piece(g, off + at, r[i].end - at);
+			if (nq == cap) {
+				struct gpu_xfer *nqp = realloc(q, 2 * cap * sizeof(*q));
+
+				if (!nqp) {
+					free(q);
+					return -ENOMEM;
+				}
+				q = nqp;
+				cap *= 2;
+			}
+			q[nq++] = (struct gpu_xfer){ .dst = (uint64_t)(uintptr_t)((char *)dst + at),
+						     .src = g->dbase + off + at, .len = m,
+						     .dir = GPU_D2H };
+		}
+	}
+	ret = nq > INT_MAX ? -E2BIG : gpu_copy_dtoh_batch(q, (int)nq);
+	free(q);
+	return ret;
+}
+
 static const struct tier_ops gpu_tier_ops = {
 	.write = gpu_tier_write,
 	.read = gpu_tier_read,
 	.move = gpu_tier_move,
 	.hash = gpu_tier_hash,
+	.read_ranges = gpu_tier_read_ranges,
 };
 
 /* ---- mapping ---------------------------------------------------------- */

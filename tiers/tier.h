@@ -146,6 +146,8 @@ extern const struct evict_policy evict_fifo, evict_lru, evict_score;
 const struct evict_policy *evict_policy_find(const char *name);
 
 /* Copy functions of a tier: host memcpy, or CUDA copies for the GPU. */
+struct drange;			/* dedup.h: [start, end) of a file */
+
 struct tier_ops {
 	/* copy len bytes from host memory src to buffer offset off */
 	int (*write)(struct cache *c, uint64_t off, const void *src, size_t len);
@@ -160,6 +162,13 @@ struct tier_ops {
 	 */
 	int (*hash)(struct cache *c, uint64_t off, uint64_t len, uint64_t chunk,
 		    uint64_t (*out)[2]);
+	/*
+	 * Optional (NULL: read each range): copy the n ranges [r.start,
+	 * r.end) of the buffer at offset off to dst + r.start, all of them
+	 * queued before one wait (a file's scattered chunks).  0 or -errno.
+	 */
+	int (*read_ranges)(struct cache *c, uint64_t off, const struct drange *r, uint32_t n,
+			   void *dst);
 };
 
 struct cache {

@@ -41,6 +41,9 @@
 #   TIERFS_OPS=20000        exerciser operations per main run (shortened from
 #                           the default 50,000 so that the suite fits)
 #   TIERFS_TEST_TIMEOUT     per-test hang guard of conftest.py [BUDGET]
+#   TIERFS_XFS_IMAGE        a gzipped empty XFS image for the tests that
+#                           need XFS with reflink where mkfs.xfs is missing
+#                           [build-gpu/xfs-empty.img.gz, made by prep]
 #   SKIP_UNIT=1, SKIP_PYTEST=1   leave a half out
 #   UNITS=                  run only these unit programs (space-separated,
 #                           paths under build-gpu/, e.g.
@@ -106,6 +109,16 @@ prep() {
 		cp -L "$path" "$LIBDIR/$lib" || die "cannot copy $path"
 		say "$LIBDIR/$lib <- $path"
 	done
+	# an empty XFS image with reflink for the tests that need one
+	# (conftest.py's xfs fixture), where the GPU machine lacks xfsprogs
+	if command -v mkfs.xfs >/dev/null 2>&1 && [ ! -f "$BUILD/xfs-empty.img.gz" ]; then
+		rm -f "$BUILD/xfs-empty.img"
+		truncate -s 1G "$BUILD/xfs-empty.img" &&
+			mkfs.xfs -q -m reflink=1 "$BUILD/xfs-empty.img" &&
+			gzip -n "$BUILD/xfs-empty.img" &&
+			say "$BUILD/xfs-empty.img.gz: an empty XFS image (the xfs fixture)"
+		rm -f "$BUILD/xfs-empty.img"
+	fi
 	say "ready to carry: $(du -sh "$BUILD" | cut -f1) in $BUILD/, \
 $(du -sh "$LIBDIR" | cut -f1) in $LIBDIR/ (the carry limit is 64 MiB)"
 }
@@ -203,6 +216,8 @@ gpu_run() {
 			die "mktemp failed"
 		say "pytest (budget ${left}s, in $basetemp)${PYTEST_K:+, -k \"$PYTEST_K\"}"
 		# shellcheck disable=SC2086
+		[ -f "$BUILD/xfs-empty.img.gz" ] && [ -z "${TIERFS_XFS_IMAGE:-}" ] &&
+			export TIERFS_XFS_IMAGE=$TOP/$BUILD/xfs-empty.img.gz
 		TIERFS_BIN=$TOP/$BUILD/tierfs \
 		TIERFS_GPU=$TIERFS_GPU \
 		TIERFS_OPTIONS=${TIERFS_OPTIONS-gpu_cache=256M} \
