@@ -29,7 +29,6 @@ Environment
 """
 
 import faulthandler
-import fcntl
 import os
 import shutil
 import subprocess
@@ -134,22 +133,20 @@ def xfs(tmp_path):
         r = _run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)])
         if r.returncode:
             pytest.skip(f"mkfs.xfs -m reflink=1 failed: {r.stderr.strip()}")
-    yield from loop_mounted(img, root, "XFS")
+    # nouuid: the copies of one image share its UUID, which XFS refuses to
+    # mount twice at once (tests in parallel: "wrong fs type")
+    yield from loop_mounted(img, root, "XFS", "loop,nouuid" if made else "loop")
 
 
 def _run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def loop_mounted(img, root, what):
+def loop_mounted(img, root, what, opts="loop"):
     """For fixtures: mount the image img on the new directory root through a
     loop device (skip the test if that fails), yield root, unmount."""
     root.mkdir()
-    # one loop set-up at a time: two workers' mount -o loop may take the
-    # same free loop device, and one mount then fails (wrong fs type)
-    with open("/tmp/tierfs-tests-loop.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        r = _run(["mount", "-o", "loop", str(img), str(root)])
+    r = _run(["mount", "-o", opts, str(img), str(root)])
     if r.returncode:
         pytest.skip(f"cannot mount {what} on a loop device: {r.stderr.strip()}")
     yield str(root)

@@ -11,7 +11,7 @@
  * sizes are placed with cache_place() and filled with random host data
  * through c->ops->write, read back with c->ops->read, moved (disjoint and
  * overlapping) with c->ops->move and compared against a host shadow of the
- * whole cache; copies outside the cache are refused without harming the
+ * whole cache; scattered ranges read out in one batch (read_ranges); copies outside the cache are refused without harming the
  * context; the stats JSON has "mapped" and "device"; the host pinning path
  * (lock file, register, *pinned, unpin) runs on a touched mmap'ed buffer;
  * and a default-size tier is created and destroyed at once (destroy waits
@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dedup.h"
 #include "engine.h"
 #include "gpu.h"
 #include "gpu_tier.h"
@@ -240,6 +241,32 @@ static void test_copies(struct cache *c)
 		ret = ret ? ret : c->ops->read(c, base, tmp, len + 3 * MiB);
 		check(ret == 0 && !memcmp(tmp, shadow + base, len + 3 * MiB),
 		      "overlapping move down by 3 MiB - 1000: %d", ret);
+	}
+
+	/* scattered ranges out in one batch (read_ranges): each lands at its
+	 * own offset of dst, the bytes between them untouched; a range past
+	 * the end refuses the whole call */
+	{
+		uint64_t base = 5 * MiB + 4096;
+		struct drange r[] = {
+			{ 0, 16384 }, { 3 * 16384, 5 * 16384 }, { 100 * 16384 + 7, 100 * 16384 + 7 },
+			{ 200 * 16384, 200 * 16384 + 4097 }, { 2 * MiB - 1, 3 * MiB + 12345 },
+		};
+		uint32_t nr = sizeof(r) / sizeof(r[0]);
+		bool same = true;
+
+		memset(tmp, 0xa5, 4 * MiB);
+		ret = c->ops->read_ranges ? c->ops->read_ranges(c, base, r, nr, tmp) : -ENOSYS;
+		for (uint64_t k = 0, in = 0; ret == 0 && k < 4 * MiB; k++, in = 0) {
+			for (uint32_t q = 0; q < nr; q++)
+				in |= k >= r[q].start && k < r[q].end;
+			same = same && tmp[k] == (in ? shadow[base + k] : 0xa5);
+		}
+		check(ret == 0 && same, "read_ranges: %u ranges at their offsets (%d)", nr, ret);
+		r[nr - 1].end = c->size;
+		ret = c->ops->read_ranges(c, base, r, nr, tmp);
+		check(ret == -EFAULT, "read_ranges past the end: -EFAULT (got %d)", ret);
+		check(c->ops->read_ranges(c, base, r, 0, tmp) == 0, "read_ranges of none: 0");
 	}
 
 	/* out of range: refused, and the context still works */
