@@ -1074,6 +1074,50 @@ def test_gpu_checkpoint_is_recorded_from_its_changed_chunks(xfs, mount, monkeypa
 
 
 @pytest.mark.gpu
+def test_gpu_checkpoint_rewritten_after_its_record_leaves_no_version_pending(xfs, mount,
+                                                                          monkeypatch):
+    """A GPU checkpoint's record made in the cascade counts its version as
+    pending (the next record waits for it to be indexed) until the flush of
+    that content takes it over.  Rewritten between its record and that
+    flush (the cascade held 1 s after the record, the writer waiting for
+    it; every flush held 1.5 s before it starts, so that the writer changes
+    the host copy first), the file's next flush is of other content: the
+    pending version is dropped there, not left to make every later record
+    wait; the file ends exact and the record is retired."""
+    util.require_daemon()
+    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=1000,flush_start=1500")
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", journal_pct="25",
+              gpu_cache="256M", host_cache="256M")
+    monkeypatch.delenv("TIERFS_DELAY")
+    m.wait_gpu_tier()
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4109,
+                                                 "GPU record, then a rewrite"))
+    write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])
+    util.wait_flushed(m)
+    p2 = os.path.join(m.mnt, "ckpt.2")
+    write_sync(p2, ck[1])               # returns at the record, the cascade held
+    s = dstats(m)
+    assert s["records_from_gpu"] == 1 and s["versions_pending"] == 1, s
+    want = bytearray(ck[1])
+    want[5 * C:5 * C + 4] = b"WXYZ"
+    fd = os.open(p2, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"WXYZ", 5 * C)   # waits for the cascade
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    util.wait_flushed(m)
+    s = dstats(m)
+    assert s["versions_pending"] == 0, s
+    assert live_records(m.backing, util.JNL_CLONE) == [], "the record stays live"
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.2")), bytes(want), "ckpt.2")
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.2")), bytes(want),
+                     "ckpt.2 after the unmount")
+    assert util.tierfs_internals(m.backing) == []
+
+
+@pytest.mark.gpu
 def test_gpu_all_new_series_is_sampled_and_indexed_whole(xfs, mount):
     """GPU-hashed files after an all-new one are looked up by a sample of
     chunks first (as the host hashes them): an all-new one is not looked up
