@@ -27,7 +27,13 @@
  * tfile.lock.  Calls backing.c (the writes and settling of a version),
  * dedup.c (the index, hashes, FICLONERANGE), the cache's hash operation,
  * and tfile_ops data_fd/release_data_fd, journal_clone and name without
- * e->lock.
+ * e->lock.  The cascade's clone record (eng_dd_gpu_record) copies the
+ * chunks that differ out of the GPU tier with the cache's read_ranges.
+ *
+ * Over 1,200 lines: the incremental flush, the flush by chunks and the
+ * clone record share the versions' references and epochs (dd_src_*) and
+ * the lookups' arrays, all under the one rule of e->lock above; split,
+ * each part would call the others' helpers both ways.
  */
 #include <errno.h>
 #include <fcntl.h>
