@@ -1371,7 +1371,8 @@ void eng_dd_gpu_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_
 
 /*
  * See dedup_flush.h.  The chunks are looked up as the flush would look
- * them up (ddf_take_hashes), and the record is the flush's (ddf_record),
+ * them up (ddf_take_hashes; a sample first where recent files were new,
+ * as ddf_hash does), and the record is the flush's (ddf_record),
  * its chunks copied from cp first; the flush of hcp that follows takes it
  * over (eng_dd_plan: grec_gen), looks them up again and makes the version.
  */
@@ -1379,13 +1380,21 @@ void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 		       uint64_t len, const struct dd_ghash *g)
 {
 	struct ddf d = { .vfd = -1, .chunk = g->chunk, .n = g->n, .gen = g->gen, .on = true };
+	uint64_t m = g->n;
 
 	if (!g->record || !g->h)
 		return;
+	eng_lock(e);
+	if (e->dd.dup < DD_LOW && m > DD_SAMPLE)
+		m = DD_SAMPLE;	/* recent files were new: a sample first */
+	eng_unlock(e);
 	if (!ddf_setup(f, &d)) {
 		ddf_wait_pending(e);
-		ddf_take_hashes(e, &d, g->h, 0, d.n);
-		ddf_record(e, f, hcp, cp, len, &d);
+		ddf_take_hashes(e, &d, g->h, 0, m);
+		if (m < d.n && d.found)
+			ddf_take_hashes(e, &d, g->h + m, m, d.n);
+		if (d.nhashed == d.n)	/* else all new: no base, no record */
+			ddf_record(e, f, hcp, cp, len, &d);
 	}
 	eng_lock(e);
 	ddf_put_found(&d);
