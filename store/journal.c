@@ -64,10 +64,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <syslog.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "clock.h"
 #include "fault.h"
 #include "journal.h"
 #include "journal_int.h"
@@ -202,14 +202,6 @@ void jnl_close(struct jnl *j)
 	pthread_mutex_destroy(&j->lock);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* The checksum of header h (its sum taken as 0) and payload iov. */
 static uint64_t rec_sum(const struct jnl_rec *h, const struct iovec *iov, int iovcnt)
 {
@@ -230,8 +222,8 @@ static uint64_t rec_sum(const struct jnl_rec *h, const struct iovec *iov, int io
 }
 
 /*
- * A record longer than this is written in steps of JNL_STEP bytes, each
- * step's write-back started (sync_file_range) before the next is copied
+ * A record longer than two of these is written in steps of JNL_STEP bytes,
+ * each step's write-back started (sync_file_range) before the next is copied
  * into the page cache: the device writes one step while the next is
  * copied, and the sync that follows waits for the last steps alone, not
  * for the whole record (a clone record of a 1 GiB checkpoint is tens of
@@ -493,9 +485,9 @@ int jnl_append(struct jnl *j, uint16_t type, const struct iovec *iov, int iovcnt
 	h.sum = rec_sum(&h, iov, iovcnt);
 	v[0] = (struct iovec){ &h, sizeof(h) };
 	memcpy(v + 1, iov, (size_t)iovcnt * sizeof(*v));
-	t0 = now_s();
+	t0 = tier_now();
 	ret = jnl_pwrite_all(j->wfd, v, iovcnt + 1, sizeof(h) + len, j->off);
-	j->append_s += now_s() - t0;
+	j->append_s += tier_now() - t0;
 	if (!ret) {
 		j->seq = h.seq;
 		j->off += sizeof(h) + len;
@@ -537,12 +529,12 @@ int jnl_sync(struct jnl *j, uint64_t seq)
 		upto = j->seq;
 		fd = j->wfd;
 		junlock(j);
-		t0 = now_s();
+		t0 = tier_now();
 		if (fdatasync(fd) < 0)
 			ret = -errno;
 		else if (fault_once("journal_sync_eio", &sync_eio))
 			ret = -EIO;
-		t0 = now_s() - t0;
+		t0 = tier_now() - t0;
 		jlock(j);
 		j->syncing = false;
 		j->syncs++;

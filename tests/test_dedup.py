@@ -526,6 +526,19 @@ def kill_and_start(m, then):
     m.start()
 
 
+def recording_mount(mount, monkeypatch, xfs, delay, **opts):
+    """A mount on xfs with dedup (64 KiB chunks) and clone records
+    (journal_pct=25), its daemon started with TIERFS_DELAY=delay; with a
+    GPU tier where opts ask for one (ready when this returns)."""
+    monkeypatch.setenv("TIERFS_DELAY", delay)
+    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
+              journal_pct="25", **opts)
+    monkeypatch.delenv("TIERFS_DELAY")
+    if "gpu_cache" in opts:
+        m.wait_gpu_tier()
+    return m
+
+
 @pytest.mark.parametrize("then", ["mount", "recover"])
 def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mount,
                                                                       monkeypatch, then):
@@ -540,10 +553,7 @@ def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mou
     tierfs --recover, applies the record: the file is whole and exact, and
     nothing hidden is left."""
     util.require_daemon()
-    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=3000")
-    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
-              journal_pct="25")
-    monkeypatch.delenv("TIERFS_DELAY")
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000")
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4101, "clone record"))
     n = size // C
     write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])
@@ -583,10 +593,7 @@ def test_the_next_checkpoint_waits_for_the_version_of_a_clone_record(xfs, mount,
     tail, not six.  The versions are held 0.5 s after their records
     (TIERFS_DELAY=clone_recorded)."""
     util.require_daemon()
-    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=500")
-    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", host_cache="256M",
-              journal_pct="25")
-    monkeypatch.delenv("TIERFS_DELAY")
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=500")
     rng = random.Random(util.pick_seed("TIERFS_DEDUP_SEED", 4101, "clone records in a row"))
     C, size = 64 * KiB, 16 * MiB + 1000
     tail = size - (size // C) * C
@@ -1040,11 +1047,7 @@ def test_gpu_checkpoint_is_recorded_from_its_changed_chunks(xfs, mount, monkeypa
     killed: the next mount, or tierfs --recover, applies the record, whose
     bytes are the chunks copied out of the GPU: the file is exact."""
     util.require_daemon()
-    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=3000")
-    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", journal_pct="25",
-              gpu_cache="256M", host_cache="256M")
-    monkeypatch.delenv("TIERFS_DELAY")
-    m.wait_gpu_tier()
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000", gpu_cache="256M")
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4107,
                                                  "GPU clone record"))
     n = size // C
@@ -1085,11 +1088,8 @@ def test_gpu_checkpoint_rewritten_after_its_record_leaves_no_version_pending(xfs
     pending version is dropped there, not left to make every later record
     wait; the file ends exact and the record is retired."""
     util.require_daemon()
-    monkeypatch.setenv("TIERFS_DELAY", "clone_recorded=1000,flush_start=1500")
-    m = mount(backing=backing_in(xfs), dedup="on", dedup_chunk="64K", journal_pct="25",
-              gpu_cache="256M", host_cache="256M")
-    monkeypatch.delenv("TIERFS_DELAY")
-    m.wait_gpu_tier()
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=1000,flush_start=1500",
+                        gpu_cache="256M")
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4109,
                                                  "GPU record, then a rewrite"))
     write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])

@@ -1,7 +1,7 @@
 /*
  * clock.h - the daemon's one clock: seconds on the monotonic clock, for
- * timings, deadlines and bandwidths (fs/ and tiers/; gpu/, below them,
- * keeps its own).  Wall-clock times (file times, log stamps, condition
+ * timings, deadlines and bandwidths (fs/, store/ and tiers/; gpu/, below
+ * them, keeps its own).  Wall-clock times (file times, log stamps, condition
  * variable deadlines) use CLOCK_REALTIME where they are taken.
  */
 #ifndef TIERFS_CLOCK_H

@@ -626,6 +626,30 @@ static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_has
 	d->nhashed = b;
 }
 
+/* The chunks looked up first: a sample where recent files were new. */
+static uint64_t ddf_first(const struct ddf *d)
+{
+	return d->sample && d->n > DD_SAMPLE ? DD_SAMPLE : d->n;
+}
+
+/*
+ * Take the hashes h of all d's chunks (computed on the GPU) and look them
+ * up: the first ones (ddf_first), the rest only where those found
+ * something.  true where the rest was left out (all new: d->nhashed is
+ * ddf_first's).  e->lock not held.
+ */
+static bool ddf_take_sampled(struct engine *e, struct ddf *d, const struct dd_hash *h)
+{
+	uint64_t m = ddf_first(d);
+
+	ddf_take_hashes(e, d, h, 0, m);
+	if (m < d->n && !d->found)
+		return true;
+	if (m < d->n)
+		ddf_take_hashes(e, d, h + m, m, d->n);
+	return false;
+}
+
 /*
  * Hashes of d's chunks [0, n), computed on the host with XXH3-128 from the
  * host copy: when the last file hashed was almost all new, a sample first,
@@ -633,7 +657,7 @@ static void ddf_take_hashes(struct engine *e, struct ddf *d, const struct dd_has
  */
 static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf *d)
 {
-	uint64_t m = d->sample && d->n > DD_SAMPLE ? DD_SAMPLE : d->n;
+	uint64_t m = ddf_first(d);
 	double t0 = tier_now();
 
 	/* GPU hashes (the cascade's, or of a GPU copy flushed from the GPU):
@@ -646,13 +670,10 @@ static void ddf_hash(struct engine *e, struct copy *cp, uint64_t len, struct ddf
 		bool out = false;
 
 		if (d->gh) {
-			ddf_take_hashes(e, d, d->gh, 0, m);
-			out = m < d->n && !d->found;
+			out = ddf_take_sampled(e, d, d->gh);
 			if (out) {	/* all new: not looked up */
 				memcpy(d->h + m, d->gh + m, (d->n - m) * sizeof(*d->h));
 				d->nhashed = d->n;
-			} else if (m < d->n) {
-				ddf_take_hashes(e, d, d->gh + m, m, d->n);
 			}
 		}
 		eng_lock(e);
@@ -909,25 +930,22 @@ static uint32_t ddf_not_in_base(const struct ddf *d, uint64_t len, const struct 
 }
 
 /*
- * The ranges r[0..n) of copy `from` (the GPU tier's) into copy `to` (the
- * host cache's, of len bytes) at their own offsets, all queued before one
- * wait where the tier can (read_ranges).  e->lock not held, both leased.
- * 0 or -errno.
+ * The ranges r[0..n) of copy `from` (the GPU tier's, whose cache has
+ * read_ranges: eng_dd_gpu_plan) into copy `to` (the host cache's, of len
+ * bytes) at their own offsets, all queued before one wait.  e->lock not
+ * held, both leased.  0 or -errno.
  */
 static int ddf_gather(struct engine *e, struct copy *from, struct copy *to,
 		      const struct drange *r, uint32_t n, uint64_t len)
 {
-	const struct tier_ops *o = from->cache->ops;
 	double t0 = tier_now();
 	int ret = eng_copy_bounds(to, 0, len);
 
 	if (!ret)
 		ret = eng_copy_bounds(from, 0, len);
-	if (!ret && o->read_ranges)
-		ret = o->read_ranges(from->cache, from->frag->off, r, n, copy_ptr(to));
-	for (uint32_t i = 0; !ret && !o->read_ranges && i < n; i++)
-		ret = o->read(from->cache, from->frag->off + r[i].start, copy_ptr(to) + r[i].start,
-			      r[i].end - r[i].start);
+	if (!ret)
+		ret = from->cache->ops->read_ranges(from->cache, from->frag->off, r, n,
+						    copy_ptr(to));
 	eng_lock(e);
 	e->dd.gather_s += tier_now() - t0;
 	eng_unlock(e);
@@ -1366,7 +1384,8 @@ void eng_dd_gpu_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_
 	g->len = len;
 	g->gen = f->gen;
 	g->epoch = f->dd.wepoch;
-	g->record = g->n && f->flush_waiters && e->cfg.journal_pct && f->ops->journal_clone;
+	g->record = g->n && f->flush_waiters && e->cfg.journal_pct && f->ops->journal_clone &&
+		    cp->cache->ops->read_ranges;
 }
 
 /*
@@ -1380,20 +1399,15 @@ void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 		       uint64_t len, const struct dd_ghash *g)
 {
 	struct ddf d = { .vfd = -1, .chunk = g->chunk, .n = g->n, .gen = g->gen, .on = true };
-	uint64_t m = g->n;
 
 	if (!g->record || !g->h)
 		return;
 	eng_lock(e);
-	if (e->dd.dup < DD_LOW && m > DD_SAMPLE)
-		m = DD_SAMPLE;	/* recent files were new: a sample first */
+	d.sample = e->dd.dup < DD_LOW;	/* as ddf_plan */
 	eng_unlock(e);
 	if (!ddf_setup(f, &d)) {
 		ddf_wait_pending(e);
-		ddf_take_hashes(e, &d, g->h, 0, m);
-		if (m < d.n && d.found)
-			ddf_take_hashes(e, &d, g->h + m, m, d.n);
-		if (d.nhashed == d.n)	/* else all new: no base, no record */
+		if (!ddf_take_sampled(e, &d, g->h))	/* else all new: no base */
 			ddf_record(e, f, hcp, cp, len, &d);
 	}
 	eng_lock(e);

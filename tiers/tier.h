@@ -163,9 +163,10 @@ struct tier_ops {
 	int (*hash)(struct cache *c, uint64_t off, uint64_t len, uint64_t chunk,
 		    uint64_t (*out)[2]);
 	/*
-	 * Optional (NULL: read each range): copy the n ranges [r.start,
-	 * r.end) of the buffer at offset off to dst + r.start, all of them
-	 * queued before one wait (a file's scattered chunks).  0 or -errno.
+	 * Optional (NULL: the cascade makes no clone record, dedup_flush.c):
+	 * copy the n ranges [r.start, r.end) of the buffer at offset off to
+	 * dst + r.start, all of them queued before one wait (a file's
+	 * scattered chunks).  0 or -errno.
 	 */
 	int (*read_ranges)(struct cache *c, uint64_t off, const struct drange *r, uint32_t n,
 			   void *dst);
