@@ -38,6 +38,7 @@
 #include <fuse_lowlevel.h>
 #include <errno.h>
 #include <limits.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -198,6 +199,7 @@ struct fs_opts {
 #define FS_LOST_NAMES	16		/* names kept of the files given up */
 
 struct fs_inode_ops;
+struct fs_ns_ops;
 
 struct jnl;
 
@@ -207,6 +209,8 @@ struct fs {
 					 * namespace change under fs.nslock */
 	const struct fs_inode_ops *inode_ops;	/* the persistent tier's, for
 					 * the inode table; NULL: none */
+	const struct fs_ns_ops *ns_ops;	/* the namespace's reader (the
+					 * persistent tier); NULL: none */
 	int root_fd;			/* O_PATH fd of BACKING_DIR */
 	struct jnl *journal;		/* its one journal (fs_journal.c),
 					 * NULL: none this mount; the persistent
@@ -354,15 +358,115 @@ int fs_child_tfile(struct fs_inode *dir, const char *name, struct tfile **out);
  *    was removed through the mount.  No names lock held.
  *  - forget: regular file in is being freed (fs.lock held).
  */
+struct fs_psnap;
 struct fs_inode_ops {
 	int (*fetch)(struct fs_inode *dir, const char *name);
 	void (*forget)(struct fs_inode *in);
+	/* a listing of in (dp: its open stream) merged with DIR's entries
+	 * that the backing directory lacks, served by readdir with offsets of
+	 * its own; NULL: none, list the backing directory as usual */
+	struct fs_psnap *(*snapshot)(struct fs_inode *in, DIR *dp);
+	size_t (*readdir)(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off);
+	void (*snap_free)(struct fs_psnap *s);
 };
-/* fs_ops.c: unlink (flags 0) or rmdir (AT_REMOVEDIR) p/name as a request
- * would, but in the backing directory only: DIR (-o persist) keeps its
- * copy (retention of sets, fs_sets.c).  No names lock held.  0 or -errno;
- * the caller invalidates the kernel's entry. */
+
+/*
+ * fs_ns.c: the namespace of the backing directory.  Every name a request
+ * makes, links, removes or renames is made there and told to the
+ * namespace's reader, the persistent tier (fs_persist.c sets fs.ns_ops
+ * when it has a DIR, before the mount serves anything), in the
+ * namespace's order: each call below is made with fs.nslock held.
+ *  - name_begin: dir/name is about to be made by create, mknod (in NULL)
+ *    or link (in the file linked); true: the reader counts an intent
+ *    until created() takes it over or intent_end() ends it;
+ *  - created: in was made empty as dir/name (held: name_begin's intent);
+ *    released: its last writer closed it (no nslock needed);
+ *  - linked: dir/name is a new name of in;
+ *  - remove_begin, rename_begin: before the backing directory changes
+ *    (NULL: nothing for the reader); end: after it (done: it was made);
+ *  - may_rmdir: 0, or -ENOTEMPTY while DIR has entries in dir/name that
+ *    the backing directory lacks;
+ *  - intent: a new version of in is about to replace (or be copied over)
+ *    its backing file (counted: a commit intent that intent_end ends);
+ *    committed: it did (fs_version.c, fs_journal.c).
+ */
+struct pop;
+struct fs_ns_ops {
+	bool (*name_begin)(struct fs_inode *dir, const char *name, struct fs_inode *in);
+	void (*created)(struct fs_inode *in, struct fs_inode *dir, const char *name, bool held);
+	void (*released)(struct fs_inode *in);
+	void (*linked)(struct fs_inode *in, struct fs_inode *dir, const char *name);
+	struct pop *(*remove_begin)(struct fs_inode *dir, const char *name, bool isdir);
+	struct pop *(*rename_begin)(struct fs_inode *p, const char *name, struct fs_inode *np,
+				    const char *nn, unsigned flags);
+	void (*end)(struct pop *op, bool done);
+	int (*may_rmdir)(struct fs_inode *dir, const char *name);
+	void (*intent)(struct fs_inode *in, bool counted);
+	void (*intent_end)(void);
+	void (*committed)(struct fs_inode *in);
+};
+
+/* What a request makes (fs_ns_make). */
+enum fs_new { FS_NEW_NODE, FS_NEW_DIR, FS_NEW_SYMLINK };
+
+/* mknod, mkdir or symlink of p/name (link: the symlink's target): 0 or
+ * -errno.  *held: for fs_ns_made, which the caller calls once it has the
+ * new object's inode (a regular file), or NULL (failed), when *held or
+ * the object is a regular file. */
+int fs_ns_make(struct fs_inode *p, const char *name, enum fs_new kind, mode_t mode,
+	       dev_t rdev, const char *link, bool *held);
+/* create(2) of p/name with open flags and mode: the new file's descriptor
+ * (read-write, or read-only where the mode refuses writing), or -errno;
+ * *held as fs_ns_make's. */
+int fs_ns_create(struct fs_inode *p, const char *name, int flags, mode_t mode, bool *held);
+/* p/name was made as in (NULL: it could not be looked up). */
+void fs_ns_made(struct fs_inode *in, struct fs_inode *p, const char *name, bool held);
+/* A writable handle of regular file in was released. */
+void fs_ns_closed(struct fs_inode *in);
+/* link(2), unlink(2) (flags 0) or rmdir(2) (AT_REMOVEDIR), rename(2) with
+ * renameat2 flags: 0 or -errno. */
+int fs_ns_link(struct fs_inode *in, struct fs_inode *p, const char *name);
+int fs_ns_remove(struct fs_inode *p, const char *name, int flags);
+int fs_ns_rename(struct fs_inode *p, const char *name, struct fs_inode *np, const char *nn,
+		 unsigned flags);
+/* unlink or rmdir of p/name as fs_ns_remove, but in the backing directory
+ * only: DIR (-o persist) keeps its copy (retention of sets, fs_sets.c).  No
+ * names lock held.  0 or -errno; the caller invalidates the kernel's
+ * entry. */
 int fs_remove_local(struct fs_inode *p, const char *name, int flags);
+
+/*
+ * Checkpoint sets (fs_sets.c owns the record's format): a set's commit
+ * record is the hidden file FS_SET_RECORD of its directory; in DIR
+ * (-o persist) it is the commit point, written only once every file it
+ * names is there.
+ */
+#define FS_SET_RECORD	FS_HIDDEN_PREFIX ".set"
+/* The record while it is rewritten (fs_sets.c). */
+#define FS_SET_RECORD_TMP	FS_HIDDEN_PREFIX ".set.new"
+/* fs_ns.c: rmdir of dfd/name failed as not empty: if a set's record (and
+ * its rewrite) is all that is left in it, remove them.  true: removed, try
+ * the rmdir again.  For the backing directory and DIR (persist_drain.c). */
+bool fs_rmdir_set_record(int dfd, const char *name);
+
+/* A version commit told to the reader (fs_version.c, fs_journal.c). */
+static inline void fs_ns_intent(struct fs_inode *in, bool counted)
+{
+	if (fs.ns_ops)
+		fs.ns_ops->intent(in, counted);
+}
+
+static inline void fs_ns_intent_end(void)
+{
+	if (fs.ns_ops)
+		fs.ns_ops->intent_end();
+}
+
+static inline void fs_ns_committed(struct fs_inode *in)
+{
+	if (fs.ns_ops)
+		fs.ns_ops->committed(in);
+}
 /* Flush every dirty file (unmount, SIGTERM); returns how many could not be
  * written.  give_up: log each of those with its size and drop its cached
  * data, so that the engine can stop (unmount always ends), and count it in

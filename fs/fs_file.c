@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_persist.h"
 #include "../tiers/gpu_tier.h"
 
 static bool writable(int flags)
@@ -185,82 +184,37 @@ void fs_ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 }
 
-/*
- * -o persist: a new, empty file is part of the namespace's history from
- * its creation: its first commit copies it to DIR, or its last writer's
- * close if it is still empty then, or, after a kill before either, the
- * next daemon (the journal's record of the creation).  A name that had
- * content already is persisted by its versions' commits.
- */
-static void persist_created(struct fs_inode *in, struct fs_inode *p, const char *name,
-			    bool held)
-{
-	struct stat st;
-	int fd;
-
-	fs_ns_lock();
-	fd = fs_fd_hold(in);
-	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_size == 0 &&
-	    st.st_nlink == 1)
-		fs_persist_created(in, p, name, held);
-	else if (held)
-		fs_persist_intent_end();	/* it had content: its commits copy it */
-	fs_fd_release(in);
-	fs_ns_unlock();
-}
-
 void fs_ll_create(fuse_req_t req, fuse_ino_t parent, const char *name,
 			 mode_t mode, struct fuse_file_info *fi)
 {
 	struct fs_inode *p = fs_inode_of(parent), *in;
 	struct fuse_entry_param e;
-	int fd, pfd, ret = fs_check_new_name(name);
-	bool persist = fs_persist_on(), held = false;
+	int fd, ret = fs_check_new_name(name);
+	bool held = false;
 
 	if (ret) {
 		fuse_reply_err(req, -ret);
 		return;
 	}
-	pfd = fs_fd_hold(p);
-	if (persist) {		/* the name's copy journalled before it exists */
-		fs_ns_lock();
-		held = pfd >= 0 && fs_persist_name_begin(p, name, NULL);
-	}
-	fd = pfd < 0 ? pfd : fs_fd_openat(pfd, name, (fi->flags & (O_EXCL | O_TRUNC | O_NOFOLLOW)) |
-					  O_CREAT | O_RDWR, mode);
-	if (fd == -EACCES)
-		fd = fs_fd_openat(pfd, name, (fi->flags & (O_EXCL | O_NOFOLLOW)) |
-				  O_CREAT | O_RDONLY, mode);
-	if (fd >= 0)
-		tierfs_fault_kill("name_made");
-	if (persist)
-		fs_ns_unlock();
-	fs_fd_release(p);
+	fd = fs_ns_create(p, name, fi->flags, mode, &held);
 	if (fd < 0) {
-		if (held)
-			fs_persist_intent_end();
 		fuse_reply_err(req, -fd);
 		return;
 	}
 	close(fd);
 	fs_own_new(p, name, req);
 	ret = fs_lookup(p, name, &e);
+	in = ret ? NULL : fs_inode_of(e.ino);
+	fs_ns_made(in, p, name, held);
 	if (ret) {
-		if (held)
-			fs_persist_intent_end();
 		fuse_reply_err(req, -ret);
 		return;
 	}
-	in = fs_inode_of(e.ino);
 	if (!S_ISREG(in->type)) {
-		if (held)
-			fs_persist_intent_end();
 		fs_forget_one(e.ino, 1);
 		fuse_reply_err(req, EISDIR);
 		return;
 	}
-	if (persist)
-		persist_created(in, p, name, held);
 	ret = open_common(in, fi);
 	if (ret) {
 		fs_forget_one(e.ino, 1);
@@ -403,8 +357,8 @@ void fs_ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		tierfs_delay("release");	/* a test hook for races */
 		tfile_close_writer(&in->tf);
 	}
-	if (writable(fi->flags) && fs_persist_on())
-		fs_persist_released(in);	/* made and closed empty */
+	if (writable(fi->flags))
+		fs_ns_closed(in);	/* made and closed empty: its reader's */
 	fs_lock();
 	if (writable(fi->flags))	/* the version its close made due is
 					 * queued (fs_closes_pending) */

@@ -55,7 +55,6 @@
 
 #include "../common/json.h"
 #include "fs.h"
-#include "fs_persist.h"
 #include "journal.h"
 
 #define JOURNAL_NAME	FS_HIDDEN_PREFIX ".journal"
@@ -200,7 +199,7 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 	 * journal, synced with it.  A replay that applies the record finds
 	 * it (a kill before the apply would otherwise leave DIR the old
 	 * file); the record keeps it there until it is retired. */
-	fs_persist_intent(in, false);
+	fs_ns_intent(in, false);
 	struct jnl_delta d = delta_of(in, &id, jr, n, size);
 
 	ret = jnl_delta_append(&jnl, &d, base, seq);
@@ -252,7 +251,7 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 				      .size = (uint64_t)bst.st_size };
 		struct jnl_delta d = delta_of(in, &id, jr, n, size);
 
-		fs_persist_intent(in, false);	/* as fs_journal_delta's */
+		fs_ns_intent(in, false);	/* as fs_journal_delta's */
 		ret = jnl_clone_append(&jnl, &b, &d, data, seq);
 		free(jr);
 		tierfs_fault_kill("clone_appended");
@@ -352,7 +351,7 @@ int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, 
 	free(jr);
 	if (!ret && fs_persist_on()) {
 		fs_ns_lock();
-		fs_persist_committed(in);	/* in order with renames */
+		fs_ns_committed(in);	/* in order with renames */
 		fs_ns_unlock();
 	}
 	return ret;

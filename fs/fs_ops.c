@@ -3,13 +3,14 @@
  *
  * The namespace (names, modes, owners, times, special files, xattrs) is the
  * backing directory's: every operation is done on it through the inodes'
- * O_PATH fds.  This file has the namespace operations (lookup, attributes,
- * make, link, unlink, rename, directories, statfs) and the table of
- * handlers; fs_file.c the content ones, which go through the engine
- * (tiers/); fs_version.c makes and commits new versions of backing files;
- * fs_inode.c keeps the inodes.  fs_sets.c's retention removes old sets
- * through fs_remove_local(): this file is under it, and an rmdir here
- * removes a set's own manifest itself (fs_rmdir_set_record, persist_sets.c).
+ * O_PATH fds.  This file has the handlers of the namespace operations
+ * (lookup, attributes, make, link, unlink, rename, directories, statfs) and
+ * the table of handlers; the names they make, link, remove and rename are
+ * made by fs_ns.c, which tells the namespace's reader (-o persist);
+ * fs_file.c has the content ones, which go through the engine (tiers/);
+ * fs_version.c makes and commits new versions of backing files;
+ * fs_inode.c keeps the inodes.  A listing merges DIR's entries through
+ * fs.inode_ops (-o persist).
  *
  * st_ino and d_ino as seen through the mount are the inode numbers of
  * fs_inode.c (fs_ino_number, fs_dirent_ino), not the FUSE node ids: a
@@ -36,8 +37,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_persist.h"
-#include "fs_sets.h"
 
 struct fs fs;
 
@@ -325,105 +324,56 @@ static void fs_ll_readlink(fuse_req_t req, fuse_ino_t ino)
 
 /*
  * mknod, mkdir, symlink: one body.  The object is made in the backing
- * directory, given to the caller (fs_own_new) and looked up.
+ * directory (fs_ns_make), given to the caller (fs_own_new) and looked up.
+ * A regular file made by mknod(2) is empty and has no opener whose close
+ * would tell the namespace's reader of it: it is told at once (as a file
+ * created and closed empty is), then the entry is replied.
  */
-enum new_kind { NEW_NODE, NEW_DIR, NEW_SYMLINK };
-
-/*
- * -o persist: a regular file made by mknod(2) is empty and has no opener
- * whose close would copy it: its creation is recorded and its copy queued
- * at once (as for a file created and closed empty), then the entry is
- * replied.
- */
-static void persist_made_empty(fuse_req_t req, struct fs_inode *p, const char *name,
-			       bool held)
-{
-	struct fuse_entry_param e;
-	struct fs_inode *in;
-	int ret = fs_lookup(p, name, &e);
-
-	if (ret) {
-		if (held)
-			fs_persist_intent_end();
-		fuse_reply_err(req, -ret);
-		return;
-	}
-	in = fs_inode_of(e.ino);
-	if (S_ISREG(in->type)) {
-		fs_ns_lock();		/* its names steady, as at create */
-		fs_persist_created(in, p, name, held);
-		fs_ns_unlock();
-		fs_persist_released(in);
-	} else if (held) {
-		fs_persist_intent_end();
-	}
-	if (fuse_reply_entry(req, &e) == -ENOENT)
-		fs_forget_one(e.ino, 1);
-}
-
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name,
-		      enum new_kind kind, mode_t mode, dev_t rdev, const char *link)
+		      enum fs_new kind, mode_t mode, dev_t rdev, const char *link)
 {
-	struct fs_inode *p = fs_inode_of(parent);
-	int ret = fs_check_new_name(name), pfd = fs_fd_hold(p);
-	bool persist = kind == NEW_NODE && S_ISREG(mode) && fs_persist_on(), held = false;
+	struct fs_inode *p = fs_inode_of(parent), *in = NULL;
+	struct fuse_entry_param e;
+	int ret = fs_check_new_name(name);
+	bool held = false;
 
-	if (!ret && pfd < 0)
-		ret = pfd;
-	if (!ret) {
-		if (persist) {	/* the file's copy journalled before it exists */
-			fs_ns_lock();
-			held = fs_persist_name_begin(p, name, NULL);
-		}
-		int r, err = 0;
-
-		for (int tries = 0; tries < 2; tries++) {
-			r = kind == NEW_DIR ? mkdirat(pfd, name, mode) :
-			    kind == NEW_SYMLINK ? symlinkat(link, pfd, name) :
-			    mknodat(pfd, name, mode, rdev);
-			err = r < 0 ? errno : 0;
-			/* full: what removed files free (the closer) */
-			if (err != ENOSPC || !fs_fd_frees_wait())
-				break;
-		}
-		if (r < 0)
-			ret = -err;
-		else
-			tierfs_fault_kill("name_made");
-		if (persist)
-			fs_ns_unlock();
-	}
-	fs_fd_release(p);
+	if (!ret)
+		ret = fs_ns_make(p, name, kind, mode, rdev, link, &held);
 	if (ret) {
-		if (held)
-			fs_persist_intent_end();
 		fuse_reply_err(req, -ret);
 		return;
 	}
 	fs_own_new(p, name, req);
-	if (persist) {
-		persist_made_empty(req, p, name, held);
-		return;
+	ret = fs_lookup(p, name, &e);
+	if (!ret)
+		in = fs_inode_of(e.ino);
+	if (held || (in && S_ISREG(in->type))) {
+		fs_ns_made(in, p, name, held);
+		if (in && S_ISREG(in->type))
+			fs_ns_closed(in);
 	}
-	reply_entry_or_err(req, p, name);
+	if (ret)
+		fuse_reply_err(req, -ret);
+	else if (fuse_reply_entry(req, &e) == -ENOENT)
+		fs_forget_one(e.ino, 1);
 }
 
 static void fs_ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
 			mode_t mode, dev_t rdev)
 {
-	make_node(req, parent, name, NEW_NODE, mode, rdev, NULL);
+	make_node(req, parent, name, FS_NEW_NODE, mode, rdev, NULL);
 }
 
 static void fs_ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
 			mode_t mode)
 {
-	make_node(req, parent, name, NEW_DIR, mode, 0, NULL);
+	make_node(req, parent, name, FS_NEW_DIR, mode, 0, NULL);
 }
 
 static void fs_ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent,
 			  const char *name)
 {
-	make_node(req, parent, name, NEW_SYMLINK, 0, 0, link);
+	make_node(req, parent, name, FS_NEW_SYMLINK, 0, 0, link);
 }
 
 static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
@@ -431,157 +381,21 @@ static void fs_ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent,
 {
 	struct fs_inode *in = fs_inode_of(ino), *p = fs_inode_of(newparent);
 	struct fuse_entry_param e;
-	int ret = fs_check_new_name(newname), fd, pfd;
-	bool held;
+	int ret = fs_check_new_name(newname);
 
-	/* the syscall without fs.lock; not while a version of in is made
-	 * current (v_commit tells a singly linked file by its link count) */
-	fs_attrs_lock(in);
-	fs_dirs_lock(p, NULL);
-	fd = fs_fd_hold(in);
-	pfd = fs_fd_hold(p);
 	if (!ret)
-		ret = fd < 0 ? fd : pfd < 0 ? pfd : 0;
-	/* the new name's copy journalled before the name exists */
-	held = !ret && fs_persist_on() && fs_persist_name_begin(p, newname, in);
-	if (!ret && linkat(fd, "", pfd, newname, AT_EMPTY_PATH) < 0)
-		ret = -errno;
-	if (!ret) {
-		tierfs_fault_kill("name_made");
-		fs_lock();
-		fs_add_name(in, p, newname);
-		fs_unlock();
-		fs_persist_linked(in, p, newname);
-	}
-	if (held)
-		fs_persist_intent_end();	/* after the copy is queued */
-	fs_fd_release(p);
-	fs_fd_release(in);
-	fs_dirs_unlock(p, NULL);
-	fs_attrs_unlock(in);
-	if (ret) {
-		fuse_reply_err(req, -ret);
-		return;
-	}
-	ret = fs_lookup(p, newname, &e);
+		ret = fs_ns_link(in, p, newname);
+	if (!ret)
+		ret = fs_lookup(p, newname, &e);
 	if (ret)
 		fuse_reply_err(req, -ret);
 	else
 		fuse_reply_entry(req, &e);
 }
 
-/*
- * After a name of `in` went away (fd: in's held fd): if it has no name
- * left, the file is gone (its pending flush is cancelled), and its backing
- * object is let go as soon as no open handle or request uses it: its space
- * comes back.  fs.lock held.
- */
-static void name_removed(struct fs_inode *in, int fd, struct fs_inode *parent,
-			 const char *name)
-{
-	struct stat st;
-
-	fs_move_name(in, parent, name, NULL, NULL);
-	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_nlink == 0) {
-		in->unlinked = true;
-		fs_drop_aliases(in);
-		if (S_ISREG(in->type))
-			tfile_unlinked(&in->tf);
-		/* its restore queue goes with it (and leaves its users'
-		 * budgets): a directory made later may get its inode number */
-		if (S_ISDIR(in->type))
-			engine_hint_drop_dir(fs.eng, fs_dir_key(in));
-		if (in->nopen) {
-			fs_fd_pin(in);
-		} else {
-			fs_fd_gone(in);	/* closed at the caller's release */
-			if (S_ISREG(in->type))
-				tfile_orphaned(&in->tf);	/* its cache room now */
-		}
-	}
-}
-
-/*
- * The known inode of name in directory fd dfd, or NULL; referenced, with
- * its fd held in *fd (the caller releases both, after fs.lock: the last
- * close of a removed file frees its blocks).  fs.lock held.
- */
-static struct fs_inode *find_child(int dfd, const char *name, int *fd)
-{
-	struct fs_inode *in;
-	struct stat st;
-
-	*fd = -1;
-	if (dfd < 0 || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-		return NULL;
-	in = fs_table_find(st.st_dev, st.st_ino);
-	if (!in || in == &fs.root)
-		return NULL;
-	fs_inode_get(in);
-	*fd = fs_fd_hold(in);
-	return in;
-}
-
-static void put_child(struct fs_inode *in)
-{
-	if (in) {
-		fs_fd_release(in);
-		fs_inode_put(in);
-	}
-}
-
-/*
- * unlink and rmdir.  The directory's names lock keeps the name's object
- * steady (every change of a name in it takes it, a version commit of a
- * file named in it too, and a lookup in it makes a new inode only with
- * it: fs_lookup), so the syscall runs without fs.lock: it needs a journal
- * handle, which can wait for a commit, and fs.lock is every lookup's,
- * open's and release's.
- */
-static int remove_core(struct fs_inode *p, const char *name, int flags, bool persist)
-{
-	struct fs_inode *in;
-	struct pop *pop = NULL;
-	int ret = 0, pfd, fd;
-
-	fs_names_lock(p, NULL);
-	pfd = fs_fd_hold(p);
-	fs_lock();
-	in = find_child(pfd, name, &fd);
-	fs_unlock();
-	if (pfd < 0)
-		ret = pfd;
-	else if (persist && (flags & AT_REMOVEDIR) && (ret = fs_persist_may_rmdir(p, name)))
-		;	/* DIR has entries in it that the mount shows */
-	else {
-		if (persist)
-			pop = fs_persist_remove_begin(p, name, flags & AT_REMOVEDIR);
-		if (unlinkat(pfd, name, flags) < 0)
-			ret = -errno;
-		/* a set's own hidden files (fs_sets.c) go with it */
-		if (ret == -ENOTEMPTY && (flags & AT_REMOVEDIR) && fs_rmdir_set_record(pfd, name))
-			ret = unlinkat(pfd, name, flags) < 0 ? -errno : 0;
-	}
-	if (!ret && in) {
-		fs_lock();
-		name_removed(in, fd, p, name);
-		fs_unlock();
-	}
-	fs_persist_ns_end(pop, !ret);
-	fs_names_unlock(p, NULL);
-	fs_fd_release(p);
-	put_child(in);
-	return ret;
-}
-
 static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, int flags)
 {
-	fuse_reply_err(req, -remove_core(fs_inode_of(parent), name, flags, true));
-}
-
-int fs_remove_local(struct fs_inode *p, const char *name, int flags)
-{
-	return remove_core(p, name, flags, false);
+	fuse_reply_err(req, -fs_ns_remove(fs_inode_of(parent), name, flags));
 }
 
 static void fs_ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -594,96 +408,17 @@ static void fs_ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 	remove_name(req, parent, name, AT_REMOVEDIR);
 }
 
-/* What a rename held: the directories' and the objects' descriptors, and
- * the objects' references. */
-static void rename_release(struct fs_inode *p, struct fs_inode *np, struct fs_inode *src,
-			   struct fs_inode *dst)
-{
-	fs_fd_release(np);
-	fs_fd_release(p);
-	/* every descriptor first: a put takes fs.lock */
-	if (dst)
-		fs_fd_release(dst);
-	if (src)
-		fs_fd_release(src);
-	if (dst)
-		fs_inode_put(dst);
-	if (src)
-		fs_inode_put(src);
-}
-
 static void fs_ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
 			 fuse_ino_t newparent, const char *newname,
 			 unsigned int flags)
 {
-	struct fs_inode *p = fs_inode_of(parent), *np = fs_inode_of(newparent);
-	struct fs_inode *src, *dst;
-	struct pop *pop = NULL;
-	int ret = fs_check_new_name(newname), pfd, npfd, sfd, dfd;
-	bool ns = false;
+	int ret = fs_check_new_name(newname);
 
-	if (ret) {
-		fuse_reply_err(req, -ret);
-		return;
-	}
-	/* the syscall without fs.lock: see remove_name */
-again:
-	if (ns)
-		fs_ns_lock();
-	fs_names_lock(p, np);
-	pfd = fs_fd_hold(p);
-	npfd = fs_fd_hold(np);
-	fs_lock();
-	src = find_child(pfd, name, &sfd);
-	dst = find_child(npfd, newname, &dfd);
-	fs_unlock();
-	/*
-	 * A directory that moves changes the path of everything below it:
-	 * with fs.nslock, which a hard-linked file's commit holds while its
-	 * commit intent names that path (v_commit).  Every directory above a
-	 * file with a known name is in the table (its parent references).
-	 */
-	if (!ns && !fs_persist_on() && ((src && S_ISDIR(src->type)) ||
-			((flags & RENAME_EXCHANGE) && dst && S_ISDIR(dst->type)))) {
-		fs_names_unlock(p, np);
-		rename_release(p, np, src, dst);
-		ns = true;
-		goto again;
-	}
-	if (pfd < 0 || npfd < 0)
-		ret = pfd < 0 ? pfd : npfd;
-	else {
-		if (!src || src != dst)	/* two names of one file: a no-op */
-			pop = fs_persist_rename_begin(p, name, np, newname, flags);
-		if (renameat2(pfd, name, npfd, newname, flags) < 0)
-			ret = -errno;
-	}
-	fs_lock();
-	if (ret)
-		goto out;
-	if (src == dst)
-		goto out;	/* two names of one file: nothing changed */
-	if (flags & RENAME_EXCHANGE) {
-		if (src)
-			fs_move_name(src, p, name, np, newname);
-		if (dst)
-			fs_move_name(dst, np, newname, p, name);
-		goto out;
-	}
-	if (dst)
-		name_removed(dst, dfd, np, newname);
-	if (src && S_ISREG(src->type) && !fs_move_name(src, p, name, np, newname))
-		fs_set_name(src, np, newname);
-out:
-	fs_unlock();
-	fs_persist_ns_end(pop, !ret);
-	fs_names_unlock(p, np);
-	if (ns)
-		fs_ns_unlock();
-	rename_release(p, np, src, dst);
+	if (!ret)
+		ret = fs_ns_rename(fs_inode_of(parent), name, fs_inode_of(newparent), newname,
+				   flags);
 	fuse_reply_err(req, -ret);
 }
-
 
 struct fs_dir {
 	DIR *dp;			/* open directory stream */
@@ -714,8 +449,8 @@ static void fs_ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 		fuse_reply_err(req, err);
 		return;
 	}
-	if (fs_persist_on())
-		d->snap = fs_persist_snapshot(in, d->dp);
+	if (fs.inode_ops)
+		d->snap = fs.inode_ops->snapshot(in, d->dp);
 	fi->fh = (uint64_t)(uintptr_t)d;
 	fi->cache_readdir = 0;
 	fuse_reply_open(req, fi);
@@ -733,7 +468,7 @@ static void fs_ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off
 		return;
 	}
 	if (d->snap) {
-		fuse_reply_buf(req, buf, fs_persist_readdir(req, d->snap, buf, size, off));
+		fuse_reply_buf(req, buf, fs.inode_ops->readdir(req, d->snap, buf, size, off));
 		free(buf);
 		return;
 	}
@@ -779,7 +514,8 @@ static void fs_ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_in
 	(void)ino;
 	closedir(d->dp);
 	fs_fd_closedir();
-	fs_persist_snap_free(d->snap);
+	if (d->snap)
+		fs.inode_ops->snap_free(d->snap);
 	free(d);
 	fuse_reply_err(req, 0);
 }

@@ -87,10 +87,29 @@ static bool under(const char *path, const char *top)
 }
 
 /* What the inode table asks of DIR (fs.h): a name the backing directory
- * lacks, an inode freed. */
+ * lacks, an inode freed, a listing merged. */
 static const struct fs_inode_ops persist_inode_ops = {
 	.fetch = fs_persist_fetch,
 	.forget = fs_persist_forget,
+	.snapshot = fs_persist_snapshot,
+	.readdir = fs_persist_readdir,
+	.snap_free = fs_persist_snap_free,
+};
+
+/* What the namespace (fs_ns.c) and the version commits tell the queue
+ * (fs.h): the tier reads the namespace's changes in their order. */
+static const struct fs_ns_ops persist_ns_ops = {
+	.name_begin = fs_persist_name_begin,
+	.created = fs_persist_created,
+	.released = fs_persist_released,
+	.linked = fs_persist_linked,
+	.remove_begin = fs_persist_remove_begin,
+	.rename_begin = fs_persist_rename_begin,
+	.end = fs_persist_ns_end,
+	.may_rmdir = fs_persist_may_rmdir,
+	.intent = fs_persist_intent,
+	.intent_end = fs_persist_intent_end,
+	.committed = fs_persist_committed,
 };
 
 /* "DIR: persist directory: why" into msg; returns err. */
@@ -134,6 +153,7 @@ int fs_persist_setup(char *msg, size_t len)
 	pq.dir = r;
 	fs.persist = true;
 	fs.inode_ops = &persist_inode_ops;
+	fs.ns_ops = &persist_ns_ops;
 	return 0;
 }
 

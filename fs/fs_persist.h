@@ -30,65 +30,12 @@ unsigned fs_persist_stop(void);
 /* DIR, or NULL without -o persist. */
 const char *fs_persist_dir(void);
 
-/* Hooks of the namespace, each called with fs.nslock held (it orders
- * them): a new version of in was committed; a name is removed or renamed
- * (begin before the change of the backing directory, end after it). */
-void fs_persist_committed(struct fs_inode *in);
-/* Before a new version of in replaces (or is copied over) its backing
- * file: the journal says so, should the daemon die before the commit's
- * hook (a restart then copies whatever version is there). */
-void fs_persist_intent(struct fs_inode *in, bool counted);
-/* the commit of a counted intent is over (after fs_persist_committed) */
-void fs_persist_intent_end(void);
-/* A name is about to be made in the backing directory by create, mknod
- * or link (in: the file linked, else NULL), fs.nslock held across this
- * and the syscall: its copy is in the journal first, as removals and
- * renames are, so that a kill right after the syscall still leaves the
- * next daemon a copy to make.  true: that intent is counted (the journal
- * is kept) until fs_persist_created() takes it over or
- * fs_persist_intent_end() ends it. */
-bool fs_persist_name_begin(struct fs_inode *dir, const char *name, struct fs_inode *in);
-/* in was made (empty) as dir/name (held: fs_persist_name_begin's intent,
- * which this takes over or ends): a kill before its first commit must not
- * leave it out of DIR (fs.nslock held); its last writer closed it (copied
- * now if it is still empty: a file made and closed empty has no commit);
- * it is forgotten. */
-void fs_persist_created(struct fs_inode *in, struct fs_inode *dir, const char *name,
-			bool held);
-void fs_persist_released(struct fs_inode *in);
-/* a new name of in (link) */
-void fs_persist_linked(struct fs_inode *in, struct fs_inode *dir, const char *name);
-struct pop;
-struct pop *fs_persist_remove_begin(struct fs_inode *dir, const char *name, bool isdir);
-struct pop *fs_persist_rename_begin(struct fs_inode *p, const char *name, struct fs_inode *np,
-				    const char *nn, unsigned flags);
-void fs_persist_ns_end(struct pop *op, bool done);	/* done: the change was made */
-/* rmdir of dir/name: -ENOTEMPTY while DIR has entries in it that the
- * backing directory lacks.  fs.nslock held. */
-int fs_persist_may_rmdir(struct fs_inode *dir, const char *name);
-
-/* Directory listings: DIR's entries that the backing directory (dp, an
- * open stream of in) lacks.  NULL: none (list the backing directory as
- * usual); otherwise the whole merged listing, served by
- * fs_persist_readdir() with offsets of its own. */
-struct fs_psnap;
-struct fs_psnap *fs_persist_snapshot(struct fs_inode *in, DIR *dp);
-size_t fs_persist_readdir(void *req, struct fs_psnap *s, char *buf, size_t size, off_t off);
-void fs_persist_snap_free(struct fs_psnap *s);
-
-/*
- * Checkpoint sets in DIR (fs_sets.c owns the record's format): a set's
- * commit record is the hidden file FS_SET_RECORD of its directory; in DIR
- * it is the commit point, written only once every file it names is there.
- */
-#define FS_SET_RECORD	FS_HIDDEN_PREFIX ".set"
-/* The record while it is rewritten (fs_sets.c). */
-#define FS_SET_RECORD_TMP	FS_HIDDEN_PREFIX ".set.new"
-
-/* rmdir of dfd/name failed as not empty: if a set's record (and its
- * rewrite) is all that is left in it, remove them.  true: removed, try
- * the rmdir again.  For the backing directory (fs_ops.c) and DIR. */
-bool fs_rmdir_set_record(int dfd, const char *name);
+/* The rest of the mount reaches the tier through two tables that
+ * fs_persist_setup() sets where there is a DIR (fs.h): fs.ns_ops, which
+ * the namespace (fs_ns.c) and the version commits tell of their changes in
+ * their order, and fs.inode_ops, which the inode table asks (a lookup's
+ * miss, an inode freed, listings merged).  Their functions are the tier's
+ * own (persist_int.h). */
 
 struct fs_pfile {
 	char *name;

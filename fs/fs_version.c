@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_persist.h"
 #include "journal.h"
 
 static struct fs_inode *in_of(struct tfile *f)
@@ -127,7 +126,7 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 		*inplace = true;
 		ret = fs_journal_retired_durable(in);
 		if (!ret) {
-			fs_persist_intent(in, false);
+			fs_ns_intent(in, false);
 			ret = open_held(in, O_RDWR, want_direct, direct);
 		}
 	}
@@ -385,7 +384,7 @@ static int commit_inplace(struct fs_inode *in, int fd, bool durable)
 	close(fd);
 	if (!ret && fs_persist_on()) {
 		fs_ns_lock();
-		fs_persist_committed(in);
+		fs_ns_committed(in);
 		fs_ns_unlock();
 	}
 	return ret;
@@ -532,7 +531,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		fd = -1;
 		goto out_close;
 	}
-	fs_persist_intent(in, true);
+	fs_ns_intent(in, true);
 	intended = true;
 	if (old.st_nlink > 1 || !name) {
 		/* hard-linked, or no name of it is known: copy it in place,
@@ -555,9 +554,9 @@ out_close:
 		close(fd);
 	fd = -1;
 	if (!ret && !unlinked)
-		fs_persist_committed(in);	/* in order with renames: nslock */
+		fs_ns_committed(in);	/* in order with renames: nslock */
 	if (intended)
-		fs_persist_intent_end();
+		fs_ns_intent_end();
 	if (dir)
 		fs_dirs_unlock(dir, also);
 	if (ns)
@@ -726,7 +725,7 @@ static int v_small(struct tfile *f, const void *buf, uint64_t len, int *fdp)
 		fs_attrs_unlock(in);
 		return ret;
 	}
-	fs_persist_intent(in, false);	/* changed in place, as v_open's */
+	fs_ns_intent(in, false);	/* changed in place, as v_open's */
 	if (len)
 		n = pwrite(fd, buf, (size_t)len, 0);
 	tierfs_fault_kill("small_written");

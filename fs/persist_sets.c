@@ -2,8 +2,7 @@
  * persist_sets.c - checkpoint sets in DIR (fs_sets.c has them on the
  * SSD): a set's record written into DIR once all its files are there (the
  * commit point in DIR), read back with DIR's files, judged, and
- * -o persist_keep's pruning of DIR's sets; fs_rmdir_set_record() for a
- * directory whose record is all that is left.
+ * -o persist_keep's pruning of DIR's sets.
  *
  * Calls: persist_pool.c, persist_queue.c (whiteouts), persist_path.c.
  * Locks: pq.lock for the statistics only; the work on DIR runs in the
@@ -232,30 +231,6 @@ static void prune_sets(int pfd, const char *rel)
 	for (i = 0; i < n; i++)
 		free(e[i].name);
 	free(e);
-}
-
-bool fs_rmdir_set_record(int dfd, const char *name)
-{
-	struct dirent *de;
-	bool only = true;
-	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d = fd < 0 ? NULL : fdopendir(fd);
-
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
-		return false;
-	}
-	while (only && (de = readdir(d)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
-		    strcmp(de->d_name, FS_SET_RECORD) && strcmp(de->d_name, FS_SET_RECORD_TMP))
-			only = false;
-	if (only) {
-		only = unlinkat(fd, FS_SET_RECORD, 0) == 0;
-		unlinkat(fd, FS_SET_RECORD_TMP, 0);
-	}
-	closedir(d);
-	return only;
 }
 
 static int job_record_put(struct pjob *j)
