@@ -457,6 +457,53 @@ static int commit_linked(struct fs_inode *in, int fd)
  * meanwhile, adopted, copied in place, renamed); in pieces, each would
  * have to know which of the locks the others took.
  */
+/*
+ * v_commit's end, with no lock held: the descriptors a swap or rename let
+ * go (closing) closed, and the rename made durable with its directory
+ * (dfd, -1: none).  Returns ret, or the directory sync's error.
+ */
+static int commit_end(struct fs_inode *in, int closing[2], int dfd, int ret)
+{
+	if (closing[0] >= 0)
+		close(closing[0]);
+	if (closing[1] >= 0)
+		close(closing[1]);
+	if (dfd >= 0) {
+		uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
+
+		if (fsync(dfd) < 0) {
+			if (!ret)
+				ret = -errno;
+		} else {
+			fs_atomic_max(&in->renames_synced, renames);
+		}
+		close(dfd);
+	}
+	return ret;
+}
+
+/*
+ * A removed file still open adopts its new version: the data lives on,
+ * nameless, with the file's mode, owner, xattrs and times (copied
+ * already); fd is consumed.  -ENOENT where nobody has it open any more.
+ * in's descriptor held (released here).
+ */
+static int adopt(struct fs_inode *in, int fd, int closing[2])
+{
+	int ret = 0;
+
+	fs_fd_release(in);
+	fs_lock();
+	if (in->nopen)
+		swap_fd(in, fd, closing);
+	else
+		ret = -ENOENT;
+	fs_unlock();
+	if (ret)
+		close(fd);
+	return ret;
+}
+
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
 	struct fs_inode *in = in_of(f), *dir = NULL, *also = NULL;
@@ -517,17 +564,7 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		goto out_close;
 	}
 	if (unlinked) {
-		/* adopt: the data lives on, nameless, with the file's mode,
-		 * owner, xattrs and times (copied above) */
-		fs_fd_release(in);
-		fs_lock();
-		if (!in->nopen) {
-			fs_unlock();
-			ret = -ENOENT;
-			goto out_close;
-		}
-		swap_fd(in, fd, closing);
-		fs_unlock();
+		ret = adopt(in, fd, closing);
 		fd = -1;
 		goto out_close;
 	}
@@ -568,23 +605,7 @@ out_attrs:
 	free(name);
 	if (dir)
 		fs_inode_put(dir);
-	if (closing[0] >= 0)
-		close(closing[0]);
-	if (closing[1] >= 0)
-		close(closing[1]);
-	/* the rename is durable once the directory is */
-	if (dfd >= 0) {
-		uint64_t renames = __atomic_load_n(&in->renames, __ATOMIC_ACQUIRE);
-
-		if (fsync(dfd) < 0) {
-			if (!ret)
-				ret = -errno;
-		} else {
-			fs_atomic_max(&in->renames_synced, renames);
-		}
-		close(dfd);
-	}
-	return ret;
+	return commit_end(in, closing, dfd, ret);
 }
 
 /*
