@@ -263,6 +263,7 @@ def stages(st):
     d = st.get("dedup", {})
     t["grec"], t["gather"] = d.get("records_from_gpu", 0), d.get("gpu_gather_seconds", 0.0)
     t["pwait"] = d.get("pending_wait_seconds", 0.0)
+    t["gleft"] = d.get("gpu_records_left_to_flush", 0)
     return t
 
 
@@ -338,10 +339,11 @@ def table(title, rows):
           "(data = flush - clone - sync - commit; records: fsyncs that returned at a "
           "clone record; jnl wr, jnl sync: the journal's record writes and syncs; gpu rec: "
           "records made in the cascade from the chunks that differ, gather: their copies "
-          "out of the GPU; waited: records waiting for earlier versions to be indexed)")
+          "out of the GPU; left: GPU files whose record was left to their flush, an earlier "
+          "version pending; waited: records waiting for earlier versions to be indexed)")
     print(f"{'case':<22} {'flush':>7} {'data':>7} {'clone':>7} {'sync':>7} {'commit':>7} "
           f"{'to host':>7} {'records':>7} {'jnl wr':>7} {'jnl sync':>8} {'gpu rec':>7} "
-          f"{'gather':>7} {'waited':>7}")
+          f"{'gather':>7} {'left':>5} {'waited':>7}")
     for name, key, r in rows:
         t = r["stages"]
         tot = t.get("total", 0)
@@ -349,7 +351,7 @@ def table(title, rows):
         print(f"{name:<22} {tot:>7.3f} {data:>7.3f} {t.get('clone', 0):>7.3f} "
               f"{t.get('sync', 0):>7.3f} {t.get('commit', 0):>7.3f} {t['to_host']:>7.3f} "
               f"{r['records']:>7} {t['jwrite']:>7.3f} {t['jsync']:>8.3f} {t['grec']:>7} "
-              f"{t['gather']:>7.3f} {t['pwait']:>7.3f}")
+              f"{t['gather']:>7.3f} {t['gleft']:>5} {t['pwait']:>7.3f}")
     if any(r.get("copy") for _, _, r in rows):
         print("then the last content written as a new file (a checkpoint under a new name)")
         print(f"{'case':<22} {'SSD written':>11} {'flushed':>10} {'durable s':>9}")

@@ -1118,6 +1118,39 @@ def test_gpu_checkpoint_rewritten_after_its_record_leaves_no_version_pending(xfs
 
 
 @pytest.mark.gpu
+def test_gpu_checkpoint_after_a_pending_version_is_recorded_by_its_flush(xfs, mount,
+                                                                        monkeypatch):
+    """A GPU checkpoint whose fsync comes while an earlier record's version
+    is not yet indexed (every flush held 1.5 s before it starts) does not
+    make the cascade wait for that version, which serves every GPU file:
+    its record is left to its flush (gpu_records_left_to_flush), which
+    waits for the version in a flusher and records it from the host copy.
+    Both files end exact, every record retired, nothing pending."""
+    util.require_daemon()
+    m = recording_mount(mount, monkeypatch, xfs, "flush_start=1500", gpu_cache="256M")
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4111,
+                                                 "GPU record after a pending version"))
+    write_sync(os.path.join(m.mnt, "ckpt.1"), ck[0])
+    util.wait_flushed(m)
+    write_sync(os.path.join(m.mnt, "ckpt.2"), ck[1])    # its record, from the GPU
+    s = dstats(m)
+    assert s["records_from_gpu"] == 1 and s["versions_pending"] == 1, s
+    write_sync(os.path.join(m.mnt, "ckpt.3"), ck[2])    # ckpt.2's version held
+    s = dstats(m)
+    assert s["records_from_gpu"] == 1 and s["records"] == 2, s
+    assert s["gpu_records_left_to_flush"] == 1, s
+    util.wait_flushed(m)
+    s = dstats(m)
+    assert s["versions_pending"] == 0, s
+    assert live_records(m.backing, util.JNL_CLONE) == [], "a record stays live"
+    for i in (1, 2):
+        util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.%d" % (i + 1))), ck[i],
+                         "ckpt.%d" % (i + 1))
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
+@pytest.mark.gpu
 def test_gpu_all_new_series_is_sampled_and_indexed_whole(xfs, mount):
     """GPU-hashed files after an all-new one are looked up by a sample of
     chunks first (as the host hashes them): an all-new one is not looked up

@@ -205,6 +205,8 @@ struct engine_dedup {
 	uint64_t records_gpu;		/* clone records made from the GPU copy */
 	double gather_s;		/* their chunks' copies to the host */
 	double pending_s;		/* waited in ddf_wait_pending */
+	uint64_t records_left;		/* GPU files' records left to their
+					 * flush: a version was pending */
 };
 
 #endif /* TIERFS_DEDUP_H */

@@ -1399,14 +1399,24 @@ void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 		       uint64_t len, const struct dd_ghash *g)
 {
 	struct ddf d = { .vfd = -1, .chunk = g->chunk, .n = g->n, .gen = g->gen, .on = true };
+	bool pending;
 
 	if (!g->record || !g->h)
 		return;
+	/*
+	 * Where an earlier record's version is not indexed yet, the record
+	 * is the flush's, which waits for it (ddf_wait_pending) in a flusher:
+	 * the cascade serves every file of the GPU tier and waits for none,
+	 * and meanwhile this file's whole copy crosses to the host.
+	 */
 	eng_lock(e);
 	d.sample = e->dd.dup < DD_LOW;	/* as ddf_plan */
+	pending = e->dd.versions_pending > 0;
+	e->dd.records_left += pending;
 	eng_unlock(e);
+	if (pending)
+		return;
 	if (!ddf_setup(f, &d)) {
-		ddf_wait_pending(e);
 		if (!ddf_take_sampled(e, &d, g->h))	/* else all new: no base */
 			ddf_record(e, f, hcp, cp, len, &d);
 	}

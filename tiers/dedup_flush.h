@@ -155,8 +155,9 @@ void eng_dd_gpu_hash(struct engine *e, struct copy *cp, struct dd_ghash *g);
  * and f is an indexed version but for a few chunks, make its clone record
  * from those chunks alone, copied from cp into hcp, before the cascade
  * copies the rest: the fsync returns without waiting for the whole file to
- * cross to the host.  Nothing where a record cannot be made (the flush of
- * hcp then makes it, or writes the version).
+ * cross to the host.  Nothing where a record cannot be made, or where an
+ * earlier record's version is still pending (the cascade waits for none):
+ * the flush of hcp then makes it, or writes the version.
  */
 void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struct copy *hcp,
 		       uint64_t len, const struct dd_ghash *g);

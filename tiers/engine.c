@@ -774,6 +774,7 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_num(j, "gpu_gather_seconds", e->dd.gather_s, 3);
 	json_num(j, "pending_wait_seconds", e->dd.pending_s, 3);
 	json_u64(j, "versions_pending", e->dd.versions_pending);
+	json_u64(j, "gpu_records_left_to_flush", e->dd.records_left);
 	json_num(j, "gpu_hash_bandwidth", rate(e->dd.gpu_bytes, e->dd.gpu_s), 0);
 	json_close(j);
 	eng_unlock(e);
