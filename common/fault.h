@@ -24,7 +24,7 @@
  * store/journal.c), journal_switch_eio (the same for the sync of the file
  * left at the journal's first change of file: store/journal.c),
  * journal_settle_later (every apply's sync is left to a
- * flusher's pause, not only while other flushes are due: flush.c).
+ * flusher's pause, not only while other flushes are due: flush_journal.c).
  * TIERFS_FAULT_ARM=PATH arms the point only once PATH exists (a test
  * creates it when the daemon is in the state it wants the fault in);
  * "once" points count their one time from then.
@@ -35,8 +35,8 @@ void tierfs_fault_kill(const char *point);
  * TIERFS_DELAY="point=ms[,point=ms...]" names points where a thread
  * sleeps, for the tests of races: tierfs_delay_ms() is the milliseconds
  * named for POINT (logged at LOG_DEBUG), 0 for none.  Points: flush_start,
- * flush_write, journal_apply, journal_settle_applied (flush.c: before a
- * flusher syncs the applies left to it), dedup_cloned (dedup_flush.c: after
+ * flush_write (flush.c), journal_apply, journal_settle_applied
+ * (flush_journal.c: before a flusher syncs the applies left to it), dedup_cloned (dedup_flush.c: after
  * a flush cloned its base), clone_recorded (dedup_flush.c: a flush whose
  * clone record is durable, before its version is written), shadow_copy (write.c), prefetch_read
  * (prefetch.c); eng_delay_at() (engine_int.h) sleeps them.  In fs/:

@@ -3,7 +3,7 @@
  * the daemon uses it (fs.journal, to which the persistent tier appends its
  * queue as notes, persist_journal.c): small changes made durable as
  * records (struct tfile_ops' journal_delta, journal_sync, journal_apply,
- * journal_retire, called by the engine's journal flush, tiers/flush.c),
+ * journal_retire, called by the engine's journal flush, tiers/flush_journal.c),
  * the notes kept by the replay for their reader, the commit intents of new
  * versions copied over hard-linked files (fs_journal_intent, called by
  * fs_version.c), the clone records of new files that are an earlier

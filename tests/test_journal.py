@@ -468,7 +468,7 @@ def ssd_stats(m):
 
 def test_an_apply_whose_sync_waits_survives_a_power_cut(disk, mount, monkeypatch, tmp_path):
     """A record's apply is written into the backing file and its sync left
-    to a flusher's pause (flush.c's asettle), which syncs such files
+    to a flusher's pause (flush_journal.c's asettle), which syncs such files
     together and only then retires their records: while other flushes are
     due, and for every apply with TIERFS_FAULT=journal_settle_later.  Held
     there (TIERFS_DELAY=journal_settle_applied), the file reads its change
@@ -846,7 +846,7 @@ def test_a_record_whose_sync_failed_is_not_replayed_over_later_changes(disk, mou
     failed record over what the file is given later.  Before, it stayed
     live until the unmount: a later change, applied and retired, was undone
     by the next start's replay after a kill.  fsync: the record of an fsync
-    (journal_flush); background: small files closed together without fsync
+    (flush_journal.c's eng_jf_flush); background: small files closed together without fsync
     (journal_group's shared sync)."""
     backing = backing_on(disk)
     rng = seeded(SEED + 3)
@@ -1247,7 +1247,7 @@ def test_the_zero_blocks_of_a_small_change_are_no_bytes_of_its_record(
         disk, mount, monkeypatch, tmp_path):
     """A cached file's small change that writes whole blocks of zeros (64
     KiB of them, beside 4 KiB of data) is recorded without their bytes
-    (JNL_ZERO ranges, tiers/flush.c's record_ranges): the record holds a
+    (JNL_ZERO ranges, tiers/flush_journal.c's record_ranges): the record holds a
     few KiB.  With its apply held back and the power cut, tierfs --recover
     and the next mount give the file with its zeros and its data."""
     backing = backing_on(disk)

@@ -5,7 +5,7 @@
  * found in the chunk index cloned, the rest written), and the index's
  * versions kept in step with the backing files.
  *
- * A flush (flush.c, flush_one) plans under e->lock (eng_dd_plan), writes
+ * A flush (flush.c, eng_flush_one) plans under e->lock (eng_dd_plan), writes
  * the version without it (eng_dd_write; -EAGAIN: the flush writes the
  * whole file itself), opens what the index keeps once the version is
  * committed (eng_dd_committed), and ends under e->lock (eng_dd_done, then,

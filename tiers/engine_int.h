@@ -12,7 +12,11 @@
  *               truncate, writers' close, fsync
  *   read.c      the read paths: read, zero-copy read, device read, spans
  *   flush.c     the SSD flush queue and its flushers, the whole-file
- *               flush, the GPU -> host queue and its cascade thread
+ *               flush, groups of small files
+ *   flush_journal.c  the journal flush: a small change in place as a
+ *               journal record, its apply, the applies' syncs left to a
+ *               flusher's pause (flush_journal.h: what flush.c calls)
+ *   cascade.c   the GPU -> host cascade thread (its queue is flush.c's)
  *   dedup_flush.c  the incremental and chunked flushes of -o dedup and
  *               the chunk index's versions (dedup_flush.h: what flush.c,
  *               write.c and engine.c call)
@@ -108,7 +112,7 @@
  */
 #define FLUSH_BUFFERED_MAX	(256u << 10)
 /* Journal applies left unsynced at most, and how many a flusher that
- * still has work lets wait before it syncs them (flush.c's asettle). */
+ * still has work lets wait before it syncs them (flush_journal.c's asettle). */
 #define ASETTLE_MAX	64
 #define ASETTLE_BATCH	16
 
@@ -199,7 +203,7 @@ struct engine {
 	uint64_t client_writes, client_reads, client_bytes;	/* spans */
 	struct tfile **reap;		/* files whose copy went: put() them */
 	size_t nreap, reapcap;
-	/* journal applies written and not synced yet (flush.c's asettle):
+	/* journal applies written and not synced yet (flush_journal.c's asettle):
 	 * a flusher syncs them together once it has nothing due or
 	 * ASETTLE_BATCH wait, then retires their records; each holds a
 	 * reference to its file */
@@ -583,6 +587,16 @@ void eng_complete_copy(struct engine *e, struct tfile *f, bool front);
 void *eng_flusher_main(void *arg);
 void eng_batch_files(struct engine *e);
 int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq);
+/* e->lock held: flush f now, in this thread (the cascade, where the host
+ * cache has no room): its newest complete copy into a new version. */
+int eng_flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f);
+/* e->lock held: the first file of queue *head that is due (not waiting
+ * for a retry), taken off it; NULL: none.  link_off: its link's offset. */
+struct tfile *eng_pop_due(struct tfile **head, struct tfile **tail, size_t link_off);
+
+/* ---- cascade.c -------------------------------------------------------- */
+
+void *eng_gflusher_main(void *arg);
 /* Bytes at most journalled per flush: a record's payload stays small. */
 #define JOURNAL_MAX	(64ull << 20)
 
@@ -594,10 +608,9 @@ static inline bool eng_journal_small(const struct engine *e, uint64_t bytes, uin
 	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;
 }
 /* f's applied record whose sync a flusher has not made yet synced and
- * retired now (flush.c's asettle), before anything newer of f is written
+ * retired now (flush_journal.c's asettle), before anything newer of f is written
  * into its backing file.  e->lock not held.  0 or -errno. */
 int eng_asettle_file(struct engine *e, struct tfile *f);
-void *eng_gflusher_main(void *arg);
 /*
  * Write-through shadows (write.c makes them): eng_commit_shadow makes f's
  * shadow its backing file's content (e->lock and f->lock held, e->lock

@@ -1,7 +1,7 @@
 /*
- * flush.c - the two flush queues and their threads (a queue and its
- * threads per job, as Redis's bio.c; each waits, when idle, on its own
- * condition variable: e->flush_work, e->cascade_work):
+ * flush.c - the flush queues and the SSD flushers (a queue and its threads
+ * per job, as Redis's bio.c; idle, the flushers wait on e->flush_work; the
+ * GPU -> host queue's thread is cascade.c's):
  *  - the SSD flush queue (e->q_head), and the aging queue (e->aq_head)
  *    where small files wait cfg.flush_age_ms after their close before
  *    they join it (eng_queue_flush_aged): flushers write a file's newest
@@ -10,25 +10,26 @@
  *    (atomic rename); a failed flush is retried every FLUSH_RETRY_S.
  *    With -o dedup the version is made by dedup_flush.c where it can be
  *    (incrementally, or by chunks), else written whole here; a small
- *    change in place is a journal record instead, with dedup or without;
- *  - the GPU -> host queue (e->gq_head): the cascade thread copies a GPU
- *    copy into a new host copy, which then goes to the SSD queue (where
- *    an fsync waits for a checkpoint like its predecessor, its clone
- *    record is made first, from the chunks that differ: dedup_flush.c,
- *    eng_dd_gpu_record).
- * Flushers also drop deferred file references (e->reap).
+ *    change in place is a journal record instead, with dedup or without
+ *    (flush_journal.c);
+ *  - small files closed together flushed as one group (flush_batch): one
+ *    sync of their versions, or of their journal records and applies;
+ *  - write-through shadows committed (eng_commit_shadow, shadow_due).
+ * Flushers also drop deferred file references (e->reap) and sync the
+ * journal applies left to their pause (eng_asettle_all).
  *
- * Owns: the queues and the tfile fields queued, aging, due_at, gqueued,
- * fq_next, gq_next, retry_at, flush_err, flushed_gen; e->busy,
- * fl_running, flush_bw and the flush statistics.  The threads hold
- * e->lock except while bytes move (under a lease) and while they call
- * tfile_ops (version_open/commit, put, name: those take fs locks).  They
- * take a tfile.lock only by a try, for a write-through file's shadow due
- * after its last close (shadow_due, which commits it).  Calls place.c, backing.c and dedup_flush.c
- * (through dedup_flush.h: a flush's dedup plan, write, commit and end,
- * and the new version's chunks indexed once the end is published; the
- * cascade's GPU hashes; the closes of retired versions), which calls
- * nothing here.
+ * Owns: the queues (the GPU -> host queue e->gq_head too, which cascade.c's
+ * thread takes) and the tfile fields queued, aging, due_at, fq_next,
+ * gqueued, gq_next, retry_at, flush_err, flushed_gen; e->busy, fl_running, flush_bw and the
+ * flush statistics.  The threads hold e->lock except while bytes move
+ * (under a lease) and while they call tfile_ops (version_open/commit,
+ * put, name: those take fs locks).  They take a tfile.lock only by a try,
+ * for a write-through file's shadow due after its last close (shadow_due,
+ * which commits it).  Calls place.c, backing.c, flush_journal.c (through
+ * flush_journal.h) and dedup_flush.c (through dedup_flush.h: a flush's
+ * dedup plan, write, commit and end, and the new version's chunks indexed
+ * once the end is published; the closes of retired versions), which call
+ * nothing here; cascade.c calls eng_flush_one and eng_pop_due.
  */
 #include <assert.h>
 #include <errno.h>
@@ -42,6 +43,7 @@
 #include <unistd.h>
 
 #include "dedup_flush.h"
+#include "flush_journal.h"
 #include "ssd.h"
 
 /* ---- flush queue ------------------------------------------------------ */
@@ -267,7 +269,7 @@ void engine_flush_now(struct engine *e, struct tfile *f)
 }
 
 
-/* Queue f for the GPU -> host cascade. */
+/* Queue f for the GPU -> host cascade (cascade.c). */
 static void queue_gpu_flush(struct engine *e, struct tfile *f)
 {
 	if (f->gqueued || f->unlinked)
@@ -333,492 +335,6 @@ static int flush_whole(struct ssd_ring *ring, struct copy *cp, int fd, uint64_t 
 	return ret;
 }
 
-/* ---- journal flushes ---------------------------------------------------- */
-
-/*
- * A file changed in place by a few bytes is not flushed as a new version
- * (its whole content written again): the changed ranges go into a journal
- * record (tfile_ops.journal_delta: appended and synced, one sequential
- * write), which makes them durable, and then into the backing file itself
- * (journal_apply, synced); the record is retired after.  A crash between
- * the two leaves the older version plus the record, which the next start
- * (or tierfs --recover) applies.  An fsync that made the flush in its own
- * thread (eng_flush_inline: ring NULL) returns once the record is durable;
- * the apply is left to a flusher.
- *
- * The changed ranges are those f->dd keeps (write.c) since the backing
- * file last held the file's content: while they are valid, the content
- * differs from the backing file only inside them and at or past
- * clean_len.
- */
-struct jflush {
-	struct drange *r;		/* the ranges to journal / apply, NULL: none */
-	uint32_t n;
-	bool record;			/* a new record (else f->jseq's is applied) */
-	uint64_t pending;		/* f->jseq when planned */
-	uint32_t cap;			/* r's room */
-	uint64_t bytes;			/* in r */
-	uint64_t sparse;		/* bytes from here to the end are new to
-					 * the backing file (past its size):
-					 * their data runs only (journal_tail),
-					 * UINT64_MAX: none */
-};
-
-
-/*
- * e->lock held: plan the journal flush of len bytes of f (copy cp).  No
- * plan (p->r NULL) when the mount does not journal, the ranges are not
- * known, or the change is not small even without its blocks of zeros
- * (over the limit with them, it is counted again once the copy is
- * leased: journal_data).  Past the backing file's size (the
- * base's) the file's new bytes are counted by their data runs only, found
- * once the copy is leased (journal_tail): a file grown by a write far past
- * its end is a small change, and its hole stays a hole.
- */
-static void journal_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
-			 struct jflush *p)
-{
-	uint64_t c, tb, bytes = 0;
-	uint32_t k = 0;
-
-	memset(p, 0, sizeof(*p));
-	p->pending = f->jseq;
-	p->sparse = UINT64_MAX;
-	if (!e->cfg.journal_pct || !f->ops->journal_delta ||
-	    !cp->cache->host_addressable || !f->dd.valid || f->dd.taint || f->shadow_fd >= 0)
-		return;
-	c = f->dd.clean_len < len ? f->dd.clean_len : len;
-	tb = f->dd.base_len > c ? (f->dd.base_len < len ? f->dd.base_len : len) : c;
-	p->cap = f->dd.ranges.n + 1;
-	p->r = malloc((size_t)p->cap * sizeof(*p->r));
-	if (!p->r)
-		return;
-	for (uint32_t i = 0; i < f->dd.ranges.n; i++) {
-		struct drange d = f->dd.ranges.r[i];
-
-		if (d.start >= c)
-			break;
-		if (d.end > c)
-			d.end = c;
-		p->r[k++] = d;
-		bytes += d.end - d.start;
-	}
-	if (tb > c) {		/* the base's bytes past the least size: all */
-		p->r[k++] = (struct drange){ c, tb };
-		bytes += tb - c;
-	}
-	p->n = k;
-	p->bytes = bytes;
-	if (tb < len)
-		p->sparse = tb;
-	p->record = !(f->jseq && f->jgen == f->gen);
-	/* over the limit, a new record is counted again without its zero
-	 * blocks once the copy is leased (journal_data): kept */
-	if (eng_journal_small(e, bytes, len) || (bytes <= JOURNAL_MAX && p->record))
-		return;
-	free(p->r);
-	p->r = NULL;
-}
-
-/*
- * The run of buf from pos (below end) of whole TIER_ALIGN blocks of zeros
- * (*hole) or of data: its end.  An unaligned head is data up to the next
- * block.
- */
-static uint64_t zero_blocks_run(const uint8_t *buf, uint64_t pos, uint64_t end, bool *hole)
-{
-	uint64_t next;
-
-	if (pos % TIER_ALIGN) {
-		next = pos - pos % TIER_ALIGN + TIER_ALIGN;
-		*hole = false;
-		return next < end ? next : end;
-	}
-	return fc_zero_run(buf, pos, end, TIER_ALIGN, TIER_ALIGN, false, hole);
-}
-
-/*
- * A new record's plan over the limit counted again, of f's copy buf: its
- * ranges' bytes less their whole TIER_ALIGN blocks of zeros, which are no
- * bytes of the record (record_ranges) and which its apply punches or
- * writes as the file's own.  A hole punched or a range zeroed through the
- * mount (fallocate), or a file cut short and grown again, is then a small
- * change, as it is to the disk.  0, or 2 where it is not small after all.
- */
-static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
-{
-	uint64_t bytes = 0;
-
-	for (uint32_t i = 0; i < p->n; i++) {
-		uint64_t pos = p->r[i].start, end = p->r[i].end, next;
-		bool hole = false;
-
-		for (; pos < end; pos = next) {
-			next = zero_blocks_run(buf, pos, end, &hole);
-			if (!hole)
-				bytes += next - pos;
-		}
-	}
-	p->bytes = bytes;
-	return eng_journal_small(e, bytes, len) ? 0 : 2;
-}
-
-/*
- * p's ranges completed with the data runs of buf past p->sparse (to len),
- * as a fresh version's are written (backing_run): 0, 2 when the change is
- * not small after all (a new version is written), -ENOMEM.
- */
-static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
-{
-	uint64_t pos = p->sparse, next;
-	bool hole;
-
-	p->sparse = UINT64_MAX;		/* done once: a retry keeps these */
-	while (pos < len) {
-		next = backing_run(buf, pos, len, &hole);
-		if (!hole) {
-			if (p->n == p->cap) {
-				struct drange *r = realloc(p->r, (size_t)p->cap * 2 * sizeof(*r));
-
-				if (!r)
-					return -ENOMEM;
-				p->r = r;
-				p->cap *= 2;
-			}
-			p->r[p->n++] = (struct drange){ pos, next };
-			p->bytes += next - pos;
-			if (!eng_journal_small(e, p->bytes, len))
-				return 2;
-		}
-		pos = next;
-	}
-	return 0;
-}
-
-/*
- * The ranges of record p, of f's copy buf: p's, each cut where whole
- * TIER_ALIGN blocks of zeros start and end.  The zero runs (*zero true)
- * hold no bytes in the record (JNL_ZERO: a replay punches them; the apply
- * in place writes what it writes, zeros or a hole, the same bytes).
- * *r and *zero malloc'ed, *n of them; both NULL where p has no zero
- * block (its ranges go as they are).  0 or -ENOMEM.
- */
-static int record_ranges(const uint8_t *buf, const struct jflush *p, struct drange **r,
-			 bool **zero, uint32_t *n)
-{
-	uint32_t k = 0, cap = 0;
-	bool any = false;
-
-	*r = NULL;
-	*zero = NULL;
-	*n = 0;
-	for (int pass = 0; pass < 2; pass++) {	/* count, then fill */
-		for (uint32_t i = 0; i < p->n; i++) {
-			uint64_t pos = p->r[i].start, end = p->r[i].end, next;
-			bool hole;
-
-			for (; pos < end; pos = next) {
-				next = zero_blocks_run(buf, pos, end, &hole);
-				any = any || hole;
-				if (pass && k && (*zero)[k - 1] == hole && (*r)[k - 1].end == pos) {
-					(*r)[k - 1].end = next;
-					continue;
-				}
-				if (pass) {
-					(*r)[k] = (struct drange){ pos, next };
-					(*zero)[k] = hole;
-				}
-				k++;
-			}
-		}
-		if (!any)
-			return 0;
-		if (!pass) {
-			cap = k;
-			k = 0;
-			*r = malloc((size_t)cap * sizeof(**r));
-			*zero = malloc((size_t)cap * sizeof(**zero));
-			if (!*r || !*zero) {
-				free(*r);
-				free(*zero);
-				*r = NULL;
-				*zero = NULL;
-				return -ENOMEM;
-			}
-		}
-	}
-	*n = k;
-	return 0;
-}
-
-/*
- * The journal flush in its phases, which a group of flushes (flush_batch:
- * journal_group) takes together.  1: p's record appended (synced where
- * sync), of f's copy cp (leased, e->lock not held), *seq the record to
- * apply (p->pending where p's is a record made before): 0, 2 where f
- * cannot be journalled after all (a new version is written), or -errno.
- */
-static int journal_record(struct engine *e, struct tfile *f, struct copy *cp, uint64_t len,
-			  struct jflush *p, bool sync, uint64_t *seq)
-{
-	int ret = eng_copy_bounds(cp, 0, len);
-
-	*seq = p->pending;
-	if (!ret && p->record && !eng_journal_small(e, p->bytes, len))
-		ret = journal_data(e, copy_ptr(cp), len, p);
-	if (!ret && p->sparse < len)
-		ret = journal_tail(e, copy_ptr(cp), len, p);
-	if (ret || !p->record)
-		return ret;
-	struct drange *r;
-	bool *zero;
-	uint32_t n;
-
-	ret = record_ranges(copy_ptr(cp), p, &r, &zero, &n);
-	if (ret)
-		return ret;
-	ret = r ? f->ops->journal_delta(f, copy_ptr(cp), r, zero, n, len, seq, sync)
-		: f->ops->journal_delta(f, copy_ptr(cp), p->r, NULL, p->n, len, seq, sync);
-	free(r);
-	free(zero);
-	return ret > 0 ? 2 : ret;
-}
-
-/* 2: record seq, durable, is f's as of gen (the fsyncs of gen are done);
- * the record before it is superseded (this one holds its ranges too). */
-static void journal_recorded(struct engine *e, struct tfile *f, uint64_t gen, uint64_t seq)
-{
-	uint64_t old;
-
-	eng_lock(e);
-	old = f->jseq;
-	f->jseq = seq;
-	f->jgen = gen;
-	if (f->journaled_gen < gen)
-		f->journaled_gen = gen;
-	eng_flushed(e);
-	eng_unlock(e);
-	if (old)
-		f->ops->journal_retire(f, old);
-}
-
-/* 3, after journal_apply: record seq is in the backing file, synced. */
-static void journal_applied(struct engine *e, struct tfile *f, uint64_t seq)
-{
-	f->ops->journal_retire(f, seq);
-	eng_lock(e);
-	if (f->jseq == seq)
-		f->jseq = 0;
-	eng_unlock(e);
-}
-
-/*
- * An apply's sync left to a flusher's pause.  A journal flush alone
- * (journal_flush) writes its record's ranges into the backing file and,
- * while other flushes are due, instead of waiting there for their sync (a
- * log commit each, in the flusher that should be making room), queues the
- * file here: a flusher
- * that has nothing due, or that finds ASETTLE_BATCH waiting, syncs them
- * all together (ssd_fdatasync_many: the backing log commits them at once)
- * and retires their records.  Until then the record stays live: a crash
- * replays it, writing the same bytes again.  Its retirement must come
- * before anything newer of the file is written into its backing file and
- * retired (a replay of the older record would undo it): another apply, a
- * settle, a version (flush_write, start_shadow) each settle f's first
- * (eng_asettle_file).  A file is queued once at most (f->jsettle).
- * e->asettle is under e->lock; f->jsettle, f->jsettling too.
- */
-
-/* e->lock held: f's apply of record seq (written through fd, not synced)
- * queued; false where the queue is full (the caller syncs it).  Only while
- * other flushes are due (journal_flush): a flusher with nothing else to do
- * syncs at once, as soon as a pause would. */
-static bool asettle_later(struct engine *e, struct tfile *f, uint64_t seq, int fd)
-{
-	if (e->nasettle == ASETTLE_MAX)
-		return false;
-	f->ops->get(f);
-	e->asettle[e->nasettle++] = (struct asettle){ f, seq, fd };
-	f->jsettle = seq;
-	if (f->jseq == seq)
-		f->jseq = 0;	/* applied: no later record supersedes it */
-	return true;
-}
-
-/*
- * e->lock not held: the sync of an apply of f's record seq ended with
- * ret (fd closed).  Retired where it is durable; else the record is
- * applied again from the journal (journal_settle: written, synced,
- * retired durably), as a replay would.  0 or -errno (it stays f's).
- */
-static int asettle_done(struct tfile *f, uint64_t seq, int ret)
-{
-	if (!ret) {
-		f->ops->journal_retire(f, seq);
-		return 0;
-	}
-	return f->ops->journal_settle(f, seq);
-}
-
-/* e->lock held: f's settle of seq over (ret), its waiters woken. */
-static void asettle_end(struct engine *e, struct tfile *f, uint64_t seq, int ret)
-{
-	f->jsettling = false;
-	if (!ret && f->jsettle == seq)
-		f->jsettle = 0;
-	eng_flushed(e);
-}
-
-/* e->lock held (dropped meanwhile): every queued apply synced, together,
- * and its record retired. */
-static void asettle_all(struct engine *e, struct ssd_ring *ring)
-{
-	struct asettle v[ASETTLE_MAX];
-	int fds[ASETTLE_MAX], res[ASETTLE_MAX];
-	unsigned n = e->nasettle, i;
-
-	memcpy(v, e->asettle, n * sizeof(v[0]));
-	e->nasettle = 0;
-	e->asettling += n;
-	for (i = 0; i < n; i++) {
-		v[i].f->jsettling = true;
-		fds[i] = v[i].fd;
-	}
-	eng_unlock(e);
-	eng_delay_at(NULL, "journal_settle_applied");	/* tests: a power cut first */
-	ssd_fdatasync_many(ring, fds, res, n);
-	__atomic_add_fetch(&e->fl_syncs, 1, __ATOMIC_RELAXED);
-	for (i = 0; i < n; i++) {
-		close(fds[i]);
-		res[i] = asettle_done(v[i].f, v[i].seq, res[i]);
-		if (res[i]) {
-			char nb[256];
-
-			tlog(LOG_WARNING, "%s: a journal record's apply could not be synced (%s): "
-			     "it stays live (retried before the file's next change)",
-			     fname(v[i].f, nb, sizeof(nb)), strerror(-res[i]));
-		}
-	}
-	eng_lock(e);
-	for (i = 0; i < n; i++)
-		asettle_end(e, v[i].f, v[i].seq, res[i]);
-	e->asettling -= n;
-	eng_unlock(e);
-	for (i = 0; i < n; i++)
-		v[i].f->ops->put(v[i].f);
-	eng_lock(e);
-}
-
-/*
- * e->lock not held: f's applied record, where one waits for its sync,
- * settled now (synced and retired, or applied again from the journal),
- * before anything newer of f is written into its backing file; one that
- * a flusher is settling is waited for.  0 or -errno.
- */
-int eng_asettle_file(struct engine *e, struct tfile *f)
-{
-	uint64_t seq;
-	int fd = -1, ret;
-	bool queued = false;
-
-	eng_lock(e);
-	while (f->jsettling)
-		pthread_cond_wait(&e->flushed, &e->lock);
-	seq = f->jsettle;
-	if (!seq) {
-		eng_unlock(e);
-		return 0;
-	}
-	for (unsigned i = 0; i < e->nasettle; i++)
-		if (e->asettle[i].f == f) {
-			fd = e->asettle[i].fd;
-			e->asettle[i] = e->asettle[--e->nasettle];
-			queued = true;
-			break;
-		}
-	f->jsettling = true;
-	e->asettling++;
-	eng_unlock(e);
-	ret = -EIO;		/* not queued: its sync failed before */
-	if (fd >= 0) {
-		ret = fdatasync(fd) < 0 ? -errno : 0;
-		close(fd);
-	}
-	ret = asettle_done(f, seq, ret);
-	eng_lock(e);
-	asettle_end(e, f, seq, ret);
-	e->asettling--;
-	eng_unlock(e);
-	if (queued)
-		f->ops->put(f);
-	return ret;
-}
-
-/*
- * The journal flush planned in p, of f's copy cp (leased, e->lock not
- * held) as of gen, alone.  inline_: in an fsync's thread (the apply is
- * left to a flusher: returns 1 once the record is durable).  0 when the
- * backing file holds it, 1 (inline_), 2 where f cannot be journalled (the
- * caller writes a new version), or -errno.
- */
-static int journal_flush(struct engine *e, struct tfile *f, struct copy *cp, uint64_t gen,
-			 uint64_t len, struct jflush *p, bool inline_)
-{
-	uint64_t seq;
-	bool queued;
-	int ret, fd;
-
-	ret = journal_record(e, f, cp, len, p, true, &seq);
-	if (ret)
-		return ret;
-	if (p->record)
-		journal_recorded(e, f, gen, seq);
-	if (inline_)
-		return 1;
-	eng_delay_at(NULL, "journal_apply");
-	ret = eng_asettle_file(e, f);	/* its earlier apply first */
-	if (!ret)
-		ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len, &fd);
-	if (ret)
-		return ret;	/* the record stays: retried, or replayed */
-	eng_lock(e);
-	queued = (e->q_head || tierfs_fault("journal_settle_later")) &&	/* others due */
-		 asettle_later(e, f, seq, fd);
-	eng_unlock(e);
-	if (queued)
-		return 0;
-	ret = fdatasync(fd) < 0 ? -errno : 0;
-	close(fd);
-	if (ret)
-		return ret;
-	journal_applied(e, f, seq);
-	return 0;
-}
-
-/*
- * e->lock not held: f's journal record seq, not applied yet, into the
- * backing file and retired, durably (journal_settle), before anything of a
- * new version of f is written (flush_write, start_shadow).  Left live, its
- * replay after a crash would undo a version that keeps the file's inode
- * (written in place, or copied over a file of several names), and the
- * file would lose what was acknowledged since; applied after an in-place
- * write, too.  f->jseq is cleared if it still names seq.  0 or -errno.
- */
-int eng_settle_record(struct engine *e, struct tfile *f, uint64_t seq)
-{
-	int ret = eng_asettle_file(e, f);	/* an older record's retirement first */
-
-	if (!ret)
-		ret = f->ops->journal_settle(f, seq);
-	if (!ret) {
-		eng_lock(e);
-		if (f->jseq == seq)
-			f->jseq = 0;
-		eng_unlock(e);
-	}
-	return ret;
-}
-
 /* e->lock held: cp's flush (on e->fl_running) ended. */
 static void running_remove(struct engine *e, struct copy *cp)
 {
@@ -842,7 +358,7 @@ static struct copy *newest_complete(struct engine *e, struct tfile *f)
 }
 
 /*
- * A flush in its phases, for one file (flush_one) or a group of small ones
+ * A flush in its phases, for one file (eng_flush_one) or a group of small ones
  * (flush_batch): flush_start (e->lock held: the plan, the lease),
  * flush_write (the version written, or the journal record, or the small
  * first version in place), the settle of the version (eng_settle_version,
@@ -894,7 +410,7 @@ static bool flush_start(struct engine *e, struct tfile *f, struct fjob *j)
 	j->gen = f->gen;
 	j->len = cp->len;
 	eng_dd_plan(e, f, cp, j->len, &j->dd);	/* its version leaves the index */
-	journal_plan(e, f, cp, j->len, &j->jf);
+	eng_jf_plan(e, f, cp, j->len, &j->jf);
 	e->busy++;
 	lease_take(&j->l, cp);
 	return true;
@@ -919,7 +435,7 @@ static void flush_write(struct engine *e, struct ssd_ring *ring, struct fjob *j)
 		eng_delay_at(NULL, "flush_write");	/* under cp's lease */
 	j->t0 = tier_now();
 	if (j->jf.r) {
-		ret = journal_flush(e, f, cp, j->gen, len, &j->jf, !ring);
+		ret = eng_jf_flush(e, f, cp, j->gen, len, &j->jf, !ring);
 		j->jonly = ret == 1;
 		if (ret != 2) {
 			j->dd.journalled = true;
@@ -1116,7 +632,7 @@ static int flush_end(struct engine *e, struct fjob *j)
  * (dropped meanwhile).  Normally the host copy; a GPU copy when the host
  * tier had no room for the cascade.
  */
-static int flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
+int eng_flush_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
 {
 	struct fjob j;
 
@@ -1147,7 +663,7 @@ bool eng_flush_inline(struct engine *e, struct tfile *f)
 	if (!cp || cp->flushing || !cp->cache->host_addressable ||
 	    cp->len > FLUSH_BUFFERED_MAX || f->flush_err || !f->dirty || f->unlinked)
 		return false;
-	flush_one(e, NULL, f);
+	eng_flush_one(e, NULL, f);
 	return true;
 }
 
@@ -1162,7 +678,7 @@ static bool retry_due(struct tfile *f)
  * Unlink and return the first file of a queue (linked through the field at
  * link_off) whose retry time has come, or NULL.  e->lock held.
  */
-static struct tfile *pop_due(struct tfile **head, struct tfile **tail, size_t link_off)
+struct tfile *eng_pop_due(struct tfile **head, struct tfile **tail, size_t link_off)
 {
 	struct tfile *f = *head, *prev = NULL;
 
@@ -1189,7 +705,7 @@ static struct tfile *pop_due(struct tfile **head, struct tfile **tail, size_t li
  */
 static struct tfile *pop_flush(struct engine *e)
 {
-	struct tfile *f = pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
+	struct tfile *f = eng_pop_due(&e->q_head, &e->q_tail, offsetof(struct tfile, fq_next));
 
 	if (f || !(f = e->aq_head))
 		return f;
@@ -1296,7 +812,7 @@ static struct tfile *pop_small(struct engine *e)
  * for the group where each alone takes two (RESULTS 18f).  A job whose
  * change is not small after all goes on to a new version (flush_write);
  * one whose step fails keeps its record live (retried, or replayed), as
- * journal_flush's does.
+ * eng_jf_flush's does.
  */
 static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *j, unsigned n)
 {
@@ -1314,7 +830,7 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 		eng_delay_at(NULL, "flush_write");	/* before its record, as alone */
 		q->held = true;
 		q->t0 = tier_now();
-		ret = journal_record(e, q->f, q->cp, q->len, &q->jf, false, &q->jseq);
+		ret = eng_jf_record(e, q->f, q->cp, q->len, &q->jf, false, &q->jseq);
 		if (ret == 2) {		/* a new version: flush_write's */
 			free(q->jf.r);
 			q->jf.r = NULL;
@@ -1343,7 +859,7 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 			continue;
 		}
 		if (q->jf.record)
-			journal_recorded(e, q->f, q->gen, q->jseq);
+			eng_jf_recorded(e, q->f, q->gen, q->jseq);
 		k++;
 	}
 	if (k)		/* tests: the records are all there is */
@@ -1368,8 +884,8 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 		close(fds[k]);
 		q->ret = res[k];
 		if (!q->ret) {
-			journal_applied(e, q->f, q->jseq);
-			/* as journal_flush's caller (a group has no dedup:
+			eng_jf_applied(e, q->f, q->jseq);
+			/* as eng_jf_flush's caller (a group has no dedup:
 			 * batchable; bytes_flushed counts its ranges) */
 			q->dd.journalled = true;
 			eng_dd_applied(e, q->f, q->cp, q->len, &q->dd);
@@ -1479,12 +995,12 @@ void *eng_flusher_main(void *arg)
 			continue;
 		}
 		if (e->nasettle >= ASETTLE_BATCH) {
-			asettle_all(e, &ring);
+			eng_asettle_all(e, &ring);
 			continue;
 		}
 		f = pop_flush(e);
 		if (!f && e->nasettle) {	/* nothing due: their syncs now */
-			asettle_all(e, &ring);
+			eng_asettle_all(e, &ring);
 			continue;
 		}
 		if (!f) {
@@ -1507,7 +1023,7 @@ void *eng_flusher_main(void *arg)
 			flush_batch(e, &ring, f, batch);
 		} else {
 			f->queued = false;
-			flush_one(e, &ring, f);
+			eng_flush_one(e, &ring, f);
 		}
 		eng_unlock(e);
 		f->ops->put(f);
@@ -1515,173 +1031,6 @@ void *eng_flusher_main(void *arg)
 	}
 	eng_unlock(e);
 	free(batch);
-	ssd_ring_exit(&ring);
-	return NULL;
-}
-
-/* ---- GPU -> host cascade ---------------------------------------------- */
-
-/*
- * e->lock held (dropped while it waits), f's GPU copy cp leased and
- * flushing: room for hcp, len bytes, in the host cache; *kept when the GPU
- * tier keeps f until it is read.  0, -EEXIST where f has a host copy or
- * went away meanwhile, or eng_alloc_wait's error (no room now).
- */
-static int cascade_room(struct engine *e, struct tfile *f, struct copy *cp, struct copy *hcp,
-			uint64_t len, bool *kept)
-{
-	int hi = host_index(e);
-	int ret;
-
-	*kept = !f->copy[hi] && f->hint_seq && f->hint_seq >= e->hint_head &&
-		f->hint_seq < eng_gpu_keeps_below(e) &&
-		eng_gpu_unflushed(e) <= e->tiers[0]->size / 2;
-	if (f->copy[hi])
-		return -EEXIST;
-	if (*kept) {
-		/*
-		 * The GPU tier keeps this file until it is read: a host copy
-		 * would only be a second one.  Take room that is free now and
-		 * holds nothing needed sooner, or else have the SSD flushers
-		 * write it from the GPU, so the host cache keeps the files
-		 * the GPU tier will not.
-		 */
-		ret = eng_alloc_wait(e, &e->host, hcp, len, 0,
-				     eng_shadow_rank(eng_copy_dist(e, cp)) + 1);
-	} else {
-		ret = eng_alloc_wait(e, &e->host, hcp, len, 1, 0);
-	}
-	if (!ret && (f->copy[hi] || f->unlinked)) {	/* changed while we waited */
-		cache_release(&e->host, hcp);
-		eng_room(e);
-		ret = -EEXIST;
-	}
-	return ret;
-}
-
-/* e->lock held: hcp, which did not become its file's host copy, dropped. */
-static void cascade_drop(struct engine *e, struct copy *hcp)
-{
-	tier_set_state(&hcp->state, TS_INIT);
-	cache_release(&e->host, hcp);
-	free(hcp);
-	eng_settled(e);
-	eng_room(e);
-}
-
-/*
- * e->lock held: copy f's GPU copy into a new host copy, which then goes to
- * the SSD flush queue; the GPU copy becomes FLUSHED (evictable).
- */
-static void cascade_one(struct engine *e, struct ssd_ring *ring, struct tfile *f)
-{
-	int hi = host_index(e);
-	struct copy *cp = f->copy[0], *hcp;
-	struct lease l = { .n = 0 };
-	uint64_t len;
-	struct dd_ghash gh;
-	double t0;
-	bool kept, moved;
-	int ret;
-
-	if (!cp || cp->cache != e->tiers[0] || cp->state != TS_WRITE_COMPLETE ||
-	    cp->flushing || f->unlinked || !f->dirty)
-		return;
-	hcp = calloc(1, sizeof(*hcp));
-	if (!hcp)
-		return;
-	hcp->file = f;
-	cp->flushing = true;
-	lease_take(&l, cp);	/* eng_alloc_wait() may drop the lock */
-	len = cp->len;
-	ret = cascade_room(e, f, cp, hcp, len, &kept);
-	if (ret) {
-		free(hcp);
-		cp->flushing = false;
-		lease_release(e, &l);
-		/*
-		 * The host tier has no room now: straight to the SSD, here
-		 * (which holds back the cascade, as the full host cache
-		 * asks) or, for a file the GPU keeps, by the SSD flushers
-		 * (the cascade goes on with the files that must leave).
-		 */
-		if (ret != -EEXIST && kept)
-			eng_queue_flush(e, f, false);
-		else if (ret != -EEXIST)
-			flush_one(e, ring, f);
-		eng_settled(e);
-		return;
-	}
-	tier_set_state(&hcp->state, TS_WRITE_IN_PROGRESS);
-	lease_take(&l, hcp);
-	eng_dd_gpu_plan(e, f, cp, len, &gh);	/* a whole new file's chunks */
-	eng_unlock(e);		/* under the lease of cp and hcp */
-	/* hashed first: where an fsync waits, its clone record is made
-	 * from the chunks that differ before the rest crosses over */
-	eng_dd_gpu_hash(e, cp, &gh);
-	eng_dd_gpu_record(e, f, cp, hcp, len, &gh);
-	t0 = tier_now();
-	ret = eng_copy_bounds(hcp, 0, len);
-	if (!ret)
-		ret = eng_copy_bounds(cp, 0, len);
-	if (!ret)
-		ret = cp->cache->ops->read(cp->cache, cp->frag->off, copy_ptr(hcp), len);
-	t0 = tier_now() - t0;
-	lease_end(e, &l);
-	cp->flushing = false;
-	/* changed while the bytes moved (not by a writer: they wait for
-	 * cp->flushing): this copy is not the file's any more */
-	moved = f->copy[hi] || f->copy[0] != cp || f->unlinked || cp->state != TS_WRITE_COMPLETE;
-	if (ret || moved) {
-		eng_dd_gpu_keep(f, &gh, false);	/* no host copy of them follows */
-		cascade_drop(e, hcp);
-		if (ret)
-			tlog(LOG_ERR, "GPU -> host copy failed: %s", strerror(-ret));
-		return;
-	}
-	hcp->len = len;
-	eng_dd_gpu_keep(f, &gh, true);	/* for the flush of hcp */
-	eng_attach_copy(e, f, hi, hcp);
-	tier_set_state(&hcp->state, TS_WRITE_COMPLETE);
-	backlog_del(e, cp);
-	tier_set_state(&cp->state, TS_FLUSHED);
-	if (cp->promoted)
-		tier_set_state(&cp->state, TS_READ_COMPLETE);
-	backlog_add(e, hcp);
-	e->bytes_to_host += len;
-	e->to_host_s += t0;
-	eng_queue_flush_aged(e, f, len);
-	eng_settled(e);
-	eng_room(e);		/* cp is FLUSHED (evictable) */
-}
-
-void *eng_gflusher_main(void *arg)
-{
-	struct engine *e = arg;
-	struct ssd_ring ring;
-
-	if (ssd_ring_init(&ring, e->cfg.queue_depth, e->cfg.chunk)) {
-		tlog(LOG_CRIT, "io_uring setup for the GPU flusher failed");
-		return NULL;
-	}
-	eng_lock(e);
-	for (;;) {
-		struct tfile *f = pop_due(&e->gq_head, &e->gq_tail,
-					  offsetof(struct tfile, gq_next));
-
-		if (!f) {
-			if (e->stop && !e->gq_head)
-				break;
-			wait_ms(e, &e->cascade_work, 50);
-			continue;
-		}
-		f->gqueued = false;
-		cascade_one(e, &ring, f);
-		eng_unlock(e);
-		f->ops->put(f);
-		eng_lock(e);
-	}
-	eng_unlock(e);
 	ssd_ring_exit(&ring);
 	return NULL;
 }

@@ -61,7 +61,7 @@ struct tfile_ops {
 	 */
 	int (*version_small)(struct tfile *f, const void *buf, uint64_t len, int *fd);
 	/*
-	 * Optional, the four together (-o journal_pct; flush.c's journal
+	 * Optional, the four together (-o journal_pct; flush_journal.c's journal
 	 * flush).  journal_delta: append a record of f's change since its
 	 * backing file's content: the n ranges r, whose bytes are at
 	 * base + r[i].start (zero: NULL, or where zero[i], range i reads as
@@ -174,7 +174,7 @@ struct tfile {
 	uint64_t jgen;			/* the gen that record holds */
 	uint64_t jsettle;		/* its record applied to the backing
 					 * file, the apply not synced yet
-					 * (flush.c's asettle), 0: none */
+					 * (flush_journal.c's asettle), 0: none */
 	bool jsettling;			/* that sync under way */
 	uint64_t hint_seq;		/* restore-queue ticket, 0: no hint */
 	struct hint *hint_first, *hint_last;	/* its restore-queue entries,
