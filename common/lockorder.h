@@ -53,7 +53,9 @@
  *      (store/journal.c) and syncs (never held across one)     an ilock, engine.lock never)
  * 20   closer.lock     removed files' descriptors queued for   nothing (a leaf; taken after
  *      (fs/fs_fd.c)    the closer thread                       fdc.lock is dropped)
- * 21   log_mu          the line state of -o logfile's stream   nothing (the last: a message
+ * 21   settle.lock     the settler's queue of hard-linked      nothing (a leaf; taken under
+ *      (fs/fs_intent.c) files whose intents wait for a sync    a file ilock)
+ * 22   log_mu          the line state of -o logfile's stream   nothing (the last: a message
  *      (fs/fs_start.c)                                         is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
@@ -107,7 +109,7 @@ enum lock_rank {
 	LR_GPU_VMM,		/* gpu_vmm.c's vmm lock: a leaf */
 	LR_JOURNAL,		/* store/journal.c's jnl.lock: a leaf */
 	LR_FS_CLOSER,		/* fs_fd.c's closer.lock: a leaf */
-	LR_FS_SETTLE,		/* fs_version.c's settle.lock: a leaf */
+	LR_FS_SETTLE,		/* fs_intent.c's settle.lock: a leaf */
 	LR_LOG,			/* fs_start.c's log_mu: the last */
 };
 
