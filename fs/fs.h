@@ -126,6 +126,8 @@ struct fs_inode {
 					 * ilock, read atomically */
 	char clone_base[64];		/* that record's base (its link's name
 					 * in the backing root), under ilock */
+	dev_t clone_dev;		/* the base's backing inode (the */
+	ino_t clone_ino;		/* journal's link of it), under ilock */
 	uint64_t jretired;		/* atomic: the seq of the retirement of
 					 * its last journal record retired, not
 					 * synced perhaps (UINT64_MAX: one could
@@ -522,6 +524,13 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
  * link removed, after a version of in was committed durably (v_commit's
  * caller: fs_version.c).  Takes in's ilock. */
 void fs_journal_clone_done(struct fs_inode *in);
+/*
+ * fs_journal.c: fstatat(fd, "", st, flags | AT_EMPTY_PATH) of a backing
+ * object, its st_nlink without the journal's own links of it (a live clone
+ * record's base, linked under a hidden name: no name of the file's), of
+ * one moment.  0 or -errno.
+ */
+int fs_journal_fstat(int fd, struct stat *st, int flags);
 /*
  * fs_journal.c: the commit intent of a new version copied over a file in
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq

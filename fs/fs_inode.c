@@ -560,7 +560,7 @@ static int stat_backing(struct fs_inode *in, struct stat *st)
 again:
 	fd = fs_fd_hold(in);
 	ret = fd < 0 ? fd :
-	      fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+	      fs_journal_fstat(fd, st, AT_SYMLINK_NOFOLLOW);
 	fs_fd_release(in);
 	/* a version commit may have renamed a new version over the one we
 	 * held (it moves the inode first): the next hold gets the new one */
@@ -627,8 +627,8 @@ static int lookup_once(struct fs_inode *parent, const char *name,
 	fs_fd_release(parent);
 	if (fd < 0)
 		return fd;
-	if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
-		ret = -errno;
+	ret = fs_journal_fstat(fd, &st, AT_SYMLINK_NOFOLLOW);
+	if (ret) {
 		close(fd);
 		return ret;
 	}

@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -212,6 +213,138 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 }
 
 /*
+ * The journal's own links of users' files.  A clone record's base is the
+ * backing file of another checkpoint, linked under a hidden name while the
+ * record is live: that link is no name of the file's, and the link counts
+ * the mount reports leave it out (fs_journal_fstat).  bases holds the
+ * backing inodes so linked, with how many links each; a link and its entry
+ * change between base_begin and base_end, which move active and gen, so
+ * that a reader whose fstat and look at the table saw no change between
+ * them knows they are of one moment.
+ */
+static struct {
+	pthread_mutex_t lock;		/* LR_FS_BASES (a leaf): v, n, cap */
+	struct base_link { dev_t dev; ino_t ino; unsigned links; } *v;
+	unsigned n, cap;		/* n: read atomically too */
+	unsigned long gen, active;	/* atomic */
+} bases = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void base_begin(void)
+{
+	__atomic_add_fetch(&bases.active, 1, __ATOMIC_SEQ_CST);
+}
+
+static void base_end(void)
+{
+	__atomic_add_fetch(&bases.gen, 1, __ATOMIC_SEQ_CST);
+	__atomic_sub_fetch(&bases.active, 1, __ATOMIC_SEQ_CST);
+}
+
+/* dev/ino's links by the journal counted up or down (d).  Without room for
+ * an entry the link goes uncounted (reported, as any name is). */
+static void base_count(dev_t dev, ino_t ino, int d)
+{
+	unsigned i;
+
+	ranked_lock(&bases.lock, LR_FS_BASES);
+	for (i = 0; i < bases.n; i++)
+		if (bases.v[i].dev == dev && bases.v[i].ino == ino)
+			break;
+	if (i == bases.n && d > 0) {
+		if (bases.n == bases.cap) {
+			unsigned cap = bases.cap ? bases.cap * 2 : 16;
+			struct base_link *v = realloc(bases.v, cap * sizeof(*v));
+
+			if (!v)
+				goto out;
+			bases.v = v;
+			bases.cap = cap;
+		}
+		bases.v[i] = (struct base_link){ dev, ino, 0 };
+		__atomic_store_n(&bases.n, bases.n + 1, __ATOMIC_SEQ_CST);
+	}
+	if (i == bases.n)
+		goto out;
+	if (d > 0)
+		bases.v[i].links++;
+	else if (bases.v[i].links && !--bases.v[i].links) {
+		bases.v[i] = bases.v[bases.n - 1];
+		__atomic_store_n(&bases.n, bases.n - 1, __ATOMIC_SEQ_CST);
+	}
+out:
+	ranked_unlock(&bases.lock, LR_FS_BASES);
+}
+
+/* The journal's link name of dev/ino removed. */
+static void base_unlink(const char *name, dev_t dev, ino_t ino)
+{
+	base_begin();
+	base_count(dev, ino, -1);
+	unlinkat(fs.root_fd, name, 0);
+	base_end();
+}
+
+/* fs_journal_keep (fs.h), where base is not NULL counting the link as
+ * the journal's link of base's backing inode (a clone record's base). */
+static int keep(int fd, const char *tag, char *name, size_t len, const struct stat *base)
+{
+	static uint64_t counter;
+	char path[64];
+	int ret = 0;
+
+	if (snprintf(name, len, FS_INTENT_PREFIX "%s%lx.%" PRIu64, tag, (unsigned long)getpid(),
+		     __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED)) >= (int)len)
+		return -ENAMETOOLONG;
+	fs_proc_path(fd, path, sizeof(path));
+	if (base)
+		base_begin();
+	if (linkat(AT_FDCWD, path, fs.root_fd, name, AT_SYMLINK_FOLLOW) < 0)
+		ret = -errno;
+	else if (base)
+		base_count(base->st_dev, base->st_ino, 1);
+	if (base)
+		base_end();
+	if (ret)
+		return ret;
+	ret = fs_fd_sync_dir(fs.root_fd);
+	if (ret && base)
+		base_unlink(name, base->st_dev, base->st_ino);
+	else if (ret)
+		unlinkat(fs.root_fd, name, 0);
+	return ret;
+}
+
+/* See fs.h. */
+int fs_journal_fstat(int fd, struct stat *st, int flags)
+{
+	for (int tries = 0;; tries++) {
+		unsigned long gen = __atomic_load_n(&bases.gen, __ATOMIC_SEQ_CST);
+		bool quiet = !__atomic_load_n(&bases.active, __ATOMIC_SEQ_CST);
+		unsigned links = 0;
+
+		if (fstatat(fd, "", st, flags | AT_EMPTY_PATH) < 0)
+			return -errno;
+		if (!__atomic_load_n(&bases.n, __ATOMIC_SEQ_CST) && quiet &&
+		    __atomic_load_n(&bases.gen, __ATOMIC_SEQ_CST) == gen)
+			return 0;	/* no link of the journal's, then or now */
+		if (!S_ISREG(st->st_mode))
+			return 0;
+		ranked_lock(&bases.lock, LR_FS_BASES);
+		for (unsigned i = 0; i < bases.n; i++)
+			if (bases.v[i].dev == st->st_dev && bases.v[i].ino == st->st_ino)
+				links = bases.v[i].links;
+		ranked_unlock(&bases.lock, LR_FS_BASES);
+		if ((quiet && __atomic_load_n(&bases.active, __ATOMIC_SEQ_CST) == 0 &&
+		     __atomic_load_n(&bases.gen, __ATOMIC_SEQ_CST) == gen) || tries == 64) {
+			/* after 64 changes in its way (never seen): as read */
+			st->st_nlink -= links < st->st_nlink ? links : st->st_nlink;
+			return 0;
+		}
+		sched_yield();	/* a link being made or removed: a moment */
+	}
+}
+
+/*
  * tfile_ops.journal_clone: see tfile.h.  The base (a version in the chunk
  * index, bfd) is linked under a hidden name in the backing root and that
  * made durable (its data, then the root) before the record, which names
@@ -238,7 +371,7 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 		ret = 1;	/* not a base a replay could clone */
 		goto out;
 	}
-	ret = fsync(bfd) < 0 ? -errno : fs_journal_keep(bfd, "b", bname, sizeof(bname));
+	ret = fsync(bfd) < 0 ? -errno : keep(bfd, "b", bname, sizeof(bname), &bst);
 	if (ret) {
 		ret = ret == -ENOENT ? 1 : ret;	/* the base has no name left */
 		goto out;
@@ -260,10 +393,12 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 						 * a replay once the version is in */
 	}
 	if (ret) {
-		unlinkat(fs.root_fd, bname, 0);
+		base_unlink(bname, bst.st_dev, bst.st_ino);
 		goto out;
 	}
 	memcpy(in->clone_base, bname, sizeof(bname));
+	in->clone_dev = bst.st_dev;
+	in->clone_ino = bst.st_ino;
 	__atomic_store_n(&in->clone_seq, *seq, __ATOMIC_RELEASE);
 out:
 	fs_attrs_unlock(in);
@@ -275,17 +410,21 @@ void fs_journal_clone_done(struct fs_inode *in)
 {
 	char bname[sizeof(in->clone_base)];
 	uint64_t seq;
+	dev_t dev;
+	ino_t ino;
 
 	fs_attrs_lock(in);
 	seq = __atomic_load_n(&in->clone_seq, __ATOMIC_ACQUIRE);
 	memcpy(bname, in->clone_base, sizeof(bname));
+	dev = in->clone_dev;
+	ino = in->clone_ino;
 	__atomic_store_n(&in->clone_seq, 0, __ATOMIC_RELEASE);
 	fs_attrs_unlock(in);
 	/* a record that stays live (its retirement not durable) is passed
 	 * over by a replay (its file is the new version now), and its base's
 	 * link goes with the journal's next emptying at a start-up */
 	if (seq && !fs_journal_retire_durably(seq))
-		unlinkat(fs.root_fd, bname, 0);
+		base_unlink(bname, dev, ino);
 }
 
 /* See fs.h. */
@@ -393,20 +532,7 @@ int fs_journal_settle(struct tfile *f, uint64_t seq)
 /* See fs.h. */
 int fs_journal_keep(int fd, const char *tag, char *name, size_t len)
 {
-	static uint64_t counter;
-	char path[64];
-	int ret;
-
-	if (snprintf(name, len, FS_INTENT_PREFIX "%s%lx.%" PRIu64, tag, (unsigned long)getpid(),
-		     __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED)) >= (int)len)
-		return -ENAMETOOLONG;
-	fs_proc_path(fd, path, sizeof(path));
-	if (linkat(AT_FDCWD, path, fs.root_fd, name, AT_SYMLINK_FOLLOW) < 0)
-		return -errno;
-	ret = fs_fd_sync_dir(fs.root_fd);
-	if (ret)
-		unlinkat(fs.root_fd, name, 0);
-	return ret;
+	return keep(fd, tag, name, len, NULL);
 }
 
 /* See fs.h. */

@@ -193,7 +193,7 @@ static void name_removed(struct fs_inode *in, int fd, struct fs_inode *parent,
 	struct stat st;
 
 	fs_move_name(in, parent, name, NULL, NULL);
-	if (fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && st.st_nlink == 0) {
+	if (fd >= 0 && fs_journal_fstat(fd, &st, 0) == 0 && st.st_nlink == 0) {
 		in->unlinked = true;
 		fs_drop_aliases(in);
 		if (S_ISREG(in->type))

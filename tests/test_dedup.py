@@ -584,6 +584,39 @@ def test_a_checkpoint_like_its_predecessor_is_durable_as_a_clone_record(xfs, mou
     assert util.tierfs_internals(m.backing) == []
 
 
+def test_a_clone_records_base_link_is_no_name_of_its_file(xfs, mount, monkeypatch):
+    """While a clone record is live its base, the backing file of the
+    checkpoint before, is linked under a hidden name in the backing root
+    (its st_nlink there is one more).  That link is the journal's, not a
+    name of the file: stat through the mount counts the file's names only,
+    a second name included, and the last name's removal leaves no name.
+    The version is held 3 s after its record (TIERFS_DELAY=clone_recorded)."""
+    util.require_daemon()
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000")
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4121,
+                                                 "a clone record's base link"))
+    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
+    write_sync(one, ck[0])
+    util.wait_flushed(m)
+    write_sync(two, ck[1])
+    assert dstats(m)["records"] == 1
+    assert len(base_links(m.backing)) == 1
+    assert os.stat(os.path.join(m.backing, "ckpt.1")).st_nlink == 2, "the base is not ckpt.1"
+    time.sleep(1.2)                     # the kernel's attributes of ckpt.1 expire
+    assert os.stat(one).st_nlink == 1, "the journal's link counted as a name"
+    os.link(one, one + ".b")
+    assert os.stat(one + ".b").st_nlink == 2
+    os.unlink(one + ".b")
+    assert os.stat(one).st_nlink == 1
+    assert live_records(m.backing, util.JNL_CLONE), "the record was retired before the checks"
+    util.wait_flushed(m)
+    assert base_links(m.backing) == []
+    assert os.stat(one).st_nlink == 1
+    util.assert_same(util.read_file(two), ck[1], "ckpt.2")
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
 def test_the_next_checkpoint_waits_for_the_version_of_a_clone_record(xfs, mount, monkeypatch):
     """The fsync of a checkpoint that returned at a clone record comes
     before its version is in the chunk index.  The next checkpoint of the
