@@ -519,7 +519,8 @@ void fs_journal_retire(struct tfile *f, uint64_t seq);
 void fs_journal_retire_shadow(struct fs_inode *in);
 int fs_journal_settle(struct tfile *f, uint64_t seq);
 int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct drange *r,
-		     uint32_t n, uint64_t size, uint64_t *seq);
+		     uint32_t n, uint64_t size, uint64_t *seq, bool (*base_ok)(void *),
+		     void *arg);
 /* fs_journal.c: in's clone record, if any, retired durably and its base's
  * link removed, after a version of in was committed durably (v_commit's
  * caller: fs_version.c).  Takes in's ilock. */
@@ -531,6 +532,16 @@ void fs_journal_clone_done(struct fs_inode *in);
  * one moment.  0 or -errno.
  */
 int fs_journal_fstat(int fd, struct stat *st, int flags);
+/*
+ * fs_journal.c: is backing inode dev/ino a live clone record's base?  Its
+ * replay clones the inode, so until the record is retired nothing writes
+ * it in place: its changes are new versions renamed over its name
+ * (v_commit, ident_of refuses it a journal record), and a file of several
+ * names is never taken as a base.  fs_journal_base_wait: wait (max_s at
+ * most) until it is none; false where it still is.
+ */
+bool fs_journal_is_base(dev_t dev, ino_t ino);
+bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s);
 /*
  * fs_journal.c: the commit intent of a new version copied over a file in
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq

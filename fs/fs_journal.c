@@ -51,6 +51,7 @@
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/openat2.h>
 
@@ -151,8 +152,11 @@ static int ident_of(struct fs_inode *in, struct ident *id)
 		goto out_fd;
 	}
 	fs_proc_path(fd, path, sizeof(path));
-	/* a file capability would go with our write (as v_small says) */
-	if (!S_ISREG(id->st.st_mode) || getxattr(path, "security.capability", NULL, 0) >= 0) {
+	/* a file capability would go with our write (as v_small says); a
+	 * live clone record's base keeps its content until the record is
+	 * retired (its replay clones it): its change is a new version */
+	if (!S_ISREG(id->st.st_mode) || getxattr(path, "security.capability", NULL, 0) >= 0 ||
+	    fs_journal_is_base(id->st.st_dev, id->st.st_ino)) {
 		ret = 1;
 		goto out_fd;
 	}
@@ -240,10 +244,13 @@ static void base_end(void)
 	__atomic_sub_fetch(&bases.active, 1, __ATOMIC_SEQ_CST);
 }
 
-/* dev/ino's links by the journal counted up or down (d).  Without room for
- * an entry the link goes uncounted (reported, as any name is). */
-static void base_count(dev_t dev, ino_t ino, int d)
+/* dev/ino's links by the journal counted up or down (d).  false where a
+ * link up found no room for its entry (then it is not counted, and the
+ * caller takes the link away: an inode the table does not know could be
+ * written in place while a record depends on it). */
+static bool base_count(dev_t dev, ino_t ino, int d)
 {
+	bool ok = true;
 	unsigned i;
 
 	ranked_lock(&bases.lock, LR_FS_BASES);
@@ -255,8 +262,10 @@ static void base_count(dev_t dev, ino_t ino, int d)
 			unsigned cap = bases.cap ? bases.cap * 2 : 16;
 			struct base_link *v = realloc(bases.v, cap * sizeof(*v));
 
-			if (!v)
+			if (!v) {
+				ok = false;
 				goto out;
+			}
 			bases.v = v;
 			bases.cap = cap;
 		}
@@ -273,6 +282,7 @@ static void base_count(dev_t dev, ino_t ino, int d)
 	}
 out:
 	ranked_unlock(&bases.lock, LR_FS_BASES);
+	return ok;
 }
 
 /* The journal's link name of dev/ino removed. */
@@ -300,8 +310,10 @@ static int keep(int fd, const char *tag, char *name, size_t len, const struct st
 		base_begin();
 	if (linkat(AT_FDCWD, path, fs.root_fd, name, AT_SYMLINK_FOLLOW) < 0)
 		ret = -errno;
-	else if (base)
-		base_count(base->st_dev, base->st_ino, 1);
+	else if (base && !base_count(base->st_dev, base->st_ino, 1)) {
+		unlinkat(fs.root_fd, name, 0);
+		ret = -ENOMEM;
+	}
 	if (base)
 		base_end();
 	if (ret)
@@ -344,6 +356,37 @@ int fs_journal_fstat(int fd, struct stat *st, int flags)
 	}
 }
 
+/* See fs.h. */
+bool fs_journal_is_base(dev_t dev, ino_t ino)
+{
+	bool live = false;
+
+	/* n is stored under the lock before the link's maker looks at what
+	 * would change the base (fs_journal_clone): seen here, or it sees */
+	if (!__atomic_load_n(&bases.n, __ATOMIC_SEQ_CST))
+		return false;
+	ranked_lock(&bases.lock, LR_FS_BASES);
+	for (unsigned i = 0; i < bases.n && !live; i++)
+		live = bases.v[i].dev == dev && bases.v[i].ino == ino;
+	ranked_unlock(&bases.lock, LR_FS_BASES);
+	return live;
+}
+
+/* See fs.h. */
+bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s)
+{
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (fs_journal_is_base(dev, ino)) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 >= max_s)
+			return false;
+		usleep(5000);
+	}
+	return true;
+}
+
 /*
  * tfile_ops.journal_clone: see tfile.h.  The base (a version in the chunk
  * index, bfd) is linked under a hidden name in the backing root and that
@@ -354,13 +397,14 @@ int fs_journal_fstat(int fd, struct stat *st, int flags)
  * ilock, as its commits do.
  */
 int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct drange *r,
-		     uint32_t n, uint64_t size, uint64_t *seq)
+		     uint32_t n, uint64_t size, uint64_t *seq, bool (*base_ok)(void *),
+		     void *arg)
 {
 	struct fs_inode *in = in_of(f);
 	char bname[sizeof(in->clone_base)];
 	struct jnl_range *jr;
 	struct ident id;
-	struct stat bst;
+	struct stat bst, nst;
 	int ret;
 
 	fs_attrs_lock(in);
@@ -376,8 +420,15 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 		ret = ret == -ENOENT ? 1 : ret;	/* the base has no name left */
 		goto out;
 	}
-	jr = ranges_of(r, NULL, n);
-	if (!jr)
+	/* Counted as a base from here on, the inode is never written in
+	 * place (ident_of, v_commit).  A writer that looked before sees its
+	 * change in base_ok (the engine's version of the base moved on), and
+	 * a hard-linked base is refused: its next version would be copied
+	 * over it in place. */
+	if (fs_journal_fstat(bfd, &nst, 0) || nst.st_nlink > 1 || !base_ok(arg))
+		ret = 1;
+	jr = ret ? NULL : ranges_of(r, NULL, n);
+	if (!ret && !jr)
 		ret = -ENOMEM;
 	if (!ret) {
 		struct jnl_base b = { .name = bname, .ino = bst.st_ino,

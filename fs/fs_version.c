@@ -107,8 +107,8 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 		fd = fs_fd_hold(in);
 		if (fd < 0)
 			ret = fd;
-		else if (fstatat(fd, "", &st, AT_EMPTY_PATH) < 0)
-			ret = -errno;
+		else if ((ret = fs_journal_fstat(fd, &st, 0)))
+			;	/* names only: a clone record's base link is none */
 		else if (st.st_nlink == 1 && in->name && in->parent)
 			dir = in->parent;
 		else		/* hard links: copied in place at commit */
@@ -504,6 +504,35 @@ static int adopt(struct fs_inode *in, int fd, int closing[2])
 	return ret;
 }
 
+/*
+ * A file of several names whose backing inode is a live clone record's
+ * base (a name was linked to it after the record was made: a base of
+ * several names is refused, fs_journal_clone) has its new version copied
+ * over that inode, which the record's replay clones: wait, before any of
+ * the commit's locks, for the record's version to retire it (its build
+ * takes none of them).  After BASE_WAIT_S the copy goes ahead, said in the
+ * log: until that version is in, a crash would replay the record against
+ * the new content.
+ */
+#define BASE_WAIT_S	30.0
+
+static void base_wait(struct fs_inode *in)
+{
+	struct stat st;
+	char nb[PATH_MAX];
+	int ofd = fs_fd_hold(in);
+	bool linked = ofd >= 0 && fs_journal_fstat(ofd, &st, 0) == 0 && st.st_nlink > 1;
+
+	fs_fd_release(in);
+	if (!linked || fs_journal_base_wait(st.st_dev, st.st_ino, BASE_WAIT_S))
+		return;
+	fs_lock();
+	snprintf(nb, sizeof(nb), "%s", in->name ? in->name : "(unlinked file)");
+	fs_unlock();
+	tlog(LOG_WARNING, "%s: a clone record based on this hard-linked file is still live "
+	     "after %.0f s; its new version is copied over it in place", nb, BASE_WAIT_S);
+}
+
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 {
 	struct fs_inode *in = in_of(f), *dir = NULL, *also = NULL;
@@ -514,12 +543,15 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 
 	if (inplace)
 		return commit_inplace(in, fd, durable);
+	base_wait(in);
 	fs_attrs_lock(in);
 	/* the attributes first, outside the names locks: they are in's,
-	 * whatever its name (a removed file's are adopted with its data) */
+	 * whatever its name (a removed file's are adopted with its data);
+	 * its names counted without the journal's links of it (a live clone
+	 * record's base: the rename below leaves that inode as it is) */
 	ofd = fs_fd_hold(in);
-	if (ofd < 0 || fstatat(ofd, "", &old, AT_EMPTY_PATH) < 0) {
-		ret = ofd < 0 ? ofd : -errno;
+	if (ofd < 0 || (ret = fs_journal_fstat(ofd, &old, 0))) {
+		ret = ofd < 0 ? ofd : ret;
 		fs_fd_release(in);
 		fs_lock();
 		if (in->unlinked && !in->nopen)
@@ -558,8 +590,8 @@ static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)
 		goto out_close;
 	}
 	ofd = fs_fd_hold(in);
-	if (ofd < 0 || fstatat(ofd, "", &old, AT_EMPTY_PATH) < 0) {
-		ret = ofd < 0 ? ofd : -errno;
+	if (ofd < 0 || (ret = fs_journal_fstat(ofd, &old, 0))) {
+		ret = ofd < 0 ? ofd : ret;
 		fs_fd_release(in);
 		goto out_close;
 	}

@@ -449,7 +449,8 @@ static void each_name(struct fs_inode *in, bool intent)
 	fs_unlock();
 	/* no known name: the name its descriptor was opened by (rel) */
 	fd = fs_fd_hold(in);
-	have_st = fd >= 0 && fstatat(fd, "", &st, AT_EMPTY_PATH) == 0;
+	/* its names: a live clone record's base link is none (no walk for it) */
+	have_st = fd >= 0 && fs_journal_fstat(fd, &st, 0) == 0;
 	have_rel = have_st && !n && !in->unlinked &&
 		   !persist_rel_of_fd_any(fd, rel, sizeof(rel), &removed) && *rel;
 	fs_fd_release(in);

@@ -617,6 +617,125 @@ def test_a_clone_records_base_link_is_no_name_of_its_file(xfs, mount, monkeypatc
     assert util.tierfs_internals(m.backing) == []
 
 
+@pytest.mark.parametrize("change", ["whole", "small"])
+def test_a_live_clone_records_base_is_never_written_in_place(xfs, mount, monkeypatch, change):
+    """A clone record names its base, the backing file of the checkpoint
+    before, by a hidden link to its inode: the replay clones that inode
+    and writes the record's chunks over the clone.  So while the record is
+    live, that inode must keep the content the record was made against.
+    The first checkpoint is changed in place through the mount and fsynced
+    while the second's record is live (its version held 5 s after the
+    record, TIERFS_DELAY=clone_recorded): all of it rewritten ("whole":
+    a new version, which the link must not make a hard-linked file's copy
+    in place) or a few bytes ("small": a journal record, applied after).
+    Then the daemon is killed and tierfs --recover run: both checkpoints
+    read back as their last fsync left them."""
+    util.require_daemon()
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=5000")
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4131,
+                                                 "a live base changed in place"))
+    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
+    write_sync(one, ck[0])
+    util.wait_flushed(m)
+    write_sync(two, ck[1])
+    assert dstats(m)["records"] == 1
+    assert len(base_links(m.backing)) == 1
+    if change == "whole":
+        new1 = util.randbytes(size, random.Random(4132))
+    else:
+        new1 = bytearray(ck[0])
+        new1[5 * C + 10:5 * C + 74] = b"\xa5" * 64
+        new1 = bytes(new1)
+    fd = os.open(one, os.O_RDWR)
+    try:
+        if change == "whole":
+            os.pwrite(fd, new1, 0)
+        else:
+            os.pwrite(fd, new1[5 * C + 10:5 * C + 74], 5 * C + 10)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # the small change's apply in place follows its fsync: give it the time
+    deadline = time.monotonic() + 2
+    while (change == "small" and time.monotonic() < deadline and
+           util.read_file(os.path.join(m.backing, "ckpt.1")) != new1):
+        time.sleep(0.05)
+    assert live_records(m.backing, util.JNL_CLONE), "the record was retired before the kill"
+    base = os.path.join(m.backing, base_links(m.backing)[0])
+    assert os.stat(base).st_ino != os.stat(os.path.join(m.backing, "ckpt.1")).st_ino, \
+        "ckpt.1 changed in its base's inode"
+    kill_and_start(m, "recover")
+    util.assert_same(util.read_file(two), ck[1], "ckpt.2, whose record's base was ckpt.1")
+    util.assert_same(util.read_file(one), new1, "ckpt.1")
+    m.umount()
+    util.assert_same(util.read_file(os.path.join(m.backing, "ckpt.2")), ck[1], "its backing file")
+    assert util.tierfs_internals(m.backing) == []
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_hard_linked_file_is_no_live_base_to_write_over(xfs, mount, monkeypatch, when):
+    """A file of several names is changed by copying its new version over
+    its inode, so it is never taken as a clone record's base ("before":
+    the second checkpoint's fsync makes a version, no record).  Linked
+    while it is a live base ("after"), its next version waits for the
+    record's (held 3 s, TIERFS_DELAY=clone_recorded) before the copy: a
+    kill right after its fsync, then tierfs --recover, leaves both files
+    as their fsyncs left them."""
+    util.require_daemon()
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000")
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4141,
+                                                 "a hard-linked base"))
+    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
+    write_sync(one, ck[0])
+    util.wait_flushed(m)
+    if when == "before":
+        os.link(one, one + ".b")
+    write_sync(two, ck[1])
+    assert dstats(m)["records"] == (0 if when == "before" else 1)
+    new1 = util.randbytes(size, random.Random(4142))
+    if when == "after":
+        os.link(one, one + ".b")
+        with open(one, "r+b") as f:
+            f.write(new1)
+            f.flush()
+            os.fsync(f.fileno())
+        assert live_records(m.backing, util.JNL_CLONE) == [], \
+            "copied over a live record's base"
+    kill_and_start(m, "recover")
+    util.assert_same(util.read_file(two), ck[1], "ckpt.2")
+    util.assert_same(util.read_file(one + ".b"), new1 if when == "after" else ck[0], "ckpt.1.b")
+    assert os.stat(one).st_ino == os.stat(one + ".b").st_ino
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
+@pytest.mark.parametrize("tier", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_checkpoint_rewritten_under_its_name_is_not_its_own_base(xfs, mount, monkeypatch,
+                                                                   tier):
+    """A clone record's replay writes the file's backing inode: that inode
+    is never the record's base, whose clone the replay starts from.  A
+    checkpoint rewritten whole under the same name with a few chunks
+    changed (the only indexed version like it is its own) gets no record,
+    in the host tier (the flush takes its version out of the index first)
+    and in the GPU tier (the cascade's record, eng_dd_gpu_record); killed
+    while its version is held (TIERFS_DELAY=clone_recorded), it reads back
+    as its fsync left it after tierfs --recover."""
+    util.require_daemon()
+    opts = {"gpu_cache": "256M"} if tier == "gpu" else {}
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000", **opts)
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4151,
+                                                 "rewritten under its name"))
+    p = os.path.join(m.mnt, "latest")
+    write_sync(p, ck[0])
+    util.wait_flushed(m)
+    write_sync(p, ck[1])
+    assert dstats(m)["records"] == 0, "its own backing file taken as its base"
+    kill_and_start(m, "recover")
+    util.assert_same(util.read_file(p), ck[1], "latest")
+    m.umount()
+    assert util.tierfs_internals(m.backing) == []
+
+
 def test_the_next_checkpoint_waits_for_the_version_of_a_clone_record(xfs, mount, monkeypatch):
     """The fsync of a checkpoint that returned at a clone record comes
     before its version is in the chunk index.  The next checkpoint of the

@@ -952,6 +952,27 @@ static int ddf_gather(struct engine *e, struct copy *from, struct copy *to,
 	return ret;
 }
 
+/* A clone record's base, as ddf_record() found it: still so? */
+struct base_at {
+	struct engine *e;
+	const struct dd_src *b;
+	uint32_t ep;
+};
+
+/* journal_clone's base_ok: b still the version of epoch ep (no flush of
+ * its file has begun, which could write its inode in place).  Takes
+ * e->lock. */
+static bool base_still(void *arg)
+{
+	struct base_at *a = arg;
+	bool ok;
+
+	eng_lock(a->e);
+	ok = !a->b->retired && a->b->fd >= 0 && a->b->epoch == a->ep;
+	eng_unlock(a->e);
+	return ok;
+}
+
 /*
  * An fsync waits for this flush (d->record) of a file that is its base
  * but for a few chunks (a checkpoint of a series): its content made
@@ -983,7 +1004,8 @@ static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 		goto out;
 	if (from && ddf_gather(e, from, cp, r, n, len))
 		goto out;	/* the whole copy and the flush follow */
-	ret = f->ops->journal_clone(f, bfd, copy_ptr(cp), r, n, len, &seq);
+	ret = f->ops->journal_clone(f, bfd, copy_ptr(cp), r, n, len, &seq, base_still,
+				    &(struct base_at){ e, b, ep });
 	if (ret < 0) {
 		char nb[256];
 
@@ -1413,6 +1435,9 @@ void eng_dd_gpu_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 	d.sample = e->dd.dup < DD_LOW;	/* as ddf_plan */
 	pending = e->dd.versions_pending > 0;
 	e->dd.records_left += pending;
+	if (!pending)	/* as eng_dd_plan: a replay writes the record over
+			 * the backing file, which is no base from here on */
+		eng_dd_retire(e, f);
 	eng_unlock(e);
 	if (pending)
 		return;

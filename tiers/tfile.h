@@ -103,12 +103,16 @@ struct tfile_ops {
 	 * makes the new version from the same base and ranges and commits
 	 * it, which retires the record (the fs side's, at a durable commit);
 	 * a crash in between leaves the record, which a replay applies to
-	 * the backing file.  Returns 0 with *seq the record's, 1 where f
-	 * cannot have one now (the caller just writes the version), or
-	 * -errno.
+	 * the backing file.  The base is the fs side's to keep unchanged
+	 * from here until that retirement; base_ok(arg), called once it is
+	 * kept and before the record, says whether it is still the version
+	 * the ranges were found against (no flush of its file began since).
+	 * Returns 0 with *seq the record's, 1 where f cannot have one now
+	 * (the caller just writes the version), or -errno.
 	 */
 	int (*journal_clone)(struct tfile *f, int bfd, const void *data, const struct drange *r,
-			     uint32_t n, uint64_t size, uint64_t *seq);
+			     uint32_t n, uint64_t size, uint64_t *seq, bool (*base_ok)(void *),
+			     void *arg);
 	/* An fd reading f's current backing content, owned by the fs side
 	 * (valid until release_data_fd).  Returns fd or -errno. */
 	int (*data_fd)(struct tfile *f, bool direct);
