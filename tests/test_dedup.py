@@ -631,7 +631,7 @@ def test_a_live_clone_records_base_is_never_written_in_place(xfs, mount, monkeyp
     Then the daemon is killed and tierfs --recover run: both checkpoints
     read back as their last fsync left them."""
     util.require_daemon()
-    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=5000")
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=5000", gpu="none")
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4131,
                                                  "a live base changed in place"))
     one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
@@ -682,7 +682,7 @@ def test_a_hard_linked_file_is_no_live_base_to_write_over(xfs, mount, monkeypatc
     kill right after its fsync, then tierfs --recover, leaves both files
     as their fsyncs left them."""
     util.require_daemon()
-    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000")
+    m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000", gpu="none")
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4141,
                                                  "a hard-linked base"))
     one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
@@ -721,7 +721,7 @@ def test_a_checkpoint_rewritten_under_its_name_is_not_its_own_base(xfs, mount, m
     while its version is held (TIERFS_DELAY=clone_recorded), it reads back
     as its fsync left it after tierfs --recover."""
     util.require_daemon()
-    opts = {"gpu_cache": "256M"} if tier == "gpu" else {}
+    opts = {"gpu_cache": "256M"} if tier == "gpu" else {"gpu": "none"}
     m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000", **opts)
     C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4151,
                                                  "rewritten under its name"))
