@@ -516,6 +516,21 @@ def series_of_three(seed):
     return C, size, [bytes(x) for x in out]
 
 
+def second_recorded_on_the_first(m, seed, what):
+    """series_of_three(seed)'s first checkpoint written, fsynced and
+    indexed as ckpt.1, then the second as ckpt.2, whose fsync returns at a
+    clone record based on ckpt.1 (one base link).  Returns C, size, ck and
+    the two paths."""
+    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", seed, what))
+    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
+    write_sync(one, ck[0])
+    util.wait_flushed(m)
+    write_sync(two, ck[1])
+    assert dstats(m)["records"] == 1
+    assert len(base_links(m.backing)) == 1
+    return C, size, ck, one, two
+
+
 def kill_and_start(m, then):
     """SIGKILL m's daemon; then ("recover") tierfs --recover its backing
     directory; start it again (its own replay, where nothing was recovered)."""
@@ -593,14 +608,7 @@ def test_a_clone_records_base_link_is_no_name_of_its_file(xfs, mount, monkeypatc
     The version is held 3 s after its record (TIERFS_DELAY=clone_recorded)."""
     util.require_daemon()
     m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=3000")
-    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4121,
-                                                 "a clone record's base link"))
-    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
-    write_sync(one, ck[0])
-    util.wait_flushed(m)
-    write_sync(two, ck[1])
-    assert dstats(m)["records"] == 1
-    assert len(base_links(m.backing)) == 1
+    C, size, ck, one, two = second_recorded_on_the_first(m, 4121, "a clone record's base link")
     assert os.stat(os.path.join(m.backing, "ckpt.1")).st_nlink == 2, "the base is not ckpt.1"
     time.sleep(1.2)                     # the kernel's attributes of ckpt.1 expire
     assert os.stat(one).st_nlink == 1, "the journal's link counted as a name"
@@ -632,14 +640,7 @@ def test_a_live_clone_records_base_is_never_written_in_place(xfs, mount, monkeyp
     read back as their last fsync left them."""
     util.require_daemon()
     m = recording_mount(mount, monkeypatch, xfs, "clone_recorded=5000", gpu="none")
-    C, size, ck = series_of_three(util.pick_seed("TIERFS_DEDUP_SEED", 4131,
-                                                 "a live base changed in place"))
-    one, two = os.path.join(m.mnt, "ckpt.1"), os.path.join(m.mnt, "ckpt.2")
-    write_sync(one, ck[0])
-    util.wait_flushed(m)
-    write_sync(two, ck[1])
-    assert dstats(m)["records"] == 1
-    assert len(base_links(m.backing)) == 1
+    C, size, ck, one, two = second_recorded_on_the_first(m, 4131, "a live base changed in place")
     if change == "whole":
         new1 = util.randbytes(size, random.Random(4132))
     else:

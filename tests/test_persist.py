@@ -153,7 +153,7 @@ def test_persist_all_and_namespace_order(mount, pdir):
 
 def test_a_file_written_through_and_fsynced_reaches_dir_at_the_unmount(mount, pdir):
     """A file written through (a write far past its end) whose fsyncs are
-    journal records keeps its new version open (tiers/write.c).  The
+    journal records keeps its new version open (tiers/shadow.c).  The
     unmount's sync made one more record of it instead of committing it, so
     it was committed only when the engine stopped, after the persister had:
     DIR kept the file's older copy (test_torture_then_dir_matches_backing

@@ -8,8 +8,10 @@
  *               attributes, statistics
  *   place.c     placing a copy in a tier with eviction (eng_alloc_wait,
  *               the cost function), a copy's attachment and release
- *   write.c     the write path: writable copies, shadows (write-through),
- *               truncate, writers' close, fsync
+ *   write.c     the write path: writable copies, truncate, writers'
+ *               close, fsync
+ *   shadow.c    write-through: a file's shadow (a new version taking its
+ *               writes) and the journal records of its fsyncs
  *   read.c      the read paths: read, zero-copy read, device read, spans
  *   flush.c     the SSD flush queue and its flushers, the whole-file
  *               flush, groups of small files
@@ -578,6 +580,24 @@ void eng_copy_zero(struct copy *cp, uint64_t from, uint64_t to);
  * the caches (write.c); e->lock and f->lock held, e->lock dropped meanwhile. */
 bool eng_goes_sparse(struct engine *e, struct tfile *f, uint64_t hole_at, uint64_t end);
 
+/* ---- shadow.c --------------------------------------------------------- */
+
+/* e->lock and f->lock held (e->lock dropped meanwhile): f written through
+ * from here on, into a new version holding its current content.  0 or
+ * -errno. */
+int eng_shadow_start(struct engine *e, struct tfile *f);
+/* e->lock and f->lock held (dropped meanwhile): f's shadow made durable by
+ * a journal record of its changes.  0, or 1 where it cannot be (the
+ * caller commits it). */
+int eng_shadow_record(struct engine *e, struct tfile *f);
+/* f->lock held: bytes [start, end) of f's shadow changed (ok false: a
+ * change that failed, its bytes not known); the shadow sized to size. */
+void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok);
+void eng_slog_truncate(struct tfile *f, uint64_t size, bool ok);
+/* [off, end) of shadow fd zeroed: a hole punched, or zeros written.  0 or
+ * -errno. */
+int eng_shadow_zero(int fd, uint64_t off, uint64_t end);
+
 /* ---- flush.c ---------------------------------------------------------- */
 
 void eng_queue_flush(struct engine *e, struct tfile *f, bool front);
@@ -612,7 +632,7 @@ static inline bool eng_journal_small(const struct engine *e, uint64_t bytes, uin
  * into its backing file.  e->lock not held.  0 or -errno. */
 int eng_asettle_file(struct engine *e, struct tfile *f);
 /*
- * Write-through shadows (write.c makes them): eng_commit_shadow makes f's
+ * Write-through shadows (shadow.c makes them): eng_commit_shadow makes f's
  * shadow its backing file's content (e->lock and f->lock held, e->lock
  * dropped meanwhile; durable: for fsync); eng_shadow_done is the last
  * writer's close: committed now, or after -o flush_age by a flusher;
@@ -621,7 +641,7 @@ int eng_asettle_file(struct engine *e, struct tfile *f);
  */
 int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable);
 /* f's shadow committed (ret 0, or -ENOENT: dropped with its file): the
- * journal records of its fsyncs (write.c's shadow_record) retired;
+ * journal records of its fsyncs (shadow.c's eng_shadow_record) retired;
  * e->lock not held. */
 void eng_shadow_committed(struct tfile *f, int ret);
 int eng_shadow_done(struct engine *e, struct tfile *f);

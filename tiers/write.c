@@ -1,27 +1,25 @@
 /*
  * write.c - the write path: a writable copy in the fastest tier that takes
- * the file, write-through shadows when none does, truncate, the writers'
- * close and fsync.
+ * the file, truncate, the writers' close and fsync.
  *
  * Write path: a write lands in the file's copy, created (and filled with
  * the file's current content) on first write; the copy grows by
- * reallocation.  When no room can be made, the file goes write-through: a
- * new version of the backing file (the "shadow") receives the content and
- * the writes, and is committed on fsync (unless the fsync is a journal
- * record: shadow_record), or -o flush_age after the last close
- * (eng_shadow_done; at once in place, or at the unmount).  Either way
- * a backing file is only ever replaced by a complete new version.  The
+ * reallocation.  When no room can be made, the file goes write-through
+ * (shadow.c): a new version of the backing file (the "shadow") receives
+ * the content and the writes, and is committed on fsync (unless the fsync
+ * is a journal record: eng_shadow_record), or -o flush_age after the last
+ * close (eng_shadow_done; at once in place, or at the unmount).  Either
+ * way a backing file is only ever replaced by a complete new version.  The
  * last writer's close (or an fsync) completes the copy and queues it for
  * flush.c.
  *
- * Owns: the tfile fields shadow_fd, shadow_inplace, slog, writers,
- * write_err, gen, size and mtime while dirty.  Entry points take f->lock, then
- * e->lock; flush.c's eng_commit_shadow() calls ops->version_commit with
- * f->lock held and e->lock dropped (the fs side takes fs.nslock and
- * fs.lock there).
- * Calls place.c, flush.c (eng_complete_copy),
+ * Owns: the tfile fields writers, write_err, gen, size and mtime while
+ * dirty.  Entry points take f->lock, then e->lock; flush.c's
+ * eng_commit_shadow() calls ops->version_commit with f->lock held and
+ * e->lock dropped (the fs side takes fs.nslock and fs.lock there).
+ * Calls place.c, shadow.c (write-through), flush.c (eng_complete_copy),
  * dedup_flush.c (eng_dd_retire), backing.c and the journal through
- * tfile_ops (journal_delta, journal_retire).
+ * tfile_ops (journal_retire).
  */
 #include <assert.h>
 #include <errno.h>
@@ -45,285 +43,6 @@
 static void touch_mtime(struct tfile *f)
 {
 	clock_gettime(CLOCK_REALTIME, &f->mtime);
-}
-
-/*
- * Fsyncs of a file written through.  Committing its shadow (fdatasync of
- * the shadow, a rename, a sync of its directory) at every fsync costs the
- * backing log several commits, and the next write then copies the whole
- * file into a new shadow again where extents cannot be shared (ext4): the
- * sparse files of a GiB that fsstress writes and fsyncs again and again.
- * Instead, where the shadow was made from the backing file's content (its
- * base), an fsync whose changes since the base are small
- * (eng_journal_small) appends them to the journal as a delta record of
- * the backing file (tfile_ops.journal_delta, synced: one sequential
- * write) and returns; the shadow stays and takes the next writes.  The
- * next fsync's record holds what changed since the one before: a replay
- * applies the live records of a file in order, the base plus each one
- * giving the shadow as it was at that fsync.  The records stay live until
- * the shadow is committed, durably (eng_commit_shadow), and are retired
- * then (eng_shadow_committed): after the rename the path names another
- * inode, and a replay passes them over anyway.  A commit copied over a
- * hard-linked file in place retires them once its intent is durable
- * (fs_intent.c), before the intent itself can be retired.  A shadow holds
- * SLOG_MAX records at most; an fsync commits it after that, or where its
- * changes are not small or not known (a write that failed, no memory).
- * f->slog is under f->lock (every write to the shadow holds it).
- */
-
-/* e->lock held: f's new shadow, made from its backing file's content
- * where base: its changes are tracked from here. */
-static void slog_start(struct engine *e, struct tfile *f, bool base)
-{
-	struct shadow_log *s = f->slog;
-
-	if (!base || !e->cfg.journal_pct || !f->ops->journal_delta)
-		return;
-	if (!s) {
-		s = calloc(1, sizeof(*s));
-		if (!s)
-			return;
-		f->slog = s;
-	}
-	dset_clear(&s->ranges);
-	s->base_len = s->clean_len = f->size;
-	s->nseq = 0;
-	s->valid = true;
-}
-
-/* Bytes [start, end) of f's shadow changed (written, zeroed); ok false: a
- * change that failed, whose bytes are not known. */
-static void slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
-{
-	struct shadow_log *s = f->slog;
-
-	if (s && s->valid && (!ok || (end > start && dset_add(&s->ranges, start, end))))
-		s->valid = false;
-}
-
-/* f's shadow sized to size. */
-static void slog_truncate(struct tfile *f, uint64_t size, bool ok)
-{
-	struct shadow_log *s = f->slog;
-
-	if (s && s->valid && !ok)
-		s->valid = false;
-	if (s && s->valid && size < s->clean_len)
-		s->clean_len = size;
-}
-
-/* The ranges of a shadow's record: r[i] reads as zeros where zero[i]
- * (none of its bytes recorded); bytes: of the others. */
-struct slog_plan {
-	struct drange *r;
-	bool *zero;
-	uint32_t n, cap;
-	uint64_t bytes;
-};
-
-/* [start, end) added to p (zero: a hole); false: no memory. */
-static bool plan_add(struct slog_plan *p, uint64_t start, uint64_t end, bool zero)
-{
-	if (p->n == p->cap) {
-		uint32_t cap = p->cap ? p->cap * 2 : 16;
-		struct drange *r = realloc(p->r, (size_t)cap * sizeof(*r));
-		bool *z = r ? realloc(p->zero, (size_t)cap * sizeof(*z)) : NULL;
-
-		if (r)
-			p->r = r;
-		if (!z)
-			return false;
-		p->zero = z;
-		p->cap = cap;
-	}
-	p->r[p->n] = (struct drange){ start, end };
-	p->zero[p->n++] = zero;
-	if (!zero)
-		p->bytes += end - start;
-	return true;
-}
-
-/* [start, end) of shadow fd added to p as its data runs and, where
- * holes, zeros (holes: true), or its data runs alone. */
-static bool plan_runs(struct slog_plan *p, int fd, uint64_t start, uint64_t end, bool holes)
-{
-	loff_t pos, data, hole;
-
-	for (pos = (loff_t)start; pos < (loff_t)end; pos = hole) {
-		fc_next_run(fd, pos, (loff_t)end, &data, &hole);
-		if (holes && data > pos && !plan_add(p, (uint64_t)pos, (uint64_t)data, true))
-			return false;
-		if (data < hole && !plan_add(p, (uint64_t)data, (uint64_t)hole, false))
-			return false;
-	}
-	return true;
-}
-
-/*
- * Plan the record of f's shadow (fd, size bytes): the ranges written
- * below the least size since the base, the base's bytes from there to its
- * size (or the file's) whole, each as the shadow's data runs and holes
- * there (zeros); past that the shadow's data runs alone (its holes are
- * holes of the file grown to the record's size).  false where there are
- * too many bytes for a record, or no memory.  f->lock held.
- */
-static bool slog_plan(struct engine *e, struct tfile *f, int fd, uint64_t size,
-		      struct slog_plan *p)
-{
-	struct shadow_log *s = f->slog;
-	uint64_t c = s->clean_len < size ? s->clean_len : size, tb = c;
-	bool ok = true;
-
-	for (uint32_t i = 0; ok && i < s->ranges.n && s->ranges.r[i].start < c; i++) {
-		uint64_t end = s->ranges.r[i].end < c ? s->ranges.r[i].end : c;
-
-		ok = plan_runs(p, fd, s->ranges.r[i].start, end, true);
-	}
-	if (ok && s->base_len > c) {
-		tb = s->base_len < size ? s->base_len : size;
-		ok = plan_runs(p, fd, c, tb, true);
-	}
-	if (ok)
-		ok = plan_runs(p, fd, tb, size, false);
-	return ok && eng_journal_small(e, p->bytes, size);
-}
-
-/*
- * e->lock and f->lock held (e->lock dropped meanwhile): f's shadow made
- * durable by a journal record of its changes since its base or its last
- * record (above).  0, or 1 where it cannot be (the caller commits it).
- */
-static int shadow_record(struct engine *e, struct tfile *f)
-{
-	struct shadow_log *s = f->slog;
-	uint64_t size = f->size, gen = f->gen, seq;
-	struct slog_plan p = { 0 };
-	void *map = NULL;
-	struct stat st;
-	int ret = 1;
-
-	if (!s || !s->valid || s->nseq == SLOG_MAX)
-		return 1;
-	if (s->nseq && s->gen == gen)
-		return 0;		/* its last record holds it */
-	eng_unlock(e);
-	/* the shadow as f->size says (a write cut short may have grown it) */
-	if (fstat(f->shadow_fd, &st) < 0 || (uint64_t)st.st_size != size ||
-	    !slog_plan(e, f, f->shadow_fd, size, &p))
-		goto out;
-	if (size) {
-		map = mmap(NULL, size, PROT_READ, MAP_SHARED, f->shadow_fd, 0);
-		if (map == MAP_FAILED) {
-			map = NULL;
-			goto out;
-		}
-	}
-	ret = f->ops->journal_delta(f, map, p.r, p.zero, p.n, size, &seq, true);
-	if (ret < 0)
-		tlog(LOG_DEBUG, "a write-through file's journal record failed (%s): its "
-		     "version is committed", strerror(-ret));
-out:
-	if (map)
-		munmap(map, size);
-	free(p.r);
-	free(p.zero);
-	eng_lock(e);
-	if (ret)
-		return 1;
-	s->seq[s->nseq++] = seq;
-	s->gen = gen;
-	dset_clear(&s->ranges);		/* the next record: from this one */
-	s->base_len = s->clean_len = size;
-	if (f->journaled_gen < gen)
-		f->journaled_gen = gen;
-	e->write_through_records++;
-	e->write_through_record_bytes += p.bytes;
-	return 0;
-}
-
-const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
-{
-	*n = f->slog ? f->slog->nseq : 0;
-	return f->slog ? f->slog->seq : NULL;
-}
-
-/*
- * Switch f to write-through: a new version holding the current content
- * becomes the target of all writes.  e->lock held on entry and exit
- * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
- */
-static int start_shadow(struct engine *e, struct tfile *f)
-{
-	struct copy *cp;
-	bool direct, inplace, was_dirty = f->dirty;
-	struct lease l;
-	char nb[256];
-	uint64_t pending;
-	int ci, fd, ret = 0;
-
-	/* f's newest copy, once no flush copies it out: looked up again after
-	 * each wait (a flushed copy may be evicted before this thread runs) */
-	for (;;) {
-		ci = fastest_copy(e, f);
-		cp = ci >= 0 ? f->copy[ci] : NULL;
-		if (!cp || !cp->flushing)
-			break;
-		pthread_cond_wait(&e->settled, &e->lock);
-	}
-	/* a journal record not applied yet, or applied and not synced:
-	 * settled before anything of the shadow is written
-	 * (eng_settle_record, eng_asettle_file); claimed here, so that no
-	 * flush that starts meanwhile settles it too */
-	pending = f->jseq;
-	f->jseq = 0;
-	lease_begin(e, &l, cp, NULL);
-	eng_delay_at(NULL, "shadow_copy");
-	fd = pending ? eng_settle_record(e, f, pending) : eng_asettle_file(e, f);
-	if (!fd) {
-		pending = 0;	/* in the backing file, retired */
-		fd = f->ops->version_open(f, false, &direct, &inplace);
-	}
-	if (fd < 0) {
-		ret = fd;
-	} else if (cp && cp->cache->host_addressable) {
-		/* a new version's holes need no writing; the file itself's do */
-		ret = inplace ? backing_pwrite(fd, copy_ptr(cp), cp->len, 0) :
-			backing_pwrite_sparse(fd, copy_ptr(cp), cp->len);
-	} else if (cp) {
-		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .sparse = !inplace },
-				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
-						   .at = cp->frag->off },
-				   cp->len, NULL);
-	} else if (!inplace) {
-		ret = backing_copy_file(f, fd, f->size);
-	}
-	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
-		ret = -errno;
-	fname(f, nb, sizeof(nb));
-	lease_end(e, &l);
-	if (ret) {
-		if (pending && !f->jseq)
-			f->jseq = pending;	/* not settled: still to be */
-		if (fd >= 0)
-			close(fd);
-		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
-		return ret;
-	}
-	for (int i = 0; i < e->ntiers; i++)
-		if (f->copy[i])
-			eng_discard_copy(e, f, i);
-	f->dd.valid = false;	/* the shadow is written whole */
-	eng_dd_retire(e, f);	/* and may be the backing file itself */
-	f->shadow_fd = fd;
-	f->shadow_inplace = inplace;
-	/* its fsyncs may be journal records where it was made from the
-	 * backing file's content (a file not dirty: no copy newer) */
-	slog_start(e, f, !was_dirty && !f->dd.taint && !inplace);
-	f->dirty = true;
-	e->files_written_through++;
-	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
-	     nb, f->size);
-	return 0;
 }
 
 /*
@@ -827,7 +546,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 	if (!buf && dev >= 0)
 		f->gpu_wdev = dev;	/* its GPU copy goes to that GPU's part */
 	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, (uint64_t)off, end) &&
-	    (ret = start_shadow(e, f)))
+	    (ret = eng_shadow_start(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		uint64_t cap = end > f->size ? end : f->size;
@@ -861,7 +580,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 			ret = (ssize_t)len;
 			goto out;
 		}
-		ret = start_shadow(e, f);
+		ret = eng_shadow_start(e, f);
 		if (ret)
 			goto out;
 	}
@@ -878,7 +597,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 		ret = ret ? ret : (ssize_t)len;
 	}
 	eng_lock(e);
-	slog_note(f, (uint64_t)off, (uint64_t)off + (ret > 0 ? (uint64_t)ret : 0), ret >= 0);
+	eng_slog_note(f, (uint64_t)off, (uint64_t)off + (ret > 0 ? (uint64_t)ret : 0), ret >= 0);
 	if (ret < 0)
 		f->write_err = (int)ret;	/* for fsync, as write-back would */
 	if (ret > 0) {
@@ -1033,7 +752,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 		goto out;
 	/* a sparse file is not loaded into a cache for it (the room a size
 	 * given before writing reserves is no hole: hole_at 0) */
-	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, size) && (ret = start_shadow(e, f)))
+	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, size) && (ret = eng_shadow_start(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		/* keep at most `size` bytes of the old content */
@@ -1052,7 +771,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 				eng_complete_copy(e, f, false);
 			goto out;
 		}
-		ret = start_shadow(e, f);
+		ret = eng_shadow_start(e, f);
 		if (ret)
 			goto out;
 	}
@@ -1060,7 +779,7 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 	if (ftruncate(f->shadow_fd, (off_t)size) < 0)
 		ret = -errno;
 	eng_lock(e);
-	slog_truncate(f, size, !ret);
+	eng_slog_truncate(f, size, !ret);
 	if (!ret) {
 		f->size = size;
 		eng_mark_modified(f);
@@ -1070,27 +789,6 @@ int tfile_truncate(struct tfile *f, uint64_t size)
 out:
 	eng_unlock(e);
 	tfile_unlock(f);
-	return ret;
-}
-
-/* Zero [off, end) of the write-through version fd: a hole punched, or
- * zeros written where the file system punches none.  0 / -errno. */
-static int shadow_zero(int fd, uint64_t off, uint64_t end)
-{
-	static const uint8_t zeros[1 << 16];
-	int ret = 0;
-
-	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-		      (off_t)(end - off)) == 0)
-		return 0;
-	if (errno != EOPNOTSUPP)
-		return -errno;
-	while (off < end && !ret) {
-		size_t n = end - off < sizeof(zeros) ? (size_t)(end - off) : sizeof(zeros);
-
-		ret = backing_pwrite(fd, zeros, n, (off_t)off);
-		off += n;
-	}
 	return ret;
 }
 
@@ -1108,7 +806,7 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 		end = f->size;
 	if (off >= end)
 		goto out;
-	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, f->size) && (ret = start_shadow(e, f)))
+	if (f->shadow_fd < 0 && eng_goes_sparse(e, f, 0, f->size) && (ret = eng_shadow_start(e, f)))
 		goto out;
 	if (f->shadow_fd < 0) {
 		cp = eng_writable_copy(e, f, f->size, f->size, &err);
@@ -1129,14 +827,14 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 				eng_complete_copy(e, f, false);
 			goto out;
 		}
-		ret = start_shadow(e, f);
+		ret = eng_shadow_start(e, f);
 		if (ret)
 			goto out;
 	}
 	eng_unlock(e);
-	ret = shadow_zero(f->shadow_fd, off, end);
+	ret = eng_shadow_zero(f->shadow_fd, off, end);
 	eng_lock(e);
-	slog_note(f, off, end, !ret);
+	eng_slog_note(f, off, end, !ret);
 	if (ret) {
 		f->write_err = ret;	/* for fsync, as a failed write */
 		goto out;
@@ -1234,7 +932,7 @@ void tfile_close_writer(struct tfile *f)
 
 /*
  * f durable in its backing file, or (record) in a journal record where a
- * shadow's change is small (shadow_record).  Without record (the unmount's
+ * shadow's change is small (eng_shadow_record).  Without record (the unmount's
  * sync, tfile_fsync_data) a shadow is committed: every backing file is
  * complete after a clean exit, and the persistent tier, which stops
  * before the engine does, copies the committed file.
@@ -1255,7 +953,7 @@ static int fsync_data(struct tfile *f, bool record)
 		goto out;
 	if (f->shadow_fd >= 0) {
 		/* a journal record of its changes, else a new version */
-		if (!record || shadow_record(e, f))
+		if (!record || eng_shadow_record(e, f))
 			ret = eng_commit_shadow(e, f, true);
 		goto out;
 	}

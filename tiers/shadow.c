@@ -1,0 +1,335 @@
+/*
+ * shadow.c - write-through: a file that no cache tier takes (no room, or
+ * a write that would fill a cache with a hole's zeros) is written into a
+ * new version of its backing file, its "shadow"; and the fsyncs of such a
+ * file, made durable as journal records of what changed since the shadow's
+ * base instead of a commit each.
+ *
+ * Owns: the tfile fields shadow_fd, shadow_inplace and slog (f->slog under
+ * f->lock: every write to the shadow holds it); the statistics
+ * files_written_through, write_through_records and
+ * write_through_record_bytes.  Entry points are write.c's (the writes,
+ * truncate, zero, fsync) and are called with f->lock and e->lock held
+ * (e->lock dropped while bytes move or tfile_ops are called).  The
+ * commit of a shadow is flush.c's (eng_commit_shadow, eng_shadow_done).
+ * Calls backing.c (the shadow's content), flush_journal.c
+ * (eng_settle_record, eng_asettle_file: a record of the backing file
+ * settled before the shadow is made), dedup_flush.c (eng_dd_retire), place.c
+ * (eng_discard_copy) and tfile_ops (version_open, journal_delta); nothing
+ * of write.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "dedup_flush.h"
+#include "filecopy.h"
+#include "engine_int.h"
+
+/*
+ * Fsyncs of a file written through.  Committing its shadow (fdatasync of
+ * the shadow, a rename, a sync of its directory) at every fsync costs the
+ * backing log several commits, and the next write then copies the whole
+ * file into a new shadow again where extents cannot be shared (ext4): the
+ * sparse files of a GiB that fsstress writes and fsyncs again and again.
+ * Instead, where the shadow was made from the backing file's content (its
+ * base), an fsync whose changes since the base are small
+ * (eng_journal_small) appends them to the journal as a delta record of
+ * the backing file (tfile_ops.journal_delta, synced: one sequential
+ * write) and returns; the shadow stays and takes the next writes.  The
+ * next fsync's record holds what changed since the one before: a replay
+ * applies the live records of a file in order, the base plus each one
+ * giving the shadow as it was at that fsync.  The records stay live until
+ * the shadow is committed, durably (eng_commit_shadow), and are retired
+ * then (eng_shadow_committed): after the rename the path names another
+ * inode, and a replay passes them over anyway.  A commit copied over a
+ * hard-linked file in place retires them once its intent is durable
+ * (fs_intent.c), before the intent itself can be retired.  A shadow holds
+ * SLOG_MAX records at most; an fsync commits it after that, or where its
+ * changes are not small or not known (a write that failed, no memory).
+ * f->slog is under f->lock (every write to the shadow holds it).
+ */
+
+/* e->lock held: f's new shadow, made from its backing file's content
+ * where base: its changes are tracked from here. */
+static void slog_start(struct engine *e, struct tfile *f, bool base)
+{
+	struct shadow_log *s = f->slog;
+
+	if (!base || !e->cfg.journal_pct || !f->ops->journal_delta)
+		return;
+	if (!s) {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return;
+		f->slog = s;
+	}
+	dset_clear(&s->ranges);
+	s->base_len = s->clean_len = f->size;
+	s->nseq = 0;
+	s->valid = true;
+}
+
+/* Bytes [start, end) of f's shadow changed (written, zeroed); ok false: a
+ * change that failed, whose bytes are not known. */
+void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
+{
+	struct shadow_log *s = f->slog;
+
+	if (s && s->valid && (!ok || (end > start && dset_add(&s->ranges, start, end))))
+		s->valid = false;
+}
+
+/* f's shadow sized to size. */
+void eng_slog_truncate(struct tfile *f, uint64_t size, bool ok)
+{
+	struct shadow_log *s = f->slog;
+
+	if (s && s->valid && !ok)
+		s->valid = false;
+	if (s && s->valid && size < s->clean_len)
+		s->clean_len = size;
+}
+
+/* The ranges of a shadow's record: r[i] reads as zeros where zero[i]
+ * (none of its bytes recorded); bytes: of the others. */
+struct slog_plan {
+	struct drange *r;
+	bool *zero;
+	uint32_t n, cap;
+	uint64_t bytes;
+};
+
+/* [start, end) added to p (zero: a hole); false: no memory. */
+static bool plan_add(struct slog_plan *p, uint64_t start, uint64_t end, bool zero)
+{
+	if (p->n == p->cap) {
+		uint32_t cap = p->cap ? p->cap * 2 : 16;
+		struct drange *r = realloc(p->r, (size_t)cap * sizeof(*r));
+		bool *z = r ? realloc(p->zero, (size_t)cap * sizeof(*z)) : NULL;
+
+		if (r)
+			p->r = r;
+		if (!z)
+			return false;
+		p->zero = z;
+		p->cap = cap;
+	}
+	p->r[p->n] = (struct drange){ start, end };
+	p->zero[p->n++] = zero;
+	if (!zero)
+		p->bytes += end - start;
+	return true;
+}
+
+/* [start, end) of shadow fd added to p as its data runs and, where
+ * holes, zeros (holes: true), or its data runs alone. */
+static bool plan_runs(struct slog_plan *p, int fd, uint64_t start, uint64_t end, bool holes)
+{
+	loff_t pos, data, hole;
+
+	for (pos = (loff_t)start; pos < (loff_t)end; pos = hole) {
+		fc_next_run(fd, pos, (loff_t)end, &data, &hole);
+		if (holes && data > pos && !plan_add(p, (uint64_t)pos, (uint64_t)data, true))
+			return false;
+		if (data < hole && !plan_add(p, (uint64_t)data, (uint64_t)hole, false))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Plan the record of f's shadow (fd, size bytes): the ranges written
+ * below the least size since the base, the base's bytes from there to its
+ * size (or the file's) whole, each as the shadow's data runs and holes
+ * there (zeros); past that the shadow's data runs alone (its holes are
+ * holes of the file grown to the record's size).  false where there are
+ * too many bytes for a record, or no memory.  f->lock held.
+ */
+static bool slog_plan(struct engine *e, struct tfile *f, int fd, uint64_t size,
+		      struct slog_plan *p)
+{
+	struct shadow_log *s = f->slog;
+	uint64_t c = s->clean_len < size ? s->clean_len : size, tb = c;
+	bool ok = true;
+
+	for (uint32_t i = 0; ok && i < s->ranges.n && s->ranges.r[i].start < c; i++) {
+		uint64_t end = s->ranges.r[i].end < c ? s->ranges.r[i].end : c;
+
+		ok = plan_runs(p, fd, s->ranges.r[i].start, end, true);
+	}
+	if (ok && s->base_len > c) {
+		tb = s->base_len < size ? s->base_len : size;
+		ok = plan_runs(p, fd, c, tb, true);
+	}
+	if (ok)
+		ok = plan_runs(p, fd, tb, size, false);
+	return ok && eng_journal_small(e, p->bytes, size);
+}
+
+/*
+ * e->lock and f->lock held (e->lock dropped meanwhile): f's shadow made
+ * durable by a journal record of its changes since its base or its last
+ * record (above).  0, or 1 where it cannot be (the caller commits it).
+ */
+int eng_shadow_record(struct engine *e, struct tfile *f)
+{
+	struct shadow_log *s = f->slog;
+	uint64_t size = f->size, gen = f->gen, seq;
+	struct slog_plan p = { 0 };
+	void *map = NULL;
+	struct stat st;
+	int ret = 1;
+
+	if (!s || !s->valid || s->nseq == SLOG_MAX)
+		return 1;
+	if (s->nseq && s->gen == gen)
+		return 0;		/* its last record holds it */
+	eng_unlock(e);
+	/* the shadow as f->size says (a write cut short may have grown it) */
+	if (fstat(f->shadow_fd, &st) < 0 || (uint64_t)st.st_size != size ||
+	    !slog_plan(e, f, f->shadow_fd, size, &p))
+		goto out;
+	if (size) {
+		map = mmap(NULL, size, PROT_READ, MAP_SHARED, f->shadow_fd, 0);
+		if (map == MAP_FAILED) {
+			map = NULL;
+			goto out;
+		}
+	}
+	ret = f->ops->journal_delta(f, map, p.r, p.zero, p.n, size, &seq, true);
+	if (ret < 0)
+		tlog(LOG_DEBUG, "a write-through file's journal record failed (%s): its "
+		     "version is committed", strerror(-ret));
+out:
+	if (map)
+		munmap(map, size);
+	free(p.r);
+	free(p.zero);
+	eng_lock(e);
+	if (ret)
+		return 1;
+	s->seq[s->nseq++] = seq;
+	s->gen = gen;
+	dset_clear(&s->ranges);		/* the next record: from this one */
+	s->base_len = s->clean_len = size;
+	if (f->journaled_gen < gen)
+		f->journaled_gen = gen;
+	e->write_through_records++;
+	e->write_through_record_bytes += p.bytes;
+	return 0;
+}
+
+const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
+{
+	*n = f->slog ? f->slog->nseq : 0;
+	return f->slog ? f->slog->seq : NULL;
+}
+
+/*
+ * Switch f to write-through: a new version holding the current content
+ * becomes the target of all writes.  e->lock held on entry and exit
+ * (dropped meanwhile); f->lock held.  Returns 0 or -errno.
+ */
+int eng_shadow_start(struct engine *e, struct tfile *f)
+{
+	struct copy *cp;
+	bool direct, inplace, was_dirty = f->dirty;
+	struct lease l;
+	char nb[256];
+	uint64_t pending;
+	int ci, fd, ret = 0;
+
+	/* f's newest copy, once no flush copies it out: looked up again after
+	 * each wait (a flushed copy may be evicted before this thread runs) */
+	for (;;) {
+		ci = fastest_copy(e, f);
+		cp = ci >= 0 ? f->copy[ci] : NULL;
+		if (!cp || !cp->flushing)
+			break;
+		pthread_cond_wait(&e->settled, &e->lock);
+	}
+	/* a journal record not applied yet, or applied and not synced:
+	 * settled before anything of the shadow is written
+	 * (eng_settle_record, eng_asettle_file); claimed here, so that no
+	 * flush that starts meanwhile settles it too */
+	pending = f->jseq;
+	f->jseq = 0;
+	lease_begin(e, &l, cp, NULL);
+	eng_delay_at(NULL, "shadow_copy");
+	fd = pending ? eng_settle_record(e, f, pending) : eng_asettle_file(e, f);
+	if (!fd) {
+		pending = 0;	/* in the backing file, retired */
+		fd = f->ops->version_open(f, false, &direct, &inplace);
+	}
+	if (fd < 0) {
+		ret = fd;
+	} else if (cp && cp->cache->host_addressable) {
+		/* a new version's holes need no writing; the file itself's do */
+		ret = inplace ? backing_pwrite(fd, copy_ptr(cp), cp->len, 0) :
+			backing_pwrite_sparse(fd, copy_ptr(cp), cp->len);
+	} else if (cp) {
+		ret = backing_move(&(struct bend){ .kind = BEND_FD, .fd = fd, .sparse = !inplace },
+				   &(struct bend){ .kind = BEND_CACHE, .cache = cp->cache,
+						   .at = cp->frag->off },
+				   cp->len, NULL);
+	} else if (!inplace) {
+		ret = backing_copy_file(f, fd, f->size);
+	}
+	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
+		ret = -errno;
+	fname(f, nb, sizeof(nb));
+	lease_end(e, &l);
+	if (ret) {
+		if (pending && !f->jseq)
+			f->jseq = pending;	/* not settled: still to be */
+		if (fd >= 0)
+			close(fd);
+		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
+		return ret;
+	}
+	for (int i = 0; i < e->ntiers; i++)
+		if (f->copy[i])
+			eng_discard_copy(e, f, i);
+	f->dd.valid = false;	/* the shadow is written whole */
+	eng_dd_retire(e, f);	/* and may be the backing file itself */
+	f->shadow_fd = fd;
+	f->shadow_inplace = inplace;
+	/* its fsyncs may be journal records where it was made from the
+	 * backing file's content (a file not dirty: no copy newer) */
+	slog_start(e, f, !was_dirty && !f->dd.taint && !inplace);
+	f->dirty = true;
+	e->files_written_through++;
+	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",
+	     nb, f->size);
+	return 0;
+}
+
+
+/* Zero [off, end) of the write-through version fd: a hole punched, or
+ * zeros written where the file system punches none.  0 / -errno. */
+int eng_shadow_zero(int fd, uint64_t off, uint64_t end)
+{
+	static const uint8_t zeros[1 << 16];
+	int ret = 0;
+
+	if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+		      (off_t)(end - off)) == 0)
+		return 0;
+	if (errno != EOPNOTSUPP)
+		return -errno;
+	while (off < end && !ret) {
+		size_t n = end - off < sizeof(zeros) ? (size_t)(end - off) : sizeof(zeros);
+
+		ret = backing_pwrite(fd, zeros, n, (off_t)off);
+		off += n;
+	}
+	return ret;
+}
