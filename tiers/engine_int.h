@@ -622,7 +622,7 @@ void *eng_gflusher_main(void *arg);
 
 /* Is a journal record of bytes changed in a len-byte file small enough
  * (-o journal_pct of the file, JOURNAL_MAX at most)?  The one rule of the
- * records of flush.c, write.c and dedup_flush.c. */
+ * records of flush.c, shadow.c and dedup_flush.c. */
 static inline bool eng_journal_small(const struct engine *e, uint64_t bytes, uint64_t len)
 {
 	return bytes <= JOURNAL_MAX && bytes * 100 <= (uint64_t)e->cfg.journal_pct * len;

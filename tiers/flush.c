@@ -116,8 +116,8 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 
 /* ---- write-through shadows -------------------------------------------- */
 
-/* See engine_int.h: the records of the shadow's fsyncs (write.c's
- * shadow_record) retired once the shadow is committed, durably. */
+/* See engine_int.h: the records of the shadow's fsyncs (shadow.c's
+ * eng_shadow_record) retired once the shadow is committed, durably. */
 void eng_shadow_committed(struct tfile *f, int ret)
 {
 	struct shadow_log *s = f->slog;
@@ -144,7 +144,7 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	int ret = 0;
 
 	/* its fsyncs' journal records are retired once it is committed:
-	 * durably (write.c) */
+	 * durably (shadow.c) */
 	bool logged = f->slog && f->slog->nseq;
 
 	eng_shadow_unqueued(e, f);

@@ -78,7 +78,7 @@ struct tfile_ops {
 	 * sync and close before the record is retired: 0 or -errno.
 	 * journal_retire: record seq is in the backing file, synced (or
 	 * superseded, or in a new version committed durably: a shadow's,
-	 * write.c): no replay needs it.
+	 * shadow.c): no replay needs it.
 	 */
 	int (*journal_delta)(struct tfile *f, const void *base, const struct drange *r,
 			     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq,
@@ -150,7 +150,7 @@ struct tfile {
 					 * waiting on the aging queue */
 	/*
 	 * A shadow's fsyncs made durable by journal records instead of a
-	 * new version each (write.c's shadow_record): the ranges written
+	 * new version each (shadow.c's eng_shadow_record): the ranges written
 	 * since its base (the backing file, which it was made from, or its
 	 * last record), while valid; base_len the size then, clean_len the
 	 * least since; seq the live records, in order, until the shadow is
@@ -204,7 +204,7 @@ void tfile_init(struct tfile *f, struct engine *e, const struct tfile_ops *ops,
 		uint64_t size);
 /*
  * The live journal records that hold the fsyncs of f's write-through
- * version (write.c), *n of them, in order: for a commit of it that copies
+ * version (shadow.c), *n of them, in order: for a commit of it that copies
  * it over the file in place, which retires them once its own intent is
  * durable (before that intent can be retired: a replay of them after
  * the copy would undo part of it).  The caller of version_commit holds
