@@ -505,10 +505,10 @@ static int adopt(struct fs_inode *in, int fd, int closing[2])
 }
 
 /*
- * A file of several names whose backing inode is a live clone record's
- * base (a name was linked to it after the record was made: a base of
- * several names is refused, fs_journal_clone) has its new version copied
- * over that inode, which the record's replay clones: wait, before any of
+ * A file of several names (or none known) whose backing inode is a live
+ * clone record's base (a name was linked to it after the record was made:
+ * a base of several names is refused, fs_journal_clone) has its new
+ * version copied over that inode, which the record's replay clones: wait, before any of
  * the commit's locks, for the record's version to retire it (its build
  * takes none of them).  After BASE_WAIT_S the copy goes ahead, said in the
  * log: until that version is in, a crash would replay the record against
@@ -521,10 +521,16 @@ static void base_wait(struct fs_inode *in)
 	struct stat st;
 	char nb[PATH_MAX];
 	int ofd = fs_fd_hold(in);
-	bool linked = ofd >= 0 && fs_journal_fstat(ofd, &st, 0) == 0 && st.st_nlink > 1;
+	bool named, inplace;
 
+	fs_lock();
+	named = in->name && in->parent && !in->unlinked;
+	fs_unlock();
+	/* copied in place (below): several names, or no name known */
+	inplace = ofd >= 0 && fs_journal_fstat(ofd, &st, 0) == 0 &&
+		  (st.st_nlink > 1 || (!named && st.st_nlink));
 	fs_fd_release(in);
-	if (!linked || fs_journal_base_wait(st.st_dev, st.st_ino, BASE_WAIT_S))
+	if (!inplace || fs_journal_base_wait(st.st_dev, st.st_ino, BASE_WAIT_S))
 		return;
 	fs_lock();
 	snprintf(nb, sizeof(nb), "%s", in->name ? in->name : "(unlinked file)");
