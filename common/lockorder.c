@@ -18,7 +18,8 @@ static const char *const rank_names[] = {
 	[LR_GPU_INIT] = "gpu_state.lock", [LR_GPU_LANE] = "a GPU copy lane's lock",
 	[LR_GPU_HASH] = "hash_state.lock", [LR_GPU_CTX] = "devctx_lock",
 	[LR_GPU_VMM] = "a GPU cache mapper's lock", [LR_JOURNAL] = "jnl.lock",
-	[LR_FS_CLOSER] = "closer.lock",
+	[LR_FS_CLOSER] = "closer.lock", [LR_FS_SETTLE] = "settle.lock",
+	[LR_FS_LINKS] = "links_mu", [LR_FS_BASES] = "bases.lock",
 	[LR_LOG] = "log_mu",
 };
 

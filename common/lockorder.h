@@ -55,9 +55,11 @@
  *      (fs/fs_fd.c)    the closer thread                       fdc.lock is dropped)
  * 21   settle.lock     the settler's queue of hard-linked      nothing (a leaf; taken under
  *      (fs/fs_intent.c) files whose intents wait for a sync    a file ilock)
- * 22   bases.lock      the backing inodes that clone records'   nothing (a leaf; taken under
+ * 22   links_mu        a link(2) of a file against its taking   bases.lock (fs_journal_keep's
+ *      (fs/fs_journal.c) as a clone record's base                count, the base's names)
+ * 23   bases.lock      the backing inodes that clone records'   nothing (a leaf; taken under
  *      (fs/fs_journal.c) bases link under hidden names          a file ilock, in stats)
- * 23   log_mu          the line state of -o logfile's stream   nothing (the last: a message
+ * 24   log_mu          the line state of -o logfile's stream   nothing (the last: a message
  *      (fs/fs_start.c)                                         is written under any lock)
  *
  * So tfile.lock -> file ilock -> fs.nslock -> dir ilock -> fs.lock ->
@@ -112,6 +114,7 @@ enum lock_rank {
 	LR_JOURNAL,		/* store/journal.c's jnl.lock: a leaf */
 	LR_FS_CLOSER,		/* fs_fd.c's closer.lock: a leaf */
 	LR_FS_SETTLE,		/* fs_intent.c's settle.lock: a leaf */
+	LR_FS_LINKS,		/* fs_journal.c's links_mu */
 	LR_FS_BASES,		/* fs_journal.c's bases.lock: a leaf */
 	LR_LOG,			/* fs_start.c's log_mu: the last */
 };

@@ -543,6 +543,15 @@ int fs_journal_fstat(int fd, struct stat *st, int flags);
 bool fs_journal_is_base(dev_t dev, ino_t ino);
 bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s);
 /*
+ * fs_journal.c: around a linkat of the file at fd (fs_ns_link): true with
+ * the link and the taking of bases excluded until fs_journal_link_end;
+ * false where the file is a live base (unless force: linked anyway), and
+ * then nothing is held (wait for it with fs_journal_base_wait, no lock
+ * held, and try again).
+ */
+bool fs_journal_link_begin(int fd, bool force);
+void fs_journal_link_end(void);
+/*
  * fs_journal.c: the commit intent of a new version copied over a file in
  * place (fs_version.c), r (store/journal.h), made durable: 0 with *seq
  * its record's, 1 where the mount has no journal, or -errno (nothing of

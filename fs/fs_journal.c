@@ -372,6 +372,35 @@ bool fs_journal_is_base(dev_t dev, ino_t ino)
 	return live;
 }
 
+/*
+ * A link(2) of a file and its taking as a clone record's base exclude each
+ * other: the new version of a file of several names is copied over its
+ * inode (fs_version.c), which the record's replay clones.  So a base of
+ * several names is refused (fs_journal_clone, under links_mu from the
+ * base's count to the look at its names), and a file that is a live base
+ * gets a second name only once its record is retired (fs_ns_link, its
+ * linkat under links_mu).
+ */
+static pthread_mutex_t links_mu = PTHREAD_MUTEX_INITIALIZER;	/* LR_FS_LINKS */
+
+/* See fs.h. */
+bool fs_journal_link_begin(int fd, bool force)
+{
+	struct stat st;
+
+	ranked_lock(&links_mu, LR_FS_LINKS);
+	if (force || fstat(fd, &st) < 0 || !fs_journal_is_base(st.st_dev, st.st_ino))
+		return true;
+	ranked_unlock(&links_mu, LR_FS_LINKS);
+	return false;
+}
+
+/* See fs.h. */
+void fs_journal_link_end(void)
+{
+	ranked_unlock(&links_mu, LR_FS_LINKS);
+}
+
 /* See fs.h. */
 bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s)
 {
@@ -415,17 +444,25 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 		ret = 1;	/* not a base a replay could clone */
 		goto out;
 	}
-	ret = fsync(bfd) < 0 ? -errno : keep(bfd, "b", bname, sizeof(bname), &bst);
-	if (ret) {
+	ret = fsync(bfd) < 0 ? -errno : 0;
+	if (!ret) {
+		ranked_lock(&links_mu, LR_FS_LINKS);
+		ret = keep(bfd, "b", bname, sizeof(bname), &bst);
+		/* counted as a base from here on, the inode is never written
+		 * in place (ident_of, v_commit) nor linked (fs_ns_link); one
+		 * of several names is refused: its next version would be
+		 * copied over it in place */
+		if (!ret && (fs_journal_fstat(bfd, &nst, 0) || nst.st_nlink > 1))
+			ret = 2;
+		ranked_unlock(&links_mu, LR_FS_LINKS);
+	}
+	if (ret < 0) {
 		ret = ret == -ENOENT ? 1 : ret;	/* the base has no name left */
 		goto out;
 	}
-	/* Counted as a base from here on, the inode is never written in
-	 * place (ident_of, v_commit).  A writer that looked before sees its
-	 * change in base_ok (the engine's version of the base moved on), and
-	 * a hard-linked base is refused: its next version would be copied
-	 * over it in place. */
-	if (fs_journal_fstat(bfd, &nst, 0) || nst.st_nlink > 1 || !base_ok(arg))
+	/* a writer that looked before the count sees its change in base_ok:
+	 * the engine's version of the base moved on */
+	if (ret || !base_ok(arg))
 		ret = 1;
 	jr = ret ? NULL : ranges_of(r, NULL, n);
 	if (!ret && !jr)

@@ -144,11 +144,34 @@ void fs_ns_closed(struct fs_inode *in)
 		fs.ns_ops->released(in);
 }
 
+/*
+ * A file that is a live clone record's base gets a second name once the
+ * record is retired (fs_journal_link_begin): waited for with no lock held,
+ * LINK_BASE_WAIT_S at most (a record whose version keeps failing stays
+ * live), after which it is linked anyway and its next version waits in
+ * v_commit (fs_version.c) before it is copied over the base.
+ */
+#define LINK_BASE_WAIT_S	10.0
+
+/* Wait (no lock held) while in's backing inode is a live base; false once
+ * LINK_BASE_WAIT_S passed. */
+static bool link_wait(struct fs_inode *in)
+{
+	struct stat st;
+	int fd = fs_fd_hold(in);
+	bool ok = fd >= 0 && fstat(fd, &st) == 0;
+
+	fs_fd_release(in);
+	return !ok || fs_journal_base_wait(st.st_dev, st.st_ino, LINK_BASE_WAIT_S);
+}
+
 int fs_ns_link(struct fs_inode *in, struct fs_inode *p, const char *name)
 {
 	int ret, fd, pfd;
-	bool held = false;
+	bool held = false, force = false, linking = false;
 
+again:
+	force = force || !link_wait(in);
 	/* the syscall without fs.lock; not while a version of in is made
 	 * current (v_commit tells a singly linked file by its link count) */
 	fs_attrs_lock(in);
@@ -160,8 +183,20 @@ int fs_ns_link(struct fs_inode *in, struct fs_inode *p, const char *name)
 	 * is held already: fs_attrs_lock takes it with -o persist) */
 	if (!ret && fs.ns_ops)
 		held = fs.ns_ops->name_begin(p, name, in);
+	if (!ret && !(linking = fs_journal_link_begin(fd, force))) {
+		if (held)	/* taken as a base meanwhile: as a failed link */
+			fs.ns_ops->intent_end();
+		held = false;
+		fs_fd_release(p);
+		fs_fd_release(in);
+		fs_dirs_unlock(p, NULL);
+		fs_attrs_unlock(in);
+		goto again;
+	}
 	if (!ret && linkat(fd, "", pfd, name, AT_EMPTY_PATH) < 0)
 		ret = -errno;
+	if (linking)
+		fs_journal_link_end();
 	if (!ret) {
 		tierfs_fault_kill("name_made");
 		fs_lock();
