@@ -440,8 +440,10 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 	ret = ident_of(in, &id);
 	if (ret)
 		goto out;
-	if (fstat(bfd, &bst) < 0 || !S_ISREG(bst.st_mode) || bst.st_dev != id.st.st_dev) {
-		ret = 1;	/* not a base a replay could clone */
+	if (fstat(bfd, &bst) < 0 || !S_ISREG(bst.st_mode) || bst.st_dev != id.st.st_dev ||
+	    bst.st_ino == id.st.st_ino) {
+		ret = 1;	/* not a base a replay could clone (the file's own
+				 * inode: the replay writes it) */
 		goto out;
 	}
 	ret = fsync(bfd) < 0 ? -errno : 0;
