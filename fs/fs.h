@@ -541,6 +541,9 @@ int fs_journal_fstat(int fd, struct stat *st, int flags);
  * most) until it is none; false where it still is.
  */
 bool fs_journal_is_base(dev_t dev, ino_t ino);
+/* No live base at all (one atomic load: the callers' look before the
+ * fstat that fs_journal_is_base needs). */
+bool fs_journal_no_bases(void);
 bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s);
 /*
  * fs_journal.c: around a linkat of the file at fd (fs_ns_link): true with

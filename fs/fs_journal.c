@@ -357,13 +357,19 @@ int fs_journal_fstat(int fd, struct stat *st, int flags)
 }
 
 /* See fs.h. */
+bool fs_journal_no_bases(void)
+{
+	return !__atomic_load_n(&bases.n, __ATOMIC_SEQ_CST);
+}
+
+/* See fs.h. */
 bool fs_journal_is_base(dev_t dev, ino_t ino)
 {
 	bool live = false;
 
 	/* n is stored under the lock before the link's maker looks at what
 	 * would change the base (fs_journal_clone): seen here, or it sees */
-	if (!__atomic_load_n(&bases.n, __ATOMIC_SEQ_CST))
+	if (fs_journal_no_bases())
 		return false;
 	ranked_lock(&bases.lock, LR_FS_BASES);
 	for (unsigned i = 0; i < bases.n && !live; i++)
@@ -455,7 +461,7 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 		 * of several names is refused: its next version would be
 		 * copied over it in place */
 		if (!ret && (fs_journal_fstat(bfd, &nst, 0) || nst.st_nlink > 1))
-			ret = 2;
+			ret = 1;
 		ranked_unlock(&links_mu, LR_FS_LINKS);
 	}
 	if (ret < 0) {
@@ -464,7 +470,7 @@ int fs_journal_clone(struct tfile *f, int bfd, const void *data, const struct dr
 	}
 	/* a writer that looked before the count sees its change in base_ok:
 	 * the engine's version of the base moved on */
-	if (ret || !base_ok(arg))
+	if (!ret && !base_ok(arg))
 		ret = 1;
 	jr = ret ? NULL : ranges_of(r, NULL, n);
 	if (!ret && !jr)

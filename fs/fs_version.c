@@ -520,9 +520,12 @@ static void base_wait(struct fs_inode *in)
 {
 	struct stat st;
 	char nb[PATH_MAX];
-	int ofd = fs_fd_hold(in);
+	int ofd;
 	bool named, inplace;
 
+	if (fs_journal_no_bases())
+		return;		/* every commit: no fstat, no fs.lock */
+	ofd = fs_fd_hold(in);
 	fs_lock();
 	named = in->name && in->parent && !in->unlinked;
 	fs_unlock();
@@ -535,8 +538,9 @@ static void base_wait(struct fs_inode *in)
 	fs_lock();
 	snprintf(nb, sizeof(nb), "%s", in->name ? in->name : "(unlinked file)");
 	fs_unlock();
-	tlog(LOG_WARNING, "%s: a clone record based on this hard-linked file is still live "
-	     "after %.0f s; its new version is copied over it in place", nb, BASE_WAIT_S);
+	tlog(LOG_WARNING, "%s: a clone record based on this file (several names, or none "
+	     "known) is still live after %.0f s; its new version is copied over it in place",
+	     nb, BASE_WAIT_S);
 }
 
 static int v_commit(struct tfile *f, int fd, bool inplace, bool durable)

@@ -534,11 +534,17 @@ static void ddf_lookup(struct engine *e, struct ddf *d, uint64_t a, uint64_t b)
 	}
 }
 
-/* e->lock held: a descriptor of version s if it is still what it was at
- * epoch ep (not retired, not suspended, not carried over since), or -1. */
+/* e->lock held: is version s still what it was at epoch ep (not retired,
+ * not suspended, not carried over since)? */
+static bool dd_src_at(const struct dd_src *s, uint32_t ep)
+{
+	return !s->retired && s->fd >= 0 && s->epoch == ep;
+}
+
+/* e->lock held: a descriptor of version s if dd_src_at(s, ep), or -1. */
 static int dd_src_dup(const struct dd_src *s, uint32_t ep)
 {
-	return s->retired || s->fd < 0 || s->epoch != ep ? -1 : dup(s->fd);
+	return dd_src_at(s, ep) ? dup(s->fd) : -1;
 }
 
 /*
@@ -968,7 +974,7 @@ static bool base_still(void *arg)
 	bool ok;
 
 	eng_lock(a->e);
-	ok = !a->b->retired && a->b->fd >= 0 && a->b->epoch == a->ep;
+	ok = dd_src_at(a->b, a->ep);
 	eng_unlock(a->e);
 	return ok;
 }
