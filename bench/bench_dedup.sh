@@ -18,6 +18,9 @@
 # REPEAT=N: each case of the series of new files (and of the GPU series) N
 # times, off and on in turn (the table gives each run, then the medians);
 # GPU_CHUNKS="4K 16K": its dedup chunk sizes (default 16K);
+# STEP_S=0.5: seconds between a checkpoint's fsync and the next one's
+# writes, as a training step's compute would be (default 0: back to back;
+# the next checkpoint's update and copy to the GPU take ~0.15 s anyway);
 # PLOT=FILE.png: a plot of the bytes the device took per checkpoint, per case.
 #
 # Makes an XFS file system with reflink on a loop file (IMG_GIB, default 6)
@@ -159,6 +162,7 @@ def flushed(st):
 
 
 GPU = os.environ.get("GPU")
+STEP_S = float(os.environ.get("STEP_S", "0"))
 if GPU:
     sys.path.insert(0, os.path.join(os.environ["TOP"], "python"))
     import torch
@@ -184,6 +188,8 @@ def series(opts, p, inplace=False, gpu=False):
         if gpu:                 # the checkpoint is in GPU memory first
             gbuf.copy_(torch.frombuffer(data, dtype=torch.uint8))
             torch.cuda.synchronize()
+        if i and STEP_S:        # the compute between two checkpoints
+            time.sleep(STEP_S)
         if inplace and i:       # what changed, found before the clock starts
             mv, old = memoryview(data), kept[-1]
             blocks = [b for b in range(0, SIZE, 4096) if mv[b:b + 4096] != old[b:b + 4096]]
@@ -362,7 +368,8 @@ def table(title, rows):
 
 
 print(f"bench_dedup: {n} checkpoints of {size_mib} MiB on XFS reflink ({dev}), "
-      f"{os.cpu_count()} CPUs", flush=True)
+      f"{os.cpu_count()} CPUs" + (f", {STEP_S:g} s between checkpoints" if STEP_S else ""),
+      flush=True)
 chunks = ["4K", "16K", "64K", "256K", "1M"]
 quick = bool(os.environ.get("QUICK"))
 ps = tuple(float(x) for x in os.environ.get("PS", "0.01").split())
