@@ -395,7 +395,10 @@ bool fs_journal_link_begin(int fd, bool force)
 	struct stat st;
 
 	ranked_lock(&links_mu, LR_FS_LINKS);
-	if (force || fstat(fd, &st) < 0 || !fs_journal_is_base(st.st_dev, st.st_ino))
+	/* bases are counted under links_mu (fs_journal_clone): none now, none
+	 * until fs_journal_link_end, and no fstat for the link */
+	if (force || fs_journal_no_bases() || fstat(fd, &st) < 0 ||
+	    !fs_journal_is_base(st.st_dev, st.st_ino))
 		return true;
 	ranked_unlock(&links_mu, LR_FS_LINKS);
 	return false;
