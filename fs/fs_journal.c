@@ -429,7 +429,14 @@ bool fs_journal_base_wait(dev_t dev, ino_t ino, double max_s)
  * tfile_ops.journal_clone: see tfile.h.  The base (a version in the chunk
  * index, bfd) is linked under a hidden name in the backing root and that
  * made durable (its data, then the root) before the record, which names
- * it; the record is then appended and synced.  One clone record of a file
+ * it; the record is then appended and synced.  The root's sync does a
+ * second job: the file recorded is mostly a new one (the next checkpoint
+ * of a series), whose own name nothing else makes durable before its
+ * fsync returns at the record (no version is renamed over it yet, so
+ * v_sync_meta finds no rename to sync), and once the journal's files are
+ * written over a record's sync forces no log of the backing file system
+ * (tests/test_power_cut.py, a clone record of a new file; bench/RESULTS.md
+ * 9o).  One clone record of a file
  * at a time: while one is live (its version failed) the next flush just
  * writes its version, whose durable commit retires it.  Runs under in's
  * ilock, as its commits do.
