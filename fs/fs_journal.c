@@ -210,6 +210,10 @@ int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 	ret = jnl_delta_append(&jnl, &d, base, seq);
 	free(jr);
 	tierfs_fault_kill("journal_appended");
+	uint64_t held = ret || !fs.eng ? 0 : jnl_ring_blocker(&jnl);
+
+	if (held)
+		engine_journal_held(fs.eng, held);	/* the ring waits */
 	if (!ret && sync && (ret = jnl_sync(&jnl, *seq)))
 		retire_of(in, *seq);	/* perhaps durable: the retry journals
 					 * the change again, no replay applies it */

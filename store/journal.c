@@ -330,6 +330,18 @@ static bool ring_other_done(const struct jnl *j)
 	return !j->held && (!j->live || j->live_seq[0] >= j->cur_start);
 }
 
+uint64_t jnl_ring_blocker(struct jnl *j)
+{
+	uint64_t seq = 0;
+
+	jlock(j);
+	if (j->ring_at && j->off >= j->ring_at && !j->held && j->live &&
+	    j->live_seq[0] < j->cur_start)
+		seq = j->live_seq[0];
+	junlock(j);
+	return seq;
+}
+
 /* Under j's lock: a sync of the records after seq `from` failed (err). */
 static void sync_failed(struct jnl *j, uint64_t from, int err)
 {

@@ -200,6 +200,16 @@ int jnl_sync(struct jnl *j, uint64_t seq);
  * sync covers the retire record made before.
  */
 uint64_t jnl_retire(struct jnl *j, uint64_t seq);
+
+/*
+ * The oldest live record that keeps the ring (jnl_ring) from taking its
+ * other file: the file appended to is past ring_at and that record, in
+ * the other one, is not retired yet.  Its seq, or 0.  Meanwhile the
+ * records go on in the file appended to, which grows: its size and blocks
+ * change, and each record's sync commits them to the backing file
+ * system's log.
+ */
+uint64_t jnl_ring_blocker(struct jnl *j);
 /*
  * The reader of the notes is done with those appended so far: the journal
  * is emptied now where no record is live (whatever its length: a replay

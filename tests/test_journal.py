@@ -1044,6 +1044,48 @@ def test_a_file_written_through_is_committed_and_its_records_retired(disk, mount
     assert not os.path.exists(journal(backing)), "the journal outlived a clean unmount"
 
 
+def test_the_journal_ring_turns_past_a_file_written_through(disk, mount, monkeypatch):
+    """The journal is two files taken in turn, each written over once the
+    records in it are retired (a record's sync then changes no metadata).
+    A written-through file's fsync records stay live until its shadow is
+    committed, which waits for -o flush_age after its last close; the
+    ring, past its length (TIERFS_JOURNAL_RING=128K), waited for them too,
+    and its other file grew meanwhile: under fsstress's load both files
+    grew to 150-200 MiB, every record's sync a commit of the backing log.
+    Now the ring's wait commits the shadows that wait for their age
+    (write_through_early_commits): with flush_age=60000, 60 small records
+    of another file (1.2 MiB) leave both files near the ring's length, the
+    written-through file's records retired, and every byte where it
+    belongs."""
+    monkeypatch.setenv("TIERFS_JOURNAL_RING", str(128 << 10))
+    backing = backing_on(disk)
+    rng = seeded(SEED + 19)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
+    monkeypatch.delenv("TIERFS_JOURNAL_RING")
+    gdata = rng.randbytes(4 * MiB)
+    g = Model(os.open(durable_file(m, "g", gdata), os.O_RDWR), gdata)
+    path, f, _ = written_through(m, rng)
+    os.fsync(f.fd)
+    f.write(5000, rng.randbytes(3000))
+    os.fsync(f.fd)
+    os.close(f.fd)                      # its shadow waits for its age
+    st = ssd_stats(m)
+    assert st["write_through_records"] >= 1, st
+    assert jstats(m)["records_live"] >= 1, jstats(m)
+    for _ in range(60):                 # small changes: one record each
+        g.write(rng.randrange(4 * MiB - 20000), rng.randbytes(20000))
+        os.fsync(g.fd)
+    os.close(g.fd)
+    sizes = [os.path.getsize(journal(backing) + sfx) for sfx in ("", ".1")]
+    assert max(sizes) < 512 << 10, f"the ring's files grew: {sizes} bytes"
+    assert ssd_stats(m)["write_through_early_commits"] >= 1, ssd_stats(m)
+    util.assert_same(read(path), bytes(f.b), "s through the mount")
+    util.assert_same(read(os.path.join(m.mnt, "g")), bytes(g.b), "g through the mount")
+    m.umount()
+    util.assert_same(read(os.path.join(backing, "s")), bytes(f.b), "s in the backing directory")
+    util.assert_same(read(os.path.join(backing, "g")), bytes(g.b), "g in the backing directory")
+
+
 def test_a_hard_linked_files_commit_holds_no_names_lock(disk, mount, monkeypatch):
     """A new version of a hard-linked file is copied over it in place under
     a commit intent.  The commit held its directory's names lock (and

@@ -727,6 +727,7 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "bytes_written_through", e->bytes_written_through);
 	json_u64(j, "files_written_through", e->files_written_through);
 	json_u64(j, "write_through_records", e->write_through_records);
+	json_u64(j, "write_through_early_commits", e->jheld_shadows);
 	json_u64(j, "write_through_record_bytes", e->write_through_record_bytes);
 	json_obj(j, "seconds");
 	json_num(j, "total", e->fl_total_s, 6);

@@ -167,6 +167,17 @@ int engine_evict_file(struct engine *e, struct tfile *f);
 void engine_flush_now(struct engine *e, struct tfile *f);
 
 /*
+ * The journal's ring cannot take its other file: a record there is still
+ * live (jnl_ring_blocker).  The live records that stay longest are a
+ * written-through file's (its fsyncs' records, retired when its shadow
+ * is committed, eng_shadow_record): the shadow that waits for its age
+ * with a record as old as seq, the one the ring waits for, is committed
+ * now instead; its records retired, the ring turns, and its files stop
+ * growing.  Never waits.
+ */
+void engine_journal_held(struct engine *e, uint64_t seq);
+
+/*
  * Settle a new version fd before it is linked under a name that a synced
  * record will name (a hard-linked file's commit intent): where the backing
  * log is ordered and fd is on that file system, its writes completed (the

@@ -159,6 +159,9 @@ struct engine {
 	uint64_t bytes_flushed, files_flushed, flush_errors;
 	uint64_t bytes_written_through, files_written_through;
 	uint64_t write_through_records;	/* their fsyncs made journal records */
+	uint64_t jheld_shadows;		/* shadows committed before their age
+					 * as the journal's ring waited for
+					 * their records (engine_journal_held) */
 	uint64_t write_through_record_bytes;	/* the bytes those held */
 	uint64_t backlog;		/* bytes queued or being flushed */
 	struct gpu_tier *gpu;		/* the GPU tier, NULL if none (yet); set once,

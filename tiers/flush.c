@@ -14,14 +14,16 @@
  *    (flush_journal.c);
  *  - small files closed together flushed as one group (flush_batch): one
  *    sync of their versions, or of their journal records and applies;
- *  - write-through shadows committed (eng_commit_shadow, shadow_due).
+ *  - write-through shadows committed (eng_commit_shadow, shadow_due), at
+ *    once where the journal's ring waits for their records
+ *    (engine_journal_held).
  * Flushers also drop deferred file references (e->reap) and sync the
  * journal applies left to their pause (eng_asettle_all).
  *
  * Owns: the queues (the GPU -> host queue e->gq_head too, which cascade.c's
  * thread takes) and the tfile fields queued, aging, due_at, fq_next,
  * gqueued, gq_next, retry_at, flush_err, flushed_gen; e->busy, fl_running, flush_bw and the
- * flush statistics.  The threads hold e->lock except while bytes move
+ * flush statistics (write_through_early_commits: e->jheld_shadows).  The threads hold e->lock except while bytes move
  * (under a lease) and while they call tfile_ops (version_open/commit,
  * put, name: those take fs locks).  They take a tfile.lock only by a try,
  * for a write-through file's shadow due after its last close (shadow_due,
@@ -155,6 +157,8 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable || logged);
 	eng_shadow_committed(f, ret);
 	eng_lock(e);
+	if (!ret || ret == -ENOENT)
+		f->shadow_seq0 = 0;	/* its records retired */
 	if (ret && ret != -ENOENT) {
 		f->flush_err = ret;
 		return ret;		/* shadow stays; fd still ours */
@@ -268,6 +272,33 @@ void engine_flush_now(struct engine *e, struct tfile *f)
 	eng_unlock(e);
 }
 
+
+/* Files looked at on the aging queue per engine_journal_held(). */
+#define JHELD_SCAN	256
+
+/*
+ * See engine.h.  Only the shadows whose records reach back to seq, the
+ * record the ring waits for, go: each shadow committed makes the file's
+ * next write copy the whole file into a new one (where extents cannot be
+ * shared), so the others keep their age.  The caller may hold a tfile's
+ * lock (the journal record of a shadow, eng_shadow_record): no other is
+ * taken here, f->shadow_seq0 is under e->lock.
+ */
+void engine_journal_held(struct engine *e, uint64_t seq)
+{
+	struct tfile *f, *next;
+	unsigned n = 0;
+
+	eng_lock(e);
+	for (f = e->aq_head; f && n < JHELD_SCAN; f = next, n++) {
+		next = f->fq_next;
+		if (f->shadow_fd >= 0 && f->shadow_seq0 && f->shadow_seq0 <= seq) {
+			eng_queue_flush(e, f, false);	/* shadow_due at once */
+			e->jheld_shadows++;
+		}
+	}
+	eng_unlock(e);
+}
 
 /* Queue f for the GPU -> host cascade (cascade.c). */
 static void queue_gpu_flush(struct engine *e, struct tfile *f)

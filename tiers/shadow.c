@@ -6,7 +6,9 @@
  * base instead of a commit each.
  *
  * Owns: the tfile fields shadow_fd, shadow_inplace and slog (f->slog under
- * f->lock: every write to the shadow holds it); the statistics
+ * f->lock: every write to the shadow holds it), and shadow_seq0 (the
+ * slog's first record, under e->lock, for flush.c's engine_journal_held);
+ * the statistics
  * files_written_through, write_through_records and
  * write_through_record_bytes.  Entry points are write.c's (the writes,
  * truncate, zero, fsync) and are called with f->lock and e->lock held
@@ -74,6 +76,7 @@ static void slog_start(struct engine *e, struct tfile *f, bool base)
 	dset_clear(&s->ranges);
 	s->base_len = s->clean_len = f->size;
 	s->nseq = 0;
+	f->shadow_seq0 = 0;
 	s->valid = true;
 }
 
@@ -216,6 +219,8 @@ out:
 	eng_lock(e);
 	if (ret)
 		return 1;
+	if (!s->nseq)
+		f->shadow_seq0 = seq;
 	s->seq[s->nseq++] = seq;
 	s->gen = gen;
 	dset_clear(&s->ranges);		/* the next record: from this one */

@@ -148,6 +148,9 @@ struct tfile {
 	bool shadow_inplace;		/* shadow_fd is the file itself */
 	uint64_t shadow_backlog;	/* bytes of e->backlog for a shadow
 					 * waiting on the aging queue */
+	uint64_t shadow_seq0;		/* eng->lock: the seq of the shadow's
+					 * first live journal record, 0: none
+					 * (engine_journal_held) */
 	/*
 	 * A shadow's fsyncs made durable by journal records instead of a
 	 * new version each (shadow.c's eng_shadow_record): the ranges written
