@@ -69,6 +69,16 @@ def cut(img, tmp_path):
     return _Mounted(copy, tmp_path / "after-cut")
 
 
+def cut_stopped(m, img, tmp_path):
+    """cut(), m's daemon stopped (SIGSTOP) while the image is copied, so
+    that the copy is of one moment."""
+    os.kill(m.proc.pid, signal.SIGSTOP)
+    try:
+        return cut(img, tmp_path)
+    finally:
+        os.kill(m.proc.pid, signal.SIGCONT)
+
+
 class _Mounted:
     def __init__(self, img, root):
         self.img, self.root = img, root
@@ -313,12 +323,7 @@ def test_random_power_cuts_keep_every_acknowledged_version(disk, mount, tmp_path
                 version(n, data, True)
             os.close(fd)
             version(n, data, False)
-        os.kill(m.proc.pid, signal.SIGSTOP)
-        try:
-            after = cut(img, tmp_path)
-        finally:
-            os.kill(m.proc.pid, signal.SIGCONT)
-        with after as a:
+        with cut_stopped(m, img, tmp_path) as a:
             for n in names:
                 with open(os.path.join(a, "b", n), "rb") as f:
                     got = f.read()
@@ -372,12 +377,7 @@ def test_a_clone_record_of_a_new_file_survives_a_power_cut(disk, mount, tmp_path
         assert stats["records"] == i, stats
         if i < 3:
             util.wait_flushed(m)
-    os.kill(m.proc.pid, signal.SIGSTOP)
-    try:
-        after = cut(img, tmp_path)
-    finally:
-        os.kill(m.proc.pid, signal.SIGCONT)
-    with after as a:
+    with cut_stopped(m, img, tmp_path) as a:
         for name, data in zip(names, ck):
             with open(os.path.join(a, "b", name), "rb") as f:
                 util.assert_same(f.read(), data, f"{name} after the cut and --recover")
