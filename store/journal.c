@@ -335,9 +335,8 @@ uint64_t jnl_ring_blocker(struct jnl *j)
 	uint64_t seq = 0;
 
 	jlock(j);
-	if (j->ring_at && j->off >= j->ring_at && !j->held && j->live &&
-	    j->live_seq[0] < j->cur_start)
-		seq = j->live_seq[0];
+	if (j->ring_at && j->off >= j->ring_at && j->live && !ring_other_done(j))
+		seq = j->live_seq[0];	/* notes turned the ring off: not held */
 	junlock(j);
 	return seq;
 }

@@ -157,13 +157,12 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 		ret = f->ops->version_commit(f, fd, f->shadow_inplace, durable || logged);
 	eng_shadow_committed(f, ret);
 	eng_lock(e);
-	if (!ret || ret == -ENOENT)
-		f->shadow_seq0 = 0;	/* its records retired */
 	if (ret && ret != -ENOENT) {
 		f->flush_err = ret;
 		return ret;		/* shadow stays; fd still ours */
 	}
 	f->shadow_fd = -1;
+	f->shadow_seq0 = 0;	/* its records retired */
 	if (ret == -ENOENT)
 		return 0;
 	f->flushed_gen = gen;
