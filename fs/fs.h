@@ -510,8 +510,8 @@ void fs_journal_stats_put(struct json *j);
 int fs_journal_delta(struct tfile *f, const void *base, const struct drange *r,
 		     const bool *zero, uint32_t n, uint64_t size, uint64_t *seq, bool sync);
 int fs_journal_sync(struct tfile *f, uint64_t seq);
-int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
-		     uint64_t size, int *fd);
+int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, const bool *zero,
+		     uint32_t n, uint64_t size, int *fd);
 void fs_journal_retire(struct tfile *f, uint64_t seq);
 /* The journal records of the fsyncs of in's shadow (tfile_shadow_records)
  * retired (not synced): a commit intent that copies the shadow over the

@@ -555,12 +555,12 @@ int fs_journal_sync(struct tfile *f, uint64_t seq)
 }
 
 /* tfile_ops.journal_apply: see tfile.h. */
-int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, uint32_t n,
-		     uint64_t size, int *fdp)
+int fs_journal_apply(struct tfile *f, const void *base, const struct drange *r, const bool *zero,
+		     uint32_t n, uint64_t size, int *fdp)
 {
 	struct fs_inode *in = in_of(f);
 	struct timespec mt = tfile_mtime(f);
-	struct jnl_range *jr = ranges_of(r, NULL, n);
+	struct jnl_range *jr = ranges_of(r, zero, n);
 	char path[64];
 	int fd, ret;
 

@@ -206,6 +206,8 @@ again:
 		fs_lock();
 		fs_add_name(in, p, name);
 		fs_unlock();
+		if (S_ISREG(in->type))	/* its versions now copied in place */
+			tfile_set_linked(&in->tf, true);
 		if (fs.ns_ops)
 			fs.ns_ops->linked(in, p, name);
 	}

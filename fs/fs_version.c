@@ -113,6 +113,8 @@ static int v_open(struct tfile *f, bool want_direct, bool *direct, bool *inplace
 			dir = in->parent;
 		else		/* hard links: copied in place at commit */
 			dir = &fs.root;
+		if (!ret)	/* its next changes journalled, whatever their share */
+			tfile_set_linked(&in->tf, st.st_nlink > 1);
 		fs_fd_release(in);
 	}
 	if (dir)

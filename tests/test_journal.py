@@ -528,6 +528,51 @@ def test_bytes_flushed_counts_what_a_journal_flush_wrote(disk, mount):
     m.umount()
 
 
+def test_a_hard_linked_files_large_change_is_a_journal_record(disk, mount):
+    """A new version of a file with several names is copied over it in
+    place: its data written twice.  A record of a change writes the
+    changed bytes twice, so that it costs less up to the whole file, and
+    such a file's share is twice journal_pct (25%): half of a 4 MiB file
+    changed, acknowledged by fsync, is one record and an apply of 2 MiB,
+    not a version and a copy of 4 MiB each.  A file with one name still
+    gets a new version.  Both names and the backing file read the change,
+    before and after the unmount."""
+    backing = backing_on(disk)
+    m = mount(backing=backing, host_cache="64M", dedup="off")
+    rng = seeded(SEED + 23)
+    for name, linked in (("one", False), ("two", True)):
+        old = rng.randbytes(4 * MiB)
+        path = durable_file(m, name, old)
+        names = [path]
+        if linked:
+            names.append(path + ".link")
+            os.link(path, names[1])
+        os.sync()
+        changes = [(off, rng.randbytes(512 << 10)) for off in range(0, 4 * MiB, MiB)]
+        new = bytearray(old)
+        for off, b in changes:
+            new[off:off + len(b)] = b
+        before, jb = ssd_stats(m), jstats(m)
+        ino = os.stat(os.path.join(backing, name)).st_ino
+        change(path, changes)
+        util.wait_flushed(m)
+        after, ja = ssd_stats(m), jstats(m)
+        wrote = after["bytes_flushed"] - before["bytes_flushed"]
+        appended = ja["bytes_appended"] - jb["bytes_appended"]
+        if linked:
+            assert wrote == 2 * MiB, (name, before, after)
+            assert 2 * MiB <= appended < 2 * MiB + (64 << 10), (name, jb, ja)
+        else:
+            assert wrote == 4 * MiB, (name, before, after)
+            assert appended < 64 << 10, (name, jb, ja)
+        assert (os.stat(os.path.join(backing, name)).st_ino == ino) == linked, name
+        for p in names:
+            util.assert_same(read(p), bytes(new), p)
+        util.assert_same(read(os.path.join(backing, name)), bytes(new), "backing " + name)
+    m.umount()
+    util.assert_same(read(os.path.join(backing, "two.link")), bytes(new), "two.link")
+
+
 def test_a_journal_flush_is_no_sample_of_the_flush_bandwidth(disk, mount):
     """ssd.flush_bandwidth, the rate eviction expects a whole copy to be
     flushed at, is measured on whole versions.  A journal flush of a large
@@ -1042,6 +1087,71 @@ def test_a_file_written_through_is_committed_and_its_records_retired(disk, mount
         assert os.stat(p).st_blocks * 512 < 2 * MiB, "its holes were written"
     m.umount()
     assert not os.path.exists(journal(backing)), "the journal outlived a clean unmount"
+
+
+def linked_written_through(m, rng):
+    """f, written through and given a second name g: two fsyncs (records),
+    then a write past them that no fsync acknowledged.  (path, model)."""
+    path, f, _ = written_through(m, rng, name="f")
+    os.link(path, os.path.join(m.mnt, "g"))
+    os.fsync(f.fd)
+    f.write(7, rng.randbytes(70000))
+    f.punch(100 << 10, 64 << 10)
+    os.fsync(f.fd)
+    f.write(30 * MiB, rng.randbytes(9000))
+    return path, f
+
+
+def test_a_hard_linked_file_written_through_is_applied_in_place(disk, mount):
+    """A file with several names written through had its shadow copied
+    over it in place at its commit, under a commit intent: all its data
+    written a second time (a GiB-sized sparse file for a few blocks
+    changed, under fsstress's load).  Now the commit makes one more
+    record of what no fsync recorded and writes the change into the file
+    in place (ssd.write_through_applies): the records retired, both names
+    and the backing file read the last content, holes kept, and a clean
+    unmount leaves no journal."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 24)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200")
+    path, f = linked_written_through(m, rng)
+    ino = os.stat(os.path.join(backing, "f")).st_ino
+    os.close(f.fd)
+    util.wait_flushed(m)
+    util.wait_until(lambda: jstats(m)["records_live"] == 0, "the records retired")
+    st = ssd_stats(m)
+    assert st["write_through_applies"] == 1, st
+    assert st["files_written_through"] == 1, st
+    same_names(m.mnt, ("f", "g"), bytes(f.b), "through the mount")
+    same_names(backing, ("f", "g"), bytes(f.b), "in the backing directory")
+    assert os.stat(os.path.join(backing, "f")).st_ino == ino
+    assert os.stat(os.path.join(backing, "f")).st_blocks * 512 < 2 * MiB, "holes written"
+    m.umount()
+    assert util.tierfs_internals(backing) == [], "left after a clean unmount"
+
+
+def test_a_kill_during_a_hard_linked_written_through_files_apply(disk, mount, monkeypatch,
+                                                                  tmp_path):
+    """The apply in place of a hard-linked file's shadow (above), cut short
+    by a kill (TIERFS_FAULT=journal_apply_torn): the file in the backing
+    directory is neither its base nor its last content, and its records
+    are live.  tierfs --recover and the next mount both give the last
+    content (the records applied in order over what the file holds, the
+    last one made at the commit), under both names, one inode."""
+    img, root = disk
+    backing = backing_on(disk)
+    rng = seeded(SEED + 25)
+    monkeypatch.setenv("TIERFS_FAULT", "journal_apply_torn")
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200")
+    path, f = linked_written_through(m, rng)
+    base = read(os.path.join(backing, "f"))
+    os.close(f.fd)                  # committed at its age: the apply kills
+    m.wait_death()
+    monkeypatch.delenv("TIERFS_FAULT")
+    assert read(os.path.join(backing, "f")) not in (base, bytes(f.b)), \
+        "the apply was not cut short"
+    both_ways(img, tmp_path, mount, bytes(f.b), "after a kill in a shadow's apply",
+              names=("f", "g"))
 
 
 def test_the_journal_ring_turns_past_a_file_written_through(disk, mount, monkeypatch):

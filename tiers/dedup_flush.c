@@ -1006,7 +1006,7 @@ static void ddf_record(struct engine *e, struct tfile *f, struct copy *cp, struc
 	if (!b || (bfd = ddf_base_open(e, d, b, ep, &m)) < 0)
 		return;
 	n = ddf_not_in_base(d, len, b, ep, m, &r, &bytes);
-	if (!r || !eng_journal_small(e, bytes, len))
+	if (!r || !eng_journal_small(e, f, bytes, len))
 		goto out;
 	if (from && ddf_gather(e, from, cp, r, n, len))
 		goto out;	/* the whole copy and the flush follow */

@@ -370,8 +370,10 @@ void tfile_destroy(struct tfile *f)
 		f->ops->journal_retire(f, f->jseq);
 	f->jseq = 0;
 	eng_shadow_committed(f, -ENOENT);	/* its records: of a file gone */
-	if (f->slog)
+	if (f->slog) {
 		dset_free(&f->slog->ranges);
+		dset_free(&f->slog->all);
+	}
 	free(f->slog);
 	f->slog = NULL;
 	if (f->shadow_fd >= 0)
@@ -460,6 +462,11 @@ void tfile_orphaned(struct tfile *f)
 			eng_discard_copy(e, f, i);
 	}
 	eng_unlock(e);
+}
+
+void tfile_set_linked(struct tfile *f, bool linked)
+{
+	__atomic_store_n(&f->linked, linked, __ATOMIC_RELAXED);
 }
 
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime)
@@ -729,6 +736,8 @@ void engine_stats_put(struct engine *e, struct json *j)
 	json_u64(j, "write_through_records", e->write_through_records);
 	json_u64(j, "write_through_early_commits", e->jheld_shadows);
 	json_u64(j, "write_through_record_bytes", e->write_through_record_bytes);
+	json_u64(j, "write_through_copy_bytes", e->write_through_copy_bytes);
+	json_u64(j, "write_through_applies", e->write_through_applies);
 	json_obj(j, "seconds");
 	json_num(j, "total", e->fl_total_s, 6);
 	json_num(j, "clone", e->fl_clone_s, 6);

@@ -118,20 +118,6 @@ void eng_queue_flush(struct engine *e, struct tfile *f, bool front)
 
 /* ---- write-through shadows -------------------------------------------- */
 
-/* See engine_int.h: the records of the shadow's fsyncs (shadow.c's
- * eng_shadow_record) retired once the shadow is committed, durably. */
-void eng_shadow_committed(struct tfile *f, int ret)
-{
-	struct shadow_log *s = f->slog;
-
-	if (!s || (ret && ret != -ENOENT))
-		return;			/* live: a replay needs them */
-	for (uint32_t i = 0; i < s->nseq; i++)
-		f->ops->journal_retire(f, s->seq[i]);
-	s->nseq = 0;
-	s->valid = false;
-}
-
 /*
  * Commit the shadow version.  e->lock and f->lock held.  Its data is made
  * stable first, as a flush's is (eng_settle_version), also at a close: a
@@ -150,6 +136,8 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	bool logged = f->slog && f->slog->nseq;
 
 	eng_shadow_unqueued(e, f);
+	if (!eng_shadow_apply(e, f))
+		return 0;	/* several names: applied in place */
 	eng_unlock(e);
 	if (durable || !f->shadow_inplace)
 		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);
@@ -902,7 +890,7 @@ static void journal_group(struct engine *e, struct ssd_ring *ring, struct fjob *
 		q->ret = eng_asettle_file(e, q->f);	/* its earlier apply first */
 		if (!q->ret)
 			q->ret = q->f->ops->journal_apply(q->f, copy_ptr(q->cp), q->jf.r,
-							  q->jf.n, q->len, &fds[na]);
+							  NULL, q->jf.n, q->len, &fds[na]);
 		if (!q->ret)
 			idx[na++] = i;
 	}

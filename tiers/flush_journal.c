@@ -71,7 +71,7 @@ void eng_jf_plan(struct engine *e, struct tfile *f, struct copy *cp, uint64_t le
 	p->record = !(f->jseq && f->jgen == f->gen);
 	/* over the limit, a new record is counted again without its zero
 	 * blocks once the copy is leased (journal_data): kept */
-	if (eng_journal_small(e, bytes, len) || (bytes <= JOURNAL_MAX && p->record))
+	if (eng_journal_small(e, f, bytes, len) || (bytes <= JOURNAL_MAX && p->record))
 		return;
 	free(p->r);
 	p->r = NULL;
@@ -102,7 +102,8 @@ static uint64_t zero_blocks_run(const uint8_t *buf, uint64_t pos, uint64_t end, 
  * mount (fallocate), or a file cut short and grown again, is then a small
  * change, as it is to the disk.  0, or 2 where it is not small after all.
  */
-static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
+static int journal_data(struct engine *e, const struct tfile *f, const uint8_t *buf,
+			uint64_t len, struct jflush *p)
 {
 	uint64_t bytes = 0;
 
@@ -117,7 +118,7 @@ static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, stru
 		}
 	}
 	p->bytes = bytes;
-	return eng_journal_small(e, bytes, len) ? 0 : 2;
+	return eng_journal_small(e, f, bytes, len) ? 0 : 2;
 }
 
 /*
@@ -125,7 +126,8 @@ static int journal_data(struct engine *e, const uint8_t *buf, uint64_t len, stru
  * as a fresh version's are written (backing_run): 0, 2 when the change is
  * not small after all (a new version is written), -ENOMEM.
  */
-static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, struct jflush *p)
+static int journal_tail(struct engine *e, const struct tfile *f, const uint8_t *buf,
+			uint64_t len, struct jflush *p)
 {
 	uint64_t pos = p->sparse, next;
 	bool hole;
@@ -144,7 +146,7 @@ static int journal_tail(struct engine *e, const uint8_t *buf, uint64_t len, stru
 			}
 			p->r[p->n++] = (struct drange){ pos, next };
 			p->bytes += next - pos;
-			if (!eng_journal_small(e, p->bytes, len))
+			if (!eng_journal_small(e, f, p->bytes, len))
 				return 2;
 		}
 		pos = next;
@@ -221,10 +223,10 @@ int eng_jf_record(struct engine *e, struct tfile *f, struct copy *cp, uint64_t l
 	int ret = eng_copy_bounds(cp, 0, len);
 
 	*seq = p->pending;
-	if (!ret && p->record && !eng_journal_small(e, p->bytes, len))
-		ret = journal_data(e, copy_ptr(cp), len, p);
+	if (!ret && p->record && !eng_journal_small(e, f, p->bytes, len))
+		ret = journal_data(e, f, copy_ptr(cp), len, p);
 	if (!ret && p->sparse < len)
-		ret = journal_tail(e, copy_ptr(cp), len, p);
+		ret = journal_tail(e, f, copy_ptr(cp), len, p);
 	if (ret || !p->record)
 		return ret;
 	struct drange *r;
@@ -435,7 +437,7 @@ int eng_jf_flush(struct engine *e, struct tfile *f, struct copy *cp, uint64_t ge
 	eng_delay_at(NULL, "journal_apply");
 	ret = eng_asettle_file(e, f);	/* its earlier apply first */
 	if (!ret)
-		ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, p->n, len, &fd);
+		ret = f->ops->journal_apply(f, copy_ptr(cp), p->r, NULL, p->n, len, &fd);
 	if (ret)
 		return ret;	/* the record stays: retried, or replayed */
 	eng_lock(e);

@@ -9,8 +9,8 @@
  * f->lock: every write to the shadow holds it), and shadow_seq0 (the
  * slog's first record, under e->lock, for flush.c's engine_journal_held);
  * the statistics
- * files_written_through, write_through_records and
- * write_through_record_bytes.  Entry points are write.c's (the writes,
+ * files_written_through, write_through_records, write_through_record_bytes,
+ * write_through_copy_bytes and write_through_applies.  Entry points are write.c's (the writes,
  * truncate, zero, fsync) and are called with f->lock and e->lock held
  * (e->lock dropped while bytes move or tfile_ops are called).  The
  * commit of a shadow is flush.c's (eng_commit_shadow, eng_shadow_done).
@@ -53,7 +53,9 @@
  * then (eng_shadow_committed): after the rename the path names another
  * inode, and a replay passes them over anyway.  A commit copied over a
  * hard-linked file in place retires them once its intent is durable
- * (fs_intent.c), before the intent itself can be retired.  A shadow holds
+ * (fs_intent.c), before the intent itself can be retired; one of a file of
+ * several names is applied in place instead where it can be
+ * (eng_shadow_apply, below).  A shadow holds
  * SLOG_MAX records at most; an fsync commits it after that, or where its
  * changes are not small or not known (a write that failed, no memory).
  * f->slog is under f->lock (every write to the shadow holds it).
@@ -74,7 +76,8 @@ static void slog_start(struct engine *e, struct tfile *f, bool base)
 		f->slog = s;
 	}
 	dset_clear(&s->ranges);
-	s->base_len = s->clean_len = f->size;
+	dset_clear(&s->all);
+	s->base_len = s->clean_len = s->base0_len = s->all_clean_len = f->size;
 	s->nseq = 0;
 	f->shadow_seq0 = 0;
 	s->valid = true;
@@ -86,7 +89,8 @@ void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
 {
 	struct shadow_log *s = f->slog;
 
-	if (s && s->valid && (!ok || (end > start && dset_add(&s->ranges, start, end))))
+	if (s && s->valid && (!ok || (end > start && (dset_add(&s->ranges, start, end) ||
+						      dset_add(&s->all, start, end)))))
 		s->valid = false;
 }
 
@@ -99,6 +103,8 @@ void eng_slog_truncate(struct tfile *f, uint64_t size, bool ok)
 		s->valid = false;
 	if (s && s->valid && size < s->clean_len)
 		s->clean_len = size;
+	if (s && s->valid && size < s->all_clean_len)
+		s->all_clean_len = size;
 }
 
 /* The ranges of a shadow's record: r[i] reads as zeros where zero[i]
@@ -149,32 +155,41 @@ static bool plan_runs(struct slog_plan *p, int fd, uint64_t start, uint64_t end,
 }
 
 /*
- * Plan the record of f's shadow (fd, size bytes): the ranges written
- * below the least size since the base, the base's bytes from there to its
- * size (or the file's) whole, each as the shadow's data runs and holes
- * there (zeros); past that the shadow's data runs alone (its holes are
- * holes of the file grown to the record's size).  false where there are
- * too many bytes for a record, or no memory.  f->lock held.
+ * Plan the change of f's shadow (fd, size bytes) since a base of base_len
+ * bytes: the ranges d written below the least size since (clean_len), the
+ * base's bytes from there to its size (or the file's) whole, each as the
+ * shadow's data runs and holes there (zeros); past that the shadow's data
+ * runs alone (its holes are holes of the file grown to size).  false where
+ * there are too many bytes for a record, or no memory.  f->lock held.
  */
-static bool slog_plan(struct engine *e, struct tfile *f, int fd, uint64_t size,
-		      struct slog_plan *p)
+static bool plan_change(struct engine *e, struct tfile *f, int fd, uint64_t size,
+			const struct dset *d, uint64_t base_len, uint64_t clean_len,
+			struct slog_plan *p)
 {
-	struct shadow_log *s = f->slog;
-	uint64_t c = s->clean_len < size ? s->clean_len : size, tb = c;
+	uint64_t c = clean_len < size ? clean_len : size, tb = c;
 	bool ok = true;
 
-	for (uint32_t i = 0; ok && i < s->ranges.n && s->ranges.r[i].start < c; i++) {
-		uint64_t end = s->ranges.r[i].end < c ? s->ranges.r[i].end : c;
+	for (uint32_t i = 0; ok && i < d->n && d->r[i].start < c; i++) {
+		uint64_t end = d->r[i].end < c ? d->r[i].end : c;
 
-		ok = plan_runs(p, fd, s->ranges.r[i].start, end, true);
+		ok = plan_runs(p, fd, d->r[i].start, end, true);
 	}
-	if (ok && s->base_len > c) {
-		tb = s->base_len < size ? s->base_len : size;
+	if (ok && base_len > c) {
+		tb = base_len < size ? base_len : size;
 		ok = plan_runs(p, fd, c, tb, true);
 	}
 	if (ok)
 		ok = plan_runs(p, fd, tb, size, false);
-	return ok && eng_journal_small(e, p->bytes, size);
+	return ok && eng_journal_small(e, f, p->bytes, size);
+}
+
+/* The record of f's shadow: its change since its base or its last record. */
+static bool slog_plan(struct engine *e, struct tfile *f, int fd, uint64_t size,
+		      struct slog_plan *p)
+{
+	struct shadow_log *s = f->slog;
+
+	return plan_change(e, f, fd, size, &s->ranges, s->base_len, s->clean_len, p);
 }
 
 /*
@@ -223,13 +238,96 @@ out:
 		f->shadow_seq0 = seq;
 	s->seq[s->nseq++] = seq;
 	s->gen = gen;
-	dset_clear(&s->ranges);		/* the next record: from this one */
+	dset_clear(&s->ranges);		/* the next record: from this one (all: kept) */
 	s->base_len = s->clean_len = size;
 	if (f->journaled_gen < gen)
 		f->journaled_gen = gen;
 	e->write_through_records++;
 	e->write_through_record_bytes += p.bytes;
 	return 0;
+}
+
+/* See engine_int.h: the records of the shadow's fsyncs (eng_shadow_record) retired once the shadow is committed, durably. */
+void eng_shadow_committed(struct tfile *f, int ret)
+{
+	struct shadow_log *s = f->slog;
+
+	if (!s || (ret && ret != -ENOENT))
+		return;			/* live: a replay needs them */
+	for (uint32_t i = 0; i < s->nseq; i++)
+		f->ops->journal_retire(f, s->seq[i]);
+	s->nseq = 0;
+	s->valid = false;
+}
+
+/*
+ * A shadow of a file with several names (f->linked) committed by an apply
+ * in place.  Such a file's new version is copied over it under a commit
+ * intent (fs_intent.c): its data written twice, the shadow's copy and then
+ * the copy in place, for what may be a few blocks of a sparse file of a
+ * GiB.  Where the shadow's change since the backing file's content (the
+ * base it was made from: slog->all) is known and small (eng_journal_small,
+ * whose share is doubled for such a file), its last changes become a
+ * record (eng_shadow_record), so that its records together give the
+ * shadow; then the change is written from the shadow into the backing file
+ * and synced (journal_apply), the records are retired and the shadow is
+ * dropped.  A crash during the apply leaves the records, which a replay
+ * applies in order over what the file holds.  e->lock and f->lock held
+ * (e->lock dropped meanwhile).  0: committed; 1: not (a failed apply is
+ * logged): the caller commits the shadow as a version, which also writes
+ * whatever an apply cut short left.
+ */
+int eng_shadow_apply(struct engine *e, struct tfile *f)
+{
+	struct shadow_log *s = f->slog;
+	struct slog_plan p = { 0 };
+	uint64_t size = f->size, gen = f->gen;
+	void *map = NULL;
+	struct stat st;
+	char nb[256];
+	int ret = 1;
+	bool ok;
+
+	if (!s || !s->valid || f->shadow_inplace || f->unlinked || !f->ops->journal_apply ||
+	    !__atomic_load_n(&f->linked, __ATOMIC_RELAXED))
+		return 1;
+	eng_unlock(e);		/* f->lock held: no write moves the shadow */
+	ok = fstat(f->shadow_fd, &st) == 0 && (uint64_t)st.st_size == size &&
+	     plan_change(e, f, f->shadow_fd, size, &s->all, s->base0_len, s->all_clean_len, &p);
+	eng_lock(e);
+	if (!ok || eng_shadow_record(e, f))
+		goto out;
+	eng_unlock(e);
+	if (size) {
+		map = mmap(NULL, size, PROT_READ, MAP_SHARED, f->shadow_fd, 0);
+		if (map == MAP_FAILED)
+			map = NULL;
+	}
+	ret = size && !map ? -errno :
+	      f->ops->journal_apply(f, map, p.r, p.zero, p.n, size, NULL);
+	if (map)
+		munmap(map, size);
+	if (ret) {
+		fname(f, nb, sizeof(nb));
+		tlog(LOG_NOTICE, "%s: a write-through change could not be applied in place (%s); "
+		     "its new version is copied over the file instead", nb, strerror(-ret));
+		ret = 1;
+	}
+	eng_lock(e);
+	if (ret)
+		goto out;
+	eng_shadow_committed(f, 0);	/* the file holds them now */
+	close(f->shadow_fd);
+	f->shadow_fd = -1;
+	f->shadow_seq0 = 0;
+	f->flushed_gen = gen;
+	f->flush_err = 0;
+	f->dirty = false;
+	e->write_through_applies++;
+out:
+	free(p.r);
+	free(p.zero);
+	return ret;
 }
 
 const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
@@ -248,8 +346,9 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	struct copy *cp;
 	bool direct, inplace, was_dirty = f->dirty;
 	struct lease l;
+	struct stat st;
 	char nb[256];
-	uint64_t pending;
+	uint64_t pending, copied = 0;
 	int ci, fd, ret = 0;
 
 	/* f's newest copy, once no flush copies it out: looked up again after
@@ -290,8 +389,11 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	}
 	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
 		ret = -errno;
+	if (!ret && fstat(fd, &st) == 0)	/* what the copy took on the disk */
+		copied = (uint64_t)st.st_blocks * 512;
 	fname(f, nb, sizeof(nb));
 	lease_end(e, &l);
+	e->write_through_copy_bytes += copied;
 	if (ret) {
 		if (pending && !f->jseq)
 			f->jseq = pending;	/* not settled: still to be */

@@ -72,7 +72,8 @@ struct tfile_ops {
 	 * (the caller writes a new version), or -errno.  journal_sync: the
 	 * records up to seq durable (any file's: f names the journal's
 	 * owner), 0 or -errno.  journal_apply, once the record is durable:
-	 * write that change into the backing file itself (the record guards
+	 * write that change (zero as journal_delta's) into the backing file
+	 * itself (the record, or the records of a shadow, guard
 	 * the write) and sync it, or (fd not NULL) leave the sync to the
 	 * caller, *fd then a descriptor of the file written, the caller's to
 	 * sync and close before the record is retired: 0 or -errno.
@@ -85,7 +86,7 @@ struct tfile_ops {
 			     bool sync);
 	int (*journal_sync)(struct tfile *f, uint64_t seq);
 	int (*journal_apply)(struct tfile *f, const void *base, const struct drange *r,
-			     uint32_t n, uint64_t size, int *fd);
+			     const bool *zero, uint32_t n, uint64_t size, int *fd);
 	void (*journal_retire)(struct tfile *f, uint64_t seq);
 	/*
 	 * Record seq of f is not applied, and f's next version is not made
@@ -146,6 +147,10 @@ struct tfile {
 	bool destroying;		/* being freed: copies hold no reference */
 	int shadow_fd;			/* write-through version being built */
 	bool shadow_inplace;		/* shadow_fd is the file itself */
+	bool linked;			/* atomic, no lock: its backing file has
+					 * several names, so that its new versions
+					 * are copied over it in place (the fs
+					 * side's word: tfile_set_linked) */
 	uint64_t shadow_backlog;	/* bytes of e->backlog for a shadow
 					 * waiting on the aging queue */
 	uint64_t shadow_seq0;		/* eng->lock: the seq of the shadow's
@@ -158,11 +163,15 @@ struct tfile {
 	 * last record), while valid; base_len the size then, clean_len the
 	 * least since; seq the live records, in order, until the shadow is
 	 * committed (durably: then they are retired); gen the gen the last
-	 * one holds.  Under f->lock (every write to a shadow holds it).
+	 * one holds.  all, all_clean_len: the ranges written since the
+	 * backing file's content, and the least size since (the records
+	 * together; base0_len its size), for a commit by an apply in place
+	 * (shadow.c's eng_shadow_apply).  Under f->lock (every write to a
+	 * shadow holds it).
 	 */
 	struct shadow_log {
-		struct dset ranges;
-		uint64_t base_len, clean_len;
+		struct dset ranges, all;
+		uint64_t base_len, clean_len, base0_len, all_clean_len;
 		bool valid;
 		uint32_t nseq;
 		uint64_t seq[SLOG_MAX];
@@ -340,6 +349,11 @@ void tfile_unlinked(struct tfile *f);
  * again.  Its idle copies are freed now, the others once idle (evictable
  * at once), without waiting for the file to be let go. */
 void tfile_orphaned(struct tfile *f);
+/* The backing file has several names (linked), or one: its new versions
+ * are copied over it in place, or renamed over it.  Any change of a file
+ * with several names is then a journal record where the mount journals
+ * (eng_journal_small). */
+void tfile_set_linked(struct tfile *f, bool linked);
 /* Size and mtime as the fs should report them; false if not dirty. */
 bool tfile_attr(struct tfile *f, uint64_t *size, struct timespec *mtime);
 /* Set the modification time to report and to give the next version. */
