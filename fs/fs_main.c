@@ -552,6 +552,8 @@ static void check_options(struct engine_config *ecfg, uint64_t ram)
 /*
  * -o dedup: can the backing directory share extents?  auto: on where it
  * can (one line says why not elsewhere); on: refuse to mount where not.
+ * off: probed too, silently (ecfg->shares_extents: a copy in place of a
+ * file of several names costs no data there).
  */
 static void probe_dedup(struct engine_config *ecfg)
 {
@@ -568,9 +570,7 @@ static void probe_dedup(struct engine_config *ecfg)
 	if (dedup_index_str && fs_opt_size("dedup_index", dedup_index_str, FS_OPT_PCT,
 					   total_ram(), &index, msg, sizeof(msg)))
 		fs_die("%s%s", msg, "");
-	if (strcmp(mode, "off") == 0)
-		return;
-	if (strcmp(mode, "auto") && strcmp(mode, "on"))
+	if (strcmp(mode, "auto") && strcmp(mode, "on") && strcmp(mode, "off"))
 		fs_die("bad dedup '%s': auto, on or off%s", mode, "");
 	struct timespec rmt;
 	bool rmt_ok;
@@ -579,6 +579,9 @@ static void probe_dedup(struct engine_config *ecfg)
 	fs_dir_mtime_get(fs.root_fd, &rmt, &rmt_ok);
 	probed = dedup_probe(fs.root_fd, &blk, why, sizeof(why));
 	fs_dir_mtime_put(fs.root_fd, &rmt, rmt_ok);	/* its files are ours */
+	ecfg->shares_extents = probed == 0;
+	if (strcmp(mode, "off") == 0)
+		return;
 	if (probed == 0) {
 		if (chunk < blk)
 			chunk = blk;

@@ -59,6 +59,8 @@ struct engine_config {
 	bool later;			/* the caller calls engine_start_background() */
 	bool dedup;			/* the backing directory shares extents:
 					 * flush changed files incrementally */
+	bool shares_extents;		/* it can (with -o dedup=off too): a copy
+					 * between its files costs no data */
 	uint32_t dedup_block;		/* its file system's block size */
 	uint64_t dedup_chunk;		/* chunk of content de-duplication */
 	uint64_t dedup_index;		/* memory of its index, bytes */

@@ -638,15 +638,15 @@ void *eng_gflusher_main(void *arg);
  * version the file's data, so that records win up to about half the file
  * (RESULTS 16); journal_pct, 25 by default, is half that.  A file with
  * several names (f->linked) has its new version copied over it in place,
- * its data twice: records win up to the whole file, and the share is
- * doubled (RESULTS 18x).
+ * its data twice where the backing file system shares no extents: records
+ * win up to the whole file there, and the share is doubled (RESULTS 18x).
  */
 static inline bool eng_journal_small(const struct engine *e, const struct tfile *f,
 				     uint64_t bytes, uint64_t len)
 {
 	uint64_t pct = e->cfg.journal_pct;
 
-	if (__atomic_load_n(&f->linked, __ATOMIC_RELAXED))
+	if (!e->cfg.shares_extents && __atomic_load_n(&f->linked, __ATOMIC_RELAXED))
 		pct = pct * 2 < 100 ? pct * 2 : 100;
 	return bytes <= JOURNAL_MAX && bytes * 100 <= pct * len;
 }

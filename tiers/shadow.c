@@ -265,7 +265,9 @@ void eng_shadow_committed(struct tfile *f, int ret)
  * in place.  Such a file's new version is copied over it under a commit
  * intent (fs_intent.c): its data written twice, the shadow's copy and then
  * the copy in place, for what may be a few blocks of a sparse file of a
- * GiB.  Where the shadow's change since the backing file's content (the
+ * GiB, where the backing file system shares no extents (ext4; on XFS both
+ * copies share them, and the apply wrote 5% more: RESULTS 18x).  Where the
+ * shadow's change since the backing file's content (the
  * base it was made from: slog->all) is known and small (eng_journal_small,
  * whose share is doubled for such a file), its last changes become a
  * record (eng_shadow_record), so that its records together give the
@@ -289,8 +291,8 @@ int eng_shadow_apply(struct engine *e, struct tfile *f)
 	bool ok;
 
 	if (!s || !s->valid || f->shadow_inplace || f->unlinked || !f->ops->journal_apply ||
-	    !__atomic_load_n(&f->linked, __ATOMIC_RELAXED))
-		return 1;
+	    e->cfg.shares_extents || !__atomic_load_n(&f->linked, __ATOMIC_RELAXED))
+		return 1;	/* where extents are shared, that copy shares them */
 	eng_unlock(e);		/* f->lock held: no write moves the shadow */
 	ok = fstat(f->shadow_fd, &st) == 0 && (uint64_t)st.st_size == size &&
 	     plan_change(e, f, f->shadow_fd, size, &s->all, s->base0_len, s->all_clean_len, &p);
