@@ -1154,6 +1154,105 @@ def test_a_kill_during_a_hard_linked_written_through_files_apply(disk, mount, mo
               names=("f", "g"))
 
 
+def check_against(f, rng, paths, what, n=6):
+    """n ranges of f's model read back through each of paths, and its size."""
+    for p in paths:
+        assert os.path.getsize(p) == len(f.b), (p, what)
+        with open(p, "rb") as r:
+            for _ in range(n):
+                off = rng.randrange(len(f.b))
+                ln = rng.choice([1, 4096, 100000, 1 << 20])
+                r.seek(off)
+                util.assert_same(r.read(ln), bytes(f.b[off:off + ln]),
+                                 f"{p} [{off}, +{ln}) {what}")
+
+
+def test_a_hard_linked_file_written_through_is_read_from_its_backing_file(disk, mount):
+    """A file of several names written through, whose shadow is applied in
+    place at its commit, gets no copy of its content in the shadow (a
+    GiB-sized sparse file: its data written once more for nothing): the
+    shadow holds what is written from then on, and the rest is read from
+    the backing file (ssd.write_through_copy_bytes 0).  300 seeded
+    operations against a model (writes inside, across and past the base,
+    truncations down and up, punched holes, fsyncs), each checked through
+    both names; its last name but the open one removed halfway (the
+    backing file's name is gone, its content still read); SEEK_DATA (the
+    shadow made whole first), and more operations after it; then the
+    commit, and the backing file against the model."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 26)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
+    base = rng.randbytes(3 * MiB)
+    path = durable_file(m, "f", base)
+    other = os.path.join(m.mnt, "g")
+    os.link(path, other)
+    f = Model(os.open(path, os.O_RDWR), base)
+    f.write(40 * MiB, rng.randbytes(4096))          # far past its end: written through
+    st = ssd_stats(m)
+    assert st["files_written_through"] == 1, st
+    assert st["write_through_copy_bytes"] == 0, st
+    paths = [path, other]
+    for i in range(300):
+        op = rng.randrange(10)
+        size = len(f.b)
+        if op < 5:
+            off = rng.randrange(min(size, 4 * MiB) + MiB)
+            f.write(off, rng.randbytes(rng.choice([1, 100, 4096, 70000])))
+        elif op == 5:
+            f.truncate(rng.randrange(2 * MiB, 5 * MiB) if rng.random() < 0.5 else
+                       size + rng.randrange(MiB))
+        elif op == 6 and size > 2 * MiB:
+            f.punch(rng.randrange(2 * MiB), rng.choice([4096, 65536, 300000]))
+        elif op == 7:
+            os.fsync(f.fd)
+        if i == 150:                    # its other name goes: open by f.fd alone
+            os.unlink(path)
+            paths = [other]
+        check_against(f, rng, paths, f"after operation {i}", n=2)
+    assert ssd_stats(m)["files_written_through"] == 1, "committed meanwhile"
+    data = os.lseek(f.fd, 0, os.SEEK_DATA)
+    assert data == 0 or any(f.b[:data]) is False, data
+    for i in range(50):
+        f.write(rng.randrange(len(f.b)), rng.randbytes(5000))
+        check_against(f, rng, paths, f"after SEEK_DATA, operation {i}", n=2)
+    os.fsync(f.fd)
+    os.close(f.fd)
+    util.wait_flushed(m)
+    check_against(f, rng, paths, "after its commit", n=20)
+    util.assert_same(read(os.path.join(backing, "g")), bytes(f.b), "g in the backing directory")
+    m.umount()
+    util.assert_same(read(os.path.join(backing, "g")), bytes(f.b), "g after the unmount")
+
+
+def test_a_hard_linked_file_written_through_and_changed_whole_is_copied_over_it(disk, mount):
+    """The same shadow (no copy of the file's content in it), changed by
+    more than twice journal_pct of the file: its commit is a version copied
+    over the file in place, the backing file's bytes copied into the shadow
+    first (write_through_copy_bytes counts them); both names and the
+    backing file read the last content."""
+    backing = backing_on(disk)
+    rng = seeded(SEED + 27)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200")
+    base = rng.randbytes(2 * MiB)
+    path = durable_file(m, "f", base)
+    os.link(path, os.path.join(m.mnt, "g"))
+    f = Model(os.open(path, os.O_RDWR), base)
+    f.write(40 * MiB, rng.randbytes(4096))          # written through, nothing copied
+    assert ssd_stats(m)["write_through_copy_bytes"] == 0, ssd_stats(m)
+    f.truncate(2 * MiB)
+    f.write(300000, rng.randbytes(1600000))         # 76% of it
+    os.fsync(f.fd)
+    os.close(f.fd)
+    util.wait_flushed(m)
+    st = ssd_stats(m)
+    assert st["write_through_applies"] == 0, st
+    assert st["write_through_copy_bytes"] > 0, st
+    same_names(m.mnt, ("f", "g"), bytes(f.b), "through the mount")
+    same_names(backing, ("f", "g"), bytes(f.b), "in the backing directory")
+    m.umount()
+    same_names(backing, ("f", "g"), bytes(f.b), "after the unmount")
+
+
 def test_the_journal_ring_turns_past_a_file_written_through(disk, mount, monkeypatch):
     """The journal is two files taken in turn, each written over once the
     records in it are retired (a record's sync then changes no metadata).

@@ -458,13 +458,21 @@ int engine_settle_named(struct engine *e, int fd)
 /* Holes kept (filecopy.h): the version gets f's data runs only. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len)
 {
-	int src = f->ops->data_fd(f, false);
-	loff_t pos = 0, end = (loff_t)len;
-	bool plain = false;
-	int ret = 0;
+	int src = f->ops->data_fd(f, false), ret;
 
 	if (src < 0)
 		return src == -ENOENT ? 0 : src;
+	ret = backing_copy_range(src, dst, 0, len);
+	f->ops->release_data_fd(f, src);
+	return ret;
+}
+
+int backing_copy_range(int src, int dst, uint64_t from, uint64_t to)
+{
+	loff_t pos = (loff_t)from, end = (loff_t)to;
+	bool plain = false;
+	int ret = 0;
+
 	while (!ret && pos < end) {
 		loff_t data, hole;
 
@@ -474,7 +482,6 @@ int backing_copy_file(struct tfile *f, int dst, uint64_t len)
 		ret = fc_copy_range(src, dst, data, hole, &plain);
 		pos = hole;
 	}
-	f->ops->release_data_fd(f, src);
 	return ret;
 }
 

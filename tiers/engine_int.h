@@ -600,6 +600,15 @@ int eng_shadow_record(struct engine *e, struct tfile *f);
  * that file in place under its journal records.  0, or 1 where it is not
  * (the caller commits it as a version). */
 int eng_shadow_apply(struct engine *e, struct tfile *f);
+/* Lazy shadows (shadow.c), f->lock held.  owned: is [off, *next) of f's
+ * shadow its own (else the backing file's)?  fill (e->lock held, dropped
+ * meanwhile): the rest copied in, 0 or -errno.  own (e->lock held): bytes
+ * [off, end) about to be written, 0 or -errno.  read (e->lock not held):
+ * len bytes at off into buf or GPU memory dptr, 0 or -errno. */
+bool eng_shadow_owned(const struct tfile *f, uint64_t off, uint64_t end, uint64_t *next);
+int eng_shadow_fill(struct engine *e, struct tfile *f);
+int eng_shadow_own(struct engine *e, struct tfile *f, uint64_t off, uint64_t end);
+int eng_shadow_read(struct tfile *f, void *buf, uint64_t dptr, uint64_t len, uint64_t off);
 /* f->lock held: bytes [start, end) of f's shadow changed (ok false: a
  * change that failed, its bytes not known); the shadow sized to size. */
 void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok);
@@ -742,6 +751,8 @@ off_t backing_seek_cache(struct cache *c, uint64_t at, uint64_t len, uint64_t si
 /* Copy the first len bytes of f's backing content into fd, holes kept
  * (copy_file_range, else read and write): 0 / -errno. */
 int backing_copy_file(struct tfile *f, int dst, uint64_t len);
+/* The same for bytes [from, to) of file src, at the same offsets. */
+int backing_copy_range(int src, int dst, uint64_t from, uint64_t to);
 /*
  * A flush's writes into its version fd, at the same offsets as in the copy
  * (e->lock not held, the copy leased): segments through ring, or plain

@@ -138,6 +138,11 @@ int eng_commit_shadow(struct engine *e, struct tfile *f, bool durable)
 	eng_shadow_unqueued(e, f);
 	if (!eng_shadow_apply(e, f))
 		return 0;	/* several names: applied in place */
+	ret = eng_shadow_fill(e, f);	/* a version holds all of the file */
+	if (ret) {
+		f->flush_err = ret;
+		return ret;
+	}
 	eng_unlock(e);
 	if (durable || !f->shadow_inplace)
 		ret = eng_settle_version(e, NULL, fd, true, f->shadow_inplace);

@@ -62,8 +62,9 @@
  */
 
 /* e->lock held: f's new shadow, made from its backing file's content
- * where base: its changes are tracked from here. */
-static void slog_start(struct engine *e, struct tfile *f, bool base)
+ * where base: its changes are tracked from here; lazy: the shadow holds
+ * none of that content (eng_shadow_owned). */
+static void slog_start(struct engine *e, struct tfile *f, bool base, bool lazy)
 {
 	struct shadow_log *s = f->slog;
 
@@ -81,6 +82,7 @@ static void slog_start(struct engine *e, struct tfile *f, bool base)
 	s->nseq = 0;
 	f->shadow_seq0 = 0;
 	s->valid = true;
+	s->lazy = lazy;
 }
 
 /* Bytes [start, end) of f's shadow changed (written, zeroed); ok false: a
@@ -89,8 +91,9 @@ void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
 {
 	struct shadow_log *s = f->slog;
 
+	/* a lazy shadow's all is the caller's, before the write (eng_shadow_own) */
 	if (s && s->valid && (!ok || (end > start && (dset_add(&s->ranges, start, end) ||
-						      dset_add(&s->all, start, end)))))
+						      (!s->lazy && dset_add(&s->all, start, end))))))
 		s->valid = false;
 }
 
@@ -103,8 +106,122 @@ void eng_slog_truncate(struct tfile *f, uint64_t size, bool ok)
 		s->valid = false;
 	if (s && s->valid && size < s->clean_len)
 		s->clean_len = size;
-	if (s && s->valid && size < s->all_clean_len)
+	/* a lazy shadow's, whatever valid says: what it was cut to is its own */
+	if (s && (s->valid || (s->lazy && ok)) && size < s->all_clean_len)
 		s->all_clean_len = size;
+}
+
+/*
+ * Lazy shadows.  A file of several names written through, where its
+ * shadow is committed by an apply in place (eng_shadow_apply: the backing
+ * file keeps its content until then), needs no copy of that content in
+ * its shadow: the shadow starts as a sparse file of the file's size, holds
+ * what is written from then on (slog->all, and everything from the least
+ * size since, all_clean_len), and the rest is read from the backing file.
+ * Records and the apply read only those ranges.  Whatever needs the whole
+ * file in the shadow (a commit as a version, SEEK_DATA/SEEK_HOLE, a set of
+ * ranges that would have to be merged, no memory) has the rest copied in
+ * first (eng_shadow_fill), and the shadow is a plain one from then on.
+ * Under f->lock, which every read and write of a shadow holds.
+ */
+
+/* Is [off, *next) of f's shadow its own (else the backing file's), *next
+ * at most end?  A shadow that is not lazy owns all of it. */
+bool eng_shadow_owned(const struct tfile *f, uint64_t off, uint64_t end, uint64_t *next)
+{
+	const struct shadow_log *s = f->slog;
+	uint32_t lo = 0, hi;
+	uint64_t lim;
+
+	*next = end;
+	if (!s || !s->lazy || off >= s->all_clean_len)
+		return true;
+	lim = s->all_clean_len < end ? s->all_clean_len : end;
+	for (hi = s->all.n; lo < hi;) {		/* the first range ending past off */
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (s->all.r[mid].end <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < s->all.n && s->all.r[lo].start <= off) {
+		*next = s->all.r[lo].end < end ? s->all.r[lo].end : end;
+		return true;
+	}
+	*next = lo < s->all.n && s->all.r[lo].start < lim ? s->all.r[lo].start : lim;
+	return false;
+}
+
+/* e->lock and f->lock held (e->lock dropped meanwhile): the backing
+ * file's bytes that f's lazy shadow does not own copied into it; a plain
+ * shadow from then on.  0 or -errno (still lazy). */
+int eng_shadow_fill(struct engine *e, struct tfile *f)
+{
+	struct shadow_log *s = f->slog;
+	uint64_t pos, next, lim, had = 0, copied = 0;
+	struct stat st;
+	int ret = 0;
+
+	if (!s || !s->lazy)
+		return 0;
+	lim = s->all_clean_len;
+	eng_unlock(e);
+	if (fstat(f->shadow_fd, &st) == 0)
+		had = (uint64_t)st.st_blocks;
+	for (pos = 0; !ret && pos < lim; pos = next)
+		if (!eng_shadow_owned(f, pos, lim, &next))
+			ret = backing_copy_range(s->base_fd, f->shadow_fd, pos, next);
+	if (!ret && fstat(f->shadow_fd, &st) == 0 && (uint64_t)st.st_blocks > had)
+		copied = ((uint64_t)st.st_blocks - had) * 512;
+	eng_lock(e);
+	if (ret) {
+		char nb[256];
+
+		fname(f, nb, sizeof(nb));
+		tlog(LOG_ERR, "%s: cannot copy its content into its write-through version: %s",
+		     nb, strerror(-ret));
+		return ret;
+	}
+	s->lazy = false;
+	close(s->base_fd);
+	s->base_fd = -1;
+	e->write_through_copy_bytes += copied;
+	return 0;
+}
+
+/* e->lock and f->lock held: bytes [off, end) of f's shadow are about to be
+ * written: its own from now on.  0 or -errno. */
+int eng_shadow_own(struct engine *e, struct tfile *f, uint64_t off, uint64_t end)
+{
+	struct shadow_log *s = f->slog;
+
+	if (!s || !s->lazy || end <= off || off >= s->all_clean_len)
+		return 0;
+	/* never merged past DSET_MAX (a merged range would own bytes it does
+	 * not hold), never lost to no memory */
+	if (s->all.n + 1 < DSET_MAX && !dset_add(&s->all, off, end))
+		return 0;
+	return eng_shadow_fill(e, f);
+}
+
+/* f->lock held, e->lock not: len bytes of f's shadow at off into buf, or
+ * into GPU memory dptr: a lazy shadow's own bytes from it, the others from
+ * the backing file.  0 or -errno. */
+int eng_shadow_read(struct tfile *f, void *buf, uint64_t dptr, uint64_t len, uint64_t off)
+{
+	uint64_t pos, next, end = off + len;
+	int ret = 0;
+
+	for (pos = off; !ret && pos < end; pos = next) {
+		int fd = eng_shadow_owned(f, pos, end, &next) ? f->shadow_fd : f->slog->base_fd;
+
+		ret = buf ? backing_pread(fd, (char *)buf + (pos - off), next - pos, pos) :
+		      backing_move(&(struct bend){ .kind = BEND_DEV, .at = dptr + (pos - off) },
+				   &(struct bend){ .kind = BEND_FD, .fd = fd, .at = pos },
+				   next - pos, NULL);
+	}
+	return ret;
 }
 
 /* The ranges of a shadow's record: r[i] reads as zeros where zero[i]
@@ -258,6 +375,9 @@ void eng_shadow_committed(struct tfile *f, int ret)
 		f->ops->journal_retire(f, s->seq[i]);
 	s->nseq = 0;
 	s->valid = false;
+	if (s->lazy)
+		close(s->base_fd);
+	s->lazy = false;
 }
 
 /*
@@ -338,6 +458,20 @@ const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
 	return f->slog ? f->slog->seq : NULL;
 }
 
+/* e->lock not held: a descriptor of f's backing file of a lazy shadow's
+ * own, from which it reads the rest (readable when the file's names go,
+ * where the fs side's could not be reopened); -1: none. */
+static int base_dup(struct tfile *f)
+{
+	int dfd = f->ops->data_fd(f, false), fd;
+
+	if (dfd < 0)
+		return -1;
+	fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	f->ops->release_data_fd(f, dfd);
+	return fd;
+}
+
 /*
  * Switch f to write-through: a new version holding the current content
  * becomes the target of all writes.  e->lock held on entry and exit
@@ -346,7 +480,8 @@ const uint64_t *tfile_shadow_records(struct tfile *f, uint32_t *n)
 int eng_shadow_start(struct engine *e, struct tfile *f)
 {
 	struct copy *cp;
-	bool direct, inplace, was_dirty = f->dirty;
+	bool direct, inplace, was_dirty = f->dirty, base, lazy;
+	int base_fd = -1;
 	struct lease l;
 	struct stat st;
 	char nb[256];
@@ -368,7 +503,18 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	 * flush that starts meanwhile settles it too */
 	pending = f->jseq;
 	f->jseq = 0;
+	/* its fsyncs may be journal records where it is made from the
+	 * backing file's content (a file not dirty: no copy newer); and then,
+	 * where it will be applied in place, none of that content need be
+	 * copied into it (lazy, above) */
+	base = !was_dirty && !f->dd.taint;
+	lazy = base && e->cfg.journal_pct && f->ops->journal_delta &&
+	       f->ops->journal_apply && !e->cfg.shares_extents &&
+	       __atomic_load_n(&f->linked, __ATOMIC_RELAXED) &&
+	       (f->slog || (f->slog = calloc(1, sizeof(*f->slog))));
 	lease_begin(e, &l, cp, NULL);
+	base_fd = lazy ? base_dup(f) : -1;
+	lazy = base_fd >= 0;
 	eng_delay_at(NULL, "shadow_copy");
 	fd = pending ? eng_settle_record(e, f, pending) : eng_asettle_file(e, f);
 	if (!fd) {
@@ -377,6 +523,8 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	}
 	if (fd < 0) {
 		ret = fd;
+	} else if (lazy && !inplace) {
+		;	/* the backing file holds it (not dirty: a copy is the same) */
 	} else if (cp && cp->cache->host_addressable) {
 		/* a new version's holes need no writing; the file itself's do */
 		ret = inplace ? backing_pwrite(fd, copy_ptr(cp), cp->len, 0) :
@@ -401,6 +549,8 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 			f->jseq = pending;	/* not settled: still to be */
 		if (fd >= 0)
 			close(fd);
+		if (base_fd >= 0)
+			close(base_fd);
 		tlog(LOG_ERR, "%s: cannot write through to the SSD: %s", nb, strerror(-ret));
 		return ret;
 	}
@@ -411,9 +561,11 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	eng_dd_retire(e, f);	/* and may be the backing file itself */
 	f->shadow_fd = fd;
 	f->shadow_inplace = inplace;
-	/* its fsyncs may be journal records where it was made from the
-	 * backing file's content (a file not dirty: no copy newer) */
-	slog_start(e, f, !was_dirty && !f->dd.taint && !inplace);
+	slog_start(e, f, base && !inplace, lazy && !inplace);
+	if (f->slog && f->slog->lazy)
+		f->slog->base_fd = base_fd;
+	else if (base_fd >= 0)
+		close(base_fd);
 	f->dirty = true;
 	e->files_written_through++;
 	tlog(LOG_INFO, "%s: written through to the SSD (%" PRIu64 " bytes so far)",

@@ -166,13 +166,17 @@ struct tfile {
 	 * one holds.  all, all_clean_len: the ranges written since the
 	 * backing file's content, and the least size since (the records
 	 * together; base0_len its size), for a commit by an apply in place
-	 * (shadow.c's eng_shadow_apply).  Under f->lock (every write to a
-	 * shadow holds it).
+	 * (shadow.c's eng_shadow_apply).  lazy: the shadow holds only what
+	 * was written since (all, and from all_clean_len on), the rest is
+	 * read from the backing file (eng_shadow_owned); all is then kept
+	 * whatever valid says.  Under f->lock (every write to a shadow, and
+	 * every read of one, holds it).
 	 */
 	struct shadow_log {
 		struct dset ranges, all;
 		uint64_t base_len, clean_len, base0_len, all_clean_len;
-		bool valid;
+		bool valid, lazy;
+		int base_fd;		/* lazy: the backing file, read */
 		uint32_t nseq;
 		uint64_t seq[SLOG_MAX];
 		uint64_t gen;

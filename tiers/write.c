@@ -585,6 +585,9 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 			goto out;
 	}
 	/* write-through */
+	ret = eng_shadow_own(e, f, (uint64_t)off, end);
+	if (ret)
+		goto out;
 	eng_unlock(e);
 	if (buf) {
 		ret = pwrite(f->shadow_fd, buf, len, off);
@@ -831,6 +834,9 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 		if (ret)
 			goto out;
 	}
+	ret = eng_shadow_own(e, f, off, end);
+	if (ret)
+		goto out;
 	eng_unlock(e);
 	ret = eng_shadow_zero(f->shadow_fd, off, end);
 	eng_lock(e);
@@ -866,6 +872,8 @@ off_t tfile_seek(struct tfile *f, off_t off, int whence)
 	cp = t >= 0 ? f->copy[t] : NULL;
 	if (off < 0 || (uint64_t)off >= size) {
 		ret = -ENXIO;
+	} else if (f->shadow_fd >= 0 && (ret = eng_shadow_fill(e, f))) {
+		;	/* a lazy shadow's holes are not the file's */
 	} else if (f->shadow_fd >= 0 || !f->dirty || !cp) {
 		/* the version being written through, or the backing file,
 		 * which holds the content (a file not dirty) */
