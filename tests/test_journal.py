@@ -1253,6 +1253,63 @@ def test_a_hard_linked_file_written_through_and_changed_whole_is_copied_over_it(
     same_names(backing, ("f", "g"), bytes(f.b), "after the unmount")
 
 
+def test_a_failed_write_to_a_hard_linked_written_through_file_keeps_its_bytes(disk, mount):
+    """A write into that shadow (no copy of the file's content in it) that
+    the full backing disk refuses (ENOSPC) leaves the bytes it was to
+    replace as they were, read from the backing file, not the shadow's
+    holes: the range is the shadow's own only once written.  The disk
+    freed again, the file reads its old bytes there, and a write there
+    then succeeds and is read back."""
+    img, root = disk
+    backing = backing_on(disk)
+    rng = seeded(SEED + 28)
+    m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
+    base = rng.randbytes(2 * MiB)
+    path = durable_file(m, "f", base)
+    os.link(path, os.path.join(m.mnt, "g"))
+    f = Model(os.open(path, os.O_RDWR), base)
+    f.write(40 * MiB, rng.randbytes(4096))          # written through, nothing copied
+    assert ssd_stats(m)["write_through_copy_bytes"] == 0, ssd_stats(m)
+    os.sync()
+    filler = os.path.join(root, "filler")
+    st = os.statvfs(root)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        size = st.f_bfree * st.f_frsize
+        while size > 4096:
+            try:
+                os.posix_fallocate(fd, os.fstat(fd).st_size, size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                size //= 2
+        new = rng.randbytes(MiB)
+        try:
+            n = os.pwrite(f.fd, new, 500000)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+            n = 0
+        print(f"{n} of {len(new)} bytes written on a full disk")
+        assert n < len(new), "the disk was not full"
+        f.b[500000:500000 + n] = new[:n]
+    finally:
+        os.close(fd)
+        os.unlink(filler)
+    check_against(f, rng, [path, os.path.join(m.mnt, "g")], "after a write refused")
+    with open(path, "rb") as r:
+        r.seek(500000)
+        util.assert_same(r.read(MiB), bytes(f.b[500000:500000 + MiB]), "the range refused")
+    f.write(500000, new)
+    try:
+        os.fsync(f.fd)          # reports the refused write, as write-back would
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    os.fsync(f.fd)
+    check_against(f, rng, [path, os.path.join(m.mnt, "g")], "after the write again")
+    os.close(f.fd)
+    m.umount()
+    same_names(backing, ("f", "g"), bytes(f.b), "after the unmount")
+
+
 def test_the_journal_ring_turns_past_a_file_written_through(disk, mount, monkeypatch):
     """The journal is two files taken in turn, each written over once the
     records in it are retired (a record's sync then changes no metadata).

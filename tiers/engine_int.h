@@ -602,12 +602,14 @@ int eng_shadow_record(struct engine *e, struct tfile *f);
 int eng_shadow_apply(struct engine *e, struct tfile *f);
 /* Lazy shadows (shadow.c), f->lock held.  owned: is [off, *next) of f's
  * shadow its own (else the backing file's)?  fill (e->lock held, dropped
- * meanwhile): the rest copied in, 0 or -errno.  own (e->lock held): bytes
- * [off, end) about to be written, 0 or -errno.  read (e->lock not held):
- * len bytes at off into buf or GPU memory dptr, 0 or -errno. */
+ * meanwhile): the rest copied in, 0 or -errno.  room and written (e->lock
+ * held, dropped meanwhile): before a write and after it, [off, end)
+ * written, 0 or -errno.  read (e->lock not held): len bytes at off into
+ * buf or GPU memory dptr, 0 or -errno. */
 bool eng_shadow_owned(const struct tfile *f, uint64_t off, uint64_t end, uint64_t *next);
 int eng_shadow_fill(struct engine *e, struct tfile *f);
-int eng_shadow_own(struct engine *e, struct tfile *f, uint64_t off, uint64_t end);
+int eng_shadow_room(struct engine *e, struct tfile *f);
+int eng_shadow_written(struct engine *e, struct tfile *f, uint64_t off, uint64_t end);
 int eng_shadow_read(struct tfile *f, void *buf, uint64_t dptr, uint64_t len, uint64_t off);
 /* f->lock held: bytes [start, end) of f's shadow changed (ok false: a
  * change that failed, its bytes not known); the shadow sized to size. */

@@ -154,9 +154,10 @@ bool eng_shadow_owned(const struct tfile *f, uint64_t off, uint64_t end, uint64_
 }
 
 /* e->lock and f->lock held (e->lock dropped meanwhile): the backing
- * file's bytes that f's lazy shadow does not own copied into it; a plain
- * shadow from then on.  0 or -errno (still lazy). */
-int eng_shadow_fill(struct engine *e, struct tfile *f)
+ * file's bytes that f's lazy shadow does not own copied into it, but for
+ * [xs, xe) (written, its own, though not said so); a plain shadow from
+ * then on.  0 or -errno (still lazy). */
+static int fill_but(struct engine *e, struct tfile *f, uint64_t xs, uint64_t xe)
 {
 	struct shadow_log *s = f->slog;
 	uint64_t pos, next, lim, had = 0, copied = 0;
@@ -169,20 +170,28 @@ int eng_shadow_fill(struct engine *e, struct tfile *f)
 	eng_unlock(e);
 	if (fstat(f->shadow_fd, &st) == 0)
 		had = (uint64_t)st.st_blocks;
-	for (pos = 0; !ret && pos < lim; pos = next)
-		if (!eng_shadow_owned(f, pos, lim, &next))
-			ret = backing_copy_range(s->base_fd, f->shadow_fd, pos, next);
+	for (pos = 0; !ret && pos < lim; pos = next) {
+		if (eng_shadow_owned(f, pos, lim, &next))
+			continue;
+		if (pos < xs)
+			ret = backing_copy_range(s->base_fd, f->shadow_fd, pos,
+						 next < xs ? next : xs);
+		if (!ret && next > xe)
+			ret = backing_copy_range(s->base_fd, f->shadow_fd, pos > xe ? pos : xe,
+						 next);
+	}
 	if (!ret && fstat(f->shadow_fd, &st) == 0 && (uint64_t)st.st_blocks > had)
 		copied = ((uint64_t)st.st_blocks - had) * 512;
-	eng_lock(e);
 	if (ret) {
 		char nb[256];
 
-		fname(f, nb, sizeof(nb));
+		fname(f, nb, sizeof(nb));	/* not under e->lock: fs locks */
 		tlog(LOG_ERR, "%s: cannot copy its content into its write-through version: %s",
 		     nb, strerror(-ret));
-		return ret;
 	}
+	eng_lock(e);
+	if (ret)
+		return ret;
 	s->lazy = false;
 	close(s->base_fd);
 	s->base_fd = -1;
@@ -190,19 +199,39 @@ int eng_shadow_fill(struct engine *e, struct tfile *f)
 	return 0;
 }
 
-/* e->lock and f->lock held: bytes [off, end) of f's shadow are about to be
- * written: its own from now on.  0 or -errno. */
-int eng_shadow_own(struct engine *e, struct tfile *f, uint64_t off, uint64_t end)
+int eng_shadow_fill(struct engine *e, struct tfile *f)
+{
+	return fill_but(e, f, 0, 0);
+}
+
+/*
+ * e->lock and f->lock held (e->lock dropped meanwhile).  Before a write
+ * to f's shadow: a lazy one with no room for one more range of its own
+ * is filled (a merge of two would own bytes it does not hold).  After:
+ * [off, end), written, is its own (a failed write owns nothing: what it
+ * was to replace is still read from the backing file); where that range
+ * cannot be noted (no memory), the rest is copied in around it.  0 or
+ * -errno.
+ */
+int eng_shadow_room(struct engine *e, struct tfile *f)
 {
 	struct shadow_log *s = f->slog;
 
-	if (!s || !s->lazy || end <= off || off >= s->all_clean_len)
+	return s && s->lazy && s->all.n + 2 >= DSET_MAX ? eng_shadow_fill(e, f) : 0;
+}
+
+int eng_shadow_written(struct engine *e, struct tfile *f, uint64_t off, uint64_t end)
+{
+	struct shadow_log *s = f->slog;
+	int ret;
+
+	if (!s || !s->lazy || end <= off || off >= s->all_clean_len ||
+	    !dset_add(&s->all, off, end))
 		return 0;
-	/* never merged past DSET_MAX (a merged range would own bytes it does
-	 * not hold), never lost to no memory */
-	if (s->all.n + 1 < DSET_MAX && !dset_add(&s->all, off, end))
-		return 0;
-	return eng_shadow_fill(e, f);
+	ret = fill_but(e, f, off, end);
+	if (ret)
+		s->valid = false;	/* its records would hold what reads do not */
+	return ret;
 }
 
 /* f->lock held, e->lock not: len bytes of f's shadow at off into buf, or

@@ -585,7 +585,7 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 			goto out;
 	}
 	/* write-through */
-	ret = eng_shadow_own(e, f, (uint64_t)off, end);
+	ret = eng_shadow_room(e, f);
 	if (ret)
 		goto out;
 	eng_unlock(e);
@@ -601,6 +601,8 @@ static ssize_t do_write_locked(struct tfile *f, const void *buf, uint64_t dptr,
 	}
 	eng_lock(e);
 	eng_slog_note(f, (uint64_t)off, (uint64_t)off + (ret > 0 ? (uint64_t)ret : 0), ret >= 0);
+	if (ret > 0 && (err = eng_shadow_written(e, f, (uint64_t)off, (uint64_t)off + ret)))
+		ret = err;		/* its bytes are not known to be the file's */
 	if (ret < 0)
 		f->write_err = (int)ret;	/* for fsync, as write-back would */
 	if (ret > 0) {
@@ -834,13 +836,15 @@ int tfile_zero(struct tfile *f, uint64_t off, uint64_t len)
 		if (ret)
 			goto out;
 	}
-	ret = eng_shadow_own(e, f, off, end);
+	ret = eng_shadow_room(e, f);
 	if (ret)
 		goto out;
 	eng_unlock(e);
 	ret = eng_shadow_zero(f->shadow_fd, off, end);
 	eng_lock(e);
 	eng_slog_note(f, off, end, !ret);
+	if (!ret)
+		ret = eng_shadow_written(e, f, off, end);
 	if (ret) {
 		f->write_err = ret;	/* for fsync, as a failed write */
 		goto out;
