@@ -1167,6 +1167,20 @@ def check_against(f, rng, paths, what, n=6):
                                  f"{p} [{off}, +{ln}) {what}")
 
 
+def lazy_written_through(m, rng, size):
+    """f, a durable file of size bytes given a second name g, then written
+    40 MiB past its end: written through, into a shadow that holds none of
+    its content (write_through_copy_bytes 0).  (path, model)."""
+    base = rng.randbytes(size)
+    path = durable_file(m, "f", base)
+    os.link(path, os.path.join(m.mnt, "g"))
+    f = Model(os.open(path, os.O_RDWR), base)
+    f.write(40 * MiB, rng.randbytes(4096))
+    st = ssd_stats(m)
+    assert st["files_written_through"] == 1 and st["write_through_copy_bytes"] == 0, st
+    return path, f
+
+
 def test_a_hard_linked_file_written_through_is_read_from_its_backing_file(disk, mount):
     """A file of several names written through, whose shadow is applied in
     place at its commit, gets no copy of its content in the shadow (a
@@ -1182,15 +1196,8 @@ def test_a_hard_linked_file_written_through_is_read_from_its_backing_file(disk, 
     backing = backing_on(disk)
     rng = seeded(SEED + 26)
     m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
-    base = rng.randbytes(3 * MiB)
-    path = durable_file(m, "f", base)
+    path, f = lazy_written_through(m, rng, 3 * MiB)
     other = os.path.join(m.mnt, "g")
-    os.link(path, other)
-    f = Model(os.open(path, os.O_RDWR), base)
-    f.write(40 * MiB, rng.randbytes(4096))          # far past its end: written through
-    st = ssd_stats(m)
-    assert st["files_written_through"] == 1, st
-    assert st["write_through_copy_bytes"] == 0, st
     paths = [path, other]
     for i in range(300):
         op = rng.randrange(10)
@@ -1233,12 +1240,7 @@ def test_a_hard_linked_file_written_through_and_changed_whole_is_copied_over_it(
     backing = backing_on(disk)
     rng = seeded(SEED + 27)
     m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="200")
-    base = rng.randbytes(2 * MiB)
-    path = durable_file(m, "f", base)
-    os.link(path, os.path.join(m.mnt, "g"))
-    f = Model(os.open(path, os.O_RDWR), base)
-    f.write(40 * MiB, rng.randbytes(4096))          # written through, nothing copied
-    assert ssd_stats(m)["write_through_copy_bytes"] == 0, ssd_stats(m)
+    path, f = lazy_written_through(m, rng, 2 * MiB)
     f.truncate(2 * MiB)
     f.write(300000, rng.randbytes(1600000))         # 76% of it
     os.fsync(f.fd)
@@ -1264,12 +1266,7 @@ def test_a_failed_write_to_a_hard_linked_written_through_file_keeps_its_bytes(di
     backing = backing_on(disk)
     rng = seeded(SEED + 28)
     m = mount(backing=backing, host_cache="64M", dedup="off", flush_age="60000")
-    base = rng.randbytes(2 * MiB)
-    path = durable_file(m, "f", base)
-    os.link(path, os.path.join(m.mnt, "g"))
-    f = Model(os.open(path, os.O_RDWR), base)
-    f.write(40 * MiB, rng.randbytes(4096))          # written through, nothing copied
-    assert ssd_stats(m)["write_through_copy_bytes"] == 0, ssd_stats(m)
+    path, f = lazy_written_through(m, rng, 2 * MiB)
     os.sync()
     filler = os.path.join(root, "filler")
     st = os.statvfs(root)
