@@ -162,8 +162,7 @@ struct engine {
 	uint64_t jheld_shadows;		/* shadows committed before their age
 					 * as the journal's ring waited for
 					 * their records (engine_journal_held) */
-	uint64_t write_through_copy_bytes;	/* a file's content copied
-						 * into shadows (blocks) */
+	uint64_t write_through_copy_bytes;
 	uint64_t write_through_applies;	/* shadows committed by an apply */
 	uint64_t write_through_record_bytes;	/* the bytes those held */
 	uint64_t backlog;		/* bytes queued or being flushed */

@@ -97,19 +97,18 @@ static ssize_t read_dev_locked(struct tfile *f, uint64_t dptr, int dev, size_t l
 	eng_unlock(e);
 	{
 		/* from the SSD (or the write-through version) via a bounce buffer */
-		int fd;
+		int fd = f->shadow_fd >= 0 ? -1 : f->ops->data_fd(f, false);
 
-		if (f->shadow_fd >= 0) {
+		if (f->shadow_fd >= 0)
 			ret = eng_shadow_read(f, NULL, dptr, len, (uint64_t)off);
-		} else if ((fd = f->ops->data_fd(f, false)) < 0) {
-			ret = fd;
-		} else {
-			ret = backing_move(&(struct bend){ .kind = BEND_DEV, .at = dptr },
+		else
+			ret = fd < 0 ? fd :
+			      backing_move(&(struct bend){ .kind = BEND_DEV, .at = dptr },
 					   &(struct bend){ .kind = BEND_FD, .fd = fd,
 							   .at = (uint64_t)off },
 					   len, NULL);
+		if (fd >= 0)
 			f->ops->release_data_fd(f, fd);
-		}
 		ret = ret ? ret : (ssize_t)len;
 	}
 	eng_lock(e);
@@ -498,10 +497,17 @@ ssize_t tfile_read(struct tfile *f, void *buf, size_t len, off_t off)
 		goto out;
 	}
 	e->host.misses++;
-	if (f->shadow_fd >= 0) {
+	if (f->shadow_fd >= 0 && f->slog && f->slog->lazy) {
 		eng_unlock(e);
 		ret = eng_shadow_read(f, buf, 0, len, (uint64_t)off);
 		ret = ret ? ret : (ssize_t)len;
+		eng_lock(e);
+	} else if (f->shadow_fd >= 0) {
+		fd = f->shadow_fd;
+		eng_unlock(e);
+		ret = pread(fd, buf, len, off);
+		if (ret < 0)
+			ret = -errno;
 		eng_lock(e);
 	} else {
 		eng_unlock(e);

@@ -10,9 +10,8 @@
  * slog's first record, under e->lock, for flush.c's engine_journal_held);
  * the statistics
  * files_written_through, write_through_records, write_through_record_bytes,
- * write_through_copy_bytes and write_through_applies.  Entry points are
- * write.c's (the writes, truncate, zero, fsync) and are called with
- * f->lock and e->lock held
+ * write_through_copy_bytes and write_through_applies.  Entry points are write.c's (the writes,
+ * truncate, zero, fsync) and are called with f->lock and e->lock held
  * (e->lock dropped while bytes move or tfile_ops are called).  The
  * commit of a shadow is flush.c's (eng_commit_shadow, eng_shadow_done).
  * Calls backing.c (the shadow's content), flush_journal.c
@@ -92,7 +91,9 @@ void eng_slog_note(struct tfile *f, uint64_t start, uint64_t end, bool ok)
 {
 	struct shadow_log *s = f->slog;
 
-	if (s && s->valid && (!ok || (end > start && dset_add(&s->ranges, start, end))))
+	/* a lazy shadow's all is the caller's, before the write (eng_shadow_own) */
+	if (s && s->valid && (!ok || (end > start && (dset_add(&s->ranges, start, end) ||
+						      (!s->lazy && dset_add(&s->all, start, end))))))
 		s->valid = false;
 }
 
@@ -206,12 +207,11 @@ int eng_shadow_fill(struct engine *e, struct tfile *f)
 /*
  * e->lock and f->lock held (e->lock dropped meanwhile).  Before a write
  * to f's shadow: a lazy one with no room for one more range of its own
- * is filled (a merge of two would own bytes it does not hold).  After a
- * write that succeeded: [off, end) joins slog->all, and is a lazy
- * shadow's own (a failed write owns nothing: what it was to replace is
- * still read from the backing file); where a lazy shadow cannot note it
- * (no memory), the rest is copied in around it, and a plain one's changes
- * are no longer known.  0 or -errno.
+ * is filled (a merge of two would own bytes it does not hold).  After:
+ * [off, end), written, is its own (a failed write owns nothing: what it
+ * was to replace is still read from the backing file); where that range
+ * cannot be noted (no memory), the rest is copied in around it.  0 or
+ * -errno.
  */
 int eng_shadow_room(struct engine *e, struct tfile *f)
 {
@@ -225,14 +225,8 @@ int eng_shadow_written(struct engine *e, struct tfile *f, uint64_t off, uint64_t
 	struct shadow_log *s = f->slog;
 	int ret;
 
-	if (!s || end <= off)
-		return 0;
-	if (!s->lazy) {		/* it holds every byte: all is the apply's plan */
-		if (s->valid && dset_add(&s->all, off, end))
-			s->valid = false;
-		return 0;
-	}
-	if (off >= s->all_clean_len || !dset_add(&s->all, off, end))
+	if (!s || !s->lazy || end <= off || off >= s->all_clean_len ||
+	    !dset_add(&s->all, off, end))
 		return 0;
 	ret = fill_but(e, f, off, end);
 	if (ret)
@@ -574,7 +568,7 @@ int eng_shadow_start(struct engine *e, struct tfile *f)
 	}
 	if (!ret && ftruncate(fd, (off_t)f->size) < 0)
 		ret = -errno;
-	if (!ret && !inplace && fstat(fd, &st) == 0)	/* what the copy took */
+	if (!ret && fstat(fd, &st) == 0)	/* what the copy took on the disk */
 		copied = (uint64_t)st.st_blocks * 512;
 	fname(f, nb, sizeof(nb));
 	lease_end(e, &l);
